@@ -1,0 +1,105 @@
+# baton: build, test and run.
+#
+#   make            build batond (and, later, baton-worker, batonctl)
+#   make test       install deps if missing, build, run unit + integration tests
+#   make asan-test  the same tests built with AddressSanitizer + UBSan
+#   make run        install deps, build, serve the default example
+#   make install    PREFIX=/usr/local DESTDIR=
+#   CUDA=0          build without the CUDA parts even when nvcc is present
+
+PREFIX ?= /usr/local
+BUILD ?= build
+SAN ?= 0
+CC ?= cc
+NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+CUDA ?= $(if $(NVCC),1,0)
+CUDA_ARCH ?= sm_90
+
+PKGS := libzmq libprotobuf-c yaml-0.1
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+CMOCKA_LIBS := $(shell pkg-config --libs cmocka 2>/dev/null || echo -lcmocka)
+# jemalloc replaces malloc in the daemons; sanitizer builds keep the libc
+# allocator because ASan must own malloc.
+JEMALLOC_LIBS := $(if $(filter 1,$(SAN)),,$(shell pkg-config --libs jemalloc 2>/dev/null || echo -ljemalloc))
+
+WARN := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wno-missing-field-initializers
+CFLAGS ?= -O2 -g
+CFLAGS += -std=gnu11 -D_GNU_SOURCE $(WARN) -fno-strict-aliasing -I. -I$(BUILD)/gen -Iinclude $(PKG_CFLAGS) -MMD -MP
+LDLIBS += $(PKG_LIBS) -lm -lpthread
+ifeq ($(SAN),1)
+CFLAGS += -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+LDFLAGS += -fsanitize=address,undefined
+endif
+
+PROTO_C := $(BUILD)/gen/proto/baton.pb-c.c
+PROTO_H := $(BUILD)/gen/proto/baton.pb-c.h
+
+# Library sources: every .c of the shared modules except programs (main_*.c).
+LIB_DIRS := common config daemon
+LIB_SRCS := $(filter-out %/main_batond.c,$(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c)))
+LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/gen/proto/baton.pb-c.o
+LIB := $(BUILD)/libbaton.a
+
+BATOND := $(BUILD)/batond
+PROGRAMS := $(BATOND)
+
+UNIT_SRCS := $(wildcard tests/unit/test_*.c)
+UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
+UNIT_HELPERS := $(filter-out tests/unit/test_%.c,$(wildcard tests/unit/*.c))
+UNIT_HELPER_OBJS := $(UNIT_HELPERS:%.c=$(BUILD)/obj/%.o)
+
+.PHONY: all test asan-test run install clean deps unit integration check-examples
+all: $(PROGRAMS)
+
+deps:
+	@BATON_DEPS_QUIET=1 bash scripts/install-deps.sh
+
+$(PROTO_C) $(PROTO_H): proto/baton.proto
+	@mkdir -p $(BUILD)/gen
+	protoc-c --c_out=$(BUILD)/gen proto/baton.proto
+
+$(BUILD)/obj/gen/proto/baton.pb-c.o: $(PROTO_C)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Wno-missing-prototypes -c -o $@ $<
+
+$(BUILD)/obj/%.o: %.c | $(PROTO_H)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c -o $@ $<
+
+$(LIB): $(LIB_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BATOND): $(BUILD)/obj/daemon/main_batond.o $(LIB)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(JEMALLOC_LIBS)
+
+$(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(UNIT_HELPER_OBJS) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(CMOCKA_LIBS)
+
+unit: $(UNIT_BINS)
+	@BUILD=$(BUILD) bash tests/run-unit.sh $(UNIT_BINS)
+
+integration: $(PROGRAMS)
+	@BUILD=$(BUILD) bash tests/integration/run.sh
+
+test: deps
+	@$(MAKE) --no-print-directory all $(UNIT_BINS)
+	@$(MAKE) --no-print-directory unit integration
+
+asan-test: deps
+	@$(MAKE) --no-print-directory BUILD=build/asan SAN=1 all unit integration
+
+run: deps all
+	@bash scripts/run.sh $(BATOND)
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/baton/examples
+	install -m 0755 $(PROGRAMS) $(DESTDIR)$(PREFIX)/bin/
+	install -m 0644 config/examples/*.yaml $(DESTDIR)$(PREFIX)/share/baton/examples/
+
+clean:
+	rm -rf build
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

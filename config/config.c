@@ -1,0 +1,245 @@
+/* A loaded config: look-ups, the built-in device profiles, the check of
+ * runtime paths for --check-config, and destruction.  Loading is in
+ * config/load*.c. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "config/config.h"
+#include "config/load_internal.h"
+
+#define N_OF(a) (sizeof(a) / sizeof((a)[0]))
+
+/* Cost-model profiles a worker may name without a `devices:` entry.  The
+ * H100 numbers are those of DESIGN.md section 3 (SXM, dense BF16, NVLink
+ * per direction); the H200 differs in memory bandwidth.  The CPU profile is
+ * a typical server socket: the scheduler only compares costs on one
+ * device, so the ratios matter more than the absolute values. */
+static const cfg_profile builtin_profiles[] = {
+    {(char *)"h100", 3350, 0.8, 989, 450, 0.7, 5, {0, 0}},
+    {(char *)"h200", 4800, 0.8, 989, 450, 0.7, 5, {0, 0}},
+    {(char *)"cpu", 100, 0.6, 2, 25, 0.5, 1, {0, 0}},
+};
+
+const cfg_profile *cfg__builtin_profiles(size_t *n)
+{
+    *n = N_OF(builtin_profiles);
+    return builtin_profiles;
+}
+
+const cfg_profile *cfg__builtin_profile(const char *name)
+{
+    for (size_t i = 0; i < N_OF(builtin_profiles); i++)
+        if (strcmp(builtin_profiles[i].name, name) == 0)
+            return &builtin_profiles[i];
+    return NULL;
+}
+
+const cfg_profile *cfg_profile_find(const cfg_config *c, const char *name)
+{
+    if (!name)
+        return NULL;
+    for (size_t i = 0; c && i < c->n_profiles; i++)
+        if (c->profiles[i].name && strcmp(c->profiles[i].name, name) == 0)
+            return &c->profiles[i];
+    return cfg__builtin_profile(name);
+}
+
+const cfg_profile *cfg_worker_profile(const cfg_config *c, const cfg_worker *w)
+{
+    if (w->profile)
+        return cfg_profile_find(c, w->profile);
+    return cfg_profile_find(c, w->cuda_index >= 0 ? "h100" : "cpu");
+}
+
+const cfg_worker *cfg_worker_find(const cfg_config *c, const char *name)
+{
+    if (!name)
+        return NULL;
+    for (size_t i = 0; i < c->n_workers; i++)
+        if (c->workers[i].name && strcmp(c->workers[i].name, name) == 0)
+            return &c->workers[i];
+    return NULL;
+}
+
+const cfg_model *cfg_model_find(const cfg_config *c, const char *name)
+{
+    if (!name)
+        return NULL;
+    for (size_t i = 0; i < c->n_models; i++)
+        if (c->models[i].name && strcmp(c->models[i].name, name) == 0)
+            return &c->models[i];
+    return NULL;
+}
+
+const cfg_option *cfg_model_option(const cfg_model *m, const char *name)
+{
+    if (!name)
+        return NULL;
+    for (size_t i = 0; i < m->n_options; i++)
+        if (m->options[i].name && strcmp(m->options[i].name, name) == 0)
+            return &m->options[i];
+    return NULL;
+}
+
+/* ---- runtime paths ---- */
+
+/* Warns at POS when PATH, the WHAT of model M, cannot be found; returns 1
+ * when it warned. */
+static int check_exists(bt_diag *d, cfg_pos pos, const cfg_model *m, const char *what,
+                        const char *path)
+{
+    struct stat st;
+    if (stat(path, &st) == 0)
+        return 0;
+    if (errno == ENOENT || errno == ENOTDIR)
+        bt_diag_warn(d, pos.line, pos.col, "model '%s': %s '%s' does not exist%s", m->name, what,
+                     path, path[0] == '/' ? "" : " (relative to the current directory)");
+    else
+        bt_diag_warn(d, pos.line, pos.col, "model '%s': %s '%s' cannot be checked: %s", m->name,
+                     what, path, strerror(errno));
+    return 1;
+}
+
+/* Warns when the folder of an ipc:// endpoint is missing: ZeroMQ cannot
+ * bind a socket file in a folder that does not exist. */
+static int check_ipc_folder(bt_diag *d, cfg_pos pos, const char *key, const char *ep)
+{
+    if (!ep || strncmp(ep, "ipc://", 6) != 0)
+        return 0;
+    const char *path = ep + 6;
+    const char *slash = strrchr(path, '/');
+    /* "@name" is Linux's abstract namespace: no file, no folder. */
+    if (path[0] == '@' || !slash || slash == path)
+        return 0;
+    char *dir = strndup(path, (size_t)(slash - path));
+    if (!dir)
+        return 0;
+    struct stat st;
+    int warned = 0;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        bt_diag_warn(d, pos.line, pos.col, "the folder '%s' of %s '%s' does not exist%s", dir,
+                     key, ep, dir[0] == '/' ? "" : " (relative to the current directory)");
+        warned = 1;
+    }
+    free(dir);
+    return warned;
+}
+
+int cfg_check_paths(const cfg_config *c, bt_diag *diag)
+{
+    int n = 0;
+    n += check_ipc_folder(diag, c->daemon.pos, "listen", c->daemon.listen);
+    n += check_ipc_folder(diag, c->daemon.pos, "workers_endpoint", c->daemon.workers_endpoint);
+    for (size_t i = 0; i < c->n_models; i++) {
+        const cfg_model *m = &c->models[i];
+        /* A plugin named without a slash is looked up by dlopen's search
+         * path, which a stat here cannot follow. */
+        if (m->backend && strncmp(m->backend, "plugin:", 7) == 0 && strchr(m->backend + 7, '/'))
+            n += check_exists(diag, m->pos, m, "plugin library", m->backend + 7);
+        for (size_t j = 0; j < m->n_options; j++) {
+            const cfg_option *o = &m->options[j];
+            char what[96];
+            if (o->type != BT_OPT_PATH || !o->v.s)
+                continue;
+            snprintf(what, sizeof(what), "option '%.64s', the file", o->name);
+            n += check_exists(diag, o->pos, m, what, o->v.s);
+        }
+    }
+    return n;
+}
+
+/* ---- destruction ---- */
+
+void cfg__option_clear(cfg_option *o)
+{
+    free(o->name);
+    if (o->type == BT_OPT_STRING || o->type == BT_OPT_PATH)
+        free(o->v.s);
+    memset(o, 0, sizeof(*o));
+}
+
+static void edges_free(cfg_edge *e, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        free(e[i].name);
+        free(e[i].to);
+        free(e[i].modality);
+    }
+    free(e);
+}
+
+static void strs_free(cfg_str *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(s[i].s);
+    free(s);
+}
+
+void cfg__section_destroy(cfg_section *s)
+{
+    if (!s)
+        return;
+    switch (s->kind) {
+    case CFG_SEC_NODE:
+        free(s->u.node.name);
+        free(s->u.node.model);
+        free(s->u.node.mode);
+        strs_free(s->u.node.inputs, s->u.node.n_inputs);
+        edges_free(s->u.node.outputs, s->u.node.n_outputs);
+        break;
+    case CFG_SEC_LOOP:
+        free(s->u.loop.name);
+        cfg__section_destroy(s->u.loop.body);
+        edges_free(s->u.loop.outputs, s->u.loop.n_outputs);
+        edges_free(s->u.loop.accumulate, s->u.loop.n_accumulate);
+        break;
+    case CFG_SEC_SEQUENTIAL:
+    case CFG_SEC_PARALLEL:
+        for (size_t i = 0; i < s->u.list.n; i++)
+            cfg__section_destroy(s->u.list.items[i]);
+        free(s->u.list.items);
+        break;
+    }
+    free(s);
+}
+
+void cfg_config_destroy(cfg_config *c)
+{
+    if (!c)
+        return;
+    free(c->file);
+    free(c->daemon.listen);
+    free(c->daemon.workers_endpoint);
+    free(c->daemon.metrics_listen);
+    free(c->daemon.log_level);
+    for (size_t i = 0; i < c->n_profiles; i++)
+        free(c->profiles[i].name);
+    free(c->profiles);
+    for (size_t i = 0; i < c->n_workers; i++) {
+        free(c->workers[i].name);
+        free(c->workers[i].device);
+        free(c->workers[i].profile);
+    }
+    free(c->workers);
+    for (size_t i = 0; i < c->n_models; i++) {
+        cfg_model *m = &c->models[i];
+        free(m->name);
+        free(m->backend);
+        strs_free(m->workers, m->n_workers);
+        for (size_t j = 0; j < m->n_options; j++)
+            cfg__option_clear(&m->options[j]);
+        free(m->options);
+    }
+    free(c->models);
+    for (size_t i = 0; i < c->n_graphs; i++) {
+        cfg_graph *g = &c->graphs[i];
+        free(g->name);
+        strs_free(g->inputs, g->n_inputs);
+        cfg__section_destroy(g->body);
+    }
+    free(c->graphs);
+    free(c);
+}

@@ -1,0 +1,203 @@
+/* The deployment file (DESIGN.md section 3) loaded into typed structs.
+ *
+ * cfg_load parses YAML with libyaml and checks the schema: key names (with
+ * a "did you mean"), value types, ranges, duplicate names, references from
+ * models to workers and profiles, backends and their options.  It does not
+ * check graph semantics (edges, loops, producers): graph_build does that
+ * from these structs.  Every struct records where it stood in the file, so
+ * later passes report errors at the right line. */
+#ifndef BATON_CONFIG_CONFIG_H
+#define BATON_CONFIG_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/backends.h"
+#include "common/diag.h"
+
+typedef struct cfg_pos {
+    int line, col; /* 1-based position of the item's first character */
+} cfg_pos;
+
+/* A string with the place it was read from. */
+typedef struct cfg_str {
+    char *s; /* owned */
+    cfg_pos pos;
+} cfg_str;
+
+typedef struct cfg_daemon {
+    char *listen;               /* client endpoint; default ipc:///run/baton/baton.sock */
+    char *workers_endpoint;     /* default ipc:///run/baton/workers.sock */
+    char *metrics_listen;       /* host:port or NULL when not set */
+    uint32_t max_inflight;      /* requests; default 256 */
+    uint32_t request_timeout_ms;/* default 60000 */
+    uint32_t drain_timeout_ms;  /* default 10000 */
+    uint64_t max_message_bytes; /* default 64 MiB */
+    uint32_t speculation_window;/* iterations; default 8 */
+    char *log_level;            /* error|warning|info|debug; default info */
+    cfg_pos pos;
+} cfg_daemon;
+
+/* A cost-model profile (DESIGN.md section 8).  Missing keys keep the
+ * built-in defaults of the same name where one exists, else 0. */
+typedef struct cfg_profile {
+    char *name;
+    double memory_bandwidth_gbps; /* GB/s */
+    double memory_efficiency;     /* 0..1 */
+    double tflops;                /* dense peak, TFLOP/s */
+    double comm_bandwidth_gbps;   /* GB/s per link */
+    double comm_efficiency;       /* 0..1 */
+    double sync_overhead_us;      /* cost of a cross-stream event, us */
+    cfg_pos pos;
+} cfg_profile;
+
+typedef enum cfg_spawn { CFG_SPAWN_AUTO = 0, CFG_SPAWN_EXTERNAL = 1 } cfg_spawn;
+
+typedef struct cfg_worker {
+    char *name;
+    char *device;          /* "cpu" or "cuda:N" */
+    int cuda_index;        /* N of cuda:N, -1 for cpu */
+    char *profile;         /* NULL: built-in default for the device */
+    uint64_t pool_mb;      /* MiB; default 512 */
+    uint32_t streams_compute; /* default 1 */
+    uint32_t streams_comm;    /* default 1 */
+    uint32_t threads;      /* CPU threads one kernel may use; default 1 */
+    cfg_spawn spawn;
+    cfg_pos pos;
+} cfg_worker;
+
+/* A backend option value, typed by the backend's declaration. */
+typedef struct cfg_option {
+    char *name;
+    bt_opt_type type;
+    union {
+        int64_t i;
+        double f;
+        bool b;
+        char *s; /* owned, for BT_OPT_STRING and BT_OPT_PATH */
+    } v;
+    cfg_pos pos;
+} cfg_option;
+
+typedef struct cfg_model {
+    char *name;
+    char *backend;         /* built-in name or "plugin:/path/lib.so" */
+    const bt_backend_desc *desc; /* NULL for plugins (options unchecked) */
+    cfg_str *workers;      /* owned array: `worker: x` gives one, `workers: [..]` several */
+    size_t n_workers;
+    uint32_t tp;           /* tensor-parallel degree; default 1; == n_workers */
+    uint32_t max_batch;    /* default 1 */
+    cfg_option *options;   /* owned; every declared option, defaults filled in */
+    size_t n_options;
+    cfg_pos pos;
+} cfg_model;
+
+typedef struct cfg_edge {
+    char *name;            /* the value's name */
+    char *to;              /* a node name, "client", or NULL (declares the value only) */
+    bool persist;
+    bool stream;
+    bool new_token;
+    char *modality;        /* text|image|audio|tensor; default tensor */
+    uint32_t shard_dim;    /* default 0 */
+    cfg_pos pos;           /* of the edge mapping */
+    cfg_pos to_pos;        /* of the `to` value, for "no such node" errors */
+} cfg_edge;
+
+typedef enum cfg_section_kind {
+    CFG_SEC_NODE = 0,
+    CFG_SEC_SEQUENTIAL = 1,
+    CFG_SEC_PARALLEL = 2,
+    CFG_SEC_LOOP = 3
+} cfg_section_kind;
+
+typedef struct cfg_section cfg_section;
+
+typedef struct cfg_node {
+    char *name;
+    char *model;
+    cfg_pos model_pos;
+    char *mode;            /* default "" */
+    cfg_str *inputs;       /* owned array of value names */
+    size_t n_inputs;
+    cfg_edge *outputs;     /* owned */
+    size_t n_outputs;
+    bool consumes_stream;
+    bool async;
+} cfg_node;
+
+typedef struct cfg_loop {
+    char *name;
+    uint32_t max_iters;    /* >= 1 */
+    cfg_section *body;     /* owned */
+    cfg_edge *outputs;     /* owned; edges leaving with the last value */
+    size_t n_outputs;
+    cfg_edge *accumulate;  /* owned; edges leaving with every value */
+    size_t n_accumulate;
+} cfg_loop;
+
+struct cfg_section {
+    cfg_section_kind kind;
+    cfg_pos pos;           /* of the key `node:`, `sequential:`, ... */
+    union {
+        cfg_node node;
+        cfg_loop loop;
+        struct {
+            cfg_section **items; /* owned array of owned sections */
+            size_t n;
+        } list;            /* sequential and parallel */
+    } u;
+};
+
+typedef struct cfg_graph {
+    char *name;
+    cfg_str *inputs;       /* owned; values the client must send */
+    size_t n_inputs;
+    cfg_section *body;     /* owned */
+    cfg_pos pos;
+} cfg_graph;
+
+typedef struct cfg_config {
+    char *file;            /* the path it was loaded from */
+    uint32_t version;      /* must be 1 */
+    cfg_daemon daemon;
+    cfg_profile *profiles; size_t n_profiles;
+    cfg_worker *workers;   size_t n_workers;
+    cfg_model *models;     size_t n_models;
+    cfg_graph *graphs;     size_t n_graphs;
+} cfg_config;
+
+/* Loads PATH.  On success returns 0 and sets *out.  On errors returns
+ * BT_ECONFIG with every error in DIAG and *out NULL (BT_EIO when the file
+ * cannot be read, BT_ENOMEM).  Warnings may be added on success. */
+int cfg_load_file(const char *path, bt_diag *diag, cfg_config **out);
+
+/* The same from a buffer; NAME is the file name used in messages. */
+int cfg_load_string(const char *yaml, size_t len, const char *name, bt_diag *diag,
+                    cfg_config **out);
+
+void cfg_config_destroy(cfg_config *c);
+
+const cfg_worker *cfg_worker_find(const cfg_config *c, const char *name);
+const cfg_model *cfg_model_find(const cfg_config *c, const char *name);
+const cfg_option *cfg_model_option(const cfg_model *m, const char *name);
+
+/* The profile called NAME: the config's `devices:` entry, else the
+ * built-in one (h100, h200, cpu), else NULL. */
+const cfg_profile *cfg_profile_find(const cfg_config *c, const char *name);
+
+/* The cost-model profile of W: its `profile`, else the built-in default for
+ * its device (h100 for cuda:N, cpu for cpu).  Never NULL for a loaded
+ * config. */
+const cfg_profile *cfg_worker_profile(const cfg_config *c, const cfg_worker *w);
+
+/* Adds to DIAG a warning for each runtime path that does not exist now:
+ * a PATH option of a model (relative paths are taken from the current
+ * directory), a plugin library named with a slash, and the folder of an
+ * ipc:// endpoint.  These are warnings, not errors: --check-config may run
+ * on a machine other than the one that serves.  Returns the number of
+ * warnings added. */
+int cfg_check_paths(const cfg_config *c, bt_diag *diag);
+
+#endif

@@ -1,0 +1,574 @@
+/* The deployment file into cfg_* structs: the top level, daemon, device
+ * profiles, workers and models.  Graphs are in config/load_graph.c.
+ *
+ * The walk reads the top-level keys in a fixed order (devices, workers,
+ * models, graphs) whatever their order in the file, so that every
+ * reference can be checked the moment it is read: a worker's profile, a
+ * model's workers, a node's model.  Diagnostics are sorted by position at
+ * the end, so they still read top to bottom. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "common/status.h"
+#include "config/config.h"
+#include "config/load_internal.h"
+#include "config/yaml_tree.h"
+
+#define N_OF(a) (sizeof(a) / sizeof((a)[0]))
+
+/* A config file is a few kilobytes; anything near this is a wrong path. */
+#define CFG_MAX_FILE_BYTES (16u << 20)
+
+/* ---- helpers shared with load_model.c and load_graph.c ---- */
+
+cfg_pos cfg__pos(const yt_node *n)
+{
+    cfg_pos p = {n->line, n->col};
+    return p;
+}
+
+char *cfg__strdup(cfg__loader *l, const char *s)
+{
+    char *d = strdup(s);
+    if (!d)
+        l->rc = BT_ENOMEM;
+    return d;
+}
+
+void *cfg__calloc(cfg__loader *l, size_t n, size_t size)
+{
+    if (n == 0)
+        return NULL;
+    void *p = calloc(n, size);
+    if (!p)
+        l->rc = BT_ENOMEM;
+    return p;
+}
+
+bool cfg__str(cfg__loader *l, const yt_node *v, const char *key, char **out)
+{
+    int rc = yt_str(v, key, out, l->diag);
+    if (rc == BT_ENOMEM)
+        l->rc = rc;
+    return rc == 0;
+}
+
+const char *cfg__peek_name(const yt_node *map)
+{
+    if (map->kind != YT_MAP)
+        return NULL;
+    for (size_t i = 0; i < map->n_pairs; i++) {
+        const yt_node *k = map->pairs[i].key, *v = map->pairs[i].value;
+        if (k->kind == YT_SCALAR && strcmp(k->str, "name") == 0 && v->kind == YT_SCALAR &&
+            strlen(v->str) == v->len && !yt_is_null(v))
+            return v->str;
+    }
+    return NULL;
+}
+
+static size_t name_hash(const char *s)
+{
+    /* FNV-1a: short keys, no adversary to fear beyond size. */
+    size_t h = (size_t)14695981039346656037ull;
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * (size_t)1099511628211ull;
+    return h;
+}
+
+/* The slot of NAME in SET: its entry, or the empty slot where it belongs. */
+static cfg__name *name_slot(const cfg__names *set, const char *name)
+{
+    size_t mask = set->cap - 1;
+    for (size_t i = name_hash(name) & mask;; i = (i + 1) & mask)
+        if (!set->v[i].name || strcmp(set->v[i].name, name) == 0)
+            return &set->v[i];
+}
+
+const cfg__name *cfg__names_find(const cfg__names *set, const char *name)
+{
+    if (set->cap == 0)
+        return NULL;
+    cfg__name *e = name_slot(set, name);
+    return e->name ? e : NULL;
+}
+
+bool cfg__names_add(cfg__loader *l, cfg__names *set, const char *name, cfg_pos pos,
+                    const char *what)
+{
+    const cfg__name *first = cfg__names_find(set, name);
+    if (first) {
+        bt_diag_error(l->diag, pos.line, pos.col, "duplicate %s name '%s' (first defined at line %d)",
+                      what, name, first->pos.line);
+        return false;
+    }
+    /* Keep the table at most half full so that probes stay short. */
+    if ((set->n + 1) * 2 > set->cap) {
+        cfg__names bigger = {NULL, 0, set->cap ? set->cap * 2 : 16};
+        bigger.v = calloc(bigger.cap, sizeof(*bigger.v));
+        if (!bigger.v) {
+            l->rc = BT_ENOMEM;
+            return true; /* not a duplicate; the failure is in l->rc */
+        }
+        for (size_t i = 0; i < set->cap; i++)
+            if (set->v[i].name)
+                *name_slot(&bigger, set->v[i].name) = set->v[i];
+        bigger.n = set->n;
+        free(set->v);
+        *set = bigger;
+    }
+    cfg__name *e = name_slot(set, name);
+    e->name = name;
+    e->pos = pos;
+    set->n++;
+    return true;
+}
+
+void cfg__names_free(cfg__names *set)
+{
+    free(set->v);
+    set->v = NULL;
+    set->n = set->cap = 0;
+}
+
+/* Reports VALUE, read at V for KEY, unless it is one of CHOICES. */
+static bool check_choice(cfg__loader *l, const yt_node *v, const char *key, const char *value,
+                         const char *const *choices, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(value, choices[i]) == 0)
+            return true;
+    char list[128] = "";
+    for (size_t i = 0; i < n; i++) {
+        strncat(list, i ? ", " : "", sizeof(list) - strlen(list) - 1);
+        strncat(list, choices[i], sizeof(list) - strlen(list) - 1);
+    }
+    const char *hint = bt_suggest(value, choices, n);
+    if (hint)
+        bt_diag_error(l->diag, v->line, v->col, "%s must be one of %s, got '%s'; did you mean '%s'?",
+                      key, list, value, hint);
+    else
+        bt_diag_error(l->diag, v->line, v->col, "%s must be one of %s, got '%s'", key, list, value);
+    return false;
+}
+
+/* ---- daemon ---- */
+
+static void check_endpoint(cfg__loader *l, const yt_node *v, const char *key, const char *ep)
+{
+    if (strncmp(ep, "ipc://", 6) == 0 && ep[6]) {
+        return;
+    } else if (strncmp(ep, "tcp://", 6) == 0 && strchr(ep + 6, ':')) {
+        /* Accepted now so that a remote deployment can be written down;
+         * the keys themselves come with the CURVE support. */
+        bt_diag_warn(l->diag, v->line, v->col,
+                     "%s '%s' is a TCP endpoint: TCP endpoints require CURVE keys; do not "
+                     "expose it beyond a trusted network until they are set",
+                     key, ep);
+        return;
+    }
+    bt_diag_error(l->diag, v->line, v->col,
+                  "%s must be an ipc:// path or a tcp://host:port endpoint, got '%s'", key, ep);
+}
+
+static void check_host_port(cfg__loader *l, const yt_node *v, const char *key, const char *hp)
+{
+    const char *colon = strrchr(hp, ':');
+    int64_t port = 0;
+    if (!colon || yt_parse_int(colon + 1, &port) != 0 || port < 1 || port > 65535 ||
+        colon[1] == '+' || colon[1] == '-')
+        bt_diag_error(l->diag, v->line, v->col, "%s must be host:port (port 1-65535), got '%s'",
+                      key, hp);
+}
+
+static void load_daemon(cfg__loader *l, const yt_node *v)
+{
+    static const char *const keys[] = {
+        "listen",           "workers_endpoint",  "metrics_listen",
+        "max_inflight",     "request_timeout_ms", "drain_timeout_ms",
+        "max_message_bytes", "speculation_window", "log_level",
+    };
+    static const char *const levels[] = {"error", "warning", "info", "debug"};
+    const yt_node *f[N_OF(keys)];
+    cfg_daemon *dm = &l->c->daemon;
+
+    if (!yt_expect(v, YT_MAP, "daemon", l->diag))
+        return;
+    dm->pos = cfg__pos(v);
+    yt_fields(v, "daemon", keys, N_OF(keys), f, l->diag);
+    if (f[0] && cfg__str(l, f[0], "listen", &dm->listen))
+        check_endpoint(l, f[0], "listen", dm->listen);
+    if (f[1] && cfg__str(l, f[1], "workers_endpoint", &dm->workers_endpoint))
+        check_endpoint(l, f[1], "workers_endpoint", dm->workers_endpoint);
+    if (f[2] && cfg__str(l, f[2], "metrics_listen", &dm->metrics_listen))
+        check_host_port(l, f[2], "metrics_listen", dm->metrics_listen);
+    if (f[3])
+        yt_u32(f[3], "max_inflight", 1, 1u << 20, &dm->max_inflight, l->diag);
+    if (f[4])
+        yt_u32(f[4], "request_timeout_ms", 1, UINT32_MAX, &dm->request_timeout_ms, l->diag);
+    if (f[5])
+        yt_u32(f[5], "drain_timeout_ms", 0, UINT32_MAX, &dm->drain_timeout_ms, l->diag);
+    if (f[6]) {
+        /* Below a few KiB not even a short prompt fits; protobuf refuses
+         * messages of 2 GiB or more. */
+        int64_t x;
+        if (yt_int(f[6], "max_message_bytes", 4096, INT32_MAX, &x, l->diag))
+            dm->max_message_bytes = (uint64_t)x;
+    }
+    if (f[7])
+        yt_u32(f[7], "speculation_window", 0, 4096, &dm->speculation_window, l->diag);
+    if (f[8] && cfg__str(l, f[8], "log_level", &dm->log_level))
+        check_choice(l, f[8], "log_level", dm->log_level, levels, N_OF(levels));
+}
+
+/* ---- device profiles ---- */
+
+static void load_profile(cfg__loader *l, const yt_node *v, cfg_profile *p)
+{
+    static const char *const keys[] = {
+        "memory_bandwidth_gbps", "memory_efficiency", "tflops",
+        "comm_bandwidth_gbps",   "comm_efficiency",   "sync_overhead_us",
+    };
+    const yt_node *f[N_OF(keys)];
+    char ctx[96];
+
+    p->pos = cfg__pos(v);
+    const cfg_profile *def = cfg__builtin_profile(p->name);
+    if (def) {
+        p->memory_bandwidth_gbps = def->memory_bandwidth_gbps;
+        p->memory_efficiency = def->memory_efficiency;
+        p->tflops = def->tflops;
+        p->comm_bandwidth_gbps = def->comm_bandwidth_gbps;
+        p->comm_efficiency = def->comm_efficiency;
+        p->sync_overhead_us = def->sync_overhead_us;
+    }
+    snprintf(ctx, sizeof(ctx), "device profile '%.64s'", p->name);
+    if (!yt_expect(v, YT_MAP, p->name, l->diag))
+        return;
+    yt_fields(v, ctx, keys, N_OF(keys), f, l->diag);
+    /* Bandwidths and peaks are divisors in the cost model, so 0 is refused;
+     * efficiencies are fractions of a peak. */
+    double *dst[] = {&p->memory_bandwidth_gbps, &p->memory_efficiency, &p->tflops,
+                     &p->comm_bandwidth_gbps,   &p->comm_efficiency,   &p->sync_overhead_us};
+    static const double lo[] = {0.001, 0.01, 0.001, 0.001, 0.01, 0};
+    static const double hi[] = {1e9, 1, 1e9, 1e9, 1, 1e9};
+    for (size_t i = 0; i < N_OF(keys); i++) {
+        if (f[i])
+            yt_float(f[i], keys[i], lo[i], hi[i], dst[i], l->diag);
+        else if (!def)
+            bt_diag_warn(l->diag, v->line, v->col,
+                         "%s does not set '%s' and no built-in profile of that name does; the "
+                         "cost model will use 0",
+                         ctx, keys[i]);
+    }
+}
+
+static void load_devices(cfg__loader *l, const yt_node *v)
+{
+    cfg_config *c = l->c;
+    cfg__names seen = {0};
+
+    if (!yt_expect(v, YT_MAP, "devices", l->diag))
+        return;
+    c->profiles = cfg__calloc(l, v->n_pairs, sizeof(*c->profiles));
+    if (!c->profiles)
+        return;
+    for (size_t i = 0; i < v->n_pairs; i++) {
+        const yt_node *key = v->pairs[i].key;
+        cfg_profile *p = &c->profiles[c->n_profiles];
+        if (!cfg__str(l, key, "devices", &p->name))
+            continue;
+        c->n_profiles++;
+        cfg__names_add(l, &seen, p->name, cfg__pos(key), "profile");
+        load_profile(l, v->pairs[i].value, p);
+    }
+    cfg__names_free(&seen);
+}
+
+/* ---- workers ---- */
+
+/* "cpu" gives -1; "cuda:N" gives N; anything else BT_EINVAL. */
+static int parse_device(const char *s, int *index)
+{
+    if (strcmp(s, "cpu") == 0) {
+        *index = -1;
+        return 0;
+    }
+    int64_t n;
+    if (strncmp(s, "cuda:", 5) != 0 || s[5] < '0' || s[5] > '9' || yt_parse_int(s + 5, &n) != 0 ||
+        n > 1023)
+        return BT_EINVAL;
+    *index = (int)n;
+    return 0;
+}
+
+static void load_streams(cfg__loader *l, const yt_node *v, cfg_worker *w)
+{
+    static const char *const keys[] = {"compute", "comm"};
+    const yt_node *f[N_OF(keys)];
+    if (!yt_expect(v, YT_MAP, "streams", l->diag))
+        return;
+    yt_fields(v, "streams", keys, N_OF(keys), f, l->diag);
+    if (f[0])
+        yt_u32(f[0], "compute", 1, 64, &w->streams_compute, l->diag);
+    if (f[1])
+        yt_u32(f[1], "comm", 0, 64, &w->streams_comm, l->diag);
+}
+
+static void load_worker(cfg__loader *l, const yt_node *v, cfg_worker *w, cfg__names *seen)
+{
+    static const char *const keys[] = {"name",    "device",  "profile", "pool_mb",
+                                       "streams", "threads", "spawn"};
+    static const char *const spawns[] = {"auto", "external"};
+    const yt_node *f[N_OF(keys)];
+    char ctx[96];
+    const char *peek = cfg__peek_name(v);
+
+    w->pos = cfg__pos(v);
+    w->cuda_index = -1;
+    w->pool_mb = 512;
+    w->streams_compute = 1;
+    w->streams_comm = 1;
+    w->threads = 1;
+    w->spawn = CFG_SPAWN_AUTO;
+    snprintf(ctx, sizeof(ctx), peek ? "worker '%.64s'" : "a worker", peek);
+    yt_fields(v, ctx, keys, N_OF(keys), f, l->diag);
+
+    if (!f[0])
+        bt_diag_error(l->diag, v->line, v->col, "%s has no 'name'", ctx);
+    else if (cfg__str(l, f[0], "name", &w->name))
+        cfg__names_add(l, seen, w->name, cfg__pos(f[0]), "worker");
+
+    if (!f[1]) {
+        bt_diag_error(l->diag, v->line, v->col, "%s has no 'device' (cpu or cuda:N)", ctx);
+    } else if (cfg__str(l, f[1], "device", &w->device) &&
+               parse_device(w->device, &w->cuda_index) != 0) {
+        bt_diag_error(l->diag, f[1]->line, f[1]->col,
+                      "device must be 'cpu' or 'cuda:N' (N from 0 to 1023), got '%s'", w->device);
+    }
+
+    if (f[2] && cfg__str(l, f[2], "profile", &w->profile) &&
+        !cfg_profile_find(l->c, w->profile)) {
+        const char *names[64];
+        size_t n = 0;
+        for (size_t i = 0; i < l->c->n_profiles && n < N_OF(names); i++)
+            names[n++] = l->c->profiles[i].name;
+        size_t n_builtin;
+        const cfg_profile *builtin = cfg__builtin_profiles(&n_builtin);
+        for (size_t i = 0; i < n_builtin && n < N_OF(names); i++)
+            names[n++] = builtin[i].name;
+        const char *hint = bt_suggest(w->profile, names, n);
+        bt_diag_error(l->diag, f[2]->line, f[2]->col,
+                      "%s uses profile '%s', which is neither under devices: nor built in "
+                      "(h100, h200, cpu)%s%s%s",
+                      ctx, w->profile, hint ? "; did you mean '" : "", hint ? hint : "",
+                      hint ? "'?" : "");
+    }
+    if (f[3]) {
+        /* 16 TiB: far beyond any device, small enough to multiply safely. */
+        int64_t x;
+        if (yt_int(f[3], "pool_mb", 1, INT64_C(1) << 24, &x, l->diag))
+            w->pool_mb = (uint64_t)x;
+    }
+    if (f[4])
+        load_streams(l, f[4], w);
+    if (f[5])
+        yt_u32(f[5], "threads", 1, 1024, &w->threads, l->diag);
+    if (f[6]) {
+        char *s = NULL;
+        if (cfg__str(l, f[6], "spawn", &s) && check_choice(l, f[6], "spawn", s, spawns, 2))
+            w->spawn = strcmp(s, "auto") == 0 ? CFG_SPAWN_AUTO : CFG_SPAWN_EXTERNAL;
+        free(s);
+    }
+}
+
+static void load_workers(cfg__loader *l, const yt_node *v)
+{
+    cfg_config *c = l->c;
+
+    if (!yt_expect(v, YT_SEQ, "workers", l->diag))
+        return;
+    c->workers = cfg__calloc(l, v->n_items, sizeof(*c->workers));
+    if (!c->workers)
+        return;
+    for (size_t i = 0; i < v->n_items; i++)
+        if (yt_expect(v->items[i], YT_MAP, "workers", l->diag))
+            load_worker(l, v->items[i], &c->workers[c->n_workers++], &l->workers);
+}
+
+/* ---- the file ---- */
+
+static void load_root(cfg__loader *l, const yt_node *root)
+{
+    static const char *const keys[] = {"version", "daemon", "devices",
+                                       "workers", "models", "graphs"};
+    const yt_node *f[N_OF(keys)];
+
+    if (!root || yt_is_null(root)) {
+        bt_diag_error(l->diag, 1, 1, "the file is empty; a config starts with 'version: 1'");
+        return;
+    }
+    if (root->kind != YT_MAP) {
+        char got[64];
+        bt_diag_error(l->diag, root->line, root->col,
+                      "expected a mapping at the top level (version, daemon, workers, ...), got %s",
+                      yt_describe(root, got, sizeof(got)));
+        return;
+    }
+    yt_fields(root, "the top-level mapping", keys, N_OF(keys), f, l->diag);
+    if (!f[0]) {
+        bt_diag_error(l->diag, root->line, root->col, "the file has no 'version'; add 'version: 1'");
+    } else if (yt_u32(f[0], "version", 0, UINT32_MAX, &l->c->version, l->diag) &&
+               l->c->version != 1) {
+        bt_diag_error(l->diag, f[0]->line, f[0]->col,
+                      "unsupported version %" PRIu32 "; this baton reads version 1",
+                      l->c->version);
+    }
+    if (f[1])
+        load_daemon(l, f[1]);
+    if (f[2])
+        load_devices(l, f[2]);
+    if (f[3])
+        load_workers(l, f[3]);
+    if (f[4])
+        cfg__load_models(l, f[4]);
+    if (f[5])
+        cfg__load_graphs(l, f[5]);
+}
+
+static cfg_config *config_create(const char *name)
+{
+    cfg_config *c = calloc(1, sizeof(*c));
+    if (!c)
+        return NULL;
+    cfg_daemon *d = &c->daemon;
+    c->file = strdup(name ? name : "<string>");
+    d->listen = strdup("ipc:///run/baton/baton.sock");
+    d->workers_endpoint = strdup("ipc:///run/baton/workers.sock");
+    d->log_level = strdup("info");
+    d->max_inflight = 256;
+    d->request_timeout_ms = 60000;
+    d->drain_timeout_ms = 10000;
+    d->max_message_bytes = UINT64_C(64) << 20;
+    d->speculation_window = 8;
+    if (!c->file || !d->listen || !d->workers_endpoint || !d->log_level) {
+        cfg_config_destroy(c);
+        return NULL;
+    }
+    return c;
+}
+
+int cfg_load_string(const char *yaml, size_t len, const char *name, bt_diag *diag,
+                    cfg_config **out)
+{
+    size_t errors_before = diag->n_errors;
+    yt_node *root = NULL;
+    yt_error err;
+    int rc;
+
+    *out = NULL;
+    cfg_config *c = config_create(name);
+    if (!c)
+        return BT_ENOMEM;
+    rc = yt_parse(yaml, len, &root, &err);
+    if (rc == BT_EINVAL) {
+        bt_diag_error(diag, err.line, err.col, "%s", err.message);
+        rc = BT_ECONFIG;
+        goto err;
+    }
+    if (rc)
+        goto err;
+
+    cfg__loader l = {diag, c, 0, {0}, {0}};
+    load_root(&l, root);
+    cfg__names_free(&l.workers);
+    cfg__names_free(&l.models);
+    yt_node_destroy(root);
+    root = NULL;
+    bt_diag_sort(diag);
+    if (l.rc) {
+        rc = l.rc;
+        goto err;
+    }
+    if (diag->n_errors > errors_before) {
+        rc = BT_ECONFIG;
+        goto err;
+    }
+    *out = c;
+    return 0;
+
+err:
+    yt_node_destroy(root);
+    cfg_config_destroy(c);
+    return rc;
+}
+
+int cfg_load_file(const char *path, bt_diag *diag, cfg_config **out)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    int rc;
+
+    *out = NULL;
+    FILE *f = fopen(path, "re");
+    if (!f)
+        goto io_err;
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0)
+        goto io_err;
+    if (st.st_size > (off_t)CFG_MAX_FILE_BYTES) {
+        bt_diag_error(diag, 0, 0, "%s is larger than %u MiB; is it a config file?", path,
+                      CFG_MAX_FILE_BYTES >> 20);
+        rc = BT_ECONFIG;
+        goto err;
+    }
+    /* Read to the end rather than trusting st_size: a pipe or /proc file
+     * reports 0. */
+    size_t cap = (size_t)st.st_size + 1;
+    buf = malloc(cap);
+    if (!buf) {
+        rc = BT_ENOMEM;
+        goto err;
+    }
+    for (;;) {
+        size_t got = fread(buf + len, 1, cap - len, f);
+        len += got;
+        if (got == 0) {
+            if (ferror(f))
+                goto io_err;
+            break;
+        }
+        if (len == cap) {
+            if (cap > CFG_MAX_FILE_BYTES) {
+                bt_diag_error(diag, 0, 0, "%s is larger than %u MiB; is it a config file?", path,
+                              CFG_MAX_FILE_BYTES >> 20);
+                rc = BT_ECONFIG;
+                goto err;
+            }
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) {
+                rc = BT_ENOMEM;
+                goto err;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+    }
+    fclose(f);
+    f = NULL;
+    rc = cfg_load_string(buf, len, path, diag, out);
+    free(buf);
+    return rc;
+
+io_err:
+    bt_diag_error(diag, 0, 0, "cannot read %s: %s", path, strerror(errno));
+    rc = BT_EIO;
+err:
+    free(buf);
+    if (f)
+        fclose(f);
+    return rc;
+}

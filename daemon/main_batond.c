@@ -1,0 +1,90 @@
+/* batond: the conductor.  This issue gives it its configuration front end:
+ * `batond --check-config FILE` loads, validates, builds and partitions a
+ * deployment and prints a summary (like `nginx -t`).  Serving arrives with
+ * the event loop (issue 3). */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/status.h"
+#include "config/config.h"
+#include "config/graph.h"
+
+#define BATON_VERSION "0.1.0"
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: batond --check-config FILE   validate a deployment and print its summary\n"
+            "       batond --version\n"
+            "\n"
+            "Exit status: 0 when the file is valid, 1 when it has errors (each printed as\n"
+            "FILE:LINE:COL: message), 2 on a usage error.\n");
+}
+
+/* Loads, validates and summarizes PATH.  Returns the process exit status. */
+static int check_config(const char *path, int quiet)
+{
+    int status = 1;
+    cfg_config *cfg = NULL;
+    graph_set *gs = NULL;
+    bt_diag *diag = bt_diag_create(path);
+    if (!diag) {
+        fprintf(stderr, "batond: out of memory\n");
+        return 1;
+    }
+    int rc = cfg_load_file(path, diag, &cfg);
+    if (rc == 0)
+        rc = graph_set_build(cfg, diag, &gs);
+    if (rc == 0)
+        cfg_check_paths(cfg, diag);
+    bt_diag_sort(diag);
+    bt_diag_print(diag, stderr);
+    if (rc != 0) {
+        if (rc == BT_ECONFIG)
+            fprintf(stderr, "%s: %zu error%s\n", path, diag->n_errors,
+                    diag->n_errors == 1 ? "" : "s");
+        else if (diag->n_errors == 0)
+            fprintf(stderr, "%s: %s\n", path, bt_strerror(rc));
+        goto out;
+    }
+    if (!quiet)
+        graph_set_print(gs, stdout);
+    printf("%s: configuration OK (%zu graph%s, %zu worker%s, %zu model%s)\n", path,
+           cfg->n_graphs, cfg->n_graphs == 1 ? "" : "s", cfg->n_workers,
+           cfg->n_workers == 1 ? "" : "s", cfg->n_models, cfg->n_models == 1 ? "" : "s");
+    status = 0;
+out:
+    graph_set_destroy(gs);
+    cfg_config_destroy(cfg);
+    bt_diag_destroy(diag);
+    return status;
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"check-config", required_argument, NULL, 'c'},
+        {"quiet", no_argument, NULL, 'q'},
+        {"version", no_argument, NULL, 'V'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *check = NULL;
+    int quiet = 0, c;
+    while ((c = getopt_long(argc, argv, "c:qVh", opts, NULL)) != -1) {
+        switch (c) {
+        case 'c': check = optarg; break;
+        case 'q': quiet = 1; break;
+        case 'V': printf("batond %s\n", BATON_VERSION); return 0;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (optind != argc || !check) {
+        usage(stderr);
+        return 2;
+    }
+    return check_config(check, quiet);
+}

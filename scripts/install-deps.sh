@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs every Debian package that building, testing and `make run` need.
+# Idempotent: when every package is already present it returns at once, so
+# `make test` and `make run` can call it every time without paying for apt.
+set -euo pipefail
+
+PKGS=(
+  build-essential pkg-config git ca-certificates
+  libzmq3-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler
+  libyaml-dev libjemalloc-dev libcmocka-dev libopenblas-dev libsystemd-dev
+  python3 python3-pip python3-zmq python3-protobuf python3-yaml
+  curl unzip
+)
+
+missing=()
+for p in "${PKGS[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  [ "${BATON_DEPS_QUIET:-0}" = 1 ] || echo "install-deps: all ${#PKGS[@]} packages present"
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}"
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null || { echo "install-deps: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
+  SUDO=sudo
+fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q
+$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
