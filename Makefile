@@ -8,6 +8,8 @@
 #   CUDA=0          build without the CUDA parts even when nvcc is present
 
 PREFIX ?= /usr/local
+# V=1 shows full compiler command lines.
+Q := $(if $(filter 1,$(V)),,@)
 BUILD ?= build
 SAN ?= 0
 CC ?= cc
@@ -41,6 +43,19 @@ LIB_SRCS := $(filter-out %/main_batond.c,$(foreach d,$(LIB_DIRS),$(wildcard $(d)
 LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/gen/proto/baton.pb-c.o
 LIB := $(BUILD)/libbaton.a
 
+# CUDA parts: every kernels/cuda/*.cu, compiled by nvcc into their own
+# archive when nvcc is present (CUDA=0 forces them off).  The code that
+# calls them is compiled with BATON_CUDA=1 and links cudart and cuBLAS.
+CUDA_HOME ?= /usr/local/cuda
+CU_SRCS := $(if $(filter 1,$(CUDA)),$(wildcard kernels/cuda/*.cu))
+CU_OBJS := $(CU_SRCS:%.cu=$(BUILD)/obj/%.o)
+CU_LIB := $(if $(CU_SRCS),$(BUILD)/libbaton_cuda.a)
+NVCCFLAGS ?= -O2 -arch=$(CUDA_ARCH) -Xcompiler -Wall,-Wextra,-Werror -I. -Iinclude
+ifneq ($(CU_SRCS),)
+CFLAGS += -DBATON_CUDA=1 -I$(CUDA_HOME)/include
+LDLIBS += -L$(CUDA_HOME)/lib64 -lcudart -lcublas -Wl,-rpath,$(CUDA_HOME)/lib64
+endif
+
 BATOND := $(BUILD)/batond
 PROGRAMS := $(BATOND)
 
@@ -49,6 +64,7 @@ UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
 UNIT_HELPERS := $(filter-out tests/unit/test_%.c,$(wildcard tests/unit/*.c))
 UNIT_HELPER_OBJS := $(UNIT_HELPERS:%.c=$(BUILD)/obj/%.o)
 
+.SECONDARY:
 .PHONY: all test asan-test run install clean deps unit integration check-examples
 all: $(PROGRAMS)
 
@@ -57,26 +73,42 @@ deps:
 
 $(PROTO_C) $(PROTO_H): proto/baton.proto
 	@mkdir -p $(BUILD)/gen
-	protoc-c --c_out=$(BUILD)/gen proto/baton.proto
+	@echo "  PROTOC  $<"
+	$(Q)protoc-c --c_out=$(BUILD)/gen proto/baton.proto
 
 $(BUILD)/obj/gen/proto/baton.pb-c.o: $(PROTO_C)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Wno-missing-prototypes -c -o $@ $<
+	@echo "  CC      $<"
+	$(Q)$(CC) $(CFLAGS) -Wno-missing-prototypes -c -o $@ $<
 
 $(BUILD)/obj/%.o: %.c | $(PROTO_H)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c -o $@ $<
+	@echo "  CC      $<"
+	$(Q)$(CC) $(CFLAGS) -c -o $@ $<
+
+$(BUILD)/obj/%.o: %.cu
+	@mkdir -p $(dir $@)
+	@echo "  NVCC    $<"
+	$(Q)$(NVCC) $(NVCCFLAGS) -c -o $@ $<
+
+$(CU_LIB): $(CU_OBJS)
+	@rm -f $@
+	@echo "  AR      $@"
+	$(Q)ar rcs $@ $^
 
 $(LIB): $(LIB_OBJS)
 	@rm -f $@
-	ar rcs $@ $^
+	@echo "  AR      $@"
+	$(Q)ar rcs $@ $^
 
-$(BATOND): $(BUILD)/obj/daemon/main_batond.o $(LIB)
-	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(JEMALLOC_LIBS)
+$(BATOND): $(BUILD)/obj/daemon/main_batond.o $(LIB) $(CU_LIB)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(JEMALLOC_LIBS)
 
-$(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(UNIT_HELPER_OBJS) $(LIB)
+$(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(UNIT_HELPER_OBJS) $(LIB) $(CU_LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(CMOCKA_LIBS)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(CMOCKA_LIBS)
 
 unit: $(UNIT_BINS)
 	@BUILD=$(BUILD) bash tests/run-unit.sh $(UNIT_BINS)

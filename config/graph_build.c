@@ -49,6 +49,7 @@ typedef struct builder {
     graph *g;
     size_t cap_entities, cap_sections, cap_edges, cap_values;
     const cfg_section **entity_cfg; /* per entity: its cfg section */
+    uint64_t *rejected;    /* per entity: inputs (bit k) that had an edge rejected */
     int oom;
 } builder;
 
@@ -398,13 +399,13 @@ static void add_edge(builder *b, int producer, int value, const cfg_edge *ce)
                 ERR(b, ce->pos, "edge '%s' from '%s' to '%s' leaves loop '%s'; a value leaves "
                     "a loop only through the loop's outputs, its accumulate, or an edge to the "
                     "client", ce->name, pname, ce->to, g->entities[pe->loops[pe->depth - 1]].name);
-                return;
+                goto reject;
             }
         }
         if (pe->kind == GRAPH_LOOP && entity_inside(g, c, producer)) {
             ERR(b, ce->pos, "loop '%s' sends '%s' to '%s', which is inside the loop; a loop's "
                 "outputs go to nodes after it", pname, ce->name, ce->to);
-            return;
+            goto reject;
         }
         int cdepth = ce_ent->depth;
         int anc = cdepth > e.common_depth ? ce_ent->loops[e.common_depth] : c;
@@ -412,14 +413,14 @@ static void add_edge(builder *b, int producer, int value, const cfg_edge *ce)
         if (g->sections[lca].kind == CFG_SEC_PARALLEL) {
             ERR(b, ce->pos, "edge '%s' from '%s' to '%s' joins two branches of a parallel "
                 "section; branches of a parallel share no edges", ce->name, pname, ce->to);
-            return;
+            goto reject;
         }
         bool backward = anc <= producer;
         if (backward && e.common_depth == 0) {
             ERR(b, ce->pos, "edge '%s' from '%s' to '%s' goes backwards outside a loop (a cycle); "
                 "only edges inside a loop body may go back, and they feed the next iteration",
                 ce->name, pname, ce->to);
-            return;
+            goto reject;
         }
         e.loopback = backward;
         e.kind = backward ? GRAPH_EDGE_LOOPBACK
@@ -428,17 +429,17 @@ static void add_edge(builder *b, int producer, int value, const cfg_edge *ce)
             ERR(b, ce->pos, "edge '%s' from '%s' to '%s' has persist: true but enters no loop; "
                 "persist binds a value from outside a loop in every iteration", ce->name, pname,
                 ce->to);
-            return;
+            goto reject;
         }
         if (ce->stream && backward) {
             ERR(b, ce->pos, "edge '%s' from '%s' to '%s' is a stream that loops back; stream "
                 "edges must go forward", ce->name, pname, ce->to);
-            return;
+            goto reject;
         }
         if (ce->stream && cdepth > e.common_depth) {
             ERR(b, ce->pos, "edge '%s' from '%s' to '%s' is a stream that enters a loop; a "
                 "stream must be consumed at its producer's loop level", ce->name, pname, ce->to);
-            return;
+            goto reject;
         }
         for (int k = e.common_depth; k < cdepth; k++)
             if (!ce->persist)
@@ -451,6 +452,11 @@ static void add_edge(builder *b, int producer, int value, const cfg_edge *ce)
         return;
     g->edges = es;
     es[g->n_edges++] = e;
+    return;
+reject:
+    /* The input had a producer, just a wrong one: one error is enough. */
+    if (e.input < 64)
+        b->rejected[e.consumer] |= 1ull << e.input;
 }
 
 static void make_edges(builder *b)
@@ -565,6 +571,8 @@ static void make_inputs(builder *b)
             ivec_take(&iv, &in->edges, &in->n_edges);
             if (in->n_edges == 0) {
                 in->graph_input = graph_input_index(g, in->name);
+                if (in->graph_input < 0 && k < 64 && (b->rejected[i] >> k) & 1)
+                    continue;
                 if (in->graph_input < 0) {
                     ERR(b, in->pos, "input '%s' of node '%s' has no producer: no edge targets it "
                         "and graph '%s' has no input named '%s'", in->name, en->name, g->name,
@@ -816,6 +824,9 @@ static int graph_build_one(const cfg_config *cfg, const cfg_graph *cg, bt_diag *
     for (size_t i = 0; i < cg->n_inputs; i++)
         g->inputs[i] = cg->inputs[i].s;
     walk_shape(&b, cg->body, -1, -1);
+    b.rejected = calloc(g->n_entities + 1, sizeof(*b.rejected));
+    if (!b.rejected)
+        b.oom = 1;
     if (!b.oom)
         make_nodes_meta(&b);
     if (!b.oom)
@@ -831,6 +842,7 @@ static int graph_build_one(const cfg_config *cfg, const cfg_graph *cg, bt_diag *
     if (!b.oom)
         make_derived(&b);
     free(b.entity_cfg);
+    free(b.rejected);
     if (b.oom)
         return BT_ENOMEM;
     return diag->n_errors > errors_before ? BT_ECONFIG : 0;

@@ -354,7 +354,7 @@ static void copy_tvec(rt_runtime *rt, rt_tlist *dst, const tvec *src)
 {
     dst->n = src->n;
     dst->t = rt__alloc(rt, (src->n + 1) * sizeof(rt_tensor));
-    if (dst->t)
+    if (dst->t && src->n)
         memcpy(dst->t, src->t, src->n * sizeof(rt_tensor));
     else
         dst->n = 0;
@@ -677,7 +677,8 @@ void reg_node_done(rt_runtime *rt, rt_request *r, int node, const rt_iter *v,
         pend p = {.kind = PEND_DONE, .iter = *v, .finish = finish};
         p.outs = malloc((n_outs + 1) * sizeof(*p.outs));
         if (p.outs) {
-            memcpy(p.outs, outs, n_outs * sizeof(*outs));
+            if (n_outs)
+                memcpy(p.outs, outs, n_outs * sizeof(*outs));
             p.n_outs = (uint32_t)n_outs;
             pend_push(rt, r, node, &p);
         } else {

@@ -370,7 +370,7 @@ void rt__end(rt_runtime *rt, rt_request *r, bt_code code, const char *fmt, ...)
                     o[i].modality = r->outs[i].modality;
                     o[i].value.n = r->outs[i].parts.n;
                     o[i].value.t = rt__alloc(rt, (r->outs[i].parts.n + 1) * sizeof(rt_tensor));
-                    if (o[i].value.t)
+                    if (o[i].value.t && r->outs[i].parts.n)
                         memcpy(o[i].value.t, r->outs[i].parts.t,
                                r->outs[i].parts.n * sizeof(rt_tensor));
                     else
