@@ -1,6 +1,6 @@
 # baton: build, test and run.
 #
-#   make            build batond (and, later, baton-worker, batonctl)
+#   make            build batond, baton-worker and batonctl
 #   make test       install deps if missing, build, run unit + integration tests
 #   make asan-test  the same tests built with AddressSanitizer + UBSan
 #   make run        install deps, build, serve the default example
@@ -17,7 +17,7 @@ NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/de
 CUDA ?= $(if $(NVCC),1,0)
 CUDA_ARCH ?= sm_90
 
-PKGS := libzmq libprotobuf-c yaml-0.1
+PKGS := libzmq libprotobuf-c yaml-0.1 libsystemd
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 CMOCKA_LIBS := $(shell pkg-config --libs cmocka 2>/dev/null || echo -lcmocka)
@@ -39,7 +39,7 @@ PROTO_H := $(BUILD)/gen/proto/baton.pb-c.h
 
 # Library sources: every .c of the shared modules except programs (main_*.c).
 LIB_DIRS := common config daemon
-LIB_SRCS := $(filter-out %/main_batond.c,$(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c)))
+LIB_SRCS := $(filter-out %/main_batond.c %/main_batonctl.c,$(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c)))
 LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/gen/proto/baton.pb-c.o
 LIB := $(BUILD)/libbaton.a
 
@@ -57,7 +57,24 @@ LDLIBS += -L$(CUDA_HOME)/lib64 -lcudart -lcublas -Wl,-rpath,$(CUDA_HOME)/lib64
 endif
 
 BATOND := $(BUILD)/batond
-PROGRAMS := $(BATOND)
+
+# The worker: every worker/*.c except its main goes into an archive of its
+# own, which the unit tests link too (pool, joins, backends, executor).
+WORKER_SRCS := $(filter-out worker/main_worker.c,$(wildcard worker/*.c))
+WORKER_OBJS := $(WORKER_SRCS:%.c=$(BUILD)/obj/%.o)
+WORKER_LIB := $(BUILD)/libbaton_worker.a
+WORKER := $(BUILD)/baton-worker
+# An example backend plugin (a shared library) that the unit tests dlopen.
+PLUGIN_EXAMPLE := $(BUILD)/tests/plugin_example.so
+
+PROGRAMS := $(BATOND) $(WORKER)
+
+# The command-line client; the client library (common/client.c) and its
+# output formats (daemon/ctl_format.c) come from $(LIB).
+BATONCTL := $(BUILD)/batonctl
+PROGRAMS += $(BATONCTL)
+# Protobuf bindings of the Python client (scripts/python/baton_client.py).
+PY_PB2 := $(BUILD)/gen/python/baton_pb2.py
 
 UNIT_SRCS := $(wildcard tests/unit/test_*.c)
 UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
@@ -66,7 +83,7 @@ UNIT_HELPER_OBJS := $(UNIT_HELPERS:%.c=$(BUILD)/obj/%.o)
 
 .SECONDARY:
 .PHONY: all test asan-test run install clean deps unit integration check-examples
-all: $(PROGRAMS)
+all: $(PROGRAMS) $(PY_PB2)
 
 deps:
 	@BATON_DEPS_QUIET=1 bash scripts/install-deps.sh
@@ -105,10 +122,38 @@ $(BATOND): $(BUILD)/obj/daemon/main_batond.o $(LIB) $(CU_LIB)
 	@echo "  LD      $@"
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(JEMALLOC_LIBS)
 
-$(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(UNIT_HELPER_OBJS) $(LIB) $(CU_LIB)
+$(BATONCTL): $(BUILD)/obj/daemon/main_batonctl.o $(LIB)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(PY_PB2): proto/baton.proto
+	@mkdir -p $(dir $@)
+	@echo "  PROTOC  $< (python)"
+	$(Q)protoc -Iproto --python_out=$(dir $@) proto/baton.proto
+
+# tests/integration/test_batonctl.sh drives the Python client too.
+integration: $(PY_PB2)
+
+$(WORKER_LIB): $(WORKER_OBJS)
+	@rm -f $@
+	@echo "  AR      $@"
+	$(Q)ar rcs $@ $^
+
+$(WORKER): $(BUILD)/obj/worker/main_worker.o $(WORKER_LIB) $(LIB) $(CU_LIB)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) -ldl $(JEMALLOC_LIBS)
+
+$(PLUGIN_EXAMPLE): tests/unit/plugin/example.c include/baton/backend.h
+	@mkdir -p $(dir $@)
+	@echo "  CC      $@"
+	$(Q)$(CC) $(CFLAGS) -fPIC -shared -o $@ $< $(LDFLAGS)
+
+# Every unit test links the worker archive; the worker and the example
+# plugin are built first because tests start and dlopen them.
+$(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(UNIT_HELPER_OBJS) $(WORKER_LIB) $(LIB) $(CU_LIB) | $(WORKER) $(PLUGIN_EXAMPLE)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(CMOCKA_LIBS)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) -ldl $(CMOCKA_LIBS)
 
 unit: $(UNIT_BINS)
 	@BUILD=$(BUILD) bash tests/run-unit.sh $(UNIT_BINS)

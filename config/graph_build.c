@@ -599,6 +599,14 @@ static void make_inputs(builder *b)
                     ERR(b, in->pos, "input '%s' of node '%s' is a stream and has %zu producers; "
                         "a stream input takes exactly one", in->name, en->name, in->n_edges);
             }
+            for (size_t x = 1; x < in->n_edges; x++)
+                if (g->edges[in->edges[x]].shard_dim != g->edges[in->edges[0]].shard_dim) {
+                    ERR(b, g->edges[in->edges[x]].pos, "the producers of input '%s' of node "
+                        "'%s' disagree on shard_dim (%u here, %u first); fan-in parts join "
+                        "along one dimension", in->name, en->name,
+                        g->edges[in->edges[x]].shard_dim, g->edges[in->edges[0]].shard_dim);
+                    break;
+                }
             if (has_persist && has_loopback) {
                 ERR(b, in->pos, "input '%s' of node '%s' has both a persisted external producer "
                     "and a loop-back producer; in iterations >= 1 it would take both", in->name,

@@ -1,7 +1,7 @@
-/* batond: the conductor.  This issue gives it its configuration front end:
- * `batond --check-config FILE` loads, validates, builds and partitions a
- * deployment and prints a summary (like `nginx -t`).  Serving arrives with
- * the event loop (issue 3). */
+/* batond: the conductor.  `batond --config FILE` serves a deployment in the
+ * foreground (DESIGN.md section 10); `batond --check-config FILE` loads,
+ * validates, builds and partitions it and prints a summary (like
+ * `nginx -t`). */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,14 +9,17 @@
 
 #include "common/status.h"
 #include "config/config.h"
+#include "common/log.h"
 #include "config/graph.h"
+#include "daemon/conductor.h"
 
 #define BATON_VERSION "0.1.0"
 
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: batond --check-config FILE   validate a deployment and print its summary\n"
+            "usage: batond --config FILE         serve a deployment in the foreground\n"
+            "       batond --check-config FILE   validate a deployment and print its summary\n"
             "       batond --version\n"
             "\n"
             "Exit status: 0 when the file is valid, 1 when it has errors (each printed as\n"
@@ -66,25 +69,38 @@ int main(int argc, char **argv)
 {
     static const struct option opts[] = {
         {"check-config", required_argument, NULL, 'c'},
+        {"config", required_argument, NULL, 'f'},
         {"quiet", no_argument, NULL, 'q'},
         {"version", no_argument, NULL, 'V'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    const char *check = NULL;
+    const char *check = NULL, *serve = NULL;
     int quiet = 0, c;
-    while ((c = getopt_long(argc, argv, "c:qVh", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "c:f:qVh", opts, NULL)) != -1) {
         switch (c) {
         case 'c': check = optarg; break;
+        case 'f': serve = optarg; break;
         case 'q': quiet = 1; break;
         case 'V': printf("batond %s\n", BATON_VERSION); return 0;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
     }
-    if (optind != argc || !check) {
+    if (optind != argc || !!check == !!serve) {
         usage(stderr);
         return 2;
     }
-    return check_config(check, quiet);
+    if (check)
+        return check_config(check, quiet);
+    bt_log_init("batond", BT_LOG_INFO);
+    conductor *cd = NULL;
+    int rc = conductor_create(serve, &cd);
+    if (rc != 0) {
+        bt_error("cannot start: %s", bt_strerror(rc));
+        return 1;
+    }
+    rc = conductor_run(cd);
+    conductor_destroy(cd);
+    return rc == 0 ? 0 : 1;
 }

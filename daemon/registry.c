@@ -179,7 +179,8 @@ static void deliver_joined(rt_runtime *rt, rt_request *r, int ei, const rt_iter 
     if (s->have[pos])
         return;
     for (uint32_t i = 0; i < parts->n; i++)
-        tvec_push(rt, r, &s->parts[pos], parts->t[i]);
+        if (tvec_push(rt, r, &s->parts[pos], parts->t[i]) < 0)
+            return; /* out of memory: the event ends every request */
     s->have[pos] = 1;
     reg_try_dispatch(rt, r, e->consumer, &t);
 }
@@ -272,7 +273,8 @@ void reg_emit(rt_runtime *rt, rt_request *r, int vi, const rt_iter *p, rt_tensor
                 else
                     out_append(rt, r, gv->name, e->modality, t);
             } else if (e->consumer >= 0 && e->stream) {
-                deliver_chunk(rt, r, gv->edges[k], p, t, false);
+                /* The final mark rides on the last chunk: one dispatch less. */
+                deliver_chunk(rt, r, gv->edges[k], p, t, final);
             }
         }
         for (size_t k = 0; k < gv->n_loop_uses; k++) {
@@ -298,7 +300,8 @@ void reg_emit(rt_runtime *rt, rt_request *r, int vi, const rt_iter *p, rt_tensor
                 out_append(rt, r, gv->name, e->modality, (rt_tensor){0, 0});
             }
         } else if (e->stream) {
-            deliver_chunk(rt, r, gv->edges[k], p, (rt_tensor){0, 0}, true);
+            if (!t.id)
+                deliver_chunk(rt, r, gv->edges[k], p, (rt_tensor){0, 0}, true);
         } else {
             deliver_joined(rt, r, gv->edges[k], p, &vs->parts);
         }
@@ -401,11 +404,11 @@ static void build_dispatch(rt_runtime *rt, rt_request *r, int node, slot *s, con
             di->stream = true;
             di->n_parts = 1;
             copy_tvec(rt, &di->parts[0], &s->stream);
-            for (uint32_t i = 0; i < s->stream.n; i++) {
-                tvec_push(rt, r, &s->stream_running, s->stream.t[i]);
-                rt__unref(rt, r, s->stream.t[i]);
-            }
-            s->stream.n = 0;
+            /* Moved, not copied: no allocation, no reference changes. */
+            assert(s->stream_running.n == 0);
+            tvec_free(&s->stream_running);
+            s->stream_running = s->stream;
+            s->stream = (tvec){0};
             s->stream_final_running = s->stream_final_seen;
             di->stream_final = s->stream_final_seen;
             continue;
@@ -426,10 +429,11 @@ static void build_dispatch(rt_runtime *rt, rt_request *r, int node, slot *s, con
     }
     ns->spec_active = false;
     uint32_t w = rt->opt.speculation_window;
-    if (n->speculative && w > 0) {
+    const loop_state *ls = n->speculative ? &r->loops[g->entities[node].parent_loop] : NULL;
+    if (ls && w > 0 && !ls->finish) {
         uint32_t inner = v->v[v->depth - 1];
-        uint32_t max = r->loops[g->entities[node].parent_loop].max;
-        uint32_t upto = inner + w < max - 1 ? inner + w : max - 1;
+        uint64_t want = (uint64_t)inner + w;
+        uint32_t upto = want < ls->max - 1 ? (uint32_t)want : ls->max - 1;
         if (upto > inner) {
             ns->spec_active = true;
             ns->spec_iter = *v;
@@ -600,10 +604,16 @@ static void process_done(rt_runtime *rt, rt_request *r, int node, const rt_iter 
     bool final_exec = !n->consumes_stream || s->stream_final_running;
     tvec_clear(rt, r, &s->stream_running);
 
+    /* An output tensor of the last dispatch closes its value at once; the
+     * loop below closes the values that came without one. */
     for (size_t i = 0; i < n_outs; i++)
-        reg_emit(rt, r, outs[i].value, v, outs[i].tensor, false);
+        reg_emit(rt, r, outs[i].value, v, outs[i].tensor, final_exec);
     if (r->ended)
         return;
+    /* A finish raised on any dispatch (a stream consumer hearing EOS
+     * mid-stream) ends the loop after this iteration. */
+    if (finish && en->depth > 0)
+        r->loops[en->parent_loop].finish = true;
     if (!final_exec) {
         /* A stream consumer runs again on the chunks that came meanwhile;
          * its other inputs stay bound in the slot.  Emitting may have
@@ -637,15 +647,15 @@ static void process_done(rt_runtime *rt, rt_request *r, int node, const rt_iter 
     if (en->depth > 0) {
         loop_state *ls = &r->loops[en->parent_loop];
         uint32_t inner = v->v[v->depth - 1];
-        if (finish)
-            ls->finish = true;
         if (ns->spec_active && prefix_eq(&ns->spec_iter, v, v->depth - 1)) {
-            if (finish || inner + 1 >= ls->max) {
+            /* The loop ends with this iteration (finish here or from another
+             * body node): nothing past it is worth running. */
+            if (ls->finish || inner + 1 >= ls->max) {
                 close_window(rt, r, node, inner);
             } else {
                 /* Keep the worker `speculation_window` iterations ahead. */
-                uint32_t w = rt->opt.speculation_window;
-                uint32_t upto = inner + w < ls->max - 1 ? inner + w : ls->max - 1;
+                uint64_t want = (uint64_t)inner + rt->opt.speculation_window;
+                uint32_t upto = want < ls->max - 1 ? (uint32_t)want : ls->max - 1;
                 if (upto > ns->spec_upto) {
                     ns->spec_upto = upto;
                     rt_action *a = rt__push(rt, RT_EXTEND, r);

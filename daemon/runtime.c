@@ -151,7 +151,9 @@ void rt__unref(rt_runtime *rt, rt_request *r, rt_tensor t)
     if (!t.id || r->ended)
         return;
     tref *e = tref_find(r, t, false, rt);
-    assert(e && e->refs > 0);
+    /* Only an allocation that failed in rt__ref (rt->oom, after which the
+     * event ends every request) leaves an unref without its ref. */
+    assert((e && e->refs > 0) || rt->oom);
     if (!e || e->refs == 0)
         return;
     if (--e->refs == 0) {
@@ -446,8 +448,21 @@ int rt_request_start(rt_runtime *rt, uint64_t req, int graph_index, const rt_ten
             m = max_iters[i];
         r->loops[i].max = m;
     }
-    for (size_t k = 0; k < g->n_inputs; k++)
-        tvec_push(rt, r, &r->inputs, inputs ? inputs[k] : (rt_tensor){0, 0});
+    for (size_t k = 0; k < g->n_inputs; k++) {
+        if (tvec_push(rt, r, &r->inputs, inputs ? inputs[k] : (rt_tensor){0, 0}) < 0 ||
+            rt->oom) {
+            /* Nothing was dispatched yet: forget the request; its inputs
+             * stay the caller's to free. */
+            rt->oom = 0;
+            u64map_del(&rt->requests, req);
+            if (r->tensors)
+                for (uint32_t i = 0; i < r->cap_tensors; i++)
+                    if (r->tensors[i].used && r->tensors[i].refs)
+                        rt->held--;
+            reg_request_free(rt, r);
+            return BT_ENOMEM;
+        }
+    }
     reg_try_dispatch_range(rt, r, 0, (int)g->n_entities - 1);
     int rc = rt->oom ? BT_ENOMEM : 0;
     after_event(rt);

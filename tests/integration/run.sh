@@ -29,5 +29,11 @@ done
 out=$("$BATOND" --check-config /nonexistent/baton.yaml 2>&1); rc=$?
 if [ $rc -eq 1 ] && grep -q "/nonexistent/baton.yaml" <<<"$out"; then ok; else bad "missing file: rc=$rc: $out"; fi
 
+# batonctl and the Python client (adds to pass/fail through ok/bad).
+. tests/integration/test_batonctl.sh
+
+# End to end: real batond and baton-worker processes over real sockets.
+if BUILD="$BUILD" /usr/bin/python3 tests/integration/test_e2e.py; then ok; else bad "test_e2e.py (see above)"; fi
+
 echo "integration: ${pass} passed, ${fail} failed"
 [ "$fail" -eq 0 ]

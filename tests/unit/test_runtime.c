@@ -642,6 +642,72 @@ static void test_duplicate_and_stray(void **state)
     finish_ok(h);
 }
 
+/* A stream consumer that raises finish on a non-final dispatch (an EOS
+ * heard mid-stream) still ends its loop after the iteration. */
+static void test_stream_consumer_finish(void **state)
+{
+    (void)state;
+    harness *h = h_create(HEAD
+        "      sequential:\n"
+        "        - node: {name: s, model: m, inputs: [x], outputs: [{name: q, to: p}]}\n"
+        "        - loop:\n"
+        "            name: L\n"
+        "            max_iters: 5\n"
+        "            body:\n"
+        "              sequential:\n"
+        "                - node: {name: p, model: m1, inputs: [q], outputs: [{name: au, to: c, stream: true}, {name: q, to: p}]}\n"
+        "                - node: {name: c, model: m, consumes_stream: true, inputs: [au], outputs: [{name: t, to: client, new_token: true}]}\n",
+        0);
+    h_start(h, 1, true, NULL, 0);
+    h_complete(h, h_find(h, 1, "s", &I0), false);
+    rt_iter i0 = IT1(0), i1 = IT1(1);
+    h_chunk(h, h_find(h, 1, "p", &i0), "au", false, false);
+    h_dispatch *c = h_find(h, 1, "c", &i0);
+    assert_non_null(c);
+    assert_false(c->stream_final);
+    h_complete(h, c, true);
+    h_chunk(h, h_find(h, 1, "p", &i0), "au", false, true);
+    h_complete_skip(h, h_find(h, 1, "p", &i0), false, "au");
+    c = h_find(h, 1, "c", &i0);
+    assert_non_null(c);
+    assert_true(c->stream_final);
+    h_complete(h, c, false);
+    assert_null(h_find(h, 1, "p", &i1));
+    assert_non_null(h_response_of(h, 1));
+    finish_ok(h);
+}
+
+/* A finish from another body node closes the window of a speculating node
+ * without extending it first. */
+static void test_no_extend_after_finish(void **state)
+{
+    (void)state;
+    harness *h = h_create(HEAD
+        "      sequential:\n"
+        "        - node: {name: s, model: m, inputs: [x], outputs: [{name: t, to: d}]}\n"
+        "        - loop:\n"
+        "            name: L\n"
+        "            max_iters: 20\n"
+        "            body:\n"
+        "              parallel:\n"
+        "                - node: {name: d, model: m, async: true, inputs: [t], outputs: [{name: t, to: d}, {name: k, to: client, new_token: true}]}\n"
+        "                - node: {name: f, model: m1, inputs: [x], outputs: [{name: u, to: client, new_token: true}]}\n",
+        2);
+    h_start(h, 1, true, NULL, 0);
+    h_complete(h, h_find(h, 1, "s", &I0), false);
+    rt_iter i0 = IT1(0), i1 = IT1(1);
+    h_complete(h, h_find(h, 1, "f", &i0), false);
+    h_complete(h, h_find(h, 1, "d", &i0), false);
+    h_complete(h, h_find(h, 1, "f", &i1), true); /* finish in iteration 1 */
+    size_t ext = h->n_extends;
+    h_complete(h, h_find(h, 1, "d", &i1), false);
+    assert_int_equal(h->n_extends, ext);
+    assert_string_equal(h->last_drop, "d@2");
+    assert_int_equal(h_response_of(h, 1)->code, BT_CODE_OK);
+    h->n_inflight = 0; /* the worker's dropped iteration 2 */
+    finish_ok(h);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -664,6 +730,8 @@ int main(void)
         cmocka_unit_test(test_node_failure),
         cmocka_unit_test(test_missing_output),
         cmocka_unit_test(test_duplicate_and_stray),
+        cmocka_unit_test(test_stream_consumer_finish),
+        cmocka_unit_test(test_no_extend_after_finish),
     };
     return cmocka_run_group_tests_name("runtime", tests, NULL, NULL);
 }

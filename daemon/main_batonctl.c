@@ -1,0 +1,680 @@
+/* batonctl: the command-line client of batond (DESIGN.md section 10), a thin
+ * program over the C client library (include/baton/client.h). It parses
+ * tensors from the command line or files, streams chunks as they arrive,
+ * and prints answers for people or, with --json, one JSON object per line
+ * for scripts.
+ *
+ * Exit status: 0 OK; 1 the daemon answered with a status other than OK (or
+ * health says not ready); 2 usage error; 3 cannot connect, timeout, or a
+ * broken answer. */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "baton/client.h"
+#include "daemon/ctl_format.h"
+
+enum { EXIT_STATUS = 1, EXIT_USAGE = 2, EXIT_CONN = 3 };
+
+static const char usage_text[] =
+    "usage: batonctl [GLOBAL OPTIONS] COMMAND [ARGS]\n"
+    "\n"
+    "commands:\n"
+    "  infer GRAPH [--input NAME=SPEC]... [REQUEST OPTIONS]   run a graph once\n"
+    "  generate GRAPH TEXT [--input-name NAME] [REQUEST OPTIONS]\n"
+    "                      send TEXT as the graph's first input (or NAME), print the\n"
+    "                      streamed text as it arrives, then a summary on stderr\n"
+    "  health              liveness and readiness (exit 1 when not ready)\n"
+    "  stats               metrics (Prometheus text)\n"
+    "  inspect [GRAPH]     graph, partition and schedule\n"
+    "  cancel ID           ask the daemon to end request ID of this connection;\n"
+    "                      Ctrl-C during infer/generate cancels that request\n"
+    "\n"
+    "global options:\n"
+    "  --endpoint EP       daemon endpoint (default: $BATON_ENDPOINT, else\n"
+    "                      " BATON_CLIENT_DEFAULT_ENDPOINT ")\n"
+    "  --server-key KEY    the daemon's CURVE public key (Z85) for tcp:// endpoints\n"
+    "                      (default: $BATON_SERVER_KEY)\n"
+    "  --json              one JSON object per chunk/response/answer on stdout\n"
+    "  --timeout-ms N      infer/generate: the request's deadline (the client waits\n"
+    "                      2 s longer); other commands: how long to wait (default 5000)\n"
+    "  -h, --help          this text\n"
+    "\n"
+    "request options (infer, generate):\n"
+    "  --input NAME=SPEC   SPEC is DTYPE:DIMS:VALUES, DTYPE:VALUES (1-D), DTYPE:DIMS:@FILE,\n"
+    "                      DTYPE:@FILE (raw little-endian bytes), text:STRING or\n"
+    "                      text:@FILE (a U8 tensor of UTF-8 bytes). DTYPE: f32 f16 bf16\n"
+    "                      i32 i64 u8 bool; DIMS: comma-separated, empty for a scalar.\n"
+    "                      e.g. x=i32:2,3:1,2,3,4,5,6  x=f32::1.5  prompt=text:hello\n"
+    "  --stream            ask for streamed chunks (generate always streams)\n"
+    "  --max-iters LOOP=N  cap loop LOOP at N iterations (repeatable)\n"
+    "  --temperature T  --top-k K  --top-p P  --seed S    sampling\n"
+    "  --request-id ID     use ID instead of a generated one\n"
+    "  --timings           print per-node timings on stderr\n"
+    "\n"
+    "--json objects: {\"type\":\"chunk\",\"request_id\",\"seq\",\"value\":TENSOR},\n"
+    "{\"type\":\"response\",\"request_id\",\"status\",\"code\",\"message\",\"outputs\":[TENSOR],\n"
+    "\"timings\":[...],\"total_us\"}, {\"type\":\"health\"|\"stats\"|\"inspect\",...}; TENSOR is\n"
+    "{\"name\",\"dtype\",\"dims\",\"modality\",\"values\":[...]}, or for text modality\n"
+    "{...,\"text\":\"...\"} (plus \"values\" when the bytes are not valid UTF-8).\n"
+    "\n"
+    "exit status: 0 OK, 1 the answer's status is not OK, 2 usage error,\n"
+    "3 cannot connect or no answer in time.\n";
+
+typedef struct ctl_opts {
+    const char *endpoint;
+    const char *server_key;
+    bool json;
+    int timeout_ms;  /* -1: not given */
+    bool stream;
+    bool timings;
+    bool request_opts; /* an option only infer/generate take was seen */
+    const char *input_name;
+    const char *request_id;
+    baton_client_sampling sampling;
+    bool have_sampling;
+    const char **inputs; /* --input specs, borrowed from argv */
+    size_t n_inputs;
+    const char **caps; /* --max-iters specs */
+    size_t n_caps;
+    const char **pos; /* positional arguments */
+    size_t n_pos;
+} ctl_opts;
+
+static volatile sig_atomic_t interrupted;
+
+static void on_sigint(int sig)
+{
+    (void)sig;
+    interrupted++;
+}
+
+/* Prints "batonctl: MESSAGE" and a pointer to --help; returns the usage
+ * exit status. */
+__attribute__((format(printf, 1, 2))) static int usage_error(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("batonctl: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputs("\n(batonctl --help for usage)\n", stderr);
+    va_end(ap);
+    return EXIT_USAGE;
+}
+
+/* ---- argument parsing ------------------------------------------------------ */
+
+static bool parse_u64(const char *s, uint64_t max, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    if (!*s || *s == '-')
+        return false;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || *end || v > max)
+        return false;
+    *out = v;
+    return true;
+}
+
+static bool parse_float(const char *s, float *out)
+{
+    char *end;
+    errno = 0;
+    float v = strtof(s, &end);
+    if (errno || !*s || *end || !isfinite(v))
+        return false;
+    *out = v;
+    return true;
+}
+
+/* Every option of every command; the command decides afterwards whether it
+ * takes the request options, so options may come before or after it. */
+static int parse_args(int argc, char **argv, ctl_opts *o)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *val = NULL;
+        if (a[0] != '-' || !strcmp(a, "-")) {
+            o->pos[o->n_pos++] = a;
+            continue;
+        }
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            fputs(usage_text, stdout);
+            exit(0);
+        }
+        char name[32];
+        const char *eq = strchr(a, '=');
+        size_t n = eq ? (size_t)(eq - a) : strlen(a);
+        if (n >= sizeof name)
+            return usage_error("unknown option %s", a);
+        memcpy(name, a, n);
+        name[n] = 0;
+        static const char *const flags[] = {"--json", "--stream", "--timings"};
+        bool is_flag = false;
+        for (size_t k = 0; k < 3; k++)
+            is_flag |= !strcmp(name, flags[k]);
+        if (is_flag) {
+            if (eq)
+                return usage_error("%s takes no value", name);
+        } else if (eq) {
+            val = eq + 1;
+        } else if (i + 1 < argc) {
+            val = argv[++i];
+        } else {
+            return usage_error("%s needs a value", name);
+        }
+        uint64_t u;
+        if (!strcmp(name, "--json")) {
+            o->json = true;
+        } else if (!strcmp(name, "--endpoint")) {
+            o->endpoint = val;
+        } else if (!strcmp(name, "--server-key")) {
+            o->server_key = val;
+        } else if (!strcmp(name, "--timeout-ms")) {
+            if (!parse_u64(val, UINT32_MAX / 2, &u))
+                return usage_error("--timeout-ms: '%s' is not a number of milliseconds", val);
+            o->timeout_ms = (int)u;
+        } else {
+            o->request_opts = true;
+            if (!strcmp(name, "--stream")) {
+                o->stream = true;
+            } else if (!strcmp(name, "--timings")) {
+                o->timings = true;
+            } else if (!strcmp(name, "--input")) {
+                o->inputs[o->n_inputs++] = val;
+            } else if (!strcmp(name, "--max-iters")) {
+                o->caps[o->n_caps++] = val;
+            } else if (!strcmp(name, "--input-name")) {
+                o->input_name = val;
+            } else if (!strcmp(name, "--request-id")) {
+                o->request_id = val;
+            } else if (!strcmp(name, "--temperature")) {
+                if (!parse_float(val, &o->sampling.temperature) || o->sampling.temperature < 0)
+                    return usage_error("--temperature: '%s' is not a number >= 0", val);
+                o->have_sampling = true;
+            } else if (!strcmp(name, "--top-p")) {
+                if (!parse_float(val, &o->sampling.top_p) || o->sampling.top_p < 0 ||
+                    o->sampling.top_p > 1)
+                    return usage_error("--top-p: '%s' is not a number in [0, 1]", val);
+                o->have_sampling = true;
+            } else if (!strcmp(name, "--top-k")) {
+                if (!parse_u64(val, UINT32_MAX, &u))
+                    return usage_error("--top-k: '%s' is not a count", val);
+                o->sampling.top_k = (uint32_t)u;
+                o->have_sampling = true;
+            } else if (!strcmp(name, "--seed")) {
+                if (!parse_u64(val, UINT64_MAX, &u))
+                    return usage_error("--seed: '%s' is not an unsigned integer", val);
+                o->sampling.seed = u;
+                o->have_sampling = true;
+            } else {
+                return usage_error("unknown option %s", name);
+            }
+        }
+    }
+    return 0;
+}
+
+/* ---- tensors from the command line ----------------------------------------- */
+
+/* Reads all of PATH into a new buffer. */
+static int read_file(const char *path, uint8_t **out, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "batonctl: %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    size_t cap = 4096, n = 0;
+    uint8_t *buf = malloc(cap);
+    while (buf) {
+        n += fread(buf + n, 1, cap - n, f);
+        if (n < cap)
+            break;
+        uint8_t *grown = realloc(buf, cap *= 2);
+        if (!grown)
+            free(buf);
+        buf = grown;
+    }
+    int bad = !buf || ferror(f);
+    fclose(f);
+    if (bad) {
+        fprintf(stderr, "batonctl: %s: cannot read\n", path);
+        free(buf);
+        return -1;
+    }
+    *out = buf;
+    *len = n;
+    return 0;
+}
+
+/* Parses one element V of DT into DST (little-endian, as the host is). */
+static bool parse_value(const char *v, baton_client_dtype dt, uint8_t *dst)
+{
+    char *end;
+    errno = 0;
+    if (dt == BATON_CLIENT_DTYPE_F32 || dt == BATON_CLIENT_DTYPE_F16 ||
+        dt == BATON_CLIENT_DTYPE_BF16) {
+        float f = strtof(v, &end);
+        if (errno == EINVAL || end == v || *end)
+            return false;
+        uint16_t h = dt == BATON_CLIENT_DTYPE_F16 ? ctl_f32_to_f16(f) : ctl_f32_to_bf16(f);
+        memcpy(dst, dt == BATON_CLIENT_DTYPE_F32 ? (void *)&f : (void *)&h,
+               baton_client_dtype_size(dt));
+        return true;
+    }
+    if (dt == BATON_CLIENT_DTYPE_BOOL && (!strcmp(v, "true") || !strcmp(v, "false"))) {
+        *dst = v[0] == 't';
+        return true;
+    }
+    long long x = strtoll(v, &end, 0);
+    if (errno || end == v || *end)
+        return false;
+    switch (dt) {
+    case BATON_CLIENT_DTYPE_I32: {
+        if (x < INT32_MIN || x > INT32_MAX)
+            return false;
+        int32_t i = (int32_t)x;
+        memcpy(dst, &i, 4);
+        return true;
+    }
+    case BATON_CLIENT_DTYPE_I64: memcpy(dst, &x, 8); return true;
+    case BATON_CLIENT_DTYPE_U8: *dst = (uint8_t)x; return x >= 0 && x <= 255;
+    case BATON_CLIENT_DTYPE_BOOL: *dst = (uint8_t)x; return x == 0 || x == 1;
+    default: return false;
+    }
+}
+
+/* Adds the input described by SPEC (NAME=DTYPE:...) to R; 0 or an exit code. */
+static int add_input(baton_client_request *r, const char *spec)
+{
+    int status = EXIT_USAGE;
+    char *s = strdup(spec), *vals, *dims_s = NULL, *colon;
+    uint8_t *data = NULL;
+    size_t nbytes = 0, ndims = 0;
+    int64_t dims[16];
+    if (!s)
+        return EXIT_CONN;
+    char *eq = strchr(s, '='), *name = s;
+    if (!eq || eq == s || !(colon = strchr(eq + 1, ':'))) {
+        usage_error("--input '%s': expected NAME=DTYPE:[DIMS:]VALUES or NAME=text:STRING", spec);
+        goto out;
+    }
+    *eq = *colon = 0;
+    const char *dtname = eq + 1;
+    vals = colon + 1;
+    bool text = !strcmp(dtname, "text");
+    baton_client_dtype dt = BATON_CLIENT_DTYPE_U8;
+    if (!text && baton_client_dtype_from_name(dtname, &dt) != 0) {
+        usage_error("--input: unknown dtype '%s' (f32 f16 bf16 i32 i64 u8 bool text)", dtname);
+        goto out;
+    }
+    if (!text && (colon = strchr(vals, ':'))) {
+        dims_s = vals;
+        *colon = 0;
+        vals = colon + 1;
+    }
+    size_t esz = baton_client_dtype_size(dt);
+    if (vals[0] == '@') {
+        if (read_file(vals + 1, &data, &nbytes) != 0)
+            goto out;
+    } else if (text) {
+        nbytes = strlen(vals);
+        data = (uint8_t *)strdup(vals);
+    } else {
+        size_t n = *vals ? 1 : 0;
+        for (const char *p = vals; *p; p++)
+            n += *p == ',';
+        data = malloc(n * esz + 1);
+        char *save = NULL;
+        for (char *tok = strtok_r(vals, ",", &save); data && tok;
+             tok = strtok_r(NULL, ",", &save)) {
+            if (!parse_value(tok, dt, data + nbytes)) {
+                usage_error("--input: '%s' is not a valid value of that dtype", tok);
+                goto out;
+            }
+            nbytes += esz;
+        }
+    }
+    if (!data) {
+        status = EXIT_CONN;
+        goto out;
+    }
+    if (dims_s) {
+        char *save = NULL;
+        for (char *tok = strtok_r(dims_s, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+            uint64_t d;
+            if (ndims == 16 || !parse_u64(tok, INT64_MAX, &d)) {
+                usage_error("--input: bad dims near '%s' (at most 16 dims, each >= 0)", tok);
+                goto out;
+            }
+            dims[ndims++] = (int64_t)d;
+        }
+    } else {
+        if (nbytes % esz) {
+            usage_error("--input %s: the file size is not a multiple of the dtype size", name);
+            goto out;
+        }
+        dims[ndims++] = (int64_t)(nbytes / esz);
+    }
+    int rc = baton_client_request_add_input(r, name, dt, dims, ndims, data, nbytes);
+    if (rc == BATON_CLIENT_EINVAL)
+        usage_error("--input %s: the values do not match the dims (or the name repeats)", name);
+    else if (rc != 0)
+        fprintf(stderr, "batonctl: --input %s: %s\n", name, baton_client_strerror(rc));
+    status = rc == 0 ? 0 : rc == BATON_CLIENT_EINVAL ? EXIT_USAGE : EXIT_CONN;
+out:
+    free(data);
+    free(s);
+    return status;
+}
+
+/* ---- commands ---------------------------------------------------------------- */
+
+static int conn_error(const ctl_opts *o, int rc)
+{
+    fprintf(stderr, "batonctl: %s: %s\n", o->endpoint, baton_client_strerror(rc));
+    return EXIT_CONN;
+}
+
+static int connect_daemon(const ctl_opts *o, baton_client **out)
+{
+    /* An ipc socket that does not exist will not appear within a command's
+     * wait in any useful case: say so at once instead of timing out. */
+    struct stat st;
+    if (!strncmp(o->endpoint, "ipc://", 6) && stat(o->endpoint + 6, &st) != 0) {
+        fprintf(stderr, "batonctl: cannot connect to %s: %s (is batond running?)\n", o->endpoint,
+                strerror(errno));
+        return EXIT_CONN;
+    }
+    baton_client_options co = {.connect_timeout_ms = o->timeout_ms >= 0 ? o->timeout_ms : 5000,
+                               .server_public_key = o->server_key};
+    int rc = baton_client_create_with(o->endpoint, &co, out);
+    if (rc == BATON_CLIENT_EINVAL)
+        return usage_error("--server-key: '%s' is not a 40-character Z85 key", o->server_key);
+    return rc ? conn_error(o, rc) : 0;
+}
+
+/* The first input of GRAPH, read from the "graph NAME: ...; inputs: A B"
+ * line of the inspect text (the format batond --check-config prints);
+ * "prompt" when the daemon does not say. Fails only when the daemon cannot
+ * be reached, which the request would hit too. */
+static int first_input(baton_client *c, const ctl_opts *o, const char *graph, char *buf,
+                       size_t cap)
+{
+    baton_client_event *ev;
+    snprintf(buf, cap, "prompt");
+    int rc = baton_client_inspect(c, graph, o->timeout_ms >= 0 ? o->timeout_ms : 5000, &ev);
+    if (rc == BATON_CLIENT_ECONNECT)
+        return rc;
+    if (rc != 0)
+        return 0;
+    char head[300];
+    snprintf(head, sizeof head, "graph %s:", graph);
+    for (const char *l = ev->text; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+        const char *eol = strchr(l, '\n'), *in = strstr(l, "inputs:");
+        if (strncmp(l, head, strlen(head)) || !in || (eol && in > eol))
+            continue;
+        in += strlen("inputs:");
+        in += strspn(in, " [");
+        size_t n = strcspn(in, " ,]\n");
+        if (n && n < cap)
+            snprintf(buf, cap, "%.*s", (int)n, in);
+        break;
+    }
+    baton_client_event_free(ev);
+    return 0;
+}
+
+/* infer and generate: build, send, then print events until the response. */
+static int cmd_run(const ctl_opts *o, bool generate)
+{
+    int status, rc;
+    baton_client *c = NULL;
+    baton_client_request *r = NULL;
+    char name[256];
+    if (o->n_pos != (generate ? 3u : 2u))
+        return usage_error("%s", generate ? "generate takes GRAPH and TEXT"
+                                          : "infer takes one GRAPH (inputs go in --input)");
+    const char *graph = o->pos[1];
+    if (baton_client_request_create(graph, o->request_id, &r) != 0)
+        return usage_error("bad graph name or --request-id '%s' (1 to 256 bytes)",
+                           o->request_id ? o->request_id : graph);
+    /* The command line is checked before connecting, so that a usage error
+     * is reported as one (exit 2) whether the daemon runs or not. */
+    for (size_t i = 0; i < o->n_inputs; i++)
+        if ((status = add_input(r, o->inputs[i])) != 0)
+            goto out;
+    for (size_t i = 0; i < o->n_caps; i++) {
+        const char *eq = strchr(o->caps[i], '=');
+        uint64_t n;
+        char loop[256];
+        if (!eq || eq == o->caps[i] || (size_t)(eq - o->caps[i]) >= sizeof loop ||
+            !parse_u64(eq + 1, UINT32_MAX, &n) || n == 0) {
+            status = usage_error("--max-iters '%s': expected LOOP=N with N >= 1", o->caps[i]);
+            goto out;
+        }
+        snprintf(loop, sizeof loop, "%.*s", (int)(eq - o->caps[i]), o->caps[i]);
+        baton_client_request_set_max_iters(r, loop, (uint32_t)n);
+    }
+    if (o->have_sampling)
+        baton_client_request_set_sampling(r, &o->sampling);
+    if ((status = connect_daemon(o, &c)) != 0)
+        goto out;
+    if (generate) {
+        if (o->input_name) {
+            snprintf(name, sizeof name, "%s", o->input_name);
+        } else if ((rc = first_input(c, o, graph, name, sizeof name)) != 0) {
+            status = conn_error(o, rc);
+            goto out;
+        }
+        if (baton_client_request_add_text(r, name, o->pos[2]) != 0) {
+            status = usage_error("input '%s' is empty or given twice", name);
+            goto out;
+        }
+    }
+    baton_client_request_set_stream(r, generate || o->stream);
+    int wait_ms = -1; /* without --timeout-ms the daemon's deadline ends the request */
+    if (o->timeout_ms >= 0) {
+        baton_client_request_set_timeout(r, (uint32_t)o->timeout_ms);
+        wait_ms = o->timeout_ms + 2000;
+    }
+
+    struct sigaction sa = {.sa_handler = on_sigint}; /* no SA_RESTART: the wait must end */
+    sigaction(SIGINT, &sa, NULL);
+    if ((rc = baton_client_send(c, r)) != 0) {
+        status = conn_error(o, rc);
+        goto out;
+    }
+    const char *rid = baton_client_request_id(r);
+    bool midline = false, cancelled = false;
+    size_t chunks = 0;
+    for (;;) {
+        baton_client_event *ev;
+        rc = baton_client_recv(c, wait_ms, &ev);
+        if (interrupted > 1) { /* a second Ctrl-C: stop waiting for the answer */
+            if (rc == 0)
+                baton_client_event_free(ev);
+            status = 130;
+            goto out;
+        }
+        if (interrupted && !cancelled) { /* the terminal CANCELLED response still comes */
+            fprintf(stderr, "%sbatonctl: cancelling %s\n", midline ? "\n" : "", rid);
+            midline = false;
+            baton_client_cancel(c, rid);
+            cancelled = true;
+            wait_ms = 5000;
+        }
+        if (rc == BATON_CLIENT_EINTR)
+            continue;
+        if (rc != 0) {
+            status = conn_error(o, rc);
+            goto out;
+        }
+        if (strcmp(ev->request_id, rid)) { /* not ours: a stray answer */
+            baton_client_event_free(ev);
+            continue;
+        }
+        bool done = ev->kind == BATON_CLIENT_EVENT_RESPONSE;
+        if (o->json) {
+            ctl_print_json(stdout, ev);
+        } else if (!done) {
+            chunks++;
+            if (ctl_is_text(&ev->value)) {
+                fwrite(ev->value.data, 1, ev->value.nbytes, stdout);
+                if (ev->value.nbytes)
+                    midline = ev->value.data[ev->value.nbytes - 1] != '\n';
+            } else {
+                if (midline)
+                    fputc('\n', stdout);
+                midline = false;
+                printf("[%" PRIu64 "] ", ev->seq);
+                ctl_print_tensor(stdout, &ev->value);
+            }
+            fflush(stdout);
+        } else {
+            if (midline)
+                fputc('\n', stdout);
+            midline = false;
+            for (size_t i = 0; i < ev->n_outputs; i++) {
+                if (generate && ctl_is_text(&ev->outputs[i])) {
+                    fwrite(ev->outputs[i].data, 1, ev->outputs[i].nbytes, stdout);
+                    fputc('\n', stdout);
+                } else {
+                    ctl_print_tensor(stdout, &ev->outputs[i]);
+                }
+            }
+            fflush(stdout);
+        }
+        if (done) {
+            if (o->timings)
+                ctl_print_timings(ev);
+            if (ev->code == BATON_CLIENT_CODE_OK) {
+                if (!o->json)
+                    fprintf(stderr, "OK: %.1f ms, %zu chunk%s, %zu node run%s\n",
+                            (double)ev->total_us / 1000, chunks, chunks == 1 ? "" : "s",
+                            ev->n_timings, ev->n_timings == 1 ? "" : "s");
+                status = 0;
+            } else {
+                fprintf(stderr, "batonctl: %s: %s\n", baton_client_code_name(ev->code),
+                        ev->message);
+                status = EXIT_STATUS;
+            }
+            baton_client_event_free(ev);
+            break;
+        }
+        baton_client_event_free(ev);
+    }
+out:
+    baton_client_request_destroy(r);
+    baton_client_destroy(c);
+    return status;
+}
+
+/* health, stats, inspect. */
+static int cmd_probe(const ctl_opts *o, baton_client_event_kind kind)
+{
+    baton_client *c;
+    baton_client_event *ev;
+    int wait_ms = o->timeout_ms >= 0 ? o->timeout_ms : 5000, rc;
+    if (o->n_pos > (kind == BATON_CLIENT_EVENT_INSPECT ? 2u : 1u))
+        return usage_error("%s: too many arguments", o->pos[0]);
+    if ((rc = connect_daemon(o, &c)) != 0)
+        return rc;
+    const char *graph = o->n_pos > 1 ? o->pos[1] : NULL;
+    rc = kind == BATON_CLIENT_EVENT_HEALTH ? baton_client_health(c, wait_ms, &ev)
+       : kind == BATON_CLIENT_EVENT_STATS  ? baton_client_stats(c, wait_ms, &ev)
+                                           : baton_client_inspect(c, graph, wait_ms, &ev);
+    if (rc != 0) {
+        rc = conn_error(o, rc);
+        baton_client_destroy(c);
+        return rc;
+    }
+    int status = 0;
+    if (o->json) {
+        ctl_print_json(stdout, ev);
+    } else if (kind == BATON_CLIENT_EVENT_HEALTH) {
+        printf("live: %s\nready: %s\nworkers ready:", ev->live ? "yes" : "no",
+               ev->ready ? "yes" : "no");
+        for (size_t i = 0; i < ev->n_workers_ready; i++)
+            printf(" %s", ev->workers_ready[i]);
+        printf("%s\n", ev->n_workers_ready ? "" : " none");
+        if (*ev->message)
+            printf("message: %s\n", ev->message);
+    } else {
+        size_t n = strlen(ev->text);
+        fputs(ev->text, stdout);
+        if (n && ev->text[n - 1] != '\n')
+            fputc('\n', stdout);
+    }
+    if (kind == BATON_CLIENT_EVENT_HEALTH && !(ev->live && ev->ready))
+        status = EXIT_STATUS;
+    baton_client_event_free(ev);
+    baton_client_destroy(c);
+    return status;
+}
+
+static int cmd_cancel(const ctl_opts *o)
+{
+    baton_client *c;
+    int rc;
+    if (o->n_pos != 2)
+        return usage_error("%s", "cancel takes one request ID");
+    if ((rc = connect_daemon(o, &c)) != 0)
+        return rc;
+    rc = baton_client_cancel(c, o->pos[1]);
+    baton_client_destroy(c); /* waits (briefly) for the frame to leave */
+    return rc ? conn_error(o, rc) : 0;
+}
+
+int main(int argc, char **argv)
+{
+    /* Each argument is at most one input, cap or positional: argc bounds
+     * the arrays, so parsing needs no growth. */
+    const char **slots = calloc(3 * (size_t)argc, sizeof *slots);
+    if (!slots)
+        return EXIT_CONN;
+    ctl_opts o = {.timeout_ms = -1, .inputs = slots, .caps = slots + argc, .pos = slots + 2 * argc};
+    int status = parse_args(argc, argv, &o);
+    if (status)
+        goto out;
+    if (!o.endpoint)
+        o.endpoint = getenv("BATON_ENDPOINT");
+    if (!o.endpoint || !*o.endpoint)
+        o.endpoint = BATON_CLIENT_DEFAULT_ENDPOINT;
+    if (!o.server_key && getenv("BATON_SERVER_KEY") && *getenv("BATON_SERVER_KEY"))
+        o.server_key = getenv("BATON_SERVER_KEY");
+    const char *cmd = o.n_pos ? o.pos[0] : NULL;
+    bool run = cmd && (!strcmp(cmd, "infer") || !strcmp(cmd, "generate"));
+    if (!cmd) {
+        fputs(usage_text, stderr);
+        status = EXIT_USAGE;
+    } else if (!strcmp(cmd, "help")) {
+        fputs(usage_text, stdout);
+    } else if (o.request_opts && !run) {
+        status = usage_error("%s takes no request options (--input, --stream, ...)", cmd);
+    } else if (o.input_name && strcmp(cmd, "generate")) {
+        status = usage_error("%s", "--input-name is for generate");
+    } else if (run) {
+        status = cmd_run(&o, cmd[0] == 'g');
+    } else if (!strcmp(cmd, "health")) {
+        status = cmd_probe(&o, BATON_CLIENT_EVENT_HEALTH);
+    } else if (!strcmp(cmd, "stats")) {
+        status = cmd_probe(&o, BATON_CLIENT_EVENT_STATS);
+    } else if (!strcmp(cmd, "inspect")) {
+        status = cmd_probe(&o, BATON_CLIENT_EVENT_INSPECT);
+    } else if (!strcmp(cmd, "cancel")) {
+        status = cmd_cancel(&o);
+    } else {
+        status = usage_error("unknown command '%s'", cmd);
+    }
+out:
+    free(slots);
+    return status;
+}

@@ -1,0 +1,481 @@
+/* Worker supervision: spawn the `spawn: auto` workers as children running
+ * the baton-worker beside batond, take their Register, send Peers and one
+ * Load per model, track readiness, and when a worker dies end its requests
+ * (the runtime's worker-lost event), unlink its pool and restart it within
+ * a second, then with back-off. */
+#include <errno.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "common/log.h"
+#include "daemon/conductor.h"
+
+#define RESTART_FIRST_MS 100     /* first restart: well within a second */
+#define RESTART_MAX_MS 30000     /* back-off ceiling */
+#define STABLE_MS 60000          /* up this long: back-off starts over */
+#define SILENT_MS 10000          /* no message this long: presumed hung */
+
+extern char **environ;
+
+int sup_send(conductor *c, int worker, const Baton__V1__ConductorMessage *m)
+{
+    size_t n = baton__v1__conductor_message__get_packed_size(m);
+    uint8_t stackbuf[4096];
+    uint8_t *buf = n <= sizeof(stackbuf) ? stackbuf : malloc(n);
+    if (!buf)
+        return BT_ENOMEM;
+    baton__v1__conductor_message__pack(m, buf);
+    const char *name = c->workers[worker].cfg->name;
+    int rc = 0;
+    if (zmq_send(c->back, name, strlen(name), ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+        zmq_send(c->back, buf, n, ZMQ_DONTWAIT) < 0) {
+        bt_warn("cannot send to worker %s: %s", name, zmq_strerror(errno));
+        rc = BT_EIO;
+    }
+    if (buf != stackbuf)
+        free(buf);
+    return rc;
+}
+
+bool sup_all_ready(const conductor *c)
+{
+    for (size_t w = 0; w < c->n_workers; w++)
+        if (c->workers[w].state != CW_READY)
+            return false;
+    return true;
+}
+
+static void update_ready(conductor *c)
+{
+    bool was = c->ready;
+    c->ready = sup_all_ready(c);
+    if (c->ready && !was)
+        bt_info("ready: %zu worker%s loaded", c->n_workers, c->n_workers == 1 ? "" : "s");
+    else if (!c->ready && was)
+        bt_warn("not ready: a worker is down");
+}
+
+int sup_spawn(conductor *c, cworker *w)
+{
+    char inc[16], *argv[12];
+    w->incarnation = (w->incarnation + 1) & 0xffff;
+    if (!w->incarnation)
+        w->incarnation = 1;
+    snprintf(inc, sizeof(inc), "%u", w->incarnation);
+    snprintf(w->shm_name, sizeof(w->shm_name), "/baton-%s-%s", c->run_id, w->cfg->name);
+    int i = 0;
+    argv[i++] = c->worker_exe;
+    argv[i++] = "--config";
+    argv[i++] = c->config_path;
+    argv[i++] = "--name";
+    argv[i++] = (char *)w->cfg->name;
+    argv[i++] = "--run-id";
+    argv[i++] = c->run_id;
+    argv[i++] = "--incarnation";
+    argv[i++] = inc;
+    argv[i] = NULL;
+    /* The conductor blocks its signals for the signalfd; a child must
+     * start with a clean mask and default dispositions. */
+    posix_spawnattr_t attr;
+    posix_spawnattr_init(&attr);
+    sigset_t none, all;
+    sigemptyset(&none);
+    sigfillset(&all);
+    posix_spawnattr_setsigmask(&attr, &none);
+    posix_spawnattr_setsigdefault(&attr, &all);
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+    pid_t pid;
+    int rc = posix_spawn(&pid, c->worker_exe, NULL, &attr, argv, environ);
+    posix_spawnattr_destroy(&attr);
+    uint64_t now = cond_now_ms();
+    if (rc != 0) {
+        bt_error("cannot start worker %s (%s): %s", w->cfg->name, c->worker_exe, strerror(rc));
+        w->state = CW_DOWN;
+        w->restart_at_ms = now + w->backoff_ms;
+        return BT_EIO;
+    }
+    w->pid = pid;
+    w->state = CW_STARTING;
+    w->started_ms = now;
+    w->last_seen_ms = now;
+    w->restart_at_ms = 0;
+    bt_info("worker %s started (pid %d, incarnation %u)", w->cfg->name, (int)pid,
+            w->incarnation);
+    return 0;
+}
+
+static void send_peers(conductor *c)
+{
+    size_t n = c->n_workers;
+    Baton__V1__PeerInfo *infos = calloc(n + 1, sizeof(*infos));
+    Baton__V1__PeerInfo **ip = calloc(n + 1, sizeof(*ip));
+    if (!infos || !ip)
+        goto out;
+    for (size_t w = 0; w < n; w++) {
+        cworker *wk = &c->workers[w];
+        baton__v1__peer_info__init(&infos[w]);
+        infos[w].index = (uint32_t)w;
+        infos[w].name = (char *)wk->cfg->name;
+        infos[w].hostname = wk->hostname;
+        infos[w].incarnation = wk->incarnation;
+        infos[w].up = wk->state == CW_LOADING || wk->state == CW_READY;
+        infos[w].n_pools = wk->n_pools;
+        Baton__V1__PoolHandle **pp = calloc(wk->n_pools + 1, sizeof(*pp));
+        for (size_t k = 0; pp && k < wk->n_pools; k++)
+            pp[k] = &wk->pools[k];
+        infos[w].pools = pp;
+        ip[w] = &infos[w];
+    }
+    for (size_t w = 0; w < n; w++) {
+        if (c->workers[w].state != CW_LOADING && c->workers[w].state != CW_READY)
+            continue;
+        Baton__V1__Peers p = BATON__V1__PEERS__INIT;
+        p.self_index = (uint32_t)w;
+        p.n_peers = n;
+        p.peers = ip;
+        p.speculation_window = c->cfg->daemon.speculation_window;
+        Baton__V1__ConductorMessage m = BATON__V1__CONDUCTOR_MESSAGE__INIT;
+        m.msg_case = BATON__V1__CONDUCTOR_MESSAGE__MSG_PEERS;
+        m.peers = &p;
+        sup_send(c, (int)w, &m);
+    }
+out:
+    for (size_t w = 0; infos && w < n; w++)
+        free(infos[w].pools);
+    free(infos);
+    free(ip);
+}
+
+static void free_pools(cworker *w)
+{
+    for (size_t k = 0; k < w->n_pools; k++) {
+        free(w->pools[k].shm_name);
+        free(w->pools[k].cuda_ipc_handle.data);
+    }
+    free(w->pools);
+    w->pools = NULL;
+    w->n_pools = 0;
+}
+
+static void send_loads(conductor *c, cworker *w)
+{
+    const cfg_config *cfg = c->cfg;
+    w->loads_pending = 0;
+    for (size_t m = 0; m < cfg->n_models; m++) {
+        const cfg_model *md = &cfg->models[m];
+        for (size_t k = 0; k < md->n_workers; k++) {
+            if (strcmp(md->workers[k].s, w->cfg->name) != 0)
+                continue;
+            Baton__V1__Load__OptionsEntry *ents = calloc(md->n_options + 1, sizeof(*ents));
+            Baton__V1__Load__OptionsEntry **ep = calloc(md->n_options + 1, sizeof(*ep));
+            char (*vals)[64] = calloc(md->n_options + 1, sizeof(*vals));
+            if (!ents || !ep || !vals) {
+                free(ents);
+                free(ep);
+                free(vals);
+                continue;
+            }
+            for (size_t o = 0; o < md->n_options; o++) {
+                const cfg_option *op = &md->options[o];
+                baton__v1__load__options_entry__init(&ents[o]);
+                ents[o].key = op->name;
+                switch (op->type) {
+                case BT_OPT_INT: snprintf(vals[o], 64, "%lld", (long long)op->v.i); break;
+                case BT_OPT_FLOAT: snprintf(vals[o], 64, "%.17g", op->v.f); break;
+                case BT_OPT_BOOL: snprintf(vals[o], 64, "%s", op->v.b ? "true" : "false"); break;
+                default: vals[o][0] = 0; break;
+                }
+                ents[o].value = op->type == BT_OPT_STRING || op->type == BT_OPT_PATH
+                                    ? op->v.s : vals[o];
+                ep[o] = &ents[o];
+            }
+            Baton__V1__Load ld = BATON__V1__LOAD__INIT;
+            ld.model = md->name;
+            ld.backend = md->backend;
+            ld.n_options = md->n_options;
+            ld.options = ep;
+            ld.tp_rank = (uint32_t)k;
+            ld.tp_size = md->tp ? md->tp : 1;
+            ld.max_batch = md->max_batch;
+            Baton__V1__ConductorMessage msg = BATON__V1__CONDUCTOR_MESSAGE__INIT;
+            msg.msg_case = BATON__V1__CONDUCTOR_MESSAGE__MSG_LOAD;
+            msg.load = &ld;
+            if (sup_send(c, w->index, &msg) == 0)
+                w->loads_pending++;
+            free(ents);
+            free(ep);
+            free(vals);
+        }
+    }
+    if (w->loads_pending == 0) {
+        w->state = CW_READY;
+        update_ready(c);
+    }
+}
+
+static void on_register(conductor *c, cworker *w, const Baton__V1__Register *rg)
+{
+    if (rg->protocol_version != BATON__V1__PROTOCOL_VERSION__PROTOCOL_VERSION_CURRENT) {
+        bt_error("worker %s speaks protocol %u, this batond %u: shutting it down",
+                 w->cfg->name, rg->protocol_version,
+                 (unsigned)BATON__V1__PROTOCOL_VERSION__PROTOCOL_VERSION_CURRENT);
+        Baton__V1__Shutdown sd = BATON__V1__SHUTDOWN__INIT;
+        sd.reason = "protocol version mismatch";
+        Baton__V1__ConductorMessage m = BATON__V1__CONDUCTOR_MESSAGE__INIT;
+        m.msg_case = BATON__V1__CONDUCTOR_MESSAGE__MSG_SHUTDOWN;
+        m.shutdown = &sd;
+        sup_send(c, w->index, &m);
+        return;
+    }
+    if (w->state == CW_LOADING || w->state == CW_READY)
+        sup_worker_lost(c, w, "it registered again");
+    free_pools(w);
+    w->pools = calloc(rg->n_pools + 1, sizeof(*w->pools));
+    for (size_t k = 0; w->pools && k < rg->n_pools; k++) {
+        const Baton__V1__PoolHandle *src = rg->pools[k];
+        Baton__V1__PoolHandle *dst = &w->pools[w->n_pools++];
+        baton__v1__pool_handle__init(dst);
+        dst->pool = src->pool;
+        dst->kind = src->kind;
+        dst->shm_name = strdup(src->shm_name ? src->shm_name : "");
+        dst->pool_bytes = src->pool_bytes;
+        dst->cuda_device = src->cuda_device;
+        if (src->cuda_ipc_handle.len && (dst->cuda_ipc_handle.data =
+                                             malloc(src->cuda_ipc_handle.len))) {
+            memcpy(dst->cuda_ipc_handle.data, src->cuda_ipc_handle.data,
+                   src->cuda_ipc_handle.len);
+            dst->cuda_ipc_handle.len = src->cuda_ipc_handle.len;
+        }
+    }
+    snprintf(w->hostname, sizeof(w->hostname), "%s", rg->hostname ? rg->hostname : "");
+    w->pool_bytes = rg->pool_bytes;
+    if (!w->pid && rg->pid && w->cfg->spawn == CFG_SPAWN_EXTERNAL)
+        bt_info("external worker %s registered (pid %u on %s)", w->cfg->name, rg->pid,
+                w->hostname);
+    w->state = CW_LOADING;
+    bt_info("worker %s registered: %zu pool%s, %llu MiB", w->cfg->name, w->n_pools,
+            w->n_pools == 1 ? "" : "s", (unsigned long long)(w->pool_bytes >> 20));
+    send_peers(c);
+    send_loads(c, w);
+}
+
+static void on_loaded(conductor *c, cworker *w, const Baton__V1__Loaded *ld)
+{
+    if (ld->status && ld->status->code != BATON__V1__CODE__OK) {
+        bt_error("worker %s cannot load model %s: %s", w->cfg->name, ld->model ? ld->model : "?",
+                 ld->status->message ? ld->status->message : "");
+        return; /* it stays LOADING: health says why the daemon is not ready */
+    }
+    bt_info("worker %s loaded model %s in %.1f ms", w->cfg->name, ld->model ? ld->model : "?",
+            ld->load_us / 1000.0);
+    if (w->loads_pending && --w->loads_pending == 0 && w->state == CW_LOADING) {
+        w->state = CW_READY;
+        update_ready(c);
+    }
+}
+
+void sup_on_readable(evloop *l, void *arg)
+{
+    (void)l;
+    conductor *c = arg;
+    for (int budget = 0; budget < 1024; budget++) {
+        zmq_msg_t ident, body;
+        zmq_msg_init(&ident);
+        if (zmq_msg_recv(&ident, c->back, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&ident);
+            return;
+        }
+        zmq_msg_init(&body);
+        bool got = zmq_msg_more(&ident) && zmq_msg_recv(&body, c->back, 0) >= 0;
+        while (got && zmq_msg_more(&body)) { /* extra frames: not ours, skip */
+            zmq_msg_t x;
+            zmq_msg_init(&x);
+            zmq_msg_recv(&x, c->back, 0);
+            int more = zmq_msg_more(&x);
+            zmq_msg_close(&x);
+            if (!more)
+                break;
+        }
+        cworker *w = NULL;
+        size_t idlen = zmq_msg_size(&ident);
+        for (size_t i = 0; i < c->n_workers; i++)
+            if (strlen(c->workers[i].cfg->name) == idlen &&
+                memcmp(c->workers[i].cfg->name, zmq_msg_data(&ident), idlen) == 0)
+                w = &c->workers[i];
+        Baton__V1__WorkerMessage *wm =
+            got && w ? baton__v1__worker_message__unpack(NULL, zmq_msg_size(&body),
+                                                         zmq_msg_data(&body))
+                     : NULL;
+        if (!w)
+            bt_warn("a peer that is no configured worker (%.*s) sent a message", (int)idlen,
+                    (const char *)zmq_msg_data(&ident));
+        else if (!wm)
+            bt_warn("worker %s sent a frame that does not parse", w->cfg->name);
+        if (w && wm) {
+            w->last_seen_ms = cond_now_ms();
+            bool live = w->state == CW_LOADING || w->state == CW_READY;
+            switch (wm->msg_case) {
+            case BATON__V1__WORKER_MESSAGE__MSG_REGISTRATION:
+                on_register(c, w, wm->registration);
+                break;
+            case BATON__V1__WORKER_MESSAGE__MSG_LOADED:
+                on_loaded(c, w, wm->loaded);
+                break;
+            case BATON__V1__WORKER_MESSAGE__MSG_DONE:
+                if (live)
+                    disp_done(c, w->index, wm->done);
+                break;
+            case BATON__V1__WORKER_MESSAGE__MSG_CHUNK:
+                if (live)
+                    disp_chunk(c, w->index, wm->chunk);
+                break;
+            case BATON__V1__WORKER_MESSAGE__MSG_PLACED:
+                if (live)
+                    disp_placed(c, w->index, wm->placed);
+                break;
+            case BATON__V1__WORKER_MESSAGE__MSG_FETCHED:
+                if (live)
+                    disp_fetched(c, w->index, wm->fetched);
+                break;
+            case BATON__V1__WORKER_MESSAGE__MSG_HEARTBEAT: {
+                const Baton__V1__Heartbeat *h = wm->heartbeat;
+                w->pool_used = h->pool_used_bytes;
+                w->pool_free = h->pool_free_bytes;
+                w->largest_free = h->largest_free_bytes;
+                w->fragmentation = h->fragmentation;
+                w->live_tensors = h->live_tensors;
+                w->queued = h->queued;
+                break;
+            }
+            default:
+                break;
+            }
+        }
+        baton__v1__worker_message__free_unpacked(wm, NULL);
+        zmq_msg_close(&body);
+        zmq_msg_close(&ident);
+    }
+}
+
+void sup_worker_lost(conductor *c, cworker *w, const char *why)
+{
+    if (w->state == CW_DOWN)
+        return;
+    bt_warn("worker %s lost: %s", w->cfg->name, why);
+    w->state = CW_DOWN;
+    /* Its pool dies with it; a SIGKILL left the name behind. */
+    if (w->shm_name[0])
+        shm_unlink(w->shm_name);
+    free_pools(w);
+    update_ready(c);
+    /* Requests still placing inputs on it end now. */
+    size_t pos = 0;
+    uint64_t key;
+    void *val;
+    uint64_t *placing = malloc((c->requests.n + 1) * sizeof(*placing));
+    size_t np = 0;
+    while (placing && u64map_next(&c->requests, &pos, &key, &val))
+        if (((creq *)val)->phase == REQ_PLACING)
+            placing[np++] = key;
+    for (size_t i = 0; i < np; i++) {
+        creq *r = u64map_get(&c->requests, placing[i]);
+        if (!r)
+            continue;
+        bool uses = false;
+        const graph *g = &c->gs->graphs[r->graph];
+        for (size_t k = 0; k < g->n_inputs; k++)
+            uses |= c->graph_input_worker[r->graph][k] == w->index;
+        if (uses) {
+            /* Inputs placed on the dead worker are gone with it. */
+            for (size_t k = 0; k < g->n_inputs; k++)
+                if (r->inputs[k].worker == w->index)
+                    r->inputs[k] = (rt_tensor){0, 0};
+            char msg[160];
+            snprintf(msg, sizeof(msg), "worker '%s' was lost", w->cfg->name);
+            front_end_placing(c, r, BT_CODE_UNAVAILABLE, msg);
+        }
+    }
+    free(placing);
+    disp_tensor_drop_worker(c, w->index);
+    rt_worker_lost(c->rt, w->index);
+    disp_actions(c);
+    disp_fetches_lost(c, w->index);
+    send_peers(c);
+}
+
+void sup_child_exited(conductor *c, pid_t pid, int status)
+{
+    for (size_t i = 0; i < c->n_workers; i++) {
+        cworker *w = &c->workers[i];
+        if (w->pid != pid)
+            continue;
+        w->pid = 0;
+        char why[96];
+        if (WIFSIGNALED(status))
+            snprintf(why, sizeof(why), "killed by signal %d", WTERMSIG(status));
+        else
+            snprintf(why, sizeof(why), "exited with status %d", WEXITSTATUS(status));
+        if (c->stopping) {
+            bt_info("worker %s stopped (%s)", w->cfg->name, why);
+            w->state = CW_DOWN;
+            if (w->shm_name[0])
+                shm_unlink(w->shm_name);
+            return;
+        }
+        sup_worker_lost(c, w, why);
+        uint64_t now = cond_now_ms();
+        /* Restart at once the first time (or after a long healthy run),
+         * then back off so a crash loop does not spin. */
+        if (now - w->started_ms > STABLE_MS || w->backoff_ms == 0)
+            w->backoff_ms = RESTART_FIRST_MS;
+        w->restart_at_ms = now + w->backoff_ms;
+        w->backoff_ms = w->backoff_ms * 2 > RESTART_MAX_MS ? RESTART_MAX_MS : w->backoff_ms * 2;
+        w->restarts++;
+        return;
+    }
+}
+
+void sup_tick(conductor *c, uint64_t now_ms)
+{
+    for (size_t i = 0; i < c->n_workers; i++) {
+        cworker *w = &c->workers[i];
+        if (w->cfg->spawn != CFG_SPAWN_AUTO || c->stopping)
+            continue;
+        if (w->state == CW_DOWN && w->pid == 0 && w->restart_at_ms && now_ms >= w->restart_at_ms)
+            sup_spawn(c, w);
+        /* A worker that says nothing for long is hung: kill it, and the
+         * SIGCHLD path restarts it. */
+        if (w->state != CW_DOWN && w->pid && now_ms - w->last_seen_ms > SILENT_MS) {
+            bt_warn("worker %s silent for %llu ms: killing it", w->cfg->name,
+                    (unsigned long long)(now_ms - w->last_seen_ms));
+            kill(w->pid, SIGKILL);
+            w->last_seen_ms = now_ms;
+        }
+    }
+}
+
+void sup_shutdown_all(conductor *c, const char *reason)
+{
+    c->stopping = true;
+    for (size_t i = 0; i < c->n_workers; i++) {
+        cworker *w = &c->workers[i];
+        if (w->state == CW_DOWN && !w->pid)
+            continue;
+        Baton__V1__Shutdown sd = BATON__V1__SHUTDOWN__INIT;
+        sd.reason = (char *)reason;
+        Baton__V1__ConductorMessage m = BATON__V1__CONDUCTOR_MESSAGE__INIT;
+        m.msg_case = BATON__V1__CONDUCTOR_MESSAGE__MSG_SHUTDOWN;
+        m.shutdown = &sd;
+        if (w->state != CW_STARTING)
+            sup_send(c, (int)i, &m);
+        else if (w->pid)
+            kill(w->pid, SIGTERM);
+    }
+}

@@ -1,0 +1,276 @@
+/* baton backend ABI, version 1.
+ *
+ * A backend runs the nodes of one kind of model on a worker.  The built-in
+ * backends (echo, add, counter, chunks, sleep, fail; later transformer) and
+ * plugins use this very header: a plugin is a shared library that exports
+ *
+ *     const baton_backend *baton_backend_entry(void);
+ *
+ * and is named in the config as `backend: plugin:/path/libx.so`.  The worker
+ * checks `abi_version` before calling anything else, so a plugin built
+ * against another version is refused with a message rather than crashing.
+ *
+ * The shape follows ggml's backends: opaque handles (baton_model,
+ * baton_session) that the backend defines, and a struct of function pointers
+ * (baton_backend) whose slots are each commented; optional slots may be NULL.
+ * The worker hands the backend a baton_ctx, a second table of function
+ * pointers through which it allocates tensors in the worker's pool, names
+ * its outputs, emits stream chunks, raises the finish signal and reports
+ * errors.  The backend never talks to the conductor and never frees a
+ * tensor: the worker owns every byte of the pool.
+ *
+ * Threading: the worker never calls execute(), session_open() or
+ * session_close() of one model from two threads at once, so a backend needs
+ * no locks for per-model state.  Different models may run at the same time
+ * on different threads (the worker's compute streams).
+ *
+ * Status codes are the numbers of proto enum Code (gRPC's), so that a
+ * backend error reaches the client unchanged. */
+#ifndef BATON_BACKEND_H
+#define BATON_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define BATON_BACKEND_ABI_VERSION 1u
+
+/* The symbol every plugin exports. */
+#define BATON_BACKEND_ENTRY_SYMBOL "baton_backend_entry"
+
+/* Most dimensions a tensor may have. */
+#define BATON_MAX_DIMS 8
+
+/* Element types; the numbers equal proto enum DType. */
+typedef enum baton_dtype {
+    BATON_DTYPE_INVALID = 0,
+    BATON_DTYPE_F32 = 1,
+    BATON_DTYPE_F16 = 2,
+    BATON_DTYPE_BF16 = 3,
+    BATON_DTYPE_I32 = 4,
+    BATON_DTYPE_I64 = 5,
+    BATON_DTYPE_U8 = 6,
+    BATON_DTYPE_BOOL = 7
+} baton_dtype;
+
+/* Status codes; the numbers equal proto enum Code. */
+typedef enum baton_status {
+    BATON_STATUS_OK = 0,
+    BATON_STATUS_CANCELLED = 1,
+    BATON_STATUS_UNKNOWN = 2,
+    BATON_STATUS_INVALID_ARGUMENT = 3,
+    BATON_STATUS_DEADLINE_EXCEEDED = 4,
+    BATON_STATUS_NOT_FOUND = 5,
+    BATON_STATUS_ALREADY_EXISTS = 6,
+    BATON_STATUS_RESOURCE_EXHAUSTED = 8,
+    BATON_STATUS_FAILED_PRECONDITION = 9,
+    BATON_STATUS_INTERNAL = 13,
+    BATON_STATUS_UNAVAILABLE = 14
+} baton_status;
+
+/* Bytes per element of DTYPE; 0 for an invalid one. */
+static inline size_t baton_dtype_size(baton_dtype dtype)
+{
+    switch (dtype) {
+    case BATON_DTYPE_F32: case BATON_DTYPE_I32: return 4;
+    case BATON_DTYPE_F16: case BATON_DTYPE_BF16: return 2;
+    case BATON_DTYPE_I64: return 8;
+    case BATON_DTYPE_U8: case BATON_DTYPE_BOOL: return 1;
+    case BATON_DTYPE_INVALID: break;
+    }
+    return 0;
+}
+
+/* Defined by each backend. */
+typedef struct baton_model baton_model;     /* a loaded model (weights, compiled graphs) */
+typedef struct baton_session baton_session; /* per-request state, e.g. a KV cache */
+
+/* A dense tensor in the worker's pool (or, for inputs, in a peer's pool
+ * mapped into this process), contiguous and row-major. */
+typedef struct baton_tensor {
+    baton_dtype dtype;
+    uint32_t ndim;                  /* 0: a scalar (one element) */
+    int64_t dims[BATON_MAX_DIMS];   /* outermost first; dims[k] >= 0 */
+    void *data;                     /* element 0; inputs are read-only; never NULL */
+    uint64_t nbytes;                /* product(dims) * baton_dtype_size(dtype) */
+    uint64_t handle;                /* the worker's; a backend must not change it */
+} baton_tensor;
+
+/* One input of an item: the value the conductor sent, already joined. */
+typedef struct baton_input {
+    const char *name;               /* the node's input name */
+    baton_tensor tensor;
+    int stream;                     /* 1: this is the node's stream input */
+    int final;                      /* stream input: its final chunk is among these */
+} baton_input;
+
+/* One output an item must produce. */
+typedef struct baton_output {
+    const char *name;               /* output value name */
+    int stream;                     /* 1: emitted as chunks (emit_chunk) */
+    int client;                     /* 1: client-bound (informational) */
+} baton_output;
+
+/* The request's sampling parameters (proto Sampling). */
+typedef struct baton_sampling {
+    float temperature;              /* 0: greedy */
+    uint32_t top_k;                 /* 0: no cut */
+    float top_p;                    /* 0 or 1: no cut */
+    uint64_t seed;                  /* per-request seed */
+} baton_sampling;
+
+/* One (request, node, iteration) to run.  The worker fills every field
+ * before execute(); the backend reports through the ctx callbacks only. */
+typedef struct baton_item {
+    uint64_t request_key;           /* the conductor's key of the request */
+    const char *request_id;         /* the client's id (logs) */
+    const char *node_name;          /* node name (error messages) */
+    const char *mode;               /* the node's mode string ("" when unset) */
+    uint32_t graph, node;           /* indices (tracing) */
+    const uint32_t *iteration;      /* iteration vector, outermost first */
+    uint32_t depth;                 /* its length; 0 outside loops */
+    const baton_input *inputs;      /* in the node's input order */
+    uint32_t n_inputs;
+    const baton_output *outputs;    /* in the node's output order */
+    uint32_t n_outputs;
+    baton_session *session;         /* from session_open; NULL when the backend has none */
+    baton_sampling sampling;
+} baton_item;
+
+/* Innermost loop iteration of ITEM (0 outside loops). */
+static inline uint32_t baton_item_iteration(const baton_item *item)
+{
+    return item->depth ? item->iteration[item->depth - 1] : 0;
+}
+
+/* What the worker offers a backend during execute().  Every callback takes
+ * the ctx it came in and one of the items of the current call. */
+typedef struct baton_ctx baton_ctx;
+struct baton_ctx {
+    /* Allocates a tensor in the worker's pool.  It belongs to ITEM until it
+     * is handed out with set_output or emit_chunk; one never handed out is
+     * freed after execute() returns.  Returns NULL when the pool is full (the
+     * item is then failed with RESOURCE_EXHAUSTED unless the backend fails
+     * it otherwise) or the shape is invalid. */
+    baton_tensor *(*alloc)(baton_ctx *ctx, baton_item *item, baton_dtype dtype, uint32_t ndim,
+                           const int64_t *dims);
+
+    /* Makes TENSOR the value of non-stream output OUTPUT of ITEM.  TENSOR is
+     * one from alloc, or an input's tensor (&item->inputs[k].tensor): then
+     * the output *is* the input, passed by reference without a copy.  On a
+     * stream output it emits TENSOR as one final chunk.  Setting an output
+     * twice replaces the first value.  Returns 0 or -1 (bad index or
+     * tensor). */
+    int (*set_output)(baton_ctx *ctx, baton_item *item, uint32_t output,
+                      const baton_tensor *tensor);
+
+    /* Shorthand for set_output(ctx, item, output, &item->inputs[input].tensor):
+     * the pass-through of echo. */
+    int (*forward)(baton_ctx *ctx, baton_item *item, uint32_t output, uint32_t input);
+
+    /* Emits TENSOR (from alloc, or an input's) as the next chunk of stream
+     * output OUTPUT; it is sent to the conductor at once.  FINAL marks the
+     * last chunk; TENSOR may be NULL only with FINAL (close the stream
+     * without another chunk).  A stream output that was not closed when
+     * execute() returns is closed by the worker with an empty final chunk.
+     * Returns 0 or -1 (bad index, output not a stream, already closed). */
+    int (*emit_chunk)(baton_ctx *ctx, baton_item *item, uint32_t output,
+                      const baton_tensor *tensor, int final);
+
+    /* Raises the finish signal: ITEM's innermost loop ends after this
+     * iteration (e.g. the model produced EOS). */
+    void (*finish)(baton_ctx *ctx, baton_item *item);
+
+    /* Fails ITEM with CODE (not OK) and MESSAGE (copied).  Its outputs are
+     * discarded; chunks already emitted stay emitted. */
+    void (*fail)(baton_ctx *ctx, baton_item *item, baton_status code, const char *message);
+
+    /* Nonzero once ITEM no longer needs an answer: its request was closed or
+     * its iteration dropped (BATON_STATUS_CANCELLED), or its deadline passed
+     * (BATON_STATUS_DEADLINE_EXCEEDED).  A long execution polls it. */
+    baton_status (*cancelled)(baton_ctx *ctx, const baton_item *item);
+
+    /* Sleeps up to MS milliseconds, returning early when ITEM is cancelled
+     * or reaches its deadline.  Returns what cancelled() returns at the
+     * end: BATON_STATUS_OK when the full time passed. */
+    baton_status (*sleep_ms)(baton_ctx *ctx, const baton_item *item, uint32_t ms);
+
+    uint32_t threads;               /* CPU threads one kernel may use (worker `threads`) */
+    void *impl;                     /* the worker's; a backend must not touch it */
+};
+
+/* What model_load gets. */
+typedef struct baton_load_params {
+    const char *model;              /* the model's config name */
+    const char *const *keys;        /* options, values as text (config `options:`) */
+    const char *const *values;
+    size_t n_options;
+    uint32_t tp_rank, tp_size;      /* tensor-parallel rank and group size (1: not sharded) */
+    const char *device;             /* "cpu", "cuda:0" */
+    uint32_t max_batch;             /* most items one execute() gets (>= 1) */
+    uint32_t threads;               /* CPU threads one kernel may use */
+} baton_load_params;
+
+/* Value of option KEY in P, or NULL. */
+static inline const char *baton_load_option(const baton_load_params *p, const char *key)
+{
+    for (size_t i = 0; i < p->n_options; i++) {
+        const char *a = p->keys[i], *b = key;
+        while (*a && *a == *b)
+            a++, b++;
+        if (*a == *b)
+            return p->values[i];
+    }
+    return 0;
+}
+
+/* A backend: one per kind of model; the worker loads models through it. */
+typedef struct baton_backend {
+    /* BATON_BACKEND_ABI_VERSION of the header the backend was built with. */
+    uint32_t abi_version;
+
+    /* Short name for logs ("echo", "mylib"). */
+    const char *name;
+
+    /* Required.  Loads a model: reads options, loads weights, compiles.
+     * Returns BATON_STATUS_OK and sets *out, or an error code with a
+     * message in ERR (NUL-terminated, at most ERRLEN bytes; a message that
+     * does not fit is cut). */
+    baton_status (*model_load)(const baton_load_params *params, baton_model **out, char *err,
+                               size_t errlen);
+
+    /* Required.  Frees a model; every session of it was closed before. */
+    void (*model_unload)(baton_model *model);
+
+    /* Optional: bytes of weights the model holds (Loaded.weight_bytes).
+     * NULL: 0. */
+    uint64_t (*model_bytes)(const baton_model *model);
+
+    /* Optional: opens per-request state.  Called before the first execute()
+     * of a request on the model; *out may be set to NULL.  NULL slot:
+     * items carry no session.  An error fails the item with its code. */
+    baton_status (*session_open)(baton_model *model, uint64_t request_key, baton_session **out,
+                                 char *err, size_t errlen);
+
+    /* Optional: frees a session when its request ends (SessionClose).  Never
+     * called while an execute() of the model runs. */
+    void (*session_close)(baton_model *model, baton_session *session);
+
+    /* Required.  Runs N items of one (model, mode), N <= max_batch.  Every
+     * item must end with its outputs set, or failed.  An item whose
+     * non-stream outputs are left unset completes without them (the
+     * conductor treats a missing needed output as an error). */
+    void (*execute)(baton_model *model, baton_ctx *ctx, baton_item *const *items, size_t n);
+} baton_backend;
+
+/* The entry point of a plugin. */
+typedef const baton_backend *(*baton_backend_entry_fn)(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,129 @@
+#!/usr/bin/python3
+"""A stand-in for batond's client socket, for testing clients without the
+daemon: a ROUTER that answers the client protocol with canned behaviour.
+
+    /usr/bin/python3 fake_baton_server.py ENDPOINT LOGFILE
+
+Every ClientMessage received is appended to LOGFILE as one JSON line, so a
+test can check what the client put on the wire. Graphs:
+  missing  -> NOT_FOUND
+  slow     -> held until cancelled (CANCELLED) or past timeout_ms (DEADLINE_EXCEEDED)
+  garbage  -> a frame that is not a ServerMessage, then nothing
+  other    -> echo: with stream, each U8 input is sent as text chunks (one per
+              word) and left out of the response; every other input comes back
+              as an output of the same name. One timing entry per input.
+It exits after 60 s without a message, or on SIGTERM.
+"""
+
+import os
+import sys
+import time
+
+import zmq
+from google.protobuf import json_format
+
+sys.path.insert(0, os.environ.get("BATON_PROTO_PATH", "build/gen/python"))
+import baton_pb2 as pb  # noqa: E402
+
+
+def send(sock, peer, msg):
+    sock.send_multipart([peer, msg.SerializeToString()])
+
+
+def respond(sock, peer, rid, code, message="", outputs=(), timings=()):
+    m = pb.ServerMessage()
+    r = m.response
+    r.request_id = rid
+    r.status.code = code
+    r.status.message = message
+    for t in outputs:
+        r.outputs.append(t)
+    for node, it in timings:
+        r.timings.add(node=node, iteration=it, worker="cpu0", queue_us=3, exec_us=7)
+    r.total_us = 1500
+    send(sock, peer, m)
+
+
+def echo(sock, peer, req):
+    outputs, seq = [], 0
+    for t in req.inputs:
+        if req.stream and t.dtype == pb.U8:
+            words = t.data.split(b" ")
+            for k, w in enumerate(words):
+                piece = w + (b" " if k + 1 < len(words) else b"")
+                m = pb.ServerMessage()
+                m.chunk.request_id = req.request_id
+                m.chunk.seq = seq
+                m.chunk.value.name = "text"
+                m.chunk.value.dtype = pb.U8
+                m.chunk.value.dims.append(len(piece))
+                m.chunk.value.data = piece
+                m.chunk.value.modality = "text"
+                send(sock, peer, m)
+                seq += 1
+            continue
+        out = pb.Tensor()
+        out.CopyFrom(t)
+        out.modality = "text" if t.dtype == pb.U8 else "tensor"
+        outputs.append(out)
+    respond(sock, peer, req.request_id, pb.OK, outputs=outputs,
+            timings=[("echo", i) for i in range(len(req.inputs))])
+
+
+def main():
+    endpoint, logpath = sys.argv[1], sys.argv[2]
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.bind(endpoint)
+    held = {}  # request_id -> (peer, deadline or None) of "slow" requests
+    log = open(logpath, "a")
+    last = time.monotonic()
+    while time.monotonic() - last < 60:
+        if sock.poll(50):
+            last = time.monotonic()
+            peer, frame = sock.recv_multipart()
+            msg = pb.ClientMessage.FromString(frame)
+            log.write(json_format.MessageToJson(msg, indent=None) + "\n")
+            log.flush()
+            kind = msg.WhichOneof("msg")
+            if kind == "infer":
+                req = msg.infer
+                if req.graph == "missing":
+                    respond(sock, peer, req.request_id, pb.NOT_FOUND,
+                            "unknown graph 'missing'")
+                elif req.graph == "slow":
+                    held[req.request_id] = (peer, time.monotonic() + req.timeout_ms / 1000.0
+                                            if req.timeout_ms else None)
+                elif req.graph == "garbage":
+                    sock.send_multipart([peer, b"\xff\xff\xff"])
+                else:
+                    echo(sock, peer, req)
+            elif kind == "cancel" and msg.cancel.request_id in held:
+                peer, _ = held.pop(msg.cancel.request_id)
+                respond(sock, peer, msg.cancel.request_id, pb.CANCELLED, "cancelled by the client")
+            elif kind == "health":
+                m = pb.ServerMessage()
+                m.health.live = m.health.ready = True
+                m.health.workers_ready.append("cpu0")
+                m.health.message = "fake"
+                send(sock, peer, m)
+            elif kind == "stats":
+                m = pb.ServerMessage()
+                m.stats.text = "baton_requests_total 1\n"
+                send(sock, peer, m)
+            elif kind == "inspect":
+                m = pb.ServerMessage()
+                m.inspect.text = "graph %s: 1 nodes, 0 loops, 0 edges; inputs: prompt\n" % (
+                    msg.inspect.graph or "chat")
+                send(sock, peer, m)
+        now = time.monotonic()
+        for rid, (peer, deadline) in list(held.items()):
+            if deadline is not None and now >= deadline:
+                del held[rid]
+                respond(sock, peer, rid, pb.DEADLINE_EXCEEDED, "deadline passed")
+    sock.close(0)
+    ctx.term()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,185 @@
+#!/usr/bin/env bash
+# batonctl and the Python client, in three parts:
+#   1. usage errors and exit codes, with nothing running;
+#   2. batonctl and the Python client against
+#      tests/integration/fake_baton_server.py, a ROUTER that answers the client
+#      protocol with canned behaviour and logs what it received (so the
+#      fields on the wire are checked). It runs under /usr/bin/python3, which
+#      sees Debian's python3-zmq and python3-protobuf; the part is skipped,
+#      with the reason printed, when those or build/gen/python/baton_pb2.py
+#      are missing;
+#   3. batonctl against a real batond on tests/integration/configs/batonctl.yaml.
+#
+# Sourced by tests/integration/run.sh, it adds to that script's counters
+# through its ok/bad functions; run alone, it prints its own summary line.
+set -u
+BUILD=${BUILD:-build}
+CTL=$BUILD/batonctl
+PY=/usr/bin/python3
+if ! declare -F ok >/dev/null; then
+  ctl_standalone=1; pass=0; fail=0
+  ok()  { pass=$((pass + 1)); }
+  bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
+else
+  ctl_standalone=0
+fi
+
+# expect_rc WANT DESCRIPTION CMD...: runs CMD, keeps its output in $out.
+expect_rc() {
+  local want=$1 what=$2; shift 2
+  out=$("$@" 2>&1); local rc=$?
+  if [ "$rc" -eq "$want" ]; then ok; else bad "batonctl: $what: exit $rc, expected $want"; echo "$out"; fi
+}
+# expect_out TEXT DESCRIPTION: the last command's output contains TEXT.
+expect_out() {
+  if grep -qF -- "$1" <<<"$out"; then ok; else bad "batonctl: $2: no '$1' in output"; echo "$out"; fi
+}
+
+# ---- usage and connection errors (no daemon needed) ----------------------
+nosock=ipc:///tmp/baton-ctl-test-none-$$.sock
+expect_rc 0 "--help" "$CTL" --help;                  expect_out "usage: batonctl" "--help"
+expect_out "generate GRAPH TEXT" "--help lists generate"
+expect_rc 2 "no arguments" "$CTL"
+expect_rc 2 "unknown command" "$CTL" frobnicate;     expect_out "unknown command 'frobnicate'" "unknown command"
+expect_rc 2 "unknown option" "$CTL" --frob health
+expect_rc 2 "infer without graph" "$CTL" infer
+expect_rc 2 "generate without text" "$CTL" generate chat
+expect_rc 2 "bad dtype" "$CTL" --endpoint "$nosock" infer g --input x=q8:1
+expect_rc 2 "dims mismatch" "$CTL" --endpoint "$nosock" infer g --input x=i32:2,3:1,2,3
+expect_rc 2 "bad value" "$CTL" --endpoint "$nosock" infer g --input x=i32:1,zz
+expect_rc 2 "max-iters 0" "$CTL" --endpoint "$nosock" infer g --max-iters loop=0
+expect_rc 2 "top-p > 1" "$CTL" --endpoint "$nosock" infer g --top-p 2
+expect_rc 2 "request option on health" "$CTL" health --stream
+expect_rc 2 "--timeout-ms not a number" "$CTL" --timeout-ms soon health
+expect_rc 2 "cancel without id" "$CTL" cancel
+expect_rc 3 "no daemon" "$CTL" --endpoint "$nosock" health; expect_out "cannot connect" "no daemon"
+expect_rc 3 "no daemon (env)" env BATON_ENDPOINT="$nosock" "$CTL" stats
+expect_rc 3 "no tcp daemon" "$CTL" --endpoint tcp://127.0.0.1:1 --timeout-ms 300 health
+
+# ---- end to end against the fake server ---------------------------------
+export BATON_PROTO_PATH=$BUILD/gen/python
+if [ ! -f "$BATON_PROTO_PATH/baton_pb2.py" ]; then
+  echo "SKIP: batonctl end-to-end checks: $BATON_PROTO_PATH/baton_pb2.py not built (make all)"
+elif ! "$PY" -c 'import zmq, google.protobuf' 2>/dev/null; then
+  echo "SKIP: batonctl end-to-end checks: $PY lacks zmq or protobuf (apt-get install python3-zmq python3-protobuf)"
+else
+  tmp=$(mktemp -d /tmp/baton-ctl-test.XXXXXX)
+  ep=ipc://$tmp/baton.sock
+  "$PY" tests/integration/fake_baton_server.py "$ep" "$tmp/requests.log" &
+  fake=$!
+  for _ in $(seq 100); do [ -S "$tmp/baton.sock" ] && break; sleep 0.05; done
+  E=(--endpoint "$ep")
+
+  expect_rc 0 "health" "$CTL" "${E[@]}" health;      expect_out "ready: yes" "health"
+  expect_rc 0 "stats" "$CTL" "${E[@]}" stats;        expect_out "baton_requests_total 1" "stats"
+  expect_rc 0 "inspect" "$CTL" "${E[@]}" inspect chat; expect_out "graph chat:" "inspect"
+
+  expect_rc 0 "infer" "$CTL" "${E[@]}" infer g --input x=i32:2,3:1,2,3,4,5,6 \
+    --input prompt=text:"hello world" --input s=f32::1.5
+  expect_out "x: i32[2,3] = [[1, 2, 3], [4, 5, 6]]" "infer prints small tensors"
+  expect_out "prompt (text): hello world" "infer prints text"
+  expect_out "s: f32[] = 1.5" "infer prints scalars"
+
+  # A large tensor from a file: shape and the first values only.
+  "$PY" -c 'import struct,sys; sys.stdout.buffer.write(struct.pack("<1000f", *range(1000)))' >"$tmp/x.bin"
+  expect_rc 0 "infer @file" "$CTL" "${E[@]}" infer g --input x=f32:10,100:@"$tmp/x.bin"
+  expect_out "x: f32[10,100] (1000 values), first: 0 1 2 3 4 5 6 7 ..." "large tensor preview"
+
+  expect_rc 0 "infer --json" "$CTL" "${E[@]}" --json infer g --stream --input x=i32:2,2:1,2,3,-4 \
+    --input prompt=text:"hé there" --max-iters decode_loop=4 --max-iters outer=2 \
+    --temperature 0.5 --top-k 3 --top-p 0.9 --seed 7 --request-id json-1
+  printf '%s\n' "$out" >"$tmp/json.out"
+  json_check=$("$PY" - "$tmp/json.out" "$tmp/requests.log" 2>&1 <<'EOF'
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1]).read().splitlines()]
+assert [l["type"] for l in lines] == ["chunk", "chunk", "response"], lines
+assert "".join(l["value"]["text"] for l in lines[:2]) == "hé there", lines
+assert [l["seq"] for l in lines[:2]] == [0, 1]
+r = lines[2]
+assert r["request_id"] == "json-1" and r["status"] == "OK" and r["code"] == 0, r
+x = r["outputs"][0]
+assert (x["name"], x["dtype"], x["dims"], x["values"]) == ("x", "i32", [2, 2], [1, 2, 3, -4]), x
+req = [json.loads(l) for l in open(sys.argv[2])][-1]["infer"]
+assert req["requestId"] == "json-1" and req["stream"], req
+assert req["maxIters"] == {"decode_loop": 4, "outer": 2}, req
+s = req["sampling"]
+assert s["topK"] == 3 and s["seed"] == "7" and abs(s["temperature"] - 0.5) < 1e-6, s
+assert [i["name"] for i in req["inputs"]] == ["x", "prompt"], req
+assert req["inputs"][0]["dims"] == ["2", "2"] and req["inputs"][0]["dtype"] == "I32", req
+EOF
+)
+  if [ -z "$json_check" ]; then ok; else bad "batonctl --json output or request fields: $json_check"; fi
+
+  expect_rc 0 "generate" "$CTL" "${E[@]}" generate chat "The quick brown fox"
+  expect_out "The quick brown fox" "generate streams the text"
+  expect_out "OK: " "generate prints a summary"
+  gen_in=$("$PY" -c 'import json,sys; print(json.loads(open(sys.argv[1]).readlines()[-1])["infer"]["inputs"][0]["name"])' "$tmp/requests.log")
+  [ "$gen_in" = prompt ] && ok || bad "generate: the text went to input '$gen_in', expected the graph's first input 'prompt'"
+
+  expect_rc 1 "status not OK" "$CTL" "${E[@]}" infer missing; expect_out "NOT_FOUND: unknown graph 'missing'" "status not OK"
+  expect_rc 1 "deadline" "$CTL" "${E[@]}" --timeout-ms 300 infer slow; expect_out "DEADLINE_EXCEEDED" "deadline"
+  expect_rc 3 "malformed answer" "$CTL" "${E[@]}" --timeout-ms 1000 infer garbage
+  expect_out "malformed message" "malformed answer"
+  expect_rc 0 "cancel" "$CTL" "${E[@]}" cancel some-id
+
+  # Ctrl-C during infer cancels the request and waits for its CANCELLED.
+  "$CTL" "${E[@]}" infer slow >"$tmp/int.out" 2>&1 &
+  ctl=$!
+  sleep 0.5
+  kill -INT "$ctl"
+  wait "$ctl"; rc=$?
+  if [ $rc -eq 1 ] && grep -q "CANCELLED" "$tmp/int.out"; then ok
+  else bad "batonctl: Ctrl-C: exit $rc"; cat "$tmp/int.out"; fi
+
+  out=$("$PY" tests/integration/test_python_client.py "$ep" 2>&1); rc=$?
+  if [ $rc -eq 0 ]; then ok; else bad "python client (exit $rc)"; echo "$out"; fi
+  out=$("$PY" scripts/python/example.py --endpoint "$ep" chat "hello big world" 2>&1); rc=$?
+  if [ $rc -eq 0 ] && grep -q "hello big world" <<<"$out"; then ok; else bad "example.py (exit $rc)"; echo "$out"; fi
+
+  kill "$fake" 2>/dev/null; wait "$fake" 2>/dev/null
+  rm -rf "$tmp"
+fi
+
+# ---- against the real daemon ------------------------------------------------
+if [ -x "$BUILD/batond" ] && [ -x "$BUILD/baton-worker" ]; then
+  tmp=$(mktemp -d /tmp/baton-ctl-real.XXXXXX)
+  sed -e "s#/tmp/baton-ctl#$tmp#g" tests/integration/configs/batonctl.yaml >"$tmp/c.yaml"
+  "$BUILD/batond" --config "$tmp/c.yaml" >"$tmp/batond.log" 2>&1 &
+  daemon=$!
+  E=(--endpoint "ipc://$tmp/baton.sock")
+  for _ in $(seq 100); do "$CTL" "${E[@]}" --timeout-ms 200 health >/dev/null 2>&1 && break; sleep 0.1; done
+  expect_rc 0 "daemon: health" "$CTL" "${E[@]}" health; expect_out "workers ready: cpu0 cpu1" "daemon: health"
+  expect_rc 0 "daemon: infer" "$CTL" "${E[@]}" infer hop --input x=i32:2,3:1,2,3,4,5,6
+  expect_out "x: i32[2,3] = [[1, 2, 3], [4, 5, 6]]" "daemon: infer"
+  expect_rc 0 "daemon: streamed loop" "$CTL" "${E[@]}" --json infer count --stream --input x=i32:1:0 \
+    --max-iters count_loop=3
+  expect_out '"seq":2,"value":{"name":"it","dtype":"i32","dims":[1],"modality":"tensor","values":[2]}' "daemon: chunks"
+  expect_out '"name":"state","dtype":"i32","dims":[3],"modality":"tensor","values":[0,1,2]' "daemon: accumulate"
+  # generate finds the graph's input (prompt) through inspect.
+  expect_rc 0 "daemon: generate" "$CTL" "${E[@]}" generate say "Hello, world"
+  expect_out "Hello, world" "daemon: generate"; expect_out "OK: " "daemon: generate summary"
+  expect_rc 0 "daemon: generate --json" "$CTL" "${E[@]}" --json generate say "hé"
+  expect_out '"seq":0,"value":{"name":"prompt","dtype":"u8","dims":[3],"modality":"text","text":"hé"}' \
+    "daemon: generate --json"
+  expect_rc 1 "daemon: unknown graph" "$CTL" "${E[@]}" infer nosuch; expect_out "NOT_FOUND" "daemon: unknown graph"
+  expect_rc 1 "daemon: node failure" "$CTL" "${E[@]}" infer broken --input x=i32:1
+  expect_out "INTERNAL: node 'boom' failed: injected failure" "daemon: node failure"
+  expect_rc 0 "daemon: stats" "$CTL" "${E[@]}" stats; expect_out "baton_requests_total" "daemon: stats"
+  expect_rc 0 "daemon: inspect" "$CTL" "${E[@]}" inspect hop; expect_out "graph hop:" "daemon: inspect"
+  "$CTL" "${E[@]}" infer slow --input x=i32:1 >"$tmp/int.out" 2>&1 &
+  ctl=$!
+  sleep 0.1
+  kill -INT "$ctl"
+  wait "$ctl"; rc=$?
+  if [ $rc -eq 1 ] && grep -q "CANCELLED" "$tmp/int.out"; then ok
+  else bad "batonctl: daemon: Ctrl-C: exit $rc"; cat "$tmp/int.out"; fi
+  kill -TERM "$daemon" 2>/dev/null; wait "$daemon" 2>/dev/null
+  rm -rf "$tmp"
+else
+  echo "SKIP: batonctl against batond: $BUILD/batond or $BUILD/baton-worker not built"
+fi
+
+if [ "$ctl_standalone" = 1 ]; then
+  echo "integration: ${pass} passed, ${fail} failed"
+  [ "$fail" -eq 0 ]
+fi

@@ -1,0 +1,540 @@
+#!/usr/bin/python3
+"""End-to-end tests: real batond and baton-worker processes, real sockets.
+
+Run by tests/integration/run.sh (`make test`).  Uses Debian's python3 with
+python3-zmq and python3-protobuf (scripts/install-deps.sh installs them);
+the protobuf module is generated from proto/baton.proto with protoc.
+
+Every test talks to the daemon the way an outside client does: a ZeroMQ
+DEALER sending serialized ClientMessages.  The closing line is
+"e2e: N passed, N failed".
+"""
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import urllib.request
+
+import zmq
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BUILD = os.environ.get("BUILD", "build")
+if not os.path.isabs(BUILD):
+    BUILD = os.path.join(ROOT, BUILD)
+GEN = tempfile.mkdtemp(prefix="baton-e2e-pb-")
+subprocess.check_call(["protoc", "--python_out=" + GEN, "-I" + ROOT, "proto/baton.proto"], cwd=ROOT)
+sys.path.insert(0, os.path.join(GEN, "proto"))
+import baton_pb2 as pb  # noqa: E402
+
+I32 = pb.I32
+TIMEOUT = 15.0
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def i32(*vals):
+    return struct.pack("<%di" % len(vals), *vals)
+
+
+def as_i32(t):
+    return list(struct.unpack("<%di" % (len(t.data) // 4), t.data))
+
+
+class Daemon:
+    def __init__(self, config_text, extra_env=None):
+        self.dir = tempfile.mkdtemp(prefix="baton-e2e-")
+        self.port = free_port()
+        text = config_text.replace("/tmp/baton-e2e", self.dir)
+        text = text.replace("127.0.0.1:19464", "127.0.0.1:%d" % self.port)
+        self.config = os.path.join(self.dir, "baton.yaml")
+        with open(self.config, "w") as f:
+            f.write(text)
+        self.endpoint = "ipc://%s/baton.sock" % self.dir
+        self.log = open(os.path.join(self.dir, "batond.log"), "w")
+        env = dict(os.environ)
+        env.update(extra_env or {})
+        self.proc = subprocess.Popen([os.path.join(BUILD, "batond"), "--config", self.config],
+                                     stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        self.ctx = zmq.Context.instance()
+        c = self.client()
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            h = c.health(timeout=1.0)
+            if h is not None and h.ready:
+                break
+            if self.proc.poll() is not None:
+                raise RuntimeError("batond exited: %s" % self.tail())
+            time.sleep(0.05)
+        else:
+            raise RuntimeError("batond not ready: %s" % self.tail())
+        c.close()
+
+    def tail(self):
+        self.log.flush()
+        with open(os.path.join(self.dir, "batond.log")) as f:
+            return f.read()[-3000:]
+
+    def client(self):
+        return Client(self.ctx, self.endpoint)
+
+    def worker_pid(self, name):
+        out = subprocess.run(["pgrep", "-P", str(self.proc.pid), "-f", "--", "--name %s " % name],
+                             capture_output=True, text=True).stdout.split()
+        return int(out[0]) if out else None
+
+    def metrics(self):
+        return urllib.request.urlopen("http://127.0.0.1:%d/metrics" % self.port,
+                                      timeout=5).read().decode()
+
+    def metric(self, name, labels):
+        pat = re.compile(r"^%s\{%s\} (\S+)$" % (re.escape(name), re.escape(labels)), re.M)
+        m = pat.search(self.metrics())
+        return float(m.group(1)) if m else None
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Client:
+    def __init__(self, ctx, endpoint):
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(endpoint)
+        self.n = 0
+
+    def close(self):
+        self.sock.close()
+
+    def send(self, msg):
+        self.sock.send(msg.SerializeToString())
+
+    def recv(self, timeout=TIMEOUT):
+        if not self.sock.poll(int(timeout * 1000)):
+            return None
+        m = pb.ServerMessage()
+        m.ParseFromString(self.sock.recv())
+        return m
+
+    def request(self, graph, inputs, rid=None, stream=False, timeout_ms=0, max_iters=None):
+        self.n += 1
+        rid = rid or "r%d-%d" % (os.getpid(), self.n)
+        m = pb.ClientMessage()
+        q = m.infer
+        q.request_id = rid
+        q.graph = graph
+        q.stream = stream
+        q.timeout_ms = timeout_ms
+        for name, (dtype, dims, data) in inputs.items():
+            t = q.inputs.add()
+            t.name = name
+            t.dtype = dtype
+            t.dims.extend(dims)
+            t.data = data
+        for k, v in (max_iters or {}).items():
+            q.max_iters[k] = v
+        self.send(m)
+        return rid
+
+    def wait(self, rid, timeout=TIMEOUT):
+        """Chunks and the response of RID (other requests' messages are kept)."""
+        chunks = []
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            m = self.recv(max(0.01, deadline - time.time()))
+            if m is None:
+                break
+            if m.HasField("chunk") and m.chunk.request_id == rid:
+                chunks.append(m.chunk)
+            elif m.HasField("response") and m.response.request_id == rid:
+                return chunks, m.response
+        raise AssertionError("no response for %s within %.0fs" % (rid, timeout))
+
+    def infer(self, graph, inputs, **kw):
+        rid = self.request(graph, inputs, **kw)
+        return self.wait(rid)
+
+    def health(self, timeout=TIMEOUT):
+        m = pb.ClientMessage()
+        m.health.SetInParent()
+        self.send(m)
+        r = self.recv(timeout)
+        return r.health if r is not None and r.HasField("health") else None
+
+
+def X(*vals):
+    return {"x": (I32, [len(vals)], i32(*vals))}
+
+
+# ---- tests ----------------------------------------------------------------
+
+def test_echo(d, c):
+    chunks, r = c.infer("echo", {"x": (I32, [2, 3], i32(1, 2, 3, 4, 5, 6))})
+    assert r.status.code == pb.OK, r.status
+    assert len(r.outputs) == 1 and r.outputs[0].name == "x"
+    assert list(r.outputs[0].dims) == [2, 3] and as_i32(r.outputs[0]) == [1, 2, 3, 4, 5, 6]
+    assert len(r.timings) == 1 and r.timings[0].node == "e" and r.timings[0].worker == "cpu0"
+
+
+def test_hop_across_workers(d, c):
+    _, r = c.infer("hop", X(7, 8, 9))
+    assert r.status.code == pb.OK, r.status
+    assert as_i32(r.outputs[0]) == [7, 8, 9]
+    assert [t.worker for t in r.timings] == ["cpu0", "cpu1"]
+
+
+def test_large_tensor_fetched(d, c):
+    n = 100000  # 400 KB: over the 64 KiB inline limit, so it is fetched
+    vals = list(range(n))
+    _, r = c.infer("hop", {"x": (I32, [n], i32(*vals))})
+    assert r.status.code == pb.OK, r.status
+    assert as_i32(r.outputs[0]) == vals
+
+
+def test_fanin_two_workers(d, c):
+    _, r = c.infer("fanin", X(1, 2, 3))
+    assert r.status.code == pb.OK, r.status
+    assert as_i32(r.outputs[0]) == [2, 4, 6]
+
+
+def test_loop_streams_tokens(d, c):
+    chunks, r = c.infer("count", X(0), stream=True)
+    assert r.status.code == pb.OK, r.status
+    assert [k.seq for k in chunks] == [0, 1, 2, 3, 4]
+    assert [as_i32(k.value)[0] for k in chunks] == [0, 1, 2, 3, 4]
+    outs = {o.name: o for o in r.outputs}
+    assert as_i32(outs["state"]) == [0, 1, 2, 3, 4]  # accumulate, in iteration order
+    assert "it" not in outs  # streamed, so not repeated in the response
+
+
+def test_loop_without_stream_joins(d, c):
+    _, r = c.infer("count", X(0))
+    assert r.status.code == pb.OK, r.status
+    outs = {o.name: o for o in r.outputs}
+    assert as_i32(outs["it"]) == [0, 1, 2, 3, 4]
+
+
+def test_request_max_iters(d, c):
+    _, r = c.infer("count", X(0), max_iters={"count_loop": 3})
+    assert r.status.code == pb.OK, r.status
+    assert as_i32({o.name: o for o in r.outputs}["it"]) == [0, 1, 2]
+
+
+def test_stream_into_consumer(d, c):
+    chunks, r = c.infer("stream", X(5), stream=True)
+    assert r.status.code == pb.OK, r.status
+    assert [k.seq for k in chunks] == list(range(len(chunks)))
+    vals = sum((as_i32(k.value) for k in chunks), [])
+    assert vals == [0, 1, 2, 3], vals
+
+
+def test_nested_loops(d, c):
+    _, r = c.infer("nested", X(1))
+    assert r.status.code == pb.OK, r.status
+    assert as_i32({o.name: o for o in r.outputs}["it"]) == [0, 1, 2, 3] * 3
+
+
+def test_node_failure(d, c):
+    _, r = c.infer("broken", X(1))
+    assert r.status.code == pb.INTERNAL, r.status
+    assert "boom" in r.status.message and "injected failure" in r.status.message, r.status
+
+
+def test_deadline(d, c):
+    t0 = time.time()
+    _, r = c.infer("slow", X(1), timeout_ms=50)
+    assert r.status.code == pb.DEADLINE_EXCEEDED, r.status
+    assert time.time() - t0 < 0.29
+
+
+def test_cancel(d, c):
+    rid = c.request("slow", X(1))
+    time.sleep(0.05)
+    m = pb.ClientMessage()
+    m.cancel.request_id = rid
+    c.send(m)
+    _, r = c.wait(rid)
+    assert r.status.code == pb.CANCELLED, r.status
+
+
+def test_duplicate_id(d, c):
+    rid = c.request("slow", X(1), rid="dup-1")
+    c.request("slow", X(1), rid="dup-1")
+    m = c.recv()
+    assert m.HasField("response") and m.response.request_id == "dup-1"
+    assert m.response.status.code == pb.ALREADY_EXISTS, m.response.status
+    _, r = c.wait(rid)
+    assert r.status.code == pb.OK  # the first one is unaffected
+
+
+def test_admission(d, c):
+    rids = [c.request("slow", X(i)) for i in range(70)]
+    codes = {}
+    for _ in rids:
+        m = c.recv()
+        assert m is not None and m.HasField("response")
+        codes[m.response.request_id] = m.response.status.code
+    exhausted = sum(1 for v in codes.values() if v == pb.RESOURCE_EXHAUSTED)
+    assert exhausted >= 6, codes
+    assert all(v in (pb.OK, pb.RESOURCE_EXHAUSTED) for v in codes.values()), codes
+
+
+def bad_cases():
+    """(what, frame bytes or ClientMessage, expected code)."""
+    def req(**kw):
+        m = pb.ClientMessage()
+        q = m.infer
+        q.request_id = kw.pop("rid", "bad")
+        q.graph = kw.pop("graph", "echo")
+        for t in kw.pop("inputs", [("x", I32, [1], i32(1))]):
+            x = q.inputs.add()
+            x.name, x.dtype = t[0], t[1]
+            x.dims.extend(t[2])
+            x.data = t[3]
+        for k, v in kw.pop("max_iters", {}).items():
+            q.max_iters[k] = v
+        return m
+    INV, NF = pb.INVALID_ARGUMENT, pb.NOT_FOUND
+    cases = [
+        ("garbage bytes", b"\xff\xfe\xfd\x00garbage", INV),
+        ("truncated protobuf", req().SerializeToString()[:-3], INV),
+        ("empty ClientMessage", pb.ClientMessage(), INV),
+        ("zero-length frame", b"", INV),
+        ("wrong wire type", b"\x0d\x01\x02\x03\x04", INV),
+        ("unknown graph", req(graph="nope"), NF),
+        ("empty graph name", req(graph=""), NF),
+        ("empty request_id", req(rid=""), INV),
+        ("request_id over 256 bytes", req(rid="r" * 300), INV),
+        ("missing input", req(inputs=[]), INV),
+        ("undeclared input", req(inputs=[("x", I32, [1], i32(1)), ("zz", I32, [1], i32(1))]), INV),
+        ("duplicate input", req(inputs=[("x", I32, [1], i32(1)), ("x", I32, [1], i32(2))]), INV),
+        ("dtype unspecified", req(inputs=[("x", 0, [1], i32(1))]), INV),
+        ("dtype out of enum", req(inputs=[("x", 99, [1], i32(1))]), INV),
+        ("negative dim", req(inputs=[("x", I32, [-1], i32(1))]), INV),
+        ("dims overflow", req(inputs=[("x", I32, [2**40, 2**40], b"")]), INV),
+        ("too few bytes", req(inputs=[("x", I32, [4], i32(1))]), INV),
+        ("too many bytes", req(inputs=[("x", I32, [1], i32(1, 2))]), INV),
+        ("bytes for empty dims", req(inputs=[("x", I32, [0], i32(1))]), INV),
+        ("too many dims", req(inputs=[("x", I32, [1] * 9, i32(1))]), INV),
+        ("f16 odd bytes", req(inputs=[("x", pb.F16, [2], b"\x00\x01\x02")]), INV),
+        ("max_iters unknown loop", req(graph="count", max_iters={"nope": 3}), INV),
+        ("max_iters on a node", req(graph="count", max_iters={"tick": 3}), INV),
+        ("max_iters zero", req(graph="count", max_iters={"count_loop": 0}), INV),
+        ("oversized frame", b"\x0a" + b"\x00" * (1 << 20), pb.RESOURCE_EXHAUSTED),
+        ("unicode graph name", req(graph="\u00e9cho"), NF),
+        ("nul in request_id", req(rid="a\x00b"), None),
+        ("huge dims count", req(inputs=[("x", I32, [1] * 64, i32(1))]), INV),
+        ("input with empty name", req(inputs=[("", I32, [1], i32(1))]), INV),
+        ("bool with wrong size", req(inputs=[("x", pb.BOOL, [3], b"\x01")]), INV),
+        ("i64 misaligned", req(inputs=[("x", pb.I64, [1], b"\x00" * 4)]), INV),
+    ]
+    return cases
+
+
+def test_hostile_inputs(d, c):
+    for what, msg, code in bad_cases():
+        frame = msg if isinstance(msg, bytes) else msg.SerializeToString()
+        c.sock.send(frame)
+        r = c.recv(5)
+        assert r is not None and r.HasField("response"), what
+        if code is not None:
+            assert r.response.status.code == code, (what, r.response.status)
+            assert r.response.status.message, what
+    # A multi-frame message is read to its last frame.
+    c.sock.send_multipart([b"", X(3)["x"][2]])
+    r = c.recv(5)
+    assert r is not None and r.response.status.code == pb.INVALID_ARGUMENT
+    # A cancel for an unknown id is ignored: no answer.
+    m = pb.ClientMessage()
+    m.cancel.request_id = "never-seen"
+    c.send(m)
+    assert c.recv(0.2) is None
+    # Still serving.
+    _, r = c.infer("echo", X(42))
+    assert r.status.code == pb.OK and as_i32(r.outputs[0]) == [42]
+    assert c.health().ready
+
+
+def test_stats_and_metrics(d, c):
+    m = pb.ClientMessage()
+    m.stats.SetInParent()
+    c.send(m)
+    r = c.recv()
+    assert "baton_requests_total" in r.stats.text
+    text = d.metrics()
+    assert 'baton_requests_total{graph="echo",code="OK"}' in text
+    assert "baton_request_duration_seconds_bucket" in text
+    assert 'baton_pool_bytes_used{worker="cpu0"}' in text
+    m = pb.ClientMessage()
+    m.inspect.graph = "hop"
+    c.send(m)
+    r = c.recv()
+    assert "transfers:" in r.inspect.text and "cpu0 -> cpu1" in r.inspect.text
+
+
+def test_load_many_sockets(d, c):
+    n_sockets, per = 8, 250
+    errors = []
+
+    def run(k):
+        cl = d.client()
+        try:
+            pending = {}
+            for i in range(per):
+                g = ("echo", "hop", "count", "fanin")[i % 4]
+                pending[cl.request(g, X(i), rid="L%d-%d" % (k, i))] = g
+                if len(pending) >= 8 or i == per - 1:  # 8 sockets x 8 = max_inflight
+                    while pending:
+                        m = cl.recv()
+                        if m is None:
+                            errors.append("socket %d: timeout with %d pending" % (k, len(pending)))
+                            return
+                        if m.HasField("response"):
+                            if m.response.request_id not in pending:
+                                errors.append("unexpected or second response %s" % m.response.request_id)
+                            elif m.response.status.code != pb.OK:
+                                errors.append("%s: %s" % (m.response.request_id, m.response.status))
+                            pending.pop(m.response.request_id, None)
+        finally:
+            cl.close()
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(n_sockets)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:5]
+    wait_pool_empty(d)
+
+
+def wait_pool_empty(d, timeout=5.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        used = [d.metric("baton_pool_bytes_used", 'worker="%s"' % w) for w in ("cpu0", "cpu1")]
+        if used == [0.0, 0.0]:
+            return
+        time.sleep(0.2)
+    raise AssertionError("pool bytes still in use: %s" % used)
+
+
+def test_worker_killed_under_load(d, c):
+    pid = d.worker_pid("cpu0")
+    assert pid, "no cpu0 worker process"
+    rids = [c.request("slow", X(i)) for i in range(10)]
+    time.sleep(0.1)
+    t0 = time.time()
+    os.kill(pid, signal.SIGKILL)
+    seen = 0
+    while seen < len(rids):
+        m = c.recv(5)
+        assert m is not None, "requests not ended after the worker died"
+        if m.HasField("response"):
+            assert m.response.status.code == pb.UNAVAILABLE, m.response.status
+            seen += 1
+    assert time.time() - t0 < 1.0, "took %.2fs" % (time.time() - t0)
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        h = c.health(1)
+        if h and h.ready:
+            break
+        time.sleep(0.05)
+    assert h and h.ready, "worker not back"
+    assert d.worker_pid("cpu0") not in (None, pid)
+    _, r = c.infer("hop", X(5))
+    assert r.status.code == pb.OK, r.status
+    assert d.metric("baton_worker_restarts_total", 'worker="cpu0"') >= 1
+    wait_pool_empty(d)
+
+
+TESTS = [test_echo, test_hop_across_workers, test_large_tensor_fetched, test_fanin_two_workers,
+         test_loop_streams_tokens, test_loop_without_stream_joins, test_request_max_iters,
+         test_stream_into_consumer, test_nested_loops, test_node_failure, test_deadline,
+         test_cancel, test_duplicate_id, test_hostile_inputs, test_admission,
+         test_stats_and_metrics, test_load_many_sockets, test_worker_killed_under_load]
+
+
+def test_sigterm_drain(config):
+    d = Daemon(config)
+    c = d.client()
+    try:
+        rids = [c.request("slow", X(i)) for i in range(5)]
+        time.sleep(0.05)
+        d.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.05)
+        late = c.request("echo", X(1))
+        codes = {}
+        while len(codes) < 6:
+            m = c.recv(10)
+            assert m is not None, "drain lost a response"
+            if m.HasField("response"):
+                codes[m.response.request_id] = m.response.status.code
+        assert codes[late] == pb.UNAVAILABLE, codes
+        assert all(codes[r] == pb.OK for r in rids), codes
+        assert d.proc.wait(timeout=10) == 0
+        left = [f for f in os.listdir("/dev/shm") if f.startswith("baton-%d-" % d.proc.pid)]
+        assert not left, left
+    finally:
+        c.close()
+        d.stop()
+
+
+def main():
+    with open(os.path.join(ROOT, "tests/integration/configs/e2e.yaml")) as f:
+        config = f.read()
+    only = sys.argv[1:]
+    passed = failed = 0
+    d = Daemon(config)
+    try:
+        for t in TESTS:
+            if only and t.__name__ not in only:
+                continue
+            c = d.client()
+            try:
+                t(d, c)
+                passed += 1
+                print("ok   %s" % t.__name__, flush=True)
+            except Exception:
+                failed += 1
+                print("FAIL %s\n%s" % (t.__name__, traceback.format_exc()), flush=True)
+                print(d.tail(), flush=True)
+            finally:
+                c.close()
+    finally:
+        d.stop()
+    if not only or "test_sigterm_drain" in only:
+        try:
+            test_sigterm_drain(config)
+            passed += 1
+            print("ok   test_sigterm_drain", flush=True)
+        except Exception:
+            failed += 1
+            print("FAIL test_sigterm_drain\n%s" % traceback.format_exc(), flush=True)
+    shutil.rmtree(GEN, ignore_errors=True)
+    print("e2e: %d passed, %d failed" % (passed, failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+#!/usr/bin/python3
+"""The Python client (scripts/python/baton_client.py) against
+fake_baton_server.py. Usage: test_python_client.py ENDPOINT. Prints one line
+per failed check and exits 1 if any failed; /usr/bin/python3 because the
+Debian python3-zmq / python3-protobuf packages are installed for it."""
+
+import os
+import struct
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "..", "scripts", "python"))
+import baton_client as bc  # noqa: E402
+
+failures = 0
+
+
+def check(cond, what):
+    global failures
+    if not cond:
+        failures += 1
+        print("FAIL: python client: %s" % what)
+
+
+def raises(exc, fn):
+    try:
+        fn()
+    except exc:
+        return True
+    except Exception as e:  # a different error is a failure too
+        print("  (raised %r)" % e)
+    return False
+
+
+def main():
+    ep = sys.argv[1]
+    with bc.Client(ep) as c:
+        h = c.health()
+        check(h.live and h.ready and h.workers_ready == ["cpu0"], "health: %r" % (h,))
+        check(c.stats().startswith("baton_requests_total"), "stats")
+        check("inputs: prompt" in c.inspect("chat"), "inspect")
+
+        x = bc.Tensor("x", "i32", [2, 2], struct.pack("<4i", 1, 2, 3, -4))
+        r = c.infer("g", {"x": x, "prompt": "hello there"}, max_iters={"loop": 3},
+                    sampling={"temperature": 0.5, "seed": 9})
+        check(r.ok and r.status == "OK", "echo status: %r" % r)
+        check(r.text("prompt") == "hello there", "echo text output")
+        xt = r.tensors["x"]
+        check(xt.dtype == "i32" and xt.dims == (2, 2) and xt.data == x.data, "echo tensor")
+        if bc.np is not None:
+            check(r.outputs["x"].tolist() == [[1, 2], [3, -4]], "numpy output")
+        else:
+            check(r.outputs["x"] is xt, "raw output without numpy")
+        check([t.node for t in r.timings] == ["echo", "echo"], "timings")
+
+        evs = list(c.stream("g", {"prompt": "one two three"}))
+        check([e.is_chunk for e in evs] == [True, True, True, False], "stream order")
+        check("".join(e.text for e in evs[:-1]) == "one two three", "stream text")
+        check([e.seq for e in evs[:-1]] == [0, 1, 2], "stream seq")
+        r = c.infer("g", {"prompt": "a b"}, stream=True)
+        check(len(r.chunks) == 2 and r.text() == "a b", "infer(stream=True) keeps chunks")
+
+        r = c.infer("missing", {})
+        check(r.status == "NOT_FOUND" and not r.ok, "NOT_FOUND")
+        check(raises(bc.StatusError, r.raise_for_status), "raise_for_status")
+
+        # Two in flight: the slow one is cancelled while the echo one completes.
+        slow = c.send("slow", {})
+        fast = c.send("g", {"prompt": "hi"})
+        c.cancel(slow)
+        got = {}
+        while len(got) < 2:
+            ev = c.recv(5000)
+            if not ev.is_chunk:
+                got[ev.request_id] = ev.status
+        check(got == {slow: "CANCELLED", fast: "OK"}, "cancel with two in flight: %r" % got)
+
+        check(raises(bc.Timeout, lambda: c.infer("slow", {}, wait_ms=200)), "timeout")
+        check(raises(bc.ProtocolError, lambda: c.infer("garbage", {}, wait_ms=2000)),
+              "malformed frame")
+        check(c.health().ready, "still usable after errors")
+
+    with bc.Client("ipc:///tmp/baton-no-such-daemon.sock", connect_timeout_ms=200) as c:
+        check(raises(bc.ConnectError, c.health), "no daemon: ConnectError")
+    check(raises(bc.ConnectError, lambda: bc.Client("bogus://x")), "bad endpoint: ConnectError")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+/* Where a worker finds the backend a Load names: the built-in test
+ * backends (worker/backends_test.c), plugins (worker/plugin.c), and the
+ * answer for built-ins this build does not have yet. */
+#ifndef BATON_WORKER_BACKENDS_H
+#define BATON_WORKER_BACKENDS_H
+
+#include <stddef.h>
+
+#include "baton/backend.h"
+
+/* The built-in test backend called NAME (DESIGN.md section 7: echo, add,
+ * counter, chunks, sleep, fail), or NULL. */
+const baton_backend *wk_builtin_backend(const char *name);
+
+/* A plugin library opened with dlopen; kept open while the worker runs,
+ * since its models' code lives in it. */
+typedef struct wk_plugin wk_plugin;
+
+/* Opens the plugin at PATH and checks its entry point and ABI version.
+ * Returns BATON_STATUS_OK and sets *out, or an error code with a message
+ * naming PATH in ERR. */
+baton_status wk_plugin_open(const char *path, wk_plugin **out, char *err, size_t errlen);
+const baton_backend *wk_plugin_backend(const wk_plugin *p);
+const char *wk_plugin_path(const wk_plugin *p);
+/* dlcloses; every model of the plugin must be unloaded.  NULL is a no-op. */
+void wk_plugin_close(wk_plugin *p);
+
+/* The backends one worker has resolved: plugins are opened once per path. */
+typedef struct wk_registry wk_registry;
+
+wk_registry *wk_registry_create(void);
+void wk_registry_destroy(wk_registry *r);
+
+/* Resolves SPEC, a Load's `backend`: a built-in name or "plugin:/path".
+ * Returns BATON_STATUS_OK and sets *out, or NOT_FOUND for an unknown name,
+ * FAILED_PRECONDITION for a built-in this build lacks, or the plugin's
+ * error, each with a message in ERR. */
+baton_status wk_registry_find(wk_registry *r, const char *spec, const baton_backend **out,
+                              char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,444 @@
+/* The built-in test backends, exactly as DESIGN.md section 7 states them;
+ * integration tests and outside users are written against this behaviour.
+ *
+ * They go through the same ABI as a plugin (include/baton/backend.h).  The
+ * echo part of echo, chunks and sleep passes its input through *by
+ * reference* (ctx->forward): the output is the very same tensor as the
+ * input, with no copy, which is what lets a pipeline of pass-through nodes
+ * cost no memory bandwidth at all.  The option defaults repeat those
+ * declared in common/backends.c, because a plugin-style backend must not
+ * rely on the conductor having filled them in. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "worker/backends.h"
+
+typedef enum tb_kind { TB_ECHO, TB_ADD, TB_COUNTER, TB_CHUNKS, TB_SLEEP, TB_FAIL } tb_kind;
+
+struct baton_model {
+    tb_kind kind;
+    int64_t finish_after; /* counter: -1 when unset */
+    int64_t n;            /* chunks: chunks per stream output */
+    int64_t ms;           /* sleep: milliseconds */
+    char *message;        /* fail: the error text (owned) */
+};
+
+typedef struct tb_option {
+    const char *name;
+    int is_int;           /* 1: integer >= 0; 0: any text */
+} tb_option;
+
+static int parse_count(const char *s, int64_t *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end || v < 0)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static baton_status load_common(tb_kind kind, const baton_load_params *p, const tb_option *known,
+                                size_t n_known, baton_model **out, char *err, size_t errlen)
+{
+    static const char *const names[] = {"echo", "add", "counter", "chunks", "sleep", "fail"};
+    *out = NULL;
+    baton_model *m = calloc(1, sizeof(*m));
+    if (!m) {
+        snprintf(err, errlen, "out of memory");
+        return BATON_STATUS_RESOURCE_EXHAUSTED;
+    }
+    m->kind = kind;
+    m->finish_after = -1;
+    m->n = 3;
+    m->ms = 10;
+    for (size_t i = 0; i < p->n_options; i++) {
+        const char *key = p->keys[i], *val = p->values[i];
+        size_t k = 0;
+        while (k < n_known && strcmp(known[k].name, key) != 0)
+            k++;
+        if (k == n_known) {
+            snprintf(err, errlen, "backend %s has no option '%s'", names[kind], key);
+            goto err;
+        }
+        int64_t v = 0;
+        if (known[k].is_int && parse_count(val, &v) != 0) {
+            snprintf(err, errlen, "option %s of backend %s must be an integer >= 0, not '%s'",
+                     key, names[kind], val);
+            goto err;
+        }
+        if (strcmp(key, "finish_after") == 0) {
+            m->finish_after = v;
+        } else if (strcmp(key, "n") == 0) {
+            m->n = v;
+        } else if (strcmp(key, "ms") == 0) {
+            m->ms = v;
+        } else if (strcmp(key, "message") == 0) {
+            free(m->message);
+            if (!(m->message = strdup(val))) {
+                snprintf(err, errlen, "out of memory");
+                goto err;
+            }
+        }
+    }
+    if (kind == TB_FAIL && !m->message && !(m->message = strdup("failure injected by the fail "
+                                                                "backend"))) {
+        snprintf(err, errlen, "out of memory");
+        goto err;
+    }
+    *out = m;
+    return BATON_STATUS_OK;
+err:
+    free(m->message);
+    free(m);
+    return BATON_STATUS_INVALID_ARGUMENT;
+}
+
+static void tb_unload(baton_model *m)
+{
+    if (!m)
+        return;
+    free(m->message);
+    free(m);
+}
+
+/* The input an echo-style output carries: the input of the same name,
+ * else the first; -1 when the node has no input. */
+static int echo_source(const baton_item *it, uint32_t output)
+{
+    for (uint32_t k = 0; k < it->n_inputs; k++)
+        if (strcmp(it->inputs[k].name, it->outputs[output].name) == 0)
+            return (int)k;
+    return it->n_inputs ? 0 : -1;
+}
+
+/* Echo every output of IT, or only its non-stream ones. */
+static void echo_outputs(baton_ctx *ctx, baton_item *it, int skip_streams)
+{
+    for (uint32_t o = 0; o < it->n_outputs; o++) {
+        if (skip_streams && it->outputs[o].stream)
+            continue;
+        int src = echo_source(it, o);
+        if (src < 0) {
+            char msg[256];
+            snprintf(msg, sizeof(msg), "node '%s' has no input for output '%s' to carry",
+                     it->node_name, it->outputs[o].name);
+            ctx->fail(ctx, it, BATON_STATUS_INVALID_ARGUMENT, msg);
+            return;
+        }
+        ctx->forward(ctx, it, o, (uint32_t)src);
+    }
+}
+
+static void echo_execute(baton_model *m, baton_ctx *ctx, baton_item *const *items, size_t n)
+{
+    (void)m;
+    for (size_t i = 0; i < n; i++)
+        echo_outputs(ctx, items[i], 0);
+}
+
+/* --- add ----------------------------------------------------------------- */
+
+static float half_to_float(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+    uint32_t bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else { /* subnormal: renormalize */
+            exp = 127 - 15 + 1;
+            while (!(man & 0x400u)) {
+                man <<= 1;
+                exp--;
+            }
+            bits = sign | (exp << 23) | ((man & 0x3ffu) << 13);
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else {
+        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static uint16_t float_to_half(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000u;
+    int32_t exp = (int32_t)((x >> 23) & 0xffu) - 127 + 15;
+    uint32_t man = x & 0x7fffffu;
+    if (((x >> 23) & 0xffu) == 0xffu)
+        return (uint16_t)(sign | 0x7c00u | (man ? 0x200u : 0));
+    if (exp >= 31)
+        return (uint16_t)(sign | 0x7c00u);
+    if (exp <= 0) {
+        if (exp < -10)
+            return (uint16_t)sign;
+        man |= 0x800000u;
+        uint32_t shift = (uint32_t)(14 - exp);
+        uint32_t h = man >> shift;
+        uint32_t rem = man & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (h & 1u)))
+            h++;
+        return (uint16_t)(sign | h);
+    }
+    uint32_t h = sign | ((uint32_t)exp << 10) | (man >> 13);
+    uint32_t rem = man & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u)))
+        h++; /* may carry into the exponent, which is the right rounding */
+    return (uint16_t)h;
+}
+
+static float bf16_to_float(uint16_t b)
+{
+    uint32_t x = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
+static uint16_t float_to_bf16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7f800000u) == 0x7f800000u && (x & 0x7fffffu))
+        return (uint16_t)((x >> 16) | 0x40u); /* keep NaN a NaN */
+    x += 0x7fffu + ((x >> 16) & 1u);          /* round to nearest even */
+    return (uint16_t)(x >> 16);
+}
+
+/* DST += SRC elementwise over N elements of DTYPE.  Integers wrap (two's
+ * complement), BOOL is a logical or. */
+static void add_into(baton_dtype dtype, void *dst, const void *src, uint64_t n)
+{
+    switch (dtype) {
+    case BATON_DTYPE_F32: {
+        float *d = dst;
+        const float *s = src;
+        for (uint64_t i = 0; i < n; i++)
+            d[i] += s[i];
+        break;
+    }
+    case BATON_DTYPE_F16: case BATON_DTYPE_BF16: {
+        uint16_t *d = dst;
+        const uint16_t *s = src;
+        int h = dtype == BATON_DTYPE_F16;
+        for (uint64_t i = 0; i < n; i++) {
+            float a = h ? half_to_float(d[i]) : bf16_to_float(d[i]);
+            float b = h ? half_to_float(s[i]) : bf16_to_float(s[i]);
+            d[i] = h ? float_to_half(a + b) : float_to_bf16(a + b);
+        }
+        break;
+    }
+    case BATON_DTYPE_I32: {
+        uint32_t *d = dst;
+        const uint32_t *s = src;
+        for (uint64_t i = 0; i < n; i++)
+            d[i] += s[i];
+        break;
+    }
+    case BATON_DTYPE_I64: {
+        uint64_t *d = dst;
+        const uint64_t *s = src;
+        for (uint64_t i = 0; i < n; i++)
+            d[i] += s[i];
+        break;
+    }
+    case BATON_DTYPE_U8: {
+        uint8_t *d = dst;
+        const uint8_t *s = src;
+        for (uint64_t i = 0; i < n; i++)
+            d[i] = (uint8_t)(d[i] + s[i]);
+        break;
+    }
+    case BATON_DTYPE_BOOL: {
+        uint8_t *d = dst;
+        const uint8_t *s = src;
+        for (uint64_t i = 0; i < n; i++)
+            d[i] = (uint8_t)(d[i] || s[i]);
+        break;
+    }
+    case BATON_DTYPE_INVALID:
+        break;
+    }
+}
+
+static void add_one(baton_ctx *ctx, baton_item *it)
+{
+    char msg[256];
+    if (it->n_inputs == 0) {
+        snprintf(msg, sizeof(msg), "node '%s': add needs at least one input", it->node_name);
+        ctx->fail(ctx, it, BATON_STATUS_INVALID_ARGUMENT, msg);
+        return;
+    }
+    const baton_tensor *a = &it->inputs[0].tensor;
+    for (uint32_t k = 1; k < it->n_inputs; k++) {
+        const baton_tensor *b = &it->inputs[k].tensor;
+        if (b->dtype != a->dtype || b->ndim != a->ndim ||
+            memcmp(b->dims, a->dims, sizeof(int64_t) * a->ndim) != 0) {
+            snprintf(msg, sizeof(msg), "node '%s': add needs inputs of one dtype and shape; "
+                     "input '%s' differs from input '%s'", it->node_name, it->inputs[k].name,
+                     it->inputs[0].name);
+            ctx->fail(ctx, it, BATON_STATUS_INVALID_ARGUMENT, msg);
+            return;
+        }
+    }
+    if (it->n_outputs == 0)
+        return;
+    baton_tensor *sum = ctx->alloc(ctx, it, a->dtype, a->ndim, a->dims);
+    if (!sum)
+        return;
+    memcpy(sum->data, a->data, a->nbytes);
+    uint64_t n = a->nbytes / baton_dtype_size(a->dtype);
+    for (uint32_t k = 1; k < it->n_inputs; k++)
+        add_into(a->dtype, sum->data, it->inputs[k].tensor.data, n);
+    for (uint32_t o = 0; o < it->n_outputs; o++)
+        ctx->set_output(ctx, it, o, sum);
+}
+
+static void add_execute(baton_model *m, baton_ctx *ctx, baton_item *const *items, size_t n)
+{
+    (void)m;
+    for (size_t i = 0; i < n; i++)
+        add_one(ctx, items[i]);
+}
+
+/* --- counter ------------------------------------------------------------- */
+
+static void counter_execute(baton_model *m, baton_ctx *ctx, baton_item *const *items, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        baton_item *it = items[i];
+        uint32_t iter = baton_item_iteration(it);
+        if (it->n_outputs) {
+            baton_tensor *t = ctx->alloc(ctx, it, BATON_DTYPE_I32, 1, (int64_t[]){1});
+            if (!t)
+                continue;
+            int32_t v = (int32_t)iter;
+            memcpy(t->data, &v, 4);
+            for (uint32_t o = 0; o < it->n_outputs; o++)
+                ctx->set_output(ctx, it, o, t);
+        }
+        if (m->finish_after >= 0 && (int64_t)iter + 1 == m->finish_after)
+            ctx->finish(ctx, it);
+    }
+}
+
+/* --- chunks -------------------------------------------------------------- */
+
+static void chunks_execute(baton_model *m, baton_ctx *ctx, baton_item *const *items, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        baton_item *it = items[i];
+        for (uint32_t o = 0; o < it->n_outputs; o++) {
+            if (!it->outputs[o].stream)
+                continue;
+            if (m->n == 0)
+                ctx->emit_chunk(ctx, it, o, NULL, 1);
+            for (int64_t k = 0; k < m->n; k++) {
+                baton_tensor *t = ctx->alloc(ctx, it, BATON_DTYPE_I32, 1, (int64_t[]){1});
+                if (!t)
+                    break;
+                int32_t v = (int32_t)k;
+                memcpy(t->data, &v, 4);
+                ctx->emit_chunk(ctx, it, o, t, k == m->n - 1);
+            }
+        }
+        echo_outputs(ctx, it, 1);
+    }
+}
+
+/* --- sleep --------------------------------------------------------------- */
+
+static uint64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static void sleep_execute(baton_model *m, baton_ctx *ctx, baton_item *const *items, size_t n)
+{
+    /* The items of a batch sleep together: one wall-clock wait, each item
+     * leaving it early on its own cancel or deadline. */
+    uint64_t end = mono_ms() + (uint64_t)m->ms;
+    for (size_t i = 0; i < n; i++) {
+        baton_item *it = items[i];
+        uint64_t now = mono_ms();
+        uint32_t left = now < end ? (uint32_t)(end - now) : 0;
+        baton_status st = ctx->sleep_ms(ctx, it, left);
+        if (st == BATON_STATUS_DEADLINE_EXCEEDED) {
+            char msg[256];
+            snprintf(msg, sizeof(msg), "node '%s': the deadline passed while sleeping",
+                     it->node_name);
+            ctx->fail(ctx, it, st, msg);
+        } else if (st != BATON_STATUS_OK) {
+            ctx->fail(ctx, it, st, "cancelled while sleeping");
+        } else {
+            echo_outputs(ctx, it, 0);
+        }
+    }
+}
+
+/* --- fail ---------------------------------------------------------------- */
+
+static void fail_execute(baton_model *m, baton_ctx *ctx, baton_item *const *items, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        ctx->fail(ctx, items[i], BATON_STATUS_INTERNAL, m->message);
+}
+
+/* --- tables -------------------------------------------------------------- */
+
+static const tb_option counter_opts[] = {{"finish_after", 1}};
+static const tb_option chunks_opts[] = {{"n", 1}};
+static const tb_option sleep_opts[] = {{"ms", 1}};
+static const tb_option fail_opts[] = {{"message", 0}};
+
+#define LOADER(fn, kind, opts, nopts)                                                          \
+    static baton_status fn(const baton_load_params *p, baton_model **out, char *err,           \
+                           size_t errlen)                                                      \
+    {                                                                                          \
+        return load_common(kind, p, opts, nopts, out, err, errlen);                            \
+    }
+
+LOADER(echo_load, TB_ECHO, NULL, 0)
+LOADER(add_load, TB_ADD, NULL, 0)
+LOADER(counter_load, TB_COUNTER, counter_opts, 1)
+LOADER(chunks_load, TB_CHUNKS, chunks_opts, 1)
+LOADER(sleep_load, TB_SLEEP, sleep_opts, 1)
+LOADER(fail_load, TB_FAIL, fail_opts, 1)
+
+#define BACKEND(var, nm, load, exec)                                                           \
+    static const baton_backend var = {                                                         \
+        .abi_version = BATON_BACKEND_ABI_VERSION,                                              \
+        .name = nm,                                                                            \
+        .model_load = load,                                                                    \
+        .model_unload = tb_unload,                                                             \
+        .execute = exec,                                                                       \
+    };
+
+BACKEND(echo_backend, "echo", echo_load, echo_execute)
+BACKEND(add_backend, "add", add_load, add_execute)
+BACKEND(counter_backend, "counter", counter_load, counter_execute)
+BACKEND(chunks_backend, "chunks", chunks_load, chunks_execute)
+BACKEND(sleep_backend, "sleep", sleep_load, sleep_execute)
+BACKEND(fail_backend, "fail", fail_load, fail_execute)
+
+const baton_backend *wk_builtin_backend(const char *name)
+{
+    static const baton_backend *const all[] = {&echo_backend,   &add_backend,   &counter_backend,
+                                               &chunks_backend, &sleep_backend, &fail_backend};
+    for (size_t i = 0; name && i < sizeof(all) / sizeof(all[0]); i++)
+        if (strcmp(all[i]->name, name) == 0)
+            return all[i];
+    return NULL;
+}

@@ -1,0 +1,153 @@
+/* Creating and destroying a worker: segment, allocator, fds, socket, lanes.
+ * Destruction undoes creation in reverse and copes with a half-made
+ * worker, so creation has one error path. */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "worker/wlog.h"
+#include "worker/worker_internal.h"
+
+static int socket_open(wk_worker *w, char *err, size_t errlen)
+{
+    if (!(w->zctx = zmq_ctx_new())) {
+        snprintf(err, errlen, "zmq_ctx_new: %s", zmq_strerror(zmq_errno()));
+        return -1;
+    }
+    if (!(w->sock = zmq_socket(w->zctx, ZMQ_DEALER))) {
+        snprintf(err, errlen, "zmq_socket: %s", zmq_strerror(zmq_errno()));
+        return -1;
+    }
+    /* The routing id is the worker's name: the conductor's ROUTER knows
+     * which worker a frame came from without any field in it.  Linger 0:
+     * a worker that stops drops what the conductor can no longer use.
+     * High-water marks off: Done and Chunk must never be dropped or block
+     * the I/O thread; the conductor's own limits bound the traffic. */
+    int zero = 0;
+    if (zmq_setsockopt(w->sock, ZMQ_ROUTING_ID, w->opt.name, strlen(w->opt.name)) != 0 ||
+        zmq_setsockopt(w->sock, ZMQ_LINGER, &zero, sizeof(zero)) != 0 ||
+        zmq_setsockopt(w->sock, ZMQ_SNDHWM, &zero, sizeof(zero)) != 0 ||
+        zmq_setsockopt(w->sock, ZMQ_RCVHWM, &zero, sizeof(zero)) != 0) {
+        snprintf(err, errlen, "zmq_setsockopt: %s", zmq_strerror(zmq_errno()));
+        return -1;
+    }
+    /* Watch the connection: after a reconnect (a conductor restarted on the
+     * same endpoint, as with spawn: external) the worker registers again,
+     * as the protocol asks. */
+    char mon[64];
+    snprintf(mon, sizeof(mon), "inproc://baton-worker-monitor-%p", (void *)w);
+    if (zmq_socket_monitor(w->sock, mon, ZMQ_EVENT_CONNECTED) != 0 ||
+        !(w->monitor = zmq_socket(w->zctx, ZMQ_PAIR)) || zmq_connect(w->monitor, mon) != 0 ||
+        zmq_setsockopt(w->monitor, ZMQ_LINGER, &zero, sizeof(zero)) != 0) {
+        snprintf(err, errlen, "socket monitor: %s", zmq_strerror(zmq_errno()));
+        return -1;
+    }
+    if (zmq_connect(w->sock, w->opt.endpoint) != 0) {
+        snprintf(err, errlen, "connect to %s: %s", w->opt.endpoint, zmq_strerror(zmq_errno()));
+        return -1;
+    }
+    return 0;
+}
+
+int wk_worker_create(const wk_options *opt, wk_worker **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    wk_worker *w = calloc(1, sizeof(*w));
+    if (!w) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    w->opt = *opt;
+    w->self_index = opt->index;
+    w->event_fd = -1;
+    w->signal_fd = -1;
+    w->next_counter = 1;
+    atomic_init(&w->stopping, false);
+    u64map_init(&w->tensors);
+    u64map_init(&w->requests);
+    if (gethostname(w->hostname, sizeof(w->hostname) - 1) != 0)
+        snprintf(w->hostname, sizeof(w->hostname), "localhost");
+    wk_peers_init(&w->peers, w->hostname);
+
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    /* Sleeps measure monotonic time: a clock step must not stretch them. */
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_mutex_init(&w->lock, NULL);
+    pthread_cond_init(&w->work, NULL);
+    pthread_cond_init(&w->wake, &ca);
+    pthread_condattr_destroy(&ca);
+
+    if (!opt->name || !opt->endpoint || !opt->device || opt->pool_bytes < WK_POOL_ALIGN) {
+        snprintf(err, errlen, "worker options incomplete (name, endpoint, device, pool size)");
+        goto err;
+    }
+    if (wk_segment_create(&w->seg, opt->run_id, opt->name, opt->pool_bytes, err, errlen) != 0)
+        goto err;
+    if (!(w->pool = wk_pool_create(w->seg.size)) || !(w->registry = wk_registry_create())) {
+        snprintf(err, errlen, "out of memory");
+        goto err;
+    }
+    if ((w->event_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0) {
+        snprintf(err, errlen, "eventfd: %s", strerror(errno));
+        goto err;
+    }
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    if ((w->signal_fd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK)) < 0) {
+        snprintf(err, errlen, "signalfd: %s", strerror(errno));
+        goto err;
+    }
+    if (socket_open(w, err, errlen) != 0)
+        goto err;
+    if (wk_executor_start(w) != 0) {
+        snprintf(err, errlen, "cannot start %u compute lane thread(s)", opt->streams);
+        goto err;
+    }
+    *out = w;
+    return 0;
+err:
+    wk_worker_destroy(w);
+    return -1;
+}
+
+void wk_worker_destroy(wk_worker *w)
+{
+    if (!w)
+        return;
+    wk_worker_quiesce(w);
+    if (w->sock) {
+        zmq_socket_monitor(w->sock, NULL, 0);
+        zmq_close(w->sock);
+    }
+    if (w->monitor)
+        zmq_close(w->monitor);
+    if (w->zctx)
+        zmq_ctx_term(w->zctx);
+    if (w->signal_fd >= 0)
+        close(w->signal_fd);
+    if (w->event_fd >= 0)
+        close(w->event_fd);
+    wk_registry_destroy(w->registry);
+    pthread_mutex_lock(&w->lock);
+    wk_peers_destroy(&w->peers);
+    pthread_mutex_unlock(&w->lock);
+    if (w->n_tensors)
+        wk_warn("%u tensors still held at exit", w->n_tensors);
+    wk_pool_destroy(w->pool);
+    wk_segment_destroy(&w->seg);
+    u64map_free(&w->tensors);
+    u64map_free(&w->requests);
+    pthread_cond_destroy(&w->wake);
+    pthread_cond_destroy(&w->work);
+    pthread_mutex_destroy(&w->lock);
+    free(w);
+}

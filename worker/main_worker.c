@@ -1,0 +1,156 @@
+/* baton-worker: command line and configuration.
+ *
+ *   baton-worker --config FILE --name WORKER --run-id RUNID --incarnation N
+ *                [--endpoint EP]
+ *
+ * batond spawns it with the config it serves; the worker reads its own
+ * `workers:` entry (device, pool_mb, streams, threads) and the daemon's
+ * workers_endpoint and log_level from it.  --endpoint overrides the
+ * endpoint (tests play the conductor on a socket of their own). */
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include "config/config.h"
+#include "worker/wlog.h"
+#include "worker/worker.h"
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: baton-worker --config FILE --name WORKER --run-id RUNID [--incarnation N]\n"
+            "                    [--endpoint ENDPOINT]\n"
+            "\n"
+            "Serves the models the conductor (batond) places on worker WORKER of the\n"
+            "deployment FILE.  Normally started by batond, never by hand.\n"
+            "\n"
+            "  --config FILE      the deployment file batond serves\n"
+            "  --name WORKER      this worker's name in its `workers:` list\n"
+            "  --run-id RUNID     the conductor's run id (names the shm pool)\n"
+            "  --incarnation N    restart count, the high bits of tensor ids (default 0)\n"
+            "  --endpoint EP      conductor endpoint instead of daemon.workers_endpoint\n");
+}
+
+static int parse_u64(const char *s, uint64_t *out)
+{
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (!*s || *end || s[0] == '-' || v >= (1ull << 24))
+        return -1;
+    *out = v;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"config", required_argument, NULL, 'c'},  {"name", required_argument, NULL, 'n'},
+        {"run-id", required_argument, NULL, 'r'},  {"incarnation", required_argument, NULL, 'i'},
+        {"endpoint", required_argument, NULL, 'e'}, {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0}};
+    const char *config = NULL, *name = NULL, *run_id = NULL, *endpoint = NULL;
+    uint64_t incarnation = 0;
+    int c;
+    while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'c': config = optarg; break;
+        case 'n': name = optarg; break;
+        case 'r': run_id = optarg; break;
+        case 'e': endpoint = optarg; break;
+        case 'i':
+            if (parse_u64(optarg, &incarnation) != 0) {
+                fprintf(stderr, "baton-worker: --incarnation takes an integer in [0, 2^24), "
+                        "not '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (!config || !name || !run_id || optind != argc) {
+        usage(stderr);
+        return 2;
+    }
+    wk_log_setup(name, NULL);
+
+    /* Die with the conductor.  The check after the prctl closes the race
+     * where the parent died before it took effect. */
+    pid_t parent = getppid();
+    if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != parent) {
+        wk_error("the parent process is gone; exiting");
+        return 1;
+    }
+    /* SIGTERM and SIGINT are read from a signalfd by the I/O thread; they
+     * are blocked before any thread (ours or ZeroMQ's) exists, so every
+     * thread inherits the mask and none is interrupted by them. */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    bt_diag *diag = bt_diag_create(config);
+    cfg_config *cfg = NULL;
+    int rc = diag ? cfg_load_file(config, diag, &cfg) : -1;
+    if (rc != 0) {
+        if (diag)
+            bt_diag_print(diag, stderr);
+        wk_error("cannot load the configuration %s", config);
+        bt_diag_destroy(diag);
+        return 1;
+    }
+    bt_diag_destroy(diag);
+    int status = 1;
+    const cfg_worker *cw = cfg_worker_find(cfg, name);
+    if (!cw) {
+        wk_error("%s has no worker named '%s'", config, name);
+        goto out;
+    }
+    if (wk_log_setup(name, cfg->daemon.log_level) != 0)
+        wk_warn("unknown log level '%s'; using info", cfg->daemon.log_level);
+    if (strcmp(cw->device, "cpu") != 0) {
+        wk_error("device '%s' is not supported by this build of baton-worker (CPU devices only)",
+                 cw->device);
+        goto out;
+    }
+    size_t n_models = 0;
+    for (size_t i = 0; i < cfg->n_models; i++)
+        for (size_t k = 0; k < cfg->models[i].n_workers; k++)
+            if (strcmp(cfg->models[i].workers[k].s, name) == 0) {
+                wk_debug("model %s (%s) is placed here", cfg->models[i].name,
+                         cfg->models[i].backend);
+                n_models++;
+            }
+    wk_options opt = {
+        .name = name,
+        .run_id = run_id,
+        .incarnation = incarnation,
+        .endpoint = endpoint ? endpoint : cfg->daemon.workers_endpoint,
+        .device = cw->device,
+        .pool_bytes = cw->pool_mb << 20,
+        .streams = cw->streams_compute ? cw->streams_compute : 1,
+        .threads = cw->threads ? cw->threads : 1,
+        .index = (uint32_t)(cw - cfg->workers),
+    };
+    wk_info("starting: device %s, pool %llu MiB, %u lane(s), %zu model(s) placed, incarnation "
+            "%llu", cw->device, (unsigned long long)cw->pool_mb, opt.streams, n_models,
+            (unsigned long long)incarnation);
+    char err[512];
+    wk_worker *w;
+    if (wk_worker_create(&opt, &w, err, sizeof(err)) != 0) {
+        wk_error("%s", err);
+        goto out;
+    }
+    status = wk_worker_run(w);
+    wk_worker_destroy(w);
+    wk_info("exited with status %d", status);
+out:
+    cfg_config_destroy(cfg);
+    return status;
+}

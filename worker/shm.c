@@ -1,0 +1,323 @@
+/* The worker's own shm segment and its cache of peers' segments. */
+#include "worker/shm.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/status.h"
+#include "worker/wlog.h"
+
+struct wk_peer {
+    uint32_t index;
+    char *name;
+    char *hostname;
+    uint64_t incarnation;
+    bool up;
+    size_t n_pools;
+    struct {
+        uint32_t pool;
+        char *shm_name;   /* NULL: not a shm pool */
+        uint64_t bytes;
+    } *pools;
+};
+
+static int name_ok(const char *s)
+{
+    if (!s || !*s)
+        return 0;
+    for (; *s; s++)
+        if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') ||
+              *s == '.' || *s == '_' || *s == '-'))
+            return 0;
+    return 1;
+}
+
+int wk_segment_name(char *buf, size_t len, const char *run_id, const char *worker)
+{
+    if (!name_ok(run_id) || !name_ok(worker))
+        return -1;
+    int n = snprintf(buf, len, "/baton-%s-%s", run_id, worker);
+    /* NAME_MAX for a file under /dev/shm, less the leading slash. */
+    return n < 0 || (size_t)n >= len || n > 255 ? -1 : 0;
+}
+
+int wk_segment_create(wk_segment *s, const char *run_id, const char *worker, uint64_t bytes,
+                      char *err, size_t errlen)
+{
+    *s = (wk_segment){0};
+    if (wk_segment_name(s->name, sizeof(s->name), run_id, worker) != 0) {
+        snprintf(err, errlen, "run id '%s' and worker name '%s' must be non-empty and made of "
+                 "letters, digits, '.', '_' and '-'", run_id ? run_id : "",
+                 worker ? worker : "");
+        return -1;
+    }
+    /* shm_open sets FD_CLOEXEC itself; the fd is closed right after mmap
+     * anyway, the mapping keeps the memory. */
+    int fd = shm_open(s->name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd < 0 && errno == EEXIST) {
+        /* Names are per run and per worker, so the holder is an earlier
+         * incarnation of this very worker that died before the conductor
+         * unlinked its segment. */
+        wk_warn("shm segment %s exists (left by an earlier incarnation); replacing it", s->name);
+        shm_unlink(s->name);
+        fd = shm_open(s->name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    }
+    if (fd < 0) {
+        snprintf(err, errlen, "shm_open(%s): %s", s->name, strerror(errno));
+        return -1;
+    }
+    s->linked = true;
+    if (ftruncate(fd, (off_t)bytes) != 0) {
+        snprintf(err, errlen, "ftruncate(%s, %llu): %s", s->name, (unsigned long long)bytes,
+                 strerror(errno));
+        goto err;
+    }
+    /* Reserve the pages now.  A sparse segment on a /dev/shm too small for
+     * it would instead deliver SIGBUS at the first tensor written past the
+     * free space, in the middle of a request; failing at start names the
+     * cause. */
+    int rc = posix_fallocate(fd, 0, (off_t)bytes);
+    if (rc != 0) {
+        snprintf(err, errlen, "cannot reserve %llu bytes for %s: %s",
+                 (unsigned long long)bytes, s->name, strerror(rc));
+        goto err;
+    }
+    void *base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) {
+        snprintf(err, errlen, "mmap(%s, %llu bytes): %s", s->name, (unsigned long long)bytes,
+                 strerror(errno));
+        goto err;
+    }
+    close(fd);
+    s->base = base;
+    s->size = bytes;
+    return 0;
+err:
+    close(fd);
+    wk_segment_unlink(s);
+    return -1;
+}
+
+void wk_segment_unlink(wk_segment *s)
+{
+    if (s->linked) {
+        s->linked = false;
+        shm_unlink(s->name);
+    }
+}
+
+void wk_segment_destroy(wk_segment *s)
+{
+    if (s->base)
+        munmap(s->base, s->size);
+    s->base = NULL;
+    wk_segment_unlink(s);
+}
+
+/* --- peers --------------------------------------------------------------- */
+
+void wk_peers_init(wk_peers *ps, const char *hostname)
+{
+    *ps = (wk_peers){0};
+    snprintf(ps->hostname, sizeof(ps->hostname), "%s", hostname ? hostname : "");
+}
+
+static void peers_free_table(wk_peers *ps)
+{
+    for (size_t i = 0; i < ps->n; i++) {
+        for (size_t k = 0; k < ps->peers[i].n_pools; k++)
+            free(ps->peers[i].pools[k].shm_name);
+        free(ps->peers[i].pools);
+        free(ps->peers[i].name);
+        free(ps->peers[i].hostname);
+    }
+    free(ps->peers);
+    ps->peers = NULL;
+    ps->n = 0;
+}
+
+static void unmap_unpinned_stale(wk_peers *ps)
+{
+    for (wk_mapping **pp = &ps->maps; *pp;) {
+        wk_mapping *m = *pp;
+        if (m->stale && m->pins == 0) {
+            munmap((void *)m->base, m->size);
+            *pp = m->next;
+            free(m);
+        } else {
+            pp = &m->next;
+        }
+    }
+}
+
+void wk_peers_destroy(wk_peers *ps)
+{
+    for (wk_mapping *m = ps->maps; m; m = m->next)
+        m->stale = true;
+    unmap_unpinned_stale(ps);
+    peers_free_table(ps);
+}
+
+static const wk_peer *peer_find(const wk_peers *ps, uint32_t index)
+{
+    for (size_t i = 0; i < ps->n; i++)
+        if (ps->peers[i].index == index)
+            return &ps->peers[i];
+    return NULL;
+}
+
+static wk_mapping *map_new(wk_peers *ps, const wk_peer *p, uint32_t pool, char *err,
+                           size_t errlen)
+{
+    if (!p->up) {
+        snprintf(err, errlen, "worker %u (%s) is down", p->index, p->name);
+        return NULL;
+    }
+    if (p->hostname && *p->hostname && *ps->hostname && strcmp(p->hostname, ps->hostname) != 0) {
+        snprintf(err, errlen, "worker %u (%s) runs on host %s, not here (%s): its pool cannot "
+                 "be mapped and SOCKET transfers are not built", p->index, p->name, p->hostname,
+                 ps->hostname);
+        return NULL;
+    }
+    size_t k = 0;
+    while (k < p->n_pools && p->pools[k].pool != pool)
+        k++;
+    if (k == p->n_pools || !p->pools[k].shm_name) {
+        snprintf(err, errlen, "worker %u (%s) has no shm pool %u", p->index, p->name, pool);
+        return NULL;
+    }
+    const char *name = p->pools[k].shm_name;
+    int fd = shm_open(name, O_RDONLY, 0);
+    if (fd < 0) {
+        snprintf(err, errlen, "shm_open(%s) of worker %s: %s", name, p->name, strerror(errno));
+        return NULL;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || (uint64_t)st.st_size < p->pools[k].bytes || st.st_size == 0) {
+        snprintf(err, errlen, "shm segment %s of worker %s is smaller than its %llu bytes", name,
+                 p->name, (unsigned long long)p->pools[k].bytes);
+        close(fd);
+        return NULL;
+    }
+    uint64_t size = (uint64_t)st.st_size;
+    void *base = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (base == MAP_FAILED) {
+        snprintf(err, errlen, "mmap(%s): %s", name, strerror(errno));
+        return NULL;
+    }
+    wk_mapping *m = calloc(1, sizeof(*m));
+    if (!m) {
+        munmap(base, size);
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    m->peer = p->index;
+    m->pool = pool;
+    m->incarnation = p->incarnation;
+    m->base = base;
+    m->size = size;
+    m->next = ps->maps;
+    ps->maps = m;
+    wk_debug("mapped pool %u of worker %s (%s, %llu bytes)", pool, p->name, name,
+             (unsigned long long)size);
+    return m;
+}
+
+int wk_peers_update(wk_peers *ps, const Baton__V1__Peers *msg, uint32_t self)
+{
+    wk_peer *t = calloc(msg->n_peers ? msg->n_peers : 1, sizeof(*t));
+    if (!t)
+        return BT_ENOMEM;
+    size_t n = 0;
+    for (size_t i = 0; i < msg->n_peers; i++, n++) {
+        const Baton__V1__PeerInfo *pi = msg->peers[i];
+        wk_peer *p = &t[i];
+        p->index = pi->index;
+        p->incarnation = pi->incarnation;
+        p->up = pi->up;
+        p->name = strdup(pi->name ? pi->name : "");
+        p->hostname = strdup(pi->hostname ? pi->hostname : "");
+        p->pools = calloc(pi->n_pools ? pi->n_pools : 1, sizeof(*p->pools));
+        if (!p->name || !p->hostname || !p->pools)
+            goto nomem;
+        p->n_pools = pi->n_pools;
+        for (size_t k = 0; k < pi->n_pools; k++) {
+            const Baton__V1__PoolHandle *h = pi->pools[k];
+            p->pools[k].pool = h->pool;
+            p->pools[k].bytes = h->pool_bytes;
+            if (h->kind == BATON__V1__POOL_KIND__POOL_KIND_SHM && h->shm_name && *h->shm_name &&
+                !(p->pools[k].shm_name = strdup(h->shm_name)))
+                goto nomem;
+        }
+    }
+    peers_free_table(ps);
+    ps->peers = t;
+    ps->n = n;
+    /* A mapping is stale once its peer is gone or came back as a new
+     * incarnation (its old segment was unlinked; a new one has the name). */
+    for (wk_mapping *m = ps->maps; m; m = m->next) {
+        const wk_peer *p = peer_find(ps, m->peer);
+        if (!p || !p->up || p->incarnation != m->incarnation)
+            m->stale = true;
+    }
+    unmap_unpinned_stale(ps);
+    /* Map the pools of live local peers now, off the request path. */
+    for (size_t i = 0; i < ps->n; i++) {
+        const wk_peer *p = &ps->peers[i];
+        if (p->index == self || !p->up)
+            continue;
+        for (size_t k = 0; k < p->n_pools; k++) {
+            if (!p->pools[k].shm_name)
+                continue;
+            int have = 0;
+            for (wk_mapping *m = ps->maps; m; m = m->next)
+                have |= !m->stale && m->peer == p->index && m->pool == p->pools[k].pool;
+            char err[512];
+            if (!have && !map_new(ps, p, p->pools[k].pool, err, sizeof(err)))
+                wk_info("pool %u of worker %s not mapped yet: %s", p->pools[k].pool, p->name,
+                        err);
+        }
+    }
+    return 0;
+nomem:
+    {
+        wk_peers tmp = {.peers = t, .n = n + 1};
+        peers_free_table(&tmp);
+    }
+    return BT_ENOMEM;
+}
+
+wk_mapping *wk_peers_pin(wk_peers *ps, uint32_t peer, uint32_t pool, char *err, size_t errlen)
+{
+    for (wk_mapping *m = ps->maps; m; m = m->next)
+        if (!m->stale && m->peer == peer && m->pool == pool) {
+            m->pins++;
+            return m;
+        }
+    const wk_peer *p = peer_find(ps, peer);
+    if (!p) {
+        snprintf(err, errlen, "worker %u is not among the known peers", peer);
+        return NULL;
+    }
+    wk_mapping *m = map_new(ps, p, pool, err, errlen);
+    if (m)
+        m->pins++;
+    return m;
+}
+
+void wk_peers_unpin(wk_peers *ps, wk_mapping *m)
+{
+    if (!m)
+        return;
+    if (m->pins)
+        m->pins--;
+    if (m->stale && m->pins == 0)
+        unmap_unpinned_stale(ps);
+}

@@ -1,0 +1,80 @@
+/* Shared memory of CPU workers (DESIGN.md sections 5 and 6).
+ *
+ * Each worker exports one pool: a POSIX shm segment named
+ * "/baton-<run id>-<worker>", created exclusively with mode 0600, sized
+ * once and mapped once.  The name stays until the worker exits (peers open
+ * it by name, at any time); then the worker unlinks it, and the conductor
+ * unlinks the same name when it sees the worker die, so that a SIGKILL
+ * leaves nothing behind in /dev/shm.
+ *
+ * Peers' pools are mapped read-only, once per (peer, pool, incarnation),
+ * and the mapping is cached: opening costs about a millisecond and must
+ * not sit on the per-request path.  A mapping is pinned while an execution
+ * reads through it, so that a Peers message marking the peer down never
+ * unmaps memory under a running kernel; the unmap happens at the last
+ * unpin. */
+#ifndef BATON_WORKER_SHM_H
+#define BATON_WORKER_SHM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "proto/baton.pb-c.h"
+
+typedef struct wk_segment {
+    char name[256];      /* shm name, "/baton-<run>-<worker>" */
+    void *base;          /* the mapping, read-write */
+    uint64_t size;       /* bytes */
+    bool linked;         /* the name still exists (we have not unlinked it) */
+} wk_segment;
+
+/* Writes the segment name for RUN_ID and WORKER into BUF.  Both must be
+ * non-empty and made of [A-Za-z0-9._-].  Returns 0 or -1. */
+int wk_segment_name(char *buf, size_t len, const char *run_id, const char *worker);
+
+/* Creates, sizes and maps the segment.  A segment of the same name left by
+ * an earlier incarnation of this worker (the conductor normally unlinks
+ * it) is replaced.  Returns 0, or -1 with the reason in ERR. */
+int wk_segment_create(wk_segment *s, const char *run_id, const char *worker, uint64_t bytes,
+                      char *err, size_t errlen);
+/* Unlinks the name (idempotent; async-signal-safe). */
+void wk_segment_unlink(wk_segment *s);
+/* Unmaps and unlinks. */
+void wk_segment_destroy(wk_segment *s);
+
+typedef struct wk_mapping {
+    uint32_t peer, pool;
+    uint64_t incarnation;
+    const void *base;    /* read-only mapping of the peer's pool */
+    uint64_t size;
+    uint32_t pins;       /* executions reading through it now */
+    bool stale;          /* the peer is gone or re-registered: unmap at pins == 0 */
+    struct wk_mapping *next;
+} wk_mapping;
+
+typedef struct wk_peer wk_peer;
+
+typedef struct wk_peers {
+    wk_peer *peers;      /* from the last Peers message */
+    size_t n;
+    wk_mapping *maps;    /* cached mappings */
+    char hostname[256];  /* ours: a peer elsewhere cannot be mapped */
+} wk_peers;
+
+void wk_peers_init(wk_peers *ps, const char *hostname);
+/* Unmaps everything; every mapping must be unpinned. */
+void wk_peers_destroy(wk_peers *ps);
+
+/* Takes in a Peers message: remembers every peer's pools, marks stale the
+ * mappings of peers that are down or have a new incarnation, and maps the
+ * pools of peers that are up on this host (all but SELF).  A failure to
+ * map is logged and retried on first use.  Returns 0 or BT_ENOMEM. */
+int wk_peers_update(wk_peers *ps, const Baton__V1__Peers *msg, uint32_t self);
+
+/* Returns the mapping of pool POOL of peer PEER, pinned, mapping it when
+ * needed; NULL with the reason in ERR when it cannot be had. */
+wk_mapping *wk_peers_pin(wk_peers *ps, uint32_t peer, uint32_t pool, char *err, size_t errlen);
+void wk_peers_unpin(wk_peers *ps, wk_mapping *m);
+
+#endif

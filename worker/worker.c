@@ -1,0 +1,754 @@
+/* The worker process: creation, the I/O thread's loop, and the handling of
+ * every ConductorMessage (proto/baton.proto, "conductor -> worker").
+ *
+ * The I/O thread polls three things: the DEALER socket, an eventfd the
+ * lanes and loaders signal when they post events, and a signalfd for
+ * SIGTERM/SIGINT (PR_SET_PDEATHSIG delivers SIGTERM when the conductor
+ * dies).  Results leave in the order they were posted, which is what puts
+ * every Chunk of an execution before its Done. */
+#include <errno.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "worker/join.h"
+#include "worker/wlog.h"
+#include "worker/worker_internal.h"
+
+#define HEARTBEAT_NS 1000000000ull
+#define MAX_BATCH_CAP 4096u /* larger max_batch values are clamped: lanes keep batches on the stack */
+
+static void send_status_only_done(wk_worker *w, const Baton__V1__Dispatch *d, baton_status code,
+                                  const char *message)
+{
+    Baton__V1__Status st = BATON__V1__STATUS__INIT;
+    st.code = (Baton__V1__Code)code;
+    st.message = (char *)message;
+    Baton__V1__Done done = BATON__V1__DONE__INIT;
+    done.request_key = d->request_key;
+    done.node = d->node;
+    done.graph = d->graph;
+    done.n_iteration = d->n_iteration;
+    done.iteration = d->iteration;
+    done.status = &st;
+    done.dispatch_id = d->dispatch_id;
+    Baton__V1__WorkerMessage m = BATON__V1__WORKER_MESSAGE__INIT;
+    m.msg_case = BATON__V1__WORKER_MESSAGE__MSG_DONE;
+    m.done = &done;
+    wk_warn("dispatch of node '%s' (request %s) refused: %s", d->node_name, d->request_id,
+            message);
+    wk_send(w, &m);
+}
+
+/* --- Load ---------------------------------------------------------------- */
+
+static void send_loaded(wk_worker *w, const char *model, baton_status code, const char *message,
+                        uint64_t load_us, uint64_t weight_bytes)
+{
+    Baton__V1__Status st = BATON__V1__STATUS__INIT;
+    st.code = (Baton__V1__Code)code;
+    st.message = (char *)(message ? message : "");
+    Baton__V1__Loaded l = BATON__V1__LOADED__INIT;
+    l.model = (char *)model;
+    l.status = &st;
+    l.load_us = load_us;
+    l.weight_bytes = weight_bytes;
+    Baton__V1__WorkerMessage m = BATON__V1__WORKER_MESSAGE__INIT;
+    m.msg_case = BATON__V1__WORKER_MESSAGE__MSG_LOADED;
+    m.loaded = &l;
+    if (code == BATON_STATUS_OK)
+        wk_info("model %s loaded in %" PRIu64 " us", model, load_us);
+    else
+        wk_error("model %s not loaded: %s", model, st.message);
+    wk_send(w, &m);
+}
+
+/* Runs model_load off the I/O thread, so heartbeats go on during a long
+ * load (weights of a real model take seconds). */
+static void *load_main(void *arg)
+{
+    wk_load *ld = arg;
+    const Baton__V1__Load *l = ld->msg->load;
+    const char **keys = calloc(l->n_options + 1, sizeof(*keys));
+    const char **vals = calloc(l->n_options + 1, sizeof(*vals));
+    uint64_t t0 = wk_now_ns();
+    if (!keys || !vals) {
+        ld->status = BATON_STATUS_RESOURCE_EXHAUSTED;
+        snprintf(ld->err, sizeof(ld->err), "out of memory");
+    } else {
+        for (size_t i = 0; i < l->n_options; i++) {
+            keys[i] = l->options[i]->key;
+            vals[i] = l->options[i]->value;
+        }
+        uint32_t mb = l->max_batch ? l->max_batch : 1;
+        baton_load_params p = {l->model, keys, vals, l->n_options, l->tp_rank,
+                               l->tp_size ? l->tp_size : 1, ld->w->opt.device,
+                               mb > MAX_BATCH_CAP ? MAX_BATCH_CAP : mb, ld->threads};
+        ld->status = ld->backend->model_load(&p, &ld->handle, ld->err, sizeof(ld->err));
+    }
+    ld->load_us = (wk_now_ns() - t0) / 1000u;
+    free(keys);
+    free(vals);
+    wk_event *ev = calloc(1, sizeof(*ev));
+    if (!ev) {
+        wk_error("out of memory posting a load result; exiting");
+        abort();
+    }
+    ev->kind = WK_EV_LOADED;
+    ev->load = ld;
+    pthread_mutex_lock(&ld->w->lock);
+    wk_event_push(ld->w, ev);
+    pthread_mutex_unlock(&ld->w->lock);
+    return NULL;
+}
+
+static void on_load(wk_worker *w, Baton__V1__ConductorMessage *msg)
+{
+    const Baton__V1__Load *l = msg->load;
+    char err[512];
+    pthread_mutex_lock(&w->lock);
+    wk_model *have = wk_model_find(w, l->model);
+    pthread_mutex_unlock(&w->lock);
+    if (have) {
+        /* A repeated Load (e.g. after a conductor restart) is answered like
+         * the first, as long as it names the same backend. */
+        bool same = strcmp(have->backend_spec, l->backend) == 0;
+        send_loaded(w, l->model, same ? BATON_STATUS_OK : BATON_STATUS_ALREADY_EXISTS,
+                    same ? "" : "a model of this name is loaded with another backend", 0, 0);
+        goto out;
+    }
+    for (wk_load *ld = w->loading; ld; ld = ld->next)
+        if (strcmp(ld->msg->load->model, l->model) == 0) {
+            send_loaded(w, l->model, BATON_STATUS_ALREADY_EXISTS, "the model is being loaded",
+                        0, 0);
+            goto out;
+        }
+    const baton_backend *b;
+    baton_status st = wk_registry_find(w->registry, l->backend, &b, err, sizeof(err));
+    if (st != BATON_STATUS_OK) {
+        send_loaded(w, l->model, st, err, 0, 0);
+        goto out;
+    }
+    wk_load *ld = calloc(1, sizeof(*ld));
+    if (!ld) {
+        send_loaded(w, l->model, BATON_STATUS_RESOURCE_EXHAUSTED, "out of memory", 0, 0);
+        goto out;
+    }
+    ld->msg = msg;
+    ld->backend = b;
+    ld->w = w;
+    ld->threads = w->opt.threads;
+    if (pthread_create(&ld->thread, NULL, load_main, ld) != 0) {
+        free(ld);
+        send_loaded(w, l->model, BATON_STATUS_RESOURCE_EXHAUSTED, "cannot start a load thread",
+                    0, 0);
+        goto out;
+    }
+    ld->next = w->loading;
+    w->loading = ld;
+    return;
+out:
+    baton__v1__conductor_message__free_unpacked(msg, NULL);
+}
+
+static void on_loaded(wk_worker *w, wk_load *ld)
+{
+    pthread_join(ld->thread, NULL);
+    for (wk_load **pp = &w->loading; *pp; pp = &(*pp)->next)
+        if (*pp == ld) {
+            *pp = ld->next;
+            break;
+        }
+    const Baton__V1__Load *l = ld->msg->load;
+    baton_status st = ld->status;
+    uint64_t weight_bytes = 0;
+    if (st == BATON_STATUS_OK) {
+        wk_model *m = calloc(1, sizeof(*m));
+        if (!m || !(m->name = strdup(l->model)) || !(m->backend_spec = strdup(l->backend))) {
+            if (m)
+                free(m->name);
+            free(m);
+            ld->backend->model_unload(ld->handle);
+            st = BATON_STATUS_RESOURCE_EXHAUSTED;
+            snprintf(ld->err, sizeof(ld->err), "out of memory");
+        } else {
+            m->backend = ld->backend;
+            m->handle = ld->handle;
+            m->max_batch = l->max_batch ? (l->max_batch > MAX_BATCH_CAP ? MAX_BATCH_CAP
+                                                                        : l->max_batch) : 1;
+            m->tp_rank = l->tp_rank;
+            m->tp_size = l->tp_size;
+            if (ld->backend->model_bytes)
+                weight_bytes = ld->backend->model_bytes(ld->handle);
+            pthread_mutex_lock(&w->lock);
+            m->next = w->models;
+            w->models = m;
+            pthread_mutex_unlock(&w->lock);
+        }
+    }
+    if (!atomic_load(&w->stopping))
+        send_loaded(w, l->model, st, ld->err, ld->load_us, weight_bytes);
+    baton__v1__conductor_message__free_unpacked(ld->msg, NULL);
+    free(ld);
+}
+
+/* --- Dispatch ------------------------------------------------------------ */
+
+static void on_dispatch(wk_worker *w, Baton__V1__ConductorMessage *msg)
+{
+    const Baton__V1__Dispatch *d = msg->dispatch;
+    char why[512];
+    baton_status code = BATON_STATUS_INVALID_ARGUMENT;
+    if (d->n_iteration > WK_MAX_DEPTH) {
+        snprintf(why, sizeof(why), "iteration vector of %zu levels (at most %d)", d->n_iteration,
+                 WK_MAX_DEPTH);
+        goto refuse;
+    }
+    if (d->n_inputs > WK_MAX_PORTS || d->n_outputs > WK_MAX_PORTS) {
+        snprintf(why, sizeof(why), "%zu inputs and %zu outputs (at most %d each)", d->n_inputs,
+                 d->n_outputs, WK_MAX_PORTS);
+        goto refuse;
+    }
+    pthread_mutex_lock(&w->lock);
+    wk_model *model = wk_model_find(w, d->model);
+    if (!model) {
+        pthread_mutex_unlock(&w->lock);
+        code = BATON_STATUS_FAILED_PRECONDITION;
+        snprintf(why, sizeof(why), "model '%s' is not loaded on worker %s", d->model,
+                 w->opt.name);
+        goto refuse;
+    }
+    wk_request *req = wk_request_get(w, d->request_key, true);
+    if (!req) {
+        pthread_mutex_unlock(&w->lock);
+        snprintf(why, sizeof(why), "request key %" PRIu64 " is not usable", d->request_key);
+        goto refuse;
+    }
+    if (req->closed) {
+        /* SessionClose came first: the request is over here. */
+        pthread_mutex_unlock(&w->lock);
+        wk_debug("dispatch of node '%s' for closed request %s ignored", d->node_name,
+                 d->request_id);
+        baton__v1__conductor_message__free_unpacked(msg, NULL);
+        return;
+    }
+    wk_dispatch *disp = calloc(1, sizeof(*disp));
+    if (!disp) {
+        wk_request_gc(w, req);
+        pthread_mutex_unlock(&w->lock);
+        code = BATON_STATUS_RESOURCE_EXHAUSTED;
+        snprintf(why, sizeof(why), "out of memory");
+        goto refuse;
+    }
+    disp->msg = msg;
+    disp->d = d;
+    if (d->remaining_ms)
+        disp->deadline_ns = wk_now_ns() + (uint64_t)d->remaining_ms * 1000000u;
+    uint32_t depth = (uint32_t)d->n_iteration;
+    wk_chain *chain = NULL;
+    if (depth && d->speculate_upto > d->iteration[depth - 1])
+        chain = wk_chain_open(w, req, disp);
+    disp->refs++; /* held across item creation, so a failure cannot free it under us */
+    wk_item *it = wk_item_create(w, disp, req, model, d->iteration, depth, NULL);
+    if (it) {
+        it->chain = chain;
+        if (chain)
+            chain->pending = true;
+    } else if (chain) {
+        chain->active = false;
+        wk_chain_maybe_free(w, chain);
+    }
+    if (!it) {
+        send_status_only_done(w, d, BATON_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        wk_request_gc(w, req);
+    }
+    wk_dispatch_unref(disp);
+    pthread_mutex_unlock(&w->lock);
+    return;
+refuse:
+    send_status_only_done(w, d, code, why);
+    baton__v1__conductor_message__free_unpacked(msg, NULL);
+}
+
+/* --- Put, Fetch, Release, SessionClose, Peers ----------------------------- */
+
+static void send_placed(wk_worker *w, const Baton__V1__Put *p, const wk_ref *ref,
+                        baton_status code, const char *message)
+{
+    Baton__V1__Status st = BATON__V1__STATUS__INIT;
+    st.code = (Baton__V1__Code)code;
+    st.message = (char *)(message ? message : "");
+    Baton__V1__TensorRef t = BATON__V1__TENSOR_REF__INIT;
+    int64_t dims[BATON_MAX_DIMS];
+    Baton__V1__Placed pl = BATON__V1__PLACED__INIT;
+    pl.request_key = p->request_key;
+    pl.put_id = p->put_id;
+    pl.status = &st;
+    if (ref) {
+        wk_ref_to_proto(w, ref, &t, dims, NULL);
+        pl.ref = &t;
+    }
+    Baton__V1__WorkerMessage m = BATON__V1__WORKER_MESSAGE__INIT;
+    m.msg_case = BATON__V1__WORKER_MESSAGE__MSG_PLACED;
+    m.placed = &pl;
+    if (code != BATON_STATUS_OK)
+        wk_warn("put %" PRIu64 " of request %" PRIu64 " refused: %s", p->put_id, p->request_key,
+                st.message);
+    wk_send(w, &m);
+}
+
+static void on_put(wk_worker *w, const Baton__V1__Put *p)
+{
+    const Baton__V1__Tensor *v = p->value;
+    char why[256];
+    if (!v || v->dtype < BATON__V1__DTYPE__F32 || v->dtype > BATON__V1__DTYPE__BOOL ||
+        v->n_dims > BATON_MAX_DIMS) {
+        send_placed(w, p, NULL, BATON_STATUS_INVALID_ARGUMENT,
+                    "the tensor has no valid dtype or too many dims");
+        return;
+    }
+    uint64_t bytes = wk_tensor_bytes((baton_dtype)v->dtype, (uint32_t)v->n_dims, v->dims);
+    if (bytes == UINT64_MAX || bytes != v->data.len) {
+        snprintf(why, sizeof(why), "its dims and dtype span %" PRIu64 " bytes but %zu were sent",
+                 bytes, v->data.len);
+        send_placed(w, p, NULL, BATON_STATUS_INVALID_ARGUMENT, why);
+        return;
+    }
+    pthread_mutex_lock(&w->lock);
+    wk_request *req = wk_request_get(w, p->request_key, true);
+    wk_tensor *t = req && !req->closed ? wk_tensor_new(w, req, (baton_dtype)v->dtype,
+                                                       (uint32_t)v->n_dims, v->dims, true)
+                                       : NULL;
+    if (!t) {
+        wk_pool_stats st;
+        wk_pool_get_stats(w->pool, &st);
+        bool closed = req && req->closed;
+        wk_request_gc(w, req);
+        pthread_mutex_unlock(&w->lock);
+        if (closed)
+            snprintf(why, sizeof(why), "the request was closed");
+        else
+            snprintf(why, sizeof(why), "the pool of worker %s is full: %" PRIu64 " bytes asked, "
+                     "largest free block %" PRIu64 " of %" PRIu64 " free", w->opt.name, bytes,
+                     st.largest_free, st.free);
+        send_placed(w, p, NULL, closed ? BATON_STATUS_FAILED_PRECONDITION
+                                       : BATON_STATUS_RESOURCE_EXHAUSTED, why);
+        return;
+    }
+    pthread_mutex_unlock(&w->lock);
+    /* Copy outside the lock: inputs may be large.  The tensor is pinned
+     * and nobody knows its id before Placed. */
+    if (bytes)
+        memcpy(wk_tensor_data(w, t), v->data.data, bytes);
+    pthread_mutex_lock(&w->lock);
+    wk_ref ref = t->ref;
+    wk_tensor_unpin(w, t);
+    pthread_mutex_unlock(&w->lock);
+    send_placed(w, p, &ref, BATON_STATUS_OK, NULL);
+}
+
+static void on_fetch(wk_worker *w, const Baton__V1__Fetch *f)
+{
+    Baton__V1__Status st = BATON__V1__STATUS__INIT;
+    Baton__V1__Fetched out = BATON__V1__FETCHED__INIT;
+    out.tensor_id = f->tensor_id;
+    out.status = &st;
+    pthread_mutex_lock(&w->lock);
+    wk_tensor *t = wk_tensor_find(w, f->tensor_id);
+    if (t)
+        t->pins++;
+    pthread_mutex_unlock(&w->lock);
+    char why[128];
+    if (t) {
+        out.data.data = wk_tensor_data(w, t);
+        out.data.len = t->ref.nbytes;
+    } else {
+        st.code = BATON__V1__CODE__NOT_FOUND;
+        snprintf(why, sizeof(why), "tensor %" PRIu64 " is not held by worker %s", f->tensor_id,
+                 w->opt.name);
+        st.message = why;
+    }
+    Baton__V1__WorkerMessage m = BATON__V1__WORKER_MESSAGE__INIT;
+    m.msg_case = BATON__V1__WORKER_MESSAGE__MSG_FETCHED;
+    m.fetched = &out;
+    wk_send(w, &m);
+    if (t) {
+        pthread_mutex_lock(&w->lock);
+        wk_request *req = t->req;
+        wk_tensor_unpin(w, t);
+        wk_request_gc(w, req);
+        pthread_mutex_unlock(&w->lock);
+    }
+}
+
+static void on_release(wk_worker *w, const Baton__V1__Release *r)
+{
+    pthread_mutex_lock(&w->lock);
+    for (size_t i = 0; i < r->n_tensor_ids; i++) {
+        wk_tensor *t = wk_tensor_find(w, r->tensor_ids[i]);
+        if (!t)
+            continue; /* unknown or already released: quietly ignored */
+        wk_request *req = t->req;
+        wk_tensor_release(w, r->tensor_ids[i]);
+        wk_request_gc(w, req);
+    }
+    pthread_mutex_unlock(&w->lock);
+}
+
+/* The request's last running item ended (or none ran): free what is left
+ * of it.  [L] */
+static void request_finalize(wk_worker *w, wk_request *req)
+{
+    wk_chain_close_all(w, req);
+    wk_request_release_all(w, req);
+    wk_executor_close_sessions(w, req);
+    wk_request_gc(w, req);
+}
+
+static void on_session_close(wk_worker *w, uint64_t key)
+{
+    pthread_mutex_lock(&w->lock);
+    wk_request *req = wk_request_get(w, key, false);
+    if (req) {
+        req->closed = true;
+        for (wk_item *it = req->items, *nx; it; it = nx) {
+            nx = it->req_next;
+            if (it->state == WK_ITEM_QUEUED) {
+                wk_executor_dequeue(w, it);
+                if (it->chain) {
+                    it->chain->pending = false;
+                    it->chain->active = false;
+                    wk_chain_maybe_free(w, it->chain);
+                }
+                wk_item_destroy(w, it);
+            } else {
+                wk_item_cancel(w, it);
+            }
+        }
+        /* With items still running, the rest waits for their ends, which
+         * may still make tensors; sessions may be in use until then. */
+        if (req->n_running == 0)
+            request_finalize(w, req);
+        else
+            wk_chain_close_all(w, req);
+    }
+    pthread_mutex_unlock(&w->lock);
+}
+
+static void on_peers(wk_worker *w, const Baton__V1__Peers *p)
+{
+    pthread_mutex_lock(&w->lock);
+    w->self_index = p->self_index;
+    int rc = wk_peers_update(&w->peers, p, p->self_index);
+    pthread_mutex_unlock(&w->lock);
+    if (rc)
+        wk_error("out of memory taking in the peers");
+    wk_info("peers: %zu workers, this one is index %u", p->n_peers, p->self_index);
+}
+
+/* --- events from lanes and loaders --------------------------------------- */
+
+static void on_done_event(wk_worker *w, wk_item *it)
+{
+    pthread_mutex_lock(&w->lock);
+    wk_request *req = it->req;
+    req->n_running--;
+    bool drop = atomic_load(&it->cancelled) || req->closed || atomic_load(&w->stopping);
+    if (!drop) {
+        wk_send_done(w, it);
+    } else {
+        /* Never reported: what this execution made is the worker's to free.
+         * (A next iteration it was chained to, if any, was cancelled by the
+         * same Drop or SessionClose, and finds these ids gone.) */
+        for (uint32_t o = 0; it->results && o < it->b.n_outputs; o++)
+            if (it->results[o].set && it->results[o].created)
+                wk_tensor_release(w, it->results[o].ref.id);
+    }
+    wk_item_destroy(w, it);
+    if (req->closed && req->n_running == 0)
+        request_finalize(w, req);
+    else
+        wk_request_gc(w, req);
+    pthread_mutex_unlock(&w->lock);
+}
+
+static void on_chunk_event(wk_worker *w, const wk_event *ev)
+{
+    pthread_mutex_lock(&w->lock);
+    const wk_item *it = ev->item;
+    if (atomic_load(&it->cancelled) || it->req->closed || atomic_load(&w->stopping)) {
+        if (ev->has_ref && ev->created)
+            wk_tensor_release(w, ev->ref.id);
+    } else {
+        wk_send_chunk(w, ev);
+    }
+    pthread_mutex_unlock(&w->lock);
+}
+
+static void drain_events(wk_worker *w)
+{
+    uint64_t n;
+    if (read(w->event_fd, &n, sizeof(n)) < 0 && errno != EAGAIN)
+        wk_error("eventfd read: %s", strerror(errno));
+    pthread_mutex_lock(&w->lock);
+    wk_event *ev = w->ev_head;
+    w->ev_head = w->ev_tail = NULL;
+    pthread_mutex_unlock(&w->lock);
+    while (ev) {
+        wk_event *nx = ev->next;
+        switch (ev->kind) {
+        case WK_EV_CHUNK: on_chunk_event(w, ev); break;
+        case WK_EV_DONE: on_done_event(w, ev->item); break;
+        case WK_EV_LOADED: on_loaded(w, ev->load); break;
+        }
+        free(ev);
+        ev = nx;
+    }
+}
+
+/* --- the loop ------------------------------------------------------------ */
+
+static void send_register(wk_worker *w)
+{
+    Baton__V1__PoolHandle ph = BATON__V1__POOL_HANDLE__INIT;
+    ph.pool = 0;
+    ph.kind = BATON__V1__POOL_KIND__POOL_KIND_SHM;
+    ph.shm_name = w->seg.name;
+    ph.pool_bytes = w->seg.size;
+    ph.cuda_device = -1;
+    Baton__V1__PoolHandle *phs[1] = {&ph};
+    Baton__V1__Register r = BATON__V1__REGISTER__INIT;
+    r.protocol_version = BATON__V1__PROTOCOL_VERSION__PROTOCOL_VERSION_CURRENT;
+    r.worker = (char *)w->opt.name;
+    r.device = (char *)w->opt.device;
+    r.n_pools = 1;
+    r.pools = phs;
+    r.pool_bytes = w->seg.size;
+    r.pid = (uint32_t)getpid();
+    r.hostname = w->hostname;
+    Baton__V1__WorkerMessage m = BATON__V1__WORKER_MESSAGE__INIT;
+    m.msg_case = BATON__V1__WORKER_MESSAGE__MSG_REGISTRATION;
+    m.registration = &r;
+    wk_send(w, &m);
+}
+
+static void send_heartbeat(wk_worker *w)
+{
+    Baton__V1__Heartbeat hb = BATON__V1__HEARTBEAT__INIT;
+    wk_pool_stats st;
+    pthread_mutex_lock(&w->lock);
+    wk_pool_get_stats(w->pool, &st);
+    hb.live_tensors = w->n_tensors;
+    hb.open_sessions = w->n_sessions;
+    hb.queued = w->n_queued;
+    pthread_mutex_unlock(&w->lock);
+    hb.pool_used_bytes = st.used;
+    hb.pool_free_bytes = st.free;
+    hb.fragmentation = st.fragmentation;
+    hb.largest_free_bytes = st.largest_free;
+    Baton__V1__WorkerMessage m = BATON__V1__WORKER_MESSAGE__INIT;
+    m.msg_case = BATON__V1__WORKER_MESSAGE__MSG_HEARTBEAT;
+    m.heartbeat = &hb;
+    wk_send(w, &m);
+}
+
+static void handle_frame(wk_worker *w, const void *data, size_t len)
+{
+    Baton__V1__ConductorMessage *msg =
+        baton__v1__conductor_message__unpack(NULL, len, (const uint8_t *)data);
+    if (!msg) {
+        wk_warn("dropped a frame of %zu bytes from the conductor that does not parse", len);
+        return;
+    }
+    switch (msg->msg_case) {
+    case BATON__V1__CONDUCTOR_MESSAGE__MSG_LOAD:
+        on_load(w, msg);
+        return; /* owns msg */
+    case BATON__V1__CONDUCTOR_MESSAGE__MSG_DISPATCH:
+        on_dispatch(w, msg);
+        return; /* owns msg */
+    case BATON__V1__CONDUCTOR_MESSAGE__MSG_EXTEND:
+        pthread_mutex_lock(&w->lock);
+        wk_chain_extend(w, msg->extend);
+        pthread_mutex_unlock(&w->lock);
+        break;
+    case BATON__V1__CONDUCTOR_MESSAGE__MSG_DROP:
+        pthread_mutex_lock(&w->lock);
+        wk_chain_drop(w, msg->drop);
+        pthread_mutex_unlock(&w->lock);
+        break;
+    case BATON__V1__CONDUCTOR_MESSAGE__MSG_RELEASE: on_release(w, msg->release); break;
+    case BATON__V1__CONDUCTOR_MESSAGE__MSG_SESSION_CLOSE:
+        on_session_close(w, msg->session_close->request_key);
+        break;
+    case BATON__V1__CONDUCTOR_MESSAGE__MSG_FETCH: on_fetch(w, msg->fetch); break;
+    case BATON__V1__CONDUCTOR_MESSAGE__MSG_SHUTDOWN:
+        wk_info("shutdown: %s", msg->shutdown->reason && *msg->shutdown->reason
+                                    ? msg->shutdown->reason : "asked by the conductor");
+        w->quit = true;
+        w->exit_code = 0;
+        break;
+    case BATON__V1__CONDUCTOR_MESSAGE__MSG_PUT: on_put(w, msg->put); break;
+    case BATON__V1__CONDUCTOR_MESSAGE__MSG_PEERS: on_peers(w, msg->peers); break;
+    default: wk_warn("dropped a conductor message with no member set"); break;
+    }
+    baton__v1__conductor_message__free_unpacked(msg, NULL);
+}
+
+/* Reads the monitor's events; every connection after the first is a
+ * reconnect, and the conductor on the other side may not know us. */
+static void monitor_events(wk_worker *w)
+{
+    for (;;) {
+        zmq_msg_t ev, addr;
+        zmq_msg_init(&ev);
+        if (zmq_msg_recv(&ev, w->monitor, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&ev);
+            return;
+        }
+        bool more = zmq_msg_more(&ev);
+        uint16_t id = 0;
+        if (zmq_msg_size(&ev) >= 2)
+            memcpy(&id, zmq_msg_data(&ev), 2);
+        zmq_msg_close(&ev);
+        if (more) {
+            zmq_msg_init(&addr);
+            zmq_msg_recv(&addr, w->monitor, 0);
+            zmq_msg_close(&addr);
+        }
+        if (id == ZMQ_EVENT_CONNECTED && w->connects++ > 0) {
+            wk_info("reconnected to %s; registering again", w->opt.endpoint);
+            send_register(w);
+        }
+    }
+}
+
+static void recv_all(wk_worker *w)
+{
+    while (!w->quit) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, w->sock, ZMQ_DONTWAIT) < 0) {
+            int e = zmq_errno();
+            zmq_msg_close(&m);
+            if (e != EAGAIN && e != EINTR)
+                wk_error("receive from the conductor failed: %s", zmq_strerror(e));
+            return;
+        }
+        handle_frame(w, zmq_msg_data(&m), zmq_msg_size(&m));
+        zmq_msg_close(&m);
+    }
+}
+
+int wk_worker_run(wk_worker *w)
+{
+    send_register(w);
+    wk_info("registered with %s: pool %s, %" PRIu64 " bytes, %u lane(s)", w->opt.endpoint,
+            w->seg.name, w->seg.size, w->n_lanes);
+    uint64_t next_hb = wk_now_ns() + HEARTBEAT_NS;
+    while (!w->quit) {
+        zmq_pollitem_t items[4] = {{w->sock, 0, ZMQ_POLLIN, 0},
+                                   {NULL, w->event_fd, ZMQ_POLLIN, 0},
+                                   {NULL, w->signal_fd, ZMQ_POLLIN, 0},
+                                   {w->monitor, 0, ZMQ_POLLIN, 0}};
+        uint64_t now = wk_now_ns();
+        long timeout = now >= next_hb ? 0 : (long)((next_hb - now) / 1000000u) + 1;
+        if (zmq_poll(items, 4, timeout) < 0) {
+            if (zmq_errno() == EINTR)
+                continue;
+            wk_error("zmq_poll: %s", zmq_strerror(zmq_errno()));
+            w->exit_code = 1;
+            break;
+        }
+        if (items[2].revents & ZMQ_POLLIN) {
+            struct signalfd_siginfo si;
+            if (read(w->signal_fd, &si, sizeof(si)) == (ssize_t)sizeof(si))
+                wk_info("%s received; stopping", strsignal((int)si.ssi_signo));
+            w->quit = true;
+            w->exit_code = 0;
+            break;
+        }
+        if (items[0].revents & ZMQ_POLLIN)
+            recv_all(w);
+        if (items[1].revents & ZMQ_POLLIN)
+            drain_events(w);
+        if (items[3].revents & ZMQ_POLLIN)
+            monitor_events(w);
+        now = wk_now_ns();
+        if (now >= next_hb && !w->quit) {
+            send_heartbeat(w);
+            next_hb = next_hb + HEARTBEAT_NS > now ? next_hb + HEARTBEAT_NS : now + HEARTBEAT_NS;
+        }
+    }
+    return w->exit_code;
+}
+
+void wk_worker_quiesce(wk_worker *w)
+{
+    /* Cancel everything first, so that lanes finish their batches quickly
+     * (a sleeping item wakes at once), then join them. */
+    pthread_mutex_lock(&w->lock);
+    atomic_store(&w->stopping, true);
+    size_t pos = 0;
+    uint64_t key;
+    void *val;
+    while (u64map_next(&w->requests, &pos, &key, &val)) {
+        wk_request *req = val;
+        for (wk_item *it = req->items, *nx; it; it = nx) {
+            nx = it->req_next;
+            if (it->state == WK_ITEM_QUEUED) {
+                wk_executor_dequeue(w, it);
+                if (it->chain)
+                    it->chain->pending = false;
+                wk_item_destroy(w, it);
+            } else {
+                wk_item_cancel(w, it);
+            }
+        }
+    }
+    pthread_mutex_unlock(&w->lock);
+    if (w->lanes)
+        wk_executor_stop(w);
+    /* Loads cannot be interrupted; wait for them, then take in their
+     * results (and every completion the lanes posted) without answering. */
+    for (wk_load *ld = w->loading; ld; ld = ld->next)
+        pthread_join(ld->thread, NULL);
+    while (w->loading) {
+        wk_load *ld = w->loading;
+        w->loading = ld->next;
+        if (ld->status == BATON_STATUS_OK)
+            ld->backend->model_unload(ld->handle);
+        /* Its event, still queued, must not be taken in again. */
+        ld->status = BATON_STATUS_CANCELLED;
+        ld->handle = NULL;
+    }
+    pthread_mutex_lock(&w->lock);
+    wk_event *ev = w->ev_head;
+    w->ev_head = w->ev_tail = NULL;
+    pthread_mutex_unlock(&w->lock);
+    while (ev) {
+        wk_event *nx = ev->next;
+        if (ev->kind == WK_EV_CHUNK)
+            on_chunk_event(w, ev);
+        else if (ev->kind == WK_EV_DONE)
+            on_done_event(w, ev->item);
+        else {
+            baton__v1__conductor_message__free_unpacked(ev->load->msg, NULL);
+            free(ev->load);
+        }
+        free(ev);
+        ev = nx;
+    }
+    pthread_mutex_lock(&w->lock);
+    pos = 0;
+    while (u64map_next(&w->requests, &pos, &key, &val))
+        request_finalize(w, val);
+    pthread_mutex_unlock(&w->lock);
+    wk_models_destroy(w);
+}

@@ -1,0 +1,43 @@
+/* baton-worker: the process that holds models and runs nodes (DESIGN.md
+ * section 7).  main_worker.c reads the command line and the config into
+ * wk_options; this module does everything else.
+ *
+ * One I/O thread (the caller of wk_worker_run) owns a ZeroMQ DEALER
+ * connected to the conductor's workers endpoint and answers every
+ * ConductorMessage as proto/baton.proto describes; an executor batches
+ * dispatches per (model, mode) and runs them on `streams` lane threads. */
+#ifndef BATON_WORKER_WORKER_H
+#define BATON_WORKER_WORKER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct wk_options {
+    const char *name;         /* worker name: ZMQ routing id, shm name, logs */
+    const char *run_id;       /* the conductor's run id, part of the shm name */
+    uint64_t incarnation;     /* high bits of every tensor id (restarts never reuse ids) */
+    const char *endpoint;     /* conductor's workers endpoint */
+    const char *device;       /* "cpu" */
+    uint64_t pool_bytes;      /* pool size */
+    uint32_t streams;         /* compute lanes (threads), >= 1 */
+    uint32_t threads;         /* CPU threads one kernel may use */
+    uint32_t index;           /* worker index until Peers says otherwise */
+} wk_options;
+
+typedef struct wk_worker wk_worker;
+
+/* Creates the pool segment, the socket and the lanes.  Returns 0, or -1 with
+ * the reason in ERR (nothing is left behind).  The strings of OPT must
+ * outlive the worker. */
+int wk_worker_create(const wk_options *opt, wk_worker **out, char *err, size_t errlen);
+
+/* Registers, then serves until Shutdown, SIGTERM or SIGINT.  Returns the
+ * process exit status (0 on an orderly stop).  SIGTERM and SIGINT must be
+ * blocked in every thread before wk_worker_create (they are read from a
+ * signalfd). */
+int wk_worker_run(wk_worker *w);
+
+/* Stops the lanes, unloads models, unlinks the segment.  NULL is a no-op. */
+void wk_worker_destroy(wk_worker *w);
+
+#endif
