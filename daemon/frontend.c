@@ -77,6 +77,26 @@ creq *front_find(conductor *c, const uint8_t *identity, size_t len, const char *
     return NULL;
 }
 
+/* The one in-flight request with this id on any connection, or NULL when
+ * there is none or several.  Lets an operator's `batonctl cancel ID` (its
+ * own connection) stop a request another client sent. */
+static creq *find_unique(conductor *c, const char *request_id)
+{
+    creq *found = NULL;
+    size_t pos = 0;
+    uint64_t key;
+    void *val;
+    while (u64map_next(&c->requests, &pos, &key, &val)) {
+        creq *r = val;
+        if (strcmp(r->request_id, request_id) != 0)
+            continue;
+        if (found)
+            return NULL;
+        found = r;
+    }
+    return found;
+}
+
 static void outmsg_free(outmsg *o)
 {
     for (size_t i = 0; i < o->n_bytes; i++)
@@ -567,9 +587,12 @@ static void handle_message(conductor *c, const uint8_t *id, size_t idlen,
         handle_infer(c, id, idlen, cm->infer);
         break;
     case BATON__V1__CLIENT_MESSAGE__MSG_CANCEL: {
-        creq *r = front_find(c, id, idlen, cm->cancel->request_id ? cm->cancel->request_id : "");
+        const char *rid = cm->cancel->request_id ? cm->cancel->request_id : "";
+        creq *r = front_find(c, id, idlen, rid);
         if (!r)
-            break; /* unknown: ignored */
+            r = find_unique(c, rid);
+        if (!r)
+            break; /* unknown (or ambiguous across connections): ignored */
         if (r->phase == REQ_PLACING) {
             front_end_placing(c, r, BT_CODE_CANCELLED, "cancelled by the client");
         } else if (r->phase == REQ_RUNNING) {

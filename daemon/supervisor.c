@@ -21,6 +21,8 @@
 #define RESTART_MAX_MS 30000     /* back-off ceiling */
 #define STABLE_MS 60000          /* up this long: back-off starts over */
 #define SILENT_MS 10000          /* no message this long: presumed hung */
+#define EXTERNAL_SILENT_MS 3000  /* an external worker (no pid to watch): three missed
+                                    heartbeats and it is lost */
 
 extern char **environ;
 
@@ -446,8 +448,19 @@ void sup_tick(conductor *c, uint64_t now_ms)
 {
     for (size_t i = 0; i < c->n_workers; i++) {
         cworker *w = &c->workers[i];
-        if (w->cfg->spawn != CFG_SPAWN_AUTO || c->stopping)
+        if (c->stopping)
             continue;
+        if (w->cfg->spawn == CFG_SPAWN_EXTERNAL) {
+            /* It is restarted by its own service manager and registers
+             * again; until then its requests must not wait for it. */
+            if ((w->state == CW_LOADING || w->state == CW_READY) &&
+                now_ms - w->last_seen_ms > EXTERNAL_SILENT_MS) {
+                sup_worker_lost(c, w, "no heartbeat from the external worker");
+                w->state = CW_STARTING;
+                w->restarts++;
+            }
+            continue;
+        }
         if (w->state == CW_DOWN && w->pid == 0 && w->restart_at_ms && now_ms >= w->restart_at_ms)
             sup_spawn(c, w);
         /* A worker that says nothing for long is hung: kill it, and the

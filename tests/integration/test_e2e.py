@@ -56,7 +56,7 @@ def as_i32(t):
 
 
 class Daemon:
-    def __init__(self, config_text, extra_env=None):
+    def __init__(self, config_text, extra_env=None, wait=True):
         self.dir = tempfile.mkdtemp(prefix="baton-e2e-")
         self.port = free_port()
         text = config_text.replace("/tmp/baton-e2e", self.dir)
@@ -71,6 +71,10 @@ class Daemon:
         self.proc = subprocess.Popen([os.path.join(BUILD, "batond"), "--config", self.config],
                                      stdout=self.log, stderr=subprocess.STDOUT, env=env)
         self.ctx = zmq.Context.instance()
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self):
         c = self.client()
         deadline = time.time() + 30
         while time.time() < deadline:
@@ -500,6 +504,90 @@ def test_sigterm_drain(config):
         d.stop()
 
 
+def test_external_worker(config):
+    """A `spawn: external` worker is started by someone else and connects in."""
+    text = config.replace("  - {name: cpu1, device: cpu, pool_mb: 64}",
+                          "  - {name: cpu1, device: cpu, pool_mb: 64, spawn: external}")
+    assert text != config
+    d = Daemon(text, wait=False)
+    worker = subprocess.Popen([os.path.join(BUILD, "baton-worker"), "--config", d.config,
+                               "--name", "cpu1", "--run-id", "ext%d" % os.getpid()],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        d.wait_ready()
+        c = d.client()
+        _, r = c.infer("hop", X(4, 5))
+        assert r.status.code == pb.OK, r.status
+        assert [t.worker for t in r.timings] == ["cpu0", "cpu1"]
+        # batond does not restart it; it notices the missed heartbeats.
+        worker.kill()
+        worker.wait()
+        deadline = time.time() + 8
+        while time.time() < deadline:
+            h = c.health(1)
+            if h is not None and not h.ready:
+                break
+            time.sleep(0.1)
+        assert h is not None and not h.ready, "external worker loss not noticed"
+        _, r = c.infer("hop", X(1))
+        assert r.status.code == pb.UNAVAILABLE, r.status
+        c.close()
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+        d.stop()
+
+
+def test_sd_notify(config):
+    """READY=1 once loaded, WATCHDOG=1 from the loop, STOPPING=1 on SIGTERM."""
+    path = os.path.join(tempfile.mkdtemp(prefix="baton-notify-"), "notify.sock")
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    s.bind(path)
+    s.settimeout(5)
+    d = Daemon(config, extra_env={"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "200000"})
+    got = []
+    try:
+        deadline = time.time() + 5
+        while time.time() < deadline and not ({"READY=1", "WATCHDOG=1"} <= set(got)):
+            got += s.recv(4096).decode().split("\n")
+        assert "READY=1" in got and "WATCHDOG=1" in got, got
+        d.proc.send_signal(signal.SIGTERM)
+        deadline = time.time() + 5
+        while time.time() < deadline and "STOPPING=1" not in got:
+            got += s.recv(4096).decode().split("\n")
+        assert "STOPPING=1" in got, got
+        assert d.proc.wait(timeout=10) == 0
+    finally:
+        d.stop()
+        s.close()
+        shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+
+
+def test_sighup_reload(config):
+    """SIGHUP applies new limits without a restart."""
+    d = Daemon(config)
+    c = d.client()
+    try:
+        with open(d.config) as f:
+            text = f.read()
+        with open(d.config, "w") as f:
+            f.write(text.replace("max_inflight: 64", "max_inflight: 1"))
+        d.proc.send_signal(signal.SIGHUP)
+        time.sleep(0.3)
+        a = c.request("slow", X(1))
+        b = c.request("slow", X(2))
+        codes = {}
+        while len(codes) < 2:
+            m = c.recv(10)
+            assert m is not None
+            if m.HasField("response"):
+                codes[m.response.request_id] = m.response.status.code
+        assert codes == {a: pb.OK, b: pb.RESOURCE_EXHAUSTED}, codes
+    finally:
+        c.close()
+        d.stop()
+
+
 def main():
     with open(os.path.join(ROOT, "tests/integration/configs/e2e.yaml")) as f:
         config = f.read()
@@ -523,14 +611,16 @@ def main():
                 c.close()
     finally:
         d.stop()
-    if not only or "test_sigterm_drain" in only:
+    for t in (test_sigterm_drain, test_sd_notify, test_sighup_reload, test_external_worker):
+        if only and t.__name__ not in only:
+            continue
         try:
-            test_sigterm_drain(config)
+            t(config)
             passed += 1
-            print("ok   test_sigterm_drain", flush=True)
+            print("ok   %s" % t.__name__, flush=True)
         except Exception:
             failed += 1
-            print("FAIL test_sigterm_drain\n%s" % traceback.format_exc(), flush=True)
+            print("FAIL %s\n%s" % (t.__name__, traceback.format_exc()), flush=True)
     shutil.rmtree(GEN, ignore_errors=True)
     print("e2e: %d passed, %d failed" % (passed, failed))
     return 1 if failed else 0
