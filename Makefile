@@ -180,3 +180,20 @@ clean:
 	rm -rf build
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+
+# Benchmarks (tests/bench/README.md): `make bench` builds every
+# tests/bench/bench_*.c program into $(BUILD)/bench/ and runs them one after
+# another; each prints a table and writes $(BUILD)/bench/NAME.json.  Not part
+# of `all` or `test`: benchmarks measure, they assert no time.
+BENCH_MAINS := $(filter-out tests/bench/bench_util.c,$(wildcard tests/bench/bench_*.c))
+BENCH_BINS := $(BENCH_MAINS:tests/bench/%.c=$(BUILD)/bench/%)
+BENCH_HELPER_OBJS := $(BUILD)/obj/tests/bench/bench_util.o
+
+$(BUILD)/bench/%: $(BUILD)/obj/tests/bench/%.o $(BENCH_HELPER_OBJS) $(LIB)
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+.PHONY: bench
+bench: $(PROGRAMS) $(BENCH_BINS)
+	@for b in $(BENCH_BINS); do BUILD=$(BUILD) $$b || exit 1; done

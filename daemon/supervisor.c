@@ -256,6 +256,13 @@ static void on_register(conductor *c, cworker *w, const Baton__V1__Register *rg)
             dst->cuda_ipc_handle.len = src->cuda_ipc_handle.len;
         }
     }
+    /* The segment to unlink when it dies: as registered (an external
+     * worker's name is not ours to derive). */
+    for (size_t k = 0; k < w->n_pools; k++)
+        if (w->pools[k].kind == BATON__V1__POOL_KIND__POOL_KIND_SHM && w->pools[k].shm_name[0]) {
+            snprintf(w->shm_name, sizeof(w->shm_name), "%s", w->pools[k].shm_name);
+            break;
+        }
     snprintf(w->hostname, sizeof(w->hostname), "%s", rg->hostname ? rg->hostname : "");
     w->pool_bytes = rg->pool_bytes;
     if (!w->pid && rg->pid && w->cfg->spawn == CFG_SPAWN_EXTERNAL)

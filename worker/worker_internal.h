@@ -288,7 +288,27 @@ void wk_event_push(wk_worker *w, wk_event *ev);
 /* Closes pending sessions and unloads every model; lanes are stopped. */
 void wk_models_destroy(wk_worker *w);
 
-/* --- chain.c and items (I/O thread) -------------------------------------- */
+/* --- ctx.c and inputs.c: one execution's view ---------------------------- */
+
+/* Fails IT with CODE and MESSAGE unless it failed already (the first error
+ * explains the rest). */
+void wk_item_fail(wk_item *it, baton_status code, const char *msg);
+/* A new slot of IT (its handle set), or NULL. */
+wk_slot *wk_slot_add(wk_item *it);
+/* Fills the slot's baton_tensor from its ref, with DATA as element 0. */
+void wk_slot_view(wk_slot *s, const void *data);
+/* The baton_ctx callbacks (include/baton/backend.h), bound to W. */
+void wk_ctx_init(baton_ctx *ctx, wk_worker *w);
+
+typedef struct wk_join_job wk_join_job;
+/* Allocates IT's input and output tables and resolves every input (see
+ * inputs.c); joins to copy are appended to *JOBS.  On failure the item is
+ * failed with a status naming the node and input.  [L] */
+void wk_item_prepare(wk_worker *w, wk_item *it, wk_join_job **jobs);
+/* Copies and frees the joins; runs without the lock. */
+void wk_join_jobs_run(wk_join_job *jobs);
+
+/* --- dispatch.c: items and run-ahead chains ------------------------------- */
 
 /* Creates the item for (DISP, iteration vector ITER of DEPTH) and queues
  * it.  OVERRIDES (per input, may be NULL) are copied. */

@@ -61,9 +61,11 @@ typedef struct bench_daemon {
 
 /* Starts O->batond on the config template TEMPLATE (a file name inside
  * O->configs) with every "/tmp/baton-bench" replaced by a fresh private
- * folder, and waits until its health says ready (30 s).  Returns 0, or -1
- * with the reason (and the daemon's log tail) on stderr. */
-int bench_daemon_start(bench_daemon *d, const bench_opts *o, const char *template_name);
+ * folder, and waits until its health says ready (30 s).  SUBST (NULL: none)
+ * holds more (from, to) string pairs to replace first, NULL-terminated.
+ * Returns 0, or -1 with the reason (and the daemon's log tail) on stderr. */
+int bench_daemon_start(bench_daemon *d, const bench_opts *o, const char *template_name,
+                       const char *const *subst);
 
 /* SIGTERM, wait (10 s, then SIGKILL), remove the private folder. */
 void bench_daemon_stop(bench_daemon *d);
@@ -85,6 +87,26 @@ void bench_rmtree(const char *dir);
 /* Waits until the server at ENDPOINT answers health with ready (TIMEOUT_MS).
  * Returns 0 or -1. */
 int bench_wait_ready(const char *endpoint, int timeout_ms);
+
+/* ---- where the CPU goes --------------------------------------------------- */
+
+/* CPU time and context switches of every thread of a process so far, read
+ * from /proc/PID/task/TID/schedstat (nanoseconds) and .../status. */
+typedef struct bench_cpu {
+    uint64_t cpu_ns;  /* on-CPU time, all threads */
+    uint64_t ctxsw;   /* voluntary + involuntary context switches, all threads */
+} bench_cpu;
+
+/* Reads PID's totals into *OUT (zeros when the process is gone). */
+void bench_cpu_read(pid_t pid, bench_cpu *out);
+
+/* The pids of PID's children, up to MAX (from /proc/N/stat); returns how
+ * many. */
+size_t bench_children(pid_t pid, pid_t *out, size_t max);
+
+/* The child of PID whose command line holds the argument NAME (a worker's
+ * config name follows --name), or 0. */
+pid_t bench_child_named(pid_t pid, const char *name);
 
 /* ---- reports -------------------------------------------------------------- */
 

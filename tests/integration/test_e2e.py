@@ -531,6 +531,8 @@ def test_external_worker(config):
         assert h is not None and not h.ready, "external worker loss not noticed"
         _, r = c.infer("hop", X(1))
         assert r.status.code == pb.UNAVAILABLE, r.status
+        left = [f for f in os.listdir("/dev/shm") if f.startswith("baton-ext%d-" % os.getpid())]
+        assert not left, left  # the conductor unlinked the dead worker's pool
         c.close()
     finally:
         if worker.poll() is None:

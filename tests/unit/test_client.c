@@ -78,6 +78,9 @@ static void server_free(server *s)
     zmq_msg_close(&s->peer);
     zmq_close(s->router);
     zmq_ctx_term(s->ctx);
+    /* The ipc socket file outlives the ROUTER: remove it. */
+    if (strncmp(s->endpoint, "ipc://", 6) == 0)
+        unlink(s->endpoint + 6);
     free(s);
 }
 

@@ -85,10 +85,15 @@ static const char *worker_path(char *buf, size_t len)
     return buf;
 }
 
+/* The conductor of the running test, so that the teardown cleans up after
+ * a failed assertion (which leaves the test function by longjmp). */
+static conductor *live;
+
 /* Starts N_WORKERS workers, cpu0 and cpu1, of one config. */
 static void c_start(conductor *c, const char *run_tag, int n_workers)
 {
     memset(c, 0, sizeof(*c));
+    live = c;
     snprintf(c->run_id, sizeof(c->run_id), "t%d%s", (int)getpid(), run_tag);
     snprintf(c->sock_path, sizeof(c->sock_path), "/tmp/baton-wtest-%s.sock", c->run_id);
     snprintf(c->endpoint, sizeof(c->endpoint), "ipc://%s", c->sock_path);
@@ -146,6 +151,7 @@ static int c_wait_exit(conductor *c, int i, int timeout_ms)
 
 static void c_stop(conductor *c)
 {
+    live = NULL;
     for (int i = 0; i < c->n_w; i++) {
         if (c->w[i].pid > 0) {
             kill(c->w[i].pid, SIGKILL);
@@ -498,7 +504,7 @@ static void handshake(conductor *c)
 static void test_conductor_session(void **state)
 {
     (void)state;
-    conductor c;
+    static conductor c; /* static: the teardown uses it after a failure */
     c_start(&c, "a", 1);
     handshake(&c);
 
@@ -735,7 +741,7 @@ static void test_conductor_session(void **state)
 static void test_drop_and_sigterm(void **state)
 {
     (void)state;
-    conductor c;
+    static conductor c; /* static: the teardown uses it after a failure */
     c_start(&c, "b", 1);
     handshake(&c);
     load_ok(&c, "zz", "sleep", "ms", "100");
@@ -771,6 +777,32 @@ static void test_drop_and_sigterm(void **state)
     send_dispatch(&c, &dd);
     done = expect_done(&c, 2, 1, BATON__V1__CODE__DEADLINE_EXCEEDED);
     assert_true(done->exec_us < 5000000);
+
+    /* A Put larger than the pool (16 MiB): RESOURCE_EXHAUSTED, no ref. */
+    int64_t big_n = 5 << 20;
+    int32_t *big = calloc((size_t)big_n, 4);
+    Baton__V1__Tensor bt = BATON__V1__TENSOR__INIT;
+    bt.dtype = BATON__V1__DTYPE__I32;
+    bt.n_dims = 1;
+    bt.dims = &big_n;
+    bt.data.data = (uint8_t *)big;
+    bt.data.len = (size_t)big_n * 4;
+    Baton__V1__Put bp = BATON__V1__PUT__INIT;
+    bp.request_key = 3;
+    bp.put_id = 77;
+    bp.value = &bt;
+    send_simple(&c, BATON__V1__CONDUCTOR_MESSAGE__MSG_PUT, &bp);
+    free(big);
+    Baton__V1__Placed *pl = c_expect(&c, BATON__V1__WORKER_MESSAGE__MSG_PLACED, 5000)->placed;
+    assert_int_equal(pl->put_id, 77);
+    assert_int_equal(pl->status->code, BATON__V1__CODE__RESOURCE_EXHAUSTED);
+    assert_null(pl->ref);
+    /* Bytes that do not match the shape: INVALID_ARGUMENT. */
+    bt.data.len = 3;
+    bt.data.data = (uint8_t *)"abc";
+    send_simple(&c, BATON__V1__CONDUCTOR_MESSAGE__MSG_PUT, &bp);
+    pl = c_expect(&c, BATON__V1__WORKER_MESSAGE__MSG_PLACED, 5000)->placed;
+    assert_int_equal(pl->status->code, BATON__V1__CODE__INVALID_ARGUMENT);
 
     kill(c.w[0].pid, SIGTERM);
     assert_int_equal(c_wait_exit(&c, 0, 3000), 0);
@@ -813,7 +845,7 @@ static void send_peers_to_1(conductor *c, bool cpu0_up, uint64_t cpu0_incarnatio
 static void test_peers(void **state)
 {
     (void)state;
-    conductor c;
+    static conductor c; /* static: the teardown uses it after a failure */
     c_start(&c, "p", 2);
     handshake(&c);
     c.to = 1;
@@ -889,12 +921,22 @@ static void test_peers(void **state)
     c_stop(&c);
 }
 
+/* Kills the workers and removes their segments and files when a test
+ * failed half-way. */
+static int teardown(void **state)
+{
+    (void)state;
+    if (live)
+        c_stop(live);
+    return 0;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_conductor_session),
-        cmocka_unit_test(test_drop_and_sigterm),
-        cmocka_unit_test(test_peers),
+        cmocka_unit_test_teardown(test_conductor_session, teardown),
+        cmocka_unit_test_teardown(test_drop_and_sigterm, teardown),
+        cmocka_unit_test_teardown(test_peers, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,264 @@
+/* Decode loop speculation: loop iterations per second of a no-op decode
+ * step, with a speculation window of 8 against none.
+ *
+ * The graph (configs/decode-spec*.yaml): start (echo) → loop of max_iters
+ * 512 around one `async` counter node that feeds its `state` back to itself
+ * and streams `tok` (its iteration) to the client.  Without a window every
+ * iteration is a conductor→worker→conductor round trip: the conductor sees
+ * iteration i complete, then dispatches i+1.  With one, the worker chains
+ * i+1 itself as soon as i is done and the conductor only follows (DESIGN.md
+ * section 4.4), so an iteration costs the worker's own turn-around.
+ *
+ * Two daemons, identical but for speculation_window (8 and 0), run side by
+ * side; their runs are interleaved so both see the same machine.  Three
+ * more, with windows of 16, 32 and 64, are diagnostic rows: they show what
+ * bounds the rate at 8 (a window that is used up before the conductor's
+ * extension comes back is a wait; README.md).  Every run
+ * checks what it measures: the streamed tokens must be exactly 0..N-1, in
+ * order, with seq 0..N-1, then one OK response. */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "baton/client.h"
+#include "tests/bench/bench_util.h"
+
+#define ITERS 512        /* the loop's max_iters in the configs */
+#define RUNS 11          /* single-request runs per daemon; the median is reported */
+#define CONC 4           /* requests in flight in the concurrent runs */
+#define CONC_RUNS 5      /* concurrent runs per daemon */
+
+typedef struct mode {
+    const char *label;     /* row name */
+    const char *key;       /* JSON key */
+    const char *config;    /* config template */
+    const char *subst[3];  /* a replacement in it (the window), NULL-terminated */
+    int window;            /* its speculation_window */
+    bool diagnostic;       /* a row that explains, not one the target is judged on */
+    bench_daemon d;
+    baton_client *client;
+    pid_t worker;          /* the daemon's worker (CPU accounting) */
+    double single[RUNS];   /* iterations per second, one request */
+    double first_ms[RUNS]; /* send to first token, ms */
+    double conc[CONC_RUNS]; /* iterations per second, CONC requests together */
+    double cpu_cond[RUNS], cpu_work[RUNS]; /* CPU us per iteration, one request */
+} mode;
+
+/* One request's stream state while it runs. */
+typedef struct stream {
+    char id[16];
+    uint64_t next;  /* the seq (and token) expected next */
+    bool done;
+} stream;
+
+static int find_stream(stream *s, int n, const char *id)
+{
+    for (int i = 0; i < n; i++)
+        if (!strcmp(s[i].id, id))
+            return i;
+    return -1;
+}
+
+/* Runs N requests together on M's handle until each has its response;
+ * checks every token.  Returns the wall time in us, or -1 on a wrong answer;
+ * *FIRST_US gets the time to the first token of any request. */
+static double run_requests(mode *m, int n, double *first_us)
+{
+    stream st[CONC];
+    baton_client_request *reqs[CONC] = {0};
+    double t0 = 0, elapsed = -1;
+    static const int32_t x[1] = {0};
+    int64_t dims[1] = {1};
+    for (int i = 0; i < n; i++) {
+        snprintf(st[i].id, sizeof(st[i].id), "d%d", i);
+        st[i].next = 0;
+        st[i].done = false;
+        if (baton_client_request_create("decode", st[i].id, &reqs[i]) != 0 ||
+            baton_client_request_add_input(reqs[i], "x", BATON_CLIENT_DTYPE_I32, dims, 1, x,
+                                           sizeof(x)) != 0)
+            goto out;
+        baton_client_request_set_stream(reqs[i], true);
+    }
+    *first_us = 0;
+    t0 = bench_now_us();
+    for (int i = 0; i < n; i++)
+        if (baton_client_send(m->client, reqs[i]) != 0)
+            goto out;
+    for (int left = n; left > 0;) {
+        baton_client_event *ev = NULL;
+        int rc = baton_client_recv(m->client, 30000, &ev);
+        if (rc == BATON_CLIENT_EINTR)
+            continue;
+        if (rc != 0) {
+            fprintf(stderr, "decode (%s): recv: %s\n", m->label, baton_client_strerror(rc));
+            goto out;
+        }
+        int k = ev->request_id ? find_stream(st, n, ev->request_id) : -1;
+        bool bad = k < 0;
+        if (!bad && ev->kind == BATON_CLIENT_EVENT_CHUNK) {
+            const baton_client_tensor *v = &ev->value;
+            int32_t tok = -1;
+            if (v->dtype == BATON_CLIENT_DTYPE_I32 && v->nbytes == 4)
+                memcpy(&tok, v->data, 4);
+            if (!*first_us)
+                *first_us = bench_now_us() - t0;
+            if (st[k].done || ev->seq != st[k].next || tok != (int32_t)st[k].next) {
+                fprintf(stderr, "decode (%s): request %s: chunk seq %" PRIu64 " token %d, "
+                        "expected %" PRIu64 "\n", m->label, st[k].id, ev->seq, tok, st[k].next);
+                bad = true;
+            }
+            st[k].next++;
+        } else if (!bad && ev->kind == BATON_CLIENT_EVENT_RESPONSE) {
+            if (ev->code != BATON_CLIENT_CODE_OK || st[k].next != ITERS || st[k].done) {
+                fprintf(stderr, "decode (%s): request %s ended %s (%s) after %" PRIu64
+                        " tokens, expected OK after %d\n", m->label, st[k].id,
+                        baton_client_code_name((int)ev->code), ev->message, st[k].next, ITERS);
+                bad = true;
+            }
+            st[k].done = true;
+            left--;
+        }
+        baton_client_event_free(ev);
+        if (bad)
+            goto out;
+    }
+    elapsed = bench_now_us() - t0;
+out:
+    for (int i = 0; i < n; i++)
+        baton_client_request_destroy(reqs[i]);
+    return elapsed;
+}
+
+static double med(const double *v, int n)
+{
+    return bench_median(v, (size_t)n);
+}
+
+static void json_runs(FILE *f, const char *name, const double *v, int n)
+{
+    fprintf(f, "\"%s\": [", name);
+    for (int i = 0; i < n; i++)
+        fprintf(f, "%s%.1f", i ? ", " : "", v[i]);
+    fprintf(f, "]");
+}
+
+#define N_MODES 5
+
+int main(int argc, char **argv)
+{
+    bench_opts o;
+    bench_opts_parse(&o, "decode", argc, argv);
+    int runs = o.quick ? 2 : RUNS, conc_runs = o.quick ? 1 : CONC_RUNS;
+    mode md[N_MODES] = {
+        {.label = "speculation_window: 8", .key = "window_8", .config = "decode-spec8.yaml",
+         .window = 8},
+        {.label = "speculation_window: 0", .key = "window_0", .config = "decode-spec0.yaml",
+         .window = 0},
+        {.label = "  (diagnostic) window 16", .key = "window_16", .config = "decode-spec8.yaml",
+         .subst = {"speculation_window: 8", "speculation_window: 16"}, .window = 16,
+         .diagnostic = true},
+        {.label = "  (diagnostic) window 32", .key = "window_32", .config = "decode-spec8.yaml",
+         .subst = {"speculation_window: 8", "speculation_window: 32"}, .window = 32,
+         .diagnostic = true},
+        {.label = "  (diagnostic) window 64", .key = "window_64", .config = "decode-spec8.yaml",
+         .subst = {"speculation_window: 8", "speculation_window: 64"}, .window = 64,
+         .diagnostic = true},
+    };
+    int rc = 1;
+    for (int i = 0; i < N_MODES; i++) {
+        if (bench_daemon_start(&md[i].d, &o, md[i].config, md[i].subst) != 0 ||
+            baton_client_create(md[i].d.endpoint, &md[i].client) != 0)
+            goto out;
+        pid_t kids[4];
+        md[i].worker = bench_children(md[i].d.pid, kids, 4) ? kids[0] : 0;
+    }
+    /* One unmeasured request each: first-use costs (page faults, lazily
+     * built tables) stay out of the numbers. */
+    for (int i = 0; i < N_MODES; i++) {
+        double first;
+        if (run_requests(&md[i], 1, &first) < 0)
+            goto out;
+    }
+    fprintf(stderr, "decode: %d single-request runs and %d runs of %d requests per window...\n",
+            runs, conc_runs, CONC);
+    for (int r = 0; r < runs; r++)
+        for (int i = 0; i < N_MODES; i++) {
+            bench_cpu c0, c1, w0, w1;
+            bench_cpu_read(md[i].d.pid, &c0);
+            bench_cpu_read(md[i].worker, &w0);
+            double first, us = run_requests(&md[i], 1, &first);
+            if (us < 0)
+                goto out;
+            bench_cpu_read(md[i].d.pid, &c1);
+            bench_cpu_read(md[i].worker, &w1);
+            md[i].single[r] = ITERS / (us / 1e6);
+            md[i].first_ms[r] = first / 1e3;
+            md[i].cpu_cond[r] = (double)(c1.cpu_ns - c0.cpu_ns) / 1e3 / ITERS;
+            md[i].cpu_work[r] = (double)(w1.cpu_ns - w0.cpu_ns) / 1e3 / ITERS;
+        }
+    for (int r = 0; r < conc_runs; r++)
+        for (int i = 0; i < N_MODES; i++) {
+            double first, us = run_requests(&md[i], CONC, &first);
+            if (us < 0)
+                goto out;
+            md[i].conc[r] = CONC * ITERS / (us / 1e6);
+        }
+
+    char machine[512];
+    bench_machine_line(machine, sizeof(machine));
+    double ratio = med(md[0].single, runs) / med(md[1].single, runs);
+    double cratio = med(md[0].conc, conc_runs) / med(md[1].conc, conc_runs);
+    printf("\n== Decode loop speculation (%s)\n", machine);
+    printf("start (echo) -> loop of %d iterations of one async no-op counter node streaming its "
+           "token;\none CPU worker; every token checked (0..%d in order); medians of %d runs "
+           "(single) and %d (x%d)\n\n",
+           ITERS, ITERS - 1, runs, conc_runs, CONC);
+    printf("%-26s %11s %8s %8s %14s %9s %9s\n", "", "iters/s", "us/iter", "vs 0",
+           "iters/s x4 req", "conductor", "worker");
+    printf("%-26s %11s %8s %8s %14s %9s %9s\n", "", "(1 request)", "", "", "(aggregate)",
+           "CPU us/it", "CPU us/it");
+    for (int i = 0; i < N_MODES; i++)
+        printf("%-26s %11.0f %8.1f %7.1fx %14.0f %9.1f %9.1f\n", md[i].label,
+               med(md[i].single, runs), 1e6 / med(md[i].single, runs),
+               med(md[i].single, runs) / med(md[1].single, runs), med(md[i].conc, conc_runs),
+               med(md[i].cpu_cond, runs), med(md[i].cpu_work, runs));
+    printf("\nwindow 8 / window 0: %.1fx with one request (target >= 10x: %s), %.1fx with %d "
+           "requests\n(CPU us/it: CPU time of the process, all threads, per iteration of the "
+           "single-request runs)\n",
+           ratio, ratio >= 10 ? "met" : "MISSED", cratio, CONC);
+
+    FILE *f = bench_json_open(&o);
+    if (f) {
+        fprintf(f, "{\n  \"benchmark\": \"decode\",\n  ");
+        bench_json_machine(f);
+        fprintf(f, ",\n  \"params\": {\"iterations\": %d, \"runs\": %d, \"concurrent\": %d, "
+                "\"concurrent_runs\": %d},\n  \"modes\": {\n", ITERS, runs, CONC, conc_runs);
+        for (int i = 0; i < N_MODES; i++) {
+            mode *m = &md[i];
+            fprintf(f, "    \"%s\": {\"speculation_window\": %d, \"diagnostic\": %s, "
+                    "\"iters_per_s\": %.0f, \"us_per_iter\": %.2f, \"first_token_ms\": %.3f, "
+                    "\"iters_per_s_x%d\": %.0f, \"conductor_cpu_us_per_iter\": %.2f, "
+                    "\"worker_cpu_us_per_iter\": %.2f,\n      \"runs\": {",
+                    m->key, m->window, m->diagnostic ? "true" : "false", med(m->single, runs),
+                    1e6 / med(m->single, runs), med(m->first_ms, runs), CONC,
+                    med(m->conc, conc_runs), med(m->cpu_cond, runs), med(m->cpu_work, runs));
+            json_runs(f, "iters_per_s", m->single, runs);
+            fprintf(f, ", ");
+            json_runs(f, "iters_per_s_concurrent", m->conc, conc_runs);
+            fprintf(f, "}}%s\n", i + 1 < N_MODES ? "," : "");
+        }
+        fprintf(f, "  },\n  \"ratio\": {\"single\": %.2f, \"concurrent\": %.2f},\n"
+                "  \"goal\": {\"ratio_min\": 10, \"met\": %s},\n  \"tokens_checked\": true\n}\n",
+                ratio, cratio, ratio >= 10 ? "true" : "false");
+        fclose(f);
+        printf("wrote %s\n", o.json);
+    }
+    rc = 0;
+out:
+    for (int i = 0; i < N_MODES; i++) {
+        baton_client_destroy(md[i].client);
+        bench_daemon_stop(&md[i].d);
+    }
+    return rc;
+}

@@ -1,0 +1,211 @@
+/* The baton_ctx a backend calls back into during execute(): allocation in
+ * the pool, outputs (by value or by reference), stream chunks, finish,
+ * errors, and cancellation.
+ *
+ * Everything a backend hands back is one of the item's *slots*: a tensor
+ * the item reads (an input) or made (alloc, join).  A baton_tensor's handle
+ * is its slot index + 1, which is how set_output tells "the input itself"
+ * (a pass-through by reference) from a new tensor. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "worker/join.h"
+#include "worker/worker_internal.h"
+
+static wk_worker *ctx_worker(baton_ctx *ctx)
+{
+    return ctx->impl;
+}
+
+void wk_item_fail(wk_item *it, baton_status code, const char *msg)
+{
+    if (it->status != BATON_STATUS_OK)
+        return; /* the first error is the one that explains the others */
+    it->status = code ? code : BATON_STATUS_UNKNOWN;
+    free(it->message);
+    it->message = strdup(msg ? msg : "");
+}
+
+wk_slot *wk_slot_add(wk_item *it)
+{
+    if (it->n_slots == it->cap_slots) {
+        size_t cap = it->cap_slots ? 2 * it->cap_slots : 8;
+        wk_slot **s = realloc(it->slots, cap * sizeof(*s));
+        if (!s)
+            return NULL;
+        it->slots = s;
+        it->cap_slots = cap;
+    }
+    wk_slot *s = calloc(1, sizeof(*s));
+    if (!s)
+        return NULL;
+    it->slots[it->n_slots++] = s;
+    s->t.handle = it->n_slots;
+    return s;
+}
+
+/* The slot behind a tensor the backend hands back, or NULL. */
+static wk_slot *slot_of(wk_item *it, const baton_tensor *t)
+{
+    if (!t || t->handle == 0 || t->handle > it->n_slots)
+        return NULL;
+    wk_slot *s = it->slots[t->handle - 1];
+    return &s->t == t || s->t.data == t->data ? s : NULL;
+}
+
+void wk_slot_view(wk_slot *s, const void *data)
+{
+    s->t.dtype = s->ref.dtype;
+    s->t.ndim = s->ref.ndim;
+    memcpy(s->t.dims, s->ref.dims, sizeof(s->t.dims));
+    s->t.data = (void *)data;
+    s->t.nbytes = s->ref.nbytes;
+}
+
+static baton_tensor *ctx_alloc(baton_ctx *ctx, baton_item *item, baton_dtype dtype,
+                               uint32_t ndim, const int64_t *dims)
+{
+    wk_worker *w = ctx_worker(ctx);
+    wk_item *it = (wk_item *)item;
+    char msg[256];
+    if (ndim > BATON_MAX_DIMS || wk_tensor_bytes(dtype, ndim, dims) == UINT64_MAX) {
+        snprintf(msg, sizeof(msg), "node '%s': backend asked for an invalid tensor shape",
+                 item->node_name);
+        wk_item_fail(it, BATON_STATUS_INTERNAL, msg);
+        return NULL;
+    }
+    wk_slot *s = wk_slot_add(it);
+    if (!s) {
+        wk_item_fail(it, BATON_STATUS_RESOURCE_EXHAUSTED, "out of host memory");
+        return NULL;
+    }
+    pthread_mutex_lock(&w->lock);
+    wk_tensor *t = wk_tensor_new(w, it->req, dtype, ndim, dims, true);
+    wk_pool_stats st;
+    if (!t)
+        wk_pool_get_stats(w->pool, &st);
+    pthread_mutex_unlock(&w->lock);
+    if (!t) {
+        snprintf(msg, sizeof(msg), "node '%s': the pool of worker %s is full (%llu bytes asked, "
+                 "largest free block %llu)", item->node_name, w->opt.name,
+                 (unsigned long long)wk_tensor_bytes(dtype, ndim, dims),
+                 (unsigned long long)st.largest_free);
+        wk_item_fail(it, BATON_STATUS_RESOURCE_EXHAUSTED, msg);
+        it->n_slots--;
+        free(s);
+        return NULL;
+    }
+    s->own = t;
+    s->ref = t->ref;
+    s->created = true;
+    wk_slot_view(s, wk_tensor_data(w, t));
+    return &s->t;
+}
+
+static int ctx_emit_chunk(baton_ctx *ctx, baton_item *item, uint32_t output,
+                          const baton_tensor *tensor, int final)
+{
+    wk_worker *w = ctx_worker(ctx);
+    wk_item *it = (wk_item *)item;
+    if (output >= item->n_outputs || !item->outputs[output].stream || it->stream_closed[output])
+        return -1;
+    wk_slot *s = NULL;
+    if (tensor && !(s = slot_of(it, tensor)))
+        return -1;
+    if (!tensor && !final)
+        return -1;
+    wk_event *ev = calloc(1, sizeof(*ev));
+    if (!ev)
+        return -1;
+    ev->kind = WK_EV_CHUNK;
+    ev->item = it;
+    ev->output = output;
+    ev->final = final != 0;
+    ev->index = it->chunk_next[output]++;
+    if (s) {
+        ev->has_ref = true;
+        ev->ref = s->ref;
+        ev->created = s->created;
+        s->chunked = true;
+    }
+    if (final)
+        it->stream_closed[output] = true;
+    pthread_mutex_lock(&w->lock);
+    wk_event_push(w, ev);
+    pthread_mutex_unlock(&w->lock);
+    return 0;
+}
+
+static int ctx_set_output(baton_ctx *ctx, baton_item *item, uint32_t output,
+                          const baton_tensor *tensor)
+{
+    wk_item *it = (wk_item *)item;
+    if (output >= item->n_outputs)
+        return -1;
+    if (item->outputs[output].stream)
+        return ctx_emit_chunk(ctx, item, output, tensor, 1);
+    wk_slot *s = slot_of(it, tensor);
+    if (!s)
+        return -1;
+    it->results[output] = (wk_result){.set = true, .created = s->created, .ref = s->ref};
+    return 0;
+}
+
+static int ctx_forward(baton_ctx *ctx, baton_item *item, uint32_t output, uint32_t input)
+{
+    if (input >= item->n_inputs)
+        return -1;
+    return ctx_set_output(ctx, item, output, &item->inputs[input].tensor);
+}
+
+static void ctx_finish(baton_ctx *ctx, baton_item *item)
+{
+    (void)ctx;
+    ((wk_item *)item)->finish = true;
+}
+
+static void ctx_fail(baton_ctx *ctx, baton_item *item, baton_status code, const char *message)
+{
+    (void)ctx;
+    wk_item_fail((wk_item *)item, code, message);
+}
+
+static baton_status item_cancelled(wk_worker *w, const wk_item *it, uint64_t now)
+{
+    if (atomic_load(&it->cancelled) || atomic_load(&w->stopping))
+        return BATON_STATUS_CANCELLED;
+    if (it->deadline_ns && now >= it->deadline_ns)
+        return BATON_STATUS_DEADLINE_EXCEEDED;
+    return BATON_STATUS_OK;
+}
+
+static baton_status ctx_cancelled(baton_ctx *ctx, const baton_item *item)
+{
+    return item_cancelled(ctx_worker(ctx), (const wk_item *)item, wk_now_ns());
+}
+
+static baton_status ctx_sleep_ms(baton_ctx *ctx, const baton_item *item, uint32_t ms)
+{
+    wk_worker *w = ctx_worker(ctx);
+    const wk_item *it = (const wk_item *)item;
+    uint64_t end = wk_now_ns() + (uint64_t)ms * 1000000u;
+    if (it->deadline_ns && it->deadline_ns < end)
+        end = it->deadline_ns;
+    struct timespec ts = {(time_t)(end / 1000000000u), (long)(end % 1000000000u)};
+    baton_status st;
+    pthread_mutex_lock(&w->lock);
+    /* wk_item_cancel broadcasts `wake` under the lock, so a cancel cannot
+     * slip in between the check and the wait. */
+    while ((st = item_cancelled(w, it, wk_now_ns())) == BATON_STATUS_OK && wk_now_ns() < end)
+        pthread_cond_timedwait(&w->wake, &w->lock, &ts);
+    pthread_mutex_unlock(&w->lock);
+    return st;
+}
+
+void wk_ctx_init(baton_ctx *ctx, wk_worker *w)
+{
+    *ctx = (baton_ctx){ctx_alloc,  ctx_set_output, ctx_forward,  ctx_emit_chunk, ctx_finish,
+                       ctx_fail,   ctx_cancelled,  ctx_sleep_ms, w->opt.threads, w};
+}
