@@ -4,6 +4,8 @@
 #ifndef BATON_DAEMON_RUNTIME_INTERNAL_H
 #define BATON_DAEMON_RUNTIME_INTERNAL_H
 
+#include <stdlib.h>
+
 #include "common/u64map.h"
 #include "daemon/runtime.h"
 
@@ -171,12 +173,23 @@ void rt__end(rt_runtime *rt, rt_request *r, bt_code code, const char *fmt, ...)
 void rt__replay_push(rt_runtime *rt, const rt_request *r, int node, const rt_iter *it);
 bool rt__iter_eq(const rt_iter *a, const rt_iter *b);
 
-/* registry.c */
+static inline void tvec_free(tvec *v)
+{
+    free(v->t);
+    v->t = NULL;
+    v->n = v->cap = 0;
+}
+
+/* registry.c: slots, bindings, delivery, readiness, dispatch */
+bool reg_prefix_eq(const rt_iter *a, const rt_iter *b, uint32_t n);
+void reg_slot_remove(rt_runtime *rt, rt_request *r, int node, slot *s);
+bool reg_in_window(const rt_request *r, int node, const rt_iter *v);
 void reg_current_iter(const rt_request *r, int entity, rt_iter *out);
 void reg_try_dispatch(rt_runtime *rt, rt_request *r, int node, const rt_iter *v);
 void reg_try_dispatch_range(rt_runtime *rt, rt_request *r, int first, int last);
 void reg_emit(rt_runtime *rt, rt_request *r, int value, const rt_iter *p, rt_tensor t,
               bool final);
+/* progress.c: completions, loops, speculation windows, the end */
 void reg_node_done(rt_runtime *rt, rt_request *r, int node, const rt_iter *v,
                    const rt_value_out *outs, size_t n_outs, bool finish);
 void reg_node_chunk(rt_runtime *rt, rt_request *r, int node, const rt_iter *v, int value,
