@@ -17,7 +17,7 @@ NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/de
 CUDA ?= $(if $(NVCC),1,0)
 CUDA_ARCH ?= sm_90
 
-PKGS := libzmq libprotobuf-c yaml-0.1 libsystemd
+PKGS := libzmq libprotobuf-c yaml-0.1 libsystemd openblas
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 CMOCKA_LIBS := $(shell pkg-config --libs cmocka 2>/dev/null || echo -lcmocka)
@@ -55,6 +55,12 @@ ifneq ($(CU_SRCS),)
 CFLAGS += -DBATON_CUDA=1 -I$(CUDA_HOME)/include
 LDLIBS += -L$(CUDA_HOME)/lib64 -lcudart -lcublas -Wl,-rpath,$(CUDA_HOME)/lib64
 endif
+
+# Kernels and executable graphs (issue 4): every kernels/*.c and
+# kernels/cpu/*.c in one archive that the worker and the tests link.
+KERNEL_SRCS := $(wildcard kernels/*.c kernels/cpu/*.c)
+KERNEL_OBJS := $(KERNEL_SRCS:%.c=$(BUILD)/obj/%.o)
+KERNEL_LIB := $(BUILD)/libbaton_kernels.a
 
 BATOND := $(BUILD)/batond
 
@@ -134,12 +140,17 @@ $(PY_PB2): proto/baton.proto
 # tests/integration/test_batonctl.sh drives the Python client too.
 integration: $(PY_PB2)
 
+$(KERNEL_LIB): $(KERNEL_OBJS)
+	@rm -f $@
+	@echo "  AR      $@"
+	$(Q)ar rcs $@ $(KERNEL_OBJS)
+
 $(WORKER_LIB): $(WORKER_OBJS)
 	@rm -f $@
 	@echo "  AR      $@"
 	$(Q)ar rcs $@ $^
 
-$(WORKER): $(BUILD)/obj/worker/main_worker.o $(WORKER_LIB) $(LIB) $(CU_LIB)
+$(WORKER): $(BUILD)/obj/worker/main_worker.o $(WORKER_LIB) $(KERNEL_LIB) $(LIB) $(CU_LIB)
 	@echo "  LD      $@"
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) -ldl $(JEMALLOC_LIBS)
 
@@ -150,7 +161,7 @@ $(PLUGIN_EXAMPLE): tests/unit/plugin/example.c include/baton/backend.h
 
 # Every unit test links the worker archive; the worker and the example
 # plugin are built first because tests start and dlopen them.
-$(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(UNIT_HELPER_OBJS) $(WORKER_LIB) $(LIB) $(CU_LIB) | $(WORKER) $(PLUGIN_EXAMPLE)
+$(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(UNIT_HELPER_OBJS) $(WORKER_LIB) $(KERNEL_LIB) $(LIB) $(CU_LIB) | $(WORKER) $(PLUGIN_EXAMPLE)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) -ldl $(CMOCKA_LIBS)

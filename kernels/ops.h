@@ -1,0 +1,63 @@
+/* The ops a Llama-family decoder and a small flow/diffusion network need
+ * (issue 4), as one enum shared by the kernels (kernels/cpu/, kernels/cuda/),
+ * the executable-graph IR (kernels/graph.h) and the cost model of the
+ * multi-stream scheduler (kernels/sched.h).
+ *
+ * Element types: the tensor dtypes of the wire protocol plus the GGUF block
+ * quantizations the quantized matrix-vector products read. */
+#ifndef BATON_KERNELS_OPS_H
+#define BATON_KERNELS_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum kdtype {
+    KD_F32 = 1,   /* numbers equal proto DType */
+    KD_F16 = 2,
+    KD_BF16 = 3,
+    KD_I32 = 4,
+    KD_I64 = 5,
+    KD_U8 = 6,
+    KD_BOOL = 7,
+    KD_Q8_0 = 32, /* GGUF: blocks of 32, one f16 scale + 32 int8 (34 bytes) */
+    KD_Q4_0 = 33, /* GGUF: blocks of 32, one f16 scale + 16 bytes of nibbles (18 bytes) */
+    KD_Q4_1 = 34  /* GGUF: blocks of 32, f16 scale + f16 min + 16 bytes (20 bytes) */
+} kdtype;
+
+/* Bytes for N elements of T (N a multiple of 32 for the block types). */
+size_t kdtype_bytes(kdtype t, size_t n);
+const char *kdtype_name(kdtype t);
+
+typedef enum kop {
+    KOP_EMBED = 0,        /* rows of a table by token id */
+    KOP_MATMUL,           /* batched C = A x B^T (weights row-major [out, in]) */
+    KOP_QMATVEC,          /* y = W x with W in Q8_0/Q4_0/Q4_1, dequantized on the fly */
+    KOP_ADD,
+    KOP_MUL,
+    KOP_SILU,
+    KOP_GELU,
+    KOP_RMSNORM,
+    KOP_LAYERNORM,
+    KOP_ROPE,
+    KOP_ATTN_PREFILL,     /* causal, grouped-query, writes the KV cache */
+    KOP_ATTN_DECODE,      /* one query per sequence, sequences of different lengths */
+    KOP_SOFTMAX,
+    KOP_ARGMAX,
+    KOP_SAMPLE,           /* temperature, top-k, top-p with a counter-based RNG */
+    KOP_CAST,             /* f32 <-> f16 <-> bf16 */
+    KOP_ALLREDUCE,        /* sum over ranks (NCCL on GPU; identity at one rank) */
+    KOP_MATMUL_ALLREDUCE, /* fused compute + collective: holds both resources */
+    KOP_COUNT
+} kop;
+
+/* What hardware an op occupies, for the scheduler (DESIGN.md section 8). */
+typedef enum krole {
+    KROLE_COMPUTE = 0,    /* a compute stream */
+    KROLE_COMM = 1,       /* the comm stream */
+    KROLE_HYBRID = 2      /* a compute stream and the comm stream at once */
+} krole;
+
+krole kop_role(kop op);
+const char *kop_name(kop op);
+
+#endif
