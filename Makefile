@@ -17,7 +17,7 @@ NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/de
 CUDA ?= $(if $(NVCC),1,0)
 CUDA_ARCH ?= sm_90
 
-PKGS := libzmq libprotobuf-c yaml-0.1 libsystemd openblas
+PKGS := libzmq libprotobuf-c yaml-0.1 libsystemd
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 CMOCKA_LIBS := $(shell pkg-config --libs cmocka 2>/dev/null || echo -lcmocka)
@@ -53,8 +53,25 @@ CU_LIB := $(if $(CU_SRCS),$(BUILD)/libbaton_cuda.a)
 NVCCFLAGS ?= -O2 -arch=$(CUDA_ARCH) -Xcompiler -Wall,-Wextra,-Werror -I. -Iinclude
 ifneq ($(CU_SRCS),)
 CFLAGS += -DBATON_CUDA=1 -I$(CUDA_HOME)/include
-LDLIBS += -L$(CUDA_HOME)/lib64 -lcudart -lcublas -Wl,-rpath,$(CUDA_HOME)/lib64
+# nvcc objects need the C++ runtime (static-local guards) when linked by cc.
+LDLIBS += -L$(CUDA_HOME)/lib64 -lcudart -lcublas -lstdc++ -Wl,-rpath,$(CUDA_HOME)/lib64
 endif
+# NCCL (the all-reduce of kernels/cuda/blas.cu) only where its header is
+# installed; NCCL_LIBS goes on the link lines of programs that call it.
+NCCL_H := $(wildcard $(CUDA_HOME)/include/nccl.h /usr/include/nccl.h)
+ifneq ($(CU_SRCS),)
+ifneq ($(NCCL_H),)
+NVCCFLAGS += -DBATON_NCCL=1
+NCCL_LIBS := -lnccl
+endif
+endif
+
+# OpenBLAS only where kernels run (worker, tests): its thread pool starts
+# before main with signals unblocked, which the conductor's signalfd must
+# not have to live with.
+OPENBLAS_CFLAGS := $(shell pkg-config --cflags openblas 2>/dev/null)
+OPENBLAS_LIBS := $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas)
+CFLAGS += $(OPENBLAS_CFLAGS)
 
 # Kernels and executable graphs (issue 4): every kernels/*.c and
 # kernels/cpu/*.c in one archive that the worker and the tests link.
@@ -152,7 +169,7 @@ $(WORKER_LIB): $(WORKER_OBJS)
 
 $(WORKER): $(BUILD)/obj/worker/main_worker.o $(WORKER_LIB) $(KERNEL_LIB) $(LIB) $(CU_LIB)
 	@echo "  LD      $@"
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) -ldl $(JEMALLOC_LIBS)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(OPENBLAS_LIBS) -ldl $(JEMALLOC_LIBS)
 
 $(PLUGIN_EXAMPLE): tests/unit/plugin/example.c include/baton/backend.h
 	@mkdir -p $(dir $@)
@@ -164,7 +181,7 @@ $(PLUGIN_EXAMPLE): tests/unit/plugin/example.c include/baton/backend.h
 $(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(UNIT_HELPER_OBJS) $(WORKER_LIB) $(KERNEL_LIB) $(LIB) $(CU_LIB) | $(WORKER) $(PLUGIN_EXAMPLE)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) -ldl $(CMOCKA_LIBS)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(OPENBLAS_LIBS) -ldl $(CMOCKA_LIBS)
 
 unit: $(UNIT_BINS)
 	@BUILD=$(BUILD) bash tests/run-unit.sh $(UNIT_BINS)
@@ -193,18 +210,38 @@ clean:
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
 
 # Benchmarks (tests/bench/README.md): `make bench` builds every
-# tests/bench/bench_*.c program into $(BUILD)/bench/ and runs them one after
-# another; each prints a table and writes $(BUILD)/bench/NAME.json.  Not part
-# of `all` or `test`: benchmarks measure, they assert no time.
-BENCH_MAINS := $(filter-out tests/bench/bench_util.c,$(wildcard tests/bench/bench_*.c))
+# tests/bench/bench_*.c program into $(BUILD)/bench/ (linked with the other
+# tests/bench/*.c, $(LIB), libzmq and protobuf-c) and runs them one after
+# another, the dispatch benchmarks first; each prints a table and writes
+# $(BUILD)/bench/NAME.json.  Not part of `all` or `test`: benchmarks
+# measure, they assert no time.
+BENCH_MAINS := $(wildcard tests/bench/bench_*.c)
 BENCH_BINS := $(BENCH_MAINS:tests/bench/%.c=$(BUILD)/bench/%)
-BENCH_HELPER_OBJS := $(BUILD)/obj/tests/bench/bench_util.o
+BENCH_HELPERS := $(filter-out tests/bench/bench_%.c,$(wildcard tests/bench/*.c))
+BENCH_HELPER_OBJS := $(BENCH_HELPERS:%.c=$(BUILD)/obj/%.o)
+BENCH_FIRST := $(addprefix $(BUILD)/bench/bench_,roundtrip decode handoff)
+BENCH_ORDER := $(filter $(BENCH_BINS),$(BENCH_FIRST)) $(filter-out $(BENCH_FIRST),$(BENCH_BINS))
 
 $(BUILD)/bench/%: $(BUILD)/obj/tests/bench/%.o $(BENCH_HELPER_OBJS) $(LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(OPENBLAS_LIBS)
+$(BUILD)/bench/bench_ops: $(KERNEL_LIB)
 
 .PHONY: bench
 bench: $(PROGRAMS) $(BENCH_BINS)
-	@for b in $(BENCH_BINS); do BUILD=$(BUILD) $$b || exit 1; done
+	@for b in $(BENCH_ORDER); do BUILD=$(BUILD) $$b || exit 1; done
+
+# CUDA kernels against their C references, then timed (tests/gpu/run.sh).
+# Built only with CUDA; not part of `make test`: it needs a GPU to run.
+GPU_BINS := $(if $(CU_LIB),$(BUILD)/gpu/check_kernels)
+$(BUILD)/gpu/check_kernels: $(BUILD)/obj/tests/gpu/check_kernels.o $(KERNEL_LIB) $(CU_LIB)
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(NCCL_LIBS)
+
+.PHONY: gpu-check
+gpu-check: $(GPU_BINS)
+# The planning and scheduling benchmarks link the kernels archive too.
+$(BUILD)/bench/bench_arena: $(KERNEL_LIB)
+$(BUILD)/bench/bench_sched: $(KERNEL_LIB)

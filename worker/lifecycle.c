@@ -2,12 +2,12 @@
  * Destruction undoes creation in reverse and copes with a half-made
  * worker, so creation has one error path. */
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
-#include <sys/signalfd.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -55,6 +55,21 @@ static int socket_open(wk_worker *w, char *err, size_t errlen)
     return 0;
 }
 
+/* Write end of the stop-signal pipe, for the handler (one worker per
+ * process). */
+static volatile int signal_pipe_wr = -1;
+
+/* Async-signal-safe: one byte naming the signal; the I/O loop does the rest. */
+static void on_stop_signal(int sig)
+{
+    int saved = errno;
+    unsigned char b = (unsigned char)sig;
+    if (signal_pipe_wr >= 0 && write(signal_pipe_wr, &b, 1) < 0) {
+        /* Full pipe: a stop is already pending. */
+    }
+    errno = saved;
+}
+
 int wk_worker_create(const wk_options *opt, wk_worker **out, char *err, size_t errlen)
 {
     *out = NULL;
@@ -98,12 +113,21 @@ int wk_worker_create(const wk_options *opt, wk_worker **out, char *err, size_t e
         snprintf(err, errlen, "eventfd: %s", strerror(errno));
         goto err;
     }
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGINT);
-    if ((w->signal_fd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK)) < 0) {
-        snprintf(err, errlen, "signalfd: %s", strerror(errno));
+    int pfd[2];
+    if (pipe2(pfd, O_CLOEXEC | O_NONBLOCK) < 0) {
+        snprintf(err, errlen, "pipe: %s", strerror(errno));
+        goto err;
+    }
+    w->signal_fd = pfd[0];
+    w->signal_wr = pfd[1];
+    signal_pipe_wr = pfd[1];
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_stop_signal;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGTERM, &sa, NULL) < 0 || sigaction(SIGINT, &sa, NULL) < 0) {
+        snprintf(err, errlen, "sigaction: %s", strerror(errno));
         goto err;
     }
     if (socket_open(w, err, errlen) != 0)
@@ -132,8 +156,15 @@ void wk_worker_destroy(wk_worker *w)
         zmq_close(w->monitor);
     if (w->zctx)
         zmq_ctx_term(w->zctx);
-    if (w->signal_fd >= 0)
+    if (w->signal_fd >= 0) {
+        /* Back to the default first: a late signal must not write to a
+         * closed (or reused) descriptor. */
+        signal(SIGTERM, SIG_DFL);
+        signal(SIGINT, SIG_DFL);
+        signal_pipe_wr = -1;
         close(w->signal_fd);
+        close(w->signal_wr);
+    }
     if (w->event_fd >= 0)
         close(w->event_fd);
     wk_registry_destroy(w->registry);

@@ -85,14 +85,11 @@ int main(int argc, char **argv)
         wk_error("the parent process is gone; exiting");
         return 1;
     }
-    /* SIGTERM and SIGINT are read from a signalfd by the I/O thread; they
-     * are blocked before any thread (ours or ZeroMQ's) exists, so every
-     * thread inherits the mask and none is interrupted by them. */
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGINT);
-    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    /* SIGTERM and SIGINT reach the I/O loop through a handler and a
+     * self-pipe (wk_worker_create installs them).  A signalfd would need
+     * them blocked in every thread, and a library may start threads before
+     * main (OpenBLAS's pool does): the signal would land there and kill the
+     * process instead of stopping it. */
     signal(SIGPIPE, SIG_IGN);
 
     bt_diag *diag = bt_diag_create(config);

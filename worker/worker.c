@@ -2,7 +2,7 @@
  * every ConductorMessage (proto/baton.proto, "conductor -> worker").
  *
  * The I/O thread polls three things: the DEALER socket, an eventfd the
- * lanes and loaders signal when they post events, and a signalfd for
+ * lanes and loaders signal when they post events, and a self-pipe for
  * SIGTERM/SIGINT (PR_SET_PDEATHSIG delivers SIGTERM when the conductor
  * dies).  Results leave in the order they were posted, which is what puts
  * every Chunk of an execution before its Done. */
@@ -13,7 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
-#include <sys/signalfd.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -667,9 +666,9 @@ int wk_worker_run(wk_worker *w)
             break;
         }
         if (items[2].revents & ZMQ_POLLIN) {
-            struct signalfd_siginfo si;
-            if (read(w->signal_fd, &si, sizeof(si)) == (ssize_t)sizeof(si))
-                wk_info("%s received; stopping", strsignal((int)si.ssi_signo));
+            unsigned char sig;
+            if (read(w->signal_fd, &sig, 1) == 1)
+                wk_info("%s received; stopping", strsignal(sig));
             w->quit = true;
             w->exit_code = 0;
             break;

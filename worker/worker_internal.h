@@ -244,7 +244,8 @@ struct wk_worker {
     void *zctx, *sock;
     void *monitor;                /* PAIR receiving the socket's CONNECTED events */
     uint32_t connects;            /* connections made so far (a reconnect re-registers) */
-    int signal_fd;
+    int signal_fd;           /* read end of the stop-signal pipe */
+    int signal_wr;           /* its write end (the handler's) */
     int exit_code;
     bool quit;                    /* I/O thread: leave the loop */
 };

@@ -22,7 +22,7 @@
 #include <unistd.h>
 
 #include "baton/client.h"
-#include "tests/bench/bench_util.h"
+#include "tests/bench/util.h"
 
 #define ITERS 512        /* the loop's max_iters in the configs */
 #define RUNS 11          /* single-request runs per daemon; the median is reported */

@@ -42,7 +42,7 @@
 #include <unistd.h>
 
 #include "baton/client.h"
-#include "tests/bench/bench_util.h"
+#include "tests/bench/util.h"
 
 #define RUNS 30       /* measured requests per (size, graph) of the main pair */
 #define QUIET_RUNS 15 /* measured requests per (size, graph) of the control pair */

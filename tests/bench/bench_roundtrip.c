@@ -1,37 +1,26 @@
 /* Dispatch round trip: a one-node request through batond and one CPU
- * worker, against a floor built from the same libraries in this program.
+ * worker, against a floor built from the same libraries (floor.h): a
+ * conductor that parses the ClientMessage and forwards a Dispatch, a worker
+ * that parses it and answers a Done, each in its own process as batond and
+ * baton-worker are, the same ipc:// transport and protobuf-c messages, and
+ * the same client (the C client library) on top.
  *
- * The floor is the least any conductor/worker split over ZeroMQ can cost:
- *
- *   client DEALER ──▶ "conductor" ROUTER ──▶ "worker" DEALER
- *                     (parses the ClientMessage,    (parses the
- *                      packs a Dispatch)             Dispatch, packs a Done)
- *   client ◀────────── conductor ◀────────────────── worker
- *                     (parses the Done, packs the InferResponse)
- *
- * with the conductor and the worker in processes of their own, as batond
- * and baton-worker are, the same ipc:// transport, the same protobuf-c
- * messages, and the same client (the C client library) on top; what it
- * lacks is everything baton adds: the graph runtime, placing the input in a
- * pool, the worker's executor and its threads, releases and sessions.
- *
- * Measured (each three times, runs of baton and the floor interleaved, the
- * median of the three reported): (a) sequential latency over N requests sent
+ * Measured, each three times with the runs of every row interleaved and the
+ * median of the three reported: (a) sequential latency over N requests sent
  * one at a time; (b) throughput with K requests kept in flight on one
- * DEALER.  A third row, baton's `tick` graph (a node with no client input,
- * so nothing to place), splits baton's cost into its parts, and the
- * per-request timings the daemon returns (total_us, queue_us, exec_us) say
- * where the rest goes.  See README.md. */
-#include <errno.h>
+ * DEALER.  Two diagnostic rows split baton's cost: baton's `tick` graph (a
+ * node with no client input, so nothing to place in a pool), and the floor
+ * exchanging baton's own messages for such a request (Put, Placed,
+ * Dispatch, Done, SessionClose, Release).  The daemon's per-request timings
+ * (total_us, queue_us, exec_us) and each process's CPU time per request
+ * (/proc schedstat) say where the rest goes.  See README.md. */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include <zmq.h>
-
 #include "baton/client.h"
-#include "proto/baton.pb-c.h"
-#include "tests/bench/bench_util.h"
+#include "tests/bench/floor.h"
+#include "tests/bench/util.h"
 
 #define SEQ_N 2000        /* sequential requests per run */
 #define SEQ_WARMUP 200    /* unmeasured requests before each run */
@@ -39,332 +28,11 @@
 #define PIPE_SECONDS 3.0  /* measured window of a pipelined run */
 #define PIPE_WARMUP 0.5   /* seconds of load before the window opens */
 #define RUNS 3            /* repetitions; the median is reported */
-#define FLOOR_SLOTS 1024  /* in-flight requests the floor conductor can hold */
+#define N_TARGETS 4       /* rows: baton, floor, and two diagnostic rows */
 
 /* Process roles whose CPU time is accounted. */
 enum { ROLE_CLIENT, ROLE_CONDUCTOR, ROLE_WORKER, ROLES };
 static const char *const ROLE_NAMES[ROLES] = {"client", "conductor", "worker"};
-
-/* ======================================================================== */
-/* The floor: a forwarding conductor and a replying worker                  */
-/* ======================================================================== */
-
-typedef struct floor_args {
-    char front[300]; /* client endpoint (the conductor's ROUTER binds it) */
-    char back[300];  /* worker endpoint (the conductor's ROUTER binds it) */
-} floor_args;
-
-static void *floor_socket(void *ctx, int type)
-{
-    void *s = zmq_socket(ctx, type);
-    int zero = 0;
-    if (s) {
-        zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof(zero));
-        zmq_setsockopt(s, ZMQ_SNDHWM, &zero, sizeof(zero));
-        zmq_setsockopt(s, ZMQ_RCVHWM, &zero, sizeof(zero));
-    }
-    return s;
-}
-
-/* Packs M with PACK/SIZE into a buffer and sends it after the optional
- * routing frame ID. */
-static int send_packed(void *sock, const void *id, size_t idlen, const ProtobufCMessage *m)
-{
-    size_t n = protobuf_c_message_get_packed_size(m);
-    uint8_t stackbuf[1024];
-    uint8_t *buf = n <= sizeof(stackbuf) ? stackbuf : malloc(n);
-    if (!buf)
-        return -1;
-    protobuf_c_message_pack(m, buf);
-    int rc = 0;
-    if (id && zmq_send(sock, id, idlen, ZMQ_SNDMORE) < 0)
-        rc = -1;
-    if (rc == 0 && zmq_send(sock, buf, n, 0) < 0)
-        rc = -1;
-    if (buf != stackbuf)
-        free(buf);
-    return rc;
-}
-
-/* Receives a ROUTER message: identity into ID, payload into PART.  Returns
- * 0, or -1 when nothing is waiting. */
-static int recv_routed(void *sock, zmq_msg_t *id, zmq_msg_t *part)
-{
-    zmq_msg_init(id);
-    if (zmq_msg_recv(id, sock, ZMQ_DONTWAIT) < 0) {
-        zmq_msg_close(id);
-        return -1;
-    }
-    /* The payload is the last frame. */
-    zmq_msg_init(part);
-    for (int more = zmq_msg_more(id); more; more = zmq_msg_more(part)) {
-        zmq_msg_close(part);
-        zmq_msg_init(part);
-        if (zmq_msg_recv(part, sock, 0) < 0)
-            break;
-    }
-    return 0;
-}
-
-/* The worker: parse each Dispatch, answer a Done whose output is the input
- * (with its bytes inline, as a client-bound output of baton's is). */
-static int floor_worker_main(void *arg)
-{
-    const floor_args *a = arg;
-    void *ctx = zmq_ctx_new();
-    void *s = floor_socket(ctx, ZMQ_DEALER);
-    if (!s || zmq_setsockopt(s, ZMQ_ROUTING_ID, "w0", 2) != 0 || zmq_connect(s, a->back) != 0)
-        return 1;
-    Baton__V1__Register reg = BATON__V1__REGISTER__INIT;
-    reg.worker = "w0";
-    reg.device = "cpu";
-    reg.pid = (uint32_t)getpid();
-    Baton__V1__WorkerMessage hello = BATON__V1__WORKER_MESSAGE__INIT;
-    hello.msg_case = BATON__V1__WORKER_MESSAGE__MSG_REGISTRATION;
-    hello.registration = &reg;
-    if (send_packed(s, NULL, 0, &hello.base) != 0)
-        return 1;
-    for (;;) {
-        zmq_msg_t m;
-        zmq_msg_init(&m);
-        if (zmq_msg_recv(&m, s, 0) < 0) {
-            zmq_msg_close(&m);
-            if (zmq_errno() == EINTR)
-                continue;
-            return 1;
-        }
-        uint64_t t0 = bench_now_ns();
-        Baton__V1__ConductorMessage *cm =
-            baton__v1__conductor_message__unpack(NULL, zmq_msg_size(&m), zmq_msg_data(&m));
-        zmq_msg_close(&m);
-        if (!cm)
-            continue;
-        if (cm->msg_case == BATON__V1__CONDUCTOR_MESSAGE__MSG_DISPATCH) {
-            const Baton__V1__Dispatch *d = cm->dispatch;
-            Baton__V1__NamedRef out = BATON__V1__NAMED_REF__INIT;
-            Baton__V1__NamedRef *outs[1] = {&out};
-            Baton__V1__Status st = BATON__V1__STATUS__INIT;
-            Baton__V1__Done done = BATON__V1__DONE__INIT;
-            done.request_key = d->request_key;
-            done.node = d->node;
-            done.graph = d->graph;
-            done.dispatch_id = d->dispatch_id;
-            done.status = &st;
-            done.batch_size = 1;
-            if (d->n_inputs && d->inputs[0]->n_parts && d->inputs[0]->parts[0]->n_chunks &&
-                d->n_outputs) {
-                out.name = d->outputs[0]->name;
-                out.ref = d->inputs[0]->parts[0]->chunks[0]; /* echo: the input, inline */
-                done.n_outputs = 1;
-                done.outputs = outs;
-            } else {
-                st.code = BATON__V1__CODE__INVALID_ARGUMENT;
-                st.message = "floor worker: a dispatch without input or output";
-            }
-            done.exec_us = (bench_now_ns() - t0) / 1000u;
-            Baton__V1__WorkerMessage wm = BATON__V1__WORKER_MESSAGE__INIT;
-            wm.msg_case = BATON__V1__WORKER_MESSAGE__MSG_DONE;
-            wm.done = &done;
-            send_packed(s, NULL, 0, &wm.base);
-        }
-        baton__v1__conductor_message__free_unpacked(cm, NULL);
-    }
-}
-
-typedef struct floor_pending {
-    bool used;
-    uint8_t id[256];   /* client routing identity */
-    size_t idlen;
-    char *request_id;  /* owned */
-    uint64_t start_ns; /* acceptance, for total_us */
-} floor_pending;
-
-static void floor_answer(void *front, const uint8_t *id, size_t idlen, const char *rid,
-                         Baton__V1__Code code, const char *message)
-{
-    Baton__V1__Status st = BATON__V1__STATUS__INIT;
-    st.code = code;
-    st.message = (char *)message;
-    Baton__V1__InferResponse r = BATON__V1__INFER_RESPONSE__INIT;
-    r.request_id = (char *)rid;
-    r.status = &st;
-    Baton__V1__ServerMessage sm = BATON__V1__SERVER_MESSAGE__INIT;
-    sm.msg_case = BATON__V1__SERVER_MESSAGE__MSG_RESPONSE;
-    sm.response = &r;
-    send_packed(front, id, idlen, &sm.base);
-}
-
-/* One client frame: a health probe is answered here, an infer becomes a
- * Dispatch carrying the input inline (there is no pool to place it in). */
-static void floor_on_client(void *front, void *back, floor_pending *slots, uint64_t *next_key,
-                            bool worker_up, const uint8_t *id, size_t idlen, const void *data,
-                            size_t len)
-{
-    Baton__V1__ClientMessage *cm = baton__v1__client_message__unpack(NULL, len, data);
-    if (!cm) {
-        floor_answer(front, id, idlen, "", BATON__V1__CODE__INVALID_ARGUMENT, "does not parse");
-        return;
-    }
-    if (cm->msg_case == BATON__V1__CLIENT_MESSAGE__MSG_HEALTH) {
-        Baton__V1__HealthResponse h = BATON__V1__HEALTH_RESPONSE__INIT;
-        h.live = true;
-        h.ready = worker_up;
-        Baton__V1__ServerMessage sm = BATON__V1__SERVER_MESSAGE__INIT;
-        sm.msg_case = BATON__V1__SERVER_MESSAGE__MSG_HEALTH;
-        sm.health = &h;
-        send_packed(front, id, idlen, &sm.base);
-    } else if (cm->msg_case == BATON__V1__CLIENT_MESSAGE__MSG_INFER) {
-        const Baton__V1__InferRequest *q = cm->infer;
-        uint64_t key = ++*next_key;
-        floor_pending *p = &slots[key % FLOOR_SLOTS];
-        if (!worker_up || p->used || q->n_inputs != 1 || idlen > sizeof(p->id)) {
-            floor_answer(front, id, idlen, q->request_id, BATON__V1__CODE__UNAVAILABLE,
-                         "floor: no worker, too many in flight, or not one input");
-        } else {
-            p->used = true;
-            memcpy(p->id, id, idlen);
-            p->idlen = idlen;
-            p->request_id = strdup(q->request_id);
-            p->start_ns = bench_now_ns();
-            const Baton__V1__Tensor *in = q->inputs[0];
-            Baton__V1__TensorRef ref = BATON__V1__TENSOR_REF__INIT;
-            Baton__V1__TensorRef *chunks[1] = {&ref};
-            ref.nbytes = in->data.len;
-            ref.dtype = in->dtype;
-            ref.n_dims = in->n_dims;
-            ref.dims = in->dims;
-            ref.id = key;
-            ref.data = in->data;
-            Baton__V1__TensorPart part = BATON__V1__TENSOR_PART__INIT;
-            Baton__V1__TensorPart *parts[1] = {&part};
-            part.n_chunks = 1;
-            part.chunks = chunks;
-            part.transfer = BATON__V1__TRANSFER_KIND__TRANSFER_KIND_LOCAL;
-            Baton__V1__InputValue iv = BATON__V1__INPUT_VALUE__INIT;
-            Baton__V1__InputValue *ivs[1] = {&iv};
-            iv.name = in->name;
-            iv.n_parts = 1;
-            iv.parts = parts;
-            iv.final = true;
-            Baton__V1__OutputSpec os = BATON__V1__OUTPUT_SPEC__INIT;
-            Baton__V1__OutputSpec *oss[1] = {&os};
-            os.name = in->name;
-            os.client = true;
-            Baton__V1__Dispatch d = BATON__V1__DISPATCH__INIT;
-            d.request_key = key;
-            d.request_id = q->request_id;
-            d.node_name = "e";
-            d.model = "echo0";
-            d.mode = "";
-            d.n_inputs = 1;
-            d.inputs = ivs;
-            d.n_outputs = 1;
-            d.outputs = oss;
-            d.dispatch_id = key;
-            d.remaining_ms = 20000;
-            Baton__V1__ConductorMessage m = BATON__V1__CONDUCTOR_MESSAGE__INIT;
-            m.msg_case = BATON__V1__CONDUCTOR_MESSAGE__MSG_DISPATCH;
-            m.dispatch = &d;
-            send_packed(back, "w0", 2, &m.base);
-        }
-    }
-    baton__v1__client_message__free_unpacked(cm, NULL);
-}
-
-/* One worker frame: the hello marks the worker up; a Done becomes the
- * request's InferResponse with the output bytes and the node's timing. */
-static void floor_on_worker(void *front, floor_pending *slots, bool *worker_up, const void *data,
-                            size_t len)
-{
-    Baton__V1__WorkerMessage *wm = baton__v1__worker_message__unpack(NULL, len, data);
-    if (!wm)
-        return;
-    if (wm->msg_case == BATON__V1__WORKER_MESSAGE__MSG_REGISTRATION) {
-        *worker_up = true;
-    } else if (wm->msg_case == BATON__V1__WORKER_MESSAGE__MSG_DONE) {
-        const Baton__V1__Done *d = wm->done;
-        floor_pending *p = &slots[d->request_key % FLOOR_SLOTS];
-        if (p->used) {
-            Baton__V1__Tensor outs[1];
-            Baton__V1__Tensor *outp[1] = {&outs[0]};
-            Baton__V1__InferResponse r = BATON__V1__INFER_RESPONSE__INIT;
-            Baton__V1__Status st = BATON__V1__STATUS__INIT;
-            if (d->status)
-                st = *d->status;
-            for (size_t i = 0; i < d->n_outputs && i < 1; i++) {
-                const Baton__V1__TensorRef *ref = d->outputs[i]->ref;
-                baton__v1__tensor__init(&outs[i]);
-                outs[i].name = d->outputs[i]->name;
-                outs[i].dtype = ref->dtype;
-                outs[i].n_dims = ref->n_dims;
-                outs[i].dims = ref->dims;
-                outs[i].data = ref->data;
-                outs[i].modality = "tensor";
-                r.n_outputs = 1;
-                r.outputs = outp;
-            }
-            Baton__V1__NodeTiming tm = BATON__V1__NODE_TIMING__INIT;
-            Baton__V1__NodeTiming *tms[1] = {&tm};
-            tm.node = "e";
-            tm.worker = "w0";
-            tm.queue_us = d->queue_us;
-            tm.exec_us = d->exec_us;
-            r.request_id = p->request_id;
-            r.status = &st;
-            r.n_timings = 1;
-            r.timings = tms;
-            r.total_us = (bench_now_ns() - p->start_ns) / 1000u;
-            Baton__V1__ServerMessage sm = BATON__V1__SERVER_MESSAGE__INIT;
-            sm.msg_case = BATON__V1__SERVER_MESSAGE__MSG_RESPONSE;
-            sm.response = &r;
-            send_packed(front, p->id, p->idlen, &sm.base);
-            free(p->request_id);
-            p->request_id = NULL;
-            p->used = false;
-        }
-    }
-    baton__v1__worker_message__free_unpacked(wm, NULL);
-}
-
-/* The conductor: one thread, one zmq_poll over the two ROUTERs, as batond's
- * loop is; each readable socket is drained before polling again. */
-static int floor_conductor_main(void *arg)
-{
-    const floor_args *a = arg;
-    void *ctx = zmq_ctx_new();
-    void *front = floor_socket(ctx, ZMQ_ROUTER);
-    void *back = floor_socket(ctx, ZMQ_ROUTER);
-    if (!front || !back || zmq_bind(front, a->front) != 0 || zmq_bind(back, a->back) != 0)
-        return 1;
-    floor_pending *slots = calloc(FLOOR_SLOTS, sizeof(*slots));
-    if (!slots)
-        return 1;
-    uint64_t next_key = 0;
-    bool worker_up = false;
-    for (;;) {
-        zmq_pollitem_t items[2] = {{front, 0, ZMQ_POLLIN, 0}, {back, 0, ZMQ_POLLIN, 0}};
-        if (zmq_poll(items, 2, -1) < 0) {
-            if (zmq_errno() == EINTR)
-                continue;
-            return 1;
-        }
-        zmq_msg_t id, part;
-        if (items[0].revents & ZMQ_POLLIN)
-            while (recv_routed(front, &id, &part) == 0) {
-                floor_on_client(front, back, slots, &next_key, worker_up, zmq_msg_data(&id),
-                                zmq_msg_size(&id), zmq_msg_data(&part), zmq_msg_size(&part));
-                zmq_msg_close(&part);
-                zmq_msg_close(&id);
-            }
-        if (items[1].revents & ZMQ_POLLIN)
-            while (recv_routed(back, &id, &part) == 0) {
-                floor_on_worker(front, slots, &worker_up, zmq_msg_data(&part),
-                                zmq_msg_size(&part));
-                zmq_msg_close(&part);
-                zmq_msg_close(&id);
-            }
-    }
-}
 
 /* ======================================================================== */
 /* The client side: the same code drives baton and the floor                */
@@ -375,6 +43,7 @@ typedef struct target {
     const char *key;       /* JSON key */
     const char *graph;     /* graph the request names */
     bool input;            /* sends the 16-byte I32 input x (and expects it back) */
+    bool floor;            /* served by the floor, not batond */
     char endpoint[320];
     baton_client *client;
     /* Per run: */
@@ -624,11 +293,11 @@ int main(int argc, char **argv)
     char fdir[256];
     if (bench_mkdtemp(fdir, sizeof(fdir)) != 0)
         return 1;
-    floor_args fa;
+    bench_floor_args fa;
     snprintf(fa.front, sizeof(fa.front), "ipc://%s/floor.sock", fdir);
     snprintf(fa.back, sizeof(fa.back), "ipc://%s/floor-workers.sock", fdir);
-    pid_t fcond = bench_spawn(floor_conductor_main, &fa);
-    pid_t fwork = bench_spawn(floor_worker_main, &fa);
+    pid_t fcond = bench_spawn(bench_floor_conductor_main, &fa);
+    pid_t fwork = bench_spawn(bench_floor_worker_main, &fa);
     bench_daemon d;
     int rc = 1;
     if (fcond < 0 || fwork < 0 || bench_daemon_start(&d, &o, "roundtrip.yaml", NULL) != 0) {
@@ -638,27 +307,28 @@ int main(int argc, char **argv)
         return 1;
     }
 
-    target tg[3] = {
+    /* Rows 0 and 1 are judged; 2 and 3 explain the difference. */
+    target tg[N_TARGETS] = {
         {.label = "baton (echo, 16 B input)", .key = "baton", .graph = "echo", .input = true},
-        {.label = "floor (ZeroMQ + protobuf-c)", .key = "floor", .graph = "echo", .input = true},
-        {.label = "baton (tick, no input)", .key = "baton_no_input", .graph = "tick",
+        {.label = "floor", .key = "floor", .graph = "echo", .input = true, .floor = true},
+        {.label = "  baton, no input (tick)", .key = "baton_no_input", .graph = "tick",
          .input = false},
+        {.label = "  floor, baton's messages", .key = "floor_baton_messages", .graph = "pattern",
+         .input = true, .floor = true},
     };
-    snprintf(tg[0].endpoint, sizeof(tg[0].endpoint), "%s", d.endpoint);
-    snprintf(tg[1].endpoint, sizeof(tg[1].endpoint), "%s", fa.front);
-    snprintf(tg[2].endpoint, sizeof(tg[2].endpoint), "%s", d.endpoint);
     if (bench_wait_ready(fa.front, 10000) != 0) {
         fprintf(stderr, "roundtrip: the floor did not come up\n");
         goto out;
     }
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < N_TARGETS; i++) {
+        snprintf(tg[i].endpoint, sizeof(tg[i].endpoint), "%s", tg[i].floor ? fa.front : d.endpoint);
         if (baton_client_create(tg[i].endpoint, &tg[i].client) != 0)
             goto out;
         tg[i].pids[ROLE_CLIENT][0] = getpid();
         tg[i].n_pids[ROLE_CLIENT] = 1;
-        tg[i].pids[ROLE_CONDUCTOR][0] = i == 1 ? fcond : d.pid;
+        tg[i].pids[ROLE_CONDUCTOR][0] = tg[i].floor ? fcond : d.pid;
         tg[i].n_pids[ROLE_CONDUCTOR] = 1;
-        if (i == 1) {
+        if (tg[i].floor) {
             tg[i].pids[ROLE_WORKER][0] = fwork;
             tg[i].n_pids[ROLE_WORKER] = 1;
         } else {
@@ -668,13 +338,13 @@ int main(int argc, char **argv)
 
     fprintf(stderr, "roundtrip: sequential, %d x %d requests per target...\n", runs, seq_n);
     for (int r = 0; r < runs; r++)
-        for (int i = 0; i < 3; i++)
+        for (int i = 0; i < N_TARGETS; i++)
             if (run_sequential(&tg[i], seq_n, SEQ_WARMUP, r) != 0)
                 goto out;
     fprintf(stderr, "roundtrip: pipelined, K=%d, %d x %.1f s per target...\n", PIPE_K, runs,
             pipe_s);
     for (int r = 0; r < runs; r++)
-        for (int i = 0; i < 3; i++)
+        for (int i = 0; i < N_TARGETS; i++)
             if (run_pipelined(&tg[i], PIPE_K, pipe_s, PIPE_WARMUP, r) != 0)
                 goto out;
 
@@ -687,7 +357,7 @@ int main(int argc, char **argv)
            "runs;\npipelined: K=%d in flight on one DEALER, %.1f s x %d runs; medians of the runs\n\n",
            seq_n, runs, PIPE_K, pipe_s, runs);
     printf("%-30s %9s %9s %9s %11s\n", "", "p50 us", "p99 us", "mean us", "req/s (K=32)");
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < N_TARGETS; i++)
         printf("%-30s %9.1f %9.1f %9.1f %11.0f\n", tg[i].label, med(tg[i].p50), med(tg[i].p99),
                med(tg[i].mean), med(tg[i].rps));
     printf("\nbaton / floor: p50 %.2fx (target <= 1.3x: %s), throughput %.2fx (target >= 0.6x: "
@@ -696,13 +366,18 @@ int main(int argc, char **argv)
     printf("\nwhere a sequential request's time goes (medians, us):\n");
     printf("%-30s %12s %14s %9s %9s\n", "", "client side", "conductor +", "worker", "worker");
     printf("%-30s %12s %14s %9s %9s\n", "", "+ front hop", "worker hops", "queue", "exec");
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < N_TARGETS; i++)
         printf("%-30s %12.1f %14.1f %9.1f %9.1f\n", tg[i].label, med(tg[i].client_us),
                med(tg[i].server_us), med(tg[i].queue_us), med(tg[i].exec_us));
     printf("(client side = latency seen by the client - the server's total_us; conductor + "
            "worker hops =\n total_us - the worker's queue_us - exec_us: the conductor's work and "
            "every conductor<->worker message)\n");
-    printf("placing the input (Put/Placed round trip): baton echo p50 - baton tick p50 = %.1f us\n",
+    printf("\np50 decomposition, us: floor %.1f; + baton's message pattern (Put/Placed round trip, "
+           "SessionClose\nand Release before the response) %+.1f; + baton's own code and threads "
+           "%+.1f = baton %.1f\n",
+           med(tg[1].p50), med(tg[3].p50) - med(tg[1].p50), med(tg[0].p50) - med(tg[3].p50),
+           med(tg[0].p50));
+    printf("placing the input in baton (echo p50 - tick p50): %.1f us\n",
            med(tg[0].p50) - med(tg[2].p50));
     printf("\nCPU time per request, us (all threads of each process, from /proc schedstat; "
            "medians):\n");
@@ -710,7 +385,7 @@ int main(int argc, char **argv)
            "------ pipelined K=32 ------");
     printf("%-30s %7s %7s %7s %6s   %7s %7s %7s %6s\n", "", "client", "conduct", "worker",
            "ctxsw", "client", "conduct", "worker", "ctxsw");
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < N_TARGETS; i++) {
         printf("%-30s", tg[i].label);
         for (int ph = 0; ph < 2; ph++) {
             double cs = 0;
@@ -733,7 +408,7 @@ int main(int argc, char **argv)
                 "\"pipeline_seconds\": %.1f, \"runs\": %d, \"input_bytes\": %zu},\n",
                 seq_n, SEQ_WARMUP, PIPE_K, pipe_s, runs, sizeof(INPUT));
         fprintf(f, "  \"targets\": {\n");
-        for (int i = 0; i < 3; i++) {
+        for (int i = 0; i < N_TARGETS; i++) {
             target *t = &tg[i];
             fprintf(f, "    \"%s\": {\"graph\": \"%s\", \"p50_us\": %.1f, \"p99_us\": %.1f, "
                     "\"mean_us\": %.1f, \"rps\": %.0f,\n      \"breakdown_us\": {\"client_side\": "
@@ -757,7 +432,7 @@ int main(int argc, char **argv)
                     cs += med(ph ? t->pipe_cs[k] : t->seq_cs[k]);
                 fprintf(f, "\"context_switches\": %.2f}", cs);
             }
-            fprintf(f, "}}%s\n", i < 2 ? "," : "");
+            fprintf(f, "}}%s\n", i + 1 < N_TARGETS ? "," : "");
         }
         fprintf(f, "  },\n  \"ratios\": {\"p50_baton_over_floor\": %.3f, "
                 "\"rps_baton_over_floor\": %.3f},\n",
@@ -770,7 +445,7 @@ int main(int argc, char **argv)
     }
     rc = 0;
 out:
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < N_TARGETS; i++)
         baton_client_destroy(tg[i].client);
     bench_daemon_stop(&d);
     bench_reap(fcond);

@@ -1,5 +1,5 @@
-/* Shared pieces of the benchmarks (bench_util.h). */
-#include "tests/bench/bench_util.h"
+/* Shared pieces of the benchmarks (util.h). */
+#include "tests/bench/util.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -1,0 +1,94 @@
+/* Row-wise ops: RMSNorm, LayerNorm, RoPE, softmax and argmax (KOP_RMSNORM,
+ * KOP_LAYERNORM, KOP_ROPE, KOP_SOFTMAX, KOP_ARGMAX).  Sums are accumulated
+ * in double: these are the references the CUDA kernels are checked against,
+ * so they should be the more accurate side. */
+#include <math.h>
+
+#include "kernels/kernels.h"
+
+void k_rmsnorm(float *out, const float *x, const float *w, int rows, int dim, float eps)
+{
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * dim;
+        float *o = out + (size_t)r * dim;
+        double ss = 0;
+        for (int i = 0; i < dim; i++)
+            ss += (double)xr[i] * xr[i];
+        float s = (float)(1.0 / sqrt(ss / dim + eps));
+        for (int i = 0; i < dim; i++)
+            o[i] = xr[i] * s * w[i];
+    }
+}
+
+void k_layernorm(float *out, const float *x, const float *w, const float *b, int rows, int dim,
+                 float eps)
+{
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * dim;
+        float *o = out + (size_t)r * dim;
+        double mean = 0, var = 0;
+        for (int i = 0; i < dim; i++)
+            mean += xr[i];
+        mean /= dim;
+        for (int i = 0; i < dim; i++)
+            var += (xr[i] - mean) * (xr[i] - mean);
+        var /= dim;
+        float s = (float)(1.0 / sqrt(var + eps));
+        float mf = (float)mean;
+        for (int i = 0; i < dim; i++)
+            o[i] = (xr[i] - mf) * s * w[i] + (b ? b[i] : 0.0f);
+    }
+}
+
+void k_rope(float *x, const int32_t *pos, int n_tok, int n_head, int head_dim, float theta,
+            int mode)
+{
+    int half = head_dim / 2;
+    for (int t = 0; t < n_tok; t++) {
+        for (int h = 0; h < n_head; h++) {
+            float *v = x + ((size_t)t * n_head + h) * head_dim;
+            for (int i = 0; i < half; i++) {
+                /* Angles in double: positions reach 10^5, where an f32 angle
+                 * has already lost most of its fractional bits. */
+                double ang = pos[t] * pow((double)theta, -2.0 * i / head_dim);
+                float c = (float)cos(ang), s = (float)sin(ang);
+                int i0 = mode == K_ROPE_NEOX ? i : 2 * i;
+                int i1 = mode == K_ROPE_NEOX ? i + half : 2 * i + 1;
+                float a = v[i0], b = v[i1];
+                v[i0] = a * c - b * s;
+                v[i1] = a * s + b * c;
+            }
+        }
+    }
+}
+
+void k_softmax(float *out, const float *x, int rows, int n)
+{
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * n;
+        float *o = out + (size_t)r * n;
+        float m = -INFINITY;
+        for (int i = 0; i < n; i++)
+            m = xr[i] > m ? xr[i] : m;
+        double sum = 0;
+        for (int i = 0; i < n; i++) {
+            o[i] = expf(xr[i] - m);
+            sum += o[i];
+        }
+        float inv = (float)(1.0 / sum);
+        for (int i = 0; i < n; i++)
+            o[i] *= inv;
+    }
+}
+
+void k_argmax(int32_t *out, const float *x, int rows, int n)
+{
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * n;
+        int best = 0;
+        for (int i = 1; i < n; i++)
+            if (xr[i] > xr[best])
+                best = i;
+        out[r] = best;
+    }
+}

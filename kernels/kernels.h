@@ -1,0 +1,183 @@
+/* The ops of kernels/ops.h as C functions (issue 4; DESIGN.md section 8).
+ *
+ * Two families with one contract each:
+ *   k_*        host functions in kernels/cpu/: the plain C references (the
+ *              "_ref" ones and every op that has only one version) and the
+ *              fast paths (OpenBLAS sgemm, AVX2 quantized products) that the
+ *              unit tests check against them.
+ *   k_cuda_*   launchers of the CUDA kernels in kernels/cuda/ (device
+ *              pointers, a cudaStream_t passed as void *, NULL = the default
+ *              stream).  They are declared here always so C callers need no
+ *              CUDA header; they are defined only when the build has CUDA
+ *              (BATON_CUDA=1, $(CU_LIB)).  Each returns 0 or a negative
+ *              status (-EINVAL for a bad argument, -EIO for a CUDA, cuBLAS
+ *              or NCCL error, after printing it with file and line).
+ *
+ * Compute is f32 everywhere; f16/bf16 appear only as storage (KOP_CAST and
+ * loads), and the GGUF block types only as weights of the quantized products.
+ * Layouts are row-major; shapes are element counts. */
+#ifndef BATON_KERNELS_KERNELS_H
+#define BATON_KERNELS_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/ops.h"
+
+/* ---- embedding, elementwise, casts, collectives ---------------------------- */
+
+/* OUT[i, :] = TABLE[IDS[i], :] for N ids; DIM floats per row.  Ids out of
+ * [0, VOCAB) give a row of zeros (a bad token must not read out of bounds). */
+void k_embed(float *out, const float *table, int vocab, int dim, const int32_t *ids, int n);
+
+void k_add(float *out, const float *a, const float *b, size_t n);
+void k_mul(float *out, const float *a, const float *b, size_t n);
+void k_silu(float *out, const float *x, size_t n);
+/* GELU, tanh approximation (GPT-2, ggml_gelu). */
+void k_gelu(float *out, const float *x, size_t n);
+
+/* N elements from SRC of type ST to DST of type DT, each one of KD_F32,
+ * KD_F16, KD_BF16 (round to nearest even).  -EINVAL for another type. */
+int k_cast(void *dst, kdtype dt, const void *src, kdtype st, size_t n);
+
+/* Sum over ranks, in place.  On the CPU there is only one rank: the identity
+ * (NRANKS must be 1, else -EINVAL). */
+int k_allreduce_sum(float *buf, size_t n, int nranks);
+
+/* ---- matrix products --------------------------------------------------------- */
+
+/* For each of BATCH problems: C[M, N] = A[M, K] x B[N, K]^T (B holds weights
+ * row-major [out, in]).  SA, SB, SC are the strides between the problems in
+ * elements (SB = 0 shares one weight matrix across the batch).
+ * k_matmul_ref: the triple loop (double accumulators); k_matmul: OpenBLAS. */
+void k_matmul_ref(float *c, const float *a, const float *b, int batch, int m, int n, int k,
+                  size_t sa, size_t sb, size_t sc);
+void k_matmul(float *c, const float *a, const float *b, int batch, int m, int n, int k,
+              size_t sa, size_t sb, size_t sc);
+
+/* Bytes of one 32-element block of a GGUF type (0 for a non-block type). */
+size_t k_block_bytes(kdtype t);
+/* Quantizes N floats (a multiple of 32) into blocks of T (KD_Q8_0, KD_Q4_0,
+ * KD_Q4_1) the way ggml's reference quantizers do, and back. -EINVAL for
+ * another type or N not a multiple of 32. */
+int k_quantize(void *dst, kdtype t, const float *src, size_t n);
+int k_dequantize(float *dst, kdtype t, const void *src, size_t n);
+
+/* Y[ROWS] = W[ROWS, COLS] x X[COLS] with W in blocks of T, dequantized on the
+ * fly (COLS a multiple of 32).  k_qmatvec_ref: scalar; k_qmatvec: the AVX2
+ * path when the CPU has AVX2 and FMA (checked once with cpuid), else the
+ * reference.  -EINVAL for a bad type or shape. */
+int k_qmatvec_ref(float *y, const void *w, kdtype t, const float *x, int rows, int cols);
+int k_qmatvec(float *y, const void *w, kdtype t, const float *x, int rows, int cols);
+/* Whether k_qmatvec takes the AVX2 path on this machine. */
+int k_have_avx2(void);
+
+/* ---- normalization, position, softmax --------------------------------------- */
+
+/* Per row of DIM: OUT = X / sqrt(mean(X^2) + EPS) * W. */
+void k_rmsnorm(float *out, const float *x, const float *w, int rows, int dim, float eps);
+/* Per row of DIM: OUT = (X - mean) / sqrt(var + EPS) * W + B (B may be NULL). */
+void k_layernorm(float *out, const float *x, const float *w, const float *b, int rows, int dim,
+                 float eps);
+
+/* Rotary position embedding, in place, on X[N_TOK, N_HEAD, HEAD_DIM]; token
+ * t sits at position POS[t].  Angle of pair i: pos * THETA^(-2i/HEAD_DIM).
+ *
+ * K_ROPE_NORMAL rotates adjacent pairs (x[2i], x[2i+1]): llama.cpp's
+ * LLAMA_ROPE_TYPE_NORM, which GGUF files of the llama architecture (SmolLM2
+ * among them) expect, because convert_hf_to_gguf.py permutes the rows of Q
+ * and K so that this equals Hugging Face's rotate-half on the original
+ * weights.  K_ROPE_NEOX rotates (x[i], x[i + HEAD_DIM/2]): rotate-half
+ * itself, for weights that were not permuted (GPT-NeoX, Qwen2 GGUF). */
+enum { K_ROPE_NORMAL = 0, K_ROPE_NEOX = 1 };
+void k_rope(float *x, const int32_t *pos, int n_tok, int n_head, int head_dim, float theta,
+            int mode);
+
+/* Per row of N: numerically stable softmax (max subtracted). */
+void k_softmax(float *out, const float *x, int rows, int n);
+/* Per row of N: index of the largest value, the lowest index on ties. */
+void k_argmax(int32_t *out, const float *x, int rows, int n);
+
+/* ---- attention ----------------------------------------------------------------- */
+
+/* KV cache of one sequence: K and V, each [capacity, N_KV_HEAD, HEAD_DIM]. */
+
+/* Causal grouped-query attention over N_TOK new tokens of one sequence whose
+ * cache already holds POS0 tokens.  Q [N_TOK, N_HEAD, HD]; K, V [N_TOK,
+ * N_KV, HD] are written into KC/VC at rows POS0.. before attending; query t
+ * sees cache rows 0..POS0+t.  Query head h reads KV head h / (N_HEAD/N_KV).
+ * OUT [N_TOK, N_HEAD, HD].  Scale 1/sqrt(HD). */
+void k_attn_prefill(float *out, const float *q, const float *k, const float *v, float *kc,
+                    float *vc, int pos0, int n_tok, int n_head, int n_kv, int hd);
+
+/* One query per sequence for a BATCH of sequences of different lengths, each
+ * with its own cache: Q [BATCH, N_HEAD, HD]; K, V [BATCH, N_KV, HD] go to row
+ * LENS[b] of KC[b]/VC[b], then query b attends over rows 0..LENS[b].  The
+ * caller advances LENS afterwards.  OUT [BATCH, N_HEAD, HD]. */
+void k_attn_decode(float *out, const float *q, const float *k, const float *v, float *const *kc,
+                   float *const *vc, const int32_t *lens, int batch, int n_head, int n_kv,
+                   int hd);
+
+/* ---- sampling ------------------------------------------------------------------- */
+
+/* Largest top-k the GPU sampler supports (it selects candidates by repeated
+ * block argmax); the CPU reference has no limit. */
+#define K_SAMPLE_MAX_K 256
+
+/* One token from each row of LOGITS [ROWS, N], row r with RNG counter
+ * COUNTER + r:
+ *   TEMPERATURE <= 0: argmax.  Else the K = TOP_K candidates (TOP_K <= 0 or
+ *   > N: all N) in descending logit order (lower index first on ties);
+ *   p_i = softmax(logit_i / TEMPERATURE) over them; the shortest prefix whose
+ *   mass reaches TOP_P (>= 1: all); u = k_philox_uniform(SEED, counter)
+ *   times that prefix's mass; the first candidate whose running sum exceeds u.
+ * The same rule runs on the GPU, so one (seed, counter) samples alike on both
+ * (up to last-ulp differences of expf). */
+void k_sample(int32_t *out, const float *logits, int rows, int n, float temperature, int top_k,
+              float top_p, uint64_t seed, uint64_t counter);
+
+/* ---- CUDA launchers (kernels/cuda/, only with BATON_CUDA) ------------------------ */
+
+int k_cuda_embed(float *out, const float *table, int vocab, int dim, const int32_t *ids, int n,
+                 void *stream);
+int k_cuda_add(float *out, const float *a, const float *b, size_t n, void *stream);
+int k_cuda_mul(float *out, const float *a, const float *b, size_t n, void *stream);
+int k_cuda_silu(float *out, const float *x, size_t n, void *stream);
+int k_cuda_gelu(float *out, const float *x, size_t n, void *stream);
+int k_cuda_cast(void *dst, kdtype dt, const void *src, kdtype st, size_t n, void *stream);
+int k_cuda_rmsnorm(float *out, const float *x, const float *w, int rows, int dim, float eps,
+                   void *stream);
+int k_cuda_layernorm(float *out, const float *x, const float *w, const float *b, int rows,
+                     int dim, float eps, void *stream);
+int k_cuda_rope(float *x, const int32_t *pos, int n_tok, int n_head, int head_dim, float theta,
+                int mode, void *stream);
+int k_cuda_softmax(float *out, const float *x, int rows, int n, void *stream);
+int k_cuda_argmax(int32_t *out, const float *x, int rows, int n, void *stream);
+/* KC, VC, LENS are device arrays; MAX_CTX (host) bounds LENS[b] + 1 and
+ * sizes the shared memory of the kernel. */
+int k_cuda_attn_decode(float *out, const float *q, const float *k, const float *v,
+                       float *const *kc, float *const *vc, const int32_t *lens, int batch,
+                       int n_head, int n_kv, int hd, int max_ctx, void *stream);
+int k_cuda_qmatvec(float *y, const void *w, kdtype t, const float *x, int rows, int cols,
+                   void *stream);
+/* TOP_K must be in 1..K_SAMPLE_MAX_K when TEMPERATURE > 0 (-EINVAL else). */
+int k_cuda_sample(int32_t *out, const float *logits, int rows, int n, float temperature,
+                  int top_k, float top_p, uint64_t seed, uint64_t counter, void *stream);
+/* Philox uniforms for counters COUNTER..COUNTER+N-1 (the CPU/GPU RNG check). */
+int k_cuda_philox_uniform(float *out, uint64_t seed, uint64_t counter, size_t n, void *stream);
+
+/* Matrix products through cuBLAS (one handle per process, created on first
+ * use and bound to STREAM for each call). */
+int k_cuda_matmul(float *c, const float *a, const float *b, int batch, int m, int n, int k,
+                  size_t sa, size_t sb, size_t sc, void *stream);
+void k_cuda_blas_shutdown(void);
+
+/* All-reduce (sum, in place) through NCCL.  k_cuda_comm_create makes a
+ * single-process communicator over NDEV devices (ncclCommInitAll; 1 is
+ * fine); without NCCL in the build it returns -ENOSYS, and k_cuda_allreduce
+ * with a NULL communicator is the one-rank identity. */
+int k_cuda_comm_create(void **comm, int ndev);
+void k_cuda_comm_destroy(void *comm);
+int k_cuda_allreduce(float *buf, size_t n, void *comm, void *stream);
+
+#endif

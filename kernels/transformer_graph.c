@@ -1,0 +1,172 @@
+/* Builds Llama-family decoder graphs (kernels/transformer_graph.h).  Shapes
+ * are exact; flops count a multiply-add as two; bytes count every input and
+ * output once, which is what a roofline wants from a kernel that streams its
+ * operands. */
+#include "kernels/transformer_graph.h"
+
+#include <stdbool.h>
+#include <stdio.h>
+
+ktf_shape ktf_shape_smollm2_135m(void)
+{
+    return (ktf_shape){576, 30, 9, 3, 64, 1536, 49152, KD_F32, KD_F16, KD_F16};
+}
+
+typedef struct builder {
+    kg_graph *g;
+    const ktf_shape *s;
+    int fail;
+} builder;
+
+static int val(builder *b, const char *name, kg_kind kind, kdtype dt, int ndim, int64_t d0,
+               int64_t d1, int64_t d2, int64_t d3)
+{
+    int64_t shape[4] = {d0, d1, d2, d3};
+    int v = kg_value_add(b->g, name, kind, dt, ndim, shape);
+    if (v < 0)
+        b->fail = 1;
+    return v < 0 ? 0 : v;
+}
+
+static int act(builder *b, const char *name, int64_t rows, int64_t cols)
+{
+    return val(b, name, KG_INTER, b->s->act, 2, rows, cols, 0, 0);
+}
+
+static void op(builder *b, kop k, const int *in, int n_in, int out, double flops)
+{
+    if (b->fail)
+        return;
+    double bytes = 0;
+    for (int i = 0; i < n_in; i++)
+        bytes += (double)b->g->values[in[i]].bytes;
+    bytes += (double)b->g->values[out].bytes;
+    if (kg_op_add(b->g, k, in, n_in, &out, 1, NULL, 0, flops, bytes) < 0)
+        b->fail = 1;
+}
+
+/* Y[rows, n] = X[rows, k] W^T with W [n, k]. */
+static int matmul(builder *b, const char *name, int x, int w, int64_t rows, int64_t n,
+                  int64_t k)
+{
+    int y = act(b, name, rows, n);
+    int in[2] = {x, w};
+    op(b, KOP_MATMUL, in, 2, y, 2.0 * (double)rows * (double)n * (double)k);
+    return y;
+}
+
+/* The decoder body shared by prefill (ATTN_PREFILL over SEQ tokens per
+ * sequence) and decode (ATTN_DECODE, one token against CTX positions). */
+static kg_graph *build(const ktf_shape *s, int batch, int seq, int ctx, bool prefill)
+{
+    if (!s || batch < 1 || seq < 1 || ctx < seq || s->heads % s->kv_heads)
+        return NULL;
+    builder b = {kg_create(), s, 0};
+    if (!b.g)
+        return NULL;
+    int64_t N = (int64_t)batch * seq, H = s->hidden, Q = (int64_t)s->heads * s->head_dim,
+            KV = (int64_t)s->kv_heads * s->head_dim, F = s->ffn, V = s->vocab;
+    char nm[KG_NAME_LEN];
+    int tokens = val(&b, "tokens", KG_INPUT, KD_I32, 1, N, 0, 0, 0);
+    int pos = val(&b, "positions", KG_INPUT, KD_I32, 1, N, 0, 0, 0);
+    int third = val(&b, prefill ? "last_rows" : "seq_lens", KG_INPUT, KD_I32, 1, batch, 0, 0, 0);
+    int embd = val(&b, "token_embd.weight", KG_PARAM, s->weight, 2, V, H, 0, 0);
+    int x = act(&b, "x.embed", N, H);
+    int in2[2] = {embd, tokens};
+    op(&b, KOP_EMBED, in2, 2, x, 0);
+    for (int l = 0; l < s->layers && !b.fail; l++) {
+#define NAME(fmt) (snprintf(nm, sizeof(nm), fmt, l), nm)
+        int an = val(&b, NAME("blk.%d.attn_norm"), KG_PARAM, KD_F32, 1, H, 0, 0, 0);
+        int wq = val(&b, NAME("blk.%d.attn_q"), KG_PARAM, s->weight, 2, Q, H, 0, 0);
+        int wk = val(&b, NAME("blk.%d.attn_k"), KG_PARAM, s->weight, 2, KV, H, 0, 0);
+        int wv = val(&b, NAME("blk.%d.attn_v"), KG_PARAM, s->weight, 2, KV, H, 0, 0);
+        int wo = val(&b, NAME("blk.%d.attn_output"), KG_PARAM, s->weight, 2, H, Q, 0, 0);
+        int fn = val(&b, NAME("blk.%d.ffn_norm"), KG_PARAM, KD_F32, 1, H, 0, 0, 0);
+        int wg = val(&b, NAME("blk.%d.ffn_gate"), KG_PARAM, s->weight, 2, F, H, 0, 0);
+        int wu = val(&b, NAME("blk.%d.ffn_up"), KG_PARAM, s->weight, 2, F, H, 0, 0);
+        int wd = val(&b, NAME("blk.%d.ffn_down"), KG_PARAM, s->weight, 2, H, F, 0, 0);
+        int kc = val(&b, NAME("k_cache.%d"), KG_HANDLE, s->cache, 4, batch, ctx, s->kv_heads, s->head_dim);
+        int vc = val(&b, NAME("v_cache.%d"), KG_HANDLE, s->cache, 4, batch, ctx, s->kv_heads, s->head_dim);
+
+        int xn = act(&b, NAME("blk.%d.xn"), N, H);
+        int t[5] = {x, an};
+        op(&b, KOP_RMSNORM, t, 2, xn, 4.0 * (double)(N * H));
+        int q = matmul(&b, NAME("blk.%d.q"), xn, wq, N, Q, H);
+        int k = matmul(&b, NAME("blk.%d.k"), xn, wk, N, KV, H);
+        int v = matmul(&b, NAME("blk.%d.v"), xn, wv, N, KV, H);
+        int qr = act(&b, NAME("blk.%d.q_rope"), N, Q);
+        t[0] = q, t[1] = pos;
+        op(&b, KOP_ROPE, t, 2, qr, 6.0 * (double)(N * Q));
+        int kr = act(&b, NAME("blk.%d.k_rope"), N, KV);
+        t[0] = k;
+        op(&b, KOP_ROPE, t, 2, kr, 6.0 * (double)(N * KV));
+        int at = act(&b, NAME("blk.%d.attn"), N, Q);
+        /* Attention writes this step's K and V into the caches and reads the
+         * cached positions: the caches are both inputs and outputs. */
+        int ain[6] = {qr, kr, v, kc, vc, prefill ? pos : third};
+        int aout[3] = {at, kc, vc};
+        double span = prefill ? (seq + 1) / 2.0 : (double)ctx;  /* keys per query, causal mean */
+        double aflops = 4.0 * (double)N * s->heads * span * s->head_dim;
+        double cache_rw = 2.0 * (double)batch * (prefill ? seq : ctx) * (double)KV *
+                          (double)kdtype_bytes(s->cache, 1);
+        double abytes = (double)(b.g->values[qr].bytes + b.g->values[kr].bytes +
+                                 b.g->values[v].bytes + b.g->values[at].bytes) + cache_rw;
+        if (!b.fail && kg_op_add(b.g, prefill ? KOP_ATTN_PREFILL : KOP_ATTN_DECODE, ain, 6, aout,
+                                 3, NULL, 0, aflops, abytes) < 0)
+            b.fail = 1;
+        int o = matmul(&b, NAME("blk.%d.o"), at, wo, N, H, Q);
+        int x2 = act(&b, NAME("blk.%d.x_attn"), N, H);
+        t[0] = x, t[1] = o;
+        op(&b, KOP_ADD, t, 2, x2, (double)(N * H));
+        int xn2 = act(&b, NAME("blk.%d.xn_ffn"), N, H);
+        t[0] = x2, t[1] = fn;
+        op(&b, KOP_RMSNORM, t, 2, xn2, 4.0 * (double)(N * H));
+        int gt = matmul(&b, NAME("blk.%d.gate"), xn2, wg, N, F, H);
+        int up = matmul(&b, NAME("blk.%d.up"), xn2, wu, N, F, H);
+        int sg = act(&b, NAME("blk.%d.silu"), N, F);
+        t[0] = gt;
+        op(&b, KOP_SILU, t, 1, sg, 4.0 * (double)(N * F));
+        int m = act(&b, NAME("blk.%d.swiglu"), N, F);
+        t[0] = sg, t[1] = up;
+        op(&b, KOP_MUL, t, 2, m, (double)(N * F));
+        int d = matmul(&b, NAME("blk.%d.down"), m, wd, N, H, F);
+        int x3 = act(&b, NAME("blk.%d.x_out"), N, H);
+        t[0] = x2, t[1] = d;
+        op(&b, KOP_ADD, t, 2, x3, (double)(N * H));
+        x = x3;
+#undef NAME
+    }
+    int on = val(&b, "output_norm", KG_PARAM, KD_F32, 1, H, 0, 0, 0);
+    int last = x;
+    if (prefill) {
+        /* Only each sequence's last token needs logits: gather its row
+         * (an embedding lookup with the hidden states as the table). */
+        last = act(&b, "x.last", batch, H);
+        int t[2] = {x, third};
+        op(&b, KOP_EMBED, t, 2, last, 0);
+    }
+    int xf = act(&b, "x.final", batch, H);
+    int t[2] = {last, on};
+    op(&b, KOP_RMSNORM, t, 2, xf, 4.0 * (double)batch * (double)H);
+    int logits = val(&b, "logits", KG_OUTPUT, s->act, 2, batch, V, 0, 0);
+    t[0] = xf, t[1] = embd;  /* tied embeddings: the output head is token_embd */
+    op(&b, KOP_MATMUL, t, 2, logits, 2.0 * (double)batch * (double)V * (double)H);
+    int next = val(&b, "next_token", KG_OUTPUT, KD_I32, 1, batch, 0, 0, 0);
+    t[0] = logits;
+    op(&b, KOP_ARGMAX, t, 1, next, (double)batch * (double)V);
+    if (b.fail) {
+        kg_destroy(b.g);
+        return NULL;
+    }
+    return b.g;
+}
+
+kg_graph *ktf_build_prefill(const ktf_shape *s, int batch, int seq, int ctx)
+{
+    return build(s, batch, seq, ctx, true);
+}
+
+kg_graph *ktf_build_decode(const ktf_shape *s, int batch, int ctx)
+{
+    return build(s, batch, 1, ctx, false);
+}

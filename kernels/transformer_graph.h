@@ -1,0 +1,39 @@
+/* Op graphs of a Llama-family decoder (RMSNorm, RoPE, grouped-query
+ * attention with a KV cache, SwiGLU, tied embeddings) at given shapes, for
+ * arena planning and costing (DESIGN.md section 8).  The graphs carry each
+ * op's flops and bytes; running them needs the kernels (kernels/kernels.h). */
+#ifndef BATON_KERNELS_TRANSFORMER_GRAPH_H
+#define BATON_KERNELS_TRANSFORMER_GRAPH_H
+
+#include "kernels/graph.h"
+
+typedef struct ktf_shape {
+    int hidden;        /* 576 for SmolLM2-135M */
+    int layers;        /* 30 */
+    int heads;         /* query heads, 9 */
+    int kv_heads;      /* 3 */
+    int head_dim;      /* 64 */
+    int ffn;           /* 1536 */
+    int vocab;         /* 49152 */
+    kdtype act;        /* activations: KD_F32 */
+    kdtype weight;     /* weights: KD_F32, KD_F16 or a GGUF block type */
+    kdtype cache;      /* KV cache: KD_F32 or KD_F16 */
+} ktf_shape;
+
+/* SmolLM2-135M, f32 activations, f16 weights and cache. */
+ktf_shape ktf_shape_smollm2_135m(void);
+
+/* Prefill of BATCH sequences of SEQ tokens each; KV caches of CTX positions
+ * per sequence (CTX >= SEQ).  Inputs: 0 tokens [B*SEQ] i32, 1 positions
+ * [B*SEQ] i32, 2 last-token rows [B] i32.  Outputs: 0 logits of each
+ * sequence's last token [B, vocab], 1 argmax [B] i32.  Handles k_cache.L and
+ * v_cache.L [B, CTX, kv_heads, head_dim].  NULL on a bad shape or no memory. */
+kg_graph *ktf_build_prefill(const ktf_shape *s, int batch, int seq, int ctx);
+
+/* One decode step of BATCH sequences against KV caches of CTX positions
+ * (the attention reads all CTX positions: the upper extent).  Inputs: 0
+ * tokens [B] i32, 1 positions [B] i32, 2 sequence lengths [B] i32.  Outputs
+ * as prefill. */
+kg_graph *ktf_build_decode(const ktf_shape *s, int batch, int ctx);
+
+#endif

@@ -1,0 +1,585 @@
+/* Every CUDA kernel of kernels/cuda/ against its C reference in
+ * kernels/cpu/ (llm.c's habit: validated, then timed).
+ *
+ * Check: random inputs of several shapes, odd ones included; device outputs
+ * poisoned with NaN (0xff bytes) before the launch so an element the kernel
+ * never wrote fails; relative error bounds by dtype (exact for casts, Philox
+ * and argmax; f32 rounding for the rest).  Time: each kernel at a large
+ * size, achieved GB/s against a device-to-device cudaMemcpy measured in the
+ * same run (bytes read + written, as for the copy), matmul as GFLOP/s at the
+ * model's shapes against cuBLAS's own rate on a large square product.
+ *
+ * Writes a table to stdout and JSON to $OUT/gpu_kernels.json (else
+ * $BUILD/gpu/ or build/gpu/).  Without a CUDA device it prints
+ * "no CUDA device: skipped" and exits 0.  Exit 1 when a check fails. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <cuda_runtime_api.h>
+
+#include "kernels/cpu/philox.h"
+#include "kernels/kernels.h"
+
+#define CK(call)                                                                              \
+    do {                                                                                      \
+        cudaError_t e_ = (call);                                                              \
+        if (e_ != cudaSuccess) {                                                              \
+            fprintf(stderr, "%s:%d: CUDA error: %s\n", __FILE__, __LINE__,                    \
+                    cudaGetErrorString(e_));                                                  \
+            exit(2);                                                                          \
+        }                                                                                     \
+    } while (0)
+#define OK(call)                                                                              \
+    do {                                                                                      \
+        int r_ = (call);                                                                      \
+        if (r_ != 0) {                                                                        \
+            fprintf(stderr, "%s:%d: %s returned %d\n", __FILE__, __LINE__, #call, r_);       \
+            exit(2);                                                                          \
+        }                                                                                     \
+    } while (0)
+
+static int failures, checks;
+static uint64_t rs = 0x243f6a8885a308d3ull;
+
+static float frand(void)
+{
+    uint64_t z = (rs += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return (float)((z >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+}
+
+static float *hrand(size_t n, float scale)
+{
+    float *p = malloc(n * sizeof(float) + 4);
+    for (size_t i = 0; i < n; i++)
+        p[i] = frand() * scale;
+    return p;
+}
+
+static void *dup_dev(const void *h, size_t bytes)
+{
+    void *d;
+    CK(cudaMalloc(&d, bytes + 4));
+    CK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
+    return d;
+}
+
+static void *dev_poison(size_t bytes)
+{
+    void *d;
+    CK(cudaMalloc(&d, bytes + 4));
+    CK(cudaMemset(d, 0xff, bytes)); /* NaN as f32, -1 as i32 */
+    return d;
+}
+
+static void *back(const void *d, size_t bytes)
+{
+    void *h = malloc(bytes + 4);
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost));
+    return h;
+}
+
+/* Every element written and |got - ref| <= abs + rel * |ref|. */
+static void cmp(const char *what, const float *got, const float *ref, size_t n, float abs_tol,
+                float rel_tol)
+{
+    checks++;
+    for (size_t i = 0; i < n; i++)
+        if (isnan(got[i]) || fabsf(got[i] - ref[i]) > abs_tol + rel_tol * fabsf(ref[i])) {
+            printf("FAIL %-28s element %zu: gpu %.9g, reference %.9g\n", what, i, (double)got[i],
+                   (double)ref[i]);
+            failures++;
+            return;
+        }
+    printf("ok   %-28s %zu elements\n", what, n);
+}
+
+static void cmp_exact(const char *what, const void *got, const void *ref, size_t bytes)
+{
+    checks++;
+    if (memcmp(got, ref, bytes)) {
+        printf("FAIL %-28s differs from the reference\n", what);
+        failures++;
+    } else {
+        printf("ok   %-28s %zu bytes identical\n", what, bytes);
+    }
+}
+
+/* ---- checks ---------------------------------------------------------------- */
+
+static void check_elementwise(size_t n)
+{
+    char name[64];
+    float *a = hrand(n, 4), *b = hrand(n, 4), *ref = malloc(n * 4);
+    float *da = dup_dev(a, n * 4), *db = dup_dev(b, n * 4);
+    struct { const char *op; int bin; } ops[] = {{"add", 1}, {"mul", 1}, {"silu", 0}, {"gelu", 0}};
+    for (int o = 0; o < 4; o++) {
+        float *dout = dev_poison(n * 4);
+        switch (o) {
+        case 0: k_add(ref, a, b, n); OK(k_cuda_add(dout, da, db, n, NULL)); break;
+        case 1: k_mul(ref, a, b, n); OK(k_cuda_mul(dout, da, db, n, NULL)); break;
+        case 2: k_silu(ref, a, n); OK(k_cuda_silu(dout, da, n, NULL)); break;
+        default: k_gelu(ref, a, n); OK(k_cuda_gelu(dout, da, n, NULL)); break;
+        }
+        float *got = back(dout, n * 4);
+        snprintf(name, sizeof(name), "%s n=%zu", ops[o].op, n);
+        cmp(name, got, ref, n, 1e-6f, ops[o].bin ? 0 : 4e-6f);
+        free(got);
+        cudaFree(dout);
+    }
+    /* Casts: bit-exact, every pair of f32/f16/bf16. */
+    kdtype ts[3] = {KD_F32, KD_F16, KD_BF16};
+    for (int s = 0; s < 3; s++) {
+        void *src = malloc(n * 4);
+        OK(k_cast(src, ts[s], a, KD_F32, n));
+        void *dsrc = dup_dev(src, kdtype_bytes(ts[s], n));
+        for (int d = 0; d < 3; d++) {
+            size_t ob = kdtype_bytes(ts[d], n);
+            void *r = malloc(ob), *dd = dev_poison(ob);
+            OK(k_cast(r, ts[d], src, ts[s], n));
+            OK(k_cuda_cast(dd, ts[d], dsrc, ts[s], n, NULL));
+            void *got = back(dd, ob);
+            snprintf(name, sizeof(name), "cast %s->%s n=%zu", kdtype_name(ts[s]),
+                     kdtype_name(ts[d]), n);
+            cmp_exact(name, got, r, ob);
+            free(r);
+            free(got);
+            cudaFree(dd);
+        }
+        free(src);
+        cudaFree(dsrc);
+    }
+    /* Embedding: rows of a (as a table of n/64 rows of 64). */
+    int dim = 64, vocab = (int)(n / 64), nid = 37;
+    if (vocab > 0) {
+        int32_t ids[37];
+        for (int i = 0; i < nid; i++)
+            ids[i] = (int32_t)((i * 7919) % (vocab + 2)) - 1; /* includes -1 and vocab */
+        int32_t *dids = dup_dev(ids, sizeof(ids));
+        float *r = malloc((size_t)nid * dim * 4), *dout = dev_poison((size_t)nid * dim * 4);
+        k_embed(r, a, vocab, dim, ids, nid);
+        OK(k_cuda_embed(dout, da, vocab, dim, dids, nid, NULL));
+        float *got = back(dout, (size_t)nid * dim * 4);
+        snprintf(name, sizeof(name), "embed vocab=%d", vocab);
+        cmp_exact(name, got, r, (size_t)nid * dim * 4);
+        free(r);
+        free(got);
+        cudaFree(dout);
+        cudaFree(dids);
+    }
+    free(a);
+    free(b);
+    free(ref);
+    cudaFree(da);
+    cudaFree(db);
+}
+
+static void check_rows(int rows, int dim)
+{
+    char name[64];
+    size_t n = (size_t)rows * dim;
+    float *x = hrand(n, 3), *w = hrand(dim, 1), *bias = hrand(dim, 1), *ref = malloc(n * 4);
+    float *dx = dup_dev(x, n * 4), *dw = dup_dev(w, dim * 4), *db = dup_dev(bias, dim * 4);
+    float *dout = dev_poison(n * 4), *got;
+    k_rmsnorm(ref, x, w, rows, dim, 1e-5f);
+    OK(k_cuda_rmsnorm(dout, dx, dw, rows, dim, 1e-5f, NULL));
+    got = back(dout, n * 4);
+    snprintf(name, sizeof(name), "rmsnorm %dx%d", rows, dim);
+    cmp(name, got, ref, n, 1e-5f, 1e-5f);
+    free(got);
+    CK(cudaMemset(dout, 0xff, n * 4));
+    k_layernorm(ref, x, w, bias, rows, dim, 1e-5f);
+    OK(k_cuda_layernorm(dout, dx, dw, db, rows, dim, 1e-5f, NULL));
+    got = back(dout, n * 4);
+    snprintf(name, sizeof(name), "layernorm %dx%d", rows, dim);
+    cmp(name, got, ref, n, 1e-5f, 1e-5f);
+    free(got);
+    CK(cudaMemset(dout, 0xff, n * 4));
+    k_softmax(ref, x, rows, dim);
+    OK(k_cuda_softmax(dout, dx, rows, dim, NULL));
+    got = back(dout, n * 4);
+    snprintf(name, sizeof(name), "softmax %dx%d", rows, dim);
+    cmp(name, got, ref, n, 1e-8f, 1e-5f);
+    free(got);
+    int32_t *am = malloc(rows * 4), *dam = dev_poison(rows * 4);
+    k_argmax(am, x, rows, dim);
+    OK(k_cuda_argmax(dam, dx, rows, dim, NULL));
+    int32_t *gam = back(dam, rows * 4);
+    snprintf(name, sizeof(name), "argmax %dx%d", rows, dim);
+    cmp_exact(name, gam, am, rows * 4);
+    /* Sampling: the same token as the reference for each row. */
+    int32_t *sr = malloc(rows * 4);
+    for (int k = 1; k <= 64 && k <= dim; k *= 8) {
+        k_sample(sr, x, rows, dim, 0.9f, k, 0.9f, 1234, 77);
+        CK(cudaMemset(dam, 0xff, rows * 4));
+        OK(k_cuda_sample(dam, dx, rows, dim, 0.9f, k, 0.9f, 1234, 77, NULL));
+        free(gam);
+        gam = back(dam, rows * 4);
+        snprintf(name, sizeof(name), "sample k=%d %dx%d", k, rows, dim);
+        cmp_exact(name, gam, sr, rows * 4);
+    }
+    free(sr);
+    free(am);
+    free(gam);
+    cudaFree(dam);
+    free(x);
+    free(w);
+    free(bias);
+    free(ref);
+    cudaFree(dx);
+    cudaFree(dw);
+    cudaFree(db);
+    cudaFree(dout);
+}
+
+static void check_rope(int n_tok, int n_head, int hd, int mode)
+{
+    char name[64];
+    size_t n = (size_t)n_tok * n_head * hd;
+    float *x = hrand(n, 1);
+    int32_t *pos = malloc(n_tok * 4);
+    for (int t = 0; t < n_tok; t++)
+        pos[t] = t * 997 % 8192;
+    float *dx = dup_dev(x, n * 4);
+    int32_t *dp = dup_dev(pos, n_tok * 4);
+    k_rope(x, pos, n_tok, n_head, hd, 10000.0f, mode);
+    OK(k_cuda_rope(dx, dp, n_tok, n_head, hd, 10000.0f, mode, NULL));
+    float *got = back(dx, n * 4);
+    snprintf(name, sizeof(name), "rope%s %dx%dx%d", mode ? "-neox" : "", n_tok, n_head, hd);
+    cmp(name, got, x, n, 2e-6f, 1e-5f);
+    free(got);
+    free(x);
+    free(pos);
+    cudaFree(dx);
+    cudaFree(dp);
+}
+
+static void check_qmatvec(kdtype t, int rows, int cols)
+{
+    char name[64];
+    size_t n = (size_t)rows * cols, qb = kdtype_bytes(t, n);
+    float *wf = hrand(n, 1), *x = hrand(cols, 1), *ref = malloc(rows * 4);
+    void *w = malloc(qb);
+    OK(k_quantize(w, t, wf, n));
+    OK(k_qmatvec_ref(ref, w, t, x, rows, cols));
+    void *dw = dup_dev(w, qb);
+    float *dx = dup_dev(x, cols * 4), *dy = dev_poison(rows * 4);
+    OK(k_cuda_qmatvec(dy, dw, t, dx, rows, cols, NULL));
+    float *got = back(dy, rows * 4);
+    snprintf(name, sizeof(name), "qmatvec %s %dx%d", kdtype_name(t), rows, cols);
+    cmp(name, got, ref, rows, 2e-6f * cols, 1e-5f);
+    free(got);
+    free(wf);
+    free(x);
+    free(ref);
+    free(w);
+    cudaFree(dw);
+    cudaFree(dx);
+    cudaFree(dy);
+}
+
+static void check_matmul(int batch, int m, int n, int k, int shared)
+{
+    char name[64];
+    size_t sa = (size_t)m * k, sb = shared ? 0 : (size_t)n * k, sc = (size_t)m * n;
+    size_t nb = shared ? (size_t)n * k : sb * batch;
+    float *a = hrand(sa * batch, 1), *b = hrand(nb, 1), *ref = malloc(sc * batch * 4);
+    k_matmul_ref(ref, a, b, batch, m, n, k, sa, sb, sc);
+    float *da = dup_dev(a, sa * batch * 4), *db = dup_dev(b, nb * 4);
+    float *dc = dev_poison(sc * batch * 4);
+    OK(k_cuda_matmul(dc, da, db, batch, m, n, k, sa, sb, sc, NULL));
+    float *got = back(dc, sc * batch * 4);
+    snprintf(name, sizeof(name), "matmul %dx%dx%dx%d%s", batch, m, n, k, shared ? " shared" : "");
+    /* cuBLAS may use TF32 only if asked; it is not, so f32 rounding. */
+    cmp(name, got, ref, sc * batch, 2e-6f * k + 1e-6f, 1e-5f);
+    free(got);
+    free(a);
+    free(b);
+    free(ref);
+    cudaFree(da);
+    cudaFree(db);
+    cudaFree(dc);
+}
+
+/* A batch of sequences of different lengths, as in k_attn_decode's test. */
+static void check_decode(int batch, int n_head, int n_kv, int hd, int maxlen)
+{
+    char name[64];
+    size_t row = (size_t)n_kv * hd, qrow = (size_t)n_head * hd;
+    int cap = maxlen + 1;
+    int32_t *lens = malloc(batch * 4);
+    float **kc = malloc(batch * sizeof(float *)), **vc = malloc(batch * sizeof(float *));
+    float **dkc = malloc(batch * sizeof(float *)), **dvc = malloc(batch * sizeof(float *));
+    for (int b = 0; b < batch; b++) {
+        lens[b] = (int32_t)((b * 7919 + 3) % (maxlen + 1));
+        kc[b] = hrand(cap * row, 1);
+        vc[b] = hrand(cap * row, 1);
+        dkc[b] = dup_dev(kc[b], cap * row * 4);
+        dvc[b] = dup_dev(vc[b], cap * row * 4);
+    }
+    float *q = hrand(batch * qrow, 1), *k = hrand(batch * row, 1), *v = hrand(batch * row, 1);
+    float *ref = malloc(batch * qrow * 4);
+    k_attn_decode(ref, q, k, v, kc, vc, lens, batch, n_head, n_kv, hd);
+    float *dq = dup_dev(q, batch * qrow * 4), *dk = dup_dev(k, batch * row * 4);
+    float *dv = dup_dev(v, batch * row * 4), *dout = dev_poison(batch * qrow * 4);
+    float **ddkc = dup_dev(dkc, batch * sizeof(float *)), **ddvc = dup_dev(dvc, batch * sizeof(float *));
+    int32_t *dlens = dup_dev(lens, batch * 4);
+    OK(k_cuda_attn_decode(dout, dq, dk, dv, ddkc, ddvc, dlens, batch, n_head, n_kv, hd, cap, NULL));
+    float *got = back(dout, batch * qrow * 4);
+    snprintf(name, sizeof(name), "attn_decode b=%d %d/%d hd=%d", batch, n_head, n_kv, hd);
+    cmp(name, got, ref, batch * qrow, 1e-5f, 1e-4f);
+    free(got);
+    for (int b = 0; b < batch; b++) { /* the appended cache rows */
+        float *gk = back(dkc[b], cap * row * 4);
+        snprintf(name, sizeof(name), "attn_decode cache b=%d", b);
+        if (b < 2)
+            cmp_exact(name, gk, kc[b], cap * row * 4);
+        free(gk);
+        free(kc[b]);
+        free(vc[b]);
+        cudaFree(dkc[b]);
+        cudaFree(dvc[b]);
+    }
+    free(lens);
+    free(kc);
+    free(vc);
+    free(dkc);
+    free(dvc);
+    free(q);
+    free(k);
+    free(v);
+    free(ref);
+    cudaFree(dq);
+    cudaFree(dk);
+    cudaFree(dv);
+    cudaFree(dout);
+    cudaFree(ddkc);
+    cudaFree(ddvc);
+    cudaFree(dlens);
+}
+
+static void check_philox(void)
+{
+    size_t n = 100003;
+    float *ref = malloc(n * 4), *d = dev_poison(n * 4);
+    for (size_t i = 0; i < n; i++)
+        ref[i] = k_philox_uniform(0xdeadbeefcafeull, (1ull << 40) + i);
+    OK(k_cuda_philox_uniform(d, 0xdeadbeefcafeull, 1ull << 40, n, NULL));
+    float *got = back(d, n * 4);
+    cmp_exact("philox uniforms", got, ref, n * 4);
+    free(ref);
+    free(got);
+    cudaFree(d);
+}
+
+static void check_allreduce(void)
+{
+    size_t n = 4097;
+    float *x = hrand(n, 1), *dx = dup_dev(x, n * 4);
+    void *comm = NULL;
+    int rc = k_cuda_comm_create(&comm, 1);
+    if (rc == -ENOSYS)
+        printf("note allreduce: built without NCCL, identity only\n");
+    else
+        OK(rc);
+    OK(k_cuda_allreduce(dx, n, comm, NULL));
+    float *got = back(dx, n * 4);
+    cmp_exact("allreduce 1 rank", got, x, n * 4);
+    k_cuda_comm_destroy(comm);
+    free(got);
+    free(x);
+    cudaFree(dx);
+}
+
+/* ---- timing ------------------------------------------------------------------ */
+
+typedef struct row {
+    char op[64];
+    double us;        /* per call */
+    double bytes;     /* moved per call (read + written) */
+    double flops;     /* per call; 0 for memory-bound rows */
+} row;
+
+static row rows_[64];
+static int nrows;
+static cudaEvent_t ev0, ev1;
+
+#define TIME(label, bytes_, flops_, call)                                                     \
+    do {                                                                                      \
+        OK(call);                                                                             \
+        CK(cudaDeviceSynchronize());                                                          \
+        int it_ = 50;                                                                         \
+        CK(cudaEventRecord(ev0, NULL));                                                       \
+        for (int i_ = 0; i_ < it_; i_++)                                                      \
+            OK(call);                                                                         \
+        CK(cudaEventRecord(ev1, NULL));                                                       \
+        CK(cudaEventSynchronize(ev1));                                                        \
+        float ms_;                                                                            \
+        CK(cudaEventElapsedTime(&ms_, ev0, ev1));                                             \
+        row *r_ = &rows_[nrows++];                                                            \
+        snprintf(r_->op, sizeof(r_->op), "%s", label);                                        \
+        r_->us = ms_ * 1000.0 / it_;                                                          \
+        r_->bytes = (bytes_);                                                                 \
+        r_->flops = (flops_);                                                                 \
+    } while (0)
+
+static void bench(FILE *json, const char *devname)
+{
+    CK(cudaEventCreate(&ev0));
+    CK(cudaEventCreate(&ev1));
+    size_t n = 64u << 20; /* 64 Mi floats: 256 MiB per operand */
+    float *a, *b, *c;
+    CK(cudaMalloc((void **)&a, n * 4));
+    CK(cudaMalloc((void **)&b, n * 4));
+    CK(cudaMalloc((void **)&c, n * 4));
+    CK(cudaMemset(a, 0, n * 4));
+    CK(cudaMemset(b, 0, n * 4));
+    TIME("memcpy d2d", 2.0 * n * 4, 0, cudaMemcpyAsync(c, a, n * 4, cudaMemcpyDeviceToDevice, NULL));
+    double copy_gbs = rows_[0].bytes / rows_[0].us / 1e3;
+    TIME("add", 3.0 * n * 4, 0, k_cuda_add(c, a, b, n, NULL));
+    TIME("mul", 3.0 * n * 4, 0, k_cuda_mul(c, a, b, n, NULL));
+    TIME("silu", 2.0 * n * 4, 0, k_cuda_silu(c, a, n, NULL));
+    TIME("gelu", 2.0 * n * 4, 0, k_cuda_gelu(c, a, n, NULL));
+    TIME("cast f32->f16", 6.0 * n, 0, k_cuda_cast(c, KD_F16, a, KD_F32, n, NULL));
+    TIME("cast bf16->f32", 6.0 * n, 0, k_cuda_cast(c, KD_F32, a, KD_BF16, n, NULL));
+    int rows = 16384, dim = 4096;
+    TIME("rmsnorm 16384x4096", 2.0 * rows * dim * 4, 0, k_cuda_rmsnorm(c, a, b, rows, dim, 1e-5f, NULL));
+    TIME("layernorm 16384x4096", 2.0 * rows * dim * 4, 0,
+         k_cuda_layernorm(c, a, b, b, rows, dim, 1e-5f, NULL));
+    TIME("softmax 1024x49152", 2.0 * 1024 * 49152 * 4, 0, k_cuda_softmax(c, a, 1024, 49152, NULL));
+    TIME("argmax 1024x49152", 1.0 * 1024 * 49152 * 4, 0, k_cuda_argmax((int32_t *)c, a, 1024, 49152, NULL));
+    CK(cudaMemset(c, 0, 1 << 20));
+    TIME("rope 8192x32x128", 2.0 * 8192 * 32 * 128 * 4, 0,
+         k_cuda_rope(a, (const int32_t *)c, 8192, 32, 128, 10000.0f, K_ROPE_NORMAL, NULL));
+    kdtype qt[3] = {KD_Q8_0, KD_Q4_0, KD_Q4_1};
+    for (int t = 0; t < 3; t++) {
+        char lab[64];
+        int qr = 49152, qc = 4096; /* an output projection's shape */
+        CK(cudaMemset(a, 0, kdtype_bytes(qt[t], (size_t)qr * qc)));
+        snprintf(lab, sizeof(lab), "qmatvec %s %dx%d", kdtype_name(qt[t]), qr, qc);
+        TIME(lab, (double)kdtype_bytes(qt[t], (size_t)qr * qc) + qc * 4.0 + qr * 4.0,
+             2.0 * qr * qc, k_cuda_qmatvec(c, a, qt[t], b, qr, qc, NULL));
+    }
+    TIME("sample k=40 16x49152", 40.0 * 16 * 49152 * 4, 0,
+         k_cuda_sample((int32_t *)c, a, 16, 49152, 0.8f, 40, 0.95f, 1, 2, NULL));
+    {
+        /* Decode attention: 16 sequences of 2048 tokens, SmolLM2's heads. */
+        int B = 16, NH = 9, NKV = 3, HD = 64, L = 2048;
+        float *kc[16], *vc[16];
+        int32_t lens[16];
+        size_t per = (size_t)(L + 1) * NKV * HD;
+        for (int i = 0; i < B; i++) {
+            kc[i] = a + 2 * i * per;
+            vc[i] = a + (2 * i + 1) * per;
+            lens[i] = L - 1;
+        }
+        float **dkc = dup_dev(kc, sizeof(kc)), **dvc = dup_dev(vc, sizeof(vc));
+        int32_t *dl = dup_dev(lens, sizeof(lens));
+        TIME("attn_decode 16x2048 9/3x64", 2.0 * B * L * NKV * HD * 4, 4.0 * B * NH * L * HD,
+             k_cuda_attn_decode(c, b, b, b, dkc, dvc, dl, B, NH, NKV, HD, L + 1, NULL));
+        cudaFree(dkc);
+        cudaFree(dvc);
+        cudaFree(dl);
+    }
+    int mm_first = nrows;
+    TIME("matmul 1x8192x8192x8192", 3.0 * 8192 * 8192 * 4, 2.0 * 8192 * 8192 * 8192,
+         k_cuda_matmul(c, a, b, 1, 8192, 8192, 8192, 0, 0, 0, NULL));
+    TIME("matmul 16x1536x576 (decode b16)", 4.0 * (16 * 576 + 1536 * 576 + 16 * 1536),
+         2.0 * 16 * 1536 * 576, k_cuda_matmul(c, a, b, 1, 16, 1536, 576, 0, 0, 0, NULL));
+    TIME("matmul 512x1536x576 (prefill)", 4.0 * (512 * 576 + 1536 * 576 + 512 * 1536),
+         2.0 * 512 * 1536 * 576, k_cuda_matmul(c, a, b, 1, 512, 1536, 576, 0, 0, 0, NULL));
+    TIME("matmul 512x49152x576 (lm head)", 4.0 * (512 * 576 + 49152.0 * 576 + 512 * 49152.0),
+         2.0 * 512 * 49152.0 * 576, k_cuda_matmul(c, a, b, 1, 512, 49152, 576, 0, 0, 0, NULL));
+    double peak = rows_[mm_first].flops / rows_[mm_first].us / 1e3;
+
+    printf("\nGPU: %s (CUDA kernels; figures from this device only)\n", devname);
+    printf("%-34s %10s %10s %8s %10s %8s\n", "op", "us/call", "GB/s", "%copy", "GFLOP/s", "%sgemm");
+    fprintf(json, "{\"device\": \"%s\", \"copy_gbs\": %.1f, \"sgemm_gflops\": %.1f, \"ops\": [",
+            devname, copy_gbs, peak);
+    for (int i = 0; i < nrows; i++) {
+        row *r = &rows_[i];
+        double gbs = r->bytes / r->us / 1e3, gfl = r->flops / r->us / 1e3;
+        printf("%-34s %10.2f %10.1f %7.1f%% %10.1f %7.1f%%\n", r->op, r->us, gbs,
+               100 * gbs / copy_gbs, gfl, r->flops ? 100 * gfl / peak : 0.0);
+        fprintf(json,
+                "%s\n  {\"op\": \"%s\", \"us\": %.3f, \"gbs\": %.2f, \"pct_copy\": %.1f, "
+                "\"gflops\": %.2f, \"pct_sgemm\": %.1f}",
+                i ? "," : "", r->op, r->us, gbs, 100 * gbs / copy_gbs, gfl,
+                r->flops ? 100 * gfl / peak : 0.0);
+    }
+    fprintf(json, "\n]}\n");
+    cudaFree(a);
+    cudaFree(b);
+    cudaFree(c);
+}
+
+int main(void)
+{
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+        printf("no CUDA device: skipped\n");
+        return 0;
+    }
+    struct cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    printf("device: %s\n", prop.name);
+
+    size_t sizes[] = {1, 31, 1000, 65536 + 7, 1 << 20};
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++)
+        check_elementwise(sizes[i]);
+    int rs_[][2] = {{1, 1}, {3, 576}, {7, 1000}, {4, 49152}, {33, 1536}};
+    for (size_t i = 0; i < sizeof(rs_) / sizeof(rs_[0]); i++)
+        check_rows(rs_[i][0], rs_[i][1]);
+    check_rope(1, 1, 2, K_ROPE_NORMAL);
+    check_rope(7, 9, 64, K_ROPE_NORMAL);
+    check_rope(5, 3, 64, K_ROPE_NEOX);
+    check_rope(33, 32, 128, K_ROPE_NORMAL);
+    kdtype qt[3] = {KD_Q8_0, KD_Q4_0, KD_Q4_1};
+    for (int t = 0; t < 3; t++) {
+        check_qmatvec(qt[t], 1, 32);
+        check_qmatvec(qt[t], 37, 576);
+        check_qmatvec(qt[t], 1536, 576);
+        check_qmatvec(qt[t], 100, 4096);
+    }
+    check_matmul(1, 1, 1, 1, 0);
+    check_matmul(3, 17, 33, 65, 0);
+    check_matmul(4, 16, 1536, 576, 1);
+    check_matmul(1, 128, 576, 576, 0);
+    check_decode(1, 1, 1, 16, 0);
+    check_decode(5, 9, 3, 64, 40);
+    check_decode(16, 9, 3, 64, 700);
+    check_decode(3, 32, 8, 128, 20000); /* > 48 KiB of scores: the opt-in path */
+    check_philox();
+    check_allreduce();
+    printf("\n%d checks, %d failed\n", checks, failures);
+    if (failures)
+        return 1;
+
+    const char *out = getenv("OUT");
+    char path[600];
+    if (out && *out) {
+        snprintf(path, sizeof(path), "%s/gpu_kernels.json", out);
+    } else {
+        const char *bd = getenv("BUILD");
+        snprintf(path, sizeof(path), "%s/gpu", bd && *bd ? bd : "build");
+        mkdir(path, 0755);
+        strncat(path, "/gpu_kernels.json", sizeof(path) - strlen(path) - 1);
+    }
+    FILE *json = fopen(path, "w");
+    if (!json) {
+        fprintf(stderr, "cannot write %s\n", path);
+        return 2;
+    }
+    bench(json, prop.name);
+    fclose(json);
+    printf("wrote %s\n", path);
+    k_cuda_blas_shutdown();
+    return 0;
+}

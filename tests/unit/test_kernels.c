@@ -1,0 +1,538 @@
+/* The CPU kernels (kernels/kernels.h): every fast path against its plain
+ * reference on random inputs of several shapes, odd ones included; outputs
+ * poisoned with NaN first so an element the kernel never wrote shows up; the
+ * f16/bf16 conversions and the Philox generator on known answers; GGUF block
+ * layouts on a hand-made block and on quantize -> dequantize round trips;
+ * batched decode attention against per-sequence prefill; sampling
+ * reproducibility and its agreement with argmax. */
+#include <errno.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "kernels/cpu/half.h"
+#include "kernels/cpu/philox.h"
+#include "kernels/cpu/quant.h"
+#include "kernels/kernels.h"
+
+/* ---- helpers --------------------------------------------------------------- */
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static float frand(void) /* uniform in [-1, 1) from a splitmix64 stream */
+{
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return (float)((z >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+}
+
+static float *rnd(size_t n, float scale)
+{
+    float *p = malloc(n * sizeof(float) + 1);
+    assert_non_null(p);
+    for (size_t i = 0; i < n; i++)
+        p[i] = frand() * scale;
+    return p;
+}
+
+static float *poisoned(size_t n)
+{
+    float *p = malloc(n * sizeof(float) + 1);
+    assert_non_null(p);
+    for (size_t i = 0; i < n; i++)
+        p[i] = NAN;
+    return p;
+}
+
+/* Every element written (no NaN left) and within ABS + REL * |ref| of REF. */
+static void assert_close(const float *got, const float *ref, size_t n, float abs_tol,
+                         float rel_tol, const char *what)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(got[i]) || fabsf(got[i] - ref[i]) > abs_tol + rel_tol * fabsf(ref[i]))
+            fail_msg("%s: element %zu: got %.9g, reference %.9g", what, i, (double)got[i],
+                     (double)ref[i]);
+    }
+}
+
+/* ---- conversions and the RNG ----------------------------------------------- */
+
+static void test_half_known(void **state)
+{
+    (void)state;
+    assert_int_equal(k_f32_to_f16(1.0f), 0x3c00);
+    assert_int_equal(k_f32_to_f16(-2.0f), 0xc000);
+    assert_int_equal(k_f32_to_f16(65504.0f), 0x7bff);
+    assert_int_equal(k_f32_to_f16(65519.0f), 0x7bff);
+    assert_int_equal(k_f32_to_f16(65520.0f), 0x7c00);
+    assert_int_equal(k_f32_to_f16(ldexpf(1, -24)), 0x0001);
+    assert_int_equal(k_f32_to_f16(ldexpf(1, -25)), 0x0000);          /* tie to even */
+    assert_int_equal(k_f32_to_f16(ldexpf(1.5f, -25)), 0x0001);
+    assert_int_equal(k_f32_to_f16(1.0f + ldexpf(1, -11)), 0x3c00);   /* tie to even */
+    assert_int_equal(k_f32_to_f16(1.0f + ldexpf(3, -11)), 0x3c02);   /* tie to even, up */
+    assert_int_equal(k_f32_to_f16(INFINITY), 0x7c00);
+    assert_true((k_f32_to_f16(NAN) & 0x7fff) > 0x7c00);
+    assert_int_equal(k_f32_to_bf16(1.0f), 0x3f80);
+    assert_int_equal(k_f32_to_bf16(1.0f + ldexpf(1, -8)), 0x3f80);   /* tie to even */
+    assert_true(isnan(k_bf16_to_f32(k_f32_to_bf16(NAN))));
+    /* Every f16 that is a number survives f16 -> f32 -> f16. */
+    for (uint32_t h = 0; h < 0x10000; h++) {
+        if ((h & 0x7c00) == 0x7c00 && (h & 0x3ff))
+            continue;
+        assert_int_equal(k_f32_to_f16(k_f16_to_f32((uint16_t)h)), h);
+    }
+    for (uint32_t b = 0; b < 0x10000; b++) {
+        if ((b & 0x7f80) == 0x7f80 && (b & 0x7f))
+            continue;
+        assert_int_equal(k_f32_to_bf16(k_bf16_to_f32((uint16_t)b)), b);
+    }
+}
+
+static void test_cast(void **state)
+{
+    (void)state;
+    size_t n = 1001;
+    float *x = rnd(n, 100.0f), *back = poisoned(n);
+    uint16_t *h = malloc(n * 2);
+    assert_int_equal(k_cast(h, KD_F16, x, KD_F32, n), 0);
+    assert_int_equal(k_cast(back, KD_F32, h, KD_F16, n), 0);
+    assert_close(back, x, n, 1e-6f, 1.0f / 2048, "f32->f16->f32");
+    assert_int_equal(k_cast(h, KD_BF16, x, KD_F32, n), 0);
+    uint16_t *h2 = malloc(n * 2);
+    assert_int_equal(k_cast(h2, KD_F16, h, KD_BF16, n), 0); /* bf16 -> f16 directly */
+    assert_int_equal(k_cast(back, KD_F32, h2, KD_F16, n), 0);
+    assert_close(back, x, n, 1e-6f, 1.0f / 256 + 1.0f / 2048, "f32->bf16->f16->f32");
+    assert_int_equal(k_cast(h, KD_I32, x, KD_F32, n), -EINVAL);
+    free(x);
+    free(back);
+    free(h);
+    free(h2);
+}
+
+static void test_philox(void **state)
+{
+    (void)state;
+    /* Known answer of Random123 (kat_vectors: philox4x32_10, zero counter
+     * and key). */
+    k_philox4 o = k_philox4x32(0, 0);
+    assert_int_equal(o.v[0], 0x6627e8d5u);
+    assert_int_equal(o.v[1], 0xe169c58du);
+    assert_int_equal(o.v[2], 0xbc57ac4cu);
+    assert_int_equal(o.v[3], 0x9b00dbd8u);
+    double mean = 0;
+    for (uint64_t c = 0; c < 10000; c++) {
+        float u = k_philox_uniform(42, c);
+        assert_true(u >= 0.0f && u < 1.0f);
+        assert_true(u == k_philox_uniform(42, c));
+        mean += u;
+    }
+    mean /= 10000;
+    assert_true(fabs(mean - 0.5) < 0.02);
+    assert_true(k_philox_uniform(42, 7) != k_philox_uniform(43, 7));
+}
+
+/* ---- matrix products ------------------------------------------------------- */
+
+static void test_matmul_blas_vs_ref(void **state)
+{
+    (void)state;
+    static const int shapes[][4] = {
+        {1, 1, 1, 1}, {2, 3, 5, 7}, {3, 17, 33, 65}, {1, 1, 129, 257}, {4, 1, 31, 64}, {2, 64, 48, 576},
+    };
+    for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
+        int batch = shapes[s][0], m = shapes[s][1], n = shapes[s][2], k = shapes[s][3];
+        for (int shared = 0; shared < 2; shared++) {
+            size_t sa = (size_t)m * k, sb = shared ? 0 : (size_t)n * k, sc = (size_t)m * n;
+            float *a = rnd(sa * batch, 1), *b = rnd((size_t)n * k * batch, 1);
+            float *ref = poisoned(sc * batch), *got = poisoned(sc * batch);
+            k_matmul_ref(ref, a, b, batch, m, n, k, sa, sb, sc);
+            k_matmul(got, a, b, batch, m, n, k, sa, sb, sc);
+            /* f32 sums of K products in [-1, 1]: error grows like K eps. */
+            assert_close(got, ref, sc * batch, 2e-6f * k + 1e-6f, 1e-5f, "sgemm vs reference");
+            free(a);
+            free(b);
+            free(ref);
+            free(got);
+        }
+    }
+}
+
+static const kdtype qtypes[] = {KD_Q8_0, KD_Q4_0, KD_Q4_1};
+
+static void test_quant_layout(void **state)
+{
+    (void)state;
+    uint8_t b[K_Q4_1_BYTES] = {0};
+    float y[32];
+    /* Q4_0: d = 1 (f16 0x3c00, little-endian), byte 0 = 0x21. */
+    b[0] = 0x00;
+    b[1] = 0x3c;
+    for (int i = 0; i < 16; i++)
+        b[2 + i] = 0x88; /* both nibbles 8: value 0 */
+    b[2] = 0x21;
+    assert_int_equal(k_dequantize(y, KD_Q4_0, b, 32), 0);
+    assert_true(y[0] == -7.0f && y[16] == -6.0f && y[1] == 0.0f && y[31] == 0.0f);
+    /* Q4_1: d = 2, m = -1 (0xbc00), byte 3 = 0xf0: element 3 = -1, 19 = 29. */
+    memset(b, 0, sizeof(b));
+    b[1] = 0x40;
+    b[3] = 0xbc;
+    b[4 + 3] = 0xf0;
+    assert_int_equal(k_dequantize(y, KD_Q4_1, b, 32), 0);
+    assert_true(y[3] == -1.0f && y[19] == 29.0f && y[0] == -1.0f);
+    /* Q8_0: d = 0.5 (0x3800), q[5] = -3. */
+    memset(b, 0, sizeof(b));
+    b[1] = 0x38;
+    b[2 + 5] = (uint8_t)(int8_t)-3;
+    assert_int_equal(k_dequantize(y, KD_Q8_0, b, 32), 0);
+    assert_true(y[5] == -1.5f && y[4] == 0.0f);
+    assert_int_equal(k_block_bytes(KD_Q8_0), kdtype_bytes(KD_Q8_0, 32));
+    assert_int_equal(k_block_bytes(KD_Q4_0), kdtype_bytes(KD_Q4_0, 32));
+    assert_int_equal(k_block_bytes(KD_Q4_1), kdtype_bytes(KD_Q4_1, 32));
+    assert_int_equal(k_quantize(b, KD_F32, y, 32), -EINVAL);
+    assert_int_equal(k_quantize(b, KD_Q8_0, y, 31), -EINVAL);
+}
+
+static void test_quant_roundtrip(void **state)
+{
+    (void)state;
+    size_t n = 32 * 37;
+    for (size_t t = 0; t < 3; t++) {
+        float *x = rnd(n, 3.0f), *y = poisoned(n);
+        x[5] = 0; /* a block with a zero and one with all zeros */
+        for (int i = 64; i < 96; i++)
+            x[i] = 0;
+        void *q = malloc(kdtype_bytes(qtypes[t], n));
+        assert_int_equal(k_quantize(q, qtypes[t], x, n), 0);
+        assert_int_equal(k_dequantize(y, qtypes[t], q, n), 0);
+        for (size_t blk = 0; blk < n / 32; blk++) {
+            float mn = x[blk * 32], mx = mn, amax = 0;
+            for (int i = 0; i < 32; i++) {
+                float v = x[blk * 32 + i];
+                mn = fminf(mn, v);
+                mx = fmaxf(mx, v);
+                amax = fmaxf(amax, fabsf(v));
+            }
+            /* Half a step, plus what the f16 rounding of the scale (and of
+             * the minimum) moves the extreme codes; Q4_0 clamps its +8 code
+             * to 7, a whole step. */
+            float step = qtypes[t] == KD_Q8_0 ? amax / 127 : qtypes[t] == KD_Q4_0 ? amax / 8 : (mx - mn) / 15;
+            float bound = qtypes[t] == KD_Q4_0 ? 1.01f * step : 0.51f * step + 0.002f * amax;
+            for (int i = 0; i < 32; i++) {
+                size_t j = blk * 32 + i;
+                if (isnan(y[j]) || fabsf(y[j] - x[j]) > bound + 1e-7f)
+                    fail_msg("%s element %zu: %g -> %g (bound %g)", kdtype_name(qtypes[t]), j,
+                             (double)x[j], (double)y[j], (double)bound);
+            }
+        }
+        free(x);
+        free(y);
+        free(q);
+    }
+}
+
+static void test_qmatvec_fast_vs_ref(void **state)
+{
+    (void)state;
+    static const int shapes[][2] = {{1, 32}, {7, 96}, {33, 576}, {3, 4096}, {130, 1536}};
+    print_message("qmatvec: AVX2 path %s\n", k_have_avx2() ? "on" : "off (reference only)");
+    for (size_t t = 0; t < 3; t++)
+        for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
+            int rows = shapes[s][0], cols = shapes[s][1];
+            float *wf = rnd((size_t)rows * cols, 1), *x = rnd(cols, 1);
+            void *w = malloc(kdtype_bytes(qtypes[t], (size_t)rows * cols));
+            assert_int_equal(k_quantize(w, qtypes[t], wf, (size_t)rows * cols), 0);
+            float *ref = poisoned(rows), *got = poisoned(rows), *mm = poisoned(rows);
+            assert_int_equal(k_qmatvec_ref(ref, w, qtypes[t], x, rows, cols), 0);
+            assert_int_equal(k_qmatvec(got, w, qtypes[t], x, rows, cols), 0);
+            assert_close(got, ref, rows, 2e-6f * cols, 1e-5f, kdtype_name(qtypes[t]));
+            /* The reference equals an f32 product with the dequantized rows. */
+            assert_int_equal(k_dequantize(wf, qtypes[t], w, (size_t)rows * cols), 0);
+            k_matmul_ref(mm, x, wf, 1, 1, rows, cols, 0, 0, 0);
+            assert_close(ref, mm, rows, 1e-5f, 1e-5f, "qmatvec_ref vs dequantized matmul");
+            assert_int_equal(k_qmatvec(got, w, KD_F16, x, rows, cols), -EINVAL);
+            free(wf);
+            free(x);
+            free(w);
+            free(ref);
+            free(got);
+            free(mm);
+        }
+}
+
+/* ---- elementwise, norms, rope, softmax --------------------------------------- */
+
+static void test_elementwise(void **state)
+{
+    (void)state;
+    size_t n = 517;
+    float *a = rnd(n, 4), *b = rnd(n, 4), *o = poisoned(n);
+    k_add(o, a, b, n);
+    for (size_t i = 0; i < n; i++)
+        assert_true(o[i] == a[i] + b[i]);
+    k_mul(o, a, b, n);
+    for (size_t i = 0; i < n; i++)
+        assert_true(o[i] == a[i] * b[i]);
+    k_silu(o, a, n);
+    for (size_t i = 0; i < n; i++)
+        assert_true(fabs(o[i] - a[i] / (1 + exp(-(double)a[i]))) < 1e-6);
+    k_gelu(o, a, n);
+    for (size_t i = 0; i < n; i++) {
+        double x = a[i], g = 0.5 * x * (1 + erf(x / sqrt(2.0)));
+        assert_true(fabs(o[i] - g) < 1e-3); /* the tanh form is within 1e-3 of erf */
+    }
+    int32_t ids[4] = {2, 0, -1, 5};
+    float *e = poisoned(4 * 3);
+    k_embed(e, a, 5, 3, ids, 4);
+    assert_true(e[0] == a[6] && e[3] == a[0] && e[6] == 0 && e[11] == 0);
+    assert_int_equal(k_allreduce_sum(a, n, 1), 0);
+    assert_int_equal(k_allreduce_sum(a, n, 2), -EINVAL);
+    free(a);
+    free(b);
+    free(o);
+    free(e);
+}
+
+static void test_norms(void **state)
+{
+    (void)state;
+    int rows = 5, dim = 577;
+    float *x = rnd((size_t)rows * dim, 3), *w = rnd(dim, 1), *ones = malloc(dim * sizeof(float));
+    for (int i = 0; i < dim; i++)
+        ones[i] = 1;
+    float *o = poisoned((size_t)rows * dim);
+    k_rmsnorm(o, x, ones, rows, dim, 1e-6f);
+    for (int r = 0; r < rows; r++) {
+        double ss = 0;
+        for (int i = 0; i < dim; i++)
+            ss += (double)o[r * dim + i] * o[r * dim + i];
+        assert_true(fabs(ss / dim - 1) < 1e-4);
+    }
+    k_layernorm(o, x, ones, NULL, rows, dim, 1e-6f);
+    for (int r = 0; r < rows; r++) {
+        double m = 0, v = 0;
+        for (int i = 0; i < dim; i++)
+            m += o[r * dim + i];
+        m /= dim;
+        for (int i = 0; i < dim; i++)
+            v += (o[r * dim + i] - m) * (o[r * dim + i] - m);
+        assert_true(fabs(m) < 1e-5 && fabs(v / dim - 1) < 1e-4);
+    }
+    float *o2 = poisoned((size_t)rows * dim);
+    k_layernorm(o2, x, w, w, rows, dim, 1e-6f); /* weight and bias */
+    for (int i = 0; i < rows * dim; i++)
+        assert_true(fabsf(o2[i] - (o[i] * w[i % dim] + w[i % dim])) < 1e-5f);
+    free(x);
+    free(w);
+    free(ones);
+    free(o);
+    free(o2);
+}
+
+static void test_rope(void **state)
+{
+    (void)state;
+    int n_tok = 3, n_head = 2, hd = 64;
+    size_t n = (size_t)n_tok * n_head * hd;
+    float *x = rnd(n, 1), *y = malloc(n * sizeof(float)), *z = malloc(n * sizeof(float));
+    memcpy(y, x, n * sizeof(float));
+    int32_t pos[3] = {0, 1, 1000};
+    k_rope(y, pos, n_tok, n_head, hd, 10000.0f, K_ROPE_NORMAL);
+    for (int i = 0; i < n_head * hd; i++) /* position 0: identity */
+        assert_true(y[i] == x[i]);
+    for (size_t i = n_head * hd; i < n; i += 2) /* each pair keeps its length */
+        assert_true(fabsf(hypotf(y[i], y[i + 1]) - hypotf(x[i], x[i + 1])) < 1e-5f);
+    /* NEOX on rows permuted (pair i -> lanes i and i + hd/2) is NORMAL,
+     * permuted: the equivalence convert_hf_to_gguf.py relies on. */
+    for (size_t r = 0; r < n / hd; r++)
+        for (int i = 0; i < hd / 2; i++) {
+            z[r * hd + i] = x[r * hd + 2 * i];
+            z[r * hd + hd / 2 + i] = x[r * hd + 2 * i + 1];
+        }
+    k_rope(z, pos, n_tok, n_head, hd, 10000.0f, K_ROPE_NEOX);
+    for (size_t r = 0; r < n / hd; r++)
+        for (int i = 0; i < hd / 2; i++) {
+            assert_true(fabsf(z[r * hd + i] - y[r * hd + 2 * i]) < 1e-6f);
+            assert_true(fabsf(z[r * hd + hd / 2 + i] - y[r * hd + 2 * i + 1]) < 1e-6f);
+        }
+    /* Position 1, pair 0 rotates by exactly 1 radian. */
+    size_t b = (size_t)n_head * hd;
+    assert_true(fabsf(y[b] - (x[b] * cosf(1) - x[b + 1] * sinf(1))) < 1e-6f);
+    free(x);
+    free(y);
+    free(z);
+}
+
+static void test_softmax_argmax(void **state)
+{
+    (void)state;
+    int rows = 4, n = 1003;
+    float *x = rnd((size_t)rows * n, 20), *o = poisoned((size_t)rows * n);
+    x[7] = 50;             /* row 0 max at 7 ... */
+    x[9] = 50;             /* ... tied at 9: argmax says 7 */
+    x[n + n - 1] = 60;     /* row 1 max at the end */
+    k_softmax(o, x, rows, n);
+    for (int r = 0; r < rows; r++) {
+        double s = 0;
+        for (int i = 0; i < n; i++) {
+            assert_false(isnan(o[r * n + i]));
+            s += o[r * n + i];
+        }
+        assert_true(fabs(s - 1) < 1e-5);
+    }
+    assert_true(fabsf(o[7] - o[9]) == 0 && o[7] > 0.49f);
+    int32_t am[4] = {-1, -1, -1, -1};
+    k_argmax(am, x, rows, n);
+    assert_int_equal(am[0], 7);
+    assert_int_equal(am[1], n - 1);
+    for (int r = 2; r < rows; r++) {
+        assert_true(am[r] >= 0 && am[r] < n);
+        for (int i = 0; i < n; i++)
+            assert_true(x[r * n + i] <= x[r * n + am[r]]);
+    }
+    free(x);
+    free(o);
+}
+
+/* ---- attention --------------------------------------------------------------- */
+
+/* A decode step over sequences of lengths 0, 1, 5, 17, 40 (9 query heads on 3
+ * KV heads, as SmolLM2) must give, for each, the last row of a prefill of
+ * that sequence's whole history; and a prefill split in two chunks equals
+ * one prefill. */
+static void test_attention_decode_vs_prefill(void **state)
+{
+    (void)state;
+    enum { B = 5, NH = 9, NKV = 3, HD = 16, CAP = 64 };
+    const int32_t lens[B] = {0, 1, 5, 17, 40};
+    size_t row = NKV * HD, qrow = NH * HD;
+    float *kc[B], *vc[B], *hist_q[B], *hist_k[B], *hist_v[B];
+    float *q = rnd(B * qrow, 1), *k = rnd(B * row, 1), *v = rnd(B * row, 1);
+    for (int b = 0; b < B; b++) {
+        int T = lens[b] + 1;
+        hist_q[b] = rnd((size_t)T * qrow, 1);
+        hist_k[b] = rnd((size_t)T * row, 1);
+        hist_v[b] = rnd((size_t)T * row, 1);
+        /* The step's token is the history's last. */
+        memcpy(hist_q[b] + lens[b] * qrow, q + b * qrow, qrow * sizeof(float));
+        memcpy(hist_k[b] + lens[b] * row, k + b * row, row * sizeof(float));
+        memcpy(hist_v[b] + lens[b] * row, v + b * row, row * sizeof(float));
+        kc[b] = poisoned(CAP * row);
+        vc[b] = poisoned(CAP * row);
+        memcpy(kc[b], hist_k[b], lens[b] * row * sizeof(float));
+        memcpy(vc[b], hist_v[b], lens[b] * row * sizeof(float));
+    }
+    float *out = poisoned(B * qrow);
+    k_attn_decode(out, q, k, v, kc, vc, lens, B, NH, NKV, HD);
+    for (int b = 0; b < B; b++) {
+        int T = lens[b] + 1;
+        float *pk = poisoned(CAP * row), *pv = poisoned(CAP * row);
+        float *po = poisoned((size_t)T * qrow), *po2 = poisoned((size_t)T * qrow);
+        k_attn_prefill(po, hist_q[b], hist_k[b], hist_v[b], pk, pv, 0, T, NH, NKV, HD);
+        assert_close(out + b * qrow, po + (T - 1) * qrow, qrow, 1e-6f, 1e-5f,
+                     "decode vs prefill last row");
+        assert_close(kc[b], pk, (size_t)T * row, 0, 0, "decode cache vs prefill cache");
+        assert_close(vc[b], pv, (size_t)T * row, 0, 0, "decode cache vs prefill cache");
+        /* Two chunks: the first h tokens, then the rest. */
+        int h = T / 2;
+        float *ck = poisoned(CAP * row), *cv = poisoned(CAP * row);
+        k_attn_prefill(po2, hist_q[b], hist_k[b], hist_v[b], ck, cv, 0, h, NH, NKV, HD);
+        k_attn_prefill(po2 + h * qrow, hist_q[b] + h * qrow, hist_k[b] + h * row,
+                       hist_v[b] + h * row, ck, cv, h, T - h, NH, NKV, HD);
+        assert_close(po2, po, (size_t)T * qrow, 1e-6f, 1e-5f, "chunked prefill");
+        if (T == 1) /* one key: the output is its value, per group */
+            for (int hh = 0; hh < NH; hh++)
+                for (int i = 0; i < HD; i++)
+                    assert_true(fabsf(po[hh * HD + i] - hist_v[b][(hh / 3) * HD + i]) < 1e-6f);
+        free(pk);
+        free(pv);
+        free(po);
+        free(po2);
+        free(ck);
+        free(cv);
+        free(kc[b]);
+        free(vc[b]);
+        free(hist_q[b]);
+        free(hist_k[b]);
+        free(hist_v[b]);
+    }
+    free(q);
+    free(k);
+    free(v);
+    free(out);
+}
+
+/* ---- sampling ------------------------------------------------------------------ */
+
+static void test_sample(void **state)
+{
+    (void)state;
+    int rows = 6, n = 4099;
+    float *x = rnd((size_t)rows * n, 5);
+    int32_t am[6], s1[6], s2[6];
+    k_argmax(am, x, rows, n);
+    k_sample(s1, x, rows, n, 0.8f, 1, 1.0f, 7, 100);
+    assert_memory_equal(s1, am, sizeof(am));           /* top-k 1 = argmax */
+    k_sample(s1, x, rows, n, 0.0f, 40, 0.9f, 7, 100);
+    assert_memory_equal(s1, am, sizeof(am));           /* temperature 0 = argmax */
+    k_sample(s1, x, rows, n, 1.0f, 0, 1e-9f, 7, 100);
+    assert_memory_equal(s1, am, sizeof(am));           /* top-p ~0 = argmax */
+    /* Reproducible per (seed, counter); rows use consecutive counters. */
+    int k_values[] = {0, 5, 40, 100, 300};
+    for (size_t ki = 0; ki < sizeof(k_values) / sizeof(k_values[0]); ki++) {
+        k_sample(s1, x, rows, n, 1.0f, k_values[ki], 0.95f, 1234, 50);
+        k_sample(s2, x, rows, n, 1.0f, k_values[ki], 0.95f, 1234, 50);
+        assert_memory_equal(s1, s2, sizeof(s1));
+        int32_t one;
+        k_sample(&one, x + 3 * n, 1, n, 1.0f, k_values[ki], 0.95f, 1234, 53);
+        assert_int_equal(one, s1[3]);
+        if (k_values[ki] > 0) /* the token is among the top k */
+            for (int r = 0; r < rows; r++) {
+                int above = 0;
+                for (int i = 0; i < n; i++)
+                    above += x[r * n + i] > x[r * n + s1[r]];
+                assert_true(above < k_values[ki]);
+            }
+    }
+    /* Different counters sample different tokens (a flat distribution over
+     * 50 candidates would repeat one token 200 times with probability ~0). */
+    float flat[64] = {0};
+    int32_t first, t;
+    k_sample(&first, flat, 1, 64, 1.0f, 50, 1.0f, 9, 0);
+    int differs = 0, hist[64] = {0};
+    for (uint64_t c = 0; c < 200; c++) {
+        k_sample(&t, flat, 1, 64, 1.0f, 50, 1.0f, 9, c);
+        assert_true(t >= 0 && t < 50); /* ties: the 50 lowest indices */
+        hist[t]++;
+        differs |= t != first;
+    }
+    assert_true(differs);
+    free(x);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_half_known),
+        cmocka_unit_test(test_cast),
+        cmocka_unit_test(test_philox),
+        cmocka_unit_test(test_matmul_blas_vs_ref),
+        cmocka_unit_test(test_quant_layout),
+        cmocka_unit_test(test_quant_roundtrip),
+        cmocka_unit_test(test_qmatvec_fast_vs_ref),
+        cmocka_unit_test(test_elementwise),
+        cmocka_unit_test(test_norms),
+        cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_softmax_argmax),
+        cmocka_unit_test(test_attention_decode_vs_prefill),
+        cmocka_unit_test(test_sample),
+    };
+    return cmocka_run_group_tests_name("kernels", tests, NULL, NULL);
+}
