@@ -460,8 +460,10 @@ void sup_tick(conductor *c, uint64_t now_ms)
         if (w->cfg->spawn == CFG_SPAWN_EXTERNAL) {
             /* It is restarted by its own service manager and registers
              * again; until then its requests must not wait for it. */
+            /* Written as a sum: last_seen_ms may be later than now_ms (a
+             * message read during this tick), and a difference would wrap. */
             if ((w->state == CW_LOADING || w->state == CW_READY) &&
-                now_ms - w->last_seen_ms > EXTERNAL_SILENT_MS) {
+                now_ms > w->last_seen_ms + EXTERNAL_SILENT_MS) {
                 sup_worker_lost(c, w, "no heartbeat from the external worker");
                 w->state = CW_STARTING;
                 w->restarts++;
@@ -472,7 +474,7 @@ void sup_tick(conductor *c, uint64_t now_ms)
             sup_spawn(c, w);
         /* A worker that says nothing for long is hung: kill it, and the
          * SIGCHLD path restarts it. */
-        if (w->state != CW_DOWN && w->pid && now_ms - w->last_seen_ms > SILENT_MS) {
+        if (w->state != CW_DOWN && w->pid && now_ms > w->last_seen_ms + SILENT_MS) {
             bt_warn("worker %s silent for %llu ms: killing it", w->cfg->name,
                     (unsigned long long)(now_ms - w->last_seen_ms));
             kill(w->pid, SIGKILL);

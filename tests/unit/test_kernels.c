@@ -170,7 +170,7 @@ static const kdtype qtypes[] = {KD_Q8_0, KD_Q4_0, KD_Q4_1};
 static void test_quant_layout(void **state)
 {
     (void)state;
-    uint8_t b[K_Q4_1_BYTES] = {0};
+    uint8_t b[K_Q8_0_BYTES] = {0}; /* the largest block */
     float y[32];
     /* Q4_0: d = 1 (f16 0x3c00, little-endian), byte 0 = 0x21. */
     b[0] = 0x00;
