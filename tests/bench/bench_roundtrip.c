@@ -354,7 +354,8 @@ int main(int argc, char **argv)
     double rps_ratio = med(tg[0].rps) / med(tg[1].rps);
     printf("\n== Dispatch round trip (%s)\n", machine);
     printf("one node (echo) on one CPU worker, 16-byte I32 input; sequential: %d requests x %d "
-           "runs;\npipelined: K=%d in flight on one DEALER, %.1f s x %d runs; medians of the runs\n\n",
+           "runs;\npipelined: K=%d in flight on one DEALER, %.1f s x %d runs; medians of the "
+           "runs\n\n",
            seq_n, runs, PIPE_K, pipe_s, runs);
     printf("%-30s %9s %9s %9s %11s\n", "", "p50 us", "p99 us", "mean us", "req/s (K=32)");
     for (int i = 0; i < N_TARGETS; i++)

@@ -123,9 +123,15 @@ EOF
   expect_rc 0 "cancel" "$CTL" "${E[@]}" cancel some-id
 
   # Ctrl-C during infer cancels the request and waits for its CANCELLED.
-  "$CTL" "${E[@]}" infer slow >"$tmp/int.out" 2>&1 &
+  seen=$(grep -c '"graph": *"slow"' "$tmp/requests.log" 2>/dev/null)
+  "$CTL" "${E[@]}" --timeout-ms 30000 infer slow >"$tmp/int.out" 2>&1 &
   ctl=$!
-  sleep 0.5
+  # Signal only once the fake server has this request (SIGINT is ignored in
+  # a background job until batonctl's handler is installed, before sending).
+  for _ in $(seq 1 100); do
+    [ "$(grep -c '"graph": *"slow"' "$tmp/requests.log" 2>/dev/null)" -gt "$seen" ] && break
+    sleep 0.05
+  done
   kill -INT "$ctl"
   wait "$ctl"; rc=$?
   if [ $rc -eq 1 ] && grep -q "CANCELLED" "$tmp/int.out"; then ok
@@ -166,9 +172,14 @@ if [ -x "$BUILD/batond" ] && [ -x "$BUILD/baton-worker" ]; then
   expect_out "INTERNAL: node 'boom' failed: injected failure" "daemon: node failure"
   expect_rc 0 "daemon: stats" "$CTL" "${E[@]}" stats; expect_out "baton_requests_total" "daemon: stats"
   expect_rc 0 "daemon: inspect" "$CTL" "${E[@]}" inspect hop; expect_out "graph hop:" "daemon: inspect"
-  "$CTL" "${E[@]}" infer slow --input x=i32:1 >"$tmp/int.out" 2>&1 &
+  "$CTL" "${E[@]}" --timeout-ms 30000 infer slow --input x=i32:1 >"$tmp/int.out" 2>&1 &
   ctl=$!
-  sleep 0.1
+  # A background job starts with SIGINT ignored until batonctl installs its
+  # handler (before it sends): signal only once the request is in flight.
+  for _ in $(seq 1 100); do
+    "$CTL" "${E[@]}" stats 2>/dev/null | grep -q '^baton_inflight_requests [1-9]' && break
+    sleep 0.05
+  done
   kill -INT "$ctl"
   wait "$ctl"; rc=$?
   if [ $rc -eq 1 ] && grep -q "CANCELLED" "$tmp/int.out"; then ok
