@@ -295,14 +295,16 @@ int conductor_create(const char *config_path, conductor **out)
     c->n_release = calloc(c->n_workers + 1, sizeof(*c->n_release));
     c->cap_release = calloc(c->n_workers + 1, sizeof(*c->cap_release));
     c->graph_input_worker = calloc(c->gs->n_graphs + 1, sizeof(*c->graph_input_worker));
+    c->graph_input_local = calloc(c->gs->n_graphs + 1, sizeof(*c->graph_input_local));
     rc = BT_ENOMEM;
     if (!c->rt || !c->loop || !c->m || !c->workers || !c->release_ids || !c->n_release ||
-        !c->cap_release || !c->graph_input_worker)
+        !c->cap_release || !c->graph_input_worker || !c->graph_input_local)
         goto err;
     for (size_t g = 0; g < c->gs->n_graphs; g++) {
         const graph *gr = &c->gs->graphs[g];
         c->graph_input_worker[g] = malloc((gr->n_inputs + 1) * sizeof(int));
-        if (!c->graph_input_worker[g])
+        c->graph_input_local[g] = calloc(gr->n_inputs + 1, 1);
+        if (!c->graph_input_worker[g] || !c->graph_input_local[g])
             goto err;
         for (size_t k = 0; k < gr->n_inputs; k++) {
             c->graph_input_worker[g][k] = -1;
@@ -314,6 +316,19 @@ int conductor_create(const char *config_path, conductor **out)
                     if (en->u.node.inputs[x].graph_input == (int)k)
                         c->graph_input_worker[g][k] = en->u.node.worker;
             }
+            /* When every consumer reads it on that worker, nobody needs its
+             * pool offset: a Dispatch names it by the id the Put gave it. */
+            bool local = c->graph_input_worker[g][k] >= 0;
+            for (size_t e = 0; e < gr->n_entities && local; e++) {
+                const graph_entity *en = &gr->entities[e];
+                if (en->kind != GRAPH_NODE)
+                    continue;
+                for (size_t x = 0; x < en->u.node.n_inputs; x++)
+                    if (en->u.node.inputs[x].graph_input == (int)k &&
+                        en->u.node.worker != c->graph_input_worker[g][k])
+                        local = false;
+            }
+            c->graph_input_local[g][k] = local;
         }
     }
     for (size_t w = 0; w < c->n_workers; w++) {
@@ -418,12 +433,16 @@ void conductor_destroy(conductor *c)
     }
     for (size_t g = 0; c->graph_input_worker && c->gs && g < c->gs->n_graphs; g++)
         free(c->graph_input_worker[g]);
+    for (size_t g = 0; c->graph_input_local && c->gs && g < c->gs->n_graphs; g++)
+        free(c->graph_input_local[g]);
     free(c->graph_input_worker);
+    free(c->graph_input_local);
     free(c->release_ids);
     free(c->n_release);
     free(c->cap_release);
     free(c->workers);
     free(c->deadlines);
+    free(c->extends);
     metrics_destroy(c->m);
     if (c->front)
         zmq_close(c->front);

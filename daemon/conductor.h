@@ -132,7 +132,7 @@ typedef struct creq {
     uint64_t seed;
     uint32_t *max_iters;          /* per entity, 0: config */
     rt_tensor *inputs;            /* per graph input */
-    uint32_t puts_pending;
+    uint32_t puts_pending;        /* puts the request waits for before it starts */
     ctiming *timings;
     size_t n_timings, cap_timings;
     outmsg *outq;                 /* client messages in order */
@@ -144,6 +144,13 @@ typedef struct deadline {
     uint64_t at_ms;
     uint64_t key;
 } deadline;
+
+/* An Extend held until the burst of worker messages is read. */
+typedef struct pending_extend {
+    uint64_t req;
+    int graph, node;
+    uint32_t upto;
+} pending_extend;
 
 typedef struct metrics metrics;
 
@@ -162,6 +169,9 @@ typedef struct conductor {
     cworker *workers;
     size_t n_workers;
     int **graph_input_worker;     /* per graph, per input: worker of its first consumer, -1 */
+    uint8_t **graph_input_local;  /* per graph, per input: every consumer is on that worker,
+                                     so the request need not wait for its Placed */
+    uint64_t next_put_tensor;     /* conductor-chosen ids of early puts (top bit set) */
     u64map requests;              /* key -> creq */
     u64map by_client;             /* hkey -> creq (chained) */
     u64map tensors;               /* tensor key -> ctensor */
@@ -180,6 +190,9 @@ typedef struct conductor {
     /* Per worker, tensor ids to release, sent in one message per batch. */
     uint64_t **release_ids;
     size_t *n_release, *cap_release;
+    bool in_burst;                /* reading worker messages: batch Releases and Extends */
+    pending_extend *extends;      /* see disp_flush_extends */
+    size_t n_extends, cap_extends;
     metrics *m;
     /* Limits that SIGHUP may change. */
     uint32_t max_inflight, request_timeout_ms, drain_timeout_ms;
@@ -229,6 +242,8 @@ void disp_fetched(conductor *c, int worker, const Baton__V1__Fetched *f);
 ctensor *disp_tensor_add(conductor *c, int worker, const Baton__V1__TensorRef *ref);
 void disp_tensor_drop_worker(conductor *c, int worker);
 void disp_flush_releases(conductor *c);
+/* Sends the Extends coalesced while reading a burst of worker messages. */
+void disp_flush_extends(conductor *c);
 /* Forgets a tensor the runtime never saw (a placed input) and releases it. */
 void disp_release_input(conductor *c, rt_tensor t);
 /* Ends the waits of client messages for bytes from a lost worker. */

@@ -288,6 +288,61 @@ out:
     free(lbp);
 }
 
+/* Extends wait here until the burst of worker messages that caused them is
+ * read: a worker that ran ahead reports several iterations at once, and one
+ * Extend to the furthest of them unblocks it as well as one per iteration. */
+static void extend_later(conductor *c, const rt_action *a)
+{
+    for (size_t i = 0; i < c->n_extends; i++) {
+        pending_extend *p = &c->extends[i];
+        if (p->req == a->req && p->node == a->u.extend.node) {
+            if (a->u.extend.upto > p->upto)
+                p->upto = a->u.extend.upto;
+            return;
+        }
+    }
+    if (c->n_extends == c->cap_extends) {
+        size_t cap = c->cap_extends ? c->cap_extends * 2 : 16;
+        pending_extend *e = realloc(c->extends, cap * sizeof(*e));
+        if (!e)
+            return; /* the worker waits for the next one: slower, not wrong */
+        c->extends = e;
+        c->cap_extends = cap;
+    }
+    c->extends[c->n_extends++] = (pending_extend){a->req, a->graph, a->u.extend.node,
+                                                  a->u.extend.upto};
+}
+
+/* Forgets the pending Extend of (req, node): a Drop or a new Dispatch
+ * supersedes it, and an Extend after a Drop would reopen a closed window. */
+static void extend_forget(conductor *c, uint64_t req, int node)
+{
+    for (size_t i = 0; i < c->n_extends; i++)
+        if (c->extends[i].req == req && (node < 0 || c->extends[i].node == node))
+            c->extends[i--] = c->extends[--c->n_extends];
+}
+
+void disp_flush_extends(conductor *c)
+{
+    for (size_t i = 0; i < c->n_extends; i++) {
+        const pending_extend *p = &c->extends[i];
+        if (!u64map_get(&c->requests, p->req))
+            continue;
+        int w = c->gs->graphs[p->graph].entities[p->node].u.node.worker;
+        Baton__V1__Extend ex = BATON__V1__EXTEND__INIT;
+        ex.request_key = p->req;
+        ex.graph = (uint32_t)p->graph;
+        ex.node = (uint32_t)p->node;
+        ex.upto = p->upto;
+        Baton__V1__ConductorMessage m = BATON__V1__CONDUCTOR_MESSAGE__INIT;
+        m.msg_case = BATON__V1__CONDUCTOR_MESSAGE__MSG_EXTEND;
+        m.extend = &ex;
+        if (w >= 0 && c->workers[w].state == CW_READY)
+            sup_send(c, w, &m);
+    }
+    c->n_extends = 0;
+}
+
 static void send_window(conductor *c, const rt_action *a)
 {
     const graph *g = &c->gs->graphs[a->graph];
@@ -415,9 +470,13 @@ static void queue_response(conductor *c, creq *r, const rt_action *a)
     }
     o->n_outs = n;
     r->phase = REQ_FLUSHING;
-    /* The request's sessions (KV caches) and queued work go on every
-     * worker its graph uses. */
-    const graph *g = &c->gs->graphs[r->graph];
+}
+
+/* The request's sessions (KV caches) and queued work go on every worker its
+ * graph uses.  Sent after the response: the client need not wait for it. */
+static void close_sessions(conductor *c, uint64_t key, int gi)
+{
+    const graph *g = &c->gs->graphs[gi];
     for (size_t w = 0; w < c->n_workers; w++) {
         bool used = false;
         for (size_t i = 0; i < g->n_entities && !used; i++)
@@ -425,7 +484,7 @@ static void queue_response(conductor *c, creq *r, const rt_action *a)
         if (!used || c->workers[w].state == CW_DOWN)
             continue;
         Baton__V1__SessionClose sc = BATON__V1__SESSION_CLOSE__INIT;
-        sc.request_key = r->key;
+        sc.request_key = key;
         Baton__V1__ConductorMessage m = BATON__V1__CONDUCTOR_MESSAGE__INIT;
         m.msg_case = BATON__V1__CONDUCTOR_MESSAGE__MSG_SESSION_CLOSE;
         m.session_close = &sc;
@@ -435,10 +494,14 @@ static void queue_response(conductor *c, creq *r, const rt_action *a)
 
 void disp_actions(conductor *c)
 {
-    /* Requests whose outbound queue grew; flushed once at the end. */
+    /* Requests whose outbound queue grew; flushed once at the end.  Ended
+     * ones have their sessions closed after their response went out. */
     uint64_t touched[64];
     size_t n_touched = 0;
     bool overflow = false;
+    uint64_t ended[64];
+    int ended_graph[64];
+    size_t n_ended = 0;
     for (size_t i = 0;; i++) {
         size_t n;
         const rt_action *as = rt_actions(c->rt, &n);
@@ -450,10 +513,14 @@ void disp_actions(conductor *c)
         creq *r = a.req ? u64map_get(&c->requests, a.req) : NULL;
         switch (a.kind) {
         case RT_DISPATCH:
+            extend_forget(c, a.req, a.u.dispatch.node);
             send_dispatch(c, &a);
             break;
         case RT_EXTEND:
+            extend_later(c, &a);
+            break;
         case RT_DROP:
+            extend_forget(c, a.req, a.u.drop.node);
             send_window(c, &a);
             break;
         case RT_RELEASE:
@@ -463,10 +530,18 @@ void disp_actions(conductor *c)
         case RT_RESPONSE:
             if (!r)
                 break;
-            if (a.kind == RT_CHUNK)
+            if (a.kind == RT_CHUNK) {
                 queue_chunk(c, r, &a);
-            else
+            } else {
                 queue_response(c, r, &a);
+                extend_forget(c, a.req, -1);
+                if (n_ended < 64) {
+                    ended[n_ended] = r->key;
+                    ended_graph[n_ended++] = r->graph;
+                } else {
+                    close_sessions(c, r->key, r->graph);
+                }
+            }
             bool seen = false;
             for (size_t k = 0; k < n_touched; k++)
                 seen |= touched[k] == r->key;
@@ -477,13 +552,20 @@ void disp_actions(conductor *c)
             break;
         }
     }
-    disp_flush_releases(c);
     rt_actions_clear(c->rt);
+    /* Responses first: the Fetches they wait on are already out, ahead of
+     * any Release or SessionClose of the same tensors. */
     for (size_t k = 0; k < n_touched; k++) {
         creq *r = u64map_get(&c->requests, touched[k]);
         if (r)
             front_flush(c, r);
     }
+    for (size_t k = 0; k < n_ended; k++)
+        close_sessions(c, ended[k], ended_graph[k]);
+    /* Inside a burst of worker messages the releases wait for its end: one
+     * Release per worker per burst. */
+    if (!c->in_burst)
+        disp_flush_releases(c);
     if (overflow) {
         size_t pos = 0;
         uint64_t key;
@@ -595,6 +677,32 @@ void disp_placed(conductor *c, int worker, const Baton__V1__Placed *p)
 {
     creq *r = u64map_get(&c->requests, p->request_key);
     bool ok = !p->status || p->status->code == BATON__V1__CODE__OK;
+    size_t k = (size_t)(p->put_id % 64);
+    /* An early put (its id chosen by the conductor, the request already
+     * running): the runtime owns the tensor; only a failure matters. */
+    bool early = r && r->graph >= 0 && c->graph_input_local[r->graph][k] &&
+                 r->inputs[k].id >> 63;
+    if (!r && p->ref && p->ref->id >> 63)
+        return; /* ended already; the runtime released it */
+    if (early) {
+        if (ok && p->ref) {
+            ctensor *ct = u64map_get(&c->tensors, cond_tensor_key(worker, p->ref->id));
+            if (ct) {
+                ct->pool = p->ref->pool;
+                ct->offset = p->ref->offset;
+            }
+        } else if (!ok) {
+            const char *msg = p->status->message ? p->status->message : "placing failed";
+            if (r->phase == REQ_PLACING) {
+                r->inputs[k] = (rt_tensor){0, 0};
+                front_end_placing(c, r, (bt_code)p->status->code, msg);
+            } else if (r->phase == REQ_RUNNING) {
+                rt_abort(c->rt, r->key, (bt_code)p->status->code, msg);
+                disp_actions(c);
+            }
+        }
+        return;
+    }
     rt_tensor t = {0, 0};
     if (ok && p->ref && disp_tensor_add(c, worker, p->ref))
         t = (rt_tensor){p->ref->id, (int32_t)p->ref->owner};
@@ -605,7 +713,6 @@ void disp_placed(conductor *c, int worker, const Baton__V1__Placed *p)
         }
         return;
     }
-    size_t k = (size_t)(p->put_id % 64);
     r->puts_pending--;
     if (!ok || !t.id) {
         front_end_placing(c, r, ok ? BT_CODE_INTERNAL : (bt_code)p->status->code,

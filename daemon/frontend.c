@@ -546,6 +546,28 @@ static void handle_infer(conductor *c, const uint8_t *id, size_t idlen,
         put.request_key = r->key;
         put.put_id = r->key * 64 + k;
         put.value = (Baton__V1__Tensor *)by_input[k];
+        /* An input read only on this worker need not wait for Placed: it
+         * gets an id now, and the worker handles the Put before any
+         * Dispatch that names it (one ZeroMQ pair keeps order).  A Put
+         * that fails later ends the request then. */
+        bool early = c->graph_input_local[g->index][k];
+        if (early) {
+            put.tensor_id = (UINT64_C(1) << 63) | ++c->next_put_tensor;
+            const Baton__V1__Tensor *v = by_input[k];
+            Baton__V1__TensorRef ref = BATON__V1__TENSOR_REF__INIT;
+            ref.owner = (uint32_t)w;
+            ref.id = put.tensor_id;
+            ref.dtype = v->dtype;
+            ref.n_dims = v->n_dims;
+            ref.dims = v->dims;
+            ref.nbytes = v->data.len;
+            if (!disp_tensor_add(c, w, &ref)) {
+                front_end_placing(c, r, BT_CODE_RESOURCE_EXHAUSTED, "out of memory");
+                r = NULL;
+                goto out;
+            }
+            r->inputs[k] = (rt_tensor){put.tensor_id, w};
+        }
         Baton__V1__ConductorMessage m = BATON__V1__CONDUCTOR_MESSAGE__INIT;
         m.msg_case = BATON__V1__CONDUCTOR_MESSAGE__MSG_PUT;
         m.put = &put;
@@ -554,7 +576,8 @@ static void handle_infer(conductor *c, const uint8_t *id, size_t idlen,
             r = NULL;
             goto out;
         }
-        r->puts_pending++;
+        if (!early)
+            r->puts_pending++;
     }
     if (r->puts_pending == 0)
         front_start_runtime(c, r);

@@ -585,6 +585,12 @@ int rt_cancel(rt_runtime *rt, uint64_t req)
     return end_one(rt, req, BT_CODE_CANCELLED, "cancelled by the client");
 }
 
+int rt_abort(rt_runtime *rt, uint64_t req, bt_code code, const char *message)
+{
+    return end_one(rt, req, code == BT_CODE_OK ? BT_CODE_INTERNAL : code,
+                   message ? message : "");
+}
+
 int rt_deadline(rt_runtime *rt, uint64_t req)
 {
     return end_one(rt, req, BT_CODE_DEADLINE_EXCEEDED, "deadline exceeded");

@@ -156,6 +156,9 @@ int rt_node_failed(rt_runtime *rt, uint64_t req, int node, const rt_iter *iter, 
 /* The client cancelled (CANCELLED) or the deadline passed
  * (DEADLINE_EXCEEDED).  Unknown keys are ignored (return BT_ENOENT). */
 int rt_cancel(rt_runtime *rt, uint64_t req);
+/* Ends REQ with CODE and MESSAGE (an input that could not be placed after
+ * the request started).  BT_ENOENT for an unknown key. */
+int rt_abort(rt_runtime *rt, uint64_t req, bt_code code, const char *message);
 int rt_deadline(rt_runtime *rt, uint64_t req);
 
 /* Ends with UNAVAILABLE every request that uses WORKER.  Tensors owned by

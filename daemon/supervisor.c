@@ -294,12 +294,13 @@ void sup_on_readable(evloop *l, void *arg)
 {
     (void)l;
     conductor *c = arg;
+    c->in_burst = true;
     for (int budget = 0; budget < 1024; budget++) {
         zmq_msg_t ident, body;
         zmq_msg_init(&ident);
         if (zmq_msg_recv(&ident, c->back, ZMQ_DONTWAIT) < 0) {
             zmq_msg_close(&ident);
-            return;
+            break;
         }
         zmq_msg_init(&body);
         bool got = zmq_msg_more(&ident) && zmq_msg_recv(&body, c->back, 0) >= 0;
@@ -371,6 +372,11 @@ void sup_on_readable(evloop *l, void *arg)
         zmq_msg_close(&body);
         zmq_msg_close(&ident);
     }
+    /* One Extend per window and one Release per worker for the whole burst
+     * just read, not one per completion. */
+    c->in_burst = false;
+    disp_flush_extends(c);
+    disp_flush_releases(c);
 }
 
 void sup_worker_lost(conductor *c, cworker *w, const char *why)

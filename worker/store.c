@@ -86,6 +86,17 @@ wk_tensor *wk_tensor_new(wk_worker *w, wk_request *req, baton_dtype dtype, uint3
     return t;
 }
 
+int wk_tensor_rekey(wk_worker *w, wk_tensor *t, uint64_t id)
+{
+    if (id == 0 || id == UINT64_MAX || u64map_get(&w->tensors, id))
+        return -1;
+    if (u64map_put(&w->tensors, id, t) != 0)
+        return -1;
+    u64map_del(&w->tensors, t->ref.id);
+    t->ref.id = id;
+    return 0;
+}
+
 wk_tensor *wk_tensor_find(wk_worker *w, uint64_t id)
 {
     if (id == 0 || id == UINT64_MAX)

@@ -324,6 +324,16 @@ static void on_put(wk_worker *w, const Baton__V1__Put *p)
     wk_tensor *t = req && !req->closed ? wk_tensor_new(w, req, (baton_dtype)v->dtype,
                                                        (uint32_t)v->n_dims, v->dims, true)
                                        : NULL;
+    if (t && p->tensor_id && wk_tensor_rekey(w, t, p->tensor_id) != 0) {
+        uint64_t id = t->ref.id;
+        wk_tensor_unpin(w, t);
+        wk_tensor_release(w, id);
+        wk_request_gc(w, req);
+        pthread_mutex_unlock(&w->lock);
+        snprintf(why, sizeof(why), "tensor id %" PRIu64 " is taken or invalid", p->tensor_id);
+        send_placed(w, p, NULL, BATON_STATUS_INVALID_ARGUMENT, why);
+        return;
+    }
     if (!t) {
         wk_pool_stats st;
         wk_pool_get_stats(w->pool, &st);

@@ -256,6 +256,9 @@ uint64_t wk_now_ns(void);
 wk_request *wk_request_get(wk_worker *w, uint64_t key, bool create);
 /* Destroys REQ when it holds nothing any more. */
 void wk_request_gc(wk_worker *w, wk_request *req);
+/* [L] Gives T the id the conductor chose for it (Put.tensor_id); -1 when
+ * that id is taken or invalid. */
+int wk_tensor_rekey(wk_worker *w, wk_tensor *t, uint64_t id);
 /* Allocates a tensor of REQ: dtype and dims as given, a fresh id, pinned
  * once when PIN.  NULL when the pool is full or the shape is invalid. */
 wk_tensor *wk_tensor_new(wk_worker *w, wk_request *req, baton_dtype dtype, uint32_t ndim,
