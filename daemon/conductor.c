@@ -207,20 +207,7 @@ static void on_tick(evloop *l, void *arg)
         if (c->requests.n && now >= c->drain_deadline_ms) {
             bt_warn("drain timeout: ending %zu request%s", c->requests.n,
                     c->requests.n == 1 ? "" : "s");
-            size_t pos = 0;
-            uint64_t key;
-            void *val;
-            uint64_t *placing = malloc((c->requests.n + 1) * sizeof(*placing));
-            size_t np = 0;
-            while (placing && u64map_next(&c->requests, &pos, &key, &val))
-                if (((creq *)val)->phase == REQ_PLACING)
-                    placing[np++] = key;
-            for (size_t i = 0; i < np; i++) {
-                creq *r = u64map_get(&c->requests, placing[i]);
-                if (r)
-                    front_end_placing(c, r, BT_CODE_UNAVAILABLE, "the daemon is shutting down");
-            }
-            free(placing);
+            front_end_placing_all(c, -1, BT_CODE_UNAVAILABLE, "the daemon is shutting down");
             rt_end_all(c->rt, BT_CODE_UNAVAILABLE, "the daemon is shutting down");
             disp_actions(c);
             /* Messages still waiting for fetched bytes go out as they are. */

@@ -220,6 +220,9 @@ void front_request_free(conductor *c, creq *r);
 void front_flush(conductor *c, creq *r);
 /* Ends a request that has not reached the runtime (placing inputs). */
 void front_end_placing(conductor *c, creq *r, bt_code code, const char *message);
+/* Ends every request still placing inputs: all of them (WORKER -1), or
+ * those with an input on WORKER (lost: its inputs are forgotten). */
+void front_end_placing_all(conductor *c, int worker, bt_code code, const char *message);
 void front_start_runtime(conductor *c, creq *r);
 char *front_inspect_text(conductor *c, const char *graph);
 

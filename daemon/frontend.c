@@ -327,6 +327,36 @@ void front_end_placing(conductor *c, creq *r, bt_code code, const char *message)
     front_request_free(c, r);
 }
 
+void front_end_placing_all(conductor *c, int worker, bt_code code, const char *message)
+{
+    size_t pos = 0;
+    uint64_t key;
+    void *val;
+    uint64_t *placing = malloc((c->requests.n + 1) * sizeof(*placing));
+    size_t np = 0;
+    while (placing && u64map_next(&c->requests, &pos, &key, &val))
+        if (((creq *)val)->phase == REQ_PLACING)
+            placing[np++] = key;
+    /* Ending one removes it from the map: act on the keys gathered. */
+    for (size_t i = 0; i < np; i++) {
+        creq *r = u64map_get(&c->requests, placing[i]);
+        if (!r)
+            continue;
+        const graph *g = &c->gs->graphs[r->graph];
+        bool uses = worker < 0;
+        for (size_t k = 0; k < g->n_inputs && !uses; k++)
+            uses = c->graph_input_worker[r->graph][k] == worker;
+        if (!uses)
+            continue;
+        /* Inputs placed on a dead worker are gone with it. */
+        for (size_t k = 0; worker >= 0 && k < g->n_inputs; k++)
+            if (r->inputs[k].worker == worker)
+                r->inputs[k] = (rt_tensor){0, 0};
+        front_end_placing(c, r, code, message);
+    }
+    free(placing);
+}
+
 void front_start_runtime(conductor *c, creq *r)
 {
     int rc = rt_request_start(c->rt, r->key, r->graph, r->inputs, r->stream, r->max_iters);

@@ -391,33 +391,9 @@ void sup_worker_lost(conductor *c, cworker *w, const char *why)
     free_pools(w);
     update_ready(c);
     /* Requests still placing inputs on it end now. */
-    size_t pos = 0;
-    uint64_t key;
-    void *val;
-    uint64_t *placing = malloc((c->requests.n + 1) * sizeof(*placing));
-    size_t np = 0;
-    while (placing && u64map_next(&c->requests, &pos, &key, &val))
-        if (((creq *)val)->phase == REQ_PLACING)
-            placing[np++] = key;
-    for (size_t i = 0; i < np; i++) {
-        creq *r = u64map_get(&c->requests, placing[i]);
-        if (!r)
-            continue;
-        bool uses = false;
-        const graph *g = &c->gs->graphs[r->graph];
-        for (size_t k = 0; k < g->n_inputs; k++)
-            uses |= c->graph_input_worker[r->graph][k] == w->index;
-        if (uses) {
-            /* Inputs placed on the dead worker are gone with it. */
-            for (size_t k = 0; k < g->n_inputs; k++)
-                if (r->inputs[k].worker == w->index)
-                    r->inputs[k] = (rt_tensor){0, 0};
-            char msg[160];
-            snprintf(msg, sizeof(msg), "worker '%s' was lost", w->cfg->name);
-            front_end_placing(c, r, BT_CODE_UNAVAILABLE, msg);
-        }
-    }
-    free(placing);
+    char msg[160];
+    snprintf(msg, sizeof(msg), "worker '%s' was lost", w->cfg->name);
+    front_end_placing_all(c, w->index, BT_CODE_UNAVAILABLE, msg);
     disp_tensor_drop_worker(c, w->index);
     rt_worker_lost(c->rt, w->index);
     disp_actions(c);
