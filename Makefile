@@ -199,10 +199,18 @@ asan-test: deps
 run: deps all
 	@bash scripts/run.sh $(BATOND)
 
+# Installs the programs, the public headers, the examples, the Python client
+# and the systemd units (copy them to /etc/systemd/system to use them).
 install: all
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/baton/examples
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/include/baton \
+		$(DESTDIR)$(PREFIX)/share/baton/examples $(DESTDIR)$(PREFIX)/share/baton/systemd \
+		$(DESTDIR)$(PREFIX)/share/baton/python
 	install -m 0755 $(PROGRAMS) $(DESTDIR)$(PREFIX)/bin/
+	install -m 0644 include/baton/*.h $(DESTDIR)$(PREFIX)/include/baton/
 	install -m 0644 config/examples/*.yaml $(DESTDIR)$(PREFIX)/share/baton/examples/
+	install -m 0644 scripts/systemd/*.service $(DESTDIR)$(PREFIX)/share/baton/systemd/
+	install -m 0644 scripts/python/baton_client.py $(PY_PB2) $(DESTDIR)$(PREFIX)/share/baton/python/
+	install -m 0644 README.md $(DESTDIR)$(PREFIX)/share/baton/
 
 clean:
 	rm -rf build
