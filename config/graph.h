@@ -19,6 +19,8 @@
 
 /* Loops may nest at most this deep; iteration vectors have this many slots. */
 #define GRAPH_MAX_DEPTH 8
+/* A graph takes at most this many inputs. */
+#define GRAPH_MAX_INPUTS 64
 
 typedef enum graph_entity_kind { GRAPH_NODE = 0, GRAPH_LOOP = 1 } graph_entity_kind;
 

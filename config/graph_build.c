@@ -825,6 +825,10 @@ static int graph_build_one(const cfg_config *cfg, const cfg_graph *cg, bt_diag *
     builder b = {.cfg = cfg, .cg = cg, .diag = diag, .g = g};
     size_t errors_before = diag->n_errors;
     g->name = cg->name;
+    /* The conductor tracks a request's inputs in 64-slot tables. */
+    if (cg->n_inputs > GRAPH_MAX_INPUTS)
+        bt_diag_error(diag, cg->pos.line, cg->pos.col, "graph '%s' has %zu inputs; at most %d "
+                      "are supported", cg->name, cg->n_inputs, GRAPH_MAX_INPUTS);
     g->inputs = calloc(cg->n_inputs ? cg->n_inputs : 1, sizeof(*g->inputs));
     if (!g->inputs)
         return BT_ENOMEM;

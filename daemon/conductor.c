@@ -152,8 +152,40 @@ static void on_signal(evloop *l, void *arg)
     }
 }
 
+/* Entries of ended requests stay in the heap until they come due; a long
+ * client timeout would let them pile up.  Past twice the live requests,
+ * keep only the live ones and heapify again. */
+static void compact_deadlines(conductor *c)
+{
+    if (c->n_deadlines <= 2 * c->requests.n + 64)
+        return;
+    size_t n = 0;
+    for (size_t i = 0; i < c->n_deadlines; i++) {
+        creq *r = u64map_get(&c->requests, c->deadlines[i].key);
+        if (r && r->deadline_ms == c->deadlines[i].at_ms)
+            c->deadlines[n++] = c->deadlines[i];
+    }
+    c->n_deadlines = n;
+    for (size_t start = n / 2; start-- > 0;) {
+        for (size_t i = start;;) {
+            size_t l = 2 * i + 1, rr = l + 1, m = i;
+            if (l < n && c->deadlines[l].at_ms < c->deadlines[m].at_ms)
+                m = l;
+            if (rr < n && c->deadlines[rr].at_ms < c->deadlines[m].at_ms)
+                m = rr;
+            if (m == i)
+                break;
+            deadline t = c->deadlines[i];
+            c->deadlines[i] = c->deadlines[m];
+            c->deadlines[m] = t;
+            i = m;
+        }
+    }
+}
+
 static void expire_deadlines(conductor *c, uint64_t now)
 {
+    compact_deadlines(c);
     while (c->n_deadlines && c->deadlines[0].at_ms <= now) {
         deadline top = c->deadlines[0];
         c->deadlines[0] = c->deadlines[--c->n_deadlines];
@@ -199,6 +231,7 @@ static void on_tick(evloop *l, void *arg)
     uint64_t now = cond_now_ms();
     expire_deadlines(c, now);
     sup_tick(c, now);
+    metrics_tick(c, now);
     if (c->watchdog_usec && (now - c->last_watchdog_ms) * 1000 >= c->watchdog_usec / 2) {
         sd_notify(0, "WATCHDOG=1");
         c->last_watchdog_ms = now;
@@ -337,6 +370,11 @@ int conductor_create(const char *config_path, conductor **out)
     rc = bind_router(c, &c->front, c->cfg->daemon.listen, false);
     if (rc)
         goto err;
+    /* A hard cap below which frames are read and answered (the soft check
+     * at the door replies RESOURCE_EXHAUSTED); beyond it ZeroMQ drops the
+     * connection rather than let one frame take the conductor's memory. */
+    int64_t hard = (int64_t)c->max_message_bytes * 2 + 65536;
+    zmq_setsockopt(c->front, ZMQ_MAXMSGSIZE, &hard, sizeof(hard));
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGTERM);

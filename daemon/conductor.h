@@ -53,6 +53,7 @@ typedef struct cworker {
     uint64_t restart_at_ms;       /* when DOWN: when to spawn again (0: never) */
     uint32_t backoff_ms;          /* next restart delay */
     uint64_t restarts;            /* times it was restarted (metric) */
+    bool told_to_restart;         /* external, lost, then heard from: Shutdown sent */
     /* From its last Heartbeat. */
     uint64_t pool_used, pool_free, largest_free;
     double fragmentation;
@@ -260,5 +261,7 @@ void metrics_node_done(metrics *m, int gi, int node, uint64_t queue_us, uint64_t
 void metrics_rejected(metrics *m, bt_code code);
 char *metrics_text(conductor *c);
 int metrics_listen(conductor *c, const char *hostport);
+/* Closes scrape connections that stayed idle too long. */
+void metrics_tick(conductor *c, uint64_t now_ms);
 
 #endif

@@ -34,12 +34,27 @@ typedef struct graph_stats {
     node_stats *nodes;           /* per entity */
 } graph_stats;
 
+#define HTTP_CONNS 16           /* scrapes served at once; the oldest goes first */
+#define HTTP_IDLE_MS 2000        /* a connection that sends no request by then is closed */
+
+/* One scrape connection: never read or written with blocking calls, since
+ * the loop it runs on is the conductor's only thread. */
+typedef struct http_conn {
+    struct conductor *c;         /* borrowed */
+    int fd;                      /* -1: free */
+    int handle;                  /* evloop handle */
+    uint64_t opened_ms;
+    char buf[1024];              /* the request so far */
+    size_t n;
+} http_conn;
+
 struct metrics {
     graph_stats *graphs;
     size_t n_graphs;
     uint64_t rejected[N_CODES];
     int listen_fd;
     int listen_handle;
+    http_conn conns[HTTP_CONNS];
 };
 
 metrics *metrics_create(const conductor *c)
@@ -48,6 +63,8 @@ metrics *metrics_create(const conductor *c)
     if (!m)
         return NULL;
     m->listen_fd = -1;
+    for (int i = 0; i < HTTP_CONNS; i++)
+        m->conns[i].fd = -1;
     m->n_graphs = c->gs->n_graphs;
     m->graphs = calloc(m->n_graphs + 1, sizeof(*m->graphs));
     if (!m->graphs)
@@ -72,6 +89,9 @@ void metrics_destroy(metrics *m)
     free(m->graphs);
     if (m->listen_fd >= 0)
         close(m->listen_fd);
+    for (int i = 0; i < HTTP_CONNS; i++)
+        if (m->conns[i].fd >= 0)
+            close(m->conns[i].fd);
     free(m);
 }
 
@@ -197,23 +217,22 @@ char *metrics_text(conductor *c)
     return text;
 }
 
-static void on_http(evloop *l, void *arg)
+static void conn_close(conductor *c, http_conn *h)
 {
-    (void)l;
-    conductor *c = arg;
-    int fd = accept4(c->m->listen_fd, NULL, NULL, SOCK_CLOEXEC);
-    if (fd < 0)
-        return;
-    /* A scrape's request line arrives in one segment; wait briefly for it. */
-    struct timeval tv = {0, 200000};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-    char req[1024];
-    ssize_t n = recv(fd, req, sizeof(req) - 1, 0);
-    req[n > 0 ? n : 0] = 0;
+    evloop_remove(c->loop, h->handle);
+    close(h->fd);
+    h->fd = -1;
+}
+
+/* Answers once the request line is complete: GET /metrics gets the text,
+ * anything else 404.  The send is best effort (a scrape's text fits a
+ * socket buffer); a reader too slow to take it loses the rest. */
+static void conn_answer(conductor *c, http_conn *h)
+{
     char *body = NULL;
     const char *status = "404 Not Found";
-    if (strncmp(req, "GET /metrics", 12) == 0) {
+    if (strncmp(h->buf, "GET /metrics ", 13) == 0 || strncmp(h->buf, "GET /metrics\r", 13) == 0 ||
+        strncmp(h->buf, "GET /metrics?", 13) == 0) {
         body = metrics_text(c);
         status = "200 OK";
     }
@@ -223,10 +242,66 @@ static void on_http(evloop *l, void *arg)
                       "HTTP/1.0 %s\r\nContent-Type: text/plain; version=0.0.4\r\n"
                       "Content-Length: %zu\r\nConnection: close\r\n\r\n",
                       status, blen);
-    if (send(fd, head, (size_t)hl, MSG_NOSIGNAL) == hl && blen)
-        send(fd, body, blen, MSG_NOSIGNAL);
+    if (send(h->fd, head, (size_t)hl, MSG_NOSIGNAL | MSG_DONTWAIT) == hl && blen)
+        send(h->fd, body, blen, MSG_NOSIGNAL | MSG_DONTWAIT);
     free(body);
-    close(fd);
+    conn_close(c, h);
+}
+
+static void on_conn(evloop *l, void *arg)
+{
+    (void)l;
+    http_conn *h = arg;
+    conductor *c = h->c;
+    ssize_t n = recv(h->fd, h->buf + h->n, sizeof(h->buf) - 1 - h->n, MSG_DONTWAIT);
+    if (n <= 0) {
+        if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK))
+            conn_close(c, h);
+        return;
+    }
+    h->n += (size_t)n;
+    h->buf[h->n] = 0;
+    if (strstr(h->buf, "\r\n") || strstr(h->buf, "\n") || h->n == sizeof(h->buf) - 1)
+        conn_answer(c, h);
+}
+
+static void on_http(evloop *l, void *arg)
+{
+    (void)l;
+    conductor *c = arg;
+    metrics *m = c->m;
+    int fd = accept4(m->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0)
+        return;
+    http_conn *h = NULL, *oldest = NULL;
+    for (int i = 0; i < HTTP_CONNS && !h; i++) {
+        if (m->conns[i].fd < 0)
+            h = &m->conns[i];
+        else if (!oldest || m->conns[i].opened_ms < oldest->opened_ms)
+            oldest = &m->conns[i];
+    }
+    if (!h) {
+        conn_close(c, oldest);
+        h = oldest;
+    }
+    h->c = c;
+    h->fd = fd;
+    h->n = 0;
+    h->buf[0] = 0;
+    h->opened_ms = cond_now_ms();
+    h->handle = evloop_add(c->loop, NULL, fd, on_conn, h);
+    if (h->handle < 0) {
+        close(fd);
+        h->fd = -1;
+    }
+}
+
+void metrics_tick(conductor *c, uint64_t now_ms)
+{
+    metrics *m = c->m;
+    for (int i = 0; m && i < HTTP_CONNS; i++)
+        if (m->conns[i].fd >= 0 && now_ms > m->conns[i].opened_ms + HTTP_IDLE_MS)
+            conn_close(c, &m->conns[i]);
 }
 
 int metrics_listen(conductor *c, const char *hostport)

@@ -100,7 +100,12 @@ int sup_spawn(conductor *c, cworker *w)
     if (rc != 0) {
         bt_error("cannot start worker %s (%s): %s", w->cfg->name, c->worker_exe, strerror(rc));
         w->state = CW_DOWN;
+        /* The same back-off as a crash: a missing binary must not spin. */
+        w->backoff_ms = w->backoff_ms ? w->backoff_ms * 2 : RESTART_FIRST_MS;
+        if (w->backoff_ms > RESTART_MAX_MS)
+            w->backoff_ms = RESTART_MAX_MS;
         w->restart_at_ms = now + w->backoff_ms;
+        w->restarts++;
         return BT_EIO;
     }
     w->pid = pid;
@@ -331,8 +336,25 @@ void sup_on_readable(evloop *l, void *arg)
         if (w && wm) {
             w->last_seen_ms = cond_now_ms();
             bool live = w->state == CW_LOADING || w->state == CW_READY;
+            /* An external worker declared lost that speaks again (it was
+             * stalled, not dead) still holds the lost requests' state: it
+             * must start over, and its service manager restarts it. */
+            if (!live && w->cfg->spawn == CFG_SPAWN_EXTERNAL &&
+                wm->msg_case != BATON__V1__WORKER_MESSAGE__MSG_REGISTRATION &&
+                !w->told_to_restart) {
+                bt_warn("worker %s speaks again after it was lost: telling it to restart",
+                        w->cfg->name);
+                Baton__V1__Shutdown sd = BATON__V1__SHUTDOWN__INIT;
+                sd.reason = "declared lost by the conductor; restart and register again";
+                Baton__V1__ConductorMessage m = BATON__V1__CONDUCTOR_MESSAGE__INIT;
+                m.msg_case = BATON__V1__CONDUCTOR_MESSAGE__MSG_SHUTDOWN;
+                m.shutdown = &sd;
+                sup_send(c, w->index, &m);
+                w->told_to_restart = true;
+            }
             switch (wm->msg_case) {
             case BATON__V1__WORKER_MESSAGE__MSG_REGISTRATION:
+                w->told_to_restart = false;
                 on_register(c, w, wm->registration);
                 break;
             case BATON__V1__WORKER_MESSAGE__MSG_LOADED:

@@ -472,11 +472,46 @@ def test_worker_killed_under_load(d, c):
     wait_pool_empty(d)
 
 
+def test_metrics_listener_cannot_stall(d, c):
+    """Idle or slow scrapers must not block the conductor's only thread."""
+    idle = []
+    for _ in range(20):
+        s = socket.create_connection(("127.0.0.1", d.port))
+        idle.append(s)
+    t0 = time.time()
+    for i in range(20):
+        _, r = c.infer("echo", X(i))
+        assert r.status.code == pb.OK
+    assert time.time() - t0 < 2.0, "requests stalled behind idle scrapers"
+    # A request line split over two segments is still understood.
+    s = socket.create_connection(("127.0.0.1", d.port))
+    s.sendall(b"GET /met")
+    time.sleep(0.1)
+    s.sendall(b"rics HTTP/1.0\r\n\r\n")
+    s.settimeout(5)
+    data = b""
+    while True:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    assert data.startswith(b"HTTP/1.0 200") and b"baton_requests_total" in data, data[:200]
+    s.close()
+    s = socket.create_connection(("127.0.0.1", d.port))
+    s.sendall(b"GET /metricsXYZ HTTP/1.0\r\n\r\n")
+    s.settimeout(5)
+    assert s.recv(100).startswith(b"HTTP/1.0 404")
+    s.close()
+    for s in idle:
+        s.close()
+
+
 TESTS = [test_echo, test_hop_across_workers, test_large_tensor_fetched, test_fanin_two_workers,
          test_loop_streams_tokens, test_loop_without_stream_joins, test_request_max_iters,
          test_stream_into_consumer, test_nested_loops, test_node_failure, test_deadline,
          test_cancel, test_duplicate_id, test_hostile_inputs, test_admission,
-         test_stats_and_metrics, test_load_many_sockets, test_worker_killed_under_load]
+         test_stats_and_metrics, test_metrics_listener_cannot_stall, test_load_many_sockets,
+         test_worker_killed_under_load]
 
 
 def test_sigterm_drain(config):
@@ -533,6 +568,27 @@ def test_external_worker(config):
         assert r.status.code == pb.UNAVAILABLE, r.status
         left = [f for f in os.listdir("/dev/shm") if f.startswith("baton-ext%d-" % os.getpid())]
         assert not left, left  # the conductor unlinked the dead worker's pool
+        # A stalled (not dead) external worker is lost, then told to restart
+        # when it speaks again; a new one registers and serves.
+        worker = subprocess.Popen([os.path.join(BUILD, "baton-worker"), "--config", d.config,
+                                   "--name", "cpu1", "--run-id", "ext%d" % os.getpid()],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        d.wait_ready()
+        worker.send_signal(signal.SIGSTOP)
+        deadline = time.time() + 8
+        while time.time() < deadline:
+            h = c.health(1)
+            if h is not None and not h.ready:
+                break
+            time.sleep(0.1)
+        worker.send_signal(signal.SIGCONT)
+        assert worker.wait(timeout=10) == 0  # it obeyed the Shutdown
+        worker = subprocess.Popen([os.path.join(BUILD, "baton-worker"), "--config", d.config,
+                                   "--name", "cpu1", "--run-id", "ext%d" % os.getpid()],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        d.wait_ready()
+        _, r = c.infer("hop", X(6))
+        assert r.status.code == pb.OK, r.status
         c.close()
     finally:
         if worker.poll() is None:

@@ -245,6 +245,24 @@ static void test_stream_loopback(void **state)
                  18, "is a stream that loops back");
 }
 
+static void test_too_many_inputs(void **state)
+{
+    (void)state;
+    char yaml[4096];
+    size_t off = (size_t)snprintf(yaml, sizeof(yaml),
+                                  "version: 1\nworkers: [{name: w0, device: cpu}]\n"
+                                  "models: [{name: m, backend: echo, worker: w0}]\n"
+                                  "graphs:\n  - name: g\n    inputs: [");
+    for (int i = 0; i < 65; i++)
+        off += (size_t)snprintf(yaml + off, sizeof(yaml) - off, "%si%d", i ? ", " : "", i);
+    snprintf(yaml + off, sizeof(yaml) - off,
+             "]\n    body: {node: {name: a, model: m, inputs: [i0], outputs: []}}\n");
+    built b = build(yaml);
+    assert_int_equal(b.rc, BT_ECONFIG);
+    assert_non_null(bt_diag_find(b.diag, "has 65 inputs; at most 64"));
+    built_free(&b);
+}
+
 static void test_all_errors_reported(void **state)
 {
     (void)state;
@@ -412,6 +430,7 @@ int main(void)
         cmocka_unit_test(test_edge_to_loop),
         cmocka_unit_test(test_stream_loopback),
         cmocka_unit_test(test_all_errors_reported),
+        cmocka_unit_test(test_too_many_inputs),
         cmocka_unit_test(test_async_warning),
         cmocka_unit_test(test_chat_derived_io),
         cmocka_unit_test(test_image_partition),
