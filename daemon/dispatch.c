@@ -611,9 +611,14 @@ void disp_done(conductor *c, int worker, const Baton__V1__Done *d)
     bool ok = d->graph < c->gs->n_graphs && read_iter(d->iteration, d->n_iteration, &it);
     const graph *g = ok ? &c->gs->graphs[d->graph] : NULL;
     ok = ok && d->node < g->n_entities && g->entities[d->node].kind == GRAPH_NODE;
-    rt_value_out outs[32];
+    rt_value_out stack[32];
+    rt_value_out *outs = d->n_outputs <= 32 ? stack : malloc(d->n_outputs * sizeof(*outs));
     size_t n = 0;
-    for (size_t i = 0; i < d->n_outputs && i < 32; i++) {
+    if (!outs) {
+        bt_error("out of memory taking a Done of %zu outputs", d->n_outputs);
+        return;
+    }
+    for (size_t i = 0; i < d->n_outputs; i++) {
         const Baton__V1__NamedRef *nr = d->outputs[i];
         if (!nr->ref || !disp_tensor_add(c, worker, nr->ref))
             continue;
@@ -627,6 +632,8 @@ void disp_done(conductor *c, int worker, const Baton__V1__Done *d)
         for (size_t i = 0; i < n; i++)
             release_later(c, outs[i].tensor);
         disp_flush_releases(c);
+        if (outs != stack)
+            free(outs);
         return;
     }
     if (r && r->n_timings < 100000) {
@@ -652,6 +659,8 @@ void disp_done(conductor *c, int worker, const Baton__V1__Done *d)
     } else {
         rt_node_done(c->rt, d->request_key, (int)d->node, &it, outs, n, d->finish);
     }
+    if (outs != stack)
+        free(outs);
     disp_actions(c);
 }
 
