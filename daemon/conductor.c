@@ -152,6 +152,25 @@ static void on_signal(evloop *l, void *arg)
     }
 }
 
+/* Restores the min-heap below position I of the deadline heap. */
+static void deadline_sift_down(conductor *c, size_t i)
+{
+    size_t n = c->n_deadlines;
+    for (;;) {
+        size_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < n && c->deadlines[l].at_ms < c->deadlines[m].at_ms)
+            m = l;
+        if (r < n && c->deadlines[r].at_ms < c->deadlines[m].at_ms)
+            m = r;
+        if (m == i)
+            return;
+        deadline t = c->deadlines[i];
+        c->deadlines[i] = c->deadlines[m];
+        c->deadlines[m] = t;
+        i = m;
+    }
+}
+
 /* Entries of ended requests stay in the heap until they come due; a long
  * client timeout would let them pile up.  Past twice the live requests,
  * keep only the live ones and heapify again. */
@@ -166,21 +185,8 @@ static void compact_deadlines(conductor *c)
             c->deadlines[n++] = c->deadlines[i];
     }
     c->n_deadlines = n;
-    for (size_t start = n / 2; start-- > 0;) {
-        for (size_t i = start;;) {
-            size_t l = 2 * i + 1, rr = l + 1, m = i;
-            if (l < n && c->deadlines[l].at_ms < c->deadlines[m].at_ms)
-                m = l;
-            if (rr < n && c->deadlines[rr].at_ms < c->deadlines[m].at_ms)
-                m = rr;
-            if (m == i)
-                break;
-            deadline t = c->deadlines[i];
-            c->deadlines[i] = c->deadlines[m];
-            c->deadlines[m] = t;
-            i = m;
-        }
-    }
+    for (size_t start = n / 2; start-- > 0;)
+        deadline_sift_down(c, start);
 }
 
 static void expire_deadlines(conductor *c, uint64_t now)
@@ -189,19 +195,7 @@ static void expire_deadlines(conductor *c, uint64_t now)
     while (c->n_deadlines && c->deadlines[0].at_ms <= now) {
         deadline top = c->deadlines[0];
         c->deadlines[0] = c->deadlines[--c->n_deadlines];
-        for (size_t i = 0;;) {
-            size_t l = 2 * i + 1, r = l + 1, m = i;
-            if (l < c->n_deadlines && c->deadlines[l].at_ms < c->deadlines[m].at_ms)
-                m = l;
-            if (r < c->n_deadlines && c->deadlines[r].at_ms < c->deadlines[m].at_ms)
-                m = r;
-            if (m == i)
-                break;
-            deadline t = c->deadlines[i];
-            c->deadlines[i] = c->deadlines[m];
-            c->deadlines[m] = t;
-            i = m;
-        }
+        deadline_sift_down(c, 0);
         creq *r = u64map_get(&c->requests, top.key);
         if (!r || r->deadline_ms != top.at_ms)
             continue;
