@@ -9,6 +9,7 @@
 
 #include "common/log.h"
 #include "daemon/conductor.h"
+#include "common/vec.h"
 
 uint64_t cond_tensor_key(int worker, uint64_t id)
 {
@@ -301,14 +302,8 @@ static void extend_later(conductor *c, const rt_action *a)
             return;
         }
     }
-    if (c->n_extends == c->cap_extends) {
-        size_t cap = c->cap_extends ? c->cap_extends * 2 : 16;
-        pending_extend *e = realloc(c->extends, cap * sizeof(*e));
-        if (!e)
-            return; /* the worker waits for the next one: slower, not wrong */
-        c->extends = e;
-        c->cap_extends = cap;
-    }
+    if (BT_RESERVE(c->extends, c->n_extends, c->cap_extends, 16) < 0)
+        return; /* the worker waits for the next one: slower, not wrong */
     c->extends[c->n_extends++] = (pending_extend){a->req, a->graph, a->u.extend.node,
                                                   a->u.extend.upto};
 }
@@ -413,14 +408,8 @@ static void capture(conductor *c, creq *r, rt_tensor t, obytes *o)
 
 static outmsg *outq_push(creq *r)
 {
-    if (r->n_outq == r->cap_outq) {
-        size_t cap = r->cap_outq ? r->cap_outq * 2 : 8;
-        outmsg *o = realloc(r->outq, cap * sizeof(*o));
-        if (!o)
-            return NULL;
-        r->outq = o;
-        r->cap_outq = cap;
-    }
+    if (BT_RESERVE(r->outq, r->n_outq, r->cap_outq, 8) < 0)
+        return NULL;
     outmsg *o = &r->outq[r->n_outq++];
     memset(o, 0, sizeof(*o));
     return o;
@@ -637,15 +626,7 @@ void disp_done(conductor *c, int worker, const Baton__V1__Done *d)
         return;
     }
     if (r && r->n_timings < 100000) {
-        if (r->n_timings == r->cap_timings) {
-            size_t cap = r->cap_timings ? r->cap_timings * 2 : 16;
-            ctiming *t = realloc(r->timings, cap * sizeof(*t));
-            if (t) {
-                r->timings = t;
-                r->cap_timings = cap;
-            }
-        }
-        if (r->n_timings < r->cap_timings)
+        if (BT_RESERVE(r->timings, r->n_timings, r->cap_timings, 16) == 0)
             r->timings[r->n_timings++] = (ctiming){(int)d->node,
                                                    it.depth ? it.v[it.depth - 1] : 0, worker,
                                                    d->queue_us, d->exec_us};

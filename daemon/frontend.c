@@ -13,6 +13,7 @@
 
 #include "common/log.h"
 #include "daemon/conductor.h"
+#include "common/vec.h"
 
 #define REQUEST_ID_MAX 256
 
@@ -549,15 +550,7 @@ static void handle_infer(conductor *c, const uint8_t *id, size_t idlen,
         goto out;
     }
     /* Deadline heap (lazy: stale entries are skipped when they fire). */
-    if (c->n_deadlines == c->cap_deadlines) {
-        size_t cap = c->cap_deadlines ? c->cap_deadlines * 2 : 64;
-        deadline *d = realloc(c->deadlines, cap * sizeof(*d));
-        if (d) {
-            c->deadlines = d;
-            c->cap_deadlines = cap;
-        }
-    }
-    if (c->n_deadlines < c->cap_deadlines) {
+    if (BT_RESERVE(c->deadlines, c->n_deadlines, c->cap_deadlines, 64) == 0) {
         size_t i = c->n_deadlines++;
         c->deadlines[i] = (deadline){r->deadline_ms, r->key};
         while (i > 0 && c->deadlines[(i - 1) / 2].at_ms > c->deadlines[i].at_ms) {

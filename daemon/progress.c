@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "daemon/runtime_internal.h"
+#include "common/vec.h"
 
 static void entity_completed(rt_runtime *rt, rt_request *r, int entity);
 
@@ -71,15 +72,9 @@ void reg_drop_speculation(rt_runtime *rt, rt_request *r)
 static void pend_push(rt_runtime *rt, rt_request *r, int node, const pend *src)
 {
     node_state *ns = &r->nodes[node];
-    if (ns->n_pend == ns->cap_pend) {
-        uint32_t cap = ns->cap_pend ? ns->cap_pend * 2 : 4;
-        pend *p = realloc(ns->pend, cap * sizeof(*p));
-        if (!p) {
-            rt->oom = 1;
-            return;
-        }
-        ns->pend = p;
-        ns->cap_pend = cap;
+    if (BT_RESERVE(ns->pend, ns->n_pend, ns->cap_pend, 4) < 0) {
+        rt->oom = 1;
+        return;
     }
     pend *p = &ns->pend[ns->n_pend++];
     *p = *src;

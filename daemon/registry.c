@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "daemon/runtime_internal.h"
+#include "common/vec.h"
 
 
 void reg_current_iter(const rt_request *r, int entity, rt_iter *out)
@@ -48,15 +49,9 @@ static slot *slot_get(rt_runtime *rt, rt_request *r, int node, const rt_iter *v)
     if (s)
         return s;
     node_state *ns = &r->nodes[node];
-    if (ns->n_slots == ns->cap_slots) {
-        uint32_t cap = ns->cap_slots ? ns->cap_slots * 2 : 2;
-        slot *ss = realloc(ns->slots, cap * sizeof(*ss));
-        if (!ss) {
-            rt->oom = 1;
-            return NULL;
-        }
-        ns->slots = ss;
-        ns->cap_slots = cap;
+    if (BT_RESERVE(ns->slots, ns->n_slots, ns->cap_slots, 2) < 0) {
+        rt->oom = 1;
+        return NULL;
     }
     uint32_t n = rt->gx[r->graph_index].n_edge_slots[node];
     uint8_t *have = calloc(n + 1, 1);
@@ -101,15 +96,9 @@ static binding *binding_find(rt_request *r, int edge, const rt_iter *v, uint32_t
 
 static binding *binding_add(rt_runtime *rt, rt_request *r, int edge, const rt_iter *key)
 {
-    if (r->n_bindings == r->cap_bindings) {
-        uint32_t cap = r->cap_bindings ? r->cap_bindings * 2 : 4;
-        binding *b = realloc(r->bindings, cap * sizeof(*b));
-        if (!b) {
-            rt->oom = 1;
-            return NULL;
-        }
-        r->bindings = b;
-        r->cap_bindings = cap;
+    if (BT_RESERVE(r->bindings, r->n_bindings, r->cap_bindings, 4) < 0) {
+        rt->oom = 1;
+        return NULL;
     }
     binding *b = &r->bindings[r->n_bindings++];
     memset(b, 0, sizeof(*b));
@@ -205,15 +194,9 @@ static void out_append(rt_runtime *rt, rt_request *r, const char *name, const ch
         if (strcmp(r->outs[i].name, name) == 0)
             o = &r->outs[i];
     if (!o) {
-        if (r->n_outs == r->cap_outs) {
-            uint32_t cap = r->cap_outs ? r->cap_outs * 2 : 4;
-            out_entry *no = realloc(r->outs, cap * sizeof(*no));
-            if (!no) {
-                rt->oom = 1;
-                return;
-            }
-            r->outs = no;
-            r->cap_outs = cap;
+        if (BT_RESERVE(r->outs, r->n_outs, r->cap_outs, 4) < 0) {
+            rt->oom = 1;
+            return;
         }
         o = &r->outs[r->n_outs++];
         memset(o, 0, sizeof(*o));

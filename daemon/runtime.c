@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "daemon/runtime_internal.h"
+#include "common/vec.h"
 
 /* ---- action queue and its arena ---------------------------------------- */
 
@@ -36,15 +37,9 @@ void *rt__alloc(rt_runtime *rt, size_t size)
 
 rt_action *rt__push(rt_runtime *rt, rt_action_kind kind, const rt_request *r)
 {
-    if (rt->n_actions == rt->cap_actions) {
-        size_t cap = rt->cap_actions ? rt->cap_actions * 2 : 64;
-        rt_action *a = realloc(rt->actions, cap * sizeof(*a));
-        if (!a) {
-            rt->oom = 1;
-            return NULL;
-        }
-        rt->actions = a;
-        rt->cap_actions = cap;
+    if (BT_RESERVE(rt->actions, rt->n_actions, rt->cap_actions, 64) < 0) {
+        rt->oom = 1;
+        return NULL;
     }
     rt_action *a = &rt->actions[rt->n_actions++];
     memset(a, 0, sizeof(*a));
@@ -314,15 +309,9 @@ bool rt__iter_eq(const rt_iter *a, const rt_iter *b)
 
 void rt__replay_push(rt_runtime *rt, const rt_request *r, int node, const rt_iter *it)
 {
-    if (rt->n_replay == rt->cap_replay) {
-        size_t cap = rt->cap_replay ? rt->cap_replay * 2 : 16;
-        replay_item *ri = realloc(rt->replay, cap * sizeof(*ri));
-        if (!ri) {
-            rt->oom = 1;
-            return;
-        }
-        rt->replay = ri;
-        rt->cap_replay = cap;
+    if (BT_RESERVE(rt->replay, rt->n_replay, rt->cap_replay, 16) < 0) {
+        rt->oom = 1;
+        return;
     }
     rt->replay[rt->n_replay++] = (replay_item){r->key, node, *it};
 }
@@ -396,15 +385,9 @@ void rt__end(rt_runtime *rt, rt_request *r, bt_code code, const char *fmt, ...)
     u64map_del(&rt->requests, r->key);
     /* The caller may be deep inside this request's state (a completion
      * that failed it): free it only once the event is over. */
-    if (rt->n_dead == rt->cap_dead) {
-        size_t cap = rt->cap_dead ? rt->cap_dead * 2 : 8;
-        rt_request **d = realloc(rt->dead, cap * sizeof(*d));
-        if (!d) {
-            rt->oom = 1;
-            return; /* leaks this request's bookkeeping, never a tensor */
-        }
-        rt->dead = d;
-        rt->cap_dead = cap;
+    if (BT_RESERVE(rt->dead, rt->n_dead, rt->cap_dead, 8) < 0) {
+        rt->oom = 1;
+        return; /* leaks this request's bookkeeping, never a tensor */
     }
     rt->dead[rt->n_dead++] = r;
 }

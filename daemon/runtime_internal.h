@@ -57,7 +57,8 @@ typedef struct pend {
 
 typedef struct node_state {
     slot *slots;
-    uint32_t n_slots, cap_slots;
+    uint32_t n_slots;
+    size_t cap_slots;
     bool done_valid;           /* done_iter holds the last iteration that completed */
     rt_iter done_iter;
     /* Speculation window (DESIGN.md section 4.4). */
@@ -65,7 +66,8 @@ typedef struct node_state {
     rt_iter spec_iter;         /* prefix of the window: every index but the innermost */
     uint32_t spec_upto;        /* innermost iteration the worker may run to */
     pend *pend;
-    uint32_t n_pend, cap_pend;
+    uint32_t n_pend;
+    size_t cap_pend;
 } node_state;
 
 typedef struct loop_state {
@@ -113,9 +115,11 @@ typedef struct rt_request {
     loop_state *loops;         /* per entity (nodes unused) */
     value_state *values;       /* per graph value */
     binding *bindings;
-    uint32_t n_bindings, cap_bindings;
+    uint32_t n_bindings;
+    size_t cap_bindings;
     out_entry *outs;
-    uint32_t n_outs, cap_outs;
+    uint32_t n_outs;
+    size_t cap_outs;
     tref *tensors;             /* open addressing on (worker, id) */
     uint32_t cap_tensors, n_tensors;
     bool ended;
