@@ -246,7 +246,7 @@ GPU_BINS := $(if $(CU_LIB),$(BUILD)/gpu/check_kernels)
 $(BUILD)/gpu/check_kernels: $(BUILD)/obj/tests/gpu/check_kernels.o $(KERNEL_LIB) $(CU_LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(NCCL_LIBS)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(OPENBLAS_LIBS) $(NCCL_LIBS)
 
 .PHONY: gpu-check
 gpu-check: $(GPU_BINS)

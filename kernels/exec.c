@@ -42,6 +42,7 @@ struct kx_exec {
     bool stop;
     bool pending;                /* a commit not yet synced (caller's thread only) */
     int err;                     /* first op error of this gen */
+    int err_op;                  /* the op that returned it */
     char *report;
 };
 
@@ -58,8 +59,10 @@ static void run_op(kx_exec *x, int stream, int i)
     int rc = x->ops.fn[o->op](&c);
     if (rc) {
         pthread_mutex_lock(&x->mu);
-        if (!x->err)
+        if (!x->err) {
+            x->err_op = i;
             __atomic_store_n(&x->err, rc, __ATOMIC_RELAXED);
+        }
         pthread_mutex_unlock(&x->mu);
     }
 }
@@ -437,6 +440,7 @@ int kx_commit(kx_exec *x)
     x->gen++;
     x->finished = 0;
     x->err = 0;
+    x->err_op = -1;
     pthread_cond_broadcast(&x->cv);
     pthread_mutex_unlock(&x->mu);
     x->pending = true;
@@ -473,6 +477,13 @@ const void *kx_output(const kx_exec *x, int index, size_t *bytes)
         }
     }
     return NULL;
+}
+
+int kx_op_error(const kx_exec *x, int *status)
+{
+    if (status)
+        *status = x->err;
+    return x->err ? x->err_op : -1;
 }
 
 const void *kx_arena(const kx_exec *x)

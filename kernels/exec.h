@@ -102,6 +102,11 @@ int kx_run(kx_exec *x);
  * current extent in *BYTES; NULL if out of range. */
 const void *kx_output(const kx_exec *x, int index, size_t *bytes);
 
+/* After a run that failed with KX_EOP: the first failing op's id and the
+ * status it returned (a negative errno from the op tables).  Returns -1
+ * when the last run had no failing op. */
+int kx_op_error(const kx_exec *x, int *status);
+
 /* The arena, its size, and its peak-live lower bound. */
 const void *kx_arena(const kx_exec *x);
 size_t kx_arena_size(const kx_exec *x);

@@ -92,6 +92,18 @@ int kg_value_set_dynamic(kg_graph *g, int v);
 int kg_op_add(kg_graph *g, kop op, const int *in, int n_in, const int *out, int n_out,
               const int64_t *attr, int n_attr, double flops, double bytes);
 
+/* A real-valued attribute as int64 (the bits of a double), and back. */
+static inline int64_t kg_attr_f(double v)
+{
+    union { double d; int64_t i; } u = {.d = v};
+    return u.i;
+}
+static inline double kg_attr_to_f(int64_t a)
+{
+    union { int64_t i; double d; } u = {.i = a};
+    return u.d;
+}
+
 /* The value called NAME, or -1. */
 int kg_value_find(const kg_graph *g, const char *name);
 

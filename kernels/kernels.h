@@ -158,6 +158,12 @@ int k_cuda_argmax(int32_t *out, const float *x, int rows, int n, void *stream);
 int k_cuda_attn_decode(float *out, const float *q, const float *k, const float *v,
                        float *const *kc, float *const *vc, const int32_t *lens, int batch,
                        int n_head, int n_kv, int hd, int max_ctx, void *stream);
+/* k_attn_prefill on the device: KC, VC are one sequence's caches.  The
+ * softmax is computed online over tiles of keys, so the context length has
+ * no shared-memory bound; HD must be at most 256 (-EINVAL else). */
+int k_cuda_attn_prefill(float *out, const float *q, const float *k, const float *v, float *kc,
+                        float *vc, int pos0, int n_tok, int n_head, int n_kv, int hd,
+                        void *stream);
 int k_cuda_qmatvec(float *y, const void *w, kdtype t, const float *x, int rows, int cols,
                    void *stream);
 /* TOP_K must be in 1..K_SAMPLE_MAX_K when TEMPERATURE > 0 (-EINVAL else). */

@@ -28,6 +28,39 @@ typedef enum kdtype {
 size_t kdtype_bytes(kdtype t, size_t n);
 const char *kdtype_name(kdtype t);
 
+/* The ops, with the operands and attributes (kg_op.attr) each expects when
+ * it runs through an op table (kernels/optable.h).  Shapes are row-major,
+ * outermost first; "rows" of a value whose outermost dim is dynamic
+ * (bucketed) are the run's actual extent.  Real-valued attributes are
+ * stored as the bits of a double (kg_attr_f / kg_attr_to_f in graph.h).
+ *
+ *   EMBED        in {table [V, D] f32|f16|bf16|Q8_0|Q4_0|Q4_1, ids [N] i32}
+ *                out {[N, D] f32}; an id outside [0, V) gives zeros.
+ *   MATMUL       in {a [.., M, K] f32, w [N, K] f32|f16|bf16|block}
+ *                out {[.., M, N] f32}: every row of a times w^T.
+ *   QMATVEC      in {w [N, K] block, x [M, K] f32} out {[M, N] f32}.
+ *   ADD, MUL     in {a, b} out {y}, same element count, f32.
+ *   SILU, GELU   in {x} out {y}, f32.
+ *   RMSNORM      in {x [R, D], w [D]} out {[R, D]}; attr {eps (f)}.
+ *   LAYERNORM    in {x [R, D], w [D], b [D] (optional)} out; attr {eps (f)}.
+ *   ROPE         in {x [N, H*HD], pos [N] i32} out {[N, H*HD]};
+ *                attr {H, HD, theta (f), mode (K_ROPE_NORMAL | K_ROPE_NEOX)}.
+ *   ATTN_PREFILL in {q [N, H*HD], k [N, KV*HD], v, kc [B, C, KV, HD],
+ *                vc, pos [N] i32} out {o [N, H*HD], kc, vc}; attr {H, KV,
+ *                HD}.  N/B tokens per sequence, sequence b starting at
+ *                position pos[b * N/B].
+ *   ATTN_DECODE  in {q [B, H*HD], k [B, KV*HD], v, kc, vc, lens [B] i32}
+ *                out {o, kc, vc}; attr {H, KV, HD}.  Sequence b appends at
+ *                row lens[b] and attends over rows 0..lens[b]; a negative
+ *                length marks an unused slot (its output is zeros).
+ *   SOFTMAX      in {x [R, N]} out {[R, N]}.
+ *   ARGMAX       in {x [R, N]} out {[R] i32}.
+ *   SAMPLE       in {logits [R, N], params [R, 3] f32 (temperature, top_k,
+ *                top_p), rng [R, 2] i64 (seed, counter)} out {[R] i32}.
+ *   CAST         in {x} out {y}: f32, f16, bf16 either way.
+ *   ALLREDUCE    in {x} out {y} f32; attr {ranks} (1 when absent).
+ *   MATMUL_ALLREDUCE  as MATMUL, then as ALLREDUCE; attr {ranks}.
+ * Caches are f32 on the CPU. */
 typedef enum kop {
     KOP_EMBED = 0,        /* rows of a table by token id */
     KOP_MATMUL,           /* batched C = A x B^T (weights row-major [out, in]) */

@@ -7,15 +7,19 @@
 #include <stdbool.h>
 #include <stdio.h>
 
+#include "kernels/kernels.h"
+
 ktf_shape ktf_shape_smollm2_135m(void)
 {
-    return (ktf_shape){576, 30, 9, 3, 64, 1536, 49152, KD_F32, KD_F16, KD_F16};
+    return (ktf_shape){576, 30, 9, 3, 64, 1536, 49152, KD_F32, KD_F16, KD_F16, 1e-5f, 100000.0f,
+                       K_ROPE_NORMAL};
 }
 
 typedef struct builder {
     kg_graph *g;
     const ktf_shape *s;
     int fail;
+    bool dynamic;      /* token-row values are bucketed (batch 1 prefill) */
 } builder;
 
 static int val(builder *b, const char *name, kg_kind kind, kdtype dt, int ndim, int64_t d0,
@@ -28,12 +32,17 @@ static int val(builder *b, const char *name, kg_kind kind, kdtype dt, int ndim, 
     return v < 0 ? 0 : v;
 }
 
+/* An activation of ROWS token rows (dynamic in a bucketed graph). */
 static int act(builder *b, const char *name, int64_t rows, int64_t cols)
 {
-    return val(b, name, KG_INTER, b->s->act, 2, rows, cols, 0, 0);
+    int v = val(b, name, KG_INTER, b->s->act, 2, rows, cols, 0, 0);
+    if (b->dynamic && !b->fail && kg_value_set_dynamic(b->g, v))
+        b->fail = 1;
+    return v;
 }
 
-static void op(builder *b, kop k, const int *in, int n_in, int out, double flops)
+static void op_attr(builder *b, kop k, const int *in, int n_in, int out, double flops,
+                    const int64_t *attr, int n_attr)
 {
     if (b->fail)
         return;
@@ -41,8 +50,13 @@ static void op(builder *b, kop k, const int *in, int n_in, int out, double flops
     for (int i = 0; i < n_in; i++)
         bytes += (double)b->g->values[in[i]].bytes;
     bytes += (double)b->g->values[out].bytes;
-    if (kg_op_add(b->g, k, in, n_in, &out, 1, NULL, 0, flops, bytes) < 0)
+    if (kg_op_add(b->g, k, in, n_in, &out, 1, attr, n_attr, flops, bytes) < 0)
         b->fail = 1;
+}
+
+static void op(builder *b, kop k, const int *in, int n_in, int out, double flops)
+{
+    op_attr(b, k, in, n_in, out, flops, NULL, 0);
 }
 
 /* Y[rows, n] = X[rows, k] W^T with W [n, k]. */
@@ -61,7 +75,7 @@ static kg_graph *build(const ktf_shape *s, int batch, int seq, int ctx, bool pre
 {
     if (!s || batch < 1 || seq < 1 || ctx < seq || s->heads % s->kv_heads)
         return NULL;
-    builder b = {kg_create(), s, 0};
+    builder b = {kg_create(), s, 0, prefill && batch == 1};
     if (!b.g)
         return NULL;
     int64_t N = (int64_t)batch * seq, H = s->hidden, Q = (int64_t)s->heads * s->head_dim,
@@ -69,6 +83,12 @@ static kg_graph *build(const ktf_shape *s, int batch, int seq, int ctx, bool pre
     char nm[KG_NAME_LEN];
     int tokens = val(&b, "tokens", KG_INPUT, KD_I32, 1, N, 0, 0, 0);
     int pos = val(&b, "positions", KG_INPUT, KD_I32, 1, N, 0, 0, 0);
+    if (b.dynamic && !b.fail && (kg_value_set_dynamic(b.g, tokens) || kg_value_set_dynamic(b.g, pos)))
+        b.fail = 1;
+    int64_t eps[1] = {kg_attr_f(s->rms_eps)};
+    int64_t rope_q[4] = {s->heads, s->head_dim, kg_attr_f(s->rope_theta), s->rope_mode};
+    int64_t rope_k[4] = {s->kv_heads, s->head_dim, kg_attr_f(s->rope_theta), s->rope_mode};
+    int64_t heads[3] = {s->heads, s->kv_heads, s->head_dim};
     int third = val(&b, prefill ? "last_rows" : "seq_lens", KG_INPUT, KD_I32, 1, batch, 0, 0, 0);
     int embd = val(&b, "token_embd.weight", KG_PARAM, s->weight, 2, V, H, 0, 0);
     int x = act(&b, "x.embed", N, H);
@@ -90,16 +110,16 @@ static kg_graph *build(const ktf_shape *s, int batch, int seq, int ctx, bool pre
 
         int xn = act(&b, NAME("blk.%d.xn"), N, H);
         int t[5] = {x, an};
-        op(&b, KOP_RMSNORM, t, 2, xn, 4.0 * (double)(N * H));
+        op_attr(&b, KOP_RMSNORM, t, 2, xn, 4.0 * (double)(N * H), eps, 1);
         int q = matmul(&b, NAME("blk.%d.q"), xn, wq, N, Q, H);
         int k = matmul(&b, NAME("blk.%d.k"), xn, wk, N, KV, H);
         int v = matmul(&b, NAME("blk.%d.v"), xn, wv, N, KV, H);
         int qr = act(&b, NAME("blk.%d.q_rope"), N, Q);
         t[0] = q, t[1] = pos;
-        op(&b, KOP_ROPE, t, 2, qr, 6.0 * (double)(N * Q));
+        op_attr(&b, KOP_ROPE, t, 2, qr, 6.0 * (double)(N * Q), rope_q, 4);
         int kr = act(&b, NAME("blk.%d.k_rope"), N, KV);
         t[0] = k;
-        op(&b, KOP_ROPE, t, 2, kr, 6.0 * (double)(N * KV));
+        op_attr(&b, KOP_ROPE, t, 2, kr, 6.0 * (double)(N * KV), rope_k, 4);
         int at = act(&b, NAME("blk.%d.attn"), N, Q);
         /* Attention writes this step's K and V into the caches and reads the
          * cached positions: the caches are both inputs and outputs. */
@@ -112,7 +132,7 @@ static kg_graph *build(const ktf_shape *s, int batch, int seq, int ctx, bool pre
         double abytes = (double)(b.g->values[qr].bytes + b.g->values[kr].bytes +
                                  b.g->values[v].bytes + b.g->values[at].bytes) + cache_rw;
         if (!b.fail && kg_op_add(b.g, prefill ? KOP_ATTN_PREFILL : KOP_ATTN_DECODE, ain, 6, aout,
-                                 3, NULL, 0, aflops, abytes) < 0)
+                                 3, heads, 3, aflops, abytes) < 0)
             b.fail = 1;
         int o = matmul(&b, NAME("blk.%d.o"), at, wo, N, H, Q);
         int x2 = act(&b, NAME("blk.%d.x_attn"), N, H);
@@ -120,7 +140,7 @@ static kg_graph *build(const ktf_shape *s, int batch, int seq, int ctx, bool pre
         op(&b, KOP_ADD, t, 2, x2, (double)(N * H));
         int xn2 = act(&b, NAME("blk.%d.xn_ffn"), N, H);
         t[0] = x2, t[1] = fn;
-        op(&b, KOP_RMSNORM, t, 2, xn2, 4.0 * (double)(N * H));
+        op_attr(&b, KOP_RMSNORM, t, 2, xn2, 4.0 * (double)(N * H), eps, 1);
         int gt = matmul(&b, NAME("blk.%d.gate"), xn2, wg, N, F, H);
         int up = matmul(&b, NAME("blk.%d.up"), xn2, wu, N, F, H);
         int sg = act(&b, NAME("blk.%d.silu"), N, F);
@@ -141,13 +161,13 @@ static kg_graph *build(const ktf_shape *s, int batch, int seq, int ctx, bool pre
     if (prefill) {
         /* Only each sequence's last token needs logits: gather its row
          * (an embedding lookup with the hidden states as the table). */
-        last = act(&b, "x.last", batch, H);
+        last = val(&b, "x.last", KG_INTER, s->act, 2, batch, H, 0, 0);
         int t[2] = {x, third};
         op(&b, KOP_EMBED, t, 2, last, 0);
     }
-    int xf = act(&b, "x.final", batch, H);
+    int xf = val(&b, "x.final", KG_INTER, s->act, 2, batch, H, 0, 0);
     int t[2] = {last, on};
-    op(&b, KOP_RMSNORM, t, 2, xf, 4.0 * (double)batch * (double)H);
+    op_attr(&b, KOP_RMSNORM, t, 2, xf, 4.0 * (double)batch * (double)H, eps, 1);
     int logits = val(&b, "logits", KG_OUTPUT, s->act, 2, batch, V, 0, 0);
     t[0] = xf, t[1] = embd;  /* tied embeddings: the output head is token_embd */
     op(&b, KOP_MATMUL, t, 2, logits, 2.0 * (double)batch * (double)V * (double)H);

@@ -18,13 +18,17 @@ typedef struct ktf_shape {
     kdtype act;        /* activations: KD_F32 */
     kdtype weight;     /* weights: KD_F32, KD_F16 or a GGUF block type */
     kdtype cache;      /* KV cache: KD_F32 or KD_F16 */
+    float rms_eps;     /* RMSNorm epsilon, 1e-5 */
+    float rope_theta;  /* RoPE base, 100000 for SmolLM2 */
+    int rope_mode;     /* K_ROPE_NORMAL (GGUF llama) or K_ROPE_NEOX */
 } ktf_shape;
 
 /* SmolLM2-135M, f32 activations, f16 weights and cache. */
 ktf_shape ktf_shape_smollm2_135m(void);
 
 /* Prefill of BATCH sequences of SEQ tokens each; KV caches of CTX positions
- * per sequence (CTX >= SEQ).  Inputs: 0 tokens [B*SEQ] i32, 1 positions
+ * per sequence (CTX >= SEQ).  With BATCH 1 the token dim is dynamic
+ * (bucketed): compiled for SEQ tokens, run at any 1..SEQ (kx_extent_set).  Inputs: 0 tokens [B*SEQ] i32, 1 positions
  * [B*SEQ] i32, 2 last-token rows [B] i32.  Outputs: 0 logits of each
  * sequence's last token [B, vocab], 1 argmax [B] i32.  Handles k_cache.L and
  * v_cache.L [B, CTX, kv_heads, head_dim].  NULL on a bad shape or no memory. */

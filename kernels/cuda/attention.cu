@@ -8,6 +8,8 @@
  * shared memory bound on context length; at the contexts of this project
  * (a few thousand tokens, 4 bytes each) the scores fit, and this one is
  * simple to check against the reference. */
+#include <limits.h>
+
 #include "kernels/cuda/kcuda.cuh"
 
 #define ATT_THREADS 128
@@ -87,6 +89,122 @@ extern "C" int k_cuda_attn_decode(float *out, const float *q, const float *k, co
     K_CUDA_LAUNCHED();
     decode_kernel<<<batch * n_head, ATT_THREADS, shmem, K_STREAM(stream)>>>(out, q, kc, vc, lens,
                                                                              n_head, n_kv, hd);
+    K_CUDA_LAUNCHED();
+    return 0;
+}
+
+/* CUDA kernel of k_attn_prefill: N_TOK new tokens of one sequence.  Two
+ * launches again: copy the tokens' K/V rows into the caches at POS0, then
+ * one block per (token, query head) walks its context in tiles of
+ * PRE_THREADS keys with an online softmax (flash attention's running max M,
+ * running sum L, and an accumulator over the head dimension rescaled by
+ * exp(m_old - m_new) whenever the max grows).  Only one tile of scores is
+ * ever held in shared memory, so unlike the decode kernel the context length
+ * has no shared-memory bound.  Within a tile the work is split as in the
+ * decode kernel: one thread per key for the scores, threads over the head
+ * dimension for P.V so that V rows are read coalesced. */
+
+#define PRE_THREADS 128 /* threads per block, and keys per tile */
+#define PRE_MAX_HD 256
+#define PRE_ACC (PRE_MAX_HD / PRE_THREADS) /* accumulators per thread */
+
+/* The N floats of K and V (N_TOK rows) to KC and VC, already offset to row
+ * POS0 by the launcher. */
+__global__ static void prefill_append_kernel(const float *k, const float *v, float *kc, float *vc,
+                                             size_t n)
+{
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        kc[i] = k[i];
+        vc[i] = v[i];
+    }
+}
+
+__global__ static void prefill_kernel(float *out, const float *q, const float *kc,
+                                      const float *vc, int pos0, int n_tok, int n_head, int n_kv,
+                                      int hd)
+{
+    __shared__ float s[PRE_THREADS]; /* one tile's softmax weights */
+    __shared__ float qs[PRE_MAX_HD];
+    __shared__ float red[32];
+    int tid = (int)threadIdx.x, bid = (int)blockIdx.x;
+    /* Block 0 takes the last token: the blocks with the longest contexts are
+     * scheduled first, so the grid does not end on a tail of long blocks. */
+    int t = n_tok - 1 - bid / n_head, h = bid % n_head;
+    int ctx = pos0 + t + 1;
+    size_t row = (size_t)n_kv * hd;
+    const float *kb = kc + (size_t)(h / (n_head / n_kv)) * hd;
+    const float *vb = vc + (size_t)(h / (n_head / n_kv)) * hd;
+    const float *qh = q + ((size_t)t * n_head + h) * hd;
+    for (int i = tid; i < hd; i += PRE_THREADS)
+        qs[i] = qh[i];
+    __syncthreads();
+    /* 1/sqrtf rather than rsqrtf: the same scale as the reference. */
+    float scale = 1.0f / sqrtf((float)hd), m = -INFINITY, l = 0;
+    float acc[PRE_ACC];
+#pragma unroll
+    for (int a = 0; a < PRE_ACC; a++)
+        acc[a] = 0;
+    for (int j0 = 0; j0 < ctx; j0 += PRE_THREADS) {
+        int n = min(PRE_THREADS, ctx - j0); /* at least 1, since j0 < ctx */
+        /* A key past the context scores -inf, so its weight below is 0. */
+        float d = -INFINITY;
+        if (tid < n) {
+            const float *kj = kb + (size_t)(j0 + tid) * row;
+            d = 0;
+            for (int i = 0; i < hd; i++)
+                d += qs[i] * kj[i];
+            d *= scale;
+        }
+        /* The tile holds at least one real key, so the new max is finite;
+         * on the first tile alpha = exp(-inf) = 0 scales the zero
+         * accumulators, and later it rescales them to the new max. */
+        float mn = fmaxf(m, k_block_max(d, red));
+        float alpha = expf(m - mn), p = expf(d - mn);
+        s[tid] = p;
+        l = l * alpha + k_block_sum(p, red); /* also orders the s[] writes before reads */
+        m = mn;
+#pragma unroll
+        for (int a = 0; a < PRE_ACC; a++) {
+            int i = tid + a * PRE_THREADS;
+            if (i < hd) {
+                const float *vi = vb + (size_t)j0 * row + i;
+                float sum = 0;
+                for (int j = 0; j < n; j++)
+                    sum += s[j] * vi[(size_t)j * row];
+                acc[a] = acc[a] * alpha + sum;
+            }
+        }
+        __syncthreads(); /* every read of s[] done before the next tile writes it */
+    }
+    float inv = 1.0f / l;
+    float *o = out + ((size_t)t * n_head + h) * hd;
+#pragma unroll
+    for (int a = 0; a < PRE_ACC; a++) {
+        int i = tid + a * PRE_THREADS;
+        if (i < hd)
+            o[i] = acc[a] * inv;
+    }
+}
+
+extern "C" int k_cuda_attn_prefill(float *out, const float *q, const float *k, const float *v,
+                                   float *kc, float *vc, int pos0, int n_tok, int n_head,
+                                   int n_kv, int hd, void *stream)
+{
+    if (n_kv <= 0 || n_head <= 0 || n_head % n_kv || hd <= 0 || hd > PRE_MAX_HD || pos0 < 0 ||
+        n_tok < 0)
+        return -EINVAL;
+    /* The grid is one-dimensional and positions are ints in the kernel. */
+    if ((long long)n_tok * n_head > INT_MAX || pos0 > INT_MAX - n_tok)
+        return -EINVAL;
+    if (!n_tok)
+        return 0;
+    size_t row = (size_t)n_kv * hd, n = (size_t)n_tok * row;
+    prefill_append_kernel<<<k_grid(n, ATT_THREADS), ATT_THREADS, 0, K_STREAM(stream)>>>(
+        k, v, kc + (size_t)pos0 * row, vc + (size_t)pos0 * row, n);
+    K_CUDA_LAUNCHED();
+    prefill_kernel<<<n_tok * n_head, PRE_THREADS, 0, K_STREAM(stream)>>>(out, q, kc, vc, pos0,
+                                                                         n_tok, n_head, n_kv, hd);
     K_CUDA_LAUNCHED();
     return 0;
 }

@@ -365,6 +365,46 @@ static void check_decode(int batch, int n_head, int n_kv, int hd, int maxlen)
     cudaFree(dlens);
 }
 
+/* One sequence whose cache already holds POS0 rows, N_TOK new tokens.  The
+ * cache has a few spare rows past POS0 + N_TOK, which must stay untouched. */
+static void check_attn_prefill(int pos0, int n_tok, int n_head, int n_kv, int hd)
+{
+    char name[64];
+    size_t row = (size_t)n_kv * hd, qrow = (size_t)n_head * hd;
+    size_t cap = (size_t)pos0 + n_tok + 3;
+    float *kc = hrand(cap * row, 1), *vc = hrand(cap * row, 1);
+    float *dkc = dup_dev(kc, cap * row * 4), *dvc = dup_dev(vc, cap * row * 4);
+    float *q = hrand(n_tok * qrow, 1), *k = hrand(n_tok * row, 1), *v = hrand(n_tok * row, 1);
+    float *ref = malloc(n_tok * qrow * 4);
+    k_attn_prefill(ref, q, k, v, kc, vc, pos0, n_tok, n_head, n_kv, hd);
+    float *dq = dup_dev(q, n_tok * qrow * 4), *dk = dup_dev(k, n_tok * row * 4);
+    float *dv = dup_dev(v, n_tok * row * 4), *dout = dev_poison(n_tok * qrow * 4);
+    OK(k_cuda_attn_prefill(dout, dq, dk, dv, dkc, dvc, pos0, n_tok, n_head, n_kv, hd, NULL));
+    float *got = back(dout, n_tok * qrow * 4);
+    snprintf(name, sizeof(name), "attn_prefill %d+%d %d/%d hd=%d", pos0, n_tok, n_head, n_kv, hd);
+    cmp(name, got, ref, n_tok * qrow, 1e-5f, 1e-4f);
+    free(got);
+    float *gk = back(dkc, cap * row * 4), *gv = back(dvc, cap * row * 4);
+    snprintf(name, sizeof(name), "attn_prefill K cache %d+%d", pos0, n_tok);
+    cmp_exact(name, gk, kc, cap * row * 4);
+    snprintf(name, sizeof(name), "attn_prefill V cache %d+%d", pos0, n_tok);
+    cmp_exact(name, gv, vc, cap * row * 4);
+    free(gk);
+    free(gv);
+    free(kc);
+    free(vc);
+    free(q);
+    free(k);
+    free(v);
+    free(ref);
+    cudaFree(dkc);
+    cudaFree(dvc);
+    cudaFree(dq);
+    cudaFree(dk);
+    cudaFree(dv);
+    cudaFree(dout);
+}
+
 static void check_philox(void)
 {
     size_t n = 100003;
@@ -488,6 +528,18 @@ static void bench(FILE *json, const char *devname)
         cudaFree(dvc);
         cudaFree(dl);
     }
+    {
+        /* Prefill attention: 512 tokens from an empty cache, SmolLM2's heads.
+         * Bytes: Q read, out written, K/V read and written to the caches,
+         * then read back once (more in fact: every block rereads its
+         * context, mostly from L2).  Flops: 4 per (query head, key, dim)
+         * over the causal triangle, T(T+1)/2 keys per head. */
+        int T = 512, NH = 9, NKV = 3, HD = 64;
+        size_t per = (size_t)T * NKV * HD;
+        TIME("attn_prefill 512 9/3x64", 4.0 * (2.0 * T * NH * HD + 6.0 * per),
+             2.0 * NH * HD * T * (T + 1.0),
+             k_cuda_attn_prefill(c, b, b, b, a, a + per, 0, T, NH, NKV, HD, NULL));
+    }
     int mm_first = nrows;
     TIME("matmul 1x8192x8192x8192", 3.0 * 8192 * 8192 * 4, 2.0 * 8192 * 8192 * 8192,
          k_cuda_matmul(c, a, b, 1, 8192, 8192, 8192, 0, 0, 0, NULL));
@@ -556,6 +608,24 @@ int main(void)
     check_decode(5, 9, 3, 64, 40);
     check_decode(16, 9, 3, 64, 700);
     check_decode(3, 32, 8, 128, 20000); /* > 48 KiB of scores: the opt-in path */
+    check_attn_prefill(0, 1, 4, 4, 32);
+    check_attn_prefill(0, 7, 9, 3, 64);
+    check_attn_prefill(5, 33, 9, 3, 64);
+    check_attn_prefill(0, 200, 8, 2, 128);
+    check_attn_prefill(300, 200, 9, 3, 64);  /* several key tiles, a partial last one */
+    check_attn_prefill(130, 33, 4, 4, 32);
+    check_attn_prefill(17, 7, 6, 2, 80);     /* a head dimension that is no power of two */
+    check_attn_prefill(40, 33, 8, 2, 256);   /* the largest head dimension: two per thread */
+    check_attn_prefill(20000, 7, 8, 2, 128); /* a context no shared memory could hold */
+    OK(k_cuda_attn_prefill(NULL, NULL, NULL, NULL, NULL, NULL, 0, 0, 9, 3, 64, NULL));
+    checks++;
+    if (k_cuda_attn_prefill(NULL, NULL, NULL, NULL, NULL, NULL, 0, 1, 9, 3, 512, NULL) != -EINVAL ||
+        k_cuda_attn_prefill(NULL, NULL, NULL, NULL, NULL, NULL, 0, 1, 8, 3, 64, NULL) != -EINVAL) {
+        printf("FAIL %-28s accepted a bad argument\n", "attn_prefill arguments");
+        failures++;
+    } else {
+        printf("ok   %-28s n_tok=0, hd=512, 8/3\n", "attn_prefill arguments");
+    }
     check_philox();
     check_allreduce();
     printf("\n%d checks, %d failed\n", checks, failures);

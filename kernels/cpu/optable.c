@@ -1,0 +1,468 @@
+/* The CPU op table (kernels/optable.h).  Every op is one function that
+ * first checks its operands against kernels/ops.h and then, when RUN is
+ * set, computes.  kt_cpu_check calls the same functions without running, so
+ * the checks at load and at run cannot drift apart. */
+#include "kernels/optable.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/kernels.h"
+
+/* ---- operand access ------------------------------------------------------- */
+
+static const kg_value *in_val(const kx_op_ctx *c, int k)
+{
+    return &c->g->values[c->op->in[k]];
+}
+
+static const kg_value *out_val(const kx_op_ctx *c, int k)
+{
+    return &c->g->values[c->op->out[k]];
+}
+
+/* Elements of dim D of V this run (the outermost of a dynamic value is the
+ * extent). */
+static int64_t dim_now(const kx_op_ctx *c, const kg_value *v, int d)
+{
+    if (d == 0 && v->dynamic && c->upper)
+        return c->extent;
+    return v->shape[d];
+}
+
+/* The innermost dim; for a one-dim value it is also the outermost one, so
+ * the extent applies. */
+static int64_t last_dim_now(const kx_op_ctx *c, const kg_value *v)
+{
+    return v->ndim ? dim_now(c, v, v->ndim - 1) : 1;
+}
+
+/* Product of all dims but the last, this run. */
+static int64_t rows_now(const kx_op_ctx *c, const kg_value *v)
+{
+    int64_t r = 1;
+    for (int d = 0; d + 1 < v->ndim; d++)
+        r *= dim_now(c, v, d);
+    return r;
+}
+
+static int64_t elems_now(const kx_op_ctx *c, const kg_value *v)
+{
+    return rows_now(c, v) * last_dim_now(c, v);
+}
+
+static bool is_block(kdtype t)
+{
+    return t == KD_Q8_0 || t == KD_Q4_0 || t == KD_Q4_1;
+}
+
+static bool is_float(kdtype t)
+{
+    return t == KD_F32 || t == KD_F16 || t == KD_BF16;
+}
+
+#define NEED(cond)                                                                            \
+    do {                                                                                      \
+        if (!(cond))                                                                          \
+            return -EINVAL;                                                                   \
+    } while (0)
+
+static int io(const kx_op_ctx *c, int min_in, int max_in, int n_out)
+{
+    NEED(c->op->n_in >= min_in && c->op->n_in <= max_in && c->op->n_out == n_out);
+    return 0;
+}
+
+/* Row BYTES of a [rows, k] matrix of T. */
+static size_t row_bytes(kdtype t, int64_t k)
+{
+    return kdtype_bytes(t, (size_t)k);
+}
+
+/* Widens N elements of row data of type T to f32 (the dequantization of
+ * a weight row, or a cast). */
+static int widen(float *dst, kdtype t, const void *src, size_t n)
+{
+    if (t == KD_F32) {
+        memcpy(dst, src, n * sizeof(float));
+        return 0;
+    }
+    return is_block(t) ? k_dequantize(dst, t, src, n) : k_cast(dst, KD_F32, src, t, n);
+}
+
+/* ---- ops ------------------------------------------------------------------ */
+
+static int op_embed(const kx_op_ctx *c, bool run)
+{
+    int rc = io(c, 2, 2, 1);
+    if (rc)
+        return rc;
+    const kg_value *tab = in_val(c, 0), *ids = in_val(c, 1), *out = out_val(c, 0);
+    NEED(tab->ndim == 2 && (is_float(tab->dtype) || is_block(tab->dtype)));
+    NEED(ids->dtype == KD_I32 && out->dtype == KD_F32 && last_dim_now(c, out) == tab->shape[1]);
+    NEED(!is_block(tab->dtype) || tab->shape[1] % 32 == 0);
+    int64_t n = elems_now(c, ids), d = tab->shape[1], vocab = dim_now(c, tab, 0);
+    NEED(rows_now(c, out) == n);
+    if (!run)
+        return 0;
+    const int32_t *id = c->in[1];
+    float *o = c->out[0];
+    if (tab->dtype == KD_F32) {
+        k_embed(o, c->in[0], (int)vocab, (int)d, id, (int)n);
+        return 0;
+    }
+    size_t rb = row_bytes(tab->dtype, d);
+    for (int64_t i = 0; i < n; i++) {
+        float *row = o + i * d;
+        if (id[i] < 0 || id[i] >= vocab) {
+            memset(row, 0, (size_t)d * sizeof(float));
+            continue;
+        }
+        if ((rc = widen(row, tab->dtype, (const uint8_t *)c->in[0] + rb * (size_t)id[i], (size_t)d)))
+            return rc;
+    }
+    return 0;
+}
+
+/* Y[M, N] = A[M, K] W[N, K]^T for a W of any weight type. */
+static int matmul_any(float *y, const float *a, const void *w, kdtype wt, int64_t m, int64_t n,
+                      int64_t k)
+{
+    if (wt == KD_F32) {
+        k_matmul(y, a, w, 1, (int)m, (int)n, (int)k, 0, 0, 0);
+        return 0;
+    }
+    if (is_block(wt) && m <= 4) {
+        /* A few rows (decode): the quantized product reads the weights once
+         * per row without widening them. */
+        for (int64_t r = 0; r < m; r++) {
+            int rc = k_qmatvec(y + r * n, w, wt, a + r * k, (int)n, (int)k);
+            if (rc)
+                return rc;
+        }
+        return 0;
+    }
+    /* Many rows (prefill): widen the weights once and use sgemm. */
+    float *wf = malloc((size_t)n * (size_t)k * sizeof(float));
+    if (!wf)
+        return -ENOMEM;
+    int rc = widen(wf, wt, w, (size_t)n * (size_t)k);
+    if (!rc)
+        k_matmul(y, a, wf, 1, (int)m, (int)n, (int)k, 0, 0, 0);
+    free(wf);
+    return rc;
+}
+
+static int op_matmul(const kx_op_ctx *c, bool run)
+{
+    int rc = io(c, 2, 2, 1);
+    if (rc)
+        return rc;
+    const kg_value *a = in_val(c, 0), *w = in_val(c, 1), *y = out_val(c, 0);
+    NEED(a->dtype == KD_F32 && y->dtype == KD_F32 && w->ndim == 2);
+    NEED(is_float(w->dtype) || is_block(w->dtype));
+    int64_t m = rows_now(c, a), k = last_dim_now(c, a), n = w->shape[0];
+    NEED(w->shape[1] == k && rows_now(c, y) == m && last_dim_now(c, y) == n);
+    NEED(!is_block(w->dtype) || k % 32 == 0);
+    if (!run)
+        return 0;
+    if ((rc = matmul_any(c->out[0], c->in[0], c->in[1], w->dtype, m, n, k)))
+        return rc;
+    if (c->op->op == KOP_MATMUL_ALLREDUCE)
+        return k_allreduce_sum(c->out[0], (size_t)(m * n), c->op->n_attr ? (int)c->op->attr[0] : 1);
+    return 0;
+}
+
+static int op_qmatvec(const kx_op_ctx *c, bool run)
+{
+    int rc = io(c, 2, 2, 1);
+    if (rc)
+        return rc;
+    const kg_value *w = in_val(c, 0), *x = in_val(c, 1), *y = out_val(c, 0);
+    NEED(is_block(w->dtype) && w->ndim == 2 && x->dtype == KD_F32 && y->dtype == KD_F32);
+    int64_t m = rows_now(c, x), k = last_dim_now(c, x), n = w->shape[0];
+    NEED(w->shape[1] == k && k % 32 == 0 && rows_now(c, y) == m && last_dim_now(c, y) == n);
+    if (!run)
+        return 0;
+    for (int64_t r = 0; r < m; r++)
+        if ((rc = k_qmatvec((float *)c->out[0] + r * n, c->in[0], w->dtype,
+                            (const float *)c->in[1] + r * k, (int)n, (int)k)))
+            return rc;
+    return 0;
+}
+
+static int op_elementwise(const kx_op_ctx *c, bool run)
+{
+    bool binary = c->op->op == KOP_ADD || c->op->op == KOP_MUL;
+    int rc = io(c, binary ? 2 : 1, binary ? 2 : 1, 1);
+    if (rc)
+        return rc;
+    const kg_value *y = out_val(c, 0);
+    int64_t n = elems_now(c, y);
+    for (int k = 0; k < c->op->n_in; k++)
+        NEED(in_val(c, k)->dtype == KD_F32 && elems_now(c, in_val(c, k)) == n);
+    NEED(y->dtype == KD_F32);
+    if (!run)
+        return 0;
+    switch (c->op->op) {
+    case KOP_ADD: k_add(c->out[0], c->in[0], c->in[1], (size_t)n); break;
+    case KOP_MUL: k_mul(c->out[0], c->in[0], c->in[1], (size_t)n); break;
+    case KOP_SILU: k_silu(c->out[0], c->in[0], (size_t)n); break;
+    default: k_gelu(c->out[0], c->in[0], (size_t)n); break;
+    }
+    return 0;
+}
+
+static int op_norm(const kx_op_ctx *c, bool run)
+{
+    bool ln = c->op->op == KOP_LAYERNORM;
+    int rc = io(c, 2, ln ? 3 : 2, 1);
+    if (rc)
+        return rc;
+    const kg_value *x = in_val(c, 0), *w = in_val(c, 1), *y = out_val(c, 0);
+    int64_t d = last_dim_now(c, x), r = rows_now(c, x);
+    NEED(x->dtype == KD_F32 && w->dtype == KD_F32 && y->dtype == KD_F32 && c->op->n_attr >= 1);
+    NEED(elems_now(c, w) == d && rows_now(c, y) == r && last_dim_now(c, y) == d);
+    NEED(c->op->n_in < 3 || (in_val(c, 2)->dtype == KD_F32 && elems_now(c, in_val(c, 2)) == d));
+    float eps = (float)kg_attr_to_f(c->op->attr[0]);
+    NEED(eps >= 0);
+    if (!run)
+        return 0;
+    if (ln)
+        k_layernorm(c->out[0], c->in[0], c->in[1], c->op->n_in > 2 ? c->in[2] : NULL, (int)r,
+                    (int)d, eps);
+    else
+        k_rmsnorm(c->out[0], c->in[0], c->in[1], (int)r, (int)d, eps);
+    return 0;
+}
+
+static int op_rope(const kx_op_ctx *c, bool run)
+{
+    int rc = io(c, 2, 2, 1);
+    if (rc)
+        return rc;
+    const kg_value *x = in_val(c, 0), *pos = in_val(c, 1), *y = out_val(c, 0);
+    NEED(c->op->n_attr >= 4 && x->dtype == KD_F32 && y->dtype == KD_F32 && pos->dtype == KD_I32);
+    int64_t h = c->op->attr[0], hd = c->op->attr[1], mode = c->op->attr[3];
+    double theta = kg_attr_to_f(c->op->attr[2]);
+    int64_t n = rows_now(c, x);
+    NEED(h > 0 && hd > 0 && hd % 2 == 0 && last_dim_now(c, x) == h * hd && theta > 0);
+    NEED(mode == K_ROPE_NORMAL || mode == K_ROPE_NEOX);
+    NEED(elems_now(c, pos) == n && rows_now(c, y) == n && last_dim_now(c, y) == h * hd);
+    if (!run)
+        return 0;
+    if (c->out[0] != c->in[0])
+        memcpy(c->out[0], c->in[0], (size_t)(n * h * hd) * sizeof(float));
+    k_rope(c->out[0], c->in[1], (int)n, (int)h, (int)hd, (float)theta, (int)mode);
+    return 0;
+}
+
+/* The checks both attention ops share: attr {H, KV, HD}, q/k/v rows of N,
+ * caches [B, C, KV, HD] f32 updated in place. */
+static int attn_check(const kx_op_ctx *c, int64_t *h, int64_t *kv, int64_t *hd, int64_t *n)
+{
+    int rc = io(c, 6, 6, 3);
+    if (rc)
+        return rc;
+    NEED(c->op->n_attr >= 3);
+    *h = c->op->attr[0], *kv = c->op->attr[1], *hd = c->op->attr[2];
+    NEED(*h > 0 && *kv > 0 && *h % *kv == 0 && *hd > 0);
+    const kg_value *q = in_val(c, 0), *k = in_val(c, 1), *v = in_val(c, 2);
+    const kg_value *kc = in_val(c, 3), *vc = in_val(c, 4), *o = out_val(c, 0);
+    *n = rows_now(c, q);
+    NEED(q->dtype == KD_F32 && k->dtype == KD_F32 && v->dtype == KD_F32 && o->dtype == KD_F32);
+    NEED(last_dim_now(c, q) == *h * *hd && last_dim_now(c, k) == *kv * *hd && last_dim_now(c, v) == *kv * *hd);
+    NEED(rows_now(c, k) == *n && rows_now(c, v) == *n && rows_now(c, o) == *n &&
+         last_dim_now(c, o) == *h * *hd);
+    NEED(kc->dtype == KD_F32 && vc->dtype == KD_F32 && kc->ndim == 4 && vc->ndim == 4);
+    NEED(kc->shape[2] == *kv && kc->shape[3] == *hd && memcmp(kc->shape, vc->shape, sizeof(kc->shape)) == 0);
+    NEED(c->op->out[1] == c->op->in[3] && c->op->out[2] == c->op->in[4]);
+    NEED(in_val(c, 5)->dtype == KD_I32);
+    return 0;
+}
+
+static int op_attn_prefill(const kx_op_ctx *c, bool run)
+{
+    int64_t h, kv, hd, n;
+    int rc = attn_check(c, &h, &kv, &hd, &n);
+    if (rc)
+        return rc;
+    const kg_value *kcv = in_val(c, 3);
+    int64_t b = kcv->shape[0], cap = kcv->shape[1];
+    NEED(n % b == 0 && elems_now(c, in_val(c, 5)) == n);
+    if (!run)
+        return 0;
+    int64_t t = n / b;
+    const int32_t *pos = c->in[5];
+    size_t cache = (size_t)(cap * kv * hd);
+    for (int64_t s = 0; s < b && t; s++) {
+        int64_t p0 = pos[s * t];
+        if (p0 < 0 || p0 + t > cap)
+            return -ERANGE;  /* the tokens would not fit in the cache */
+        k_attn_prefill((float *)c->out[0] + s * t * h * hd, (const float *)c->in[0] + s * t * h * hd,
+                       (const float *)c->in[1] + s * t * kv * hd,
+                       (const float *)c->in[2] + s * t * kv * hd, (float *)c->out[1] + (size_t)s * cache,
+                       (float *)c->out[2] + (size_t)s * cache, (int)p0, (int)t, (int)h, (int)kv, (int)hd);
+    }
+    return 0;
+}
+
+static int op_attn_decode(const kx_op_ctx *c, bool run)
+{
+    int64_t h, kv, hd, n;
+    int rc = attn_check(c, &h, &kv, &hd, &n);
+    if (rc)
+        return rc;
+    const kg_value *kcv = in_val(c, 3);
+    int64_t cap = kcv->shape[1];
+    NEED(kcv->shape[0] >= n && elems_now(c, in_val(c, 5)) == n);
+    if (!run)
+        return 0;
+    const int32_t *lens = c->in[5];
+    size_t cache = (size_t)(cap * kv * hd);
+    for (int64_t s = 0; s < n; s++) {
+        float *o = (float *)c->out[0] + s * h * hd;
+        if (lens[s] < 0) {
+            memset(o, 0, (size_t)(h * hd) * sizeof(float));
+            continue;
+        }
+        if (lens[s] >= cap)
+            return -ERANGE;  /* no row left in this sequence's cache */
+        float *kc = (float *)c->out[1] + (size_t)s * cache, *vc = (float *)c->out[2] + (size_t)s * cache;
+        k_attn_decode(o, (const float *)c->in[0] + s * h * hd, (const float *)c->in[1] + s * kv * hd,
+                      (const float *)c->in[2] + s * kv * hd, &kc, &vc, &lens[s], 1, (int)h, (int)kv,
+                      (int)hd);
+    }
+    return 0;
+}
+
+static int op_rows(const kx_op_ctx *c, bool run)
+{
+    int rc = io(c, 1, 1, 1);
+    if (rc)
+        return rc;
+    const kg_value *x = in_val(c, 0), *y = out_val(c, 0);
+    int64_t r = rows_now(c, x), n = last_dim_now(c, x);
+    NEED(x->dtype == KD_F32);
+    if (c->op->op == KOP_SOFTMAX)
+        NEED(y->dtype == KD_F32 && elems_now(c, y) == r * n);
+    else
+        NEED(y->dtype == KD_I32 && elems_now(c, y) == r);
+    if (!run)
+        return 0;
+    if (c->op->op == KOP_SOFTMAX)
+        k_softmax(c->out[0], c->in[0], (int)r, (int)n);
+    else
+        k_argmax(c->out[0], c->in[0], (int)r, (int)n);
+    return 0;
+}
+
+static int op_sample(const kx_op_ctx *c, bool run)
+{
+    int rc = io(c, 3, 3, 1);
+    if (rc)
+        return rc;
+    const kg_value *x = in_val(c, 0), *p = in_val(c, 1), *g = in_val(c, 2), *y = out_val(c, 0);
+    int64_t r = rows_now(c, x), n = last_dim_now(c, x);
+    NEED(x->dtype == KD_F32 && p->dtype == KD_F32 && g->dtype == KD_I64 && y->dtype == KD_I32);
+    NEED(elems_now(c, p) == 3 * r && elems_now(c, g) == 2 * r && elems_now(c, y) == r);
+    if (!run)
+        return 0;
+    const float *pp = c->in[1];
+    const int64_t *gg = c->in[2];
+    for (int64_t i = 0; i < r; i++)
+        k_sample((int32_t *)c->out[0] + i, (const float *)c->in[0] + i * n, 1, (int)n, pp[3 * i],
+                 (int)pp[3 * i + 1], pp[3 * i + 2], (uint64_t)gg[2 * i], (uint64_t)gg[2 * i + 1]);
+    return 0;
+}
+
+static int op_cast(const kx_op_ctx *c, bool run)
+{
+    int rc = io(c, 1, 1, 1);
+    if (rc)
+        return rc;
+    const kg_value *x = in_val(c, 0), *y = out_val(c, 0);
+    NEED(is_float(x->dtype) && is_float(y->dtype) && elems_now(c, x) == elems_now(c, y));
+    if (!run)
+        return 0;
+    return k_cast(c->out[0], y->dtype, c->in[0], x->dtype, (size_t)elems_now(c, y));
+}
+
+static int op_allreduce(const kx_op_ctx *c, bool run)
+{
+    int rc = io(c, 1, 1, 1);
+    if (rc)
+        return rc;
+    const kg_value *x = in_val(c, 0), *y = out_val(c, 0);
+    int ranks = c->op->n_attr ? (int)c->op->attr[0] : 1;
+    NEED(x->dtype == KD_F32 && y->dtype == KD_F32 && elems_now(c, x) == elems_now(c, y));
+    NEED(ranks == 1);  /* one process, one rank: the CPU has no peers */
+    if (!run)
+        return 0;
+    size_t n = (size_t)elems_now(c, y);
+    if (c->out[0] != c->in[0])
+        memcpy(c->out[0], c->in[0], n * sizeof(float));
+    return k_allreduce_sum(c->out[0], n, ranks);
+}
+
+/* ---- the table -------------------------------------------------------------- */
+
+typedef int (*op_impl)(const kx_op_ctx *c, bool run);
+
+static op_impl impl_of(kop op)
+{
+    switch (op) {
+    case KOP_EMBED: return op_embed;
+    case KOP_MATMUL:
+    case KOP_MATMUL_ALLREDUCE: return op_matmul;
+    case KOP_QMATVEC: return op_qmatvec;
+    case KOP_ADD:
+    case KOP_MUL:
+    case KOP_SILU:
+    case KOP_GELU: return op_elementwise;
+    case KOP_RMSNORM:
+    case KOP_LAYERNORM: return op_norm;
+    case KOP_ROPE: return op_rope;
+    case KOP_ATTN_PREFILL: return op_attn_prefill;
+    case KOP_ATTN_DECODE: return op_attn_decode;
+    case KOP_SOFTMAX:
+    case KOP_ARGMAX: return op_rows;
+    case KOP_SAMPLE: return op_sample;
+    case KOP_CAST: return op_cast;
+    case KOP_ALLREDUCE: return op_allreduce;
+    case KOP_COUNT: break;
+    }
+    return NULL;
+}
+
+static int run_op(const kx_op_ctx *c)
+{
+    return impl_of(c->op->op)(c, true);
+}
+
+void kt_cpu_ops(kx_op_table *t)
+{
+    memset(t, 0, sizeof(*t));
+    for (int k = 0; k < KOP_COUNT; k++)
+        t->fn[k] = impl_of((kop)k) ? run_op : NULL;
+}
+
+int kt_cpu_check(const kg_graph *g, char *err, size_t errlen)
+{
+    for (size_t i = 0; i < g->n_ops; i++) {
+        const kg_op *o = &g->ops[i];
+        op_impl f = o->op < KOP_COUNT ? impl_of(o->op) : NULL;
+        /* Checked at the compiled extent: the upper bound of every run. */
+        kx_op_ctx c = {g, i, o, {0}, {0}, 0, 0, 0, NULL};
+        if (!f || f(&c, false)) {
+            const char *first = o->n_out ? g->values[o->out[0]].name : "";
+            snprintf(err, errlen, "op %zu (%s, writing '%s'): %s", i, kop_name(o->op), first,
+                     f ? "operands do not match what the op takes (kernels/ops.h)"
+                       : "no CPU kernel for this op");
+            return KG_EINVAL;
+        }
+    }
+    return 0;
+}

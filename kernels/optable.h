@@ -1,0 +1,24 @@
+/* Op tables: the kernels of kernels/kernels.h behind the kx_op_fn interface
+ * of executable graphs (kernels/exec.h), one table per device.
+ *
+ * Each entry reads its shapes from the graph's values (at the run's actual
+ * extent where the outermost dim is dynamic) and its parameters from the
+ * op's attributes, as listed in kernels/ops.h, and checks what the world can
+ * get wrong at run time (a position past the KV cache, a token id outside
+ * the vocabulary) rather than trusting it: an op returns a negative errno
+ * and the run fails with KX_EOP instead of writing out of bounds. */
+#ifndef BATON_KERNELS_OPTABLE_H
+#define BATON_KERNELS_OPTABLE_H
+
+#include "kernels/exec.h"
+
+/* Fills T with the CPU kernels: the OpenBLAS matmul, the AVX2 quantized
+ * products where the CPU has them, the plain references for the rest. */
+void kt_cpu_ops(kx_op_table *t);
+
+/* Checks, before compiling, that every op of G has operands the CPU table
+ * accepts (counts, dtypes, shapes, attributes).  Returns 0, or KG_EINVAL
+ * with a message naming the op in ERR. */
+int kt_cpu_check(const kg_graph *g, char *err, size_t errlen);
+
+#endif
