@@ -242,8 +242,8 @@ bench: $(PROGRAMS) $(BENCH_BINS)
 
 # CUDA kernels against their C references, then timed (tests/gpu/run.sh).
 # Built only with CUDA; not part of `make test`: it needs a GPU to run.
-GPU_BINS := $(if $(CU_LIB),$(BUILD)/gpu/check_kernels)
-$(BUILD)/gpu/check_kernels: $(BUILD)/obj/tests/gpu/check_kernels.o $(KERNEL_LIB) $(CU_LIB)
+GPU_BINS := $(if $(CU_LIB),$(BUILD)/gpu/check_kernels $(BUILD)/gpu/check_exec)
+$(BUILD)/gpu/%: $(BUILD)/obj/tests/gpu/%.o $(KERNEL_LIB) $(CU_LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(OPENBLAS_LIBS) $(NCCL_LIBS)

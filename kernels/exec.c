@@ -1,11 +1,20 @@
-/* The CPU device of executable graphs (kernels/exec.h): streams are
- * threads, events are per-op generation numbers under one mutex and
- * condition variable.  One lock for all events is deliberate: a graph has at
- * most a few streams and events only at cross-stream edges, so contention is
- * low, and a single lock makes the hybrid reservation (the comm stream holds
- * still while a fused op runs) a plain wait on the same condvar. */
+/* Executable graphs (kernels/exec.h) on two kinds of device.
+ *
+ * The CPU device: streams are threads, events are per-op generation numbers
+ * under one mutex and condition variable.  One lock for all events is
+ * deliberate: a graph has at most a few streams and events only at
+ * cross-stream edges, so contention is low, and a single lock makes the
+ * hybrid reservation (the comm stream holds still while a fused op runs) a
+ * plain wait on the same condvar.
+ *
+ * A queued device (CUDA): the caller's thread walks the schedule's dispatch
+ * order once per run and enqueues each op on its stream, waiting on the
+ * events of its producers on other streams.  Dispatch order is by predicted
+ * start, which respects every stream's own order and every dependency, so a
+ * wait always names an event whose record was already enqueued. */
 #include "kernels/exec.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,8 +29,15 @@ typedef struct kx_stream {
     bool started;
 } kx_stream;
 
+/* A captured graph for one extent. */
+typedef struct kx_graph_entry {
+    int64_t extent;
+    void *graph;                 /* the device's; destroyed with the executable */
+} kx_graph_entry;
+
 struct kx_exec {
     kg_graph g;                  /* owned copy of the graph */
+    const kx_device *dev;
     kx_op_table ops;
     ks_schedule *sched;
     ka_graph_plan plan;
@@ -44,14 +60,60 @@ struct kx_exec {
     int err;                     /* first op error of this gen */
     int err_op;                  /* the op that returned it */
     char *report;
+    /* Queued devices only. */
+    int n_queues;                /* native streams in use */
+    void *q[KS_MAX_STREAMS];     /* the device's streams */
+    void **ev;                   /* per op: its event (ops that record) */
+    void **ev_hold;              /* per op: the comm stream's reservation event (fused ops) */
+    void *ev_fork;               /* stream 0 -> the others at the start of a run */
+    void *ev_join[KS_MAX_STREAMS]; /* the others -> stream 0 at the end */
+    void **in_buf;               /* per input slot: a device buffer at the upper extent */
+    const void **in_src;         /* per input slot: the caller's memory */
+    int32_t *flag;               /* device word ops set on bad data */
+    bool graphs;
+    kx_graph_entry *graph_cache; /* owned */
+    int n_graphs;
+    uint64_t replays;
 };
+
+/* ---- the CPU device ---------------------------------------------------------- */
+
+static int cpu_alloc(void *dev, size_t bytes, void **out)
+{
+    (void)dev;
+    size_t sz = (bytes + KA_ALIGN - 1) / KA_ALIGN * KA_ALIGN;
+    if (!(*out = aligned_alloc(KA_ALIGN, sz ? sz : KA_ALIGN)))
+        return -ENOMEM;
+    memset(*out, 0, sz ? sz : KA_ALIGN);
+    return 0;
+}
+
+static void cpu_free(void *dev, void *p)
+{
+    (void)dev;
+    free(p);
+}
+
+static int cpu_copy(void *dev, void *dst, const void *src, size_t bytes, void *queue)
+{
+    (void)dev, (void)queue;
+    memcpy(dst, src, bytes);
+    return 0;
+}
+
+const kx_device *kx_device_cpu(void)
+{
+    static const kx_device cpu = {"cpu", false, NULL, cpu_alloc, cpu_free, cpu_copy,
+                                  NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    return &cpu;
+}
 
 /* ---- stream threads ------------------------------------------------------ */
 
 static void run_op(kx_exec *x, int stream, int i)
 {
     const kg_op *o = &x->g.ops[i];
-    kx_op_ctx c = {&x->g, (size_t)i, o, {0}, {0}, x->extent, x->upper, stream, x->ops.user};
+    kx_op_ctx c = {&x->g, (size_t)i, o, {0}, {0}, x->extent, x->upper, stream, x->ops.user, NULL, NULL};
     for (int k = 0; k < o->n_in; k++)
         c.in[k] = x->ptr[o->in[k]];
     for (int k = 0; k < o->n_out; k++)
@@ -216,6 +278,232 @@ out:
     return rc;
 }
 
+/* ---- queued devices ------------------------------------------------------- */
+
+/* Bytes of value V at the current extent. */
+static size_t bytes_now(const kx_exec *x, const kg_value *v)
+{
+    if (!v->dynamic || !x->upper)
+        return v->bytes;
+    return v->bytes / (size_t)x->upper * (size_t)x->extent;
+}
+
+
+static int queued_setup(kx_exec *x)
+{
+    const kx_device *d = x->dev;
+    void *dv = d->dev;
+    const kg_graph *g = &x->g;
+    size_t n = g->n_ops ? g->n_ops : 1, ni = g->n_inputs ? (size_t)g->n_inputs : 1;
+    x->ev = calloc(n, sizeof(void *));
+    x->ev_hold = calloc(n, sizeof(void *));
+    x->in_buf = calloc(ni, sizeof(void *));
+    x->in_src = calloc(ni, sizeof(void *));
+    if (!x->ev || !x->ev_hold || !x->in_buf || !x->in_src)
+        return KG_ENOMEM;
+    const ks_schedule *s = x->sched;
+    x->n_queues = s->multi ? s->n_streams : 1;
+    for (int k = 0; k < x->n_queues; k++)
+        if (d->queue_create(dv, &x->q[k]))
+            return KX_EDEVICE;
+    if (x->n_queues > 1) {
+        if (d->event_create(dv, &x->ev_fork))
+            return KX_EDEVICE;
+        for (int k = 1; k < x->n_queues; k++)
+            if (d->event_create(dv, &x->ev_join[k]))
+                return KX_EDEVICE;
+        for (size_t i = 0; i < g->n_ops; i++) {
+            bool hybrid = s->n_streams > s->n_compute && kop_role(g->ops[i].op) == KROLE_HYBRID;
+            if ((s->records[i] || hybrid) && d->event_create(dv, &x->ev[i]))
+                return KX_EDEVICE;
+            if (hybrid && d->event_create(dv, &x->ev_hold[i]))
+                return KX_EDEVICE;
+        }
+    }
+    if (d->alloc(dv, sizeof(int32_t), (void **)&x->flag))
+        return KX_EDEVICE;
+    /* Inputs get buffers of their own at the upper extent, so the kernels
+     * (and a captured graph) read the same address in every run. */
+    for (size_t v = 0; v < g->n_values; v++) {
+        const kg_value *val = &g->values[v];
+        if (val->kind != KG_INPUT)
+            continue;
+        if (d->alloc(dv, val->bytes, &x->in_buf[val->slot]))
+            return KX_EDEVICE;
+        x->ptr[v] = x->in_buf[val->slot];
+    }
+    return 0;
+}
+
+static void queued_teardown(kx_exec *x)
+{
+    const kx_device *d = x->dev;
+    if (!d || !d->queued)
+        return;
+    void *dv = d->dev;
+    for (int k = 0; k < x->n_graphs; k++)
+        d->graph_destroy(dv, x->graph_cache[k].graph);
+    free(x->graph_cache);
+    for (size_t i = 0; x->ev && i < x->g.n_ops; i++) {
+        if (x->ev[i])
+            d->event_destroy(dv, x->ev[i]);
+        if (x->ev_hold[i])
+            d->event_destroy(dv, x->ev_hold[i]);
+    }
+    if (x->ev_fork)
+        d->event_destroy(dv, x->ev_fork);
+    for (int k = 0; k < KS_MAX_STREAMS; k++) {
+        if (x->ev_join[k])
+            d->event_destroy(dv, x->ev_join[k]);
+        if (x->q[k])
+            d->queue_destroy(dv, x->q[k]);
+    }
+    for (int sl = 0; x->in_buf && sl < x->g.n_inputs; sl++)
+        d->free(dv, x->in_buf[sl]);
+    d->free(dv, x->flag);
+    free(x->ev);
+    free(x->ev_hold);
+    free(x->in_buf);
+    free(x->in_src);
+}
+
+/* Enqueues every op once, in dispatch order: stream 0 forks to the others,
+ * cross-stream edges become event waits, a fused op first reserves the comm
+ * stream (the comm stream records, the op's stream waits, and the comm
+ * stream waits for the op), and the others join stream 0 at the end.
+ * Returns 0, KX_EOP (an op refused its launch) or KX_EDEVICE. */
+static int enqueue_ops(kx_exec *x)
+{
+    const kx_device *d = x->dev;
+    void *dv = d->dev;
+    const ks_schedule *s = x->sched;
+    int nq = x->n_queues, comm = s->n_compute;
+    if (nq > 1) {
+        if (d->event_record(dv, x->ev_fork, x->q[0]))
+            return KX_EDEVICE;
+        for (int k = 1; k < nq; k++)
+            if (d->queue_wait(dv, x->q[k], x->ev_fork))
+                return KX_EDEVICE;
+    }
+    for (size_t t = 0; t < x->g.n_ops; t++) {
+        int i = s->order[t];
+        const kg_op *o = &x->g.ops[i];
+        int st = nq > 1 ? s->stream[i] : 0;
+        bool hybrid = nq > 1 && x->ev_hold[i];
+        if (hybrid && (d->event_record(dv, x->ev_hold[i], x->q[comm]) ||
+                       d->queue_wait(dv, x->q[st], x->ev_hold[i])))
+            return KX_EDEVICE;
+        for (size_t w = s->wait_off[i]; nq > 1 && w < s->wait_off[i + 1]; w++)
+            if (d->queue_wait(dv, x->q[st], x->ev[s->wait_op[w]]))
+                return KX_EDEVICE;
+        kx_op_ctx c = {&x->g, (size_t)i, o, {0}, {0}, x->extent, x->upper, st, x->ops.user,
+                       x->q[st], x->flag};
+        for (int k = 0; k < o->n_in; k++)
+            c.in[k] = x->ptr[o->in[k]];
+        for (int k = 0; k < o->n_out; k++)
+            c.out[k] = x->ptr[o->out[k]];
+        int rc = x->ops.fn[o->op](&c);
+        if (rc) {
+            x->err = rc;
+            x->err_op = i;
+            return KX_EOP;
+        }
+        if (nq > 1 && x->ev[i] && d->event_record(dv, x->ev[i], x->q[st]))
+            return KX_EDEVICE;
+        if (hybrid && d->queue_wait(dv, x->q[comm], x->ev[i]))
+            return KX_EDEVICE;
+    }
+    for (int k = 1; k < nq; k++)
+        if (d->event_record(dv, x->ev_join[k], x->q[k]) ||
+            d->queue_wait(dv, x->q[0], x->ev_join[k]))
+            return KX_EDEVICE;
+    return 0;
+}
+
+/* The captured graph of the current extent, capturing it on first use. */
+static int graph_for_extent(kx_exec *x, void **graph)
+{
+    const kx_device *d = x->dev;
+    for (int k = 0; k < x->n_graphs; k++)
+        if (x->graph_cache[k].extent == x->extent) {
+            *graph = x->graph_cache[k].graph;
+            x->replays++;
+            return 0;
+        }
+    kx_graph_entry *gc = realloc(x->graph_cache, (size_t)(x->n_graphs + 1) * sizeof(*gc));
+    if (!gc)
+        return KG_ENOMEM;
+    x->graph_cache = gc;
+    if (d->capture_begin(d->dev, x->q[0]))
+        return KX_EDEVICE;
+    int rc = enqueue_ops(x);
+    void *g = NULL;
+    /* Capture must end even when an op refused, or the stream stays in
+     * capture mode. */
+    int end = d->capture_end(d->dev, x->q[0], &g);
+    if (rc || end || !g) {
+        if (g)
+            d->graph_destroy(d->dev, g);
+        return rc ? rc : KX_EDEVICE;
+    }
+    x->graph_cache[x->n_graphs++] = (kx_graph_entry){x->extent, g};
+    *graph = g;
+    return 0;
+}
+
+static int queued_commit(kx_exec *x)
+{
+    const kx_device *d = x->dev;
+    static const int32_t zero = 0;
+    x->err = 0;
+    x->err_op = -1;
+    /* Before the ops (and outside any capture): clear the data flag and
+     * copy the inputs in, since the caller's addresses change per run. */
+    if (d->copy(d->dev, x->flag, &zero, sizeof(zero), x->q[0]))
+        return KX_EDEVICE;
+    for (size_t v = 0; v < x->g.n_values; v++) {
+        const kg_value *val = &x->g.values[v];
+        if (val->kind == KG_INPUT &&
+            d->copy(d->dev, x->in_buf[val->slot], x->in_src[val->slot], bytes_now(x, val), x->q[0]))
+            return KX_EDEVICE;
+    }
+    int rc;
+    if (x->graphs) {
+        void *g;
+        if (!(rc = graph_for_extent(x, &g)) && d->graph_launch(d->dev, g, x->q[0]))
+            rc = KX_EDEVICE;
+    } else {
+        rc = enqueue_ops(x);
+    }
+    if (rc) {
+        /* Work already enqueued must finish before the caller reuses
+         * anything. */
+        d->queue_sync(d->dev, x->q[0]);
+        for (int k = 1; k < x->n_queues; k++)
+            d->queue_sync(d->dev, x->q[k]);
+        return rc;
+    }
+    x->pending = true;
+    return 0;
+}
+
+static int queued_sync(kx_exec *x)
+{
+    const kx_device *d = x->dev;
+    int32_t flag = 0;
+    x->pending = false;
+    if (d->queue_sync(d->dev, x->q[0]) || d->copy(d->dev, &flag, x->flag, sizeof(flag), NULL)) {
+        x->err = -EIO;
+        return KX_EDEVICE;
+    }
+    if (flag) {
+        x->err = -flag;  /* an op found bad data; which one is not known */
+        x->err_op = -1;
+        return KX_EOP;
+    }
+    return 0;
+}
+
 /* ---- compile and run ------------------------------------------------------ */
 
 int kx_compile(const kg_graph *g, const kx_op_table *ops, const kx_options *opt, kx_exec **out)
@@ -236,6 +524,8 @@ int kx_compile(const kg_graph *g, const kx_op_table *ops, const kx_options *opt,
     if (!x)
         return KG_ENOMEM;
     x->ops = *ops;
+    x->dev = o.device ? o.device : kx_device_cpu();
+    x->graphs = o.graphs && x->dev->queued && x->dev->capture_begin;
     x->g.n_values = x->g.cap_values = g->n_values;
     x->g.n_ops = x->g.cap_ops = g->n_ops;
     x->g.n_inputs = g->n_inputs;
@@ -270,33 +560,36 @@ int kx_compile(const kg_graph *g, const kx_op_table *ops, const kx_options *opt,
         goto err;
     if ((rc = plan_arena(x)))
         goto err;
-    rc = KG_ENOMEM;
-    if (x->plan.arena && !(x->arena = aligned_alloc(KA_ALIGN, x->plan.arena)))
+    rc = KX_EDEVICE;
+    if (x->plan.arena && x->dev->alloc(x->dev->dev, x->plan.arena, (void **)&x->arena))
         goto err;
     for (size_t v = 0; v < g->n_values; v++) {
         const kg_value *val = &g->values[v];
-        size_t sz = (val->bytes + 63) & ~(size_t)63;
         if (x->plan.offset[v] != KA_NONE) {
             x->ptr[v] = x->arena + x->plan.offset[v];
         } else if (val->kind == KG_PARAM || val->kind == KG_HANDLE ||
                    val->kind == KG_INTER || val->kind == KG_OUTPUT) {
             /* Parameters and handles own their memory; an intermediate no op
              * writes gets zeroed memory so a reader sees defined bytes. */
-            if (!(x->ptr[v] = aligned_alloc(64, sz ? sz : 64)))
+            if (x->dev->alloc(x->dev->dev, val->bytes, &x->ptr[v]))
                 goto err;
-            memset(x->ptr[v], 0, sz ? sz : 64);
         }
     }
-    if (pthread_mutex_init(&x->mu, NULL) || pthread_cond_init(&x->cv, NULL))
-        goto err;
-    x->sync_init = true;
-    rc = KX_ETHREAD;
-    x->n_threads = x->sched->multi ? x->sched->n_streams : 1;
-    for (int k = 0; k < x->n_threads; k++) {
-        x->streams[k] = (kx_stream){x, k, 0, false};
-        if (pthread_create(&x->streams[k].thread, NULL, stream_main, &x->streams[k]))
+    if (x->dev->queued) {
+        if ((rc = queued_setup(x)))
             goto err;
-        x->streams[k].started = true;
+    } else {
+        rc = KX_ETHREAD;
+        if (pthread_mutex_init(&x->mu, NULL) || pthread_cond_init(&x->cv, NULL))
+            goto err;
+        x->sync_init = true;
+        x->n_threads = x->sched->multi ? x->sched->n_streams : 1;
+        for (int k = 0; k < x->n_threads; k++) {
+            x->streams[k] = (kx_stream){x, k, 0, false};
+            if (pthread_create(&x->streams[k].thread, NULL, stream_main, &x->streams[k]))
+                goto err;
+            x->streams[k].started = true;
+        }
     }
     {
         int need = ks_schedule_report(x->sched, &x->g, NULL, 0) + 160;
@@ -336,12 +629,14 @@ void kx_destroy(kx_exec *x)
         pthread_mutex_destroy(&x->mu);
         pthread_cond_destroy(&x->cv);
     }
+    queued_teardown(x);
     for (size_t v = 0; x->ptr && v < x->g.n_values; v++)
         if (x->ptr[v] && x->g.values[v].kind != KG_INPUT &&
             (!x->plan.offset || x->plan.offset[v] == KA_NONE))
-            free(x->ptr[v]);
+            x->dev->free(x->dev->dev, x->ptr[v]);
     free(x->ptr);
-    free(x->arena);
+    if (x->arena)
+        x->dev->free(x->dev->dev, x->arena);
     ka_graph_plan_free(&x->plan);
     ks_schedule_destroy(x->sched);
     free(x->g.values);
@@ -363,7 +658,8 @@ int kx_param_set(kx_exec *x, const char *name, kdtype dt, const void *data, size
         return KX_ETYPE;
     if (x->pending)
         return KX_EBUSY;
-    memcpy(x->ptr[v], data, bytes);
+    if (x->dev->copy(x->dev->dev, x->ptr[v], data, bytes, NULL))
+        return KX_EDEVICE;
     x->param_set[v] = true;
     return 0;
 }
@@ -378,13 +674,6 @@ void *kx_handle(kx_exec *x, const char *name, size_t *bytes)
     return x->ptr[v];
 }
 
-/* Bytes of value V at the current extent. */
-static size_t bytes_now(const kx_exec *x, const kg_value *v)
-{
-    if (!v->dynamic || !x->upper)
-        return v->bytes;
-    return v->bytes / (size_t)x->upper * (size_t)x->extent;
-}
 
 int kx_input_bind(kx_exec *x, int slot, const void *data, size_t bytes)
 {
@@ -398,7 +687,10 @@ int kx_input_bind(kx_exec *x, int slot, const void *data, size_t bytes)
             continue;
         if (bytes < bytes_now(x, val))
             return KX_ETYPE;
-        x->ptr[v] = (void *)data;  /* read-only by contract */
+        if (x->dev->queued)
+            x->in_src[slot] = data;  /* copied into in_buf at commit */
+        else
+            x->ptr[v] = (void *)data;  /* read-only by contract */
         x->bound_bytes[slot] = bytes;
         return 0;
     }
@@ -430,12 +722,14 @@ int kx_commit(kx_exec *x)
         return KX_EBUSY;
     for (size_t v = 0; v < x->g.n_values; v++) {
         const kg_value *val = &x->g.values[v];
-        if (val->kind == KG_INPUT &&
-            (!x->ptr[v] || x->bound_bytes[val->slot] < bytes_now(x, val)))
+        if (val->kind == KG_INPUT && (!x->bound_bytes[val->slot] ||
+                                      x->bound_bytes[val->slot] < bytes_now(x, val)))
             return KX_EUNBOUND;
         if (val->kind == KG_PARAM && !x->param_set[v])
             return KX_EUNBOUND;
     }
+    if (x->dev->queued)
+        return queued_commit(x);
     pthread_mutex_lock(&x->mu);
     x->gen++;
     x->finished = 0;
@@ -451,6 +745,8 @@ int kx_sync(kx_exec *x)
 {
     if (!x->pending)
         return 0;
+    if (x->dev->queued)
+        return queued_sync(x);
     pthread_mutex_lock(&x->mu);
     while (x->finished < x->n_threads)
         pthread_cond_wait(&x->cv, &x->mu);
@@ -484,6 +780,16 @@ int kx_op_error(const kx_exec *x, int *status)
     if (status)
         *status = x->err;
     return x->err ? x->err_op : -1;
+}
+
+int kx_graph_count(const kx_exec *x)
+{
+    return x->n_graphs;
+}
+
+uint64_t kx_graph_replays(const kx_exec *x)
+{
+    return x->replays;
 }
 
 const void *kx_arena(const kx_exec *x)
@@ -521,6 +827,7 @@ const char *kx_strerror(int status)
     case KX_EBUSY: return "a run is pending";
     case KX_ETHREAD: return "cannot start a stream thread";
     case KX_EOP: return "an op failed";
+    case KX_EDEVICE: return "the device failed (memory, stream, event or graph)";
     }
     return kg_strerror(status);
 }

@@ -9,11 +9,20 @@
  *   kx_commit/sync  run asynchronously, then wait; kx_run does both
  *   kx_output       read an output in the arena, without a copy
  *
- * Devices: this version has the CPU device, where each stream is a thread
- * and an event (record/wait at a cross-stream edge) is a generation number
- * under one mutex and condition variable.  Ops run through a table of
- * function pointers indexed by kop, which the kernels fill (and tests fill
- * with their own ops), so this module knows no kernel. */
+ * Devices (kx_device, a struct of function pointers over an opaque state):
+ *   - the CPU device runs each stream as a thread, and an event (record/wait
+ *     at a cross-stream edge) is a generation number under one mutex and
+ *     condition variable;
+ *   - a queued device (CUDA, kernels/cuda/device.cu) has real streams and
+ *     events: the caller's thread enqueues every op in dispatch order onto
+ *     the stream the schedule chose, with event record/wait at cross-stream
+ *     edges only, and may capture that enqueued work once per extent as a
+ *     graph and replay it (kx_options.graphs).  Inputs are copied into
+ *     buffers the executable owns before the ops (or the graph) run, so the
+ *     captured kernels always read the same addresses.
+ * Ops run through a table of function pointers indexed by kop, which the
+ * kernels fill (kernels/optable.h; tests fill their own), so this module
+ * knows no kernel. */
 #ifndef BATON_KERNELS_EXEC_H
 #define BATON_KERNELS_EXEC_H
 
@@ -32,7 +41,8 @@ enum {
     KX_EUNBOUND = -23,  /* an input slot or parameter was never set */
     KX_EBUSY = -24,     /* a commit is pending: sync first */
     KX_ETHREAD = -25,   /* a stream thread could not start */
-    KX_EOP = -26        /* an op returned an error (see kx_op_error) */
+    KX_EOP = -26,       /* an op returned an error (see kx_op_error) */
+    KX_EDEVICE = -27    /* the device failed (allocation, stream, event, graph) */
 };
 
 /* What an op implementation sees. */
@@ -46,6 +56,10 @@ typedef struct kx_op_ctx {
     int64_t upper;               /* the extent compiled for (0: none dynamic) */
     int stream;                  /* the stream running it */
     void *user;                  /* kx_op_table.user */
+    void *queue;                 /* queued device: the native stream to launch on */
+    int32_t *flag;               /* queued device: a device word an op sets to a
+                                    positive errno when its data is bad (a position past
+                                    the cache); the run then fails with KX_EOP */
 } kx_op_ctx;
 
 /* Runs one op; returns 0 or a negative status. */
@@ -56,12 +70,49 @@ typedef struct kx_op_table {
     void *user;                  /* handed to every op */
 } kx_op_table;
 
+/* A device.  Every slot takes DEV, the device's own state.  Memory is in
+ * one address space with the host's pointers (CUDA unified addressing), so
+ * COPY needs no direction. */
+typedef struct kx_device {
+    const char *name;            /* "cpu", "cuda" */
+    bool queued;                 /* false: streams are host threads running ops */
+    void *dev;                   /* the device's state, handed to every slot */
+    int (*alloc)(void *dev, size_t bytes, void **out);  /* zeroed; 0 or -errno */
+    void (*free)(void *dev, void *p);                   /* NULL is a no-op */
+    /* Copies BYTES; asynchronous on QUEUE when it is not NULL. */
+    int (*copy)(void *dev, void *dst, const void *src, size_t bytes, void *queue);
+    /* Queued devices only (NULL on the CPU): */
+    int (*queue_create)(void *dev, void **q);
+    void (*queue_destroy)(void *dev, void *q);
+    int (*event_create)(void *dev, void **e);
+    void (*event_destroy)(void *dev, void *e);
+    int (*event_record)(void *dev, void *e, void *q);
+    int (*queue_wait)(void *dev, void *q, void *e);
+    int (*queue_sync)(void *dev, void *q);
+    /* Graph capture of work enqueued on Q and the queues it forks to; NULL
+     * when the device has none. */
+    int (*capture_begin)(void *dev, void *q);
+    int (*capture_end)(void *dev, void *q, void **graph);  /* *GRAPH NULL on error */
+    int (*graph_launch)(void *dev, void *graph, void *q);
+    void (*graph_destroy)(void *dev, void *graph);
+} kx_device;
+
+/* The CPU device (static; never freed). */
+const kx_device *kx_device_cpu(void);
+
+/* The CUDA device of ORDINAL (kernels/cuda/device.cu, only in builds with
+ * BATON_CUDA; static, never freed), or NULL when there is no such GPU.
+ * Call it first from one thread: the table is filled on first use. */
+const kx_device *kx_device_cuda(int ordinal);
+
 typedef struct kx_options {
     const ks_profile *profile;   /* NULL: ks_profile_builtin("cpu") */
     const double *cost_s;        /* per op, seconds; NULL: from the profile */
     int n_compute;               /* compute streams; 0: 1 */
     int n_comm;                  /* comm streams (0 or 1) */
     bool force_serial;           /* one stream, graph order */
+    const kx_device *device;     /* NULL: kx_device_cpu() */
+    bool graphs;                 /* queued device: capture once per extent, replay */
 } kx_options;
 
 typedef struct kx_exec kx_exec;
@@ -81,7 +132,7 @@ int kx_param_set(kx_exec *x, const char *name, kdtype dt, const void *data, size
 
 /* The memory of persistent handle NAME (zeroed at compile; kept across
  * runs), its size in *BYTES; NULL if there is none.  Read or write it only
- * while no run is pending. */
+ * while no run is pending; on a queued device it is device memory. */
 void *kx_handle(kx_exec *x, const char *name, size_t *bytes);
 
 /* Binds input slot SLOT to DATA (BYTES long, at least the slot's size at the
@@ -99,12 +150,14 @@ int kx_sync(kx_exec *x);
 int kx_run(kx_exec *x);
 
 /* Output INDEX in the arena (valid until the next commit), its bytes at the
- * current extent in *BYTES; NULL if out of range. */
+ * current extent in *BYTES; NULL if out of range.  Device memory on a queued
+ * device. */
 const void *kx_output(const kx_exec *x, int index, size_t *bytes);
 
 /* After a run that failed with KX_EOP: the first failing op's id and the
- * status it returned (a negative errno from the op tables).  Returns -1
- * when the last run had no failing op. */
+ * status it returned (a negative errno from the op tables; 0 when the run
+ * did not fail).  Returns -1 when no op failed, or when a queued device's
+ * op flagged bad data and which one is not known. */
 int kx_op_error(const kx_exec *x, int *status);
 
 /* The arena, its size, and its peak-live lower bound. */
@@ -114,6 +167,11 @@ size_t kx_arena_lower_bound(const kx_exec *x);
 
 /* The schedule in use (for tests and reports). */
 const ks_schedule *kx_schedule(const kx_exec *x);
+
+/* Graphs captured so far (one per extent run on a queued device with
+ * kx_options.graphs), and runs that replayed one. */
+int kx_graph_count(const kx_exec *x);
+uint64_t kx_graph_replays(const kx_exec *x);
 
 /* The compile report: schedule decision and streams, arena against bound. */
 const char *kx_report(const kx_exec *x);

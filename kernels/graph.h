@@ -16,6 +16,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "kernels/ops.h"
 
@@ -95,13 +96,15 @@ int kg_op_add(kg_graph *g, kop op, const int *in, int n_in, const int *out, int 
 /* A real-valued attribute as int64 (the bits of a double), and back. */
 static inline int64_t kg_attr_f(double v)
 {
-    union { double d; int64_t i; } u = {.d = v};
-    return u.i;
+    int64_t i;
+    memcpy(&i, &v, sizeof(i));
+    return i;
 }
 static inline double kg_attr_to_f(int64_t a)
 {
-    union { int64_t i; double d; } u = {.i = a};
-    return u.d;
+    double d;
+    memcpy(&d, &a, sizeof(d));
+    return d;
 }
 
 /* The value called NAME, or -1. */

@@ -164,6 +164,22 @@ int k_cuda_attn_decode(float *out, const float *q, const float *k, const float *
 int k_cuda_attn_prefill(float *out, const float *q, const float *k, const float *v, float *kc,
                         float *vc, int pos0, int n_tok, int n_head, int n_kv, int hd,
                         void *stream);
+/* The forms an executable uses (kernels/optable.h), whose positions and
+ * lengths live in device memory and may change between replays of a
+ * captured graph.  Decode: the caches of the batch are one allocation, STRIDE
+ * floats between sequences, CAP rows each; a length L with L + 1 > CAP
+ * writes nothing, outputs zeros and sets *FLAG = ERANGE (FLAG may be NULL);
+ * a negative length is an unused slot (zeros).  Prefill: the first position
+ * is POS[0] (device), checked against CAP the same way. */
+int k_cuda_attn_decode_strided(float *out, const float *q, const float *k, const float *v,
+                               float *kc, float *vc, size_t stride, const int32_t *lens,
+                               int batch, int n_head, int n_kv, int hd, int cap, int32_t *flag,
+                               void *stream);
+int k_cuda_attn_prefill_at(float *out, const float *q, const float *k, const float *v, float *kc,
+                           float *vc, const int32_t *pos, int cap, int32_t *flag, int n_tok,
+                           int n_head, int n_kv, int hd, void *stream);
+/* An asynchronous device-to-device copy on STREAM. */
+int k_cuda_copy(void *dst, const void *src, size_t bytes, void *stream);
 int k_cuda_qmatvec(float *y, const void *w, kdtype t, const float *x, int rows, int cols,
                    void *stream);
 /* TOP_K must be in 1..K_SAMPLE_MAX_K when TEMPERATURE > 0 (-EINVAL else). */

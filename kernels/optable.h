@@ -21,4 +21,12 @@ void kt_cpu_ops(kx_op_table *t);
  * with a message naming the op in ERR. */
 int kt_cpu_check(const kg_graph *g, char *err, size_t errlen);
 
+/* Fills T with the CUDA launchers (for an executable on kx_device_cuda);
+ * -ENOSYS, T empty, in a build without CUDA.  Every op launches on the
+ * stream the executor hands it (kx_op_ctx.queue) and never synchronizes,
+ * so a run can be captured as a CUDA graph; positions and lengths are read
+ * on the device, where a bad one raises the run's flag (kx_op_ctx.flag). */
+int kt_cuda_ops(kx_op_table *t);
+int kt_cuda_check(const kg_graph *g, char *err, size_t errlen);
+
 #endif

@@ -14,28 +14,63 @@
 
 #define ATT_THREADS 128
 
-__global__ static void append_kernel(const float *k, const float *v, float *const *kc,
-                                     float *const *vc, const int32_t *lens, int row)
+/* Where sequence B's cache starts: from an array of pointers, or at B
+ * strides from one base (one allocation for the batch, as an executable's
+ * cache handle is; no pointer array to keep on the device). */
+typedef struct kv_at {
+    float *const *ptrs; /* device array of BATCH pointers, or NULL */
+    float *base;
+    size_t stride;      /* floats between sequences */
+} kv_at;
+
+__device__ __forceinline__ float *seq_cache(kv_at c, int b)
+{
+    return c.ptrs ? c.ptrs[b] : c.base + (size_t)b * c.stride;
+}
+
+/* A length the cache cannot take (LEN + 1 > CAP) is bad data: the kernels
+ * then write no cache row, output zeros, and raise FLAG (when given) for the
+ * executor to fail the run.  A negative length is an unused batch slot. */
+__device__ __forceinline__ bool len_ok(int len, int cap, int32_t *flag)
+{
+    if (len >= cap) {
+        if (flag)
+            atomicExch(flag, ERANGE);
+        return false;
+    }
+    return len >= 0;
+}
+
+__global__ static void append_kernel(const float *k, const float *v, kv_at kc, kv_at vc,
+                                     const int32_t *lens, int row, int cap, int32_t *flag)
 {
     int b = blockIdx.x;
+    if (!len_ok(lens[b], cap, flag))
+        return;
     size_t at = (size_t)lens[b] * row;
+    float *kd = seq_cache(kc, b), *vd = seq_cache(vc, b);
     for (int i = threadIdx.x; i < row; i += blockDim.x) {
-        kc[b][at + i] = k[(size_t)b * row + i];
-        vc[b][at + i] = v[(size_t)b * row + i];
+        kd[at + i] = k[(size_t)b * row + i];
+        vd[at + i] = v[(size_t)b * row + i];
     }
 }
 
-__global__ static void decode_kernel(float *out, const float *q, float *const *kc,
-                                     float *const *vc, const int32_t *lens, int n_head, int n_kv,
-                                     int hd)
+__global__ static void decode_kernel(float *out, const float *q, kv_at kc, kv_at vc,
+                                     const int32_t *lens, int n_head, int n_kv, int hd, int cap)
 {
     extern __shared__ float s[]; /* [ctx] scores, then [hd] the query */
     __shared__ float red[32];
     int b = blockIdx.x / n_head, h = blockIdx.x % n_head;
+    if (!len_ok(lens[b], cap, NULL)) {
+        float *o = out + ((size_t)b * n_head + h) * hd;
+        for (int i = threadIdx.x; i < hd; i += blockDim.x)
+            o[i] = 0;
+        return;
+    }
     int ctx = lens[b] + 1;
     int row = n_kv * hd;
-    const float *kb = kc[b] + (size_t)(h / (n_head / n_kv)) * hd;
-    const float *vb = vc[b] + (size_t)(h / (n_head / n_kv)) * hd;
+    const float *kb = seq_cache(kc, b) + (size_t)(h / (n_head / n_kv)) * hd;
+    const float *vb = seq_cache(vc, b) + (size_t)(h / (n_head / n_kv)) * hd;
     const float *qh = q + ((size_t)b * n_head + h) * hd;
     float *qs = s + ctx;
     for (int i = threadIdx.x; i < hd; i += blockDim.x)
@@ -66,10 +101,9 @@ __global__ static void decode_kernel(float *out, const float *q, float *const *k
     }
 }
 
-extern "C" int k_cuda_attn_decode(float *out, const float *q, const float *k, const float *v,
-                                  float *const *kc, float *const *vc, const int32_t *lens,
-                                  int batch, int n_head, int n_kv, int hd, int max_ctx,
-                                  void *stream)
+static int decode_launch(float *out, const float *q, const float *k, const float *v, kv_at kc,
+                         kv_at vc, const int32_t *lens, int batch, int n_head, int n_kv, int hd,
+                         int max_ctx, int32_t *flag, void *stream)
 {
     if (batch < 0 || n_kv <= 0 || n_head % n_kv || hd <= 0 || max_ctx <= 0)
         return -EINVAL;
@@ -85,12 +119,32 @@ extern "C" int k_cuda_attn_decode(float *out, const float *q, const float *k, co
         K_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           (int)shmem));
     }
-    append_kernel<<<batch, ATT_THREADS, 0, K_STREAM(stream)>>>(k, v, kc, vc, lens, n_kv * hd);
+    append_kernel<<<batch, ATT_THREADS, 0, K_STREAM(stream)>>>(k, v, kc, vc, lens, n_kv * hd,
+                                                               max_ctx, flag);
     K_CUDA_LAUNCHED();
-    decode_kernel<<<batch * n_head, ATT_THREADS, shmem, K_STREAM(stream)>>>(out, q, kc, vc, lens,
-                                                                             n_head, n_kv, hd);
+    decode_kernel<<<batch * n_head, ATT_THREADS, shmem, K_STREAM(stream)>>>(
+        out, q, kc, vc, lens, n_head, n_kv, hd, max_ctx);
     K_CUDA_LAUNCHED();
     return 0;
+}
+
+extern "C" int k_cuda_attn_decode(float *out, const float *q, const float *k, const float *v,
+                                  float *const *kc, float *const *vc, const int32_t *lens,
+                                  int batch, int n_head, int n_kv, int hd, int max_ctx,
+                                  void *stream)
+{
+    kv_at kca = {kc, NULL, 0}, vca = {vc, NULL, 0};
+    return decode_launch(out, q, k, v, kca, vca, lens, batch, n_head, n_kv, hd, max_ctx, NULL,
+                         stream);
+}
+
+extern "C" int k_cuda_attn_decode_strided(float *out, const float *q, const float *k,
+                                          const float *v, float *kc, float *vc, size_t stride,
+                                          const int32_t *lens, int batch, int n_head, int n_kv,
+                                          int hd, int cap, int32_t *flag, void *stream)
+{
+    kv_at kca = {NULL, kc, stride}, vca = {NULL, vc, stride};
+    return decode_launch(out, q, k, v, kca, vca, lens, batch, n_head, n_kv, hd, cap, flag, stream);
 }
 
 /* CUDA kernel of k_attn_prefill: N_TOK new tokens of one sequence.  Two
@@ -110,9 +164,25 @@ extern "C" int k_cuda_attn_decode(float *out, const float *q, const float *k, co
 
 /* The N floats of K and V (N_TOK rows) to KC and VC, already offset to row
  * POS0 by the launcher. */
-__global__ static void prefill_append_kernel(const float *k, const float *v, float *kc, float *vc,
-                                             size_t n)
+/* The first position: POS0, or POS[0] read on the device (a captured graph
+ * cannot bake in a host value that changes per run). */
+__device__ __forceinline__ int first_pos(int pos0, const int32_t *pos)
 {
+    return pos ? pos[0] : pos0;
+}
+
+__global__ static void prefill_append_kernel(const float *k, const float *v, float *kc, float *vc,
+                                             size_t n, int pos0, const int32_t *pos, int n_tok,
+                                             int cap, size_t row, int32_t *flag)
+{
+    int p0 = first_pos(pos0, pos);
+    if (p0 < 0 || p0 > cap - n_tok) {
+        if (flag && blockIdx.x == 0 && threadIdx.x == 0)
+            atomicExch(flag, ERANGE);
+        return;
+    }
+    kc += (size_t)p0 * row;
+    vc += (size_t)p0 * row;
     size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         kc[i] = k[i];
@@ -121,9 +191,17 @@ __global__ static void prefill_append_kernel(const float *k, const float *v, flo
 }
 
 __global__ static void prefill_kernel(float *out, const float *q, const float *kc,
-                                      const float *vc, int pos0, int n_tok, int n_head, int n_kv,
-                                      int hd)
+                                      const float *vc, int pos0, const int32_t *pos, int cap,
+                                      int n_tok, int n_head, int n_kv, int hd)
 {
+    pos0 = first_pos(pos0, pos);
+    if (pos0 < 0 || pos0 > cap - n_tok) {
+        /* Bad data (flagged by the append): zeros, not reads past the cache. */
+        int t = n_tok - 1 - (int)blockIdx.x / n_head, h = (int)blockIdx.x % n_head;
+        for (int i = (int)threadIdx.x; i < hd; i += PRE_THREADS)
+            out[((size_t)t * n_head + h) * hd + i] = 0;
+        return;
+    }
     __shared__ float s[PRE_THREADS]; /* one tile's softmax weights */
     __shared__ float qs[PRE_MAX_HD];
     __shared__ float red[32];
@@ -187,12 +265,12 @@ __global__ static void prefill_kernel(float *out, const float *q, const float *k
     }
 }
 
-extern "C" int k_cuda_attn_prefill(float *out, const float *q, const float *k, const float *v,
-                                   float *kc, float *vc, int pos0, int n_tok, int n_head,
-                                   int n_kv, int hd, void *stream)
+static int prefill_launch(float *out, const float *q, const float *k, const float *v, float *kc,
+                          float *vc, int pos0, const int32_t *pos, int cap, int32_t *flag,
+                          int n_tok, int n_head, int n_kv, int hd, void *stream)
 {
     if (n_kv <= 0 || n_head <= 0 || n_head % n_kv || hd <= 0 || hd > PRE_MAX_HD || pos0 < 0 ||
-        n_tok < 0)
+        n_tok < 0 || cap < 0)
         return -EINVAL;
     /* The grid is one-dimensional and positions are ints in the kernel. */
     if ((long long)n_tok * n_head > INT_MAX || pos0 > INT_MAX - n_tok)
@@ -201,10 +279,28 @@ extern "C" int k_cuda_attn_prefill(float *out, const float *q, const float *k, c
         return 0;
     size_t row = (size_t)n_kv * hd, n = (size_t)n_tok * row;
     prefill_append_kernel<<<k_grid(n, ATT_THREADS), ATT_THREADS, 0, K_STREAM(stream)>>>(
-        k, v, kc + (size_t)pos0 * row, vc + (size_t)pos0 * row, n);
+        k, v, kc, vc, n, pos0, pos, n_tok, cap, row, flag);
     K_CUDA_LAUNCHED();
-    prefill_kernel<<<n_tok * n_head, PRE_THREADS, 0, K_STREAM(stream)>>>(out, q, kc, vc, pos0,
-                                                                         n_tok, n_head, n_kv, hd);
+    prefill_kernel<<<n_tok * n_head, PRE_THREADS, 0, K_STREAM(stream)>>>(
+        out, q, kc, vc, pos0, pos, cap, n_tok, n_head, n_kv, hd);
     K_CUDA_LAUNCHED();
     return 0;
+}
+
+extern "C" int k_cuda_attn_prefill(float *out, const float *q, const float *k, const float *v,
+                                   float *kc, float *vc, int pos0, int n_tok, int n_head,
+                                   int n_kv, int hd, void *stream)
+{
+    /* The caller vouches for the capacity: no bound but int range. */
+    return prefill_launch(out, q, k, v, kc, vc, pos0, NULL, INT_MAX, NULL, n_tok, n_head, n_kv,
+                          hd, stream);
+}
+
+extern "C" int k_cuda_attn_prefill_at(float *out, const float *q, const float *k, const float *v,
+                                      float *kc, float *vc, const int32_t *pos, int cap,
+                                      int32_t *flag, int n_tok, int n_head, int n_kv, int hd,
+                                      void *stream)
+{
+    return prefill_launch(out, q, k, v, kc, vc, 0, pos, cap, flag, n_tok, n_head, n_kv, hd,
+                          stream);
 }

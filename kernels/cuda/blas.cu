@@ -1,16 +1,11 @@
-/* Matrix products through cuBLAS and the all-reduce through NCCL (DESIGN.md
- * section 8: no hand-written GEMM on the GPU).  NCCL is compiled in only
- * when the build found nccl.h (BATON_NCCL=1, see the Makefile); without it a
- * one-rank all-reduce is still the identity and anything more is -ENOSYS. */
+/* Matrix products through cuBLAS (DESIGN.md section 8: no hand-written GEMM
+ * on the GPU).  The all-reduce through NCCL is in comm.cu. */
 #include <pthread.h>
 
 #include <cublas_v2.h>
 
 #include "kernels/cuda/kcuda.cuh"
 
-#if defined(BATON_NCCL) && BATON_NCCL
-#include <nccl.h>
-#endif
 
 #define K_CUBLAS_CHECK(call)                                                                  \
     do {                                                                                      \
@@ -63,70 +58,3 @@ extern "C" void k_cuda_blas_shutdown(void)
     blas = NULL;
     pthread_mutex_unlock(&blas_lock);
 }
-
-#if defined(BATON_NCCL) && BATON_NCCL
-
-#define K_NCCL_CHECK(call)                                                                    \
-    do {                                                                                      \
-        ncclResult_t r_ = (call);                                                             \
-        if (r_ != ncclSuccess) {                                                              \
-            fprintf(stderr, "%s:%d: NCCL error: %s\n", __FILE__, __LINE__,                    \
-                    ncclGetErrorString(r_));                                                  \
-            return -EIO;                                                                      \
-        }                                                                                     \
-    } while (0)
-
-extern "C" int k_cuda_comm_create(void **comm, int ndev)
-{
-    /* One process driving NDEV devices; this layer supports NDEV = 1 (a
-     * multi-device process needs one stream per device, which the executor
-     * does not have yet). */
-    if (!comm || ndev != 1)
-        return -EINVAL;
-    int dev;
-    K_CUDA_CHECK(cudaGetDevice(&dev));
-    ncclComm_t c;
-    K_NCCL_CHECK(ncclCommInitAll(&c, 1, &dev));
-    *comm = c;
-    return 0;
-}
-
-extern "C" void k_cuda_comm_destroy(void *comm)
-{
-    if (comm)
-        ncclCommDestroy((ncclComm_t)comm);
-}
-
-extern "C" int k_cuda_allreduce(float *buf, size_t n, void *comm, void *stream)
-{
-    if (!comm || !n)
-        return 0; /* one rank: the identity */
-    K_NCCL_CHECK(ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, (ncclComm_t)comm,
-                               K_STREAM(stream)));
-    return 0;
-}
-
-#else
-
-extern "C" int k_cuda_comm_create(void **comm, int ndev)
-{
-    (void)ndev;
-    if (comm)
-        *comm = NULL;
-    return -ENOSYS;
-}
-
-extern "C" void k_cuda_comm_destroy(void *comm)
-{
-    (void)comm;
-}
-
-extern "C" int k_cuda_allreduce(float *buf, size_t n, void *comm, void *stream)
-{
-    (void)buf;
-    (void)n;
-    (void)stream;
-    return comm ? -ENOSYS : 0;
-}
-
-#endif

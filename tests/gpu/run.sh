@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Builds and runs the CUDA kernel checks and timings (check_kernels.c): every
-# kernel of kernels/cuda/ against its C reference, then timed against a
-# device-to-device copy and cuBLAS.  On a machine without a GPU the program
+# Builds and runs the CUDA checks and timings: check_kernels.c (every kernel
+# of kernels/cuda/ against its C reference, then timed against a
+# device-to-device copy and cuBLAS) and check_exec.c (executables on the
+# CUDA device against the CPU device, CUDA-graph replay, decode-step times
+# and the scheduler's predictions).  On a machine without a GPU the program
 # prints "no CUDA device: skipped" and this script exits 0.
-# Output: a table on stdout, JSON in $OUT/gpu_kernels.json when OUT is set,
-# else $BUILD/gpu/gpu_kernels.json.
+# Output: tables on stdout, JSON in $OUT/gpu_kernels.json and
+# $OUT/gpu_exec.json when OUT is set, else under $BUILD/gpu/.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build}
@@ -13,4 +15,7 @@ if ! command -v nvcc >/dev/null 2>&1 && [ ! -x /usr/local/cuda/bin/nvcc ]; then
   exit 0
 fi
 make --no-print-directory BUILD="$BUILD" CUDA=1 gpu-check
-BUILD="$BUILD" "$BUILD/gpu/check_kernels"
+rc=0
+BUILD="$BUILD" "$BUILD/gpu/check_kernels" || rc=$?
+BUILD="$BUILD" "$BUILD/gpu/check_exec" || rc=$?
+exit $rc

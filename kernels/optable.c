@@ -1,7 +1,10 @@
-/* The CPU op table (kernels/optable.h).  Every op is one function that
- * first checks its operands against kernels/ops.h and then, when RUN is
- * set, computes.  kt_cpu_check calls the same functions without running, so
- * the checks at load and at run cannot drift apart. */
+/* The op tables (kernels/optable.h).  Every op is one function that first
+ * checks its operands against kernels/ops.h and then, when HOW has RUN,
+ * computes on the CPU or, with CUDA, launches on the op's stream.
+ * kt_*_check call the same functions without RUN, so the checks at load and
+ * at run cannot drift apart, and an op the GPU lacks in some form (a sampler
+ * with per-row parameters, a quantized embedding table) is refused at load
+ * rather than at the first request. */
 #include "kernels/optable.h"
 
 #include <errno.h>
@@ -10,6 +13,9 @@
 #include <string.h>
 
 #include "kernels/kernels.h"
+
+/* What an op function is asked to do. */
+enum { RUN = 1, CUDA = 2 };
 
 /* ---- operand access ------------------------------------------------------- */
 
@@ -92,9 +98,25 @@ static int widen(float *dst, kdtype t, const void *src, size_t n)
     return is_block(t) ? k_dequantize(dst, t, src, n) : k_cast(dst, KD_F32, src, t, n);
 }
 
+/* On the GPU: the k_cuda_* launchers exist only in CUDA builds; without them
+ * a CUDA table is never made (kt_cuda_ops), so these branches are dead. */
+#ifdef BATON_CUDA
+#define ON_GPU(how, call)                                                                     \
+    do {                                                                                      \
+        if ((how) & CUDA)                                                                     \
+            return (call);                                                                    \
+    } while (0)
+#else
+#define ON_GPU(how, call)                                                                     \
+    do {                                                                                      \
+        if ((how) & CUDA)                                                                     \
+            return -ENOSYS;                                                                   \
+    } while (0)
+#endif
+
 /* ---- ops ------------------------------------------------------------------ */
 
-static int op_embed(const kx_op_ctx *c, bool run)
+static int op_embed(const kx_op_ctx *c, int how)
 {
     int rc = io(c, 2, 2, 1);
     if (rc)
@@ -103,10 +125,12 @@ static int op_embed(const kx_op_ctx *c, bool run)
     NEED(tab->ndim == 2 && (is_float(tab->dtype) || is_block(tab->dtype)));
     NEED(ids->dtype == KD_I32 && out->dtype == KD_F32 && last_dim_now(c, out) == tab->shape[1]);
     NEED(!is_block(tab->dtype) || tab->shape[1] % 32 == 0);
+    NEED(!(how & CUDA) || tab->dtype == KD_F32);  /* widen a table once at load for the GPU */
     int64_t n = elems_now(c, ids), d = tab->shape[1], vocab = dim_now(c, tab, 0);
     NEED(rows_now(c, out) == n);
-    if (!run)
+    if (!(how & RUN))
         return 0;
+    ON_GPU(how, k_cuda_embed(c->out[0], c->in[0], (int)vocab, (int)d, c->in[1], (int)n, c->queue));
     const int32_t *id = c->in[1];
     float *o = c->out[0];
     if (tab->dtype == KD_F32) {
@@ -155,7 +179,7 @@ static int matmul_any(float *y, const float *a, const void *w, kdtype wt, int64_
     return rc;
 }
 
-static int op_matmul(const kx_op_ctx *c, bool run)
+static int op_matmul(const kx_op_ctx *c, int how)
 {
     int rc = io(c, 2, 2, 1);
     if (rc)
@@ -166,8 +190,24 @@ static int op_matmul(const kx_op_ctx *c, bool run)
     int64_t m = rows_now(c, a), k = last_dim_now(c, a), n = w->shape[0];
     NEED(w->shape[1] == k && rows_now(c, y) == m && last_dim_now(c, y) == n);
     NEED(!is_block(w->dtype) || k % 32 == 0);
-    if (!run)
+    NEED(!(how & CUDA) || w->dtype == KD_F32 || is_block(w->dtype));
+    NEED(c->op->op != KOP_MATMUL_ALLREDUCE || c->op->n_attr == 0 || c->op->attr[0] == 1);
+    if (!(how & RUN))
         return 0;
+#ifdef BATON_CUDA
+    if (how & CUDA) {
+        if (w->dtype == KD_F32)
+            return k_cuda_matmul(c->out[0], c->in[0], c->in[1], 1, (int)m, (int)n, (int)k, 0, 0,
+                                 0, c->queue);
+        /* Quantized weights: a mat-vec per row, reading the blocks as they
+         * are (no dequantized copy of the weights in device memory). */
+        for (int64_t r = 0; r < m && !rc; r++)
+            rc = k_cuda_qmatvec((float *)c->out[0] + r * n, c->in[1], w->dtype,
+                                (const float *)c->in[0] + r * k, (int)n, (int)k, c->queue);
+        return rc;  /* one rank: the all-reduce of a fused op is the identity */
+    }
+#endif
+    ON_GPU(how, -ENOSYS);
     if ((rc = matmul_any(c->out[0], c->in[0], c->in[1], w->dtype, m, n, k)))
         return rc;
     if (c->op->op == KOP_MATMUL_ALLREDUCE)
@@ -175,7 +215,7 @@ static int op_matmul(const kx_op_ctx *c, bool run)
     return 0;
 }
 
-static int op_qmatvec(const kx_op_ctx *c, bool run)
+static int op_qmatvec(const kx_op_ctx *c, int how)
 {
     int rc = io(c, 2, 2, 1);
     if (rc)
@@ -184,8 +224,15 @@ static int op_qmatvec(const kx_op_ctx *c, bool run)
     NEED(is_block(w->dtype) && w->ndim == 2 && x->dtype == KD_F32 && y->dtype == KD_F32);
     int64_t m = rows_now(c, x), k = last_dim_now(c, x), n = w->shape[0];
     NEED(w->shape[1] == k && k % 32 == 0 && rows_now(c, y) == m && last_dim_now(c, y) == n);
-    if (!run)
+    if (!(how & RUN))
         return 0;
+#ifdef BATON_CUDA
+    for (int64_t r = 0; (how & CUDA) && r < m; r++)
+        if ((rc = k_cuda_qmatvec((float *)c->out[0] + r * n, c->in[0], w->dtype,
+                                 (const float *)c->in[1] + r * k, (int)n, (int)k, c->queue)))
+            return rc;
+#endif
+    ON_GPU(how, 0);
     for (int64_t r = 0; r < m; r++)
         if ((rc = k_qmatvec((float *)c->out[0] + r * n, c->in[0], w->dtype,
                             (const float *)c->in[1] + r * k, (int)n, (int)k)))
@@ -193,7 +240,7 @@ static int op_qmatvec(const kx_op_ctx *c, bool run)
     return 0;
 }
 
-static int op_elementwise(const kx_op_ctx *c, bool run)
+static int op_elementwise(const kx_op_ctx *c, int how)
 {
     bool binary = c->op->op == KOP_ADD || c->op->op == KOP_MUL;
     int rc = io(c, binary ? 2 : 1, binary ? 2 : 1, 1);
@@ -204,8 +251,15 @@ static int op_elementwise(const kx_op_ctx *c, bool run)
     for (int k = 0; k < c->op->n_in; k++)
         NEED(in_val(c, k)->dtype == KD_F32 && elems_now(c, in_val(c, k)) == n);
     NEED(y->dtype == KD_F32);
-    if (!run)
+    if (!(how & RUN))
         return 0;
+    switch ((how & CUDA) ? c->op->op : KOP_COUNT) {
+    case KOP_ADD: ON_GPU(how, k_cuda_add(c->out[0], c->in[0], c->in[1], (size_t)n, c->queue)); break;
+    case KOP_MUL: ON_GPU(how, k_cuda_mul(c->out[0], c->in[0], c->in[1], (size_t)n, c->queue)); break;
+    case KOP_SILU: ON_GPU(how, k_cuda_silu(c->out[0], c->in[0], (size_t)n, c->queue)); break;
+    case KOP_GELU: ON_GPU(how, k_cuda_gelu(c->out[0], c->in[0], (size_t)n, c->queue)); break;
+    default: break;
+    }
     switch (c->op->op) {
     case KOP_ADD: k_add(c->out[0], c->in[0], c->in[1], (size_t)n); break;
     case KOP_MUL: k_mul(c->out[0], c->in[0], c->in[1], (size_t)n); break;
@@ -215,7 +269,7 @@ static int op_elementwise(const kx_op_ctx *c, bool run)
     return 0;
 }
 
-static int op_norm(const kx_op_ctx *c, bool run)
+static int op_norm(const kx_op_ctx *c, int how)
 {
     bool ln = c->op->op == KOP_LAYERNORM;
     int rc = io(c, 2, ln ? 3 : 2, 1);
@@ -228,8 +282,13 @@ static int op_norm(const kx_op_ctx *c, bool run)
     NEED(c->op->n_in < 3 || (in_val(c, 2)->dtype == KD_F32 && elems_now(c, in_val(c, 2)) == d));
     float eps = (float)kg_attr_to_f(c->op->attr[0]);
     NEED(eps >= 0);
-    if (!run)
+    if (!(how & RUN))
         return 0;
+    if (ln)
+        ON_GPU(how, k_cuda_layernorm(c->out[0], c->in[0], c->in[1], c->op->n_in > 2 ? c->in[2] : NULL,
+                                     (int)r, (int)d, eps, c->queue));
+    else
+        ON_GPU(how, k_cuda_rmsnorm(c->out[0], c->in[0], c->in[1], (int)r, (int)d, eps, c->queue));
     if (ln)
         k_layernorm(c->out[0], c->in[0], c->in[1], c->op->n_in > 2 ? c->in[2] : NULL, (int)r,
                     (int)d, eps);
@@ -238,7 +297,7 @@ static int op_norm(const kx_op_ctx *c, bool run)
     return 0;
 }
 
-static int op_rope(const kx_op_ctx *c, bool run)
+static int op_rope(const kx_op_ctx *c, int how)
 {
     int rc = io(c, 2, 2, 1);
     if (rc)
@@ -251,8 +310,18 @@ static int op_rope(const kx_op_ctx *c, bool run)
     NEED(h > 0 && hd > 0 && hd % 2 == 0 && last_dim_now(c, x) == h * hd && theta > 0);
     NEED(mode == K_ROPE_NORMAL || mode == K_ROPE_NEOX);
     NEED(elems_now(c, pos) == n && rows_now(c, y) == n && last_dim_now(c, y) == h * hd);
-    if (!run)
+    if (!(how & RUN))
         return 0;
+#ifdef BATON_CUDA
+    if (how & CUDA) {
+        if (c->out[0] != c->in[0] &&
+            (rc = k_cuda_copy(c->out[0], c->in[0], (size_t)(n * h * hd) * sizeof(float), c->queue)))
+            return rc;
+        return k_cuda_rope(c->out[0], c->in[1], (int)n, (int)h, (int)hd, (float)theta, (int)mode,
+                           c->queue);
+    }
+#endif
+    ON_GPU(how, -ENOSYS);
     if (c->out[0] != c->in[0])
         memcpy(c->out[0], c->in[0], (size_t)(n * h * hd) * sizeof(float));
     k_rope(c->out[0], c->in[1], (int)n, (int)h, (int)hd, (float)theta, (int)mode);
@@ -283,7 +352,7 @@ static int attn_check(const kx_op_ctx *c, int64_t *h, int64_t *kv, int64_t *hd, 
     return 0;
 }
 
-static int op_attn_prefill(const kx_op_ctx *c, bool run)
+static int op_attn_prefill(const kx_op_ctx *c, int how)
 {
     int64_t h, kv, hd, n;
     int rc = attn_check(c, &h, &kv, &hd, &n);
@@ -292,11 +361,23 @@ static int op_attn_prefill(const kx_op_ctx *c, bool run)
     const kg_value *kcv = in_val(c, 3);
     int64_t b = kcv->shape[0], cap = kcv->shape[1];
     NEED(n % b == 0 && elems_now(c, in_val(c, 5)) == n);
-    if (!run)
+    if (!(how & RUN))
         return 0;
     int64_t t = n / b;
     const int32_t *pos = c->in[5];
     size_t cache = (size_t)(cap * kv * hd);
+#ifdef BATON_CUDA
+    /* On the GPU the positions stay in device memory: the kernel reads and
+     * checks them, raising the run's flag instead of returning -ERANGE. */
+    for (int64_t s = 0; (how & CUDA) && s < b && t; s++)
+        if ((rc = k_cuda_attn_prefill_at(
+                 (float *)c->out[0] + s * t * h * hd, (const float *)c->in[0] + s * t * h * hd,
+                 (const float *)c->in[1] + s * t * kv * hd, (const float *)c->in[2] + s * t * kv * hd,
+                 (float *)c->out[1] + (size_t)s * cache, (float *)c->out[2] + (size_t)s * cache,
+                 pos + s * t, (int)cap, c->flag, (int)t, (int)h, (int)kv, (int)hd, c->queue)))
+            return rc;
+#endif
+    ON_GPU(how, 0);
     for (int64_t s = 0; s < b && t; s++) {
         int64_t p0 = pos[s * t];
         if (p0 < 0 || p0 + t > cap)
@@ -309,7 +390,7 @@ static int op_attn_prefill(const kx_op_ctx *c, bool run)
     return 0;
 }
 
-static int op_attn_decode(const kx_op_ctx *c, bool run)
+static int op_attn_decode(const kx_op_ctx *c, int how)
 {
     int64_t h, kv, hd, n;
     int rc = attn_check(c, &h, &kv, &hd, &n);
@@ -318,10 +399,13 @@ static int op_attn_decode(const kx_op_ctx *c, bool run)
     const kg_value *kcv = in_val(c, 3);
     int64_t cap = kcv->shape[1];
     NEED(kcv->shape[0] >= n && elems_now(c, in_val(c, 5)) == n);
-    if (!run)
+    if (!(how & RUN))
         return 0;
     const int32_t *lens = c->in[5];
     size_t cache = (size_t)(cap * kv * hd);
+    ON_GPU(how, k_cuda_attn_decode_strided(c->out[0], c->in[0], c->in[1], c->in[2], c->out[1],
+                                           c->out[2], cache, lens, (int)n, (int)h, (int)kv, (int)hd,
+                                           (int)cap, c->flag, c->queue));
     for (int64_t s = 0; s < n; s++) {
         float *o = (float *)c->out[0] + s * h * hd;
         if (lens[s] < 0) {
@@ -338,7 +422,7 @@ static int op_attn_decode(const kx_op_ctx *c, bool run)
     return 0;
 }
 
-static int op_rows(const kx_op_ctx *c, bool run)
+static int op_rows(const kx_op_ctx *c, int how)
 {
     int rc = io(c, 1, 1, 1);
     if (rc)
@@ -350,8 +434,12 @@ static int op_rows(const kx_op_ctx *c, bool run)
         NEED(y->dtype == KD_F32 && elems_now(c, y) == r * n);
     else
         NEED(y->dtype == KD_I32 && elems_now(c, y) == r);
-    if (!run)
+    if (!(how & RUN))
         return 0;
+    if (c->op->op == KOP_SOFTMAX)
+        ON_GPU(how, k_cuda_softmax(c->out[0], c->in[0], (int)r, (int)n, c->queue));
+    else
+        ON_GPU(how, k_cuda_argmax(c->out[0], c->in[0], (int)r, (int)n, c->queue));
     if (c->op->op == KOP_SOFTMAX)
         k_softmax(c->out[0], c->in[0], (int)r, (int)n);
     else
@@ -359,7 +447,7 @@ static int op_rows(const kx_op_ctx *c, bool run)
     return 0;
 }
 
-static int op_sample(const kx_op_ctx *c, bool run)
+static int op_sample(const kx_op_ctx *c, int how)
 {
     int rc = io(c, 3, 3, 1);
     if (rc)
@@ -368,7 +456,10 @@ static int op_sample(const kx_op_ctx *c, bool run)
     int64_t r = rows_now(c, x), n = last_dim_now(c, x);
     NEED(x->dtype == KD_F32 && p->dtype == KD_F32 && g->dtype == KD_I64 && y->dtype == KD_I32);
     NEED(elems_now(c, p) == 3 * r && elems_now(c, g) == 2 * r && elems_now(c, y) == r);
-    if (!run)
+    /* The GPU sampler takes one set of host parameters per launch; rows with
+     * their own parameters in device memory are not supported there yet. */
+    NEED(!(how & CUDA));
+    if (!(how & RUN))
         return 0;
     const float *pp = c->in[1];
     const int64_t *gg = c->in[2];
@@ -378,19 +469,20 @@ static int op_sample(const kx_op_ctx *c, bool run)
     return 0;
 }
 
-static int op_cast(const kx_op_ctx *c, bool run)
+static int op_cast(const kx_op_ctx *c, int how)
 {
     int rc = io(c, 1, 1, 1);
     if (rc)
         return rc;
     const kg_value *x = in_val(c, 0), *y = out_val(c, 0);
     NEED(is_float(x->dtype) && is_float(y->dtype) && elems_now(c, x) == elems_now(c, y));
-    if (!run)
+    if (!(how & RUN))
         return 0;
+    ON_GPU(how, k_cuda_cast(c->out[0], y->dtype, c->in[0], x->dtype, (size_t)elems_now(c, y), c->queue));
     return k_cast(c->out[0], y->dtype, c->in[0], x->dtype, (size_t)elems_now(c, y));
 }
 
-static int op_allreduce(const kx_op_ctx *c, bool run)
+static int op_allreduce(const kx_op_ctx *c, int how)
 {
     int rc = io(c, 1, 1, 1);
     if (rc)
@@ -399,9 +491,13 @@ static int op_allreduce(const kx_op_ctx *c, bool run)
     int ranks = c->op->n_attr ? (int)c->op->attr[0] : 1;
     NEED(x->dtype == KD_F32 && y->dtype == KD_F32 && elems_now(c, x) == elems_now(c, y));
     NEED(ranks == 1);  /* one process, one rank: the CPU has no peers */
-    if (!run)
+    if (!(how & RUN))
         return 0;
     size_t n = (size_t)elems_now(c, y);
+    /* One rank: the sum over ranks is the input itself. */
+    if (c->out[0] != c->in[0])
+        ON_GPU(how, k_cuda_copy(c->out[0], c->in[0], n * sizeof(float), c->queue));
+    ON_GPU(how, 0);
     if (c->out[0] != c->in[0])
         memcpy(c->out[0], c->in[0], n * sizeof(float));
     return k_allreduce_sum(c->out[0], n, ranks);
@@ -409,7 +505,7 @@ static int op_allreduce(const kx_op_ctx *c, bool run)
 
 /* ---- the table -------------------------------------------------------------- */
 
-typedef int (*op_impl)(const kx_op_ctx *c, bool run);
+typedef int (*op_impl)(const kx_op_ctx *c, int how);
 
 static op_impl impl_of(kop op)
 {
@@ -437,32 +533,65 @@ static op_impl impl_of(kop op)
     return NULL;
 }
 
-static int run_op(const kx_op_ctx *c)
+static int run_cpu(const kx_op_ctx *c)
 {
-    return impl_of(c->op->op)(c, true);
+    return impl_of(c->op->op)(c, RUN);
 }
 
 void kt_cpu_ops(kx_op_table *t)
 {
     memset(t, 0, sizeof(*t));
     for (int k = 0; k < KOP_COUNT; k++)
-        t->fn[k] = impl_of((kop)k) ? run_op : NULL;
+        t->fn[k] = impl_of((kop)k) ? run_cpu : NULL;
 }
 
-int kt_cpu_check(const kg_graph *g, char *err, size_t errlen)
+static int check(const kg_graph *g, int how, char *err, size_t errlen)
 {
     for (size_t i = 0; i < g->n_ops; i++) {
         const kg_op *o = &g->ops[i];
         op_impl f = o->op < KOP_COUNT ? impl_of(o->op) : NULL;
         /* Checked at the compiled extent: the upper bound of every run. */
-        kx_op_ctx c = {g, i, o, {0}, {0}, 0, 0, 0, NULL};
-        if (!f || f(&c, false)) {
+        kx_op_ctx c = {g, i, o, {0}, {0}, 0, 0, 0, NULL, NULL, NULL};
+        if (!f || f(&c, how)) {
             const char *first = o->n_out ? g->values[o->out[0]].name : "";
             snprintf(err, errlen, "op %zu (%s, writing '%s'): %s", i, kop_name(o->op), first,
-                     f ? "operands do not match what the op takes (kernels/ops.h)"
-                       : "no CPU kernel for this op");
+                     !f ? "no kernel for this op"
+                     : (how & CUDA) && !f(&c, 0)
+                         ? "the GPU kernels do not take these operands (kernels/optable.c)"
+                         : "operands do not match what the op takes (kernels/ops.h)");
             return KG_EINVAL;
         }
     }
     return 0;
 }
+
+int kt_cpu_check(const kg_graph *g, char *err, size_t errlen)
+{
+    return check(g, 0, err, errlen);
+}
+
+int kt_cuda_check(const kg_graph *g, char *err, size_t errlen)
+{
+    return check(g, CUDA, err, errlen);
+}
+
+#ifdef BATON_CUDA
+static int run_cuda(const kx_op_ctx *c)
+{
+    return impl_of(c->op->op)(c, RUN | CUDA);
+}
+
+int kt_cuda_ops(kx_op_table *t)
+{
+    memset(t, 0, sizeof(*t));
+    for (int k = 0; k < KOP_COUNT; k++)
+        t->fn[k] = impl_of((kop)k) && k != KOP_SAMPLE ? run_cuda : NULL;
+    return 0;
+}
+#else
+int kt_cuda_ops(kx_op_table *t)
+{
+    memset(t, 0, sizeof(*t));
+    return -ENOSYS;
+}
+#endif

@@ -1,0 +1,160 @@
+/* A reader of GGUF model files (versions 2 and 3, little-endian), the
+ * format llama.cpp and ggml write: a header, typed key/value metadata, a
+ * table of tensor infos, then an aligned data section of tensor bytes.
+ *
+ * The whole file is mapped read-only and every offset, length and count in
+ * it is checked against the file size before use, so a hostile or
+ * truncated file fails gguf_open with a message naming what was wrong and
+ * at which byte offset; nothing after a successful open reads outside the
+ * mapping.  Strings and tensor data are handed out as pointers into the
+ * mapping (valid until gguf_close) rather than copied: a 100 MB model is
+ * paged in only where the caller reads it.
+ *
+ * The tokenizer reads tens of thousands of array strings, so gguf_open
+ * indexes the elements of every string array as it validates them, and
+ * gguf_array_string is O(1) in the array's length.
+ *
+ * Not supported, each an error at open: arrays of arrays (no known writer
+ * produces them), big-endian files, GGUF version 1, tensors of more than
+ * four dims, and ggml types outside the table of gguf_type_name. */
+#ifndef BATON_KERNELS_GGUF_H
+#define BATON_KERNELS_GGUF_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define GGUF_MAX_DIMS 4
+#define GGUF_DEFAULT_ALIGNMENT 32  /* bytes, when general.alignment is absent */
+
+/* Status codes (negative; 0 is success). */
+enum {
+    GGUF_EINVAL = -1,    /* a bad argument (NULL path, NULL out) */
+    GGUF_ENOMEM = -2,
+    GGUF_EIO = -3,       /* open, fstat or mmap failed */
+    GGUF_EFORMAT = -4,   /* malformed, truncated or unsupported file */
+    GGUF_ENOTFOUND = -5, /* no such key */
+    GGUF_ETYPE = -6,     /* the value's type does not convert to the one asked for */
+    GGUF_ERANGE = -7     /* the value does not fit the type asked for, or index out of range */
+};
+
+/* Metadata value types, as numbered in the file. */
+enum {
+    GGUF_VAL_U8 = 0,
+    GGUF_VAL_I8 = 1,
+    GGUF_VAL_U16 = 2,
+    GGUF_VAL_I16 = 3,
+    GGUF_VAL_U32 = 4,
+    GGUF_VAL_I32 = 5,
+    GGUF_VAL_F32 = 6,
+    GGUF_VAL_BOOL = 7,
+    GGUF_VAL_STRING = 8,
+    GGUF_VAL_ARRAY = 9,
+    GGUF_VAL_U64 = 10,
+    GGUF_VAL_I64 = 11,
+    GGUF_VAL_F64 = 12
+};
+
+/* Tensor element types, numbered as ggml's enum ggml_type.  Only these are
+ * known; 4 and 5 (the removed Q4_2, Q4_3) and the IQ types are not. */
+enum {
+    GGUF_GGML_F32 = 0,
+    GGUF_GGML_F16 = 1,
+    GGUF_GGML_Q4_0 = 2,
+    GGUF_GGML_Q4_1 = 3,
+    GGUF_GGML_Q5_0 = 6,
+    GGUF_GGML_Q5_1 = 7,
+    GGUF_GGML_Q8_0 = 8,
+    GGUF_GGML_Q8_1 = 9,
+    GGUF_GGML_Q2_K = 10,
+    GGUF_GGML_Q3_K = 11,
+    GGUF_GGML_Q4_K = 12,
+    GGUF_GGML_Q5_K = 13,
+    GGUF_GGML_Q6_K = 14,
+    GGUF_GGML_Q8_K = 15,
+    GGUF_GGML_I8 = 24,
+    GGUF_GGML_I16 = 25,
+    GGUF_GGML_I32 = 26,
+    GGUF_GGML_I64 = 27,
+    GGUF_GGML_F64 = 28,
+    GGUF_GGML_BF16 = 30
+};
+
+typedef struct gguf_file gguf_file;  /* opaque; owns the mapping */
+
+typedef struct gguf_tensor {
+    const char *name;              /* NUL-terminated copy; owned by the gguf_file */
+    size_t name_len;               /* bytes, without the NUL */
+    uint32_t type;                 /* GGUF_GGML_* */
+    uint32_t n_dims;               /* 0..GGUF_MAX_DIMS as stored in the file */
+    int64_t ne[GGUF_MAX_DIMS];     /* elements per dim, innermost first as ggml; unused: 1 */
+    size_t nbytes;                 /* bytes of data */
+    uint64_t offset;               /* bytes from the start of the data section */
+    const void *data;              /* into the read-only mapping; valid until gguf_close */
+} gguf_tensor;
+
+/* Maps and parses the file at PATH.  On success *OUT is the file (release
+ * with gguf_close); on failure *OUT is NULL, the status is returned and
+ * ERR[ERRLEN] (may be NULL) holds a message saying what was wrong and at
+ * which byte offset. */
+int gguf_open(const char *path, gguf_file **out, char *err, size_t errlen);
+void gguf_close(gguf_file *f);  /* NULL is a no-op */
+
+const char *gguf_strerror(int status);
+
+/* The name of a ggml type ("q4_1"), or "?" for an unknown one. */
+const char *gguf_type_name(uint32_t ggml_type);
+/* The elements per block and bytes per block of a ggml type (1 and the
+ * element size for unquantised types); 0 for an unknown one. */
+size_t gguf_type_block_elems(uint32_t ggml_type);
+size_t gguf_type_block_bytes(uint32_t ggml_type);
+/* The name of a metadata value type ("u32", "string"), or "?". */
+const char *gguf_value_type_name(uint32_t type);
+
+uint32_t gguf_version(const gguf_file *f);
+size_t gguf_alignment(const gguf_file *f);    /* bytes */
+size_t gguf_data_offset(const gguf_file *f);  /* bytes from the file start to the data section */
+
+/* Metadata by index (0..gguf_kv_count-1, in file order).  Keys point into
+ * the mapping and are not NUL-terminated; *LEN gets their length. */
+size_t gguf_kv_count(const gguf_file *f);
+const char *gguf_kv_key(const gguf_file *f, size_t i, size_t *len);
+uint32_t gguf_kv_type(const gguf_file *f, size_t i);  /* GGUF_VAL_*; UINT32_MAX out of range */
+/* Sets *INDEX to the index of KEY; returns 0 or GGUF_ENOTFOUND. */
+int gguf_find_key(const gguf_file *f, const char *key, size_t *index);
+
+/* Scalar values by key.  Integers convert between all integer widths and
+ * signednesses where the value fits (else GGUF_ERANGE); gguf_get_f32 takes
+ * an f32, or an f64 that is exactly a float.  Each returns 0,
+ * GGUF_ENOTFOUND, GGUF_ETYPE (another type, arrays included) or
+ * GGUF_ERANGE, and leaves *OUT alone unless it returns 0. */
+int gguf_get_u32(const gguf_file *f, const char *key, uint32_t *out);
+int gguf_get_i32(const gguf_file *f, const char *key, int32_t *out);
+int gguf_get_u64(const gguf_file *f, const char *key, uint64_t *out);
+int gguf_get_i64(const gguf_file *f, const char *key, int64_t *out);
+int gguf_get_f32(const gguf_file *f, const char *key, float *out);
+int gguf_get_bool(const gguf_file *f, const char *key, bool *out);
+/* A string value: *S points into the mapping (not NUL-terminated), *LEN
+ * its length in bytes. */
+int gguf_get_str(const gguf_file *f, const char *key, const char **s, size_t *len);
+
+/* An array value's element type (GGUF_VAL_*) and count. */
+int gguf_get_array(const gguf_file *f, const char *key, uint32_t *elem_type, uint64_t *count);
+/* The raw elements of a numeric or bool array: little-endian, packed, and
+ * possibly unaligned (read with memcpy).  GGUF_ETYPE for string arrays. */
+int gguf_array_data(const gguf_file *f, const char *key, const void **data);
+/* Element I of a string array; O(1).  GGUF_ERANGE when I >= count. */
+int gguf_array_string(const gguf_file *f, const char *key, uint64_t i, const char **s,
+                      size_t *len);
+/* Element I of an integer or bool array as int64 (GGUF_ERANGE for a u64
+ * above INT64_MAX), or of an f32 array (or f64 exactly a float) as float. */
+int gguf_array_i64(const gguf_file *f, const char *key, uint64_t i, int64_t *out);
+int gguf_array_f32(const gguf_file *f, const char *key, uint64_t i, float *out);
+
+/* Tensors, in file order; at() returns NULL past the end, find() NULL for
+ * an unknown name (names are unique: gguf_open rejects duplicates). */
+size_t gguf_tensor_count(const gguf_file *f);
+const gguf_tensor *gguf_tensor_at(const gguf_file *f, size_t i);
+const gguf_tensor *gguf_tensor_find(const gguf_file *f, const char *name);
+
+#endif

@@ -1,0 +1,309 @@
+/* Executables on the CUDA device (kernels/exec.c with kx_device_cuda and
+ * kt_cuda_ops), checked against the same graphs on the CPU device, then
+ * timed.
+ *
+ * Checks (the tiny Llama of tests/unit/test_optable.c, and SmolLM2-135M's
+ * shapes with random f32 weights):
+ *   - prefill logits at a bucketed extent equal the CPU's (relative bound);
+ *   - decode steps after the prefill (caches copied into the decode
+ *     executable) equal the CPU's, with and without CUDA-graph replay, and
+ *     on two compute streams;
+ *   - a position past the cache fails the run (the device flag), and the
+ *     next run succeeds.
+ * Timings (SmolLM2 shapes, batch 1 and 16, context 512): one decode step
+ * enqueued op by op against the same step replayed as a captured CUDA graph;
+ * the scheduler's predicted makespan on the h100 profile against the
+ * measured one, serial and multi-stream.
+ *
+ * Table on stdout, JSON in $OUT/gpu_exec.json (else $BUILD/gpu/ or
+ * build/gpu/).  Without a CUDA device: "no CUDA device: skipped", exit 0.
+ * Exit 1 when a check fails. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cuda_runtime_api.h>
+
+#include "kernels/exec.h"
+#include "kernels/kernels.h"
+#include "kernels/optable.h"
+#include "kernels/transformer_graph.h"
+
+static int failures, checks;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static uint64_t rs = 12345;
+
+static float urand(void)
+{
+    uint64_t z = (rs += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return (float)((z >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+}
+
+static void die(const char *what, int rc)
+{
+    fprintf(stderr, "%s: %s (%d)\n", what, kx_strerror(rc), rc);
+    exit(2);
+}
+
+/* Compiles G on DEV (NULL: CPU) and sets every parameter from a stream
+ * seeded by SEED, so the CPU and CUDA executables hold the same weights. */
+static kx_exec *build(const kg_graph *g, const kx_device *dev, int n_compute, bool graphs,
+                      uint64_t seed)
+{
+    char err[256];
+    kx_op_table t;
+    if (dev) {
+        if (kt_cuda_check(g, err, sizeof(err)))
+            fprintf(stderr, "kt_cuda_check: %s\n", err), exit(2);
+        kt_cuda_ops(&t);
+    } else {
+        if (kt_cpu_check(g, err, sizeof(err)))
+            fprintf(stderr, "kt_cpu_check: %s\n", err), exit(2);
+        kt_cpu_ops(&t);
+    }
+    kx_options o = {.n_compute = n_compute, .device = dev, .graphs = graphs,
+                    .profile = ks_profile_builtin(dev ? "h100" : "cpu")};
+    kx_exec *x;
+    int rc = kx_compile(g, &t, &o, &x);
+    if (rc)
+        die("kx_compile", rc);
+    rs = seed;
+    for (size_t v = 0; v < g->n_values; v++) {
+        const kg_value *val = &g->values[v];
+        if (val->kind != KG_PARAM)
+            continue;
+        size_t n = val->bytes / 4;
+        float *w = malloc(val->bytes);
+        int norm = strstr(val->name, "norm") != NULL;
+        for (size_t i = 0; i < n; i++)
+            w[i] = (norm ? 1.0f : 0.0f) + 0.1f * urand();
+        if ((rc = kx_param_set(x, val->name, KD_F32, w, val->bytes)))
+            die("kx_param_set", rc);
+        free(w);
+    }
+    return x;
+}
+
+/* Output 0 of X in host memory (N floats). */
+static void logits_of(kx_exec *x, bool on_gpu, float *out, size_t n)
+{
+    const void *p = kx_output(x, 0, NULL);
+    if (on_gpu)
+        cudaMemcpy(out, p, n * 4, cudaMemcpyDeviceToHost);
+    else
+        memcpy(out, p, n * 4);
+}
+
+static void cmp(const char *what, const float *got, const float *ref, size_t n, float rel)
+{
+    checks++;
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        double e = fabs((double)got[i] - ref[i]) / (1.0 + fabs((double)ref[i]));
+        if (isnan(got[i]) || e > rel) {
+            printf("FAIL %-44s element %zu: gpu %.7g, cpu %.7g\n", what, i, (double)got[i],
+                   (double)ref[i]);
+            failures++;
+            return;
+        }
+        worst = e > worst ? e : worst;
+    }
+    printf("ok   %-44s %zu values, worst relative error %.2e\n", what, n, worst);
+}
+
+static void run(kx_exec *x, const char *what)
+{
+    int rc = kx_run(x);
+    if (rc)
+        die(what, rc);
+}
+
+/* Copies every cache handle of FROM (batch 1) into slot B of TO. */
+static void copy_caches(kx_exec *to, int b, kx_exec *from, bool to_gpu, bool from_gpu,
+                        const ktf_shape *s, int ctx)
+{
+    char nm[32];
+    size_t per = (size_t)ctx * s->kv_heads * s->head_dim * 4;
+    for (int l = 0; l < s->layers; l++)
+        for (int kv = 0; kv < 2; kv++) {
+            snprintf(nm, sizeof(nm), kv ? "v_cache.%d" : "k_cache.%d", l);
+            char *dst = kx_handle(to, nm, NULL);
+            const char *src = kx_handle(from, nm, NULL);
+            cudaMemcpy(dst + (size_t)b * per, src, per,
+                       to_gpu || from_gpu ? cudaMemcpyDefault : cudaMemcpyHostToHost);
+        }
+}
+
+static void bind3(kx_exec *x, const int32_t *a, const int32_t *b, const int32_t *c, int n,
+                  int n3)
+{
+    if (kx_input_bind(x, 0, a, (size_t)n * 4) || kx_input_bind(x, 1, b, (size_t)n * 4) ||
+        kx_input_bind(x, 2, c, (size_t)n3 * 4))
+        die("kx_input_bind", -1);
+}
+
+/* Prefill then three decode steps on the CPU and on the GPU (GRAPHS,
+ * N_COMPUTE streams), comparing the logits at every step. */
+static void check_model(const char *name, const ktf_shape *s, int seq, int ctx, bool graphs,
+                        int n_compute, float rel)
+{
+    const kx_device *gpu = kx_device_cuda(0);
+    kg_graph *pg = ktf_build_prefill(s, 1, seq, ctx), *dg = ktf_build_decode(s, 1, ctx);
+    kx_exec *pc = build(pg, NULL, 1, false, 7), *pd = build(pg, gpu, n_compute, graphs, 7);
+    kx_exec *dc = build(dg, NULL, 1, false, 7), *dd = build(dg, gpu, n_compute, graphs, 7);
+    size_t V = (size_t)s->vocab;
+    float *a = malloc(V * 4), *b = malloc(V * 4);
+    int32_t tok[64], pos[64], last;
+    for (int i = 0; i < seq; i++)
+        tok[i] = (int32_t)((i * 7919 + 13) % s->vocab), pos[i] = i;
+    int n = seq - 2;  /* below the compiled extent */
+    last = n - 1;
+    char what[96];
+    kx_exec *ps[2] = {pc, pd};
+    for (int k = 0; k < 2; k++) {
+        kx_extent_set(ps[k], n);
+        bind3(ps[k], tok, pos, &last, n, 1);
+        run(ps[k], "prefill");
+    }
+    logits_of(pc, false, a, V);
+    logits_of(pd, true, b, V);
+    snprintf(what, sizeof(what), "%s prefill %d tok%s%s", name, n, graphs ? " graph" : "",
+             n_compute > 1 ? " 2 streams" : "");
+    cmp(what, b, a, V, rel);
+    copy_caches(dc, 0, pc, false, false, s, ctx);
+    copy_caches(dd, 0, pd, true, true, s, ctx);
+    for (int step = 0; step < 3; step++) {
+        int32_t t1 = tok[n + step < seq ? n + step : 0], p1 = n + step, l1 = n + step;
+        bind3(dc, &t1, &p1, &l1, 1, 1);
+        bind3(dd, &t1, &p1, &l1, 1, 1);
+        run(dc, "decode cpu");
+        run(dd, "decode gpu");
+        logits_of(dc, false, a, V);
+        logits_of(dd, true, b, V);
+        snprintf(what, sizeof(what), "%s decode step %d%s%s", name, step, graphs ? " graph" : "",
+                 n_compute > 1 ? " 2 streams" : "");
+        cmp(what, b, a, V, rel);
+    }
+    if (graphs) {
+        checks++;
+        bool ok = kx_graph_count(dd) == 1 && kx_graph_replays(dd) == 2;
+        printf("%s %-44s %d graph(s), %llu replays\n", ok ? "ok  " : "FAIL", "decode graph reuse",
+               kx_graph_count(dd), (unsigned long long)kx_graph_replays(dd));
+        failures += !ok;
+    }
+    /* A position past the cache: the run fails through the device flag. */
+    int32_t t1 = 1, p1 = ctx, l1 = ctx;
+    bind3(dd, &t1, &p1, &l1, 1, 1);
+    int rc = kx_run(dd), st = 0;
+    kx_op_error(dd, &st);
+    l1 = p1 = 0;
+    int rc2 = kx_run(dd);
+    checks++;
+    bool ok = rc == KX_EOP && st < 0 && rc2 == 0;
+    printf("%s %-44s run %d (status %d), next run %d\n", ok ? "ok  " : "FAIL",
+           "position past the cache fails the run", rc, st, rc2);
+    failures += !ok;
+    free(a);
+    free(b);
+    kx_destroy(pc), kx_destroy(pd), kx_destroy(dc), kx_destroy(dd);
+    kg_destroy(pg), kg_destroy(dg);
+}
+
+/* Microseconds per decode step of X over ITERS runs (after a warm-up). */
+static double time_steps(kx_exec *x, int iters)
+{
+    for (int i = 0; i < 3; i++)
+        run(x, "warm-up");
+    double t0 = now_s();
+    for (int i = 0; i < iters; i++)
+        run(x, "timed");
+    return (now_s() - t0) / iters * 1e6;
+}
+
+static void bench(FILE *json, const char *devname)
+{
+    const kx_device *gpu = kx_device_cuda(0);
+    ktf_shape s = ktf_shape_smollm2_135m();
+    s.weight = KD_F32, s.cache = KD_F32;
+    int ctx = 512;
+    printf("\nGPU: %s; SmolLM2-135M shapes, f32 weights, context %d\n", devname, ctx);
+    printf("%-30s %12s %12s %12s %12s %8s\n", "decode step", "enqueue us", "graph us",
+           "predicted us", "streams", "speedup");
+    fprintf(json, "{\"device\": \"%s\", \"decode\": [", devname);
+    int batches[2] = {1, 16};
+    for (int bi = 0; bi < 2; bi++) {
+        int B = batches[bi];
+        kg_graph *g = ktf_build_decode(&s, B, ctx);
+        int32_t tok[16], pos[16], lens[16];
+        for (int i = 0; i < B; i++)
+            tok[i] = i * 11, pos[i] = lens[i] = 100 + 20 * i;
+        for (int nc = 1; nc <= 2; nc++) {
+            kx_exec *e = build(g, gpu, nc, false, 3), *r = build(g, gpu, nc, true, 3);
+            bind3(e, tok, pos, lens, B, B);
+            bind3(r, tok, pos, lens, B, B);
+            double te = time_steps(e, 50), tr = time_steps(r, 200);
+            const ks_schedule *sc = kx_schedule(r);
+            double pred = (sc->multi ? sc->multi_s : sc->serial_s) * 1e6;
+            printf("batch %-2d %-21s %12.1f %12.1f %12.1f %12d %7.2fx\n", B,
+                   nc > 1 ? "2 compute streams" : "1 stream", te, tr, pred,
+                   sc->multi ? sc->n_streams : 1, te / tr);
+            fprintf(json,
+                    "%s\n  {\"batch\": %d, \"compute_streams\": %d, \"multi\": %s, "
+                    "\"enqueue_us\": %.2f, \"graph_us\": %.2f, \"predicted_us\": %.2f}",
+                    bi || nc > 1 ? "," : "", B, nc, sc->multi ? "true" : "false", te, tr, pred);
+            kx_destroy(e);
+            kx_destroy(r);
+        }
+        kg_destroy(g);
+    }
+    fprintf(json, "\n]}\n");
+}
+
+int main(void)
+{
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+        printf("no CUDA device: skipped\n");
+        return 0;
+    }
+    struct cudaDeviceProp prop;
+    cudaGetDeviceProperties(&prop, 0);
+    printf("device: %s\n", prop.name);
+    ktf_shape tiny = {64, 2, 4, 2, 16, 96, 50, KD_F32, KD_F32, KD_F32, 1e-5f, 10000.0f,
+                      K_ROPE_NORMAL};
+    check_model("tiny", &tiny, 12, 24, false, 1, 2e-4f);
+    check_model("tiny", &tiny, 12, 24, true, 1, 2e-4f);
+    check_model("tiny", &tiny, 12, 24, true, 2, 2e-4f);
+    ktf_shape sm = ktf_shape_smollm2_135m();
+    sm.weight = KD_F32, sm.cache = KD_F32;
+    check_model("smollm2-shapes", &sm, 40, 128, true, 1, 2e-3f);
+    printf("%d checks, %d failed\n", checks, failures);
+
+    char path[512];
+    const char *out = getenv("OUT"), *bdir = getenv("BUILD");
+    if (out && *out)
+        snprintf(path, sizeof(path), "%s/gpu_exec.json", out);
+    else
+        snprintf(path, sizeof(path), "%s/gpu/gpu_exec.json", bdir && *bdir ? bdir : "build");
+    FILE *json = fopen(path, "w");
+    if (!json) {
+        perror(path);
+        return 2;
+    }
+    bench(json, prop.name);
+    fclose(json);
+    printf("wrote %s\n", path);
+    return failures ? 1 : 0;
+}
