@@ -253,18 +253,23 @@ static int op_elementwise(const kx_op_ctx *c, int how)
     NEED(y->dtype == KD_F32);
     if (!(how & RUN))
         return 0;
-    switch ((how & CUDA) ? c->op->op : KOP_COUNT) {
-    case KOP_ADD: ON_GPU(how, k_cuda_add(c->out[0], c->in[0], c->in[1], (size_t)n, c->queue)); break;
-    case KOP_MUL: ON_GPU(how, k_cuda_mul(c->out[0], c->in[0], c->in[1], (size_t)n, c->queue)); break;
-    case KOP_SILU: ON_GPU(how, k_cuda_silu(c->out[0], c->in[0], (size_t)n, c->queue)); break;
-    case KOP_GELU: ON_GPU(how, k_cuda_gelu(c->out[0], c->in[0], (size_t)n, c->queue)); break;
-    default: break;
-    }
     switch (c->op->op) {
-    case KOP_ADD: k_add(c->out[0], c->in[0], c->in[1], (size_t)n); break;
-    case KOP_MUL: k_mul(c->out[0], c->in[0], c->in[1], (size_t)n); break;
-    case KOP_SILU: k_silu(c->out[0], c->in[0], (size_t)n); break;
-    default: k_gelu(c->out[0], c->in[0], (size_t)n); break;
+    case KOP_ADD:
+        ON_GPU(how, k_cuda_add(c->out[0], c->in[0], c->in[1], (size_t)n, c->queue));
+        k_add(c->out[0], c->in[0], c->in[1], (size_t)n);
+        break;
+    case KOP_MUL:
+        ON_GPU(how, k_cuda_mul(c->out[0], c->in[0], c->in[1], (size_t)n, c->queue));
+        k_mul(c->out[0], c->in[0], c->in[1], (size_t)n);
+        break;
+    case KOP_SILU:
+        ON_GPU(how, k_cuda_silu(c->out[0], c->in[0], (size_t)n, c->queue));
+        k_silu(c->out[0], c->in[0], (size_t)n);
+        break;
+    default:
+        ON_GPU(how, k_cuda_gelu(c->out[0], c->in[0], (size_t)n, c->queue));
+        k_gelu(c->out[0], c->in[0], (size_t)n);
+        break;
     }
     return 0;
 }
@@ -284,16 +289,15 @@ static int op_norm(const kx_op_ctx *c, int how)
     NEED(eps >= 0);
     if (!(how & RUN))
         return 0;
-    if (ln)
-        ON_GPU(how, k_cuda_layernorm(c->out[0], c->in[0], c->in[1], c->op->n_in > 2 ? c->in[2] : NULL,
-                                     (int)r, (int)d, eps, c->queue));
-    else
+    const float *bias = c->op->n_in > 2 ? c->in[2] : NULL;
+    if (ln) {
+        ON_GPU(how, k_cuda_layernorm(c->out[0], c->in[0], c->in[1], bias, (int)r, (int)d, eps,
+                                     c->queue));
+        k_layernorm(c->out[0], c->in[0], c->in[1], bias, (int)r, (int)d, eps);
+    } else {
         ON_GPU(how, k_cuda_rmsnorm(c->out[0], c->in[0], c->in[1], (int)r, (int)d, eps, c->queue));
-    if (ln)
-        k_layernorm(c->out[0], c->in[0], c->in[1], c->op->n_in > 2 ? c->in[2] : NULL, (int)r,
-                    (int)d, eps);
-    else
         k_rmsnorm(c->out[0], c->in[0], c->in[1], (int)r, (int)d, eps);
+    }
     return 0;
 }
 
@@ -436,14 +440,13 @@ static int op_rows(const kx_op_ctx *c, int how)
         NEED(y->dtype == KD_I32 && elems_now(c, y) == r);
     if (!(how & RUN))
         return 0;
-    if (c->op->op == KOP_SOFTMAX)
+    if (c->op->op == KOP_SOFTMAX) {
         ON_GPU(how, k_cuda_softmax(c->out[0], c->in[0], (int)r, (int)n, c->queue));
-    else
-        ON_GPU(how, k_cuda_argmax(c->out[0], c->in[0], (int)r, (int)n, c->queue));
-    if (c->op->op == KOP_SOFTMAX)
         k_softmax(c->out[0], c->in[0], (int)r, (int)n);
-    else
+    } else {
+        ON_GPU(how, k_cuda_argmax(c->out[0], c->in[0], (int)r, (int)n, c->queue));
         k_argmax(c->out[0], c->in[0], (int)r, (int)n);
+    }
     return 0;
 }
 
@@ -490,17 +493,15 @@ static int op_allreduce(const kx_op_ctx *c, int how)
     const kg_value *x = in_val(c, 0), *y = out_val(c, 0);
     int ranks = c->op->n_attr ? (int)c->op->attr[0] : 1;
     NEED(x->dtype == KD_F32 && y->dtype == KD_F32 && elems_now(c, x) == elems_now(c, y));
-    NEED(ranks == 1);  /* one process, one rank: the CPU has no peers */
-    if (!(how & RUN))
+    /* An executable has one rank (multi-rank communicators are not wired
+     * into executables yet), so the sum over ranks is the input itself. */
+    NEED(ranks == 1);
+    if (!(how & RUN) || c->out[0] == c->in[0])
         return 0;
-    size_t n = (size_t)elems_now(c, y);
-    /* One rank: the sum over ranks is the input itself. */
-    if (c->out[0] != c->in[0])
-        ON_GPU(how, k_cuda_copy(c->out[0], c->in[0], n * sizeof(float), c->queue));
-    ON_GPU(how, 0);
-    if (c->out[0] != c->in[0])
-        memcpy(c->out[0], c->in[0], n * sizeof(float));
-    return k_allreduce_sum(c->out[0], n, ranks);
+    size_t bytes = (size_t)elems_now(c, y) * sizeof(float);
+    ON_GPU(how, k_cuda_copy(c->out[0], c->in[0], bytes, c->queue));
+    memcpy(c->out[0], c->in[0], bytes);
+    return 0;
 }
 
 /* ---- the table -------------------------------------------------------------- */

@@ -130,9 +130,9 @@ static void run(kx_exec *x, const char *what)
         die(what, rc);
 }
 
-/* Copies every cache handle of FROM (batch 1) into slot B of TO. */
-static void copy_caches(kx_exec *to, int b, kx_exec *from, bool to_gpu, bool from_gpu,
-                        const ktf_shape *s, int ctx)
+/* Copies every cache handle of FROM (batch 1) into slot B of TO, host or
+ * device memory alike (unified addressing). */
+static void copy_caches(kx_exec *to, int b, kx_exec *from, const ktf_shape *s, int ctx)
 {
     char nm[32];
     size_t per = (size_t)ctx * s->kv_heads * s->head_dim * 4;
@@ -141,8 +141,7 @@ static void copy_caches(kx_exec *to, int b, kx_exec *from, bool to_gpu, bool fro
             snprintf(nm, sizeof(nm), kv ? "v_cache.%d" : "k_cache.%d", l);
             char *dst = kx_handle(to, nm, NULL);
             const char *src = kx_handle(from, nm, NULL);
-            cudaMemcpy(dst + (size_t)b * per, src, per,
-                       to_gpu || from_gpu ? cudaMemcpyDefault : cudaMemcpyHostToHost);
+            cudaMemcpy(dst + (size_t)b * per, src, per, cudaMemcpyDefault);
         }
 }
 
@@ -182,8 +181,8 @@ static void check_model(const char *name, const ktf_shape *s, int seq, int ctx, 
     snprintf(what, sizeof(what), "%s prefill %d tok%s%s", name, n, graphs ? " graph" : "",
              n_compute > 1 ? " 2 streams" : "");
     cmp(what, b, a, V, rel);
-    copy_caches(dc, 0, pc, false, false, s, ctx);
-    copy_caches(dd, 0, pd, true, true, s, ctx);
+    copy_caches(dc, 0, pc, s, ctx);
+    copy_caches(dd, 0, pd, s, ctx);
     for (int step = 0; step < 3; step++) {
         int32_t t1 = tok[n + step < seq ? n + step : 0], p1 = n + step, l1 = n + step;
         bind3(dc, &t1, &p1, &l1, 1, 1);
