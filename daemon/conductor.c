@@ -447,6 +447,7 @@ void conductor_destroy(conductor *c)
             free(wk->pools[k].cuda_ipc_handle.data);
         }
         free(wk->pools);
+        free(wk->loads_text);
         if (c->release_ids)
             free(c->release_ids[w]);
     }

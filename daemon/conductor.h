@@ -58,6 +58,10 @@ typedef struct cworker {
     uint64_t pool_used, pool_free, largest_free;
     double fragmentation;
     uint32_t live_tensors, queued;
+    /* What its Loaded messages of this incarnation said, one paragraph per
+     * model (load time, weights, the backend's report), for inspect; owned,
+     * NULL when nothing has loaded. */
+    char *loads_text;
 } cworker;
 
 /* What the conductor knows of a tensor: enough to name it in a Dispatch and

@@ -620,6 +620,17 @@ char *front_inspect_text(conductor *c, const char *graph_name)
         fprintf(f, "no graph named '%s'\n", graph_name);
     else
         graph_set_print(c->gs, f);
+    /* What each worker's loads built: the executables' schedules (the
+     * prediction and the decision DESIGN.md section 8 asks to show). */
+    bool heading = false;
+    for (size_t w = 0; w < c->n_workers; w++) {
+        if (!c->workers[w].loads_text)
+            continue;
+        if (!heading)
+            fputs("\nloaded models:\n", f);
+        heading = true;
+        fputs(c->workers[w].loads_text, f);
+    }
     fclose(f);
     return text;
 }

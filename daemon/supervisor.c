@@ -160,8 +160,11 @@ out:
     free(ip);
 }
 
-static void free_pools(cworker *w)
+/* Forgets what W's last incarnation registered and loaded. */
+static void forget_registration(cworker *w)
 {
+    free(w->loads_text);
+    w->loads_text = NULL;
     for (size_t k = 0; k < w->n_pools; k++) {
         free(w->pools[k].shm_name);
         free(w->pools[k].cuda_ipc_handle.data);
@@ -243,7 +246,7 @@ static void on_register(conductor *c, cworker *w, const Baton__V1__Register *rg)
     }
     if (w->state == CW_LOADING || w->state == CW_READY)
         sup_worker_lost(c, w, "it registered again");
-    free_pools(w);
+    forget_registration(w);
     w->pools = calloc(rg->n_pools + 1, sizeof(*w->pools));
     for (size_t k = 0; w->pools && k < rg->n_pools; k++) {
         const Baton__V1__PoolHandle *src = rg->pools[k];
@@ -280,6 +283,35 @@ static void on_register(conductor *c, cworker *w, const Baton__V1__Register *rg)
     send_loads(c, w);
 }
 
+/* Appends what LD says to W's inspect text: a heading line, then the
+ * backend's report indented under it.  Out of memory only loses the text. */
+static void record_load(cworker *w, const Baton__V1__Loaded *ld)
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f)
+        return;
+    if (w->loads_text)
+        fputs(w->loads_text, f);
+    fprintf(f, "model %s on worker %s: loaded in %.1f ms, %.1f MiB of weights\n",
+            ld->model ? ld->model : "?", w->cfg->name, ld->load_us / 1000.0,
+            ld->weight_bytes / 1048576.0);
+    const char *r = ld->report ? ld->report : "";
+    while (*r) {
+        const char *nl = strchr(r, '\n');
+        size_t n = nl ? (size_t)(nl - r) : strlen(r);
+        fprintf(f, "  %.*s\n", (int)n, r);
+        r += n + (nl != NULL);
+    }
+    if (fclose(f) == 0) {
+        free(w->loads_text);
+        w->loads_text = text;
+    } else {
+        free(text);
+    }
+}
+
 static void on_loaded(conductor *c, cworker *w, const Baton__V1__Loaded *ld)
 {
     if (ld->status && ld->status->code != BATON__V1__CODE__OK) {
@@ -289,6 +321,7 @@ static void on_loaded(conductor *c, cworker *w, const Baton__V1__Loaded *ld)
     }
     bt_info("worker %s loaded model %s in %.1f ms", w->cfg->name, ld->model ? ld->model : "?",
             ld->load_us / 1000.0);
+    record_load(w, ld);
     if (w->loads_pending && --w->loads_pending == 0 && w->state == CW_LOADING) {
         w->state = CW_READY;
         update_ready(c);
@@ -410,7 +443,7 @@ void sup_worker_lost(conductor *c, cworker *w, const char *why)
     /* Its pool dies with it; a SIGKILL left the name behind. */
     if (w->shm_name[0])
         shm_unlink(w->shm_name);
-    free_pools(w);
+    forget_registration(w);
     update_ready(c);
     /* Requests still placing inputs on it end now. */
     char msg[160];

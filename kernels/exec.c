@@ -22,6 +22,9 @@
 
 #include "kernels/arena.h"
 
+/* Where a parameter's bytes are. */
+enum { PARAM_UNSET = 0, PARAM_COPIED = 1, PARAM_BORROWED = 2 };
+
 typedef struct kx_stream {
     kx_exec *x;
     int id;
@@ -44,7 +47,7 @@ struct kx_exec {
     uint8_t *arena;              /* owned, plan.arena bytes */
     void **ptr;                  /* per value: its memory (arena, param, handle, input) */
     size_t *bound_bytes;         /* per input slot: bytes bound; 0 unbound */
-    bool *param_set;             /* per value */
+    uint8_t *param_state;        /* per value: PARAM_UNSET, _COPIED or _BORROWED */
     int64_t upper, extent;       /* dynamic extents */
     int n_threads;               /* streams with a thread */
     kx_stream streams[KS_MAX_STREAMS];
@@ -78,20 +81,28 @@ struct kx_exec {
 
 /* ---- the CPU device ---------------------------------------------------------- */
 
+/* calloc, over-allocated by one alignment unit, rather than aligned_alloc
+ * and memset: a large block comes from fresh pages that the kernel zeroes
+ * on first touch, so a KV cache of hundreds of MiB costs memory only as
+ * positions fill.  The block's own start is kept just below the aligned
+ * pointer, for cpu_free. */
 static int cpu_alloc(void *dev, size_t bytes, void **out)
 {
     (void)dev;
-    size_t sz = (bytes + KA_ALIGN - 1) / KA_ALIGN * KA_ALIGN;
-    if (!(*out = aligned_alloc(KA_ALIGN, sz ? sz : KA_ALIGN)))
+    uint8_t *raw = calloc(1, bytes + KA_ALIGN + sizeof(void *));
+    if (!raw)
         return -ENOMEM;
-    memset(*out, 0, sz ? sz : KA_ALIGN);
+    uintptr_t at = ((uintptr_t)raw + sizeof(void *) + KA_ALIGN - 1) & ~(uintptr_t)(KA_ALIGN - 1);
+    ((void **)at)[-1] = raw;
+    *out = (void *)at;
     return 0;
 }
 
 static void cpu_free(void *dev, void *p)
 {
     (void)dev;
-    free(p);
+    if (p)
+        free(((void **)p)[-1]);
 }
 
 static int cpu_copy(void *dev, void *dst, const void *src, size_t bytes, void *queue)
@@ -533,12 +544,12 @@ int kx_compile(const kg_graph *g, const kx_op_table *ops, const kx_options *opt,
     x->g.values = malloc((g->n_values ? g->n_values : 1) * sizeof(kg_value));
     x->g.ops = malloc((g->n_ops ? g->n_ops : 1) * sizeof(kg_op));
     x->ptr = calloc(g->n_values ? g->n_values : 1, sizeof(void *));
-    x->param_set = calloc(g->n_values ? g->n_values : 1, sizeof(bool));
+    x->param_state = calloc(g->n_values ? g->n_values : 1, 1);
     x->bound_bytes = calloc(g->n_inputs ? (size_t)g->n_inputs : 1, sizeof(size_t));
     x->done_gen = calloc(g->n_ops ? g->n_ops : 1, sizeof(uint64_t));
     x->held_gen = calloc(g->n_ops ? g->n_ops : 1, sizeof(uint64_t));
     cost = malloc((g->n_ops ? g->n_ops : 1) * sizeof(double));
-    if (!x->g.values || !x->g.ops || !x->ptr || !x->param_set || !x->bound_bytes ||
+    if (!x->g.values || !x->g.ops || !x->ptr || !x->param_state || !x->bound_bytes ||
         !x->done_gen || !x->held_gen || !cost)
         goto err;
     memcpy(x->g.values, g->values, g->n_values * sizeof(kg_value));
@@ -632,7 +643,8 @@ void kx_destroy(kx_exec *x)
     queued_teardown(x);
     for (size_t v = 0; x->ptr && v < x->g.n_values; v++)
         if (x->ptr[v] && x->g.values[v].kind != KG_INPUT &&
-            (!x->plan.offset || x->plan.offset[v] == KA_NONE))
+            (!x->plan.offset || x->plan.offset[v] == KA_NONE) &&
+            x->param_state[v] != PARAM_BORROWED)
             x->dev->free(x->dev->dev, x->ptr[v]);
     free(x->ptr);
     if (x->arena)
@@ -641,7 +653,7 @@ void kx_destroy(kx_exec *x)
     ks_schedule_destroy(x->sched);
     free(x->g.values);
     free(x->g.ops);
-    free(x->param_set);
+    free(x->param_state);
     free(x->bound_bytes);
     free(x->done_gen);
     free(x->held_gen);
@@ -658,9 +670,36 @@ int kx_param_set(kx_exec *x, const char *name, kdtype dt, const void *data, size
         return KX_ETYPE;
     if (x->pending)
         return KX_EBUSY;
+    if (x->param_state[v] == PARAM_BORROWED) {
+        /* It read the caller's memory until now: it needs its own again. */
+        void *mem;
+        if (x->dev->alloc(x->dev->dev, bytes, &mem))
+            return KX_EDEVICE;
+        x->ptr[v] = mem;
+        x->param_state[v] = PARAM_UNSET;
+    }
     if (x->dev->copy(x->dev->dev, x->ptr[v], data, bytes, NULL))
         return KX_EDEVICE;
-    x->param_set[v] = true;
+    x->param_state[v] = PARAM_COPIED;
+    return 0;
+}
+
+int kx_param_borrow(kx_exec *x, const char *name, kdtype dt, const void *data, size_t bytes)
+{
+    if (x->dev->queued)
+        return kx_param_set(x, name, dt, data, bytes);
+    int v = kg_value_find(&x->g, name);
+    if (v < 0 || x->g.values[v].kind != KG_PARAM)
+        return KX_ENOTFOUND;
+    if (x->g.values[v].dtype != dt || x->g.values[v].bytes != bytes)
+        return KX_ETYPE;
+    if (x->pending)
+        return KX_EBUSY;
+    if (x->param_state[v] != PARAM_BORROWED)
+        x->dev->free(x->dev->dev, x->ptr[v]);
+    /* Ops only read parameters, so the const is kept in spirit. */
+    x->ptr[v] = (void *)data;
+    x->param_state[v] = PARAM_BORROWED;
     return 0;
 }
 
@@ -725,7 +764,7 @@ int kx_commit(kx_exec *x)
         if (val->kind == KG_INPUT && (!x->bound_bytes[val->slot] ||
                                       x->bound_bytes[val->slot] < bytes_now(x, val)))
             return KX_EUNBOUND;
-        if (val->kind == KG_PARAM && !x->param_set[v])
+        if (val->kind == KG_PARAM && x->param_state[v] == PARAM_UNSET)
             return KX_EUNBOUND;
     }
     if (x->dev->queued)

@@ -130,6 +130,13 @@ void kx_destroy(kx_exec *x);
  * BYTES. */
 int kx_param_set(kx_exec *x, const char *name, kdtype dt, const void *data, size_t bytes);
 
+/* Makes parameter NAME read DATA in place, without a copy: DATA must stay
+ * valid and unchanged until kx_destroy (or a later kx_param_set).  This is
+ * how several executables of one model share the weights of a mapped file.
+ * A queued device cannot read host memory in its kernels: there it copies,
+ * as kx_param_set. */
+int kx_param_borrow(kx_exec *x, const char *name, kdtype dt, const void *data, size_t bytes);
+
 /* The memory of persistent handle NAME (zeroed at compile; kept across
  * runs), its size in *BYTES; NULL if there is none.  Read or write it only
  * while no run is pending; on a queued device it is device memory. */

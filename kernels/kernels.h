@@ -69,6 +69,10 @@ int k_dequantize(float *dst, kdtype t, const void *src, size_t n);
  * reference.  -EINVAL for a bad type or shape. */
 int k_qmatvec_ref(float *y, const void *w, kdtype t, const float *x, int rows, int cols);
 int k_qmatvec(float *y, const void *w, kdtype t, const float *x, int rows, int cols);
+/* Y[M, ROWS] = X[M, COLS] W[ROWS, COLS]^T, the product of M rows with
+ * blocks of T: the AVX2 path dequantizes each block once for up to 8 rows
+ * of X, so a few rows (a decode batch) cost about one pass over W. */
+int k_qmatmul(float *y, const void *w, kdtype t, const float *x, int m, int rows, int cols);
 /* Whether k_qmatvec takes the AVX2 path on this machine. */
 int k_have_avx2(void);
 

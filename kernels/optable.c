@@ -150,6 +150,12 @@ static int op_embed(const kx_op_ctx *c, int how)
     return 0;
 }
 
+/* Up to this many rows, a product with quantized weights dequantizes the
+ * blocks on the fly (k_qmatmul: one pass over the weights per 8 rows);
+ * beyond, the weights are widened to f32 once and sgemm takes them.  The
+ * crossover was measured with tests/bench/bench_ops (qmatmul rows). */
+#define QMATMUL_MAX_ROWS 16
+
 /* Y[M, N] = A[M, K] W[N, K]^T for a W of any weight type. */
 static int matmul_any(float *y, const float *a, const void *w, kdtype wt, int64_t m, int64_t n,
                       int64_t k)
@@ -158,16 +164,8 @@ static int matmul_any(float *y, const float *a, const void *w, kdtype wt, int64_
         k_matmul(y, a, w, 1, (int)m, (int)n, (int)k, 0, 0, 0);
         return 0;
     }
-    if (is_block(wt) && m <= 4) {
-        /* A few rows (decode): the quantized product reads the weights once
-         * per row without widening them. */
-        for (int64_t r = 0; r < m; r++) {
-            int rc = k_qmatvec(y + r * n, w, wt, a + r * k, (int)n, (int)k);
-            if (rc)
-                return rc;
-        }
-        return 0;
-    }
+    if (is_block(wt) && m <= QMATMUL_MAX_ROWS)
+        return k_qmatmul(y, w, wt, a, (int)m, (int)n, (int)k);
     /* Many rows (prefill): widen the weights once and use sgemm. */
     float *wf = malloc((size_t)n * (size_t)k * sizeof(float));
     if (!wf)
@@ -233,11 +231,7 @@ static int op_qmatvec(const kx_op_ctx *c, int how)
             return rc;
 #endif
     ON_GPU(how, 0);
-    for (int64_t r = 0; r < m; r++)
-        if ((rc = k_qmatvec((float *)c->out[0] + r * n, c->in[0], w->dtype,
-                            (const float *)c->in[1] + r * k, (int)n, (int)k)))
-            return rc;
-    return 0;
+    return k_qmatmul(c->out[0], c->in[0], w->dtype, c->in[1], (int)m, (int)n, (int)k);
 }
 
 static int op_elementwise(const kx_op_ctx *c, int how)

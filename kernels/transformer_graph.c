@@ -32,6 +32,14 @@ static int val(builder *b, const char *name, kg_kind kind, kdtype dt, int ndim, 
     return v < 0 ? 0 : v;
 }
 
+/* A weight matrix [D0, D1]: `weight`, unless the shape's hook says
+ * otherwise for NAME. */
+static int wval(builder *b, const char *name, int64_t d0, int64_t d1)
+{
+    kdtype dt = b->s->weight_dtype ? b->s->weight_dtype(b->s->weight_user, name) : b->s->weight;
+    return val(b, name, KG_PARAM, dt, 2, d0, d1, 0, 0);
+}
+
 /* An activation of ROWS token rows (dynamic in a bucketed graph). */
 static int act(builder *b, const char *name, int64_t rows, int64_t cols)
 {
@@ -75,7 +83,10 @@ static kg_graph *build(const ktf_shape *s, int batch, int seq, int ctx, bool pre
 {
     if (!s || batch < 1 || seq < 1 || ctx < seq || s->heads % s->kv_heads)
         return NULL;
-    builder b = {kg_create(), s, 0, prefill && batch == 1};
+    /* The dynamic dim is the token rows: the tokens of a batch-1 prefill,
+     * or the sequences of a decode step (a step of fewer sequences than
+     * compiled runs on the first cache slots only). */
+    builder b = {kg_create(), s, 0, !prefill || batch == 1};
     if (!b.g)
         return NULL;
     int64_t N = (int64_t)batch * seq, H = s->hidden, Q = (int64_t)s->heads * s->head_dim,
@@ -90,21 +101,23 @@ static kg_graph *build(const ktf_shape *s, int batch, int seq, int ctx, bool pre
     int64_t rope_k[4] = {s->kv_heads, s->head_dim, kg_attr_f(s->rope_theta), s->rope_mode};
     int64_t heads[3] = {s->heads, s->kv_heads, s->head_dim};
     int third = val(&b, prefill ? "last_rows" : "seq_lens", KG_INPUT, KD_I32, 1, batch, 0, 0, 0);
-    int embd = val(&b, "token_embd.weight", KG_PARAM, s->weight, 2, V, H, 0, 0);
+    if (!prefill && !b.fail && kg_value_set_dynamic(b.g, third))
+        b.fail = 1;
+    int embd = wval(&b, "token_embd.weight", V, H);
     int x = act(&b, "x.embed", N, H);
     int in2[2] = {embd, tokens};
     op(&b, KOP_EMBED, in2, 2, x, 0);
     for (int l = 0; l < s->layers && !b.fail; l++) {
 #define NAME(fmt) (snprintf(nm, sizeof(nm), fmt, l), nm)
         int an = val(&b, NAME("blk.%d.attn_norm"), KG_PARAM, KD_F32, 1, H, 0, 0, 0);
-        int wq = val(&b, NAME("blk.%d.attn_q"), KG_PARAM, s->weight, 2, Q, H, 0, 0);
-        int wk = val(&b, NAME("blk.%d.attn_k"), KG_PARAM, s->weight, 2, KV, H, 0, 0);
-        int wv = val(&b, NAME("blk.%d.attn_v"), KG_PARAM, s->weight, 2, KV, H, 0, 0);
-        int wo = val(&b, NAME("blk.%d.attn_output"), KG_PARAM, s->weight, 2, H, Q, 0, 0);
+        int wq = wval(&b, NAME("blk.%d.attn_q"), Q, H);
+        int wk = wval(&b, NAME("blk.%d.attn_k"), KV, H);
+        int wv = wval(&b, NAME("blk.%d.attn_v"), KV, H);
+        int wo = wval(&b, NAME("blk.%d.attn_output"), H, Q);
         int fn = val(&b, NAME("blk.%d.ffn_norm"), KG_PARAM, KD_F32, 1, H, 0, 0, 0);
-        int wg = val(&b, NAME("blk.%d.ffn_gate"), KG_PARAM, s->weight, 2, F, H, 0, 0);
-        int wu = val(&b, NAME("blk.%d.ffn_up"), KG_PARAM, s->weight, 2, F, H, 0, 0);
-        int wd = val(&b, NAME("blk.%d.ffn_down"), KG_PARAM, s->weight, 2, H, F, 0, 0);
+        int wg = wval(&b, NAME("blk.%d.ffn_gate"), F, H);
+        int wu = wval(&b, NAME("blk.%d.ffn_up"), F, H);
+        int wd = wval(&b, NAME("blk.%d.ffn_down"), H, F);
         int kc = val(&b, NAME("k_cache.%d"), KG_HANDLE, s->cache, 4, batch, ctx, s->kv_heads, s->head_dim);
         int vc = val(&b, NAME("v_cache.%d"), KG_HANDLE, s->cache, 4, batch, ctx, s->kv_heads, s->head_dim);
 
@@ -165,13 +178,20 @@ static kg_graph *build(const ktf_shape *s, int batch, int seq, int ctx, bool pre
         int t[2] = {x, third};
         op(&b, KOP_EMBED, t, 2, last, 0);
     }
-    int xf = val(&b, "x.final", KG_INTER, s->act, 2, batch, H, 0, 0);
+    /* Per-sequence rows: dynamic with the rest in decode. */
+    int xf = prefill ? val(&b, "x.final", KG_INTER, s->act, 2, batch, H, 0, 0)
+                     : act(&b, "x.final", batch, H);
     int t[2] = {last, on};
     op_attr(&b, KOP_RMSNORM, t, 2, xf, 4.0 * (double)batch * (double)H, eps, 1);
     int logits = val(&b, "logits", KG_OUTPUT, s->act, 2, batch, V, 0, 0);
-    t[0] = xf, t[1] = embd;  /* tied embeddings: the output head is token_embd */
+    if (!prefill && !b.fail && kg_value_set_dynamic(b.g, logits))
+        b.fail = 1;
+    /* Tied embeddings (SmolLM2) use token_embd as the output head. */
+    t[0] = xf, t[1] = s->output_head ? wval(&b, "output.weight", V, H) : embd;
     op(&b, KOP_MATMUL, t, 2, logits, 2.0 * (double)batch * (double)V * (double)H);
     int next = val(&b, "next_token", KG_OUTPUT, KD_I32, 1, batch, 0, 0, 0);
+    if (!prefill && !b.fail && kg_value_set_dynamic(b.g, next))
+        b.fail = 1;
     t[0] = logits;
     op(&b, KOP_ARGMAX, t, 1, next, (double)batch * (double)V);
     if (b.fail) {

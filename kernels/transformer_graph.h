@@ -5,6 +5,8 @@
 #ifndef BATON_KERNELS_TRANSFORMER_GRAPH_H
 #define BATON_KERNELS_TRANSFORMER_GRAPH_H
 
+#include <stdbool.h>
+
 #include "kernels/graph.h"
 
 typedef struct ktf_shape {
@@ -21,6 +23,13 @@ typedef struct ktf_shape {
     float rms_eps;     /* RMSNorm epsilon, 1e-5 */
     float rope_theta;  /* RoPE base, 100000 for SmolLM2 */
     int rope_mode;     /* K_ROPE_NORMAL (GGUF llama) or K_ROPE_NEOX */
+    /* Optional: the dtype of weight matrix NAME (a parameter name of the
+     * graph) where it differs from `weight`, since GGUF files mix types (a
+     * Q8_0 embedding beside Q4_1 layers).  NULL: every matrix is `weight`. */
+    kdtype (*weight_dtype)(void *user, const char *name);
+    void *weight_user;
+    bool output_head;  /* a separate head "output.weight" [vocab, hidden]; false:
+                          tied, the head is token_embd.weight */
 } ktf_shape;
 
 /* SmolLM2-135M, f32 activations, f16 weights and cache. */
@@ -34,10 +43,13 @@ ktf_shape ktf_shape_smollm2_135m(void);
  * v_cache.L [B, CTX, kv_heads, head_dim].  NULL on a bad shape or no memory. */
 kg_graph *ktf_build_prefill(const ktf_shape *s, int batch, int seq, int ctx);
 
-/* One decode step of BATCH sequences against KV caches of CTX positions
- * (the attention reads all CTX positions: the upper extent).  Inputs: 0
- * tokens [B] i32, 1 positions [B] i32, 2 sequence lengths [B] i32.  Outputs
- * as prefill. */
+/* One decode step of up to BATCH sequences against KV caches of CTX
+ * positions (costed as reading all CTX positions: the upper extent).  The
+ * sequence dim is dynamic: compiled for BATCH, run at any 1..BATCH
+ * (kx_extent_set), row b using cache slot b, so a step of few sequences
+ * does not pay for the others.  Inputs: 0 tokens [B] i32, 1 positions [B]
+ * i32, 2 sequence lengths [B] i32 (negative: an unused row).  Outputs as
+ * prefill; handles [BATCH, CTX, kv_heads, head_dim] whatever the extent. */
 kg_graph *ktf_build_decode(const ktf_shape *s, int batch, int ctx);
 
 #endif

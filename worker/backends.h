@@ -1,6 +1,6 @@
 /* Where a worker finds the backend a Load names: the built-in test
- * backends (worker/backends_test.c), plugins (worker/plugin.c), and the
- * answer for built-ins this build does not have yet. */
+ * backends (worker/backends_test.c), the transformer (worker/transformer.c)
+ * and plugins (worker/plugin.c). */
 #ifndef BATON_WORKER_BACKENDS_H
 #define BATON_WORKER_BACKENDS_H
 
@@ -11,6 +11,10 @@
 /* The built-in test backend called NAME (DESIGN.md section 7: echo, add,
  * counter, chunks, sleep, fail), or NULL. */
 const baton_backend *wk_builtin_backend(const char *name);
+
+/* The built-in `transformer` backend (worker/transformer.c): a Llama-family
+ * decoder from GGUF, run as executable graphs on the CPU. */
+const baton_backend *wk_transformer_backend(void);
 
 /* A plugin library opened with dlopen; kept open while the worker runs,
  * since its models' code lives in it. */
@@ -33,8 +37,7 @@ void wk_registry_destroy(wk_registry *r);
 
 /* Resolves SPEC, a Load's `backend`: a built-in name or "plugin:/path".
  * Returns BATON_STATUS_OK and sets *out, or NOT_FOUND for an unknown name,
- * FAILED_PRECONDITION for a built-in this build lacks, or the plugin's
- * error, each with a message in ERR. */
+ * or the plugin's error, each with a message in ERR. */
 baton_status wk_registry_find(wk_registry *r, const char *spec, const baton_backend **out,
                               char *err, size_t errlen);
 

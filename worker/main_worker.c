@@ -134,7 +134,17 @@ int main(int argc, char **argv)
         .streams = cw->streams_compute ? cw->streams_compute : 1,
         .threads = cw->threads ? cw->threads : 1,
         .index = (uint32_t)(cw - cfg->workers),
+        .comm_streams = cw->streams_comm > 0 ? 1 : 0,
     };
+    /* Every worker has a profile: cfg_worker_profile falls back to the
+     * built-in default of its device, and the config check refused a name
+     * that matches neither. */
+    const cfg_profile *cp = cfg_worker_profile(cfg, cw);
+    if (cp)
+        opt.profile = (baton_device_profile){cp->name, cp->memory_bandwidth_gbps,
+                                             cp->memory_efficiency, cp->tflops,
+                                             cp->comm_bandwidth_gbps, cp->comm_efficiency,
+                                             cp->sync_overhead_us};
     wk_info("starting: device %s, pool %llu MiB, %u lane(s), %zu model(s) placed, incarnation "
             "%llu", cw->device, (unsigned long long)cw->pool_mb, opt.streams, n_models,
             (unsigned long long)incarnation);

@@ -144,12 +144,10 @@ baton_status wk_registry_find(wk_registry *r, const char *spec, const baton_back
         return BATON_STATUS_OK;
     }
     if (strcmp(spec, "transformer") == 0) {
-        /* Declared in common/backends.c so configs naming it check, but its
-         * kernels come with a later issue: say so rather than pretend. */
-        snprintf(err, errlen, "the transformer backend is not built yet");
-        return BATON_STATUS_FAILED_PRECONDITION;
+        *out = wk_transformer_backend();
+        return BATON_STATUS_OK;
     }
-    snprintf(err, errlen, "unknown backend '%s' (built-ins: echo, add, counter, chunks, sleep, "
-             "fail; plugins: plugin:/path/lib.so)", spec);
+    snprintf(err, errlen, "unknown backend '%s' (built-ins: transformer, echo, add, counter, "
+             "chunks, sleep, fail; plugins: plugin:/path/lib.so)", spec);
     return BATON_STATUS_NOT_FOUND;
 }

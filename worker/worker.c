@@ -48,7 +48,7 @@ static void send_status_only_done(wk_worker *w, const Baton__V1__Dispatch *d, ba
 /* --- Load ---------------------------------------------------------------- */
 
 static void send_loaded(wk_worker *w, const char *model, baton_status code, const char *message,
-                        uint64_t load_us, uint64_t weight_bytes)
+                        uint64_t load_us, uint64_t weight_bytes, const char *report)
 {
     Baton__V1__Status st = BATON__V1__STATUS__INIT;
     st.code = (Baton__V1__Code)code;
@@ -58,12 +58,21 @@ static void send_loaded(wk_worker *w, const char *model, baton_status code, cons
     l.status = &st;
     l.load_us = load_us;
     l.weight_bytes = weight_bytes;
+    l.report = (char *)(report ? report : "");
     Baton__V1__WorkerMessage m = BATON__V1__WORKER_MESSAGE__INIT;
     m.msg_case = BATON__V1__WORKER_MESSAGE__MSG_LOADED;
     m.loaded = &l;
-    if (code == BATON_STATUS_OK)
+    if (code == BATON_STATUS_OK) {
         wk_info("model %s loaded in %" PRIu64 " us", model, load_us);
-    else
+        /* The report is the schedule decision and prediction of each
+         * executable (DESIGN.md section 8 asks for them in the log). */
+        for (const char *r = report; r && *r;) {
+            const char *nl = strchr(r, '\n');
+            int n = nl ? (int)(nl - r) : (int)strlen(r);
+            wk_info("model %s: %.*s", model, n, r);
+            r += n + (nl != NULL);
+        }
+    } else
         wk_error("model %s not loaded: %s", model, st.message);
     wk_send(w, &m);
 }
@@ -88,7 +97,8 @@ static void *load_main(void *arg)
         uint32_t mb = l->max_batch ? l->max_batch : 1;
         baton_load_params p = {l->model, keys, vals, l->n_options, l->tp_rank,
                                l->tp_size ? l->tp_size : 1, ld->w->opt.device,
-                               mb > MAX_BATCH_CAP ? MAX_BATCH_CAP : mb, ld->threads};
+                               mb > MAX_BATCH_CAP ? MAX_BATCH_CAP : mb, ld->threads,
+                               &ld->w->opt.profile, ld->w->opt.streams, ld->w->opt.comm_streams};
         ld->status = ld->backend->model_load(&p, &ld->handle, ld->err, sizeof(ld->err));
     }
     ld->load_us = (wk_now_ns() - t0) / 1000u;
@@ -107,6 +117,19 @@ static void *load_main(void *arg)
     return NULL;
 }
 
+/* The backend's account of a loaded model (malloc'd), or NULL when it has
+ * none or memory is short. */
+static char *describe(const baton_backend *b, const baton_model *model)
+{
+    if (!b->model_describe)
+        return NULL;
+    int need = b->model_describe(model, NULL, 0);
+    char *text = need > 0 ? malloc((size_t)need + 1) : NULL;
+    if (text)
+        b->model_describe(model, text, (size_t)need + 1);
+    return text;
+}
+
 static void on_load(wk_worker *w, Baton__V1__ConductorMessage *msg)
 {
     const Baton__V1__Load *l = msg->load;
@@ -118,25 +141,30 @@ static void on_load(wk_worker *w, Baton__V1__ConductorMessage *msg)
         /* A repeated Load (e.g. after a conductor restart) is answered like
          * the first, as long as it names the same backend. */
         bool same = strcmp(have->backend_spec, l->backend) == 0;
+        char *report = same ? describe(have->backend, have->handle) : NULL;
+        uint64_t bytes = same && have->backend->model_bytes
+                             ? have->backend->model_bytes(have->handle) : 0;
         send_loaded(w, l->model, same ? BATON_STATUS_OK : BATON_STATUS_ALREADY_EXISTS,
-                    same ? "" : "a model of this name is loaded with another backend", 0, 0);
+                    same ? "" : "a model of this name is loaded with another backend", 0, bytes,
+                    report);
+        free(report);
         goto out;
     }
     for (wk_load *ld = w->loading; ld; ld = ld->next)
         if (strcmp(ld->msg->load->model, l->model) == 0) {
             send_loaded(w, l->model, BATON_STATUS_ALREADY_EXISTS, "the model is being loaded",
-                        0, 0);
+                        0, 0, NULL);
             goto out;
         }
     const baton_backend *b;
     baton_status st = wk_registry_find(w->registry, l->backend, &b, err, sizeof(err));
     if (st != BATON_STATUS_OK) {
-        send_loaded(w, l->model, st, err, 0, 0);
+        send_loaded(w, l->model, st, err, 0, 0, NULL);
         goto out;
     }
     wk_load *ld = calloc(1, sizeof(*ld));
     if (!ld) {
-        send_loaded(w, l->model, BATON_STATUS_RESOURCE_EXHAUSTED, "out of memory", 0, 0);
+        send_loaded(w, l->model, BATON_STATUS_RESOURCE_EXHAUSTED, "out of memory", 0, 0, NULL);
         goto out;
     }
     ld->msg = msg;
@@ -146,7 +174,7 @@ static void on_load(wk_worker *w, Baton__V1__ConductorMessage *msg)
     if (pthread_create(&ld->thread, NULL, load_main, ld) != 0) {
         free(ld);
         send_loaded(w, l->model, BATON_STATUS_RESOURCE_EXHAUSTED, "cannot start a load thread",
-                    0, 0);
+                    0, 0, NULL);
         goto out;
     }
     ld->next = w->loading;
@@ -167,6 +195,7 @@ static void on_loaded(wk_worker *w, wk_load *ld)
     const Baton__V1__Load *l = ld->msg->load;
     baton_status st = ld->status;
     uint64_t weight_bytes = 0;
+    char *report = NULL;
     if (st == BATON_STATUS_OK) {
         wk_model *m = calloc(1, sizeof(*m));
         if (!m || !(m->name = strdup(l->model)) || !(m->backend_spec = strdup(l->backend))) {
@@ -185,6 +214,7 @@ static void on_loaded(wk_worker *w, wk_load *ld)
             m->tp_size = l->tp_size;
             if (ld->backend->model_bytes)
                 weight_bytes = ld->backend->model_bytes(ld->handle);
+            report = describe(ld->backend, ld->handle);
             pthread_mutex_lock(&w->lock);
             m->next = w->models;
             w->models = m;
@@ -192,7 +222,8 @@ static void on_loaded(wk_worker *w, wk_load *ld)
         }
     }
     if (!atomic_load(&w->stopping))
-        send_loaded(w, l->model, st, ld->err, ld->load_us, weight_bytes);
+        send_loaded(w, l->model, st, ld->err, ld->load_us, weight_bytes, report);
+    free(report);
     baton__v1__conductor_message__free_unpacked(ld->msg, NULL);
     free(ld);
 }

@@ -12,6 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "baton/backend.h"
+
 typedef struct wk_options {
     const char *name;         /* worker name: ZMQ routing id, shm name, logs */
     const char *run_id;       /* the conductor's run id, part of the shm name */
@@ -22,6 +24,8 @@ typedef struct wk_options {
     uint32_t streams;         /* compute lanes (threads), >= 1 */
     uint32_t threads;         /* CPU threads one kernel may use */
     uint32_t index;           /* worker index until Peers says otherwise */
+    uint32_t comm_streams;    /* the config's streams.comm, handed to model_load */
+    baton_device_profile profile; /* the device's cost model (strings borrowed) */
 } wk_options;
 
 typedef struct wk_worker wk_worker;

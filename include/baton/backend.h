@@ -1,4 +1,4 @@
-/* baton backend ABI, version 1.
+/* baton backend ABI, version 2.
  *
  * A backend runs the nodes of one kind of model on a worker.  The built-in
  * backends (echo, add, counter, chunks, sleep, fail; later transformer) and
@@ -36,7 +36,9 @@
 extern "C" {
 #endif
 
-#define BATON_BACKEND_ABI_VERSION 1u
+/* Version 2 added the device profile and stream counts to
+ * baton_load_params and the model_describe slot. */
+#define BATON_BACKEND_ABI_VERSION 2u
 
 /* The symbol every plugin exports. */
 #define BATON_BACKEND_ENTRY_SYMBOL "baton_backend_entry"
@@ -202,6 +204,20 @@ struct baton_ctx {
     void *impl;                     /* the worker's; a backend must not touch it */
 };
 
+/* The cost-model profile of the worker's device: the config's `devices:`
+ * entry the worker names, else the built-in default for its device
+ * (DESIGN.md section 8).  A backend that schedules ops across streams costs
+ * them with it. */
+typedef struct baton_device_profile {
+    const char *name;               /* "cpu", "h100", or the config's name */
+    double memory_bandwidth_gbps;   /* GB/s */
+    double memory_efficiency;       /* 0..1 */
+    double tflops;                  /* dense peak, TFLOP/s */
+    double comm_bandwidth_gbps;     /* GB/s per link */
+    double comm_efficiency;         /* 0..1 */
+    double sync_overhead_us;        /* cost of a cross-stream event, us */
+} baton_device_profile;
+
 /* What model_load gets. */
 typedef struct baton_load_params {
     const char *model;              /* the model's config name */
@@ -212,6 +228,10 @@ typedef struct baton_load_params {
     const char *device;             /* "cpu", "cuda:0" */
     uint32_t max_batch;             /* most items one execute() gets (>= 1) */
     uint32_t threads;               /* CPU threads one kernel may use */
+    const baton_device_profile *profile; /* NULL: the built-in default for `device`;
+                                       valid during model_load only */
+    uint32_t compute_streams;       /* the worker's `streams.compute` (>= 1) */
+    uint32_t comm_streams;          /* its `streams.comm` (0 or 1) */
 } baton_load_params;
 
 /* Value of option KEY in P, or NULL. */
@@ -264,6 +284,14 @@ typedef struct baton_backend {
      * non-stream outputs are left unset completes without them (the
      * conductor treats a missing needed output as an error). */
     void (*execute)(baton_model *model, baton_ctx *ctx, baton_item *const *items, size_t n);
+
+    /* Optional: a human-readable account of what the load built (for a
+     * compiled model: each executable's schedule decision and predicted
+     * makespans, its streams, its arena against the peak-live bound).  The
+     * worker logs it and the conductor shows it in `batonctl inspect`.
+     * Writes at most LEN bytes (NUL-terminated) and returns the length the
+     * whole text needs, as snprintf does.  NULL: nothing to report. */
+    int (*model_describe)(const baton_model *model, char *buf, size_t len);
 } baton_backend;
 
 /* The entry point of a plugin. */

@@ -11,6 +11,7 @@
 
 /* Defined in quant_avx2.c; 0 when the build target is not x86-64. */
 int k__qmatvec_avx2(float *y, const void *w, kdtype t, const float *x, int rows, int cols);
+int k__qmatmul_avx2(float *y, const void *w, kdtype t, const float *x, int m, int rows, int cols);
 
 size_t k_block_bytes(kdtype t)
 {
@@ -122,6 +123,17 @@ int k_qmatvec_ref(float *y, const void *w, kdtype t, const float *x, int rows, i
         }
         y[r] = (float)acc;
     }
+    return 0;
+}
+
+int k_qmatmul(float *y, const void *w, kdtype t, const float *x, int m, int rows, int cols)
+{
+    if (!k_block_bytes(t) || cols % K_QK || rows < 0 || m < 0)
+        return -EINVAL;
+    if (k_have_avx2())
+        return k__qmatmul_avx2(y, w, t, x, m, rows, cols);
+    for (int j = 0; j < m; j++)
+        k_qmatvec_ref(y + (size_t)j * rows, w, t, x + (size_t)j * cols, rows, cols);
     return 0;
 }
 

@@ -13,6 +13,7 @@
 #include "kernels/kernels.h"
 
 int k__qmatvec_avx2(float *y, const void *w, kdtype t, const float *x, int rows, int cols);
+int k__qmatmul_avx2(float *y, const void *w, kdtype t, const float *x, int m, int rows, int cols);
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -97,6 +98,65 @@ AVX2 int k__qmatvec_avx2(float *y, const void *w, kdtype t, const float *x, int 
     return 0;
 }
 
+/* Rows of X one pass over the weights serves: 8 accumulators and the 4
+ * vectors of a dequantized block fit the 16 ymm registers. */
+#define QMM_ROWS 8
+
+/* One block of W (32 weights) dequantized to floats, in four vectors. */
+AVX2 static inline void block_ps(const uint8_t *b, kdtype t, __m256 wv[4])
+{
+    __m256 d = _mm256_set1_ps(k_load_f16(b));
+    __m256 mn = _mm256_setzero_ps();
+    __m128i lo, hi;
+    if (t == KD_Q8_0) {
+        lo = _mm_loadu_si128((const __m128i *)(b + 2));
+        hi = _mm_loadu_si128((const __m128i *)(b + 18));
+    } else if (t == KD_Q4_0) {
+        nibbles(b + 2, 8, &lo, &hi);
+    } else {
+        mn = _mm256_set1_ps(k_load_f16(b + 2));
+        nibbles(b + 4, 0, &lo, &hi);
+    }
+    wv[0] = _mm256_fmadd_ps(i8x8_ps(lo), d, mn);
+    wv[1] = _mm256_fmadd_ps(i8x8_ps(_mm_srli_si128(lo, 8)), d, mn);
+    wv[2] = _mm256_fmadd_ps(i8x8_ps(hi), d, mn);
+    wv[3] = _mm256_fmadd_ps(i8x8_ps(_mm_srli_si128(hi, 8)), d, mn);
+}
+
+/* Y[M, ROWS] = X[M, COLS] W[ROWS, COLS]^T: each block of a weight row is
+ * dequantized once and used for up to QMM_ROWS rows of X, so M rows cost
+ * about one pass over the weights rather than M. */
+AVX2 int k__qmatmul_avx2(float *y, const void *w, kdtype t, const float *x, int m, int rows,
+                         int cols)
+{
+    size_t bb = k_block_bytes(t);
+    int nb = cols / K_QK;
+    for (int j0 = 0; j0 < m; j0 += QMM_ROWS) {
+        int mj = m - j0 < QMM_ROWS ? m - j0 : QMM_ROWS;
+        const float *xj = x + (size_t)j0 * cols;
+        for (int r = 0; r < rows; r++) {
+            const uint8_t *wr = (const uint8_t *)w + (size_t)r * nb * bb;
+            __m256 acc[QMM_ROWS];
+            for (int j = 0; j < QMM_ROWS; j++)
+                acc[j] = _mm256_setzero_ps();
+            for (int blk = 0; blk < nb; blk++) {
+                __m256 wv[4];
+                block_ps(wr + (size_t)blk * bb, t, wv);
+                const float *xb = xj + blk * K_QK;
+                for (int j = 0; j < mj; j++, xb += cols) {
+                    __m256 a = _mm256_fmadd_ps(wv[0], _mm256_loadu_ps(xb), acc[j]);
+                    a = _mm256_fmadd_ps(wv[1], _mm256_loadu_ps(xb + 8), a);
+                    a = _mm256_fmadd_ps(wv[2], _mm256_loadu_ps(xb + 16), a);
+                    acc[j] = _mm256_fmadd_ps(wv[3], _mm256_loadu_ps(xb + 24), a);
+                }
+            }
+            for (int j = 0; j < mj; j++)
+                y[(size_t)(j0 + j) * rows + r] = hsum(acc[j]);
+        }
+    }
+    return 0;
+}
+
 #else
 
 int k_have_avx2(void)
@@ -107,6 +167,13 @@ int k_have_avx2(void)
 int k__qmatvec_avx2(float *y, const void *w, kdtype t, const float *x, int rows, int cols)
 {
     return k_qmatvec_ref(y, w, t, x, rows, cols);
+}
+
+int k__qmatmul_avx2(float *y, const void *w, kdtype t, const float *x, int m, int rows, int cols)
+{
+    for (int j = 0; j < m; j++)
+        k_qmatvec_ref(y + (size_t)j * rows, w, t, x + (size_t)j * cols, rows, cols);
+    return 0;
 }
 
 #endif

@@ -176,9 +176,9 @@ class Client:
                 return chunks, m.response
         raise AssertionError("no response for %s within %.0fs" % (rid, timeout))
 
-    def infer(self, graph, inputs, **kw):
+    def infer(self, graph, inputs, timeout=TIMEOUT, **kw):
         rid = self.request(graph, inputs, **kw)
-        return self.wait(rid)
+        return self.wait(rid, timeout)
 
     def health(self, timeout=TIMEOUT):
         m = pb.ClientMessage()
@@ -646,6 +646,161 @@ def test_sighup_reload(config):
         d.stop()
 
 
+TRANSFORMER_CONFIG = """
+version: 1
+daemon:
+  listen: ipc:///tmp/baton-e2e/baton.sock
+  workers_endpoint: ipc:///tmp/baton-e2e/workers.sock
+  request_timeout_ms: 60000
+  log_level: info
+devices:
+  slowcpu: {memory_bandwidth_gbps: 1, memory_efficiency: 0.5, tflops: 0.01,
+            comm_bandwidth_gbps: 1, comm_efficiency: 0.5, sync_overhead_us: 20}
+workers:
+  - {name: cpu0, device: cpu, pool_mb: 64, threads: 1}
+  - {name: cpu1, device: cpu, pool_mb: 64, threads: 1, profile: slowcpu, streams: {compute: 2, comm: 1}}
+models:
+  - name: llm
+    backend: transformer
+    worker: cpu0
+    max_batch: 4
+    options: {path: MODEL, max_seq: 128, prefill_chunk: 16}
+  - name: llm_slow
+    backend: transformer
+    worker: cpu1
+    max_batch: 2
+    options: {path: MODEL, max_seq: 64}
+graphs:
+  - name: gen
+    inputs: [prompt]
+    body:
+      sequential:
+        - node:
+            name: prefill
+            model: llm
+            mode: prefill
+            inputs: [prompt]
+            outputs: [{name: token, to: decode}, {name: token, to: client, new_token: true}]
+        - loop:
+            name: decode_loop
+            max_iters: 23
+            body:
+              node:
+                name: decode
+                model: llm
+                mode: decode
+                async: true
+                inputs: [token]
+                outputs: [{name: token, to: decode}, {name: token, to: client, new_token: true}]
+  - name: gen_slow
+    inputs: [prompt]
+    body:
+      sequential:
+        - node:
+            name: prefill
+            model: llm_slow
+            mode: prefill
+            inputs: [prompt]
+            outputs: [{name: token, to: decode}, {name: token, to: client}]
+        - loop:
+            name: decode_loop
+            max_iters: 23
+            body:
+              node:
+                name: decode
+                model: llm_slow
+                mode: decode
+                inputs: [token]
+                outputs: [{name: token, to: decode}, {name: token, to: client, new_token: true}]
+"""
+
+# Prompt 1 of tests/unit/data/smollm2_reference.txt (a ChatML question
+# about the capital of France) and the reference's greedy answer up to EOS.
+CHAT_PROMPT = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28,
+               7018, 411, 407, 19712, 8182, 2, 198, 1, 4093, 198, 1780, 314, 260, 3575, 282,
+               4649, 47, 2, 198, 1, 520, 9531, 198]
+CHAT_ANSWER = [504, 3575, 282, 4649, 314, 7042, 30, 2]
+ONCE_PROMPT = [6403, 1980, 253, 655, 28]
+# Prompt 2 ("Once upon a time,"): 24 tokens, the prefill's and 23 decode
+# steps (decode_loop's max_iters).
+ONCE_ANSWER = [260, 2240, 282, 23324, 27108, 436, 253, 15114, 39228, 28, 351, 25854, 41658, 284,
+               14055, 9018, 30, 1249, 347, 260, 929, 3514, 411, 28]
+
+
+def inspect(c, graph):
+    m = pb.ClientMessage()
+    m.inspect.graph = graph
+    c.send(m)
+    r = c.recv()
+    assert r is not None and r.HasField("inspect"), r
+    return r.inspect.text
+
+
+def test_transformer_serves(config):
+    """The transformer backend on the real model: greedy answers equal the
+    independent reference, two requests decode in one batch, a bad token id
+    is refused at its node, and the load report (schedule decision and
+    prediction, with the YAML devices: profile) is logged and in inspect."""
+    model = os.path.join(ROOT, "models/smollm2-135m-instruct-q4_1.gguf")
+    if not os.path.exists(model):
+        print("skip test_transformer_serves: %s is absent (scripts/fetch-model.sh)" % model)
+        return
+    d = Daemon(TRANSFORMER_CONFIG.replace("MODEL", model))
+    c = d.client()
+    try:
+        def prompt(ids):
+            return {"prompt": (I32, [len(ids)], i32(*ids))}
+        chunks, r = c.infer("gen", prompt(CHAT_PROMPT), stream=True, timeout=60)
+        assert r.status.code == pb.OK, r.status
+        streamed = [as_i32(ch.value)[0] for ch in chunks]
+        assert streamed == CHAT_ANSWER, streamed
+        # Two requests at once: their decode steps share executions.
+        a = c.request("gen", prompt(CHAT_PROMPT))
+        b = c.request("gen", prompt(ONCE_PROMPT))
+        got = {}
+        deadline = time.time() + 60
+        while len(got) < 2 and time.time() < deadline:
+            m = c.recv(60)
+            if m is not None and m.HasField("response"):
+                got[m.response.request_id] = m.response
+        assert got[a].status.code == pb.OK and got[b].status.code == pb.OK, got
+        assert as_i32(got[a].outputs[0]) == CHAT_ANSWER, as_i32(got[a].outputs[0])
+        assert as_i32(got[b].outputs[0]) == ONCE_ANSWER, as_i32(got[b].outputs[0])
+        # A token id outside the vocabulary: refused at the node, and the
+        # daemon goes on serving.
+        _, r = c.infer("gen", prompt([5, 49152]), timeout=30)
+        assert r.status.code == pb.INVALID_ARGUMENT, r.status
+        assert "prefill" in r.status.message and "outside the vocabulary" in r.status.message, \
+            r.status.message
+        _, r = c.infer("gen", prompt(ONCE_PROMPT), timeout=60)
+        assert r.status.code == pb.OK and as_i32(r.outputs[0]) == ONCE_ANSWER, r
+        # The slow profile's executables run on two compute streams (the
+        # schedule chose them, below): the same answer.
+        _, r = c.infer("gen_slow", prompt(ONCE_PROMPT), timeout=60)
+        assert r.status.code == pb.OK, r.status
+        toks = [t for o in r.outputs for t in as_i32(o)]
+        assert sorted(toks) == sorted(ONCE_ANSWER), toks
+        # The schedule report, in inspect and in the worker's log.
+        text = inspect(c, "gen")
+        assert "loaded models:" in text, text
+        fast = re.search(r"model llm on worker cpu0:.*?decode \(batch 4\):\n\s+schedule: "
+                         r".*?predicted serial ([0-9.]+) us.*?decision: (\S+);", text, re.S)
+        slow = re.search(r"model llm_slow on worker cpu1:.*?profile slowcpu.*?decode "
+                         r"\(batch 2\):\n\s+schedule: .*?2 compute \+ 1 comm streams; "
+                         r"predicted serial ([0-9.]+) us", text, re.S)
+        assert fast and slow, text
+        # The slow profile has a small fraction of the default's bandwidth
+        # and flops: its prediction must be far longer.
+        assert float(slow.group(1)) > 20 * float(fast.group(1)), (fast.group(1), slow.group(1))
+        assert re.search(r"model llm_slow on worker cpu1:.*?decode \(batch 2\):\n.*?decision: "
+                         r"multi-stream", text, re.S), text
+        assert "arena:" in text and "peak-live bound" in text, text
+        assert re.search(r"model llm:\s+schedule: .*decision: serial", d.tail()), d.tail()
+    finally:
+        c.close()
+        d.stop()
+
+
 def main():
     with open(os.path.join(ROOT, "tests/integration/configs/e2e.yaml")) as f:
         config = f.read()
@@ -669,7 +824,8 @@ def main():
                 c.close()
     finally:
         d.stop()
-    for t in (test_sigterm_drain, test_sd_notify, test_sighup_reload, test_external_worker):
+    for t in (test_sigterm_drain, test_sd_notify, test_sighup_reload, test_external_worker,
+              test_transformer_serves):
         if only and t.__name__ not in only:
             continue
         try:

@@ -116,11 +116,12 @@ static void test_chat_example_shape(void **state)
     assert_string_equal(o->v.s, "models/smollm2-135m-instruct-q4_1.gguf");
     /* Declared defaults are filled in. */
     assert_int_equal(cfg_model_option(m, "max_seq")->v.i, 2048);
-    assert_string_equal(cfg_model_option(m, "kv_dtype")->v.s, "f16");
+    assert_string_equal(cfg_model_option(m, "kv_dtype")->v.s, "auto");
+    assert_int_equal(cfg_model_option(m, "prefill_chunk")->v.i, 256);
     assert_true(cfg_model_option(m, "chat_template")->v.b);
     assert_int_equal(cfg_model_option(m, "eos")->v.i, -1);
     assert_int_equal(cfg_model_option(m, "threads")->v.i, 0);
-    assert_int_equal(m->n_options, 6);
+    assert_int_equal(m->n_options, 7);
 
     const cfg_graph *g = &c->graphs[0];
     assert_string_equal(g->name, "chat");

@@ -276,6 +276,26 @@ static void test_params_and_async(void **state)
     assert_true((const char *)yy >= (const char *)kx_arena(e) &&
                 (const char *)yy < (const char *)kx_arena(e) + kx_arena_size(e));
     assert_null(kx_output(e, 1, NULL));
+    /* A borrowed parameter is read in place: a change to the caller's
+     * memory shows in the next run (the caller promises not to do this,
+     * but it proves there was no copy).  Set again, it is copied. */
+    float wb[16];
+    for (int i = 0; i < 16; i++)
+        wb[i] = 1000;
+    assert_int_equal(kx_param_borrow(e, "w", KD_F16, wb, sizeof wb), KX_ETYPE);
+    assert_int_equal(kx_param_borrow(e, "x", KD_F32, wb, sizeof wb), KX_ENOTFOUND);
+    assert_int_equal(kx_param_borrow(e, "w", KD_F32, wb, sizeof wb), 0);
+    assert_int_equal(kx_run(e), 0);
+    assert_true(((const float *)kx_output(e, 0, NULL))[5] == 1005);
+    wb[5] = 2000;
+    assert_int_equal(kx_run(e), 0);
+    assert_true(((const float *)kx_output(e, 0, NULL))[5] == 2005);
+    assert_int_equal(kx_param_set(e, "w", KD_F32, ws, sizeof ws), 0);
+    wb[5] = 3000;
+    assert_int_equal(kx_run(e), 0);
+    assert_true(((const float *)kx_output(e, 0, NULL))[5] == 105);
+    /* Destroying with a borrowed parameter frees none of the caller's. */
+    assert_int_equal(kx_param_borrow(e, "w", KD_F32, wb, sizeof wb), 0);
     kx_destroy(e);
     kg_destroy(g);
 }

@@ -267,6 +267,34 @@ static void test_qmatvec_fast_vs_ref(void **state)
         }
 }
 
+/* k_qmatmul (several rows of X per pass over W) against the row-by-row
+ * reference, for row counts on both sides of its 8-row groups. */
+static void test_qmatmul_vs_ref(void **state)
+{
+    (void)state;
+    static const int ms[] = {1, 3, 8, 9, 17};
+    int rows = 67, cols = 576;
+    for (size_t t = 0; t < 3; t++)
+        for (size_t i = 0; i < sizeof(ms) / sizeof(ms[0]); i++) {
+            int m = ms[i];
+            float *wf = rnd((size_t)rows * cols, 1), *x = rnd((size_t)m * cols, 1);
+            void *w = malloc(kdtype_bytes(qtypes[t], (size_t)rows * cols));
+            assert_int_equal(k_quantize(w, qtypes[t], wf, (size_t)rows * cols), 0);
+            float *ref = poisoned((size_t)m * rows), *got = poisoned((size_t)m * rows);
+            for (int j = 0; j < m; j++)
+                assert_int_equal(k_qmatvec_ref(ref + (size_t)j * rows, w, qtypes[t],
+                                               x + (size_t)j * cols, rows, cols), 0);
+            assert_int_equal(k_qmatmul(got, w, qtypes[t], x, m, rows, cols), 0);
+            assert_close(got, ref, (size_t)m * rows, 2e-6f * cols, 1e-5f, kdtype_name(qtypes[t]));
+            assert_int_equal(k_qmatmul(got, w, KD_F32, x, m, rows, cols), -EINVAL);
+            free(wf);
+            free(x);
+            free(w);
+            free(ref);
+            free(got);
+        }
+}
+
 /* ---- elementwise, norms, rope, softmax --------------------------------------- */
 
 static void test_elementwise(void **state)
@@ -527,6 +555,7 @@ int main(void)
         cmocka_unit_test(test_quant_layout),
         cmocka_unit_test(test_quant_roundtrip),
         cmocka_unit_test(test_qmatvec_fast_vs_ref),
+        cmocka_unit_test(test_qmatmul_vs_ref),
         cmocka_unit_test(test_elementwise),
         cmocka_unit_test(test_norms),
         cmocka_unit_test(test_rope),

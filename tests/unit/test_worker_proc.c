@@ -519,10 +519,12 @@ static void test_conductor_session(void **state)
     snprintf(spec, sizeof(spec), "plugin:%s", plugin);
     Baton__V1__Loaded *pl = load_ok(&c, "sc", spec, "factor", "3");
     assert_int_equal(pl->weight_bytes, 1234);
+    assert_string_equal(pl->report, "");  /* the plugin has no model_describe */
     send_load(&c, "llm", "transformer", NULL, NULL, 1);
     Baton__V1__Loaded *tl = c_expect(&c, BATON__V1__WORKER_MESSAGE__MSG_LOADED, 5000)->loaded;
-    assert_int_equal(tl->status->code, BATON__V1__CODE__FAILED_PRECONDITION);
-    assert_string_equal(tl->status->message, "the transformer backend is not built yet");
+    /* A transformer without its file: refused, saying what is missing. */
+    assert_int_equal(tl->status->code, BATON__V1__CODE__INVALID_ARGUMENT);
+    assert_string_equal(tl->status->message, "option path is required (a GGUF file)");
     send_load(&c, "bad", "plugin:/nonexistent/x.so", NULL, NULL, 1);
     tl = c_expect(&c, BATON__V1__WORKER_MESSAGE__MSG_LOADED, 5000)->loaded;
     assert_int_equal(tl->status->code, BATON__V1__CODE__FAILED_PRECONDITION);

@@ -1,0 +1,626 @@
+/* The built-in transformer backend (worker/transformer.c) through the
+ * backend ABI, on the real SmolLM2-135M-Instruct GGUF, against outputs of an
+ * independent numpy forward pass (scripts/gen-smollm2-reference.py, stored
+ * in tests/unit/data/smollm2_reference.txt):
+ *   - a prefill's logits (the top 10, ids 0..99, full-vocab statistics) and
+ *     24 greedy tokens through prefill then decode;
+ *   - three requests decoding in one batch, after prefills run in chunks of
+ *     8 tokens, each equal to the reference;
+ *   - more requests than cache slots: evicted caches come back intact;
+ *   - EOS raises the finish signal; sampling is reproducible per seed;
+ *   - bad options, files and inputs fail with messages that say why.
+ * Skips, saying so, when the model file is absent (scripts/fetch-model.sh). */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "worker/backends.h"
+
+#define MODEL "models/smollm2-135m-instruct-q4_1.gguf"
+#define FIXTURE "tests/unit/data/smollm2_reference.txt"
+#define MAXP 3
+#define MAXI 8
+
+/* ---- the reference fixture ----------------------------------------------------- */
+
+typedef struct ref_prompt {
+    int32_t ids[64];
+    int n;
+    int32_t greedy[32];
+    int ngreedy;
+    int32_t top_id[10];
+    float top_logit[10];
+    float max, min, mean;
+    float first100[100];
+    bool has_first100;
+} ref_prompt;
+
+static ref_prompt REF[MAXP];
+
+static int read_ints(char *rest, int32_t *out, int cap)
+{
+    int n = 0;
+    for (char *tok = strtok(rest, " \n"); tok && n < cap; tok = strtok(NULL, " \n"))
+        out[n++] = (int32_t)strtol(tok, NULL, 10);
+    return n;
+}
+
+static void load_fixture(void)
+{
+    FILE *f = fopen(FIXTURE, "r");
+    assert_non_null(f);
+    char line[8192];
+    while (fgets(line, sizeof(line), f)) {
+        char kind[32];
+        int p, cnt, off;
+        if (line[0] == '#' || sscanf(line, "%31s %d %d%n", kind, &p, &cnt, &off) < 3)
+            continue;
+        if (p < 1 || p > MAXP)
+            continue;
+        ref_prompt *r = &REF[p - 1];
+        char *rest = line + off;
+        if (!strcmp(kind, "prompt")) {
+            r->n = read_ints(rest, r->ids, 64);
+            assert_int_equal(r->n, cnt);
+        } else if (!strcmp(kind, "greedy")) {
+            r->ngreedy = read_ints(rest, r->greedy, 32);
+            assert_int_equal(r->ngreedy, cnt);
+        } else if (!strcmp(kind, "top")) {
+            int k = 0;
+            for (char *tok = strtok(rest, " \n"); tok && k < 10; tok = strtok(NULL, " \n"), k++)
+                assert_int_equal(sscanf(tok, "%d:%f", &r->top_id[k], &r->top_logit[k]), 2);
+            assert_int_equal(k, 10);
+        } else if (!strcmp(kind, "stats")) {
+            /* "stats N max min mean l2": CNT swallowed the integer part of
+             * max, so read the line again. */
+            float l2;
+            assert_int_equal(sscanf(line, "stats %d %f %f %f %f", &p, &r->max, &r->min, &r->mean,
+                                    &l2), 5);
+        } else if (!strcmp(kind, "logits0_99")) {
+            int k = 0;
+            for (char *tok = strtok(rest, " \n"); tok && k < 100; tok = strtok(NULL, " \n"))
+                r->first100[k++] = strtof(tok, NULL);
+            assert_int_equal(k, 100);
+            r->has_first100 = true;
+        }
+    }
+    fclose(f);
+    for (int p = 0; p < MAXP; p++)
+        assert_true(REF[p].n > 0 && REF[p].ngreedy == 24);
+}
+
+/* ---- a fake ctx holding what each item produced ---------------------------------- */
+
+typedef struct item_out {
+    baton_tensor *out[4];
+    int finished;
+    baton_status code;
+    char message[512];
+} item_out;
+
+typedef struct fake {
+    baton_ctx ctx;
+    baton_item *items[MAXI];
+    item_out res[MAXI];
+    baton_tensor *allocs[64];
+    size_t n_allocs;
+} fake;
+
+static item_out *res_of(fake *f, const baton_item *it)
+{
+    for (int i = 0; i < MAXI; i++)
+        if (f->items[i] == it)
+            return &f->res[i];
+    fail_msg("item not in the fake");
+    return NULL;
+}
+
+static baton_tensor *f_alloc(baton_ctx *c, baton_item *it, baton_dtype dt, uint32_t nd,
+                             const int64_t *dims)
+{
+    (void)it;
+    fake *f = (fake *)c;
+    assert_true(f->n_allocs < 64);
+    baton_tensor *t = calloc(1, sizeof(*t));
+    t->dtype = dt;
+    t->ndim = nd;
+    uint64_t n = baton_dtype_size(dt);
+    for (uint32_t i = 0; i < nd; i++)
+        n *= (uint64_t)(t->dims[i] = dims[i]);
+    t->nbytes = n;
+    t->data = calloc(1, n ? n : 1);
+    f->allocs[f->n_allocs++] = t;
+    return t;
+}
+
+static int f_set_output(baton_ctx *c, baton_item *it, uint32_t o, const baton_tensor *t)
+{
+    if (o >= it->n_outputs || o >= 4)
+        return -1;
+    res_of((fake *)c, it)->out[o] = (baton_tensor *)t;
+    return 0;
+}
+
+static void f_finish(baton_ctx *c, baton_item *it)
+{
+    res_of((fake *)c, it)->finished = 1;
+}
+
+static void f_fail(baton_ctx *c, baton_item *it, baton_status code, const char *msg)
+{
+    item_out *r = res_of((fake *)c, it);
+    r->code = code;
+    snprintf(r->message, sizeof(r->message), "%s", msg);
+}
+
+static baton_status f_cancelled(baton_ctx *c, const baton_item *it)
+{
+    (void)c, (void)it;
+    return BATON_STATUS_OK;
+}
+
+static void fake_reset(fake *f)
+{
+    for (size_t i = 0; i < f->n_allocs; i++) {
+        free(f->allocs[i]->data);
+        free(f->allocs[i]);
+    }
+    memset(f, 0, sizeof(*f));
+    f->ctx.alloc = f_alloc;
+    f->ctx.set_output = f_set_output;
+    f->ctx.finish = f_finish;
+    f->ctx.fail = f_fail;
+    f->ctx.cancelled = f_cancelled;
+}
+
+/* ---- helpers ------------------------------------------------------------------- */
+
+static const baton_backend *B;
+
+static int setup(void **state)
+{
+    (void)state;
+    B = wk_transformer_backend();
+    assert_non_null(B);
+    load_fixture();
+    return 0;
+}
+
+static bool have_model(void)
+{
+    if (access(MODEL, R_OK) == 0)
+        return true;
+    print_message("skipped: %s is absent (scripts/fetch-model.sh fetches it)\n", MODEL);
+    return false;
+}
+
+/* Loads the model with option pairs KV (NULL-terminated), or fails the
+ * test with the backend's message. */
+static baton_model *load(uint32_t max_batch, const char *const *kv)
+{
+    const char *keys[16], *vals[16];
+    size_t n = 0;
+    keys[n] = "path", vals[n++] = MODEL;
+    for (; kv && kv[0]; kv += 2)
+        keys[n] = kv[0], vals[n++] = kv[1];
+    baton_load_params p = {"llm", keys, vals, n, 0, 1, "cpu", max_batch, 1, NULL, 1, 1};
+    baton_model *m = NULL;
+    char err[512] = "";
+    baton_status st = B->model_load(&p, &m, err, sizeof(err));
+    if (st != BATON_STATUS_OK)
+        fail_msg("model_load: %s", err);
+    return m;
+}
+
+/* Runs model_load expecting failure; returns its message in ERR. */
+static baton_status load_fails(const char *const *kv, char *err, size_t errlen)
+{
+    const char *keys[16], *vals[16];
+    size_t n = 0;
+    for (; kv && kv[0]; kv += 2)
+        keys[n] = kv[0], vals[n++] = kv[1];
+    baton_load_params p = {"llm", keys, vals, n, 0, 1, "cpu", 2, 1, NULL, 1, 1};
+    baton_model *m = NULL;
+    baton_status st = B->model_load(&p, &m, err, errlen);
+    assert_null(m);
+    assert_int_not_equal(st, BATON_STATUS_OK);
+    return st;
+}
+
+typedef struct req {
+    baton_session *s;
+    baton_input in;
+    int32_t ids[64];
+    baton_item item;
+    baton_output outs[2];
+} req;
+
+static const baton_output OUT_TOKEN_LOGITS[2] = {{"token", 0, 1}, {"logits", 0, 0}};
+
+static void req_open(baton_model *m, req *r)
+{
+    memset(r, 0, sizeof(*r));
+    char err[128];
+    assert_int_equal(B->session_open(m, 1, &r->s, err, sizeof(err)), BATON_STATUS_OK);
+    memcpy(r->outs, OUT_TOKEN_LOGITS, sizeof(r->outs));
+}
+
+/* Points R's item at N ids in MODE. */
+static void req_item(req *r, const char *mode, const int32_t *ids, int n)
+{
+    memcpy(r->ids, ids, (size_t)n * sizeof(int32_t));
+    r->in = (baton_input){"prompt", {BATON_DTYPE_I32, 1, {n}, r->ids, (uint64_t)n * 4, 0}, 0, 0};
+    r->item = (baton_item){.request_id = "t", .node_name = mode, .mode = mode, .inputs = &r->in,
+                           .n_inputs = 1, .outputs = r->outs, .n_outputs = 2,
+                           .session = r->s};
+}
+
+/* Runs the items of REQS[0..N) in one execute() and checks each
+ * succeeded; returns each one's token in TOK. */
+static void run(baton_model *m, fake *f, req **reqs, int n, int32_t *tok)
+{
+    fake_reset(f);
+    baton_item *items[MAXI];
+    for (int i = 0; i < n; i++)
+        items[i] = f->items[i] = &reqs[i]->item;
+    B->execute(m, &f->ctx, items, (size_t)n);
+    for (int i = 0; i < n; i++) {
+        if (f->res[i].code != BATON_STATUS_OK)
+            fail_msg("item %d failed (%d): %s", i, f->res[i].code, f->res[i].message);
+        assert_non_null(f->res[i].out[0]);
+        tok[i] = *(const int32_t *)f->res[i].out[0]->data;
+    }
+}
+
+/* ---- tests --------------------------------------------------------------------- */
+
+/* Logits of a prefill equal the reference's within float32 noise. */
+static void check_logits(const ref_prompt *r, const float *lg)
+{
+    for (int k = 0; k < 10; k++)
+        if (fabsf(lg[r->top_id[k]] - r->top_logit[k]) > 0.02f)
+            fail_msg("logit of token %d: %f, reference %f", r->top_id[k],
+                     (double)lg[r->top_id[k]], (double)r->top_logit[k]);
+    double mean = 0;
+    float mx = -1e30f, mn = 1e30f;
+    for (int i = 0; i < 49152; i++) {
+        mean += lg[i];
+        mx = lg[i] > mx ? lg[i] : mx;
+        mn = lg[i] < mn ? lg[i] : mn;
+    }
+    mean /= 49152;
+    assert_true(fabsf(mx - r->max) < 0.02f && fabsf(mn - r->min) < 0.02f);
+    assert_true(fabs(mean - r->mean) < 0.01);
+    for (int i = 0; r->has_first100 && i < 100; i++)
+        if (fabsf(lg[i] - r->first100[i]) > 0.02f)
+            fail_msg("logit of token %d: %f, reference %f", i, (double)lg[i],
+                     (double)r->first100[i]);
+}
+
+static const char *const NO_EOS[] = {"eos", "49151", "max_seq", "96", NULL};
+
+static void test_prefill_and_greedy_match_reference(void **state)
+{
+    (void)state;
+    if (!have_model())
+        skip();
+    baton_model *m = load(4, NO_EOS);
+    fake f = {0};
+    fake_reset(&f);
+    req r, *rp = &r;
+    req_open(m, &r);
+    const ref_prompt *ref = &REF[0];
+    int32_t tok;
+    req_item(&r, "prefill", ref->ids, ref->n);
+    run(m, &f, &rp, 1, &tok);
+    assert_int_equal(f.res[0].out[1]->dims[0], 49152);
+    check_logits(ref, f.res[0].out[1]->data);
+    assert_int_equal(tok, ref->greedy[0]);
+    for (int step = 1; step < ref->ngreedy; step++) {
+        int32_t in = tok;
+        req_item(&r, "decode", &in, 1);
+        run(m, &f, &rp, 1, &tok);
+        if (tok != ref->greedy[step])
+            fail_msg("step %d: token %d, reference %d", step, tok, ref->greedy[step]);
+    }
+    fake_reset(&f);
+    B->session_close(m, r.s);
+    B->model_unload(m);
+}
+
+/* Three requests prefilled in chunks of 8 tokens, then decoding in one
+ * batch each step. */
+static void test_batched_decode_matches_reference(void **state)
+{
+    (void)state;
+    if (!have_model())
+        skip();
+    static const char *const kv[] = {"eos", "49151", "max_seq", "64", "prefill_chunk", "8", NULL};
+    baton_model *m = load(4, kv);
+    fake f = {0};
+    fake_reset(&f);
+    req r[MAXP], *rp[MAXP];
+    int32_t tok[MAXP];
+    for (int p = 0; p < MAXP; p++) {
+        rp[p] = &r[p];
+        req_open(m, &r[p]);
+        req_item(&r[p], "prefill", REF[p].ids, REF[p].n);
+        run(m, &f, &rp[p], 1, &tok[p]);
+        check_logits(&REF[p], f.res[0].out[1]->data);
+        assert_int_equal(tok[p], REF[p].greedy[0]);
+    }
+    for (int step = 1; step < 24; step++) {
+        int32_t in[MAXP];
+        for (int p = 0; p < MAXP; p++) {
+            in[p] = tok[p];
+            req_item(&r[p], "decode", &in[p], 1);
+        }
+        run(m, &f, rp, MAXP, tok);
+        for (int p = 0; p < MAXP; p++)
+            if (tok[p] != REF[p].greedy[step])
+                fail_msg("prompt %d step %d: token %d, reference %d", p + 1, step, tok[p],
+                         REF[p].greedy[step]);
+    }
+    fake_reset(&f);
+    for (int p = 0; p < MAXP; p++)
+        B->session_close(m, r[p].s);
+    B->model_unload(m);
+}
+
+/* Two cache slots, three requests decoding in turns of two: every turn
+ * evicts one and brings one back. */
+static void test_eviction_keeps_caches(void **state)
+{
+    (void)state;
+    if (!have_model())
+        skip();
+    static const char *const kv[] = {"eos", "49151", "max_seq", "64", NULL};
+    baton_model *m = load(2, kv);
+    fake f = {0};
+    fake_reset(&f);
+    req r[MAXP], *rp[MAXP];
+    int32_t tok[MAXP];
+    int step[MAXP];
+    for (int p = 0; p < MAXP; p++) {
+        rp[p] = &r[p];
+        req_open(m, &r[p]);
+        req_item(&r[p], "prefill", REF[p].ids, REF[p].n);
+        run(m, &f, &rp[p], 1, &tok[p]);
+        step[p] = 1;
+    }
+    static const int turns[][2] = {{0, 1}, {2, 0}, {1, 2}, {0, 1}, {2, 0}, {1, 2},
+                                   {0, 2}, {1, 0}, {2, 1}};
+    for (size_t t = 0; t < sizeof(turns) / sizeof(turns[0]); t++) {
+        req *pair[2] = {&r[turns[t][0]], &r[turns[t][1]]};
+        int32_t in[2], out[2];
+        for (int i = 0; i < 2; i++) {
+            in[i] = tok[turns[t][i]];
+            req_item(pair[i], "decode", &in[i], 1);
+        }
+        run(m, &f, pair, 2, out);
+        for (int i = 0; i < 2; i++) {
+            int p = turns[t][i];
+            if (out[i] != REF[p].greedy[step[p]])
+                fail_msg("turn %zu, prompt %d step %d: token %d, reference %d", t, p + 1,
+                         step[p], out[i], REF[p].greedy[step[p]]);
+            tok[p] = out[i];
+            step[p]++;
+        }
+    }
+    fake_reset(&f);
+    for (int p = 0; p < MAXP; p++)
+        B->session_close(m, r[p].s);
+    B->model_unload(m);
+}
+
+/* With the GGUF's EOS (id 2), prompt 1's answer ends after "Paris.": the
+ * step producing EOS raises finish, and EOS fed back finishes again
+ * without running. */
+static void test_eos_finishes(void **state)
+{
+    (void)state;
+    if (!have_model())
+        skip();
+    static const char *const kv[] = {"max_seq", "64", NULL};
+    baton_model *m = load(1, kv);
+    fake f = {0};
+    fake_reset(&f);
+    req r, *rp = &r;
+    req_open(m, &r);
+    const ref_prompt *ref = &REF[0];
+    int32_t tok;
+    req_item(&r, "prefill", ref->ids, ref->n);
+    run(m, &f, &rp, 1, &tok);
+    int step = 1;
+    for (; step < ref->ngreedy; step++) {
+        int32_t in = tok;
+        req_item(&r, "decode", &in, 1);
+        run(m, &f, &rp, 1, &tok);
+        assert_int_equal(tok, ref->greedy[step]);
+        if (f.res[0].finished)
+            break;
+    }
+    assert_int_equal(tok, 2);
+    assert_int_equal(ref->greedy[step], 2);
+    int32_t in = tok;
+    req_item(&r, "decode", &in, 1);
+    run(m, &f, &rp, 1, &tok);
+    assert_true(f.res[0].finished);
+    assert_int_equal(tok, 2);
+    fake_reset(&f);
+    B->session_close(m, r.s);
+    B->model_unload(m);
+}
+
+/* Sampling at temperature 0.8 with a seed: the same seed gives the same
+ * tokens, another seed (almost surely) others, and every token is in the
+ * vocabulary. */
+static void test_sampling_reproducible(void **state)
+{
+    (void)state;
+    if (!have_model())
+        skip();
+    baton_model *m = load(2, NO_EOS);
+    fake f = {0};
+    fake_reset(&f);
+    int32_t seq[3][12];
+    static const uint64_t seeds[3] = {7, 7, 8};
+    for (int k = 0; k < 3; k++) {
+        req r, *rp = &r;
+        req_open(m, &r);
+        req_item(&r, "prefill", REF[1].ids, REF[1].n);
+        r.item.sampling = (baton_sampling){0.8f, 40, 0.95f, seeds[k]};
+        run(m, &f, &rp, 1, &seq[k][0]);
+        for (int s = 1; s < 12; s++) {
+            int32_t in = seq[k][s - 1];
+            req_item(&r, "decode", &in, 1);
+            r.item.sampling = (baton_sampling){0.8f, 40, 0.95f, seeds[k]};
+            run(m, &f, &rp, 1, &seq[k][s]);
+            assert_true(seq[k][s] >= 0 && seq[k][s] < 49152);
+        }
+        fake_reset(&f);
+        B->session_close(m, r.s);
+    }
+    assert_memory_equal(seq[0], seq[1], sizeof(seq[0]));
+    assert_memory_not_equal(seq[0], seq[2], sizeof(seq[0]));
+    B->model_unload(m);
+}
+
+/* Runs one item expected to fail with CODE and a message containing WANT. */
+static void expect_item_fails(baton_model *m, req *r, baton_status code, const char *want)
+{
+    fake f = {0};
+    fake_reset(&f);
+    baton_item *items[1] = {&r->item};
+    f.items[0] = &r->item;
+    B->execute(m, &f.ctx, items, 1);
+    if (f.res[0].code != code || !strstr(f.res[0].message, want))
+        fail_msg("got code %d '%s'; want code %d with '%s'", f.res[0].code, f.res[0].message,
+                 code, want);
+    fake_reset(&f);
+}
+
+static void test_bad_inputs(void **state)
+{
+    (void)state;
+    if (!have_model())
+        skip();
+    static const char *const kv[] = {"max_seq", "16", NULL};
+    baton_model *m = load(2, kv);
+    req r;
+    req_open(m, &r);
+    int32_t one = 5, bad = 49152, many[20] = {0};
+    req_item(&r, "decode", &one, 1);
+    expect_item_fails(m, &r, BATON_STATUS_FAILED_PRECONDITION, "before any prefill");
+    req_item(&r, "prefill", &bad, 1);
+    expect_item_fails(m, &r, BATON_STATUS_INVALID_ARGUMENT, "outside the vocabulary");
+    req_item(&r, "prefill", many, 20);
+    expect_item_fails(m, &r, BATON_STATUS_INVALID_ARGUMENT, "does not fit max_seq 16");
+    req_item(&r, "prefill", &one, 0);
+    expect_item_fails(m, &r, BATON_STATUS_INVALID_ARGUMENT, "no tokens");
+    req_item(&r, "prefill", &one, 1);
+    r.in.tensor.dtype = BATON_DTYPE_F32;
+    expect_item_fails(m, &r, BATON_STATUS_INVALID_ARGUMENT, "want token ids");
+    req_item(&r, "sideways", &one, 1);
+    expect_item_fails(m, &r, BATON_STATUS_INVALID_ARGUMENT, "mode 'sideways'");
+    req_item(&r, "prefill", &one, 1);
+    r.outs[1].name = "probabilities";
+    expect_item_fails(m, &r, BATON_STATUS_INVALID_ARGUMENT, "unknown output 'probabilities'");
+    /* The session still works after all of that; the cache fills at 16. */
+    r.outs[1].name = "logits";
+    fake f = {0};
+    req *rp = &r;
+    int32_t tok;
+    req_item(&r, "prefill", many, 15);
+    run(m, &f, &rp, 1, &tok);
+    int32_t in = tok;
+    req_item(&r, "decode", &in, 1);
+    run(m, &f, &rp, 1, &tok);
+    assert_true(f.res[0].finished);  /* the cache is full: 16 positions */
+    in = tok;
+    req_item(&r, "decode", &in, 1);
+    expect_item_fails(m, &r, BATON_STATUS_RESOURCE_EXHAUSTED, "KV cache is full");
+    fake_reset(&f);
+    B->session_close(m, r.s);
+    B->model_unload(m);
+}
+
+static void test_bad_loads(void **state)
+{
+    (void)state;
+    char err[512];
+    static const char *const none[] = {NULL};
+    load_fails(none, err, sizeof(err));
+    assert_non_null(strstr(err, "option path is required"));
+    static const char *const missing[] = {"path", "/nonexistent/m.gguf", NULL};
+    load_fails(missing, err, sizeof(err));
+    assert_non_null(strstr(err, "/nonexistent/m.gguf"));
+    static const char *const folder[] = {"path", "models/hf-folder", NULL};
+    load_fails(folder, err, sizeof(err));
+    assert_non_null(strstr(err, "only GGUF files"));
+    static const char *const seq[] = {"path", MODEL, "max_seq", "lots", NULL};
+    load_fails(seq, err, sizeof(err));
+    assert_non_null(strstr(err, "max_seq = 'lots'"));
+    static const char *const kv16[] = {"path", MODEL, "kv_dtype", "f16", NULL};
+    load_fails(kv16, err, sizeof(err));
+    assert_non_null(strstr(err, "kv_dtype = 'f16'"));
+    /* A file that is not GGUF. */
+    char path[] = "/tmp/baton-tf-XXXXXX.gguf";
+    int fd = mkstemps(path, 5);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, "not a model at all, just text", 29), 29);
+    close(fd);
+    const char *const junk[] = {"path", path, NULL};
+    load_fails(junk, err, sizeof(err));
+    if (!strstr(err, "magic") || !strstr(err, path))
+        fail_msg("a text file: '%s'", err);
+    unlink(path);
+}
+
+/* The load report carries each executable's schedule line and arena. */
+static void test_describe(void **state)
+{
+    (void)state;
+    if (!have_model())
+        skip();
+    baton_model *m = load(4, NO_EOS);
+    assert_non_null(B->model_describe);
+    int need = B->model_describe(m, NULL, 0);
+    assert_true(need > 100);
+    char *text = malloc((size_t)need + 1);
+    assert_int_equal(B->model_describe(m, text, (size_t)need + 1), need);
+    assert_non_null(strstr(text, "prefill (bucket of 96 tokens)"));
+    assert_non_null(strstr(text, "decode (batch 4)"));
+    assert_non_null(strstr(text, "decision: serial"));
+    assert_non_null(strstr(text, "arena:"));
+    assert_non_null(strstr(text, "30 layers, hidden 576, 9/3 heads"));
+    /* Weights are read in place from the mapping: counted once. */
+    uint64_t wb = B->model_bytes(m);
+    assert_true(wb > 80u << 20 && wb < 100u << 20);
+    free(text);
+    B->model_unload(m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_prefill_and_greedy_match_reference),
+        cmocka_unit_test(test_batched_decode_matches_reference),
+        cmocka_unit_test(test_eviction_keeps_caches),
+        cmocka_unit_test(test_eos_finishes),
+        cmocka_unit_test(test_sampling_reproducible),
+        cmocka_unit_test(test_bad_inputs),
+        cmocka_unit_test(test_bad_loads),
+        cmocka_unit_test(test_describe),
+    };
+    return cmocka_run_group_tests(tests, setup, NULL);
+}

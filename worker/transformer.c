@@ -1,0 +1,867 @@
+/* The built-in `transformer` backend (DESIGN.md section 7): a Llama-family
+ * decoder read from a GGUF file and run as two executable graphs (section 8,
+ * kernels/exec.h):
+ *
+ *   prefill  batch 1, bucketed: compiled for `prefill_chunk` tokens and run
+ *            at the prompt's length; a longer prompt runs in chunks, each
+ *            attending to the positions the earlier ones cached;
+ *   decode   one step of up to `max_batch` sequences of different lengths,
+ *            so decode steps of different requests share one execution.
+ *
+ * Both read the weights in place from the file's read-only mapping
+ * (kx_param_borrow), so the weights are resident once.
+ *
+ * KV caches.  The decode executable holds `max_batch` cache slots of
+ * `max_seq` positions; row b of a decode step reads and appends to slot b.
+ * A session (one request) lives in a slot while it decodes.  There may be
+ * more sessions than slots: when a session without a slot comes to decode
+ * and none is free, the least recently used session that is not in this
+ * batch is evicted, its written positions copied to host memory it owns,
+ * and copied back when it decodes again.  So any number of requests can be
+ * in flight, and the cost of having more than `max_batch` of them is a copy
+ * of their positions, not a refusal.  A prefill runs in the prefill
+ * executable's own single-slot cache and is then copied into a slot.
+ *
+ * Nodes.  mode `prefill` takes its first input: I32 or I64 token ids (any
+ * dims, flattened) or, when the build has the tokenizer, U8 UTF-8 text.
+ * mode `decode` takes one token id.  Outputs are chosen by name: `token`
+ * (I32 [1], the next token), `text` (U8, its UTF-8 bytes), `logits` (F32
+ * [vocab], before sampling).  The finish signal is raised when the token
+ * ends generation (EOS) or the session's cache is full. */
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/exec.h"
+#include "kernels/gguf.h"
+#include "kernels/kernels.h"
+#include "kernels/optable.h"
+#include "kernels/transformer_graph.h"
+#include "worker/backends.h"
+
+/* OpenBLAS's own control of its thread pool (cblas.h declares it only in
+ * some versions). */
+void openblas_set_num_threads(int n);
+
+typedef struct baton_session tf_session;
+
+struct baton_model {
+    gguf_file *file;            /* owns the mapping the parameters point into */
+    ktf_shape shape;
+    int max_seq;                /* positions of one session's cache */
+    int chunk;                  /* tokens of one prefill run (its bucket) */
+    int slots;                  /* decode rows = cache slots (max_batch) */
+    int32_t eos;                /* token that ends generation; -1: none */
+    kx_exec *prefill, *decode;
+    tf_session **owner;         /* per slot: the session resident there, or NULL */
+    uint64_t clock;             /* decode steps so far: the LRU clock */
+    uint64_t batch_id;          /* marks the sessions of the current batch */
+    size_t row_floats;          /* floats of one cached position of one layer: K or V */
+    uint64_t weight_bytes;      /* bytes of the mapped tensors in use */
+    char *report;               /* model_describe's text; owned */
+};
+
+struct baton_session {
+    int len;                    /* positions written: the next token's position */
+    int slot;                   /* decode slot holding its cache, -1: none */
+    uint64_t used;              /* model clock at its last use */
+    uint64_t batch_id;          /* == model's batch_id while in the current batch */
+    float *saved;               /* evicted: [layer][K, V][saved_len][row] (malloc'd) */
+    int saved_len;
+};
+
+/* ---- options --------------------------------------------------------------------- */
+
+/* Parses option KEY of P as an integer in [LO, HI]; DEF when absent. */
+static int opt_int(const baton_load_params *p, const char *key, long def, long lo, long hi,
+                   long *out, char *err, size_t errlen)
+{
+    const char *v = baton_load_option(p, key);
+    if (!v) {
+        *out = def;
+        return 0;
+    }
+    char *end;
+    long x = strtol(v, &end, 10);
+    if (!*v || *end || x < lo || x > hi) {
+        snprintf(err, errlen, "option %s = '%s': want an integer in [%ld, %ld]", key, v, lo, hi);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+/* ---- reading the GGUF ------------------------------------------------------------ */
+
+static kdtype kd_of_gguf(uint32_t t)
+{
+    switch (t) {
+    case GGUF_GGML_F32: return KD_F32;
+    case GGUF_GGML_F16: return KD_F16;
+    case GGUF_GGML_BF16: return KD_BF16;
+    case GGUF_GGML_Q8_0: return KD_Q8_0;
+    case GGUF_GGML_Q4_0: return KD_Q4_0;
+    case GGUF_GGML_Q4_1: return KD_Q4_1;
+    }
+    return (kdtype)0;
+}
+
+/* The GGUF tensor behind graph parameter NAME: the graph names matrices
+ * and norms without the file's ".weight" suffix. */
+static const gguf_tensor *tensor_of(const gguf_file *f, const char *name)
+{
+    size_t n = strlen(name);
+    if (n > 7 && strcmp(name + n - 7, ".weight") == 0)
+        return gguf_tensor_find(f, name);
+    char full[KG_NAME_LEN + 8];
+    snprintf(full, sizeof(full), "%s.weight", name);
+    return gguf_tensor_find(f, full);
+}
+
+/* ktf_shape.weight_dtype: the file's type of each matrix. */
+static kdtype file_dtype(void *user, const char *name)
+{
+    const gguf_tensor *t = tensor_of(user, name);
+    return t ? kd_of_gguf(t->type) : KD_F32;
+}
+
+/* An unsigned metadata value of the architecture: "llama.KEY". */
+static int arch_u32(const gguf_file *f, const char *key, bool required, uint32_t def,
+                    uint32_t *out, char *err, size_t errlen)
+{
+    char full[96];
+    snprintf(full, sizeof(full), "llama.%s", key);
+    int rc = gguf_get_u32(f, full, out);
+    if (rc == 0)
+        return 0;
+    if (!required) {
+        *out = def;
+        return 0;
+    }
+    snprintf(err, errlen, "metadata %s: %s", full, gguf_strerror(rc));
+    return -1;
+}
+
+/* Reads the shape of the decoder from F's metadata and checks it. */
+static int read_shape(const gguf_file *f, ktf_shape *s, char *err, size_t errlen)
+{
+    const char *arch;
+    size_t alen;
+    if (gguf_get_str(f, "general.architecture", &arch, &alen) != 0) {
+        snprintf(err, errlen, "metadata general.architecture is missing");
+        return -1;
+    }
+    if (alen != 5 || memcmp(arch, "llama", 5) != 0) {
+        snprintf(err, errlen, "architecture '%.*s' is not supported (the transformer backend "
+                 "runs llama)", (int)(alen > 64 ? 64 : alen), arch);
+        return -1;
+    }
+    uint32_t hidden, layers, heads, kv_heads, ffn, rope_dims;
+    if (arch_u32(f, "embedding_length", true, 0, &hidden, err, errlen) ||
+        arch_u32(f, "block_count", true, 0, &layers, err, errlen) ||
+        arch_u32(f, "attention.head_count", true, 0, &heads, err, errlen) ||
+        arch_u32(f, "attention.head_count_kv", false, heads, &kv_heads, err, errlen) ||
+        arch_u32(f, "feed_forward_length", true, 0, &ffn, err, errlen))
+        return -1;
+    if (!hidden || !layers || !heads || !kv_heads || !ffn || hidden % heads ||
+        heads % kv_heads || hidden > 65536 || layers > 1024 || ffn > 1 << 20) {
+        snprintf(err, errlen, "metadata gives an impossible shape: hidden %u, %u layers, %u "
+                 "heads, %u KV heads, FFN %u", hidden, layers, heads, kv_heads, ffn);
+        return -1;
+    }
+    if (arch_u32(f, "rope.dimension_count", false, hidden / heads, &rope_dims, err, errlen))
+        return -1;
+    if (rope_dims != hidden / heads) {
+        snprintf(err, errlen, "partial RoPE (%u of %u dims per head) is not supported",
+                 rope_dims, hidden / heads);
+        return -1;
+    }
+    float eps = 1e-5f, theta = 10000.0f;
+    gguf_get_f32(f, "llama.attention.layer_norm_rms_epsilon", &eps);
+    gguf_get_f32(f, "llama.rope.freq_base", &theta);
+    const gguf_tensor *emb = gguf_tensor_find(f, "token_embd.weight");
+    if (!emb || emb->n_dims != 2 || emb->ne[0] != hidden || emb->ne[1] < 1 ||
+        emb->ne[1] > INT32_MAX) {
+        snprintf(err, errlen, "tensor token_embd.weight is missing or not [vocab, %u]", hidden);
+        return -1;
+    }
+    *s = (ktf_shape){
+        .hidden = (int)hidden, .layers = (int)layers, .heads = (int)heads,
+        .kv_heads = (int)kv_heads, .head_dim = (int)(hidden / heads), .ffn = (int)ffn,
+        .vocab = (int)emb->ne[1], .act = KD_F32, .weight = KD_F32, .cache = KD_F32,
+        .rms_eps = eps, .rope_theta = theta,
+        /* llama.cpp's converter permutes Q and K for this rotation. */
+        .rope_mode = K_ROPE_NORMAL,
+        .weight_dtype = file_dtype, .weight_user = (void *)f,
+        .output_head = gguf_tensor_find(f, "output.weight") != NULL,
+    };
+    return 0;
+}
+
+/* Points every parameter of X at the file's bytes, checking type and
+ * shape against what the graph G expects. */
+static int bind_weights(kx_exec *x, const kg_graph *g, const gguf_file *f, uint64_t *bytes,
+                        char *err, size_t errlen)
+{
+    *bytes = 0;
+    for (size_t v = 0; v < g->n_values; v++) {
+        const kg_value *val = &g->values[v];
+        if (val->kind != KG_PARAM)
+            continue;
+        const gguf_tensor *t = tensor_of(f, val->name);
+        if (!t) {
+            snprintf(err, errlen, "the file has no tensor %s%s", val->name,
+                     strstr(val->name, ".weight") ? "" : ".weight");
+            return -1;
+        }
+        kdtype dt = kd_of_gguf(t->type);
+        if (!dt) {
+            snprintf(err, errlen, "tensor %s is %s; the kernels read F32, F16, BF16, Q8_0, "
+                     "Q4_0 and Q4_1", t->name, gguf_type_name(t->type));
+            return -1;
+        }
+        /* GGUF lists dims innermost first; the graph outermost first. */
+        bool same = (int)t->n_dims == val->ndim;
+        for (int d = 0; same && d < val->ndim; d++)
+            same = t->ne[val->ndim - 1 - d] == val->shape[d];
+        if (!same || dt != val->dtype || t->nbytes != val->bytes) {
+            snprintf(err, errlen, "tensor %s is %s with %u dims [%" PRId64 ", %" PRId64 "]; the "
+                     "model's shape wants %s [%" PRId64 ", %" PRId64 "]", t->name,
+                     gguf_type_name(t->type), t->n_dims, t->ne[0], t->ne[1],
+                     kdtype_name(val->dtype), val->ndim > 1 ? val->shape[1] : val->shape[0],
+                     val->ndim > 1 ? val->shape[0] : 1);
+            return -1;
+        }
+        int rc = kx_param_borrow(x, val->name, dt, t->data, t->nbytes);
+        if (rc) {
+            snprintf(err, errlen, "parameter %s: %s", val->name, kx_strerror(rc));
+            return -1;
+        }
+        *bytes += t->nbytes;
+    }
+    return 0;
+}
+
+/* Compiles G for the CPU with the worker's profile and streams and binds
+ * the weights.  G is destroyed. */
+static int compile(kg_graph *g, const char *what, const baton_load_params *p,
+                   const gguf_file *f, kx_exec **out, uint64_t *bytes, char *err, size_t errlen)
+{
+    *out = NULL;
+    char why[384];
+    if (!g) {
+        snprintf(err, errlen, "cannot build the %s graph (shape or memory)", what);
+        return -1;
+    }
+    if (kt_cpu_check(g, why, sizeof(why))) {
+        snprintf(err, errlen, "the %s graph cannot run on the CPU: %.300s", what, why);
+        kg_destroy(g);
+        return -1;
+    }
+    ks_profile prof;
+    const ks_profile *use = ks_profile_builtin("cpu");
+    if (p->profile && p->profile->memory_bandwidth_gbps > 0 && p->profile->tflops > 0) {
+        prof = (ks_profile){p->profile->name, p->profile->memory_bandwidth_gbps,
+                            p->profile->memory_efficiency, p->profile->tflops,
+                            p->profile->comm_bandwidth_gbps, p->profile->comm_efficiency,
+                            p->profile->sync_overhead_us};
+        use = &prof;
+    }
+    kx_op_table ops;
+    kt_cpu_ops(&ops);
+    kx_options o = {.profile = use,
+                    .n_compute = p->compute_streams ? (int)p->compute_streams : 1,
+                    .n_comm = p->comm_streams ? 1 : 0};
+    if (o.n_compute > KS_MAX_STREAMS - 1)
+        o.n_compute = KS_MAX_STREAMS - 1;
+    int rc = kx_compile(g, &ops, &o, out);
+    if (rc == 0 && bind_weights(*out, g, f, bytes, err, errlen) != 0)
+        rc = -1;
+    else if (rc)
+        snprintf(err, errlen, "compiling the %s graph: %s", what, kx_strerror(rc));
+    kg_destroy(g);
+    if (rc) {
+        kx_destroy(*out);
+        *out = NULL;
+    }
+    return rc ? -1 : 0;
+}
+
+/* ---- load / unload ----------------------------------------------------------------- */
+
+static void model_unload(baton_model *m)
+{
+    if (!m)
+        return;
+    kx_destroy(m->prefill);
+    kx_destroy(m->decode);
+    free(m->owner);
+    free(m->report);
+    gguf_close(m->file);
+    free(m);
+}
+
+/* The report for inspect and the log: what was compiled, each schedule's
+ * prediction and decision (its first line) and the arena against its
+ * bound (its last line).  The per-stream op lists are left out: hundreds
+ * of ops say less than the counts. */
+static char *make_report(const baton_model *m, const baton_load_params *p)
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f)
+        return NULL;
+    const ktf_shape *s = &m->shape;
+    fprintf(f, "llama: %d layers, hidden %d, %d/%d heads, FFN %d, vocab %d; KV cache f32, "
+            "%d slots x %d positions; device %s, profile %s\n", s->layers, s->hidden,
+            s->heads, s->kv_heads, s->ffn, s->vocab, m->slots, m->max_seq,
+            p->device ? p->device : "cpu",
+            p->profile && p->profile->name ? p->profile->name : "cpu");
+    const kx_exec *xs[2] = {m->prefill, m->decode};
+    for (int i = 0; i < 2; i++) {
+        fprintf(f, i ? "decode (batch %d):\n" : "prefill (bucket of %d tokens):\n",
+                i ? m->slots : m->chunk);
+        const char *r = kx_report(xs[i]);
+        const char *nl = strchr(r, '\n');
+        fprintf(f, "  %.*s\n", nl ? (int)(nl - r) : (int)strlen(r), r);
+        const ks_schedule *sc = kx_schedule(xs[i]);
+        for (int k = 0; sc->multi && k < sc->n_streams; k++)
+            fprintf(f, "  stream %d (%s): %zu ops\n", k, k < sc->n_compute ? "compute" : "comm",
+                    sc->stream_n[k]);
+        const char *arena = strstr(r, "arena:");
+        if (arena)
+            fprintf(f, "  %s", arena);
+    }
+    if (fclose(f) != 0) {
+        free(text);
+        return NULL;
+    }
+    return text;
+}
+
+static baton_status model_load(const baton_load_params *p, baton_model **out, char *err,
+                               size_t errlen)
+{
+    *out = NULL;
+    const char *path = baton_load_option(p, "path");
+    if (!path || !*path) {
+        snprintf(err, errlen, "option path is required (a GGUF file)");
+        return BATON_STATUS_INVALID_ARGUMENT;
+    }
+    if (p->device && strcmp(p->device, "cpu") != 0) {
+        snprintf(err, errlen, "device %s: this worker runs the transformer on the CPU only",
+                 p->device);
+        return BATON_STATUS_FAILED_PRECONDITION;
+    }
+    if (p->tp_size > 1) {
+        snprintf(err, errlen, "tensor parallelism (tp %u) is not built for the transformer "
+                 "backend yet", p->tp_size);
+        return BATON_STATUS_FAILED_PRECONDITION;
+    }
+    long max_seq, chunk, eos, threads;
+    if (opt_int(p, "max_seq", 2048, 2, 1 << 20, &max_seq, err, errlen) ||
+        opt_int(p, "prefill_chunk", 256, 1, 1 << 16, &chunk, err, errlen) ||
+        opt_int(p, "eos", -1, -1, INT32_MAX, &eos, err, errlen) ||
+        opt_int(p, "threads", 0, 0, 1024, &threads, err, errlen))
+        return BATON_STATUS_INVALID_ARGUMENT;
+    const char *kv = baton_load_option(p, "kv_dtype");
+    if (kv && strcmp(kv, "f32") != 0 && strcmp(kv, "auto") != 0) {
+        snprintf(err, errlen, "option kv_dtype = '%s': the CPU kernels keep the KV cache in "
+                 "f32 (use f32 or auto)", kv);
+        return BATON_STATUS_INVALID_ARGUMENT;
+    }
+    if (strncmp(path + strlen(path) - (strlen(path) >= 5 ? 5 : 0), ".gguf", 5) != 0) {
+        snprintf(err, errlen, "option path = '%s': only GGUF files are read so far (a "
+                 "safetensors folder is not)", path);
+        return BATON_STATUS_FAILED_PRECONDITION;
+    }
+    baton_model *m = calloc(1, sizeof(*m));
+    if (!m) {
+        snprintf(err, errlen, "out of memory");
+        return BATON_STATUS_RESOURCE_EXHAUSTED;
+    }
+    baton_status st = BATON_STATUS_FAILED_PRECONDITION;
+    char why[400];
+    if (gguf_open(path, &m->file, why, sizeof(why)) != 0) {
+        /* Its message names the path when the file cannot be opened. */
+        if (strstr(why, path))
+            snprintf(err, errlen, "%s", why);
+        else
+            snprintf(err, errlen, "%s: %s", path, why);
+        goto err;
+    }
+    if (read_shape(m->file, &m->shape, why, sizeof(why)) != 0) {
+        snprintf(err, errlen, "%s: %s", path, why);
+        goto err;
+    }
+    m->max_seq = (int)max_seq;
+    m->chunk = (int)(chunk < max_seq ? chunk : max_seq);
+    m->slots = (int)(p->max_batch ? p->max_batch : 1);
+    m->row_floats = (size_t)m->shape.kv_heads * (size_t)m->shape.head_dim;
+    if (eos >= 0) {
+        m->eos = (int32_t)eos;
+    } else {
+        uint32_t e;
+        m->eos = gguf_get_u32(m->file, "tokenizer.ggml.eos_token_id", &e) == 0 ? (int32_t)e : -1;
+    }
+    if (m->eos >= m->shape.vocab) {
+        snprintf(err, errlen, "eos token %d is outside the vocabulary of %d", (int)m->eos,
+                 m->shape.vocab);
+        st = BATON_STATUS_INVALID_ARGUMENT;
+        goto err;
+    }
+    if (threads > 0 || p->threads > 0)
+        openblas_set_num_threads(threads > 0 ? (int)threads : (int)p->threads);
+    uint64_t wb = 0;
+    if (compile(ktf_build_prefill(&m->shape, 1, m->chunk, m->max_seq), "prefill", p, m->file,
+                &m->prefill, &wb, why, sizeof(why)) ||
+        compile(ktf_build_decode(&m->shape, m->slots, m->max_seq), "decode", p, m->file,
+                &m->decode, &m->weight_bytes, why, sizeof(why))) {
+        snprintf(err, errlen, "%s: %s", path, why);
+        goto err;
+    }
+    m->owner = calloc((size_t)m->slots, sizeof(*m->owner));
+    m->report = make_report(m, p);
+    if (!m->owner || !m->report) {
+        snprintf(err, errlen, "out of memory");
+        st = BATON_STATUS_RESOURCE_EXHAUSTED;
+        goto err;
+    }
+    *out = m;
+    return BATON_STATUS_OK;
+err:
+    model_unload(m);
+    return st;
+}
+
+static uint64_t model_bytes(const baton_model *m)
+{
+    return m->weight_bytes;
+}
+
+static int model_describe(const baton_model *m, char *buf, size_t len)
+{
+    return snprintf(buf, len, "%s", m->report);
+}
+
+/* ---- sessions and cache slots ------------------------------------------------------ */
+
+static baton_status session_open(baton_model *m, uint64_t key, baton_session **out, char *err,
+                                 size_t errlen)
+{
+    (void)m, (void)key;
+    tf_session *s = calloc(1, sizeof(*s));
+    if (!s) {
+        snprintf(err, errlen, "out of memory opening a session");
+        return BATON_STATUS_RESOURCE_EXHAUSTED;
+    }
+    s->slot = -1;
+    *out = s;
+    return BATON_STATUS_OK;
+}
+
+static void session_close(baton_model *m, baton_session *s)
+{
+    if (!s)
+        return;
+    if (s->slot >= 0)
+        m->owner[s->slot] = NULL;
+    free(s->saved);
+    free(s);
+}
+
+/* Layer L's K (KV 0) or V (KV 1) cache of executable X, [slots, max_seq, row]. */
+static float *cache(kx_exec *x, int l, int kv)
+{
+    char name[32];
+    snprintf(name, sizeof(name), kv ? "v_cache.%d" : "k_cache.%d", l);
+    return kx_handle(x, name, NULL);
+}
+
+/* Copies positions [0, LEN) of every layer between slot SLOT of executable X
+ * and the flat buffer HOST ([layer][K, V][len][row]); TO_HOST picks the way. */
+static void copy_slot(baton_model *m, kx_exec *x, int slot, float *host, int len, bool to_host)
+{
+    size_t n = (size_t)len * m->row_floats;
+    for (int l = 0; l < m->shape.layers; l++)
+        for (int kv = 0; kv < 2; kv++) {
+            float *c = cache(x, l, kv) + (size_t)slot * (size_t)m->max_seq * m->row_floats;
+            float *h = host + ((size_t)l * 2 + (size_t)kv) * n;
+            memcpy(to_host ? h : c, to_host ? c : h, n * sizeof(float));
+        }
+}
+
+/* Gives S a decode slot, evicting the least recently used session that is
+ * not in the current batch when none is free.  Returns 0, or -1 when every
+ * slot is held by the current batch (cannot happen: a batch has at most
+ * `slots` items) or memory is short. */
+static int acquire_slot(baton_model *m, tf_session *s)
+{
+    if (s->slot >= 0)
+        return 0;
+    int pick = -1;
+    for (int k = 0; k < m->slots && pick < 0; k++)
+        if (!m->owner[k])
+            pick = k;
+    for (int k = 0; pick < 0 && k < m->slots; k++) {
+        /* The oldest session outside this batch; ties keep the lower slot. */
+        tf_session *c = m->owner[k];
+        if (c->batch_id != m->batch_id && (pick < 0 || c->used < m->owner[pick]->used))
+            pick = k;
+    }
+    if (pick < 0)
+        return -1;
+    tf_session *o = m->owner[pick];
+    if (o) {
+        float *save = o->len ? malloc((size_t)o->len * m->row_floats * 2 *
+                                      (size_t)m->shape.layers * sizeof(float)) : NULL;
+        if (o->len && !save)
+            return -1;
+        if (save)
+            copy_slot(m, m->decode, pick, save, o->len, true);
+        free(o->saved);
+        o->saved = save;
+        o->saved_len = o->len;
+        o->slot = -1;
+    }
+    m->owner[pick] = s;
+    s->slot = pick;
+    if (s->saved) {
+        copy_slot(m, m->decode, pick, s->saved, s->saved_len, false);
+        free(s->saved);
+        s->saved = NULL;
+    }
+    return 0;
+}
+
+/* ---- execution --------------------------------------------------------------------- */
+
+/* The next token from LOGITS [vocab] under the item's sampling parameters;
+ * the RNG counter is the token's position, so a request samples alike
+ * however its steps were batched. */
+static int32_t pick_token(const baton_model *m, const baton_item *it, const float *logits,
+                          int32_t argmax, int position)
+{
+    const baton_sampling *sp = &it->sampling;
+    if (sp->temperature <= 0)
+        return argmax;
+    int32_t t;
+    k_sample(&t, logits, 1, m->shape.vocab, sp->temperature, (int)sp->top_k,
+             sp->top_p > 0 ? sp->top_p : 1.0f, sp->seed, (uint64_t)position);
+    return t;
+}
+
+/* Sets ITEM's outputs for the new token T (LOGITS its row).  Returns 0, or
+ * -1 after failing the item. */
+static int emit(baton_model *m, baton_ctx *ctx, baton_item *it, int32_t t, const float *logits)
+{
+    for (uint32_t o = 0; o < it->n_outputs; o++) {
+        const char *name = it->outputs[o].name;
+        baton_tensor *out = NULL;
+        if (strcmp(name, "token") == 0) {
+            int64_t one = 1;
+            if ((out = ctx->alloc(ctx, it, BATON_DTYPE_I32, 1, &one)))
+                *(int32_t *)out->data = t;
+        } else if (strcmp(name, "logits") == 0) {
+            int64_t v = m->shape.vocab;
+            if ((out = ctx->alloc(ctx, it, BATON_DTYPE_F32, 1, &v)) && logits)
+                memcpy(out->data, logits, (size_t)v * sizeof(float));
+        } else if (strcmp(name, "text") == 0) {
+            /* The tokenizer is not in this build: the text of a token is
+             * not known, so say so rather than send nothing. */
+            char msg[192];
+            snprintf(msg, sizeof(msg), "node '%s': output 'text' needs the tokenizer, which "
+                     "this build lacks; ask for 'token'", it->node_name);
+            ctx->fail(ctx, it, BATON_STATUS_FAILED_PRECONDITION, msg);
+            return -1;
+        } else {
+            char msg[192];
+            snprintf(msg, sizeof(msg), "node '%s': unknown output '%s' (the transformer "
+                     "produces token, text and logits)", it->node_name, name);
+            ctx->fail(ctx, it, BATON_STATUS_INVALID_ARGUMENT, msg);
+            return -1;
+        }
+        if (!out || ctx->set_output(ctx, it, o, out) != 0) {
+            ctx->fail(ctx, it, BATON_STATUS_RESOURCE_EXHAUSTED, "the worker's pool is full");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Reads the token ids of ITEM's first input into a malloc'd array; fails
+ * the item and returns NULL on a bad input. */
+static int32_t *read_ids(baton_model *m, baton_ctx *ctx, baton_item *it, size_t *n)
+{
+    char msg[256];
+    if (it->n_inputs < 1) {
+        snprintf(msg, sizeof(msg), "node '%s' has no input (want token ids)", it->node_name);
+        goto bad;
+    }
+    const baton_tensor *t = &it->inputs[0].tensor;
+    size_t count = t->dtype == BATON_DTYPE_I32 ? t->nbytes / 4
+                   : t->dtype == BATON_DTYPE_I64 ? t->nbytes / 8 : 0;
+    if (t->dtype != BATON_DTYPE_I32 && t->dtype != BATON_DTYPE_I64) {
+        snprintf(msg, sizeof(msg), "node '%s', input '%s': %s; want token ids (I32 or I64)%s",
+                 it->node_name, it->inputs[0].name,
+                 t->dtype == BATON_DTYPE_U8 ? "UTF-8 text" : "a tensor of another dtype",
+                 t->dtype == BATON_DTYPE_U8 ? " (this build has no tokenizer)" : "");
+        goto bad;
+    }
+    if (count == 0) {
+        snprintf(msg, sizeof(msg), "node '%s', input '%s': no tokens", it->node_name,
+                 it->inputs[0].name);
+        goto bad;
+    }
+    int32_t *ids = malloc(count * sizeof(*ids));
+    if (!ids) {
+        ctx->fail(ctx, it, BATON_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        return NULL;
+    }
+    for (size_t i = 0; i < count; i++) {
+        int64_t v = t->dtype == BATON_DTYPE_I32 ? ((const int32_t *)t->data)[i]
+                                                : ((const int64_t *)t->data)[i];
+        if (v < 0 || v >= m->shape.vocab) {
+            snprintf(msg, sizeof(msg), "node '%s', input '%s': token id %" PRId64 " at index "
+                     "%zu is outside the vocabulary [0, %d)", it->node_name, it->inputs[0].name,
+                     v, i, m->shape.vocab);
+            free(ids);
+            goto bad;
+        }
+        ids[i] = (int32_t)v;
+    }
+    *n = count;
+    return ids;
+bad:
+    ctx->fail(ctx, it, BATON_STATUS_INVALID_ARGUMENT, msg);
+    return NULL;
+}
+
+/* Runs X and fails IT with the op's error when the run fails. */
+static int run(kx_exec *x, baton_ctx *ctx, baton_item *it)
+{
+    int rc = kx_run(x);
+    if (rc == 0)
+        return 0;
+    int st = 0, op = kx_op_error(x, &st);
+    char msg[256];
+    snprintf(msg, sizeof(msg), "node '%s': the graph failed at op %d: %s (status %d)",
+             it->node_name, op, kx_strerror(rc), st);
+    ctx->fail(ctx, it, BATON_STATUS_INTERNAL, msg);
+    return -1;
+}
+
+static void prefill_one(baton_model *m, baton_ctx *ctx, baton_item *it)
+{
+    tf_session *s = it->session;
+    size_t n;
+    int32_t *ids = read_ids(m, ctx, it, &n);
+    if (!ids)
+        return;
+    char msg[256];
+    if (n >= (size_t)m->max_seq) {
+        snprintf(msg, sizeof(msg), "node '%s': a prompt of %zu tokens does not fit max_seq %d "
+                 "(prompt and output share it)", it->node_name, n, m->max_seq);
+        ctx->fail(ctx, it, BATON_STATUS_INVALID_ARGUMENT, msg);
+        goto out;
+    }
+    /* A new prompt starts the session over. */
+    s->len = 0;
+    int32_t *pos = malloc((size_t)m->chunk * sizeof(*pos));
+    if (!pos) {
+        ctx->fail(ctx, it, BATON_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        goto out;
+    }
+    for (size_t at = 0; at < n; at += (size_t)m->chunk) {
+        int e = (int)(n - at < (size_t)m->chunk ? n - at : (size_t)m->chunk);
+        int32_t last = e - 1;
+        for (int i = 0; i < e; i++)
+            pos[i] = (int32_t)at + i;
+        baton_status c = ctx->cancelled(ctx, it);
+        if (c != BATON_STATUS_OK) {
+            ctx->fail(ctx, it, c, "cancelled during prefill");
+            free(pos);
+            goto out;
+        }
+        kx_extent_set(m->prefill, e);
+        kx_input_bind(m->prefill, 0, ids + at, (size_t)e * 4);
+        kx_input_bind(m->prefill, 1, pos, (size_t)e * 4);
+        kx_input_bind(m->prefill, 2, &last, 4);
+        if (run(m->prefill, ctx, it)) {
+            free(pos);
+            goto out;
+        }
+    }
+    free(pos);
+    m->batch_id++;
+    s->batch_id = m->batch_id;
+    s->used = ++m->clock;
+    /* Its cache goes to a decode slot: positions [0, n) of the prefill
+     * executable's single slot. */
+    free(s->saved);
+    s->saved = NULL;
+    if (acquire_slot(m, s) != 0) {
+        ctx->fail(ctx, it, BATON_STATUS_RESOURCE_EXHAUSTED, "out of memory moving a KV cache");
+        goto out;
+    }
+    size_t rows = n * m->row_floats;
+    for (int l = 0; l < m->shape.layers; l++)
+        for (int kv = 0; kv < 2; kv++)
+            memcpy(cache(m->decode, l, kv) + (size_t)s->slot * (size_t)m->max_seq * m->row_floats,
+                   cache(m->prefill, l, kv), rows * sizeof(float));
+    s->len = (int)n;
+    const float *logits = kx_output(m->prefill, 0, NULL);
+    int32_t argmax = *(const int32_t *)kx_output(m->prefill, 1, NULL);
+    int32_t t = pick_token(m, it, logits, argmax, s->len);
+    emit(m, ctx, it, t, logits);
+out:
+    free(ids);
+}
+
+static void decode_batch(baton_model *m, baton_ctx *ctx, baton_item *const *items, size_t n)
+{
+    int B = m->slots;
+    int32_t *in = calloc((size_t)B * 3, sizeof(*in));
+    int32_t *tok = malloc(n * sizeof(*tok));
+    bool *live = calloc(n, sizeof(*live));
+    if (!in || !tok || !live) {
+        for (size_t i = 0; i < n; i++)
+            ctx->fail(ctx, items[i], BATON_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        goto out;
+    }
+    int32_t *tokens = in, *positions = in + B, *lens = in + 2 * B;
+    for (int b = 0; b < B; b++)
+        lens[b] = -1;  /* an unused slot */
+    m->batch_id++;
+    for (size_t i = 0; i < n; i++)
+        ((tf_session *)items[i]->session)->batch_id = m->batch_id;
+    bool any = false;
+    for (size_t i = 0; i < n; i++) {
+        baton_item *it = items[i];
+        tf_session *s = it->session;
+        size_t cnt;
+        int32_t *ids = read_ids(m, ctx, it, &cnt);
+        if (!ids)
+            continue;
+        tok[i] = ids[0];
+        free(ids);
+        char msg[192];
+        if (cnt != 1) {
+            snprintf(msg, sizeof(msg), "node '%s': decode takes one token, not %zu",
+                     it->node_name, cnt);
+            ctx->fail(ctx, it, BATON_STATUS_INVALID_ARGUMENT, msg);
+            continue;
+        }
+        if (m->eos >= 0 && tok[i] == m->eos) {
+            /* The token before ended generation (a prefill's EOS reaches
+             * the loop's first iteration): nothing more to say. */
+            emit(m, ctx, it, tok[i], NULL);
+            ctx->finish(ctx, it);
+            continue;
+        }
+        if (s->len == 0) {
+            snprintf(msg, sizeof(msg), "node '%s': decode before any prefill of the request",
+                     it->node_name);
+            ctx->fail(ctx, it, BATON_STATUS_FAILED_PRECONDITION, msg);
+            continue;
+        }
+        if (s->len >= m->max_seq) {
+            snprintf(msg, sizeof(msg), "node '%s': the KV cache is full (max_seq %d)",
+                     it->node_name, m->max_seq);
+            ctx->fail(ctx, it, BATON_STATUS_RESOURCE_EXHAUSTED, msg);
+            continue;
+        }
+        if (s->slot >= 0 && lens[s->slot] >= 0) {
+            snprintf(msg, sizeof(msg), "node '%s': two decode steps of one request in one batch",
+                     it->node_name);
+            ctx->fail(ctx, it, BATON_STATUS_INTERNAL, msg);
+            continue;
+        }
+        if (acquire_slot(m, s) != 0) {
+            ctx->fail(ctx, it, BATON_STATUS_RESOURCE_EXHAUSTED, "out of memory moving a KV cache");
+            continue;
+        }
+        s->used = ++m->clock;
+        tokens[s->slot] = tok[i];
+        positions[s->slot] = s->len;
+        lens[s->slot] = s->len;
+        live[i] = true;
+        any = true;
+    }
+    if (!any)
+        goto out;
+    /* Rows past the highest slot in use are not computed: slots are
+     * handed out lowest first, so a light load runs a short step. */
+    int rows = 0;
+    for (int b = 0; b < B; b++)
+        if (lens[b] >= 0)
+            rows = b + 1;
+    kx_extent_set(m->decode, rows);
+    kx_input_bind(m->decode, 0, tokens, (size_t)B * 4);
+    kx_input_bind(m->decode, 1, positions, (size_t)B * 4);
+    kx_input_bind(m->decode, 2, lens, (size_t)B * 4);
+    int rc = kx_run(m->decode);
+    const float *logits = kx_output(m->decode, 0, NULL);
+    const int32_t *argmax = kx_output(m->decode, 1, NULL);
+    for (size_t i = 0; i < n; i++) {
+        if (!live[i])
+            continue;
+        baton_item *it = items[i];
+        tf_session *s = it->session;
+        if (rc) {
+            run(m->decode, ctx, it);  /* fails it with the op's error */
+            continue;
+        }
+        s->len++;
+        const float *row = logits + (size_t)s->slot * (size_t)m->shape.vocab;
+        int32_t t = pick_token(m, it, row, argmax[s->slot], s->len);
+        if (emit(m, ctx, it, t, row) == 0 &&
+            ((m->eos >= 0 && t == m->eos) || s->len >= m->max_seq))
+            ctx->finish(ctx, it);
+    }
+out:
+    free(in);
+    free(tok);
+    free(live);
+}
+
+static void execute(baton_model *m, baton_ctx *ctx, baton_item *const *items, size_t n)
+{
+    const char *mode = n ? items[0]->mode : "";
+    bool prefill = strcmp(mode, "prefill") == 0;
+    if (!prefill && strcmp(mode, "decode") != 0) {
+        for (size_t i = 0; i < n; i++) {
+            char msg[192];
+            snprintf(msg, sizeof(msg), "node '%s': mode '%s' (the transformer has prefill and "
+                     "decode)", items[i]->node_name, mode);
+            ctx->fail(ctx, items[i], BATON_STATUS_INVALID_ARGUMENT, msg);
+        }
+        return;
+    }
+    if (prefill) {
+        for (size_t i = 0; i < n; i++)
+            prefill_one(m, ctx, items[i]);
+    } else {
+        decode_batch(m, ctx, items, n);
+    }
+}
+
+static const baton_backend transformer_backend = {
+    .abi_version = BATON_BACKEND_ABI_VERSION,
+    .name = "transformer",
+    .model_load = model_load,
+    .model_unload = model_unload,
+    .model_bytes = model_bytes,
+    .session_open = session_open,
+    .session_close = session_close,
+    .execute = execute,
+    .model_describe = model_describe,
+};
+
+const baton_backend *wk_transformer_backend(void)
+{
+    return &transformer_backend;
+}
