@@ -23,11 +23,14 @@
  * executable's own single-slot cache and is then copied into a slot.
  *
  * Nodes.  mode `prefill` takes its first input: I32 or I64 token ids (any
- * dims, flattened) or, when the build has the tokenizer, U8 UTF-8 text.
- * mode `decode` takes one token id.  Outputs are chosen by name: `token`
- * (I32 [1], the next token), `text` (U8, its UTF-8 bytes), `logits` (F32
- * [vocab], before sampling).  The finish signal is raised when the token
- * ends generation (EOS) or the session's cache is full. */
+ * dims, flattened) or U8 UTF-8 text, which the file's tokenizer encodes
+ * (worker/tokenizer.c) inside the chat template it carries (option
+ * chat_template).  mode `decode` takes one token id.  Outputs are chosen
+ * by name: `token` (I32 [1], the next token), `text` (U8: the bytes the
+ * token adds to the answer, whole UTF-8 characters only, nothing for an
+ * end-of-generation token), `logits` (F32 [vocab], before sampling).  The
+ * finish signal is raised when the token ends generation (EOS, <|im_end|>)
+ * or the session's cache is full. */
 #include <inttypes.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -40,6 +43,7 @@
 #include "kernels/optable.h"
 #include "kernels/transformer_graph.h"
 #include "worker/backends.h"
+#include "worker/tokenizer.h"
 
 /* OpenBLAS's own control of its thread pool (cblas.h declares it only in
  * some versions). */
@@ -53,7 +57,13 @@ struct baton_model {
     int max_seq;                /* positions of one session's cache */
     int chunk;                  /* tokens of one prefill run (its bucket) */
     int slots;                  /* decode rows = cache slots (max_batch) */
-    int32_t eos;                /* token that ends generation; -1: none */
+    int32_t eos;                /* option eos: the one token that ends generation; -1:
+                                   the tokenizer's end-of-generation tokens */
+    int32_t file_eos;           /* the file's tokenizer.ggml.eos_token_id, or -1 */
+    tok_vocab *vocab;           /* the file's tokenizer; NULL when it has none we read */
+    char vocab_err[256];        /* why vocab is NULL */
+    bool chat;                  /* option chat_template: wrap text prompts in it */
+    bool add_bos;               /* the file's tokenizer.ggml.add_bos_token */
     kx_exec *prefill, *decode;
     tf_session **owner;         /* per slot: the session resident there, or NULL */
     uint64_t clock;             /* decode steps so far: the LRU clock */
@@ -70,6 +80,8 @@ struct baton_session {
     uint64_t batch_id;          /* == model's batch_id while in the current batch */
     float *saved;               /* evicted: [layer][K, V][saved_len][row] (malloc'd) */
     int saved_len;
+    char carry[8];              /* UTF-8 bytes of a character not yet complete */
+    int n_carry;
 };
 
 /* ---- options --------------------------------------------------------------------- */
@@ -299,6 +311,7 @@ static void model_unload(baton_model *m)
     kx_destroy(m->decode);
     free(m->owner);
     free(m->report);
+    tok_vocab_destroy(m->vocab);
     gguf_close(m->file);
     free(m);
 }
@@ -320,6 +333,11 @@ static char *make_report(const baton_model *m, const baton_load_params *p)
             s->heads, s->kv_heads, s->ffn, s->vocab, m->slots, m->max_seq,
             p->device ? p->device : "cpu",
             p->profile && p->profile->name ? p->profile->name : "cpu");
+    if (m->vocab)
+        fprintf(f, "tokenizer: %d tokens; chat template %s\n", tok_vocab_size(m->vocab),
+                m->chat ? "on for text prompts" : "off");
+    else
+        fprintf(f, "tokenizer: none (%s): token ids only\n", m->vocab_err);
     const kx_exec *xs[2] = {m->prefill, m->decode};
     for (int i = 0; i < 2; i++) {
         fprintf(f, i ? "decode (batch %d):\n" : "prefill (bucket of %d tokens):\n",
@@ -401,12 +419,22 @@ static baton_status model_load(const baton_load_params *p, baton_model **out, ch
     m->chunk = (int)(chunk < max_seq ? chunk : max_seq);
     m->slots = (int)(p->max_batch ? p->max_batch : 1);
     m->row_floats = (size_t)m->shape.kv_heads * (size_t)m->shape.head_dim;
-    if (eos >= 0) {
-        m->eos = (int32_t)eos;
-    } else {
-        uint32_t e;
-        m->eos = gguf_get_u32(m->file, "tokenizer.ggml.eos_token_id", &e) == 0 ? (int32_t)e : -1;
+    m->eos = (int32_t)eos;
+    uint32_t fe;
+    m->file_eos = gguf_get_u32(m->file, "tokenizer.ggml.eos_token_id", &fe) == 0 ? (int32_t)fe : -1;
+    /* A file without a tokenizer we read still serves token ids; text then
+     * fails with this reason. */
+    if (tok_vocab_create(m->file, &m->vocab, m->vocab_err, sizeof(m->vocab_err)) != 0)
+        m->vocab = NULL;
+    if (m->vocab && tok_vocab_size(m->vocab) != m->shape.vocab) {
+        snprintf(m->vocab_err, sizeof(m->vocab_err), "the tokenizer has %d tokens, the model "
+                 "%d", tok_vocab_size(m->vocab), m->shape.vocab);
+        tok_vocab_destroy(m->vocab);
+        m->vocab = NULL;
     }
+    const char *chat = baton_load_option(p, "chat_template");
+    m->chat = !chat || strcmp(chat, "false") != 0;
+    gguf_get_bool(m->file, "tokenizer.ggml.add_bos_token", &m->add_bos);
     if (m->eos >= m->shape.vocab) {
         snprintf(err, errlen, "eos token %d is outside the vocabulary of %d", (int)m->eos,
                  m->shape.vocab);
@@ -539,6 +567,43 @@ static int acquire_slot(baton_model *m, tf_session *s)
 
 /* ---- execution --------------------------------------------------------------------- */
 
+/* Whether token T ends generation: option eos when set, else any of the
+ * tokenizer's end-of-generation tokens (EOS, <|im_end|>, ...), else the
+ * file's EOS. */
+static bool is_end(const baton_model *m, int32_t t)
+{
+    if (m->eos >= 0)
+        return t == m->eos;
+    if (m->vocab)
+        return tok_is_eog(m->vocab, t);
+    return t == m->file_eos;
+}
+
+/* The UTF-8 text token T adds to S's output, into BUF (CAP bytes): its
+ * bytes after those held back from earlier tokens, up to the last complete
+ * character (the rest is held back in turn).  An end-of-generation token
+ * adds nothing but what was held back.  Returns the length, or -1 when the
+ * tokenizer refuses T. */
+static int text_of(const baton_model *m, tf_session *s, int32_t t, char *buf, size_t cap)
+{
+    memcpy(buf, s->carry, (size_t)s->n_carry);
+    int n = 0;
+    if (!is_end(m, t)) {
+        n = tok_piece(m->vocab, t, buf + s->n_carry, cap - (size_t)s->n_carry);
+        if (n < 0 || (size_t)n > cap - (size_t)s->n_carry)
+            return -1;
+    }
+    size_t all = (size_t)s->n_carry + (size_t)n;
+    size_t done = is_end(m, t) ? all : tok_utf8_complete(buf, all);
+    /* A byte sequence that can never complete is sent as it is rather
+     * than held forever. */
+    if (all - done >= sizeof(s->carry))
+        done = all;
+    s->n_carry = (int)(all - done);
+    memcpy(s->carry, buf + done, (size_t)s->n_carry);
+    return (int)done;
+}
+
 /* The next token from LOGITS [vocab] under the item's sampling parameters;
  * the RNG counter is the token's position, so a request samples alike
  * however its steps were batched. */
@@ -570,13 +635,17 @@ static int emit(baton_model *m, baton_ctx *ctx, baton_item *it, int32_t t, const
             if ((out = ctx->alloc(ctx, it, BATON_DTYPE_F32, 1, &v)) && logits)
                 memcpy(out->data, logits, (size_t)v * sizeof(float));
         } else if (strcmp(name, "text") == 0) {
-            /* The tokenizer is not in this build: the text of a token is
-             * not known, so say so rather than send nothing. */
-            char msg[192];
-            snprintf(msg, sizeof(msg), "node '%s': output 'text' needs the tokenizer, which "
-                     "this build lacks; ask for 'token'", it->node_name);
-            ctx->fail(ctx, it, BATON_STATUS_FAILED_PRECONDITION, msg);
-            return -1;
+            char piece[256], msg[384];
+            int len = m->vocab ? text_of(m, it->session, t, piece, sizeof(piece)) : -1;
+            if (len < 0) {
+                snprintf(msg, sizeof(msg), "node '%s': no text for token %d (%s)", it->node_name,
+                         (int)t, m->vocab ? "the tokenizer refused it" : m->vocab_err);
+                ctx->fail(ctx, it, BATON_STATUS_FAILED_PRECONDITION, msg);
+                return -1;
+            }
+            int64_t n = len;
+            if ((out = ctx->alloc(ctx, it, BATON_DTYPE_U8, 1, &n)))
+                memcpy(out->data, piece, (size_t)len);
         } else {
             char msg[192];
             snprintf(msg, sizeof(msg), "node '%s': unknown output '%s' (the transformer "
@@ -592,11 +661,57 @@ static int emit(baton_model *m, baton_ctx *ctx, baton_item *it, int32_t t, const
     return 0;
 }
 
-/* Reads the token ids of ITEM's first input into a malloc'd array; fails
- * the item and returns NULL on a bad input. */
-static int32_t *read_ids(baton_model *m, baton_ctx *ctx, baton_item *it, size_t *n)
+/* The token ids of a text prompt (LEN bytes of UTF-8): wrapped in the chat
+ * template when the model has one and option chat_template is on, a BOS
+ * first when the file asks for one.  Malloc'd; NULL with *N = 0 after
+ * failing the item. */
+static int32_t *encode_text(baton_model *m, baton_ctx *ctx, baton_item *it, const char *text,
+                            size_t len, size_t *n)
 {
-    char msg[256];
+    char *rendered = NULL, msg[256];
+    const char *src = text;
+    if (m->chat) {
+        int r = tok_chat_render(m->vocab, NULL, text, len, &rendered);
+        if (r >= 0) {
+            src = rendered;
+            len = (size_t)r;
+        } else if (r != TOK_ENOTEMPLATE) {
+            snprintf(msg, sizeof(msg), "node '%s': the chat template: %s", it->node_name,
+                     tok_strerror(r));
+            ctx->fail(ctx, it, BATON_STATUS_INTERNAL, msg);
+            return NULL;
+        }
+    }
+    /* Control tokens are parsed only in the rendered template (where
+     * <|im_start|> must become its id); plain text is taken literally. */
+    bool special = rendered != NULL;
+    int need = tok_encode(m->vocab, src, len, special, NULL, 0);
+    int32_t bos = m->add_bos ? tok_bos(m->vocab) : -1;
+    int32_t *ids = need >= 0 ? malloc(((size_t)need + 1) * sizeof(*ids)) : NULL;
+    if (!ids) {
+        free(rendered);
+        snprintf(msg, sizeof(msg), "node '%s': cannot encode the prompt: %s", it->node_name,
+                 need < 0 ? tok_strerror(need) : "out of memory");
+        ctx->fail(ctx, it, BATON_STATUS_RESOURCE_EXHAUSTED, msg);
+        return NULL;
+    }
+    size_t at = 0;
+    if (bos >= 0)
+        ids[at++] = bos;
+    tok_encode(m->vocab, src, len, special, ids + at, (size_t)need);
+    free(rendered);
+    *n = at + (size_t)need;
+    if (bos >= 0 && *n > 1 && ids[1] == bos)
+        memmove(ids, ids + 1, --*n * sizeof(*ids));  /* the template began with it */
+    return ids;
+}
+
+/* Reads the token ids of ITEM's first input into a malloc'd array (text
+ * too when TEXT_OK); fails the item and returns NULL on a bad input. */
+static int32_t *read_ids(baton_model *m, baton_ctx *ctx, baton_item *it, bool text_ok,
+                         size_t *n)
+{
+    char msg[384];
     if (it->n_inputs < 1) {
         snprintf(msg, sizeof(msg), "node '%s' has no input (want token ids)", it->node_name);
         goto bad;
@@ -604,11 +719,24 @@ static int32_t *read_ids(baton_model *m, baton_ctx *ctx, baton_item *it, size_t 
     const baton_tensor *t = &it->inputs[0].tensor;
     size_t count = t->dtype == BATON_DTYPE_I32 ? t->nbytes / 4
                    : t->dtype == BATON_DTYPE_I64 ? t->nbytes / 8 : 0;
+    if (t->dtype == BATON_DTYPE_U8 && text_ok && m->vocab && t->nbytes > 0) {
+        int32_t *ids = encode_text(m, ctx, it, t->data, t->nbytes, n);
+        if (ids && *n == 0) {
+            free(ids);
+            snprintf(msg, sizeof(msg), "node '%s', input '%s': the text gives no tokens",
+                     it->node_name, it->inputs[0].name);
+            goto bad;
+        }
+        return ids;
+    }
     if (t->dtype != BATON_DTYPE_I32 && t->dtype != BATON_DTYPE_I64) {
-        snprintf(msg, sizeof(msg), "node '%s', input '%s': %s; want token ids (I32 or I64)%s",
-                 it->node_name, it->inputs[0].name,
-                 t->dtype == BATON_DTYPE_U8 ? "UTF-8 text" : "a tensor of another dtype",
-                 t->dtype == BATON_DTYPE_U8 ? " (this build has no tokenizer)" : "");
+        snprintf(msg, sizeof(msg), "node '%s', input '%s': %s; want %s", it->node_name,
+                 it->inputs[0].name,
+                 t->dtype == BATON_DTYPE_U8 ? (t->nbytes ? "UTF-8 text" : "empty text")
+                                            : "a tensor of another dtype",
+                 !text_ok ? "a token id (I32 or I64)"
+                 : m->vocab ? "UTF-8 text (U8) or token ids (I32 or I64)"
+                            : "token ids (I32 or I64): the model has no tokenizer");
         goto bad;
     }
     if (count == 0) {
@@ -658,7 +786,7 @@ static void prefill_one(baton_model *m, baton_ctx *ctx, baton_item *it)
 {
     tf_session *s = it->session;
     size_t n;
-    int32_t *ids = read_ids(m, ctx, it, &n);
+    int32_t *ids = read_ids(m, ctx, it, true, &n);
     if (!ids)
         return;
     char msg[256];
@@ -670,6 +798,7 @@ static void prefill_one(baton_model *m, baton_ctx *ctx, baton_item *it)
     }
     /* A new prompt starts the session over. */
     s->len = 0;
+    s->n_carry = 0;
     int32_t *pos = malloc((size_t)m->chunk * sizeof(*pos));
     if (!pos) {
         ctx->fail(ctx, it, BATON_STATUS_RESOURCE_EXHAUSTED, "out of memory");
@@ -743,7 +872,7 @@ static void decode_batch(baton_model *m, baton_ctx *ctx, baton_item *const *item
         baton_item *it = items[i];
         tf_session *s = it->session;
         size_t cnt;
-        int32_t *ids = read_ids(m, ctx, it, &cnt);
+        int32_t *ids = read_ids(m, ctx, it, false, &cnt);
         if (!ids)
             continue;
         tok[i] = ids[0];
@@ -755,7 +884,7 @@ static void decode_batch(baton_model *m, baton_ctx *ctx, baton_item *const *item
             ctx->fail(ctx, it, BATON_STATUS_INVALID_ARGUMENT, msg);
             continue;
         }
-        if (m->eos >= 0 && tok[i] == m->eos) {
+        if (is_end(m, tok[i])) {
             /* The token before ended generation (a prefill's EOS reaches
              * the loop's first iteration): nothing more to say. */
             emit(m, ctx, it, tok[i], NULL);
@@ -819,7 +948,7 @@ static void decode_batch(baton_model *m, baton_ctx *ctx, baton_item *const *item
         const float *row = logits + (size_t)s->slot * (size_t)m->shape.vocab;
         int32_t t = pick_token(m, it, row, argmax[s->slot], s->len);
         if (emit(m, ctx, it, t, row) == 0 &&
-            ((m->eos >= 0 && t == m->eos) || s->len >= m->max_seq))
+            (is_end(m, t) || s->len >= m->max_seq))
             ctx->finish(ctx, it);
     }
 out:

@@ -692,6 +692,27 @@ graphs:
                 async: true
                 inputs: [token]
                 outputs: [{name: token, to: decode}, {name: token, to: client, new_token: true}]
+  - name: chat
+    inputs: [prompt]
+    body:
+      sequential:
+        - node:
+            name: prefill
+            model: llm
+            mode: prefill
+            inputs: [prompt]
+            outputs: [{name: token, to: decode}, {name: text, to: client, new_token: true}]
+        - loop:
+            name: decode_loop
+            max_iters: 23
+            body:
+              node:
+                name: decode
+                model: llm
+                mode: decode
+                async: true
+                inputs: [token]
+                outputs: [{name: token, to: decode}, {name: text, to: client, new_token: true}]
   - name: gen_slow
     inputs: [prompt]
     body:
@@ -774,6 +795,13 @@ def test_transformer_serves(config):
             r.status.message
         _, r = c.infer("gen", prompt(ONCE_PROMPT), timeout=60)
         assert r.status.code == pb.OK and as_i32(r.outputs[0]) == ONCE_ANSWER, r
+        # Text in, text out: the GGUF's tokenizer and chat template make the
+        # question prompt 1's ids, and the answer streams as text.
+        q = b"What is the capital of France?"
+        chunks, r = c.infer("chat", {"prompt": (pb.U8, [len(q)], q)}, stream=True, timeout=60)
+        assert r.status.code == pb.OK, r.status
+        text = b"".join(ch.value.data for ch in chunks)
+        assert text == b"The capital of France is Paris.", text
         # The slow profile's executables run on two compute streams (the
         # schedule chose them, below): the same answer.
         _, r = c.infer("gen_slow", prompt(ONCE_PROMPT), timeout=60)

@@ -529,7 +529,7 @@ static void test_bad_inputs(void **state)
     expect_item_fails(m, &r, BATON_STATUS_INVALID_ARGUMENT, "no tokens");
     req_item(&r, "prefill", &one, 1);
     r.in.tensor.dtype = BATON_DTYPE_F32;
-    expect_item_fails(m, &r, BATON_STATUS_INVALID_ARGUMENT, "want token ids");
+    expect_item_fails(m, &r, BATON_STATUS_INVALID_ARGUMENT, "want UTF-8 text (U8) or token ids");
     req_item(&r, "sideways", &one, 1);
     expect_item_fails(m, &r, BATON_STATUS_INVALID_ARGUMENT, "mode 'sideways'");
     req_item(&r, "prefill", &one, 1);
@@ -549,6 +549,45 @@ static void test_bad_inputs(void **state)
     in = tok;
     req_item(&r, "decode", &in, 1);
     expect_item_fails(m, &r, BATON_STATUS_RESOURCE_EXHAUSTED, "KV cache is full");
+    fake_reset(&f);
+    B->session_close(m, r.s);
+    B->model_unload(m);
+}
+
+/* A text prompt goes through the file's tokenizer and chat template: the
+ * question becomes prompt 1's ids (the same first token), and the answer
+ * comes back as text, EOS adding none. */
+static void test_text_prompt(void **state)
+{
+    (void)state;
+    if (!have_model())
+        skip();
+    baton_model *m = load(1, NULL);
+    req r, *rp = &r;
+    req_open(m, &r);
+    static const char q[] = "What is the capital of France?";
+    r.outs[1].name = "text";
+    req_item(&r, "prefill", REF[0].ids, 1);
+    r.in.tensor = (baton_tensor){BATON_DTYPE_U8, 1, {sizeof(q) - 1}, (void *)q, sizeof(q) - 1, 0};
+    fake f = {0};
+    int32_t tok;
+    run(m, &f, &rp, 1, &tok);
+    char answer[256] = "";
+    size_t len = 0;
+    for (int step = 0; step < 16; step++) {
+        const baton_tensor *t = f.res[0].out[1];
+        assert_int_equal(t->dtype, BATON_DTYPE_U8);
+        memcpy(answer + len, t->data, t->nbytes);
+        len += t->nbytes;
+        if (f.res[0].finished)
+            break;
+        int32_t in = tok;
+        req_item(&r, "decode", &in, 1);
+        r.outs[1].name = "text";
+        run(m, &f, &rp, 1, &tok);
+    }
+    assert_string_equal(answer, "The capital of France is Paris.");
+    assert_true(f.res[0].finished);
     fake_reset(&f);
     B->session_close(m, r.s);
     B->model_unload(m);
@@ -619,6 +658,7 @@ int main(void)
         cmocka_unit_test(test_eos_finishes),
         cmocka_unit_test(test_sampling_reproducible),
         cmocka_unit_test(test_bad_inputs),
+        cmocka_unit_test(test_text_prompt),
         cmocka_unit_test(test_bad_loads),
         cmocka_unit_test(test_describe),
     };
