@@ -534,8 +534,10 @@ static int acquire_slot(baton_model *m, tf_session *s)
     for (int k = 0; k < m->slots && pick < 0; k++)
         if (!m->owner[k])
             pick = k;
-    for (int k = 0; pick < 0 && k < m->slots; k++) {
-        /* The oldest session outside this batch; ties keep the lower slot. */
+    bool free_slot = pick >= 0;
+    /* None free: the oldest session outside this batch; ties keep the
+     * lower slot. */
+    for (int k = 0; !free_slot && k < m->slots; k++) {
         tf_session *c = m->owner[k];
         if (c->batch_id != m->batch_id && (pick < 0 || c->used < m->owner[pick]->used))
             pick = k;
@@ -632,8 +634,12 @@ static int emit(baton_model *m, baton_ctx *ctx, baton_item *it, int32_t t, const
                 *(int32_t *)out->data = t;
         } else if (strcmp(name, "logits") == 0) {
             int64_t v = m->shape.vocab;
+            /* No logits when nothing ran (an end token fed back): zeros,
+             * not whatever the pool held. */
             if ((out = ctx->alloc(ctx, it, BATON_DTYPE_F32, 1, &v)) && logits)
                 memcpy(out->data, logits, (size_t)v * sizeof(float));
+            else if (out)
+                memset(out->data, 0, (size_t)v * sizeof(float));
         } else if (strcmp(name, "text") == 0) {
             char piece[256], msg[384];
             int len = m->vocab ? text_of(m, it->session, t, piece, sizeof(piece)) : -1;
@@ -768,18 +774,14 @@ bad:
     return NULL;
 }
 
-/* Runs X and fails IT with the op's error when the run fails. */
-static int run(kx_exec *x, baton_ctx *ctx, baton_item *it)
+/* Fails IT with the error of X's last run, which returned RC. */
+static void fail_run(const kx_exec *x, int rc, baton_ctx *ctx, baton_item *it)
 {
-    int rc = kx_run(x);
-    if (rc == 0)
-        return 0;
     int st = 0, op = kx_op_error(x, &st);
     char msg[256];
     snprintf(msg, sizeof(msg), "node '%s': the graph failed at op %d: %s (status %d)",
              it->node_name, op, kx_strerror(rc), st);
     ctx->fail(ctx, it, BATON_STATUS_INTERNAL, msg);
-    return -1;
 }
 
 static void prefill_one(baton_model *m, baton_ctx *ctx, baton_item *it)
@@ -819,7 +821,9 @@ static void prefill_one(baton_model *m, baton_ctx *ctx, baton_item *it)
         kx_input_bind(m->prefill, 0, ids + at, (size_t)e * 4);
         kx_input_bind(m->prefill, 1, pos, (size_t)e * 4);
         kx_input_bind(m->prefill, 2, &last, 4);
-        if (run(m->prefill, ctx, it)) {
+        int rc = kx_run(m->prefill);
+        if (rc) {
+            fail_run(m->prefill, rc, ctx, it);
             free(pos);
             goto out;
         }
@@ -854,9 +858,8 @@ static void decode_batch(baton_model *m, baton_ctx *ctx, baton_item *const *item
 {
     int B = m->slots;
     int32_t *in = calloc((size_t)B * 3, sizeof(*in));
-    int32_t *tok = malloc(n * sizeof(*tok));
     bool *live = calloc(n, sizeof(*live));
-    if (!in || !tok || !live) {
+    if (!in || !live) {
         for (size_t i = 0; i < n; i++)
             ctx->fail(ctx, items[i], BATON_STATUS_RESOURCE_EXHAUSTED, "out of memory");
         goto out;
@@ -875,7 +878,7 @@ static void decode_batch(baton_model *m, baton_ctx *ctx, baton_item *const *item
         int32_t *ids = read_ids(m, ctx, it, false, &cnt);
         if (!ids)
             continue;
-        tok[i] = ids[0];
+        int32_t tok = ids[0];
         free(ids);
         char msg[192];
         if (cnt != 1) {
@@ -884,10 +887,10 @@ static void decode_batch(baton_model *m, baton_ctx *ctx, baton_item *const *item
             ctx->fail(ctx, it, BATON_STATUS_INVALID_ARGUMENT, msg);
             continue;
         }
-        if (is_end(m, tok[i])) {
+        if (is_end(m, tok)) {
             /* The token before ended generation (a prefill's EOS reaches
              * the loop's first iteration): nothing more to say. */
-            emit(m, ctx, it, tok[i], NULL);
+            emit(m, ctx, it, tok, NULL);
             ctx->finish(ctx, it);
             continue;
         }
@@ -914,7 +917,7 @@ static void decode_batch(baton_model *m, baton_ctx *ctx, baton_item *const *item
             continue;
         }
         s->used = ++m->clock;
-        tokens[s->slot] = tok[i];
+        tokens[s->slot] = tok;
         positions[s->slot] = s->len;
         lens[s->slot] = s->len;
         live[i] = true;
@@ -941,7 +944,7 @@ static void decode_batch(baton_model *m, baton_ctx *ctx, baton_item *const *item
         baton_item *it = items[i];
         tf_session *s = it->session;
         if (rc) {
-            run(m->decode, ctx, it);  /* fails it with the op's error */
+            fail_run(m->decode, rc, ctx, it);
             continue;
         }
         s->len++;
@@ -953,7 +956,6 @@ static void decode_batch(baton_model *m, baton_ctx *ctx, baton_item *const *item
     }
 out:
     free(in);
-    free(tok);
     free(live);
 }
 
