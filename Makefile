@@ -36,12 +36,40 @@ endif
 
 PROTO_C := $(BUILD)/gen/proto/baton.pb-c.c
 PROTO_H := $(BUILD)/gen/proto/baton.pb-c.h
+PROTO_OBJ := $(BUILD)/obj/gen/proto/baton.pb-c.o
 
-# Library sources: every .c of the shared modules except programs (main_*.c).
-LIB_DIRS := common config daemon
-LIB_SRCS := $(filter-out %/main_batond.c %/main_batonctl.c,$(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c)))
-LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/gen/proto/baton.pb-c.o
-LIB := $(BUILD)/libbaton.a
+# One archive per component, linked in layering order (a component may use
+# only those after it on a link line): daemon, worker, client on top; then
+# runtime, config, backends, kernels, common.  scripts/check-includes.sh
+# enforces the same order on #include lines.
+lib_srcs = $(filter-out %/main_batond.c %/main_worker.c,$(foreach d,$(1),$(wildcard $(d)/*.c)))
+lib_objs = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
+
+COMMON_LIB := $(BUILD)/libbaton_common.a
+COMMON_OBJS := $(call lib_objs,$(call lib_srcs,common)) $(PROTO_OBJ)
+# Kernels and executable graphs: kernels/*.c and kernels/cpu/*.c.
+KERNEL_LIB := $(BUILD)/libbaton_kernels.a
+KERNEL_OBJS := $(call lib_objs,$(call lib_srcs,kernels kernels/cpu))
+# Every backend folder, plus the catalog (declarations, linked by batond
+# too) and the built-in table (linked by the worker only).
+BACKEND_LIB := $(BUILD)/libbaton_backends.a
+BACKEND_OBJS := $(call lib_objs,$(call lib_srcs,backends $(wildcard backends/*/)))
+CONFIG_LIB := $(BUILD)/libbaton_config.a
+CONFIG_OBJS := $(call lib_objs,$(call lib_srcs,config))
+RUNTIME_LIB := $(BUILD)/libbaton_runtime.a
+RUNTIME_OBJS := $(call lib_objs,$(call lib_srcs,runtime))
+DAEMON_LIB := $(BUILD)/libbaton_daemon.a
+DAEMON_OBJS := $(call lib_objs,$(call lib_srcs,daemon))
+# The worker: every worker/*.c except its main, in an archive the unit
+# tests link too (pool, joins, executor).
+WORKER_LIB := $(BUILD)/libbaton_worker.a
+WORKER_OBJS := $(call lib_objs,$(call lib_srcs,worker))
+
+# libbatonclient: the C client library, static and shared (its objects
+# built position-independent), with a pkg-config file on install.
+CLIENT_LIB := $(BUILD)/libbatonclient.a
+CLIENT_SO := $(BUILD)/libbatonclient.so
+CLIENT_PIC_OBJS := $(BUILD)/obj/pic/client/client.o $(BUILD)/obj/pic/gen/proto/baton.pb-c.o
 
 # CUDA parts: every kernels/cuda/*.cu, compiled by nvcc into their own
 # archive when nvcc is present (CUDA=0 forces them off).  The code that
@@ -56,7 +84,7 @@ CFLAGS += -DBATON_CUDA=1 -I$(CUDA_HOME)/include
 # nvcc objects need the C++ runtime (static-local guards) when linked by cc.
 LDLIBS += -L$(CUDA_HOME)/lib64 -lcudart -lcublas -lstdc++ -Wl,-rpath,$(CUDA_HOME)/lib64
 endif
-# NCCL (the all-reduce of kernels/cuda/blas.cu) only where its header is
+# NCCL (the all-reduce of kernels/cuda/comm.cu) only where its header is
 # installed; NCCL_LIBS goes on the link lines of programs that call it.
 NCCL_H := $(wildcard $(CUDA_HOME)/include/nccl.h /usr/include/nccl.h)
 ifneq ($(CU_SRCS),)
@@ -73,30 +101,21 @@ OPENBLAS_CFLAGS := $(shell pkg-config --cflags openblas 2>/dev/null)
 OPENBLAS_LIBS := $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas)
 CFLAGS += $(OPENBLAS_CFLAGS)
 
-# Kernels and executable graphs (issue 4): every kernels/*.c and
-# kernels/cpu/*.c in one archive that the worker and the tests link.
-KERNEL_SRCS := $(wildcard kernels/*.c kernels/cpu/*.c)
-KERNEL_OBJS := $(KERNEL_SRCS:%.c=$(BUILD)/obj/%.o)
-KERNEL_LIB := $(BUILD)/libbaton_kernels.a
-
 BATOND := $(BUILD)/batond
-
-# The worker: every worker/*.c except its main goes into an archive of its
-# own, which the unit tests link too (pool, joins, backends, executor).
-WORKER_SRCS := $(filter-out worker/main_worker.c,$(wildcard worker/*.c))
-WORKER_OBJS := $(WORKER_SRCS:%.c=$(BUILD)/obj/%.o)
-WORKER_LIB := $(BUILD)/libbaton_worker.a
 WORKER := $(BUILD)/baton-worker
+BATONCTL := $(BUILD)/batonctl
 # An example backend plugin (a shared library) that the unit tests dlopen.
 PLUGIN_EXAMPLE := $(BUILD)/tests/plugin_example.so
 
-PROGRAMS := $(BATOND) $(WORKER)
+# What each program links, top of the layering first.  batond links no
+# kernel that runs and no client code; the worker links no daemon code.
+BATOND_LIBS := $(DAEMON_LIB) $(RUNTIME_LIB) $(CONFIG_LIB) $(BACKEND_LIB) $(KERNEL_LIB) $(COMMON_LIB)
+WORKER_LIBS := $(WORKER_LIB) $(CONFIG_LIB) $(BACKEND_LIB) $(KERNEL_LIB) $(COMMON_LIB) $(CU_LIB)
+ALL_LIBS := $(DAEMON_LIB) $(WORKER_LIB) $(CLIENT_LIB) $(RUNTIME_LIB) $(CONFIG_LIB) \
+	$(BACKEND_LIB) $(KERNEL_LIB) $(COMMON_LIB) $(CU_LIB)
 
-# The command-line client; the client library (common/client.c) and its
-# output formats (daemon/ctl_format.c) come from $(LIB).
-BATONCTL := $(BUILD)/batonctl
-PROGRAMS += $(BATONCTL)
-# Protobuf bindings of the Python client (scripts/python/baton_client.py).
+PROGRAMS := $(BATOND) $(WORKER) $(BATONCTL)
+# Protobuf bindings of the Python client (client/python/baton_client.py).
 PY_PB2 := $(BUILD)/gen/python/baton_pb2.py
 
 UNIT_SRCS := $(wildcard tests/unit/test_*.c)
@@ -106,7 +125,7 @@ UNIT_HELPER_OBJS := $(UNIT_HELPERS:%.c=$(BUILD)/obj/%.o)
 
 .SECONDARY:
 .PHONY: all test asan-test run install clean deps model unit integration check-examples
-all: $(PROGRAMS) $(PY_PB2)
+all: $(PROGRAMS) $(CLIENT_SO) $(PY_PB2)
 
 deps:
 	@BATON_DEPS_QUIET=1 bash scripts/install-deps.sh
@@ -131,21 +150,45 @@ $(BUILD)/obj/%.o: %.cu
 	@echo "  NVCC    $<"
 	$(Q)$(NVCC) $(NVCCFLAGS) -c -o $@ $<
 
-$(CU_LIB): $(CU_OBJS)
-	@rm -f $@
-	@echo "  AR      $@"
-	$(Q)ar rcs $@ $^
+# One rule for every component archive.
+define archive_rule
+$(1): $(2)
+	@rm -f $$@
+	@echo "  AR      $$@"
+	$$(Q)ar rcs $$@ $$^
+endef
+$(eval $(call archive_rule,$(CU_LIB),$(CU_OBJS)))
+$(eval $(call archive_rule,$(COMMON_LIB),$(COMMON_OBJS)))
+$(eval $(call archive_rule,$(KERNEL_LIB),$(KERNEL_OBJS)))
+$(eval $(call archive_rule,$(BACKEND_LIB),$(BACKEND_OBJS)))
+$(eval $(call archive_rule,$(CONFIG_LIB),$(CONFIG_OBJS)))
+$(eval $(call archive_rule,$(RUNTIME_LIB),$(RUNTIME_OBJS)))
+$(eval $(call archive_rule,$(DAEMON_LIB),$(DAEMON_OBJS)))
+$(eval $(call archive_rule,$(WORKER_LIB),$(WORKER_OBJS)))
+$(eval $(call archive_rule,$(CLIENT_LIB),$(CLIENT_PIC_OBJS)))
 
-$(LIB): $(LIB_OBJS)
-	@rm -f $@
-	@echo "  AR      $@"
-	$(Q)ar rcs $@ $^
+$(BUILD)/obj/pic/client/%.o: client/%.c | $(PROTO_H)
+	@mkdir -p $(dir $@)
+	@echo "  CC      $< (PIC)"
+	$(Q)$(CC) $(CFLAGS) -fPIC -c -o $@ $<
 
-$(BATOND): $(BUILD)/obj/daemon/main_batond.o $(LIB) $(CU_LIB)
+$(BUILD)/obj/pic/gen/proto/baton.pb-c.o: $(PROTO_C)
+	@mkdir -p $(dir $@)
+	@echo "  CC      $< (PIC)"
+	$(Q)$(CC) $(CFLAGS) -fPIC -Wno-missing-prototypes -c -o $@ $<
+
+$(CLIENT_SO): $(CLIENT_PIC_OBJS)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(LDFLAGS) -shared -Wl,-soname,libbatonclient.so.0 -o $@ $^ \
+		$(shell pkg-config --libs libzmq libprotobuf-c 2>/dev/null)
+
+$(BATOND): $(BUILD)/obj/daemon/main_batond.o $(BATOND_LIBS)
 	@echo "  LD      $@"
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(JEMALLOC_LIBS)
 
-$(BATONCTL): $(BUILD)/obj/daemon/main_batonctl.o $(LIB)
+# batonctl is linked against the static client library, so that it runs
+# from the build folder without an rpath.
+$(BATONCTL): $(BUILD)/obj/client/batonctl.o $(BUILD)/obj/client/ctl_format.o $(CLIENT_LIB) | $(CLIENT_SO)
 	@echo "  LD      $@"
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
@@ -157,17 +200,7 @@ $(PY_PB2): proto/baton.proto
 # tests/integration/test_batonctl.sh drives the Python client too.
 integration: $(PY_PB2)
 
-$(KERNEL_LIB): $(KERNEL_OBJS)
-	@rm -f $@
-	@echo "  AR      $@"
-	$(Q)ar rcs $@ $(KERNEL_OBJS)
-
-$(WORKER_LIB): $(WORKER_OBJS)
-	@rm -f $@
-	@echo "  AR      $@"
-	$(Q)ar rcs $@ $^
-
-$(WORKER): $(BUILD)/obj/worker/main_worker.o $(WORKER_LIB) $(KERNEL_LIB) $(LIB) $(CU_LIB)
+$(WORKER): $(BUILD)/obj/worker/main_worker.o $(WORKER_LIBS)
 	@echo "  LD      $@"
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(OPENBLAS_LIBS) -ldl $(JEMALLOC_LIBS)
 
@@ -176,9 +209,9 @@ $(PLUGIN_EXAMPLE): tests/unit/plugin/example.c include/baton/backend.h
 	@echo "  CC      $@"
 	$(Q)$(CC) $(CFLAGS) -fPIC -shared -o $@ $< $(LDFLAGS)
 
-# Every unit test links the worker archive; the worker and the example
-# plugin are built first because tests start and dlopen them.
-$(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(UNIT_HELPER_OBJS) $(WORKER_LIB) $(KERNEL_LIB) $(LIB) $(CU_LIB) | $(WORKER) $(PLUGIN_EXAMPLE)
+# Unit tests link every component; the worker and the example plugin are
+# built first because tests start and dlopen them.
+$(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(UNIT_HELPER_OBJS) $(ALL_LIBS) | $(WORKER) $(PLUGIN_EXAMPLE)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(OPENBLAS_LIBS) -ldl $(CMOCKA_LIBS)
@@ -206,17 +239,24 @@ asan-test: deps model
 run: deps all
 	@bash scripts/run.sh $(BATOND)
 
-# Installs the programs, the public headers, the examples, the Python client
-# and the systemd units (copy them to /etc/systemd/system to use them).
+# Installs the programs, the client library (static, shared, pkg-config
+# `baton-client`), the public headers, the examples, the Python client and
+# the systemd units (copy them to /etc/systemd/system to use them).
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/include/baton \
+		$(DESTDIR)$(PREFIX)/lib/pkgconfig \
 		$(DESTDIR)$(PREFIX)/share/baton/examples $(DESTDIR)$(PREFIX)/share/baton/systemd \
 		$(DESTDIR)$(PREFIX)/share/baton/python
 	install -m 0755 $(PROGRAMS) $(DESTDIR)$(PREFIX)/bin/
+	install -m 0644 $(CLIENT_LIB) $(DESTDIR)$(PREFIX)/lib/
+	install -m 0755 $(CLIENT_SO) $(DESTDIR)$(PREFIX)/lib/libbatonclient.so.0
+	ln -sf libbatonclient.so.0 $(DESTDIR)$(PREFIX)/lib/libbatonclient.so
+	printf 'prefix=%s\nlibdir=$${prefix}/lib\nincludedir=$${prefix}/include\n\nName: baton-client\nDescription: C client library of the baton serving daemon\nVersion: 0.1.0\nRequires.private: libzmq libprotobuf-c\nLibs: -L$${libdir} -lbatonclient\nCflags: -I$${includedir}\n' \
+		'$(PREFIX)' > $(DESTDIR)$(PREFIX)/lib/pkgconfig/baton-client.pc
 	install -m 0644 include/baton/*.h $(DESTDIR)$(PREFIX)/include/baton/
 	install -m 0644 config/examples/*.yaml $(DESTDIR)$(PREFIX)/share/baton/examples/
 	install -m 0644 scripts/systemd/*.service $(DESTDIR)$(PREFIX)/share/baton/systemd/
-	install -m 0644 scripts/python/baton_client.py $(PY_PB2) $(DESTDIR)$(PREFIX)/share/baton/python/
+	install -m 0644 client/python/baton_client.py $(PY_PB2) $(DESTDIR)$(PREFIX)/share/baton/python/
 	install -m 0644 README.md $(DESTDIR)$(PREFIX)/share/baton/
 
 clean:
@@ -226,7 +266,7 @@ clean:
 
 # Benchmarks (tests/bench/README.md): `make bench` builds every
 # tests/bench/bench_*.c program into $(BUILD)/bench/ (linked with the other
-# tests/bench/*.c, $(LIB), libzmq and protobuf-c) and runs them one after
+# tests/bench/*.c, the client library, libzmq and protobuf-c) and runs them one after
 # another, the dispatch benchmarks first; each prints a table and writes
 # $(BUILD)/bench/NAME.json.  Not part of `all` or `test`: benchmarks
 # measure, they assert no time.
@@ -237,11 +277,11 @@ BENCH_HELPER_OBJS := $(BENCH_HELPERS:%.c=$(BUILD)/obj/%.o)
 BENCH_FIRST := $(addprefix $(BUILD)/bench/bench_,roundtrip decode handoff)
 BENCH_ORDER := $(filter $(BENCH_BINS),$(BENCH_FIRST)) $(filter-out $(BENCH_FIRST),$(BENCH_BINS))
 
-$(BUILD)/bench/%: $(BUILD)/obj/tests/bench/%.o $(BENCH_HELPER_OBJS) $(LIB)
+$(BUILD)/bench/%: $(BUILD)/obj/tests/bench/%.o $(BENCH_HELPER_OBJS) $(CLIENT_LIB) $(COMMON_LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(OPENBLAS_LIBS)
-$(BUILD)/bench/bench_ops: $(KERNEL_LIB)
+$(BUILD)/bench/bench_ops: $(KERNEL_LIB) $(COMMON_LIB)
 
 .PHONY: bench
 bench: $(PROGRAMS) $(BENCH_BINS)
@@ -250,7 +290,7 @@ bench: $(PROGRAMS) $(BENCH_BINS)
 # CUDA kernels against their C references, then timed (tests/gpu/run.sh).
 # Built only with CUDA; not part of `make test`: it needs a GPU to run.
 GPU_BINS := $(if $(CU_LIB),$(BUILD)/gpu/check_kernels $(BUILD)/gpu/check_exec)
-$(BUILD)/gpu/%: $(BUILD)/obj/tests/gpu/%.o $(KERNEL_LIB) $(CU_LIB)
+$(BUILD)/gpu/%: $(BUILD)/obj/tests/gpu/%.o $(BACKEND_LIB) $(KERNEL_LIB) $(COMMON_LIB) $(CU_LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(OPENBLAS_LIBS) $(NCCL_LIBS)
@@ -258,5 +298,5 @@ $(BUILD)/gpu/%: $(BUILD)/obj/tests/gpu/%.o $(KERNEL_LIB) $(CU_LIB)
 .PHONY: gpu-check
 gpu-check: $(GPU_BINS)
 # The planning and scheduling benchmarks link the kernels archive too.
-$(BUILD)/bench/bench_arena: $(KERNEL_LIB)
-$(BUILD)/bench/bench_sched: $(KERNEL_LIB)
+$(BUILD)/bench/bench_arena: $(BACKEND_LIB) $(KERNEL_LIB) $(COMMON_LIB)
+$(BUILD)/bench/bench_sched: $(KERNEL_LIB) $(COMMON_LIB)

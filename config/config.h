@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/backends.h"
+#include "backends/catalog.h"
 #include "common/diag.h"
 
 typedef struct cfg_pos {

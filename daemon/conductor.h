@@ -23,7 +23,7 @@
 #include "config/config.h"
 #include "config/graph.h"
 #include "daemon/evloop.h"
-#include "daemon/runtime.h"
+#include "runtime/runtime.h"
 #include "proto/baton.pb-c.h"
 
 #define COND_MAX_DIMS 8

@@ -21,7 +21,7 @@ Serving $CONFIG on $ENDPOINT (Ctrl-C to stop).  In another terminal:
   $BUILD/batonctl --endpoint $ENDPOINT health
   $BUILD/batonctl --endpoint $ENDPOINT generate chat "What is the capital of France?"
   $BUILD/batonctl --endpoint $ENDPOINT inspect chat   # graph, partition, schedule
-  /usr/bin/python3 scripts/python/example.py --endpoint $ENDPOINT   # the Python client
+  /usr/bin/python3 client/python/example.py --endpoint $ENDPOINT   # the Python client
 
 MSG
 exec "$BUILD/batond" --config "$CONFIG"

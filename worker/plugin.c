@@ -9,7 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "worker/backends.h"
+#include "backends/builtin.h"
+#include "worker/plugin.h"
 
 struct wk_plugin {
     char *path;
@@ -138,13 +139,9 @@ baton_status wk_registry_find(wk_registry *r, const char *spec, const baton_back
         *out = p->backend;
         return BATON_STATUS_OK;
     }
-    const baton_backend *b = wk_builtin_backend(spec);
+    const baton_backend *b = bk_builtin_find(spec);
     if (b) {
         *out = b;
-        return BATON_STATUS_OK;
-    }
-    if (strcmp(spec, "transformer") == 0) {
-        *out = wk_transformer_backend();
         return BATON_STATUS_OK;
     }
     snprintf(err, errlen, "unknown backend '%s' (built-ins: transformer, echo, add, counter, "

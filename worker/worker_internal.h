@@ -28,7 +28,7 @@
 #include "baton/backend.h"
 #include "common/u64map.h"
 #include "proto/baton.pb-c.h"
-#include "worker/backends.h"
+#include "worker/plugin.h"
 #include "worker/pool.h"
 #include "worker/shm.h"
 #include "worker/worker.h"

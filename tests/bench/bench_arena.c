@@ -8,7 +8,7 @@
 #include <stdlib.h>
 
 #include "kernels/arena.h"
-#include "kernels/transformer_graph.h"
+#include "backends/transformer/model.h"
 #include "tests/bench/util.h"
 
 int main(int argc, char **argv)

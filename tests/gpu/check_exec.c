@@ -29,7 +29,7 @@
 #include "kernels/exec.h"
 #include "kernels/kernels.h"
 #include "kernels/optable.h"
-#include "kernels/transformer_graph.h"
+#include "backends/transformer/model.h"
 
 static int failures, checks;
 

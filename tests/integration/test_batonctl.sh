@@ -139,7 +139,7 @@ EOF
 
   out=$("$PY" tests/integration/test_python_client.py "$ep" 2>&1); rc=$?
   if [ $rc -eq 0 ]; then ok; else bad "python client (exit $rc)"; echo "$out"; fi
-  out=$("$PY" scripts/python/example.py --endpoint "$ep" chat "hello big world" 2>&1); rc=$?
+  out=$("$PY" client/python/example.py --endpoint "$ep" chat "hello big world" 2>&1); rc=$?
   if [ $rc -eq 0 ] && grep -q "hello big world" <<<"$out"; then ok; else bad "example.py (exit $rc)"; echo "$out"; fi
 
   kill "$fake" 2>/dev/null; wait "$fake" 2>/dev/null

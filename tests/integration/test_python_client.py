@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The Python client (scripts/python/baton_client.py) against
+"""The Python client (client/python/baton_client.py) against
 fake_baton_server.py. Usage: test_python_client.py ENDPOINT. Prints one line
 per failed check and exits 1 if any failed; /usr/bin/python3 because the
 Debian python3-zmq / python3-protobuf packages are installed for it."""
@@ -9,7 +9,7 @@ import struct
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                "..", "..", "scripts", "python"))
+                                "..", "..", "client", "python"))
 import baton_client as bc  # noqa: E402
 
 failures = 0

@@ -14,7 +14,7 @@
 
 #include "config/config.h"
 #include "config/graph.h"
-#include "daemon/runtime.h"
+#include "runtime/runtime.h"
 
 #define H_MAX_INPUTS 8
 #define H_LABEL 2048

@@ -11,7 +11,7 @@
 
 #include "kernels/arena.h"
 #include "kernels/graph.h"
-#include "kernels/transformer_graph.h"
+#include "backends/transformer/model.h"
 
 static int inter(kg_graph *g, int64_t n)
 {

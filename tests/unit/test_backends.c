@@ -13,7 +13,9 @@
 
 #include <cmocka.h>
 
-#include "worker/backends.h"
+#include "backends/testing/testing.h"
+#include "backends/transformer/transformer.h"
+#include "worker/plugin.h"
 
 /* --- a fake ctx that records what a backend does ------------------------- */
 
@@ -157,7 +159,7 @@ static baton_input in_t(const char *name, baton_dtype dt, uint32_t nd, const int
 static baton_model *load(const char *name, const char **keys, const char **values, size_t n,
                          baton_status want)
 {
-    const baton_backend *b = wk_builtin_backend(name);
+    const baton_backend *b = bk_testing_backend(name);
     assert_non_null(b);
     assert_int_equal(b->abi_version, BATON_BACKEND_ABI_VERSION);
     baton_load_params p = {name, keys, values, n, 0, 1, "cpu", 4, 1};
@@ -172,12 +174,12 @@ static baton_model *load(const char *name, const char **keys, const char **value
 static void run(const char *name, baton_model *m, fake *f, baton_item *it)
 {
     baton_item *items[1] = {it};
-    wk_builtin_backend(name)->execute(m, &f->ctx, items, 1);
+    bk_testing_backend(name)->execute(m, &f->ctx, items, 1);
 }
 
 static void unload(const char *name, baton_model *m)
 {
-    wk_builtin_backend(name)->model_unload(m);
+    bk_testing_backend(name)->model_unload(m);
 }
 
 /* --- tests --------------------------------------------------------------- */
@@ -418,8 +420,8 @@ static void test_load_options(void **state)
     const char *v3[] = {"-1"};
     assert_null(load("chunks", k2, v3, 1, BATON_STATUS_INVALID_ARGUMENT));
     assert_null(load("echo", k2, v2, 1, BATON_STATUS_INVALID_ARGUMENT));
-    assert_null(wk_builtin_backend("transformer"));
-    assert_null(wk_builtin_backend("nope"));
+    assert_null(bk_testing_backend("transformer"));
+    assert_null(bk_testing_backend("nope"));
 }
 
 static const char *plugin_path(char *buf, size_t len)
@@ -439,7 +441,7 @@ static void test_registry(void **state)
     assert_string_equal(b->name, "echo");
     assert_int_equal(wk_registry_find(r, "transformer", &b, err, sizeof(err)), BATON_STATUS_OK);
     assert_string_equal(b->name, "transformer");
-    assert_ptr_equal(b, wk_transformer_backend());
+    assert_ptr_equal(b, bk_transformer_backend());
     assert_int_equal(wk_registry_find(r, "ech0", &b, err, sizeof(err)), BATON_STATUS_NOT_FOUND);
     assert_non_null(strstr(err, "ech0"));
     assert_int_equal(wk_registry_find(r, "plugin:/nonexistent/libx.so", &b, err, sizeof(err)),

@@ -24,7 +24,7 @@
 #include "kernels/exec.h"
 #include "kernels/kernels.h"
 #include "kernels/optable.h"
-#include "kernels/transformer_graph.h"
+#include "backends/transformer/model.h"
 
 /* ---- the simulated device ------------------------------------------------- */
 

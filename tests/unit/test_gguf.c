@@ -17,7 +17,7 @@
 
 #include <cmocka.h>
 
-#include "kernels/gguf.h"
+#include "backends/transformer/gguf.h"
 
 #define REAL_MODEL "models/smollm2-135m-instruct-q4_1.gguf"
 

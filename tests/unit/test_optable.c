@@ -26,7 +26,7 @@
 #include "kernels/exec.h"
 #include "kernels/kernels.h"
 #include "kernels/optable.h"
-#include "kernels/transformer_graph.h"
+#include "backends/transformer/model.h"
 
 /* A small Llama: every dim a multiple of 32 so the weights can be Q8_0. */
 static ktf_shape tiny(kdtype weight)

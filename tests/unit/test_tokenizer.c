@@ -19,8 +19,8 @@
 
 #include <cmocka.h>
 
-#include "kernels/gguf.h"
-#include "worker/tokenizer.h"
+#include "backends/transformer/gguf.h"
+#include "backends/transformer/tokenizer.h"
 
 #define REAL_MODEL "models/smollm2-135m-instruct-q4_1.gguf"
 #define VECTORS "tests/unit/data/tokenizer-vectors.tsv"

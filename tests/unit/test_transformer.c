@@ -23,7 +23,8 @@
 
 #include <cmocka.h>
 
-#include "worker/backends.h"
+#include "backends/transformer/transformer.h"
+#include "worker/plugin.h"
 
 #define MODEL "models/smollm2-135m-instruct-q4_1.gguf"
 #define FIXTURE "tests/unit/data/smollm2_reference.txt"
@@ -189,7 +190,7 @@ static const baton_backend *B;
 static int setup(void **state)
 {
     (void)state;
-    B = wk_transformer_backend();
+    B = bk_transformer_backend();
     assert_non_null(B);
     load_fixture();
     return 0;

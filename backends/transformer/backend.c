@@ -38,12 +38,12 @@
 #include <string.h>
 
 #include "kernels/exec.h"
-#include "kernels/gguf.h"
+#include "backends/transformer/gguf.h"
 #include "kernels/kernels.h"
 #include "kernels/optable.h"
-#include "kernels/transformer_graph.h"
-#include "worker/backends.h"
-#include "worker/tokenizer.h"
+#include "backends/transformer/model.h"
+#include "backends/transformer/transformer.h"
+#include "backends/transformer/tokenizer.h"
 
 /* OpenBLAS's own control of its thread pool (cblas.h declares it only in
  * some versions). */
@@ -992,7 +992,7 @@ static const baton_backend transformer_backend = {
     .model_describe = model_describe,
 };
 
-const baton_backend *wk_transformer_backend(void)
+const baton_backend *bk_transformer_backend(void)
 {
     return &transformer_backend;
 }

@@ -32,7 +32,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kernels/gguf.h"
+#include "backends/transformer/gguf.h"
 
 /* Status codes (negative; 0 is success). */
 enum {

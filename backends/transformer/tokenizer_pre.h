@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "worker/tokenizer.h"
+#include "backends/transformer/tokenizer.h"
 
 /* The pre-tokenizers (tokenizer.h lists the GGUF names of each). */
 enum {

@@ -1,16 +1,27 @@
-/* Internal state of the runtime, shared by runtime.c (requests, tensors,
- * actions) and registry.c (slots, delivery, readiness, loops).  Nothing
- * outside daemon/runtime*.c and daemon/registry.c includes this. */
-#ifndef BATON_DAEMON_RUNTIME_INTERNAL_H
-#define BATON_DAEMON_RUNTIME_INTERNAL_H
+/* The bottom layer of the runtime: its state, and the operations on that
+ * state that know nothing of graph semantics.
+ *
+ * The runtime is built in layers, each calling only the ones below it:
+ *
+ *   runtime.c      the public API: events in, validation, the end of an
+ *                  event (replays, freeing ended requests, out of memory)
+ *   progress.c     completions, chunks, failures, loops, the end of a request
+ *   registry.c     delivery of values along edges, readiness, dispatch
+ *   speculation.c  run-ahead windows and the events buffered inside them
+ *   core.c         this header: the action queue and its arena, tensor
+ *                  reference counts, slots, bindings, request memory
+ *
+ * Nothing outside runtime/ includes this header. */
+#ifndef BATON_RUNTIME_CORE_H
+#define BATON_RUNTIME_CORE_H
 
 #include <stdlib.h>
 
 #include "common/u64map.h"
-#include "daemon/runtime.h"
+#include "runtime/runtime.h"
 
 /* A growable list of tensors.  Every list that stores a tensor holds one
- * reference on it (rt__ref / rt__unref), so a tensor is released exactly
+ * reference on it (rtc_ref / rtc_unref), so a tensor is released exactly
  * when the last list that names it lets go. */
 typedef struct tvec {
     rt_tensor *t;
@@ -61,7 +72,7 @@ typedef struct node_state {
     size_t cap_slots;
     bool done_valid;           /* done_iter holds the last iteration that completed */
     rt_iter done_iter;
-    /* Speculation window (DESIGN.md section 4.4). */
+    /* Speculation window (speculation.c). */
     bool spec_active;
     rt_iter spec_iter;         /* prefix of the window: every index but the innermost */
     uint32_t spec_upto;        /* innermost iteration the worker may run to */
@@ -165,17 +176,26 @@ struct rt_runtime {
     int oom;
 };
 
-/* runtime.c */
-void *rt__alloc(rt_runtime *rt, size_t size);
-rt_action *rt__push(rt_runtime *rt, rt_action_kind kind, const rt_request *r);
-void rt__ref(rt_runtime *rt, rt_request *r, rt_tensor t);
-void rt__unref(rt_runtime *rt, rt_request *r, rt_tensor t);
+/* ---- the action queue ------------------------------------------------ */
+
+/* SIZE bytes from the arena of action payloads, freed by rt_actions_clear;
+ * NULL (and rt->oom set) when memory runs out. */
+void *rtc_alloc(rt_runtime *rt, size_t size);
+/* Appends an action of KIND for request R (NULL: no request). */
+rt_action *rtc_push(rt_runtime *rt, rt_action_kind kind, const rt_request *r);
+
+/* ---- tensors ------------------------------------------------------------ */
+
+void rtc_ref(rt_runtime *rt, rt_request *r, rt_tensor t);
+/* Drops one reference; the last one queues a RELEASE. */
+void rtc_unref(rt_runtime *rt, rt_request *r, rt_tensor t);
+/* Queues a RELEASE for every tensor R still references, whatever holds it. */
+void rtc_release_all(rt_runtime *rt, rt_request *r);
+/* Queues RELEASEs, outside any request's counts, for the tensors of an
+ * event nobody expects (GRAPH: the request's graph, or -1). */
+void rtc_release_stray(rt_runtime *rt, uint64_t req, int graph, const rt_tensor *ts, size_t n);
 int tvec_push(rt_runtime *rt, rt_request *r, tvec *v, rt_tensor t);
 void tvec_clear(rt_runtime *rt, rt_request *r, tvec *v);
-void rt__end(rt_runtime *rt, rt_request *r, bt_code code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-void rt__replay_push(rt_runtime *rt, const rt_request *r, int node, const rt_iter *it);
-bool rt__iter_eq(const rt_iter *a, const rt_iter *b);
 
 static inline void tvec_free(tvec *v)
 {
@@ -184,26 +204,42 @@ static inline void tvec_free(tvec *v)
     v->n = v->cap = 0;
 }
 
-/* registry.c: slots, bindings, delivery, readiness, dispatch */
-bool reg_prefix_eq(const rt_iter *a, const rt_iter *b, uint32_t n);
-void reg_slot_remove(rt_runtime *rt, rt_request *r, int node, slot *s);
-bool reg_in_window(const rt_request *r, int node, const rt_iter *v);
-void reg_current_iter(const rt_request *r, int entity, rt_iter *out);
-void reg_try_dispatch(rt_runtime *rt, rt_request *r, int node, const rt_iter *v);
-void reg_try_dispatch_range(rt_runtime *rt, rt_request *r, int first, int last);
-void reg_emit(rt_runtime *rt, rt_request *r, int value, const rt_iter *p, rt_tensor t,
-              bool final);
-/* progress.c: completions, loops, speculation windows, the end */
-void reg_node_done(rt_runtime *rt, rt_request *r, int node, const rt_iter *v,
-                   const rt_value_out *outs, size_t n_outs, bool finish);
-void reg_node_chunk(rt_runtime *rt, rt_request *r, int node, const rt_iter *v, int value,
-                    rt_tensor t, bool final);
-slot *reg_slot_find(rt_request *r, int node, const rt_iter *v);
-void reg_node_failed(rt_runtime *rt, rt_request *r, int node, const rt_iter *v, bt_code code,
-                     const char *message);
-void reg_replay(rt_runtime *rt, rt_request *r, int node, const rt_iter *v);
-void reg_drop_speculation(rt_runtime *rt, rt_request *r);
-void reg_request_free(rt_runtime *rt, rt_request *r);
-void reg_check_request_done(rt_runtime *rt, rt_request *r);
+/* ---- iteration vectors -------------------------------------------------- */
+
+bool rtc_iter_eq(const rt_iter *a, const rt_iter *b);
+/* True when A and B agree on their first N indices. */
+bool rtc_prefix_eq(const rt_iter *a, const rt_iter *b, uint32_t n);
+/* The iteration ENTITY is at now: the current index of each loop around it. */
+void rtc_current_iter(const rt_request *r, int entity, rt_iter *out);
+
+/* ---- slots and bindings ------------------------------------------------- */
+
+slot *rtc_slot_find(rt_request *r, int node, const rt_iter *v);
+/* The slot of (NODE, V), made when missing; NULL when out of memory. */
+slot *rtc_slot_get(rt_runtime *rt, rt_request *r, int node, const rt_iter *v);
+/* Drops a slot and the references it holds. */
+void rtc_slot_remove(rt_runtime *rt, rt_request *r, int node, slot *s);
+binding *rtc_binding_find(rt_request *r, int edge, const rt_iter *v, uint32_t depth);
+binding *rtc_binding_add(rt_runtime *rt, rt_request *r, int edge, const rt_iter *key);
+
+/* ---- requests ----------------------------------------------------------- */
+
+/* A request in its initial state on graph GRAPH (loops capped by MAX_ITERS
+ * as rt_request_start says), not yet in rt->requests; NULL when out of
+ * memory. */
+rt_request *rtc_request_new(rt_runtime *rt, uint64_t key, int graph, bool stream,
+                            const uint32_t *max_iters);
+/* Frees R's memory; its references must have been released or forgotten. */
+void rtc_request_free(rt_runtime *rt, rt_request *r);
+/* Takes R out of the live requests; it is freed by rtc_bury, once the event
+ * that ended it is over (its caller may still be inside its state). */
+void rtc_request_retire(rt_runtime *rt, rt_request *r);
+void rtc_bury(rt_runtime *rt);
+/* Queues a replay of (NODE, IT) for after the current event. */
+void rtc_replay_push(rt_runtime *rt, const rt_request *r, int node, const rt_iter *it);
+
+/* What the runtime derives once per graph (graph_extra); 0 or BT_ENOMEM. */
+int rtc_extra_build(rt_runtime *rt);
+void rtc_extra_free(rt_runtime *rt);
 
 #endif

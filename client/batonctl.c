@@ -18,7 +18,7 @@
 #include <sys/stat.h>
 
 #include "baton/client.h"
-#include "daemon/ctl_format.h"
+#include "client/ctl_format.h"
 
 enum { EXIT_STATUS = 1, EXIT_USAGE = 2, EXIT_CONN = 3 };
 

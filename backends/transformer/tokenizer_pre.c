@@ -10,9 +10,9 @@
  * order as a backtracking engine does; the lookahead (?!\S) is resolved
  * by the rule that a whitespace run followed by a non-space gives its last
  * character to the next pre-token. */
-#include "worker/tokenizer_pre.h"
+#include "backends/transformer/tokenizer_pre.h"
 
-#include "worker/unicode_tables.h"
+#include "backends/transformer/unicode_tables.h"
 
 #define L_ TOK_UNI_LETTER
 #define N_ TOK_UNI_NUMBER

@@ -8,7 +8,7 @@
  * by (rank, position), which keeps a pathological word (ten thousand
  * spaces, which the regex keeps as one pre-token) at O(n log n) where the
  * simpler repeated scan for the lowest rank would be quadratic. */
-#include "worker/tokenizer.h"
+#include "backends/transformer/tokenizer.h"
 
 #include <limits.h>
 #include <stdarg.h>
@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "worker/tokenizer_pre.h"
+#include "backends/transformer/tokenizer_pre.h"
 
 /* Token types as llama.cpp writes them in tokenizer.ggml.token_type. */
 enum {

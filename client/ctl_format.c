@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "daemon/ctl_format.h"
+#include "client/ctl_format.h"
 
 /* Tensors with at most this many elements are printed in full. */
 #define SMALL_TENSOR 64

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Streams a generation from batond with the Python client.
 
-    /usr/bin/python3 scripts/python/example.py [--endpoint EP] [GRAPH [PROMPT]]
+    /usr/bin/python3 client/python/example.py [--endpoint EP] [GRAPH [PROMPT]]
 
 GRAPH defaults to "chat" (config/examples/chat-cpu.yaml), PROMPT to a short
 question. /usr/bin/python3 because Debian's python3-zmq and python3-protobuf

@@ -8,7 +8,7 @@
  * Keys and tensor names are looked up by binary search over indices sorted
  * at open; the sort also finds duplicates, which a linear check would do in
  * time quadratic in a hostile count. */
-#include "kernels/gguf.h"
+#include "backends/transformer/gguf.h"
 
 #include <errno.h>
 #include <fcntl.h>

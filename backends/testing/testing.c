@@ -14,7 +14,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "worker/backends.h"
+#include "backends/testing/testing.h"
 
 typedef enum tb_kind { TB_ECHO, TB_ADD, TB_COUNTER, TB_CHUNKS, TB_SLEEP, TB_FAIL } tb_kind;
 
@@ -433,7 +433,7 @@ BACKEND(chunks_backend, "chunks", chunks_load, chunks_execute)
 BACKEND(sleep_backend, "sleep", sleep_load, sleep_execute)
 BACKEND(fail_backend, "fail", fail_load, fail_execute)
 
-const baton_backend *wk_builtin_backend(const char *name)
+const baton_backend *bk_testing_backend(const char *name)
 {
     static const baton_backend *const all[] = {&echo_backend,   &add_backend,   &counter_backend,
                                                &chunks_backend, &sleep_backend, &fail_backend};

@@ -4,7 +4,7 @@
  * each name, and the config loader checks `backend:` and `options:` against
  * the declarations here.  Keeping the declaration in common/ lets
  * `batond --check-config` reject a typo without starting a worker. */
-#include "common/backends.h"
+#include "backends/catalog.h"
 
 #include <string.h>
 

@@ -1,20 +1,11 @@
-/* Where a worker finds the backend a Load names: the built-in test
- * backends (worker/backends_test.c), the transformer (worker/transformer.c)
- * and plugins (worker/plugin.c). */
-#ifndef BATON_WORKER_BACKENDS_H
-#define BATON_WORKER_BACKENDS_H
+/* Where a worker finds the backend a Load names: a built-in one
+ * (backends/builtin.h) or a plugin opened with dlopen. */
+#ifndef BATON_WORKER_PLUGIN_H
+#define BATON_WORKER_PLUGIN_H
 
 #include <stddef.h>
 
 #include "baton/backend.h"
-
-/* The built-in test backend called NAME (DESIGN.md section 7: echo, add,
- * counter, chunks, sleep, fail), or NULL. */
-const baton_backend *wk_builtin_backend(const char *name);
-
-/* The built-in `transformer` backend (worker/transformer.c): a Llama-family
- * decoder from GGUF, run as executable graphs on the CPU. */
-const baton_backend *wk_transformer_backend(void);
 
 /* A plugin library opened with dlopen; kept open while the worker runs,
  * since its models' code lives in it. */

@@ -2,7 +2,7 @@
  * are exact; flops count a multiply-add as two; bytes count every input and
  * output once, which is what a roofline wants from a kernel that streams its
  * operands. */
-#include "kernels/transformer_graph.h"
+#include "backends/transformer/model.h"
 
 #include <stdbool.h>
 #include <stdio.h>

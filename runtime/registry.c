@@ -1,7 +1,5 @@
-/* Per-request graph state (DESIGN.md section 4): slots keyed by iteration
- * vector, persisted bindings, delivery along edges, readiness and dispatch
- * (with its speculation window grant).  progress.c moves a request on:
- * completions, loops, windows, the end.
+/* Delivery of values along edges, readiness and dispatch
+ * (runtime/registry.h).
  *
  * Values travel as "productions": a producer's execution emits a value as
  * a sequence of chunks closed by a final mark.  Stream edges and new_token
@@ -12,100 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/runtime_internal.h"
 #include "common/vec.h"
-
-
-void reg_current_iter(const rt_request *r, int entity, rt_iter *out)
-{
-    const graph_entity *en = &r->g->entities[entity];
-    out->depth = (uint32_t)en->depth;
-    for (int k = 0; k < en->depth; k++)
-        out->v[k] = r->loops[en->loops[k]].cur;
-}
-
-bool reg_prefix_eq(const rt_iter *a, const rt_iter *b, uint32_t n)
-{
-    for (uint32_t k = 0; k < n; k++)
-        if (a->v[k] != b->v[k])
-            return false;
-    return true;
-}
-
-/* ---- slots ------------------------------------------------------------- */
-
-slot *reg_slot_find(rt_request *r, int node, const rt_iter *v)
-{
-    node_state *ns = &r->nodes[node];
-    for (uint32_t i = 0; i < ns->n_slots; i++)
-        if (rt__iter_eq(&ns->slots[i].iter, v))
-            return &ns->slots[i];
-    return NULL;
-}
-
-static slot *slot_get(rt_runtime *rt, rt_request *r, int node, const rt_iter *v)
-{
-    slot *s = reg_slot_find(r, node, v);
-    if (s)
-        return s;
-    node_state *ns = &r->nodes[node];
-    if (BT_RESERVE(ns->slots, ns->n_slots, ns->cap_slots, 2) < 0) {
-        rt->oom = 1;
-        return NULL;
-    }
-    uint32_t n = rt->gx[r->graph_index].n_edge_slots[node];
-    uint8_t *have = calloc(n + 1, 1);
-    tvec *parts = calloc(n + 1, sizeof(*parts));
-    if (!have || !parts) {
-        free(have);
-        free(parts);
-        rt->oom = 1;
-        return NULL;
-    }
-    s = &ns->slots[ns->n_slots++];
-    memset(s, 0, sizeof(*s));
-    s->iter = *v;
-    s->have = have;
-    s->parts = parts;
-    return s;
-}
-
-/* Drops a slot and the references it holds. */
-void reg_slot_remove(rt_runtime *rt, rt_request *r, int node, slot *s)
-{
-    node_state *ns = &r->nodes[node];
-    uint32_t n = rt->gx[r->graph_index].n_edge_slots[node];
-    for (uint32_t i = 0; i < n; i++)
-        tvec_clear(rt, r, &s->parts[i]);
-    tvec_clear(rt, r, &s->stream);
-    tvec_clear(rt, r, &s->stream_running);
-    free(s->have);
-    free(s->parts);
-    *s = ns->slots[--ns->n_slots];
-}
-
-/* ---- bindings (persisted external values) ------------------------------ */
-
-static binding *binding_find(rt_request *r, int edge, const rt_iter *v, uint32_t depth)
-{
-    for (uint32_t i = 0; i < r->n_bindings; i++)
-        if (r->bindings[i].edge == edge && reg_prefix_eq(&r->bindings[i].key, v, depth))
-            return &r->bindings[i];
-    return NULL;
-}
-
-static binding *binding_add(rt_runtime *rt, rt_request *r, int edge, const rt_iter *key)
-{
-    if (BT_RESERVE(r->bindings, r->n_bindings, r->cap_bindings, 4) < 0) {
-        rt->oom = 1;
-        return NULL;
-    }
-    binding *b = &r->bindings[r->n_bindings++];
-    memset(b, 0, sizeof(*b));
-    b->edge = edge;
-    b->key = *key;
-    return b;
-}
+#include "runtime/registry.h"
+#include "runtime/speculation.h"
 
 /* ---- delivery ---------------------------------------------------------- */
 
@@ -136,22 +43,22 @@ static void deliver_joined(rt_runtime *rt, rt_request *r, int ei, const rt_iter 
     if (!edge_target(r, e, p, &t))
         return;
     if (e->persist) {
-        binding *b = binding_find(r, ei, &t, (uint32_t)e->common_depth);
+        binding *b = rtc_binding_find(r, ei, &t, (uint32_t)e->common_depth);
         assert(!b);
         if (b)
             return;
-        b = binding_add(rt, r, ei, &t);
+        b = rtc_binding_add(rt, r, ei, &t);
         if (!b)
             return;
         for (uint32_t i = 0; i < parts->n; i++)
             tvec_push(rt, r, &b->parts, parts->t[i]);
         /* The consumer may be waiting in its current iteration. */
         rt_iter cur;
-        reg_current_iter(r, e->consumer, &cur);
+        rtc_current_iter(r, e->consumer, &cur);
         reg_try_dispatch(rt, r, e->consumer, &cur);
         return;
     }
-    slot *s = slot_get(rt, r, e->consumer, &t);
+    slot *s = rtc_slot_get(rt, r, e->consumer, &t);
     if (!s)
         return;
     uint32_t pos = rt->gx[r->graph_index].edge_pos[ei];
@@ -174,7 +81,7 @@ static void deliver_chunk(rt_runtime *rt, rt_request *r, int ei, const rt_iter *
     rt_iter target;
     if (!edge_target(r, e, p, &target))
         return;
-    slot *s = slot_get(rt, r, e->consumer, &target);
+    slot *s = rtc_slot_get(rt, r, e->consumer, &target);
     if (!s || s->stream_final_seen)
         return;
     if (t.id)
@@ -210,7 +117,7 @@ static void out_append(rt_runtime *rt, rt_request *r, const char *name, const ch
 static void send_chunk(rt_runtime *rt, rt_request *r, const graph_value *gv,
                        const graph_edge *e, const rt_iter *p, rt_tensor t)
 {
-    rt_action *a = rt__push(rt, RT_CHUNK, r);
+    rt_action *a = rtc_push(rt, RT_CHUNK, r);
     if (!a)
         return;
     a->u.chunk.seq = r->seq++;
@@ -229,7 +136,7 @@ void reg_emit(rt_runtime *rt, rt_request *r, int vi, const rt_iter *p, rt_tensor
     if (r->ended)
         return;
     if (!vs->open) {
-        if (vs->closed && rt__iter_eq(&vs->closed_iter, p))
+        if (vs->closed && rtc_iter_eq(&vs->closed_iter, p))
             return; /* already complete: a stray part, released by its holder */
         vs->open = true;
         vs->any = false;
@@ -320,7 +227,7 @@ static bool input_ready(const rt_runtime *rt, rt_request *r, int node, const slo
         if (!graph_edge_applies(e, v->v, (int)v->depth))
             continue;
         if (e->persist) {
-            if (!binding_find(r, ei, v, (uint32_t)e->common_depth))
+            if (!rtc_binding_find(r, ei, v, (uint32_t)e->common_depth))
                 return false;
         } else if (!s->have[rt->gx[r->graph_index].edge_pos[ei]]) {
             return false;
@@ -332,7 +239,7 @@ static bool input_ready(const rt_runtime *rt, rt_request *r, int node, const slo
 static void copy_tvec(rt_runtime *rt, rt_tlist *dst, const tvec *src)
 {
     dst->n = src->n;
-    dst->t = rt__alloc(rt, (src->n + 1) * sizeof(rt_tensor));
+    dst->t = rtc_alloc(rt, (src->n + 1) * sizeof(rt_tensor));
     if (dst->t && src->n)
         memcpy(dst->t, src->t, src->n * sizeof(rt_tensor));
     else
@@ -343,15 +250,14 @@ static void build_dispatch(rt_runtime *rt, rt_request *r, int node, slot *s, con
 {
     const graph *g = r->g;
     const graph_node *n = &g->entities[node].u.node;
-    node_state *ns = &r->nodes[node];
-    rt_action *a = rt__push(rt, RT_DISPATCH, r);
+    rt_action *a = rtc_push(rt, RT_DISPATCH, r);
     if (!a)
         return;
     a->u.dispatch.node = node;
     a->u.dispatch.iter = *v;
     a->u.dispatch.client_values = rt->gx[r->graph_index].client_values;
     a->u.dispatch.n_inputs = (uint32_t)n->n_inputs;
-    rt_input *ins = rt__alloc(rt, (n->n_inputs + 1) * sizeof(*ins));
+    rt_input *ins = rtc_alloc(rt, (n->n_inputs + 1) * sizeof(*ins));
     a->u.dispatch.inputs = ins;
     if (!ins)
         return;
@@ -360,14 +266,14 @@ static void build_dispatch(rt_runtime *rt, rt_request *r, int node, slot *s, con
         rt_input *di = &ins[k];
         memset(di, 0, sizeof(*di));
         di->input = (uint32_t)k;
-        di->parts = rt__alloc(rt, (in->n_edges + 1) * sizeof(*di->parts));
+        di->parts = rtc_alloc(rt, (in->n_edges + 1) * sizeof(*di->parts));
         if (!di->parts)
             return;
         if (in->graph_input >= 0) {
             /* Actions outlive the request when it ends in the same batch:
              * copy, never point into request state. */
             di->n_parts = 1;
-            di->parts[0].t = rt__alloc(rt, sizeof(rt_tensor));
+            di->parts[0].t = rtc_alloc(rt, sizeof(rt_tensor));
             if (!di->parts[0].t)
                 return;
             di->parts[0].n = 1;
@@ -397,38 +303,13 @@ static void build_dispatch(rt_runtime *rt, rt_request *r, int node, slot *s, con
             di->shard_dim = e->shard_dim;
             if (e->persist)
                 copy_tvec(rt, &di->parts[di->n_parts++],
-                          &binding_find(r, ei, v, (uint32_t)e->common_depth)->parts);
+                          &rtc_binding_find(r, ei, v, (uint32_t)e->common_depth)->parts);
             else
                 copy_tvec(rt, &di->parts[di->n_parts++],
                           &s->parts[rt->gx[r->graph_index].edge_pos[ei]]);
         }
     }
-    ns->spec_active = false;
-    uint32_t w = rt->opt.speculation_window;
-    const loop_state *ls = n->speculative ? &r->loops[g->entities[node].parent_loop] : NULL;
-    if (ls && w > 0 && !ls->finish) {
-        uint32_t inner = v->v[v->depth - 1];
-        uint64_t want = (uint64_t)inner + w;
-        uint32_t upto = want < ls->max - 1 ? (uint32_t)want : ls->max - 1;
-        if (upto > inner) {
-            ns->spec_active = true;
-            ns->spec_iter = *v;
-            ns->spec_upto = upto;
-            a->u.dispatch.spec_upto = upto;
-        }
-    }
-}
-
-/* True when (node, v) lies inside the node's open speculation window, past
- * the iteration that was dispatched. */
-bool reg_in_window(const rt_request *r, int node, const rt_iter *v)
-{
-    const node_state *ns = &r->nodes[node];
-    if (!ns->spec_active || v->depth == 0)
-        return false;
-    uint32_t d = v->depth - 1;
-    return reg_prefix_eq(&ns->spec_iter, v, d) && v->v[d] > ns->spec_iter.v[d] &&
-           v->v[d] <= ns->spec_upto;
+    a->u.dispatch.spec_upto = spec_grant(rt, r, node, v);
 }
 
 void reg_try_dispatch(rt_runtime *rt, rt_request *r, int node, const rt_iter *v)
@@ -437,27 +318,27 @@ void reg_try_dispatch(rt_runtime *rt, rt_request *r, int node, const rt_iter *v)
         return;
     const graph_entity *en = &r->g->entities[node];
     rt_iter cur;
-    reg_current_iter(r, node, &cur);
-    if (!rt__iter_eq(&cur, v))
+    rtc_current_iter(r, node, &cur);
+    if (!rtc_iter_eq(&cur, v))
         return; /* buffered for a later iteration */
     for (int k = 0; k < en->depth; k++)
         if (r->loops[en->loops[k]].done)
             return;
     node_state *ns = &r->nodes[node];
-    if (ns->done_valid && rt__iter_eq(&ns->done_iter, v))
+    if (ns->done_valid && rtc_iter_eq(&ns->done_iter, v))
         return;
-    slot *s = slot_get(rt, r, node, v);
+    slot *s = rtc_slot_get(rt, r, node, v);
     if (!s || s->state == SLOT_RUNNING)
         return;
     for (size_t k = 0; k < en->u.node.n_inputs; k++)
         if (!input_ready(rt, r, node, s, v, k))
             return;
     s->state = SLOT_RUNNING;
-    if (reg_in_window(r, node, v)) {
+    if (spec_in_window(r, node, v)) {
         /* The worker is already running this iteration on its own; what it
          * reported early is replayed once this event is over. */
         s->spec = true;
-        rt__replay_push(rt, r, node, v);
+        rtc_replay_push(rt, r, node, v);
         return;
     }
     build_dispatch(rt, r, node, s, v);
@@ -469,51 +350,7 @@ void reg_try_dispatch_range(rt_runtime *rt, rt_request *r, int first, int last)
         if (r->g->entities[i].kind != GRAPH_NODE)
             continue;
         rt_iter v;
-        reg_current_iter(r, i, &v);
+        rtc_current_iter(r, i, &v);
         reg_try_dispatch(rt, r, i, &v);
     }
-}
-
-void reg_request_free(rt_runtime *rt, rt_request *r)
-{
-    if (!r)
-        return;
-    const graph *g = r->g;
-    if (r->nodes)
-        for (size_t i = 0; i < g->n_entities; i++) {
-            node_state *ns = &r->nodes[i];
-            uint32_t n = rt->gx[r->graph_index].n_edge_slots[i];
-            for (uint32_t k = 0; k < ns->n_slots; k++) {
-                slot *s = &ns->slots[k];
-                for (uint32_t x = 0; x < n; x++)
-                    tvec_free(&s->parts[x]);
-                tvec_free(&s->stream);
-                tvec_free(&s->stream_running);
-                free(s->have);
-                free(s->parts);
-            }
-            free(ns->slots);
-            for (uint32_t k = 0; k < ns->n_pend; k++) {
-                free(ns->pend[k].outs);
-                free(ns->pend[k].message);
-            }
-            free(ns->pend);
-        }
-    if (r->values)
-        for (size_t i = 0; i < g->n_values; i++) {
-            tvec_free(&r->values[i].parts);
-            tvec_free(&r->values[i].last);
-        }
-    for (uint32_t i = 0; i < r->n_bindings; i++)
-        tvec_free(&r->bindings[i].parts);
-    for (uint32_t i = 0; i < r->n_outs; i++)
-        tvec_free(&r->outs[i].parts);
-    tvec_free(&r->inputs);
-    free(r->bindings);
-    free(r->outs);
-    free(r->tensors);
-    free(r->nodes);
-    free(r->loops);
-    free(r->values);
-    free(r);
 }
