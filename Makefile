@@ -124,8 +124,13 @@ UNIT_HELPERS := $(filter-out tests/unit/test_%.c,$(wildcard tests/unit/*.c))
 UNIT_HELPER_OBJS := $(UNIT_HELPERS:%.c=$(BUILD)/obj/%.o)
 
 .SECONDARY:
-.PHONY: all test asan-test run install clean deps model unit integration check-examples
-all: $(PROGRAMS) $(CLIENT_SO) $(PY_PB2)
+.PHONY: all test asan-test run install clean deps model unit integration check-includes
+all: check-includes $(PROGRAMS) $(CLIENT_SO) $(PY_PB2)
+
+# The layering of docs/architecture.md: no file includes a header of a
+# component above its own.
+check-includes:
+	@bash scripts/check-includes.sh
 
 deps:
 	@BATON_DEPS_QUIET=1 bash scripts/install-deps.sh

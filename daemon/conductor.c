@@ -1,52 +1,407 @@
-/* The conductor's life: load the deployment, bind the sockets, spawn the
- * workers, run the loop, and on SIGTERM drain (refuse new requests, let
- * in-flight ones finish up to drain_timeout_ms), stop the workers and exit 0.
- * SIGHUP re-reads the config and applies log level and limits. */
+/* The conductor's life and wiring (daemon/conductor.h): load the
+ * deployment, bind the sockets, create the modules and connect their hooks,
+ * spawn the workers, run the loop, and on SIGTERM drain (refuse new
+ * requests, let in-flight ones finish up to drain_timeout_ms), stop the
+ * workers and exit 0.  SIGHUP re-reads the config and applies log level and
+ * limits. */
 #include <errno.h>
-#include <fcntl.h>
 #include <libgen.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <sys/timerfd.h>
 #include <sys/wait.h>
 #include <systemd/sd-daemon.h>
-#include <time.h>
 #include <unistd.h>
 #include <zmq.h>
 
+#include "common/clock.h"
 #include "common/log.h"
+#include "config/config.h"
+#include "config/graph.h"
 #include "daemon/conductor.h"
+#include "daemon/dispatch.h"
+#include "daemon/evloop.h"
+#include "daemon/frontend.h"
+#include "daemon/http.h"
+#include "daemon/metrics.h"
+#include "daemon/outbound.h"
+#include "daemon/supervisor.h"
+#include "daemon/tensors.h"
 
 #define TICK_MS 10
 #define STOP_GRACE_MS 3000
 
-uint64_t cond_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
+struct conductor {
+    char *config_path;            /* absolute; owned */
+    cfg_config *cfg;              /* owned */
+    graph_set *gs;                /* owned */
+    evloop *loop;
+    void *zctx;
+    void *front_sock;             /* client ROUTER */
+    void *back_sock;              /* worker ROUTER */
+    int sigfd, timerfd;
+    char run_id[32];
+    char worker_exe[PATH_MAX];
+    /* The modules, created in this order and destroyed in reverse. */
+    metrics *m;
+    supervisor *sup;
+    tensor_table *tt;
+    dispatcher *disp;
+    outbound *out;
+    frontend *front;
+    http_server *http;            /* NULL without metrics_listen */
+    /* Life cycle. */
+    bool ready;                   /* every worker loaded */
+    bool draining;
+    uint64_t drain_deadline_ms;   /* monotonic ms */
+    uint32_t drain_timeout_ms;    /* from the config; SIGHUP may change it */
+    bool stopping;                /* workers told to shut down */
+    uint64_t stop_deadline_ms;
+    bool done;                    /* the loop should end */
+    uint64_t last_watchdog_ms;
+    uint64_t watchdog_usec;       /* from sd_watchdog_enabled; 0: off */
+};
 
-uint64_t cond_now_us(void)
+/* ---- admission and limits ---------------------------------------------- */
+
+static void update_admission(conductor *c)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
+    front_set_admission(c->front, c->draining ? FRONT_DRAINING
+                                  : c->ready  ? FRONT_OPEN
+                                              : FRONT_NOT_READY);
 }
 
 static void apply_limits(conductor *c, const cfg_config *cfg)
 {
-    c->max_inflight = cfg->daemon.max_inflight;
-    c->request_timeout_ms = cfg->daemon.request_timeout_ms;
+    front_limits l = {cfg->daemon.max_inflight, cfg->daemon.request_timeout_ms,
+                      cfg->daemon.max_message_bytes};
+    if (c->front)
+        front_set_limits(c->front, &l);
     c->drain_timeout_ms = cfg->daemon.drain_timeout_ms;
-    c->max_message_bytes = cfg->daemon.max_message_bytes;
     bt_log_set_level(bt_log_level_parse(cfg->daemon.log_level));
+}
+
+static void reload(conductor *c)
+{
+    bt_diag *d = bt_diag_create(c->config_path);
+    cfg_config *cfg = NULL;
+    if (d && cfg_load_file(c->config_path, d, &cfg) == 0) {
+        apply_limits(c, cfg);
+        bt_info("reloaded %s: log level, max_inflight %u, request_timeout_ms %u, "
+                "drain_timeout_ms %u, max_message_bytes %llu (graph and worker changes "
+                "need a restart)", c->config_path, cfg->daemon.max_inflight,
+                cfg->daemon.request_timeout_ms, cfg->daemon.drain_timeout_ms,
+                (unsigned long long)cfg->daemon.max_message_bytes);
+    } else if (d) {
+        bt_diag_sort(d);
+        bt_diag_print(d, stderr);
+        bt_error("reload of %s failed; keeping the running configuration", c->config_path);
+    }
+    cfg_config_destroy(cfg);
+    bt_diag_destroy(d);
+}
+
+/* ---- hooks: what modules tell the rest --------------------------------- */
+
+static void on_ready_changed(void *arg, bool ready)
+{
+    conductor *c = arg;
+    c->ready = ready;
+    update_admission(c);
+}
+
+/* A lost worker takes with it the requests placing inputs on it, its
+ * tensors, the requests that use it, and the bytes clients wait for. */
+static void on_worker_lost(void *arg, int w, const char *why)
+{
+    (void)why;
+    conductor *c = arg;
+    char msg[160];
+    snprintf(msg, sizeof(msg), "worker '%s' was lost", sup_worker_get(c->sup, w)->cfg->name);
+    front_end_placing(c->front, w, BT_CODE_UNAVAILABLE, msg);
+    tt_forget_worker(c->tt, w);
+    disp_worker_lost(c->disp, w);
+    front_fetches_lost(c->front, w);
+}
+
+static void on_worker_message(void *arg, int w, const Baton__V1__WorkerMessage *m)
+{
+    conductor *c = arg;
+    switch (m->msg_case) {
+    case BATON__V1__WORKER_MESSAGE__MSG_DONE: disp_done(c->disp, w, m->done); break;
+    case BATON__V1__WORKER_MESSAGE__MSG_CHUNK: disp_chunk(c->disp, w, m->chunk); break;
+    case BATON__V1__WORKER_MESSAGE__MSG_PLACED: front_placed(c->front, w, m->placed); break;
+    case BATON__V1__WORKER_MESSAGE__MSG_FETCHED: front_fetched(c->front, w, m->fetched); break;
+    default: break;
+    }
+}
+
+static void on_burst_begin(void *arg)
+{
+    disp_burst_begin(((conductor *)arg)->disp);
+}
+
+static void on_burst_end(void *arg)
+{
+    disp_burst_end(((conductor *)arg)->disp);
+}
+
+static void on_chunk(void *arg, uint64_t req, const rt_action *a)
+{
+    front_on_chunk(((conductor *)arg)->front, req, a);
+}
+
+static void on_response(void *arg, uint64_t req, const rt_action *a, const disp_timing *t,
+                        size_t n)
+{
+    front_on_response(((conductor *)arg)->front, req, a, t, n);
+}
+
+/* ---- answers about the whole daemon ------------------------------------ */
+
+static const char *state_name(sup_state s)
+{
+    switch (s) {
+    case SUP_DOWN: return "down";
+    case SUP_STARTING: return "starting";
+    case SUP_LOADING: return "loading";
+    case SUP_READY: return "ready";
+    }
+    return "?";
+}
+
+static void answer_health(conductor *c, const uint8_t *id, size_t idlen)
+{
+    size_t nw = sup_n_workers(c->sup);
+    Baton__V1__HealthResponse h = BATON__V1__HEALTH_RESPONSE__INIT;
+    char **names = calloc(nw + 1, sizeof(*names));
+    char msg[512] = "";
+    size_t off = 0;
+    h.live = true;
+    h.ready = c->ready && !c->draining;
+    for (size_t w = 0; names && w < nw; w++) {
+        const sup_worker *wk = sup_worker_get(c->sup, (int)w);
+        if (wk->state == SUP_READY)
+            names[h.n_workers_ready++] = (char *)wk->cfg->name;
+        else if (off < sizeof(msg))
+            off += (size_t)snprintf(msg + off, sizeof(msg) - off, "%sworker %s is %s",
+                                    off ? "; " : "", wk->cfg->name, state_name(wk->state));
+    }
+    if (c->draining)
+        snprintf(msg, sizeof(msg), "draining: shutting down");
+    h.workers_ready = names;
+    h.message = msg;
+    Baton__V1__ServerMessage m = BATON__V1__SERVER_MESSAGE__INIT;
+    m.msg_case = BATON__V1__SERVER_MESSAGE__MSG_HEALTH;
+    m.health = &h;
+    out_send(c->out, id, idlen, &m);
+    free(names);
+}
+
+/* The Prometheus text, with the gauges read from the modules that own them. */
+static char *stats_text(conductor *c)
+{
+    size_t nw = sup_n_workers(c->sup);
+    metrics_worker *ws = calloc(nw + 1, sizeof(*ws));
+    if (!ws)
+        return NULL;
+    for (size_t w = 0; w < nw; w++) {
+        const sup_worker *wk = sup_worker_get(c->sup, (int)w);
+        ws[w] = (metrics_worker){wk->cfg->name, wk->state == SUP_READY, wk->restarts,
+                                 wk->pool_used, wk->pool_free, wk->fragmentation, wk->queued};
+    }
+    metrics_gauges g = {front_inflight(c->front), front_placing(c->front),
+                        disp_tensors_held(c->disp), ws, nw};
+    char *text = metrics_text(c->m, &g);
+    free(ws);
+    return text;
+}
+
+/* The graphs, their partition, and what each worker's loads built (the
+ * executables' schedules: predicted makespans and the decision). */
+static char *inspect_text(conductor *c, const char *graph_name)
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f)
+        return NULL;
+    if (graph_name && *graph_name && !graph_set_find(c->gs, graph_name))
+        fprintf(f, "no graph named '%s'\n", graph_name);
+    else
+        graph_set_print(c->gs, f);
+    bool heading = false;
+    for (size_t w = 0; w < sup_n_workers(c->sup); w++) {
+        const sup_worker *wk = sup_worker_get(c->sup, (int)w);
+        if (!wk->loads_text)
+            continue;
+        if (!heading)
+            fputs("\nloaded models:\n", f);
+        heading = true;
+        fputs(wk->loads_text, f);
+    }
+    fclose(f);
+    return text;
+}
+
+static void on_admin(void *arg, const uint8_t *id, size_t idlen,
+                     const Baton__V1__ClientMessage *cm)
+{
+    conductor *c = arg;
+    Baton__V1__ServerMessage m = BATON__V1__SERVER_MESSAGE__INIT;
+    char *text = NULL;
+    Baton__V1__StatsResponse st = BATON__V1__STATS_RESPONSE__INIT;
+    Baton__V1__InspectResponse in = BATON__V1__INSPECT_RESPONSE__INIT;
+    switch (cm->msg_case) {
+    case BATON__V1__CLIENT_MESSAGE__MSG_HEALTH:
+        answer_health(c, id, idlen);
+        return;
+    case BATON__V1__CLIENT_MESSAGE__MSG_STATS:
+        text = stats_text(c);
+        st.text = text ? text : "";
+        m.msg_case = BATON__V1__SERVER_MESSAGE__MSG_STATS;
+        m.stats = &st;
+        break;
+    case BATON__V1__CLIENT_MESSAGE__MSG_INSPECT:
+        text = inspect_text(c, cm->inspect->graph);
+        in.text = text ? text : "";
+        m.msg_case = BATON__V1__SERVER_MESSAGE__MSG_INSPECT;
+        m.inspect = &in;
+        break;
+    default:
+        return;
+    }
+    out_send(c->out, id, idlen, &m);
+    free(text);
+}
+
+static char *http_get(void *arg, const char *path)
+{
+    return strcmp(path, "/metrics") == 0 ? stats_text(arg) : NULL;
+}
+
+/* ---- signals and the tick ---------------------------------------------- */
+
+static void begin_drain(conductor *c)
+{
+    if (c->draining)
+        return;
+    c->draining = true;
+    c->drain_deadline_ms = bt_now_ms() + c->drain_timeout_ms;
+    update_admission(c);
+    size_t n = front_inflight(c->front);
+    bt_info("draining: %zu request%s in flight, up to %u ms", n, n == 1 ? "" : "s",
+            c->drain_timeout_ms);
+    sd_notify(0, "STOPPING=1\nSTATUS=draining");
+}
+
+static void on_signal(evloop *l, void *arg)
+{
+    (void)l;
+    conductor *c = arg;
+    struct signalfd_siginfo si;
+    while (read(c->sigfd, &si, sizeof(si)) == sizeof(si)) {
+        switch (si.ssi_signo) {
+        case SIGTERM:
+        case SIGINT:
+            begin_drain(c);
+            break;
+        case SIGHUP:
+            reload(c);
+            break;
+        case SIGCHLD: {
+            int status;
+            pid_t pid;
+            while ((pid = waitpid(-1, &status, WNOHANG)) > 0)
+                sup_child_exited(c->sup, pid, status);
+            break;
+        }
+        default:
+            break;
+        }
+    }
+}
+
+/* While draining: past the drain timeout every request ends; once none is
+ * left the workers are told to stop.  Once they are gone (or the grace
+ * period is over) the loop ends. */
+static void drain_step(conductor *c, uint64_t now)
+{
+    if (c->draining && !c->stopping) {
+        size_t n = front_inflight(c->front);
+        if (n && now >= c->drain_deadline_ms) {
+            bt_warn("drain timeout: ending %zu request%s", n, n == 1 ? "" : "s");
+            front_end_all(c->front, BT_CODE_UNAVAILABLE, "the daemon is shutting down");
+        }
+        if (front_inflight(c->front) == 0) {
+            sup_stop(c->sup, "batond is stopping");
+            c->stopping = true;
+            c->stop_deadline_ms = now + STOP_GRACE_MS;
+        }
+    }
+    if (c->stopping && (sup_all_exited(c->sup) || now >= c->stop_deadline_ms)) {
+        sup_kill_all(c->sup);
+        c->done = true;
+        evloop_stop(c->loop);
+    }
+}
+
+static void on_tick(evloop *l, void *arg)
+{
+    (void)l;
+    conductor *c = arg;
+    uint64_t expirations;
+    if (read(c->timerfd, &expirations, sizeof(expirations)) < 0)
+        return;
+    uint64_t now = bt_now_ms();
+    front_tick(c->front, now);
+    sup_tick(c->sup, now);
+    http_tick(c->http, now);
+    if (c->watchdog_usec && (now - c->last_watchdog_ms) * 1000 >= c->watchdog_usec / 2) {
+        sd_notify(0, "WATCHDOG=1");
+        c->last_watchdog_ms = now;
+    }
+    drain_step(c, now);
+}
+
+/* ---- creation, in named steps ------------------------------------------ */
+
+/* Reads and builds the deployment; its diagnostics go to stderr. */
+static int load_deployment(conductor *c, const char *config_path)
+{
+    bt_diag *d = bt_diag_create(config_path);
+    if (!d)
+        return BT_ENOMEM;
+    char abs[PATH_MAX];
+    c->config_path = strdup(realpath(config_path, abs) ? abs : config_path);
+    int rc = c->config_path ? cfg_load_file(config_path, d, &c->cfg) : BT_ENOMEM;
+    if (rc == 0)
+        rc = graph_set_build(c->cfg, d, &c->gs);
+    bt_diag_sort(d);
+    bt_diag_print(d, stderr);
+    bt_diag_destroy(d);
+    return rc;
+}
+
+/* The worker executable: $BATON_WORKER, else baton-worker beside batond. */
+static int find_worker_exe(conductor *c)
+{
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (n <= 0)
+        return BT_EIO;
+    self[n] = 0;
+    const char *env = getenv("BATON_WORKER");
+    if (env)
+        snprintf(c->worker_exe, sizeof(c->worker_exe), "%s", env);
+    else
+        snprintf(c->worker_exe, sizeof(c->worker_exe), "%s/baton-worker", dirname(self));
+    return 0;
 }
 
 /* An ipc:// endpoint needs its folder; it is made if missing. */
@@ -95,280 +450,57 @@ static int bind_router(conductor *c, void **sock, const char *endpoint, bool man
     return 0;
 }
 
-static void begin_drain(conductor *c)
+static int bind_sockets(conductor *c)
 {
-    if (c->draining)
-        return;
-    c->draining = true;
-    c->drain_deadline_ms = cond_now_ms() + c->drain_timeout_ms;
-    bt_info("draining: %zu request%s in flight, up to %u ms", c->requests.n,
-            c->requests.n == 1 ? "" : "s", c->drain_timeout_ms);
-    sd_notify(0, "STOPPING=1\nSTATUS=draining");
-}
-
-static void reload(conductor *c)
-{
-    bt_diag *d = bt_diag_create(c->config_path);
-    cfg_config *cfg = NULL;
-    if (d && cfg_load_file(c->config_path, d, &cfg) == 0) {
-        apply_limits(c, cfg);
-        bt_info("reloaded %s: log level, max_inflight %u, request_timeout_ms %u, "
-                "drain_timeout_ms %u, max_message_bytes %llu (graph and worker changes "
-                "need a restart)", c->config_path, c->max_inflight, c->request_timeout_ms,
-                c->drain_timeout_ms, (unsigned long long)c->max_message_bytes);
-    } else if (d) {
-        bt_diag_sort(d);
-        bt_diag_print(d, stderr);
-        bt_error("reload of %s failed; keeping the running configuration", c->config_path);
-    }
-    cfg_config_destroy(cfg);
-    bt_diag_destroy(d);
-}
-
-static void on_signal(evloop *l, void *arg)
-{
-    (void)l;
-    conductor *c = arg;
-    struct signalfd_siginfo si;
-    while (read(c->sigfd, &si, sizeof(si)) == sizeof(si)) {
-        switch (si.ssi_signo) {
-        case SIGTERM:
-        case SIGINT:
-            begin_drain(c);
-            break;
-        case SIGHUP:
-            reload(c);
-            break;
-        case SIGCHLD: {
-            int status;
-            pid_t pid;
-            while ((pid = waitpid(-1, &status, WNOHANG)) > 0)
-                sup_child_exited(c, pid, status);
-            break;
-        }
-        default:
-            break;
-        }
-    }
-}
-
-/* Restores the min-heap below position I of the deadline heap. */
-static void deadline_sift_down(conductor *c, size_t i)
-{
-    size_t n = c->n_deadlines;
-    for (;;) {
-        size_t l = 2 * i + 1, r = l + 1, m = i;
-        if (l < n && c->deadlines[l].at_ms < c->deadlines[m].at_ms)
-            m = l;
-        if (r < n && c->deadlines[r].at_ms < c->deadlines[m].at_ms)
-            m = r;
-        if (m == i)
-            return;
-        deadline t = c->deadlines[i];
-        c->deadlines[i] = c->deadlines[m];
-        c->deadlines[m] = t;
-        i = m;
-    }
-}
-
-/* Entries of ended requests stay in the heap until they come due; a long
- * client timeout would let them pile up.  Past twice the live requests,
- * keep only the live ones and heapify again. */
-static void compact_deadlines(conductor *c)
-{
-    if (c->n_deadlines <= 2 * c->requests.n + 64)
-        return;
-    size_t n = 0;
-    for (size_t i = 0; i < c->n_deadlines; i++) {
-        creq *r = u64map_get(&c->requests, c->deadlines[i].key);
-        if (r && r->deadline_ms == c->deadlines[i].at_ms)
-            c->deadlines[n++] = c->deadlines[i];
-    }
-    c->n_deadlines = n;
-    for (size_t start = n / 2; start-- > 0;)
-        deadline_sift_down(c, start);
-}
-
-static void expire_deadlines(conductor *c, uint64_t now)
-{
-    compact_deadlines(c);
-    while (c->n_deadlines && c->deadlines[0].at_ms <= now) {
-        deadline top = c->deadlines[0];
-        c->deadlines[0] = c->deadlines[--c->n_deadlines];
-        deadline_sift_down(c, 0);
-        creq *r = u64map_get(&c->requests, top.key);
-        if (!r || r->deadline_ms != top.at_ms)
-            continue;
-        if (r->phase == REQ_PLACING) {
-            front_end_placing(c, r, BT_CODE_DEADLINE_EXCEEDED, "deadline exceeded");
-        } else if (r->phase == REQ_RUNNING) {
-            rt_deadline(c->rt, r->key);
-            disp_actions(c);
-        }
-    }
-}
-
-static bool workers_gone(const conductor *c)
-{
-    for (size_t i = 0; i < c->n_workers; i++)
-        if (c->workers[i].pid)
-            return false;
-    return true;
-}
-
-static void on_tick(evloop *l, void *arg)
-{
-    conductor *c = arg;
-    uint64_t expirations;
-    if (read(c->timerfd, &expirations, sizeof(expirations)) < 0)
-        return;
-    uint64_t now = cond_now_ms();
-    expire_deadlines(c, now);
-    sup_tick(c, now);
-    metrics_tick(c, now);
-    if (c->watchdog_usec && (now - c->last_watchdog_ms) * 1000 >= c->watchdog_usec / 2) {
-        sd_notify(0, "WATCHDOG=1");
-        c->last_watchdog_ms = now;
-    }
-    if (c->draining && !c->stopping) {
-        if (c->requests.n && now >= c->drain_deadline_ms) {
-            bt_warn("drain timeout: ending %zu request%s", c->requests.n,
-                    c->requests.n == 1 ? "" : "s");
-            front_end_placing_all(c, -1, BT_CODE_UNAVAILABLE, "the daemon is shutting down");
-            rt_end_all(c->rt, BT_CODE_UNAVAILABLE, "the daemon is shutting down");
-            disp_actions(c);
-            /* Messages still waiting for fetched bytes go out as they are. */
-            for (size_t w = 0; w < c->n_workers; w++)
-                disp_fetches_lost(c, (int)w);
-        }
-        if (c->requests.n == 0) {
-            sup_shutdown_all(c, "batond is stopping");
-            c->stop_deadline_ms = now + STOP_GRACE_MS;
-        }
-    }
-    if (c->stopping && (workers_gone(c) || now >= c->stop_deadline_ms)) {
-        for (size_t i = 0; i < c->n_workers; i++) {
-            cworker *w = &c->workers[i];
-            if (w->pid) {
-                kill(w->pid, SIGKILL);
-                waitpid(w->pid, NULL, 0);
-                w->pid = 0;
-            }
-            if (w->shm_name[0])
-                shm_unlink(w->shm_name);
-        }
-        c->done = true;
-        evloop_stop(l);
-    }
-}
-
-static int find_worker_exe(conductor *c)
-{
-    char self[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-    if (n <= 0)
-        return BT_EIO;
-    self[n] = 0;
-    const char *env = getenv("BATON_WORKER");
-    if (env)
-        snprintf(c->worker_exe, sizeof(c->worker_exe), "%s", env);
-    else
-        snprintf(c->worker_exe, sizeof(c->worker_exe), "%s/baton-worker", dirname(self));
-    return 0;
-}
-
-int conductor_create(const char *config_path, conductor **out)
-{
-    int rc = BT_ENOMEM;
-    *out = NULL;
-    conductor *c = calloc(1, sizeof(*c));
-    bt_diag *d = bt_diag_create(config_path);
-    if (!c || !d)
-        goto err;
-    c->sigfd = c->timerfd = -1;
-    u64map_init(&c->requests);
-    u64map_init(&c->by_client);
-    u64map_init(&c->tensors);
-    char abs[PATH_MAX];
-    c->config_path = strdup(realpath(config_path, abs) ? abs : config_path);
-    rc = cfg_load_file(config_path, d, &c->cfg);
-    if (rc == 0)
-        rc = graph_set_build(c->cfg, d, &c->gs);
-    bt_diag_sort(d);
-    bt_diag_print(d, stderr);
-    if (rc != 0)
-        goto err;
-    apply_limits(c, c->cfg);
-    rt_options ro = {.speculation_window = c->cfg->daemon.speculation_window};
-    c->rt = rt_create(c->gs, &ro);
-    c->loop = evloop_create();
-    c->m = metrics_create(c);
-    c->n_workers = c->cfg->n_workers;
-    c->workers = calloc(c->n_workers + 1, sizeof(*c->workers));
-    c->release_ids = calloc(c->n_workers + 1, sizeof(*c->release_ids));
-    c->n_release = calloc(c->n_workers + 1, sizeof(*c->n_release));
-    c->cap_release = calloc(c->n_workers + 1, sizeof(*c->cap_release));
-    c->graph_input_worker = calloc(c->gs->n_graphs + 1, sizeof(*c->graph_input_worker));
-    c->graph_input_local = calloc(c->gs->n_graphs + 1, sizeof(*c->graph_input_local));
-    rc = BT_ENOMEM;
-    if (!c->rt || !c->loop || !c->m || !c->workers || !c->release_ids || !c->n_release ||
-        !c->cap_release || !c->graph_input_worker || !c->graph_input_local)
-        goto err;
-    for (size_t g = 0; g < c->gs->n_graphs; g++) {
-        const graph *gr = &c->gs->graphs[g];
-        c->graph_input_worker[g] = malloc((gr->n_inputs + 1) * sizeof(int));
-        c->graph_input_local[g] = calloc(gr->n_inputs + 1, 1);
-        if (!c->graph_input_worker[g] || !c->graph_input_local[g])
-            goto err;
-        for (size_t k = 0; k < gr->n_inputs; k++) {
-            c->graph_input_worker[g][k] = -1;
-            for (size_t e = 0; e < gr->n_entities && c->graph_input_worker[g][k] < 0; e++) {
-                const graph_entity *en = &gr->entities[e];
-                if (en->kind != GRAPH_NODE)
-                    continue;
-                for (size_t x = 0; x < en->u.node.n_inputs; x++)
-                    if (en->u.node.inputs[x].graph_input == (int)k)
-                        c->graph_input_worker[g][k] = en->u.node.worker;
-            }
-            /* When every consumer reads it on that worker, nobody needs its
-             * pool offset: a Dispatch names it by the id the Put gave it. */
-            bool local = c->graph_input_worker[g][k] >= 0;
-            for (size_t e = 0; e < gr->n_entities && local; e++) {
-                const graph_entity *en = &gr->entities[e];
-                if (en->kind != GRAPH_NODE)
-                    continue;
-                for (size_t x = 0; x < en->u.node.n_inputs; x++)
-                    if (en->u.node.inputs[x].graph_input == (int)k &&
-                        en->u.node.worker != c->graph_input_worker[g][k])
-                        local = false;
-            }
-            c->graph_input_local[g][k] = local;
-        }
-    }
-    for (size_t w = 0; w < c->n_workers; w++) {
-        c->workers[w].index = (int)w;
-        c->workers[w].cfg = &c->cfg->workers[w];
-        c->workers[w].state = c->cfg->workers[w].spawn == CFG_SPAWN_AUTO ? CW_DOWN : CW_STARTING;
-    }
-    snprintf(c->run_id, sizeof(c->run_id), "%d-%llx", (int)getpid(),
-             (unsigned long long)(cond_now_us() & 0xffffffffffULL));
-    rc = find_worker_exe(c);
-    if (rc)
-        goto err;
     c->zctx = zmq_ctx_new();
     if (!c->zctx)
-        goto err;
-    rc = bind_router(c, &c->back, c->cfg->daemon.workers_endpoint, true);
+        return BT_EIO;
+    int rc = bind_router(c, &c->back_sock, c->cfg->daemon.workers_endpoint, true);
+    if (rc == 0)
+        rc = bind_router(c, &c->front_sock, c->cfg->daemon.listen, false);
     if (rc)
-        goto err;
-    rc = bind_router(c, &c->front, c->cfg->daemon.listen, false);
-    if (rc)
-        goto err;
+        return rc;
     /* A hard cap below which frames are read and answered (the soft check
      * at the door replies RESOURCE_EXHAUSTED); beyond it ZeroMQ drops the
      * connection rather than let one frame take the conductor's memory. */
-    int64_t hard = (int64_t)c->max_message_bytes * 2 + 65536;
-    zmq_setsockopt(c->front, ZMQ_MAXMSGSIZE, &hard, sizeof(hard));
+    int64_t hard = (int64_t)c->cfg->daemon.max_message_bytes * 2 + 65536;
+    zmq_setsockopt(c->front_sock, ZMQ_MAXMSGSIZE, &hard, sizeof(hard));
+    return 0;
+}
+
+/* Creates the modules bottom-up and connects their hooks to this file. */
+static int create_modules(conductor *c)
+{
+    sup_options so = {c->cfg, c->config_path, c->run_id, c->worker_exe, c->back_sock};
+    sup_hooks sh = {c, on_ready_changed, on_worker_lost, on_worker_message, on_burst_begin,
+                    on_burst_end};
+    disp_hooks dh = {c, on_chunk, on_response};
+    front_hooks fh = {c, on_admin};
+    int rc = BT_ENOMEM;
+    if (!(c->m = metrics_create(c->gs)))
+        return rc;
+    if ((rc = sup_create(&so, &sh, &c->sup)) < 0)
+        return rc;
+    if (!(c->tt = tt_create(c->sup)))
+        return BT_ENOMEM;
+    rc = disp_create(c->gs, c->cfg->daemon.speculation_window, c->sup, c->tt, c->m, &dh,
+                     &c->disp);
+    if (rc < 0)
+        return rc;
+    if (!(c->out = out_create(c->front_sock, c->gs, c->sup, c->tt, c->m)))
+        return BT_ENOMEM;
+    front_options fo = {c->gs, c->front_sock, c->out, c->sup, c->tt, c->disp, {0, 0, 0}};
+    if ((rc = front_create(&fo, &fh, &c->front)) < 0)
+        return rc;
+    apply_limits(c, c->cfg);
+    update_admission(c);
+    return 0;
+}
+
+/* TERM/INT drain, HUP reload, CHLD reaping through a signalfd; SIGPIPE
+ * ignored; a TICK_MS timer. */
+static int setup_signals(conductor *c)
+{
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGTERM);
@@ -379,36 +511,62 @@ int conductor_create(const char *config_path, conductor **out)
     signal(SIGPIPE, SIG_IGN);
     c->sigfd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
     c->timerfd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
-    rc = BT_EIO;
     if (c->sigfd < 0 || c->timerfd < 0)
-        goto err;
+        return BT_EIO;
     struct itimerspec its = {{0, TICK_MS * 1000000L}, {0, TICK_MS * 1000000L}};
     timerfd_settime(c->timerfd, 0, &its, NULL);
-    if (evloop_add(c->loop, c->front, -1, front_on_readable, c) < 0 ||
-        evloop_add(c->loop, c->back, -1, sup_on_readable, c) < 0 ||
+    return 0;
+}
+
+static int watch(conductor *c)
+{
+    if (evloop_add(c->loop, c->front_sock, -1, front_on_readable, c->front) < 0 ||
+        evloop_add(c->loop, c->back_sock, -1, sup_on_readable, c->sup) < 0 ||
         evloop_add(c->loop, NULL, c->sigfd, on_signal, c) < 0 ||
         evloop_add(c->loop, NULL, c->timerfd, on_tick, c) < 0)
-        goto err;
-    if (c->cfg->daemon.metrics_listen && metrics_listen(c, c->cfg->daemon.metrics_listen) < 0)
-        goto err;
+        return BT_ENOMEM;
+    if (c->cfg->daemon.metrics_listen)
+        return http_create(c->loop, c->cfg->daemon.metrics_listen, http_get, c, &c->http);
+    return 0;
+}
+
+int conductor_create(const char *config_path, conductor **out)
+{
+    *out = NULL;
+    conductor *c = calloc(1, sizeof(*c));
+    if (!c)
+        return BT_ENOMEM;
+    c->sigfd = c->timerfd = -1;
+    snprintf(c->run_id, sizeof(c->run_id), "%d-%llx", (int)getpid(),
+             (unsigned long long)(bt_now_us() & 0xffffffffffULL));
+    int rc = load_deployment(c, config_path);
+    if (rc == 0 && !(c->loop = evloop_create()))
+        rc = BT_ENOMEM;
+    if (rc == 0)
+        rc = find_worker_exe(c);
+    if (rc == 0)
+        rc = bind_sockets(c);
+    if (rc == 0)
+        rc = create_modules(c);
+    if (rc == 0)
+        rc = setup_signals(c);
+    if (rc == 0)
+        rc = watch(c);
+    if (rc != 0) {
+        conductor_destroy(c);
+        return rc;
+    }
     if (sd_watchdog_enabled(0, &c->watchdog_usec) <= 0)
         c->watchdog_usec = 0;
-    bt_diag_destroy(d);
     *out = c;
     return 0;
-err:
-    bt_diag_destroy(d);
-    conductor_destroy(c);
-    return rc ? rc : BT_EIO;
 }
 
 int conductor_run(conductor *c)
 {
     bt_info("listening on %s, workers on %s", c->cfg->daemon.listen,
             c->cfg->daemon.workers_endpoint);
-    for (size_t w = 0; w < c->n_workers; w++)
-        if (c->workers[w].cfg->spawn == CFG_SPAWN_AUTO)
-            sup_spawn(c, &c->workers[w]);
+    sup_start(c->sup);
     bool notified = false;
     while (!c->done && evloop_run_once(c->loop, 1000) >= 0) {
         if (c->ready && !notified) {
@@ -424,50 +582,17 @@ void conductor_destroy(conductor *c)
 {
     if (!c)
         return;
-    size_t pos = 0;
-    uint64_t key;
-    void *val;
-    /* Freeing a request removes it from the map: restart the scan. */
-    while (u64map_next(&c->requests, &pos, &key, &val)) {
-        front_request_free(c, val);
-        pos = 0;
-    }
-    pos = 0;
-    while (u64map_next(&c->tensors, &pos, &key, &val)) {
-        free(((ctensor *)val)->data);
-        free(val);
-    }
-    u64map_free(&c->requests);
-    u64map_free(&c->by_client);
-    u64map_free(&c->tensors);
-    for (size_t w = 0; c->workers && w < c->n_workers; w++) {
-        cworker *wk = &c->workers[w];
-        for (size_t k = 0; k < wk->n_pools; k++) {
-            free(wk->pools[k].shm_name);
-            free(wk->pools[k].cuda_ipc_handle.data);
-        }
-        free(wk->pools);
-        free(wk->loads_text);
-        if (c->release_ids)
-            free(c->release_ids[w]);
-    }
-    for (size_t g = 0; c->graph_input_worker && c->gs && g < c->gs->n_graphs; g++)
-        free(c->graph_input_worker[g]);
-    for (size_t g = 0; c->graph_input_local && c->gs && g < c->gs->n_graphs; g++)
-        free(c->graph_input_local[g]);
-    free(c->graph_input_worker);
-    free(c->graph_input_local);
-    free(c->release_ids);
-    free(c->n_release);
-    free(c->cap_release);
-    free(c->workers);
-    free(c->deadlines);
-    free(c->extends);
+    http_destroy(c->http);
+    front_destroy(c->front);
+    out_destroy(c->out);
+    disp_destroy(c->disp);
+    tt_destroy(c->tt);
+    sup_destroy(c->sup);
     metrics_destroy(c->m);
-    if (c->front)
-        zmq_close(c->front);
-    if (c->back)
-        zmq_close(c->back);
+    if (c->front_sock)
+        zmq_close(c->front_sock);
+    if (c->back_sock)
+        zmq_close(c->back_sock);
     if (c->zctx)
         zmq_ctx_term(c->zctx);
     if (c->sigfd >= 0)
@@ -475,7 +600,6 @@ void conductor_destroy(conductor *c)
     if (c->timerfd >= 0)
         close(c->timerfd);
     evloop_destroy(c->loop);
-    rt_destroy(c->rt);
     graph_set_destroy(c->gs);
     cfg_config_destroy(c->cfg);
     free(c->config_path);

@@ -1,21 +1,68 @@
-/* The client side of the conductor: every frame on the client ROUTER is
- * checked at the door (DESIGN.md section 9, in a fixed order: the first
- * failing check answers), admitted or refused at once, and every accepted
- * request gets exactly one terminal InferResponse.  Client messages of a
- * request leave in order through its outbound queue, which holds a message
- * until every tensor it carries has its bytes (inline or fetched). */
-#include <errno.h>
-#include <stdarg.h>
+/* The client side of the conductor (daemon/frontend.h): checks at the
+ * door, admission, placing inputs, cancels, deadlines, and handing each
+ * request's results to its outbound queue. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <zmq.h>
 
+#include "common/clock.h"
 #include "common/log.h"
-#include "daemon/conductor.h"
+#include "common/u64map.h"
 #include "common/vec.h"
+#include "daemon/deadlines.h"
+#include "daemon/door.h"
+#include "daemon/frontend.h"
 
-#define REQUEST_ID_MAX 256
+#define MAX_GRAPH_INPUTS 64       /* Put ids are key * 64 + input index */
+
+typedef enum front_phase {
+    PHASE_PLACING = 0,            /* inputs being Put on workers */
+    PHASE_RUNNING = 1,            /* in the dispatcher */
+    PHASE_FLUSHING = 2            /* ended; client messages still waiting for bytes */
+} front_phase;
+
+typedef struct front_request {
+    uint64_t key;                 /* unique per run */
+    uint64_t hkey;                /* hash of (client identity, request_id) */
+    struct front_request *hnext;  /* next request with the same hkey */
+    uint8_t *identity;            /* the client's ZeroMQ routing id; owned */
+    size_t identity_len;
+    char *request_id;             /* owned */
+    int graph;
+    bool stream;
+    front_phase phase;
+    uint64_t start_us;            /* monotonic us at acceptance */
+    uint64_t deadline_ms;         /* monotonic ms */
+    disp_params params;           /* params.request_id borrowed from request_id */
+    uint32_t *max_iters;          /* per entity, 0: the config's; owned */
+    rt_tensor *inputs;            /* per graph input, once placed; owned */
+    uint32_t puts_pending;        /* Placed replies the start waits for */
+    out_queue out;                /* client messages, in order */
+} front_request;
+
+struct frontend {
+    const graph_set *gs;
+    void *socket;
+    outbound *out;
+    supervisor *sup;
+    tensor_table *tt;
+    dispatcher *disp;
+    front_hooks hooks;
+    front_limits limits;
+    front_admission admission;
+    u64map requests;              /* key -> front_request (owned) */
+    u64map by_client;             /* hkey -> front_request (chained by hnext) */
+    size_t n_placing;             /* requests in PHASE_PLACING */
+    dl_heap deadlines;
+    uint64_t next_key;
+    uint64_t next_put_tensor;     /* ids of early puts, chosen here (top bit set) */
+    int **input_worker;           /* per graph, per input: worker of its first consumer, -1 */
+    uint8_t **input_local;        /* per graph, per input: every consumer is on that worker,
+                                     so the request need not wait for its Placed */
+};
+
+/* ---- the request table ------------------------------------------------- */
 
 static uint64_t hash_client(const uint8_t *id, size_t n, const char *rid)
 {
@@ -28,50 +75,11 @@ static uint64_t hash_client(const uint8_t *id, size_t n, const char *rid)
     return h == 0 || h == UINT64_MAX ? 1 : h;
 }
 
-void front_send(conductor *c, const uint8_t *identity, size_t identity_len,
-                const Baton__V1__ServerMessage *m)
-{
-    size_t n = baton__v1__server_message__get_packed_size(m);
-    uint8_t *buf = malloc(n ? n : 1);
-    if (!buf) {
-        bt_error("out of memory sending a %zu-byte reply", n);
-        return;
-    }
-    baton__v1__server_message__pack(m, buf);
-    /* A client that went away simply loses the reply: ROUTER drops it. */
-    if (zmq_send(c->front, identity, identity_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
-        zmq_send(c->front, buf, n, ZMQ_DONTWAIT) < 0)
-        bt_debug("reply to a client dropped: %s", zmq_strerror(errno));
-    free(buf);
-}
-
-void front_reject(conductor *c, const uint8_t *identity, size_t identity_len,
-                  const char *request_id, bt_code code, const char *fmt, ...)
-{
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
-    va_end(ap);
-    Baton__V1__Status st = BATON__V1__STATUS__INIT;
-    st.code = (Baton__V1__Code)code;
-    st.message = msg;
-    Baton__V1__InferResponse resp = BATON__V1__INFER_RESPONSE__INIT;
-    resp.request_id = (char *)(request_id ? request_id : "");
-    resp.status = &st;
-    Baton__V1__ServerMessage m = BATON__V1__SERVER_MESSAGE__INIT;
-    m.msg_case = BATON__V1__SERVER_MESSAGE__MSG_RESPONSE;
-    m.response = &resp;
-    front_send(c, identity, identity_len, &m);
-    metrics_rejected(c->m, code);
-    bt_debug("request '%s' refused: %s: %s", request_id ? request_id : "", bt_code_name(code),
-             msg);
-}
-
-creq *front_find(conductor *c, const uint8_t *identity, size_t len, const char *request_id)
+static front_request *find_request(frontend *f, const uint8_t *identity, size_t len,
+                                   const char *request_id)
 {
     uint64_t h = hash_client(identity, len, request_id);
-    for (creq *r = u64map_get(&c->by_client, h); r; r = r->hnext)
+    for (front_request *r = u64map_get(&f->by_client, h); r; r = r->hnext)
         if (r->identity_len == len && memcmp(r->identity, identity, len) == 0 &&
             strcmp(r->request_id, request_id) == 0)
             return r;
@@ -81,14 +89,14 @@ creq *front_find(conductor *c, const uint8_t *identity, size_t len, const char *
 /* The one in-flight request with this id on any connection, or NULL when
  * there is none or several.  Lets an operator's `batonctl cancel ID` (its
  * own connection) stop a request another client sent. */
-static creq *find_unique(conductor *c, const char *request_id)
+static front_request *find_unique(frontend *f, const char *request_id)
 {
-    creq *found = NULL;
+    front_request *found = NULL;
     size_t pos = 0;
     uint64_t key;
     void *val;
-    while (u64map_next(&c->requests, &pos, &key, &val)) {
-        creq *r = val;
+    while (u64map_next(&f->requests, &pos, &key, &val)) {
+        front_request *r = val;
         if (strcmp(r->request_id, request_id) != 0)
             continue;
         if (found)
@@ -98,46 +106,35 @@ static creq *find_unique(conductor *c, const char *request_id)
     return found;
 }
 
-static void outmsg_free(outmsg *o)
+static void set_phase(frontend *f, front_request *r, front_phase p)
 {
-    for (size_t i = 0; i < o->n_bytes; i++)
-        free(o->bytes[i].data);
-    free(o->bytes);
-    free(o->name);
-    free(o->modality);
-    free(o->message);
-    for (size_t i = 0; i < o->n_outs; i++) {
-        free(o->out_names[i]);
-        free(o->out_modalities[i]);
-    }
-    free(o->out_names);
-    free(o->out_modalities);
-    free(o->out_parts);
+    f->n_placing += (p == PHASE_PLACING) - (r->phase == PHASE_PLACING);
+    r->phase = p;
 }
 
-void front_request_free(conductor *c, creq *r)
+static void request_free(frontend *f, front_request *r)
 {
     if (!r)
         return;
-    u64map_del(&c->requests, r->key);
+    if (u64map_get(&f->requests, r->key) == r) {
+        u64map_del(&f->requests, r->key);
+        f->n_placing -= r->phase == PHASE_PLACING;
+    }
     /* Unlink from its hash chain. */
-    creq *head = u64map_get(&c->by_client, r->hkey);
+    front_request *head = u64map_get(&f->by_client, r->hkey);
     if (head == r) {
         if (r->hnext)
-            u64map_put(&c->by_client, r->hkey, r->hnext);
+            u64map_put(&f->by_client, r->hkey, r->hnext);
         else
-            u64map_del(&c->by_client, r->hkey);
+            u64map_del(&f->by_client, r->hkey);
     } else {
-        for (creq *p = head; p; p = p->hnext)
+        for (front_request *p = head; p; p = p->hnext)
             if (p->hnext == r) {
                 p->hnext = r->hnext;
                 break;
             }
     }
-    for (size_t i = 0; i < r->n_outq; i++)
-        outmsg_free(&r->outq[i]);
-    free(r->outq);
-    free(r->timings);
+    out_queue_free(&r->out);
     free(r->inputs);
     free(r->max_iters);
     free(r->identity);
@@ -145,581 +142,449 @@ void front_request_free(conductor *c, creq *r)
     free(r);
 }
 
-/* Joins the tensors of one output (chunks along dim 0) into a client
- * Tensor.  Returns false when they disagree on dtype or inner dims. */
-static bool join_output(const obytes *parts, size_t n, Baton__V1__Tensor *t, uint8_t **owned)
+/* The keys of every request, so that a walk that ends some of them (which
+ * removes them from the map) holds no pointer across an end. */
+static size_t collect_keys(frontend *f, uint64_t **out)
 {
-    size_t total = 0;
-    for (size_t i = 0; i < n; i++)
-        total += parts[i].ndata;
-    *owned = NULL;
-    t->dtype = n ? parts[0].dtype : BATON__V1__DTYPE__U8;
-    if (n == 0) {
-        static int64_t zero = 0;
-        t->n_dims = 1;
-        t->dims = &zero;
-        return true;
-    }
-    if (n == 1) {
-        t->n_dims = parts[0].ndim;
-        t->dims = (int64_t *)parts[0].dims;
-        t->data.len = parts[0].ndata;
-        t->data.data = parts[0].data;
-        return true;
-    }
-    for (size_t i = 1; i < n; i++) {
-        if (parts[i].dtype != parts[0].dtype || parts[i].ndim != parts[0].ndim)
-            return false;
-        for (uint32_t d = 1; d < parts[0].ndim; d++)
-            if (parts[i].dims[d] != parts[0].dims[d])
-                return false;
-    }
-    uint8_t *buf = malloc(total ? total : 1);
-    if (!buf)
-        return false;
-    size_t off = 0;
-    int64_t dim0 = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (parts[i].ndata)
-            memcpy(buf + off, parts[i].data, parts[i].ndata);
-        off += parts[i].ndata;
-        dim0 += parts[i].ndim ? parts[i].dims[0] : 1;
-    }
-    /* dims point into parts[0], patched for the joined extent. */
-    int64_t *dims = malloc(sizeof(int64_t) * (parts[0].ndim ? parts[0].ndim : 1));
-    if (!dims) {
-        free(buf);
-        return false;
-    }
-    memcpy(dims, parts[0].dims, sizeof(int64_t) * parts[0].ndim);
-    if (parts[0].ndim)
-        dims[0] = dim0;
-    t->n_dims = parts[0].ndim;
-    t->dims = dims;
-    t->data.len = total;
-    t->data.data = buf;
-    *owned = buf;
-    return true;
-}
-
-static void send_outmsg(conductor *c, creq *r, outmsg *o)
-{
-    Baton__V1__ServerMessage m = BATON__V1__SERVER_MESSAGE__INIT;
-    if (!o->response) {
-        Baton__V1__Tensor t = BATON__V1__TENSOR__INIT;
-        uint8_t *owned = NULL;
-        join_output(o->bytes, o->n_bytes, &t, &owned);
-        t.name = o->name;
-        t.modality = o->modality;
-        Baton__V1__InferChunk ch = BATON__V1__INFER_CHUNK__INIT;
-        ch.request_id = r->request_id;
-        ch.seq = o->seq;
-        ch.value = &t;
-        m.msg_case = BATON__V1__SERVER_MESSAGE__MSG_CHUNK;
-        m.chunk = &ch;
-        front_send(c, r->identity, r->identity_len, &m);
-        if (owned) {
-            free(owned);
-            free(t.dims);
-        }
-        return;
-    }
-    Baton__V1__Status st = BATON__V1__STATUS__INIT;
-    st.code = (Baton__V1__Code)o->code;
-    st.message = o->message ? o->message : "";
-    Baton__V1__InferResponse resp = BATON__V1__INFER_RESPONSE__INIT;
-    resp.request_id = r->request_id;
-    resp.status = &st;
-    Baton__V1__Tensor *ts = calloc(o->n_outs + 1, sizeof(*ts));
-    Baton__V1__Tensor **tp = calloc(o->n_outs + 1, sizeof(*tp));
-    uint8_t **owned = calloc(o->n_outs + 1, sizeof(*owned));
-    Baton__V1__NodeTiming *tim = calloc(r->n_timings + 1, sizeof(*tim));
-    Baton__V1__NodeTiming **timp = calloc(r->n_timings + 1, sizeof(*timp));
-    if (!ts || !tp || !owned || !tim || !timp) {
-        st.code = BATON__V1__CODE__RESOURCE_EXHAUSTED;
-        st.message = "out of memory building the response";
-    } else {
-        size_t at = 0;
-        for (size_t i = 0; i < o->n_outs; i++) {
-            baton__v1__tensor__init(&ts[i]);
-            if (!join_output(&o->bytes[at], o->out_parts[i], &ts[i], &owned[i])) {
-                st.code = BATON__V1__CODE__INTERNAL;
-                st.message = "the parts of a client output disagree on dtype or shape";
-            }
-            ts[i].name = o->out_names[i];
-            ts[i].modality = o->out_modalities[i];
-            tp[i] = &ts[i];
-            at += o->out_parts[i];
-        }
-        if (st.code == BATON__V1__CODE__OK) {
-            resp.n_outputs = o->n_outs;
-            resp.outputs = tp;
-        }
-        const graph *g = &c->gs->graphs[r->graph];
-        for (size_t i = 0; i < r->n_timings; i++) {
-            baton__v1__node_timing__init(&tim[i]);
-            tim[i].node = (char *)g->entities[r->timings[i].node].name;
-            tim[i].iteration = r->timings[i].iteration;
-            tim[i].worker = (char *)c->cfg->workers[r->timings[i].worker].name;
-            tim[i].queue_us = r->timings[i].queue_us;
-            tim[i].exec_us = r->timings[i].exec_us;
-            timp[i] = &tim[i];
-        }
-        resp.n_timings = r->n_timings;
-        resp.timings = timp;
-    }
-    resp.total_us = cond_now_us() - r->start_us;
-    m.msg_case = BATON__V1__SERVER_MESSAGE__MSG_RESPONSE;
-    m.response = &resp;
-    front_send(c, r->identity, r->identity_len, &m);
-    metrics_request_done(c->m, r->graph, (bt_code)st.code, resp.total_us);
-    for (size_t i = 0; owned && i < o->n_outs; i++)
-        if (owned[i]) {
-            free(owned[i]);
-            free(ts[i].dims);
-        }
-    free(ts);
-    free(tp);
-    free(owned);
-    free(tim);
-    free(timp);
-}
-
-static bool outmsg_ready(const outmsg *o)
-{
-    for (size_t i = 0; i < o->n_bytes; i++)
-        if (!o->bytes[i].ready)
-            return false;
-    return true;
-}
-
-void front_flush(conductor *c, creq *r)
-{
-    size_t sent = 0;
-    while (sent < r->n_outq && outmsg_ready(&r->outq[sent])) {
-        send_outmsg(c, r, &r->outq[sent]);
-        sent++;
-    }
-    for (size_t i = 0; i < sent; i++)
-        outmsg_free(&r->outq[i]);
-    memmove(r->outq, r->outq + sent, (r->n_outq - sent) * sizeof(*r->outq));
-    r->n_outq -= sent;
-    if (r->phase == REQ_FLUSHING && r->n_outq == 0)
-        front_request_free(c, r);
-}
-
-/* Releases inputs already placed, for a request that never reached the
- * runtime. */
-static void release_inputs(conductor *c, creq *r)
-{
-    const graph *g = &c->gs->graphs[r->graph];
-    for (size_t k = 0; k < g->n_inputs; k++) {
-        if (r->inputs[k].id)
-            disp_release_input(c, r->inputs[k]);
-        r->inputs[k] = (rt_tensor){0, 0};
-    }
-    disp_flush_releases(c);
-}
-
-void front_end_placing(conductor *c, creq *r, bt_code code, const char *message)
-{
-    release_inputs(c, r);
-    front_reject(c, r->identity, r->identity_len, r->request_id, code, "%s", message);
-    front_request_free(c, r);
-}
-
-void front_end_placing_all(conductor *c, int worker, bt_code code, const char *message)
-{
-    size_t pos = 0;
+    size_t n = 0, pos = 0;
     uint64_t key;
     void *val;
-    uint64_t *placing = malloc((c->requests.n + 1) * sizeof(*placing));
-    size_t np = 0;
-    while (placing && u64map_next(&c->requests, &pos, &key, &val))
-        if (((creq *)val)->phase == REQ_PLACING)
-            placing[np++] = key;
-    /* Ending one removes it from the map: act on the keys gathered. */
-    for (size_t i = 0; i < np; i++) {
-        creq *r = u64map_get(&c->requests, placing[i]);
-        if (!r)
+    *out = malloc((f->requests.n + 1) * sizeof(**out));
+    while (*out && u64map_next(&f->requests, &pos, &key, &val))
+        (*out)[n++] = key;
+    return n;
+}
+
+size_t front_inflight(const frontend *f)
+{
+    return f->requests.n;
+}
+
+size_t front_placing(const frontend *f)
+{
+    return f->n_placing;
+}
+
+/* ---- results ----------------------------------------------------------- */
+
+static void flush(frontend *f, front_request *r)
+{
+    out_client to = {r->identity, r->identity_len, r->request_id, r->graph, r->start_us};
+    if (out_flush(f->out, &r->out, &to))
+        request_free(f, r);
+}
+
+void front_on_chunk(frontend *f, uint64_t req, const rt_action *a)
+{
+    front_request *r = u64map_get(&f->requests, req);
+    if (!r)
+        return;
+    out_queue_chunk(f->out, &r->out, a);
+    flush(f, r);
+}
+
+void front_on_response(frontend *f, uint64_t req, const rt_action *a,
+                       const disp_timing *timings, size_t n_timings)
+{
+    front_request *r = u64map_get(&f->requests, req);
+    if (!r)
+        return;
+    out_queue_response(f->out, &r->out, a, timings, n_timings);
+    set_phase(f, r, PHASE_FLUSHING);
+    flush(f, r);
+}
+
+/* Flushes the requests of KEYS, which something made ready to send.
+ * Flushing may free a request, so it happens after the walk that found
+ * them. */
+static void flush_keys(frontend *f, const uint64_t *keys, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        front_request *r = u64map_get(&f->requests, keys[i]);
+        if (r)
+            flush(f, r);
+    }
+}
+
+void front_fetched(frontend *f, int w, const Baton__V1__Fetched *m)
+{
+    uint64_t key = tt_key((rt_tensor){m->tensor_id, w});
+    uint64_t *hits = NULL, rk;
+    size_t n = 0, cap = 0, pos = 0;
+    void *val;
+    while (u64map_next(&f->requests, &pos, &rk, &val)) {
+        front_request *r = val;
+        if (r->out.fetches_pending && out_fetched(&r->out, key, m->data.data, m->data.len) &&
+            BT_RESERVE(hits, n, cap, 8) == 0)
+            hits[n++] = rk;
+    }
+    flush_keys(f, hits, n);
+    free(hits);
+}
+
+void front_fetches_lost(frontend *f, int w)
+{
+    uint64_t *hits = NULL, rk;
+    size_t n = 0, cap = 0, pos = 0;
+    void *val;
+    while (u64map_next(&f->requests, &pos, &rk, &val)) {
+        front_request *r = val;
+        if (out_worker_lost(&r->out, w) && BT_RESERVE(hits, n, cap, 8) == 0)
+            hits[n++] = rk;
+    }
+    flush_keys(f, hits, n);
+    free(hits);
+}
+
+/* ---- placing inputs ---------------------------------------------------- */
+
+/* Releases the inputs already placed, for a request that never reached the
+ * dispatcher. */
+static void release_inputs(frontend *f, front_request *r)
+{
+    const graph *g = &f->gs->graphs[r->graph];
+    for (size_t k = 0; k < g->n_inputs; k++) {
+        if (r->inputs[k].id)
+            tt_release(f->tt, r->inputs[k]);
+        r->inputs[k] = (rt_tensor){0, 0};
+    }
+    tt_flush(f->tt);
+}
+
+/* Ends a request that has not reached the dispatcher. */
+static void end_placing(frontend *f, front_request *r, bt_code code, const char *message)
+{
+    release_inputs(f, r);
+    out_reject(f->out, r->identity, r->identity_len, r->request_id, code, "%s", message);
+    request_free(f, r);
+}
+
+void front_end_placing(frontend *f, int w, bt_code code, const char *message)
+{
+    uint64_t *keys;
+    size_t nk = collect_keys(f, &keys);
+    for (size_t i = 0; i < nk; i++) {
+        front_request *r = u64map_get(&f->requests, keys[i]);
+        if (!r || r->phase != PHASE_PLACING)
             continue;
-        const graph *g = &c->gs->graphs[r->graph];
-        bool uses = worker < 0;
+        const graph *g = &f->gs->graphs[r->graph];
+        bool uses = w < 0;
         for (size_t k = 0; k < g->n_inputs && !uses; k++)
-            uses = c->graph_input_worker[r->graph][k] == worker;
+            uses = f->input_worker[r->graph][k] == w;
         if (!uses)
             continue;
         /* Inputs placed on a dead worker are gone with it. */
-        for (size_t k = 0; worker >= 0 && k < g->n_inputs; k++)
-            if (r->inputs[k].worker == worker)
+        for (size_t k = 0; w >= 0 && k < g->n_inputs; k++)
+            if (r->inputs[k].worker == w)
                 r->inputs[k] = (rt_tensor){0, 0};
-        front_end_placing(c, r, code, message);
+        end_placing(f, r, code, message);
     }
-    free(placing);
+    free(keys);
 }
 
-void front_start_runtime(conductor *c, creq *r)
+static void start(frontend *f, front_request *r)
 {
-    int rc = rt_request_start(c->rt, r->key, r->graph, r->inputs, r->stream, r->max_iters);
+    /* Running from here on: the dispatcher may end it before it returns
+     * (a node that fails at once), and the response then frees it. */
+    set_phase(f, r, PHASE_RUNNING);
+    int rc = disp_start(f->disp, r->key, r->graph, r->inputs, r->stream, r->max_iters,
+                        &r->params);
     if (rc != 0) {
-        front_end_placing(c, r, bt_err_to_code(rc), bt_strerror(rc));
-        return;
-    }
-    r->phase = REQ_RUNNING;
-    disp_actions(c);
-}
-
-static size_t dtype_size(Baton__V1__DType t)
-{
-    switch (t) {
-    case BATON__V1__DTYPE__F32:
-    case BATON__V1__DTYPE__I32: return 4;
-    case BATON__V1__DTYPE__F16:
-    case BATON__V1__DTYPE__BF16: return 2;
-    case BATON__V1__DTYPE__I64: return 8;
-    case BATON__V1__DTYPE__U8:
-    case BATON__V1__DTYPE__BOOL: return 1;
-    default: return 0;
+        set_phase(f, r, PHASE_PLACING);
+        end_placing(f, r, bt_err_to_code(rc), bt_strerror(rc));
     }
 }
 
-/* Checks one client tensor; returns NULL or what is wrong. */
-static const char *check_tensor(const Baton__V1__Tensor *t, char *buf, size_t len)
+/* An early put: its id is chosen here and the request runs at once (see
+ * place_inputs).  The runtime owns the tensor; only a failure matters. */
+static void early_placed(frontend *f, front_request *r, int w, size_t k,
+                         const Baton__V1__Placed *m)
 {
-    size_t es = dtype_size(t->dtype);
-    if (!es) {
-        snprintf(buf, len, "input '%s' has dtype %d, which is unspecified or not a DType",
-                 t->name, (int)t->dtype);
-        return buf;
-    }
-    if (t->n_dims > COND_MAX_DIMS) {
-        snprintf(buf, len, "input '%s' has %zu dims; at most %d are supported", t->name,
-                 t->n_dims, COND_MAX_DIMS);
-        return buf;
-    }
-    uint64_t n = 1;
-    for (size_t d = 0; d < t->n_dims; d++) {
-        if (t->dims[d] < 0) {
-            snprintf(buf, len, "input '%s' has negative dim %zu (%lld)", t->name, d,
-                     (long long)t->dims[d]);
-            return buf;
+    bool ok = !m->status || m->status->code == BATON__V1__CODE__OK;
+    if (ok) {
+        ctensor *ct = m->ref ? tt_find(f->tt, (rt_tensor){m->ref->id, w}) : NULL;
+        if (ct) {
+            ct->pool = m->ref->pool;
+            ct->offset = m->ref->offset;
         }
-        if (t->dims[d] && n > UINT64_MAX / (uint64_t)t->dims[d] / es) {
-            snprintf(buf, len, "input '%s': the product of its dims overflows", t->name);
-            return buf;
-        }
-        n *= (uint64_t)t->dims[d];
+        return;
     }
-    if (n * es != t->data.len) {
-        snprintf(buf, len, "input '%s': dims give %llu bytes of %s but the data has %zu",
-                 t->name, (unsigned long long)(n * es),
-                 protobuf_c_enum_descriptor_get_value(&baton__v1__dtype__descriptor, t->dtype)
-                     ->name,
-                 t->data.len);
-        return buf;
+    const char *msg = m->status->message ? m->status->message : "placing failed";
+    if (r->phase == PHASE_PLACING) {
+        r->inputs[k] = (rt_tensor){0, 0};
+        end_placing(f, r, (bt_code)m->status->code, msg);
+    } else if (r->phase == PHASE_RUNNING) {
+        disp_abort(f->disp, r->key, (bt_code)m->status->code, msg);
     }
-    return NULL;
 }
 
-static void handle_infer(conductor *c, const uint8_t *id, size_t idlen,
-                         const Baton__V1__InferRequest *q)
+void front_placed(frontend *f, int w, const Baton__V1__Placed *m)
 {
-    char why[512];
-    const char *rid = q->request_id ? q->request_id : "";
-    if (!*rid) {
-        front_reject(c, id, idlen, "", BT_CODE_INVALID_ARGUMENT, "request_id is empty");
+    front_request *r = u64map_get(&f->requests, m->request_key);
+    bool ok = !m->status || m->status->code == BATON__V1__CODE__OK;
+    size_t k = (size_t)(m->put_id % MAX_GRAPH_INPUTS);
+    if (!r && m->ref && m->ref->id >> 63)
+        return; /* an early put of a request that ended: the runtime released it */
+    if (r && f->input_local[r->graph][k] && r->inputs[k].id >> 63) {
+        early_placed(f, r, w, k, m);
         return;
     }
-    if (strlen(rid) > REQUEST_ID_MAX) {
-        front_reject(c, id, idlen, "", BT_CODE_INVALID_ARGUMENT,
-                     "request_id is %zu bytes; at most %d are allowed", strlen(rid),
-                     REQUEST_ID_MAX);
+    rt_tensor t = {0, 0};
+    if (ok && m->ref && tt_add(f->tt, w, m->ref))
+        t = (rt_tensor){m->ref->id, (int32_t)m->ref->owner};
+    if (!r || r->phase != PHASE_PLACING) {
+        if (t.id) {
+            tt_release(f->tt, t);
+            tt_flush(f->tt);
+        }
         return;
     }
-    const graph *g = graph_set_find(c->gs, q->graph ? q->graph : "");
-    if (!g) {
-        front_reject(c, id, idlen, rid, BT_CODE_NOT_FOUND, "no graph named '%s'",
-                     q->graph ? q->graph : "");
+    r->puts_pending--;
+    if (!ok || !t.id) {
+        end_placing(f, r, ok ? BT_CODE_INTERNAL : (bt_code)m->status->code,
+                    ok ? "an input could not be placed"
+                       : (m->status->message ? m->status->message : "placing failed"));
         return;
     }
-    for (size_t i = 0; i < q->n_inputs; i++) {
-        const Baton__V1__Tensor *t = q->inputs[i];
-        const char *name = t->name ? t->name : "";
-        if (graph_input_index(g, name) < 0) {
-            front_reject(c, id, idlen, rid, BT_CODE_INVALID_ARGUMENT,
-                         "graph '%s' has no input named '%s'", g->name, name);
+    r->inputs[k] = t;
+    if (r->puts_pending == 0)
+        start(f, r);
+}
+
+/* Puts input K of request R, given as V, on worker W.  An input read only
+ * on W need not wait for Placed: it gets an id now, and the worker handles
+ * the Put before any Dispatch that names it (one ZeroMQ pair keeps order);
+ * a Put that fails later ends the request then.  False when the request
+ * was ended. */
+static bool place_input(frontend *f, front_request *r, size_t k, int w,
+                        const Baton__V1__Tensor *v)
+{
+    Baton__V1__Put put = BATON__V1__PUT__INIT;
+    put.request_key = r->key;
+    put.put_id = r->key * MAX_GRAPH_INPUTS + k;
+    put.value = (Baton__V1__Tensor *)v;
+    bool early = f->input_local[r->graph][k];
+    if (early) {
+        put.tensor_id = (UINT64_C(1) << 63) | ++f->next_put_tensor;
+        Baton__V1__TensorRef ref = BATON__V1__TENSOR_REF__INIT;
+        ref.owner = (uint32_t)w;
+        ref.id = put.tensor_id;
+        ref.dtype = v->dtype;
+        ref.n_dims = v->n_dims;
+        ref.dims = v->dims;
+        ref.nbytes = v->data.len;
+        if (!tt_add(f->tt, w, &ref)) {
+            end_placing(f, r, BT_CODE_RESOURCE_EXHAUSTED, "out of memory");
+            return false;
+        }
+        r->inputs[k] = (rt_tensor){put.tensor_id, w};
+    }
+    Baton__V1__ConductorMessage m = BATON__V1__CONDUCTOR_MESSAGE__INIT;
+    m.msg_case = BATON__V1__CONDUCTOR_MESSAGE__MSG_PUT;
+    m.put = &put;
+    if (sup_worker_get(f->sup, w)->state != SUP_READY || sup_send(f->sup, w, &m) < 0) {
+        end_placing(f, r, BT_CODE_UNAVAILABLE, "the worker for an input is down");
+        return false;
+    }
+    if (!early)
+        r->puts_pending++;
+    return true;
+}
+
+/* Places every input on the worker of its first consumer, then starts the
+ * request when nothing is left to wait for. */
+static void place_inputs(frontend *f, front_request *r, const Baton__V1__Tensor **by_input)
+{
+    const graph *g = &f->gs->graphs[r->graph];
+    for (size_t k = 0; k < g->n_inputs; k++) {
+        int w = f->input_worker[r->graph][k];
+        if (w >= 0 && !place_input(f, r, k, w, by_input[k]))
             return;
-        }
-        for (size_t j = 0; j < i; j++)
-            if (strcmp(q->inputs[j]->name, name) == 0) {
-                front_reject(c, id, idlen, rid, BT_CODE_INVALID_ARGUMENT,
-                             "input '%s' is given twice", name);
-                return;
-            }
-        if (check_tensor(t, why, sizeof(why))) {
-            front_reject(c, id, idlen, rid, BT_CODE_INVALID_ARGUMENT, "%s", why);
-            return;
-        }
     }
-    const Baton__V1__Tensor **by_input = calloc(g->n_inputs + 1, sizeof(*by_input));
-    uint32_t *caps = calloc(g->n_entities + 1, sizeof(*caps));
-    creq *r = NULL;
-    if (!by_input || !caps) {
-        front_reject(c, id, idlen, rid, BT_CODE_RESOURCE_EXHAUSTED, "out of memory");
-        goto out;
+    if (r->puts_pending == 0)
+        start(f, r);
+}
+
+/* ---- client frames ----------------------------------------------------- */
+
+/* A client frame being answered: who sent it, and its request_id. */
+typedef struct frame {
+    frontend *f;
+    const uint8_t *id;
+    size_t idlen;
+    const char *rid;              /* "" until the request_id is known good */
+} frame;
+
+/* Answers the frame with CODE and a message; the request is not accepted. */
+#define REFUSE(fr, code, ...) \
+    out_reject((fr)->f->out, (fr)->id, (fr)->idlen, (fr)->rid, (code), __VA_ARGS__)
+
+/* Admission: not a duplicate on this connection, the daemon open, room
+ * under max_inflight.  False when refused. */
+static bool admit(frame *dr)
+{
+    frontend *f = dr->f;
+    if (find_request(f, dr->id, dr->idlen, dr->rid)) {
+        REFUSE(dr, BT_CODE_ALREADY_EXISTS,
+               "request '%s' is already in flight on this connection", dr->rid);
+        return false;
     }
-    for (size_t i = 0; i < q->n_inputs; i++)
-        by_input[graph_input_index(g, q->inputs[i]->name)] = q->inputs[i];
-    for (size_t k = 0; k < g->n_inputs; k++)
-        if (!by_input[k]) {
-            front_reject(c, id, idlen, rid, BT_CODE_INVALID_ARGUMENT,
-                         "graph '%s' needs input '%s', which the request does not give",
-                         g->name, g->inputs[k]);
-            goto out;
-        }
-    for (size_t i = 0; i < q->n_max_iters; i++) {
-        const char *loop = q->max_iters[i]->key ? q->max_iters[i]->key : "";
-        int e = graph_entity_find(g, loop);
-        if (e < 0 || g->entities[e].kind != GRAPH_LOOP) {
-            front_reject(c, id, idlen, rid, BT_CODE_INVALID_ARGUMENT,
-                         "max_iters names '%s', which is not a loop of graph '%s'", loop,
-                         g->name);
-            goto out;
-        }
-        if (q->max_iters[i]->value == 0) {
-            front_reject(c, id, idlen, rid, BT_CODE_INVALID_ARGUMENT,
-                         "max_iters for loop '%s' is 0; a loop runs at least once", loop);
-            goto out;
-        }
-        caps[e] = q->max_iters[i]->value;
+    if (f->admission == FRONT_DRAINING) {
+        REFUSE(dr, BT_CODE_UNAVAILABLE, "the daemon is shutting down");
+        return false;
     }
-    if (front_find(c, id, idlen, rid)) {
-        front_reject(c, id, idlen, rid, BT_CODE_ALREADY_EXISTS,
-                     "request '%s' is already in flight on this connection", rid);
-        goto out;
+    if (f->admission == FRONT_NOT_READY) {
+        REFUSE(dr, BT_CODE_UNAVAILABLE,
+               "not ready: waiting for workers to register and load their models");
+        return false;
     }
-    if (c->draining) {
-        front_reject(c, id, idlen, rid, BT_CODE_UNAVAILABLE, "the daemon is shutting down");
-        goto out;
+    if (f->requests.n >= f->limits.max_inflight) {
+        REFUSE(dr, BT_CODE_RESOURCE_EXHAUSTED,
+               "%u requests are in flight, the limit (max_inflight)", f->limits.max_inflight);
+        return false;
     }
-    if (!c->ready) {
-        front_reject(c, id, idlen, rid, BT_CODE_UNAVAILABLE,
-                     "not ready: waiting for workers to register and load their models");
-        goto out;
-    }
-    if (c->requests.n >= c->max_inflight) {
-        front_reject(c, id, idlen, rid, BT_CODE_RESOURCE_EXHAUSTED,
-                     "%u requests are in flight, the limit (max_inflight)", c->max_inflight);
-        goto out;
-    }
-    r = calloc(1, sizeof(*r));
-    if (!r || !(r->identity = malloc(idlen ? idlen : 1)) || !(r->request_id = strdup(rid)) ||
-        !(r->inputs = calloc(g->n_inputs + 1, sizeof(*r->inputs)))) {
-        front_reject(c, id, idlen, rid, BT_CODE_RESOURCE_EXHAUSTED, "out of memory");
-        front_request_free(c, r);
-        r = NULL;
-        goto out;
-    }
-    memcpy(r->identity, id, idlen);
-    r->identity_len = idlen;
-    r->key = ++c->next_key;
-    r->hkey = hash_client(id, idlen, rid);
+    return true;
+}
+
+/* A new request in the tables with its deadline, taking CAPS.  NULL (and
+ * refused) when out of memory. */
+static front_request *request_create(frame *dr, const graph *g, const Baton__V1__InferRequest *q,
+                                     uint32_t *caps)
+{
+    frontend *f = dr->f;
+    front_request *r = calloc(1, sizeof(*r));
+    if (!r || !(r->identity = malloc(dr->idlen ? dr->idlen : 1)) ||
+        !(r->request_id = strdup(dr->rid)) ||
+        !(r->inputs = calloc(g->n_inputs + 1, sizeof(*r->inputs))))
+        goto err;
+    memcpy(r->identity, dr->id, dr->idlen);
+    r->identity_len = dr->idlen;
+    r->key = ++f->next_key;
+    r->hkey = hash_client(dr->id, dr->idlen, dr->rid);
     r->graph = (int)g->index;
     r->stream = q->stream;
-    r->start_us = cond_now_us();
-    uint32_t timeout = q->timeout_ms ? q->timeout_ms : c->request_timeout_ms;
-    r->deadline_ms = cond_now_ms() + timeout;
+    r->start_us = bt_now_us();
+    uint32_t timeout = q->timeout_ms ? q->timeout_ms : f->limits.request_timeout_ms;
+    r->deadline_ms = bt_now_ms() + timeout;
+    r->params.request_id = r->request_id;
+    r->params.deadline_ms = r->deadline_ms;
     if (q->sampling) {
-        r->temperature = q->sampling->temperature;
-        r->top_k = q->sampling->top_k;
-        r->top_p = q->sampling->top_p;
-        r->seed = q->sampling->seed;
+        r->params.temperature = q->sampling->temperature;
+        r->params.top_k = q->sampling->top_k;
+        r->params.top_p = q->sampling->top_p;
+        r->params.seed = q->sampling->seed;
+    }
+    r->hnext = u64map_get(&f->by_client, r->hkey);
+    if (u64map_put(&f->requests, r->key, r) < 0)
+        goto err;
+    if (u64map_put(&f->by_client, r->hkey, r) < 0) {
+        u64map_del(&f->requests, r->key);
+        goto err;
     }
     r->max_iters = caps;
-    caps = NULL;
-    r->hnext = u64map_get(&c->by_client, r->hkey);
-    if (u64map_put(&c->requests, r->key, r) < 0 || u64map_put(&c->by_client, r->hkey, r) < 0) {
-        u64map_del(&c->requests, r->key);
-        r->hnext = NULL;
-        free(r->max_iters);
+    f->n_placing++; /* PHASE_PLACING is 0 */
+    /* Lazy deletion: an entry of a request that ended is skipped when due;
+     * one that cannot be added only costs the deadline, never the request. */
+    if (dl_push(&f->deadlines, r->deadline_ms, r->key) < 0)
+        bt_warn("out of memory: request '%s' has no deadline", r->request_id);
+    return r;
+err:
+    if (r) {
         free(r->inputs);
         free(r->identity);
         free(r->request_id);
         free(r);
-        front_reject(c, id, idlen, rid, BT_CODE_RESOURCE_EXHAUSTED, "out of memory");
-        goto out;
     }
-    /* Deadline heap (lazy: stale entries are skipped when they fire). */
-    if (BT_RESERVE(c->deadlines, c->n_deadlines, c->cap_deadlines, 64) == 0) {
-        size_t i = c->n_deadlines++;
-        c->deadlines[i] = (deadline){r->deadline_ms, r->key};
-        while (i > 0 && c->deadlines[(i - 1) / 2].at_ms > c->deadlines[i].at_ms) {
-            deadline t = c->deadlines[i];
-            c->deadlines[i] = c->deadlines[(i - 1) / 2];
-            c->deadlines[(i - 1) / 2] = t;
-            i = (i - 1) / 2;
-        }
-    }
-    /* Place each input on the worker of its first consumer. */
-    for (size_t k = 0; k < g->n_inputs; k++) {
-        int w = c->graph_input_worker[g->index][k];
-        if (w < 0)
-            continue;
-        Baton__V1__Put put = BATON__V1__PUT__INIT;
-        put.request_key = r->key;
-        put.put_id = r->key * 64 + k;
-        put.value = (Baton__V1__Tensor *)by_input[k];
-        /* An input read only on this worker need not wait for Placed: it
-         * gets an id now, and the worker handles the Put before any
-         * Dispatch that names it (one ZeroMQ pair keeps order).  A Put
-         * that fails later ends the request then. */
-        bool early = c->graph_input_local[g->index][k];
-        if (early) {
-            put.tensor_id = (UINT64_C(1) << 63) | ++c->next_put_tensor;
-            const Baton__V1__Tensor *v = by_input[k];
-            Baton__V1__TensorRef ref = BATON__V1__TENSOR_REF__INIT;
-            ref.owner = (uint32_t)w;
-            ref.id = put.tensor_id;
-            ref.dtype = v->dtype;
-            ref.n_dims = v->n_dims;
-            ref.dims = v->dims;
-            ref.nbytes = v->data.len;
-            if (!disp_tensor_add(c, w, &ref)) {
-                front_end_placing(c, r, BT_CODE_RESOURCE_EXHAUSTED, "out of memory");
-                r = NULL;
-                goto out;
-            }
-            r->inputs[k] = (rt_tensor){put.tensor_id, w};
-        }
-        Baton__V1__ConductorMessage m = BATON__V1__CONDUCTOR_MESSAGE__INIT;
-        m.msg_case = BATON__V1__CONDUCTOR_MESSAGE__MSG_PUT;
-        m.put = &put;
-        if (c->workers[w].state != CW_READY || sup_send(c, w, &m) < 0) {
-            front_end_placing(c, r, BT_CODE_UNAVAILABLE, "the worker for an input is down");
-            r = NULL;
-            goto out;
-        }
-        if (!early)
-            r->puts_pending++;
-    }
-    if (r->puts_pending == 0)
-        front_start_runtime(c, r);
-out:
-    free(by_input);
     free(caps);
+    REFUSE(dr, BT_CODE_RESOURCE_EXHAUSTED, "out of memory");
+    return NULL;
 }
 
-char *front_inspect_text(conductor *c, const char *graph_name)
+static void handle_infer(frame *dr, const Baton__V1__InferRequest *q)
 {
-    char *text = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&text, &len);
-    if (!f)
-        return NULL;
-    if (graph_name && *graph_name && !graph_set_find(c->gs, graph_name))
-        fprintf(f, "no graph named '%s'\n", graph_name);
-    else
-        graph_set_print(c->gs, f);
-    /* What each worker's loads built: the executables' schedules (the
-     * prediction and the decision DESIGN.md section 8 asks to show). */
-    bool heading = false;
-    for (size_t w = 0; w < c->n_workers; w++) {
-        if (!c->workers[w].loads_text)
-            continue;
-        if (!heading)
-            fputs("\nloaded models:\n", f);
-        heading = true;
-        fputs(c->workers[w].loads_text, f);
+    char why[512];
+    door_pass p;
+    bt_code code = door_check_infer(dr->f->gs, q, &p, why, sizeof(why));
+    dr->rid = p.request_id;
+    if (code != BT_CODE_OK) {
+        REFUSE(dr, code, "%s", why);
+    } else if (admit(dr)) {
+        front_request *r = request_create(dr, p.g, q, p.caps);
+        p.caps = NULL; /* the request's now, or freed */
+        if (r)
+            place_inputs(dr->f, r, p.by_input);
     }
-    fclose(f);
-    return text;
+    door_pass_free(&p);
 }
 
-static void handle_message(conductor *c, const uint8_t *id, size_t idlen,
-                           const Baton__V1__ClientMessage *cm)
+static void handle_cancel(frame *dr, const Baton__V1__CancelRequest *q)
 {
-    Baton__V1__ServerMessage m = BATON__V1__SERVER_MESSAGE__INIT;
+    frontend *f = dr->f;
+    const char *rid = q->request_id ? q->request_id : "";
+    front_request *r = find_request(f, dr->id, dr->idlen, rid);
+    if (!r)
+        r = find_unique(f, rid);
+    if (!r)
+        return; /* unknown (or ambiguous across connections): ignored */
+    if (r->phase == PHASE_PLACING)
+        end_placing(f, r, BT_CODE_CANCELLED, "cancelled by the client");
+    else if (r->phase == PHASE_RUNNING)
+        disp_cancel(f->disp, r->key);
+}
+
+static void handle_message(frame *dr, const Baton__V1__ClientMessage *cm)
+{
+    frontend *f = dr->f;
     switch (cm->msg_case) {
     case BATON__V1__CLIENT_MESSAGE__MSG_INFER:
-        handle_infer(c, id, idlen, cm->infer);
+        handle_infer(dr, cm->infer);
         break;
-    case BATON__V1__CLIENT_MESSAGE__MSG_CANCEL: {
-        const char *rid = cm->cancel->request_id ? cm->cancel->request_id : "";
-        creq *r = front_find(c, id, idlen, rid);
-        if (!r)
-            r = find_unique(c, rid);
-        if (!r)
-            break; /* unknown (or ambiguous across connections): ignored */
-        if (r->phase == REQ_PLACING) {
-            front_end_placing(c, r, BT_CODE_CANCELLED, "cancelled by the client");
-        } else if (r->phase == REQ_RUNNING) {
-            rt_cancel(c->rt, r->key);
-            disp_actions(c);
-        }
+    case BATON__V1__CLIENT_MESSAGE__MSG_CANCEL:
+        handle_cancel(dr, cm->cancel);
         break;
-    }
-    case BATON__V1__CLIENT_MESSAGE__MSG_HEALTH: {
-        Baton__V1__HealthResponse h = BATON__V1__HEALTH_RESPONSE__INIT;
-        char **names = calloc(c->n_workers + 1, sizeof(*names));
-        char msg[512] = "";
-        size_t off = 0;
-        h.live = true;
-        h.ready = c->ready && !c->draining;
-        for (size_t w = 0; names && w < c->n_workers; w++) {
-            if (c->workers[w].state == CW_READY)
-                names[h.n_workers_ready++] = (char *)c->workers[w].cfg->name;
-            else if (off < sizeof(msg))
-                off += (size_t)snprintf(msg + off, sizeof(msg) - off, "%sworker %s is %s",
-                                        off ? "; " : "", c->workers[w].cfg->name,
-                                        c->workers[w].state == CW_DOWN ? "down"
-                                        : c->workers[w].state == CW_STARTING ? "starting"
-                                                                            : "loading");
-        }
-        if (c->draining)
-            snprintf(msg, sizeof(msg), "draining: shutting down");
-        h.workers_ready = names;
-        h.message = msg;
-        m.msg_case = BATON__V1__SERVER_MESSAGE__MSG_HEALTH;
-        m.health = &h;
-        front_send(c, id, idlen, &m);
-        free(names);
+    case BATON__V1__CLIENT_MESSAGE__MSG_HEALTH:
+    case BATON__V1__CLIENT_MESSAGE__MSG_STATS:
+    case BATON__V1__CLIENT_MESSAGE__MSG_INSPECT:
+        f->hooks.admin(f->hooks.arg, dr->id, dr->idlen, cm);
         break;
-    }
-    case BATON__V1__CLIENT_MESSAGE__MSG_STATS: {
-        Baton__V1__StatsResponse s = BATON__V1__STATS_RESPONSE__INIT;
-        char *text = metrics_text(c);
-        s.text = text ? text : "";
-        m.msg_case = BATON__V1__SERVER_MESSAGE__MSG_STATS;
-        m.stats = &s;
-        front_send(c, id, idlen, &m);
-        free(text);
-        break;
-    }
-    case BATON__V1__CLIENT_MESSAGE__MSG_INSPECT: {
-        Baton__V1__InspectResponse s = BATON__V1__INSPECT_RESPONSE__INIT;
-        char *text = front_inspect_text(c, cm->inspect->graph);
-        s.text = text ? text : "";
-        m.msg_case = BATON__V1__SERVER_MESSAGE__MSG_INSPECT;
-        m.inspect = &s;
-        front_send(c, id, idlen, &m);
-        free(text);
-        break;
-    }
     default:
-        front_reject(c, id, idlen, "", BT_CODE_INVALID_ARGUMENT,
-                     "the ClientMessage has nothing set");
+        REFUSE(dr, BT_CODE_INVALID_ARGUMENT, "the ClientMessage has nothing set");
         break;
     }
+}
+
+/* Checks the size of one frame, parses it and handles it. */
+static void handle_frame(frontend *f, zmq_msg_t *ident, zmq_msg_t *part, int frames)
+{
+    frame dr = {f, zmq_msg_data(ident), zmq_msg_size(ident), ""};
+    size_t n = zmq_msg_size(part);
+    if (frames == 0) {
+        REFUSE(&dr, BT_CODE_INVALID_ARGUMENT, "empty message");
+        return;
+    }
+    if (n > f->limits.max_message_bytes) {
+        REFUSE(&dr, BT_CODE_RESOURCE_EXHAUSTED,
+               "message of %zu bytes exceeds max_message_bytes (%llu)", n,
+               (unsigned long long)f->limits.max_message_bytes);
+        return;
+    }
+    Baton__V1__ClientMessage *cm = baton__v1__client_message__unpack(NULL, n, zmq_msg_data(part));
+    if (!cm)
+        REFUSE(&dr, BT_CODE_INVALID_ARGUMENT,
+               "the frame does not parse as a ClientMessage (%zu bytes)", n);
+    else
+        handle_message(&dr, cm);
+    baton__v1__client_message__free_unpacked(cm, NULL);
 }
 
 void front_on_readable(evloop *l, void *arg)
 {
     (void)l;
-    conductor *c = arg;
+    frontend *f = arg;
     for (int budget = 0; budget < 256; budget++) {
         zmq_msg_t ident, part;
         zmq_msg_init(&ident);
-        if (zmq_msg_recv(&ident, c->front, ZMQ_DONTWAIT) < 0) {
+        if (zmq_msg_recv(&ident, f->socket, ZMQ_DONTWAIT) < 0) {
             zmq_msg_close(&ident);
             return;
         }
@@ -730,31 +595,143 @@ void front_on_readable(evloop *l, void *arg)
         while (more) {
             zmq_msg_close(&part);
             zmq_msg_init(&part);
-            if (zmq_msg_recv(&part, c->front, 0) < 0)
+            if (zmq_msg_recv(&part, f->socket, 0) < 0)
                 break;
             frames++;
             more = zmq_msg_more(&part);
         }
-        const uint8_t *id = zmq_msg_data(&ident);
-        size_t idlen = zmq_msg_size(&ident);
-        size_t n = zmq_msg_size(&part);
-        if (frames == 0) {
-            front_reject(c, id, idlen, "", BT_CODE_INVALID_ARGUMENT, "empty message");
-        } else if (n > c->max_message_bytes) {
-            front_reject(c, id, idlen, "", BT_CODE_RESOURCE_EXHAUSTED,
-                         "message of %zu bytes exceeds max_message_bytes (%llu)", n,
-                         (unsigned long long)c->max_message_bytes);
-        } else {
-            Baton__V1__ClientMessage *cm =
-                baton__v1__client_message__unpack(NULL, n, zmq_msg_data(&part));
-            if (!cm)
-                front_reject(c, id, idlen, "", BT_CODE_INVALID_ARGUMENT,
-                             "the frame does not parse as a ClientMessage (%zu bytes)", n);
-            else
-                handle_message(c, id, idlen, cm);
-            baton__v1__client_message__free_unpacked(cm, NULL);
-        }
+        handle_frame(f, &ident, &part, frames);
         zmq_msg_close(&part);
         zmq_msg_close(&ident);
     }
+}
+
+/* ---- deadlines and the end --------------------------------------------- */
+
+static bool deadline_live(void *arg, uint64_t key, uint64_t at_ms)
+{
+    front_request *r = u64map_get(&((frontend *)arg)->requests, key);
+    return r && r->deadline_ms == at_ms;
+}
+
+void front_tick(frontend *f, uint64_t now_ms)
+{
+    dl_compact(&f->deadlines, f->requests.n, deadline_live, f);
+    dl_entry e;
+    while (dl_pop_due(&f->deadlines, now_ms, &e)) {
+        front_request *r = u64map_get(&f->requests, e.key);
+        if (!r || r->deadline_ms != e.at_ms)
+            continue;
+        if (r->phase == PHASE_PLACING)
+            end_placing(f, r, BT_CODE_DEADLINE_EXCEEDED, "deadline exceeded");
+        else if (r->phase == PHASE_RUNNING)
+            disp_deadline(f->disp, r->key);
+    }
+}
+
+void front_end_all(frontend *f, bt_code code, const char *message)
+{
+    front_end_placing(f, -1, code, message);
+    disp_end_all(f->disp, code, message);
+    /* Messages still waiting for fetched bytes go out as they are. */
+    for (size_t w = 0; w < sup_n_workers(f->sup); w++)
+        front_fetches_lost(f, (int)w);
+}
+
+void front_set_limits(frontend *f, const front_limits *limits)
+{
+    f->limits = *limits;
+}
+
+void front_set_admission(frontend *f, front_admission a)
+{
+    f->admission = a;
+}
+
+/* ---- create / destroy -------------------------------------------------- */
+
+/* Per graph input: the worker of its first consumer, and whether every
+ * consumer reads it there (then nobody needs its pool offset: a Dispatch
+ * names it by the id the Put gave it). */
+static void input_placement(const graph *g, size_t k, int *worker, uint8_t *local)
+{
+    *worker = -1;
+    *local = 0;
+    for (size_t e = 0; e < g->n_entities; e++) {
+        const graph_entity *en = &g->entities[e];
+        if (en->kind != GRAPH_NODE)
+            continue;
+        for (size_t x = 0; x < en->u.node.n_inputs; x++) {
+            if (en->u.node.inputs[x].graph_input != (int)k)
+                continue;
+            if (*worker < 0) {
+                *worker = en->u.node.worker;
+                *local = 1;
+            } else if (en->u.node.worker != *worker) {
+                *local = 0;
+            }
+        }
+    }
+}
+
+int front_create(const front_options *opt, const front_hooks *hooks, frontend **out)
+{
+    *out = NULL;
+    frontend *f = calloc(1, sizeof(*f));
+    if (!f)
+        return BT_ENOMEM;
+    f->gs = opt->gs;
+    f->socket = opt->socket;
+    f->out = opt->out;
+    f->sup = opt->sup;
+    f->tt = opt->tt;
+    f->disp = opt->disp;
+    f->limits = opt->limits;
+    f->hooks = *hooks;
+    u64map_init(&f->requests);
+    u64map_init(&f->by_client);
+    dl_init(&f->deadlines);
+    size_t ng = f->gs->n_graphs;
+    f->input_worker = calloc(ng + 1, sizeof(*f->input_worker));
+    f->input_local = calloc(ng + 1, sizeof(*f->input_local));
+    if (!f->input_worker || !f->input_local)
+        goto err;
+    for (size_t g = 0; g < ng; g++) {
+        const graph *gr = &f->gs->graphs[g];
+        f->input_worker[g] = malloc((gr->n_inputs + 1) * sizeof(int));
+        f->input_local[g] = calloc(gr->n_inputs + 1, 1);
+        if (!f->input_worker[g] || !f->input_local[g])
+            goto err;
+        for (size_t k = 0; k < gr->n_inputs; k++)
+            input_placement(gr, k, &f->input_worker[g][k], &f->input_local[g][k]);
+    }
+    *out = f;
+    return 0;
+err:
+    front_destroy(f);
+    return BT_ENOMEM;
+}
+
+void front_destroy(frontend *f)
+{
+    if (!f)
+        return;
+    size_t pos = 0;
+    uint64_t key;
+    void *val;
+    /* Freeing a request removes it from the map: restart the scan. */
+    while (u64map_next(&f->requests, &pos, &key, &val)) {
+        request_free(f, val);
+        pos = 0;
+    }
+    u64map_free(&f->requests);
+    u64map_free(&f->by_client);
+    dl_free(&f->deadlines);
+    for (size_t g = 0; f->input_worker && g < f->gs->n_graphs; g++)
+        free(f->input_worker[g]);
+    for (size_t g = 0; f->input_local && g < f->gs->n_graphs; g++)
+        free(f->input_local[g]);
+    free(f->input_worker);
+    free(f->input_local);
+    free(f);
 }

@@ -1,8 +1,4 @@
-/* Worker supervision: spawn the `spawn: auto` workers as children running
- * the baton-worker beside batond, take their Register, send Peers and one
- * Load per model, track readiness, and when a worker dies end its requests
- * (the runtime's worker-lost event), unlink its pool and restart it within
- * a second, then with back-off. */
+/* Worker supervision (daemon/supervisor.h). */
 #include <errno.h>
 #include <signal.h>
 #include <spawn.h>
@@ -14,8 +10,10 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "common/clock.h"
 #include "common/log.h"
-#include "daemon/conductor.h"
+#include "common/status.h"
+#include "daemon/supervisor.h"
 
 #define RESTART_FIRST_MS 100     /* first restart: well within a second */
 #define RESTART_MAX_MS 30000     /* back-off ceiling */
@@ -26,7 +24,22 @@
 
 extern char **environ;
 
-int sup_send(conductor *c, int worker, const Baton__V1__ConductorMessage *m)
+struct supervisor {
+    const cfg_config *cfg;        /* borrowed */
+    char *config_path;            /* owned copies of the options' strings */
+    char *run_id;
+    char *worker_exe;
+    void *socket;                 /* the worker ROUTER; borrowed */
+    sup_hooks hooks;
+    sup_worker *workers;          /* one per configured worker, in config order */
+    size_t n_workers;
+    bool ready;                   /* every worker READY */
+    bool stopping;                /* told to shut down: no restarts */
+};
+
+static void worker_lost(supervisor *s, sup_worker *w, const char *why);
+
+int sup_send(supervisor *s, int worker, const Baton__V1__ConductorMessage *m)
 {
     size_t n = baton__v1__conductor_message__get_packed_size(m);
     uint8_t stackbuf[4096];
@@ -34,10 +47,10 @@ int sup_send(conductor *c, int worker, const Baton__V1__ConductorMessage *m)
     if (!buf)
         return BT_ENOMEM;
     baton__v1__conductor_message__pack(m, buf);
-    const char *name = c->workers[worker].cfg->name;
+    const char *name = s->workers[worker].cfg->name;
     int rc = 0;
-    if (zmq_send(c->back, name, strlen(name), ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
-        zmq_send(c->back, buf, n, ZMQ_DONTWAIT) < 0) {
+    if (zmq_send(s->socket, name, strlen(name), ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+        zmq_send(s->socket, buf, n, ZMQ_DONTWAIT) < 0) {
         bt_warn("cannot send to worker %s: %s", name, zmq_strerror(errno));
         rc = BT_EIO;
     }
@@ -46,40 +59,51 @@ int sup_send(conductor *c, int worker, const Baton__V1__ConductorMessage *m)
     return rc;
 }
 
-bool sup_all_ready(const conductor *c)
+size_t sup_n_workers(const supervisor *s)
 {
-    for (size_t w = 0; w < c->n_workers; w++)
-        if (c->workers[w].state != CW_READY)
-            return false;
-    return true;
+    return s->n_workers;
 }
 
-static void update_ready(conductor *c)
+const sup_worker *sup_worker_get(const supervisor *s, int w)
 {
-    bool was = c->ready;
-    c->ready = sup_all_ready(c);
-    if (c->ready && !was)
-        bt_info("ready: %zu worker%s loaded", c->n_workers, c->n_workers == 1 ? "" : "s");
-    else if (!c->ready && was)
+    return &s->workers[w];
+}
+
+bool sup_ready(const supervisor *s)
+{
+    return s->ready;
+}
+
+static void update_ready(supervisor *s)
+{
+    bool was = s->ready, now = true;
+    for (size_t w = 0; w < s->n_workers; w++)
+        now = now && s->workers[w].state == SUP_READY;
+    s->ready = now;
+    if (now && !was)
+        bt_info("ready: %zu worker%s loaded", s->n_workers, s->n_workers == 1 ? "" : "s");
+    else if (!now && was)
         bt_warn("not ready: a worker is down");
+    if (now != was)
+        s->hooks.ready_changed(s->hooks.arg, now);
 }
 
-int sup_spawn(conductor *c, cworker *w)
+static int spawn(supervisor *s, sup_worker *w)
 {
     char inc[16], *argv[12];
     w->incarnation = (w->incarnation + 1) & 0xffff;
     if (!w->incarnation)
         w->incarnation = 1;
     snprintf(inc, sizeof(inc), "%u", w->incarnation);
-    snprintf(w->shm_name, sizeof(w->shm_name), "/baton-%s-%s", c->run_id, w->cfg->name);
+    snprintf(w->shm_name, sizeof(w->shm_name), "/baton-%s-%s", s->run_id, w->cfg->name);
     int i = 0;
-    argv[i++] = c->worker_exe;
+    argv[i++] = s->worker_exe;
     argv[i++] = "--config";
-    argv[i++] = c->config_path;
+    argv[i++] = s->config_path;
     argv[i++] = "--name";
     argv[i++] = (char *)w->cfg->name;
     argv[i++] = "--run-id";
-    argv[i++] = c->run_id;
+    argv[i++] = s->run_id;
     argv[i++] = "--incarnation";
     argv[i++] = inc;
     argv[i] = NULL;
@@ -94,12 +118,12 @@ int sup_spawn(conductor *c, cworker *w)
     posix_spawnattr_setsigdefault(&attr, &all);
     posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
     pid_t pid;
-    int rc = posix_spawn(&pid, c->worker_exe, NULL, &attr, argv, environ);
+    int rc = posix_spawn(&pid, s->worker_exe, NULL, &attr, argv, environ);
     posix_spawnattr_destroy(&attr);
-    uint64_t now = cond_now_ms();
+    uint64_t now = bt_now_ms();
     if (rc != 0) {
-        bt_error("cannot start worker %s (%s): %s", w->cfg->name, c->worker_exe, strerror(rc));
-        w->state = CW_DOWN;
+        bt_error("cannot start worker %s (%s): %s", w->cfg->name, s->worker_exe, strerror(rc));
+        w->state = SUP_DOWN;
         /* The same back-off as a crash: a missing binary must not spin. */
         w->backoff_ms = w->backoff_ms ? w->backoff_ms * 2 : RESTART_FIRST_MS;
         if (w->backoff_ms > RESTART_MAX_MS)
@@ -109,7 +133,7 @@ int sup_spawn(conductor *c, cworker *w)
         return BT_EIO;
     }
     w->pid = pid;
-    w->state = CW_STARTING;
+    w->state = SUP_STARTING;
     w->started_ms = now;
     w->last_seen_ms = now;
     w->restart_at_ms = 0;
@@ -118,21 +142,21 @@ int sup_spawn(conductor *c, cworker *w)
     return 0;
 }
 
-static void send_peers(conductor *c)
+static void send_peers(supervisor *s)
 {
-    size_t n = c->n_workers;
+    size_t n = s->n_workers;
     Baton__V1__PeerInfo *infos = calloc(n + 1, sizeof(*infos));
     Baton__V1__PeerInfo **ip = calloc(n + 1, sizeof(*ip));
     if (!infos || !ip)
         goto out;
     for (size_t w = 0; w < n; w++) {
-        cworker *wk = &c->workers[w];
+        sup_worker *wk = &s->workers[w];
         baton__v1__peer_info__init(&infos[w]);
         infos[w].index = (uint32_t)w;
         infos[w].name = (char *)wk->cfg->name;
         infos[w].hostname = wk->hostname;
         infos[w].incarnation = wk->incarnation;
-        infos[w].up = wk->state == CW_LOADING || wk->state == CW_READY;
+        infos[w].up = wk->state == SUP_LOADING || wk->state == SUP_READY;
         infos[w].n_pools = wk->n_pools;
         Baton__V1__PoolHandle **pp = calloc(wk->n_pools + 1, sizeof(*pp));
         for (size_t k = 0; pp && k < wk->n_pools; k++)
@@ -141,17 +165,17 @@ static void send_peers(conductor *c)
         ip[w] = &infos[w];
     }
     for (size_t w = 0; w < n; w++) {
-        if (c->workers[w].state != CW_LOADING && c->workers[w].state != CW_READY)
+        if (s->workers[w].state != SUP_LOADING && s->workers[w].state != SUP_READY)
             continue;
         Baton__V1__Peers p = BATON__V1__PEERS__INIT;
         p.self_index = (uint32_t)w;
         p.n_peers = n;
         p.peers = ip;
-        p.speculation_window = c->cfg->daemon.speculation_window;
+        p.speculation_window = s->cfg->daemon.speculation_window;
         Baton__V1__ConductorMessage m = BATON__V1__CONDUCTOR_MESSAGE__INIT;
         m.msg_case = BATON__V1__CONDUCTOR_MESSAGE__MSG_PEERS;
         m.peers = &p;
-        sup_send(c, (int)w, &m);
+        sup_send(s, (int)w, &m);
     }
 out:
     for (size_t w = 0; infos && w < n; w++)
@@ -161,7 +185,7 @@ out:
 }
 
 /* Forgets what W's last incarnation registered and loaded. */
-static void forget_registration(cworker *w)
+static void forget_registration(sup_worker *w)
 {
     free(w->loads_text);
     w->loads_text = NULL;
@@ -174,9 +198,9 @@ static void forget_registration(cworker *w)
     w->n_pools = 0;
 }
 
-static void send_loads(conductor *c, cworker *w)
+static void send_loads(supervisor *s, sup_worker *w)
 {
-    const cfg_config *cfg = c->cfg;
+    const cfg_config *cfg = s->cfg;
     w->loads_pending = 0;
     for (size_t m = 0; m < cfg->n_models; m++) {
         const cfg_model *md = &cfg->models[m];
@@ -217,7 +241,7 @@ static void send_loads(conductor *c, cworker *w)
             Baton__V1__ConductorMessage msg = BATON__V1__CONDUCTOR_MESSAGE__INIT;
             msg.msg_case = BATON__V1__CONDUCTOR_MESSAGE__MSG_LOAD;
             msg.load = &ld;
-            if (sup_send(c, w->index, &msg) == 0)
+            if (sup_send(s, w->index, &msg) == 0)
                 w->loads_pending++;
             free(ents);
             free(ep);
@@ -225,27 +249,34 @@ static void send_loads(conductor *c, cworker *w)
         }
     }
     if (w->loads_pending == 0) {
-        w->state = CW_READY;
-        update_ready(c);
+        w->state = SUP_READY;
+        update_ready(s);
     }
 }
 
-static void on_register(conductor *c, cworker *w, const Baton__V1__Register *rg)
+/* Tells worker W to exit, saying why: a protocol mismatch, or an external
+ * worker declared lost that speaks again and must start over. */
+static void send_shutdown(supervisor *s, sup_worker *w, const char *reason)
+{
+    Baton__V1__Shutdown sd = BATON__V1__SHUTDOWN__INIT;
+    sd.reason = (char *)reason;
+    Baton__V1__ConductorMessage m = BATON__V1__CONDUCTOR_MESSAGE__INIT;
+    m.msg_case = BATON__V1__CONDUCTOR_MESSAGE__MSG_SHUTDOWN;
+    m.shutdown = &sd;
+    sup_send(s, w->index, &m);
+}
+
+static void on_register(supervisor *s, sup_worker *w, const Baton__V1__Register *rg)
 {
     if (rg->protocol_version != BATON__V1__PROTOCOL_VERSION__PROTOCOL_VERSION_CURRENT) {
         bt_error("worker %s speaks protocol %u, this batond %u: shutting it down",
                  w->cfg->name, rg->protocol_version,
                  (unsigned)BATON__V1__PROTOCOL_VERSION__PROTOCOL_VERSION_CURRENT);
-        Baton__V1__Shutdown sd = BATON__V1__SHUTDOWN__INIT;
-        sd.reason = "protocol version mismatch";
-        Baton__V1__ConductorMessage m = BATON__V1__CONDUCTOR_MESSAGE__INIT;
-        m.msg_case = BATON__V1__CONDUCTOR_MESSAGE__MSG_SHUTDOWN;
-        m.shutdown = &sd;
-        sup_send(c, w->index, &m);
+        send_shutdown(s, w, "protocol version mismatch");
         return;
     }
-    if (w->state == CW_LOADING || w->state == CW_READY)
-        sup_worker_lost(c, w, "it registered again");
+    if (w->state == SUP_LOADING || w->state == SUP_READY)
+        worker_lost(s, w, "it registered again");
     forget_registration(w);
     w->pools = calloc(rg->n_pools + 1, sizeof(*w->pools));
     for (size_t k = 0; w->pools && k < rg->n_pools; k++) {
@@ -276,16 +307,16 @@ static void on_register(conductor *c, cworker *w, const Baton__V1__Register *rg)
     if (!w->pid && rg->pid && w->cfg->spawn == CFG_SPAWN_EXTERNAL)
         bt_info("external worker %s registered (pid %u on %s)", w->cfg->name, rg->pid,
                 w->hostname);
-    w->state = CW_LOADING;
+    w->state = SUP_LOADING;
     bt_info("worker %s registered: %zu pool%s, %llu MiB", w->cfg->name, w->n_pools,
             w->n_pools == 1 ? "" : "s", (unsigned long long)(w->pool_bytes >> 20));
-    send_peers(c);
-    send_loads(c, w);
+    send_peers(s);
+    send_loads(s, w);
 }
 
 /* Appends what LD says to W's inspect text: a heading line, then the
  * backend's report indented under it.  Out of memory only loses the text. */
-static void record_load(cworker *w, const Baton__V1__Loaded *ld)
+static void record_load(sup_worker *w, const Baton__V1__Loaded *ld)
 {
     char *text = NULL;
     size_t len = 0;
@@ -312,7 +343,7 @@ static void record_load(cworker *w, const Baton__V1__Loaded *ld)
     }
 }
 
-static void on_loaded(conductor *c, cworker *w, const Baton__V1__Loaded *ld)
+static void on_loaded(supervisor *s, sup_worker *w, const Baton__V1__Loaded *ld)
 {
     if (ld->status && ld->status->code != BATON__V1__CODE__OK) {
         bt_error("worker %s cannot load model %s: %s", w->cfg->name, ld->model ? ld->model : "?",
@@ -322,41 +353,95 @@ static void on_loaded(conductor *c, cworker *w, const Baton__V1__Loaded *ld)
     bt_info("worker %s loaded model %s in %.1f ms", w->cfg->name, ld->model ? ld->model : "?",
             ld->load_us / 1000.0);
     record_load(w, ld);
-    if (w->loads_pending && --w->loads_pending == 0 && w->state == CW_LOADING) {
-        w->state = CW_READY;
-        update_ready(c);
+    if (w->loads_pending && --w->loads_pending == 0 && w->state == SUP_LOADING) {
+        w->state = SUP_READY;
+        update_ready(s);
     }
+}
+
+static void on_heartbeat(sup_worker *w, const Baton__V1__Heartbeat *h)
+{
+    w->pool_used = h->pool_used_bytes;
+    w->pool_free = h->pool_free_bytes;
+    w->largest_free = h->largest_free_bytes;
+    w->fragmentation = h->fragmentation;
+    w->live_tensors = h->live_tensors;
+    w->queued = h->queued;
+}
+
+/* Handles one message of worker W. */
+static void on_message(supervisor *s, sup_worker *w, const Baton__V1__WorkerMessage *wm)
+{
+    w->last_seen_ms = bt_now_ms();
+    bool live = w->state == SUP_LOADING || w->state == SUP_READY;
+    /* An external worker declared lost that speaks again (it was stalled,
+     * not dead) still holds the lost requests' state: it must start over,
+     * and its service manager restarts it. */
+    if (!live && w->cfg->spawn == CFG_SPAWN_EXTERNAL &&
+        wm->msg_case != BATON__V1__WORKER_MESSAGE__MSG_REGISTRATION && !w->told_to_restart) {
+        bt_warn("worker %s speaks again after it was lost: telling it to restart", w->cfg->name);
+        send_shutdown(s, w, "declared lost by the conductor; restart and register again");
+        w->told_to_restart = true;
+    }
+    switch (wm->msg_case) {
+    case BATON__V1__WORKER_MESSAGE__MSG_REGISTRATION:
+        w->told_to_restart = false;
+        on_register(s, w, wm->registration);
+        break;
+    case BATON__V1__WORKER_MESSAGE__MSG_LOADED:
+        on_loaded(s, w, wm->loaded);
+        break;
+    case BATON__V1__WORKER_MESSAGE__MSG_HEARTBEAT:
+        on_heartbeat(w, wm->heartbeat);
+        break;
+    case BATON__V1__WORKER_MESSAGE__MSG_DONE:
+    case BATON__V1__WORKER_MESSAGE__MSG_CHUNK:
+    case BATON__V1__WORKER_MESSAGE__MSG_PLACED:
+    case BATON__V1__WORKER_MESSAGE__MSG_FETCHED:
+        /* Results of a lost incarnation belong to requests already ended. */
+        if (live)
+            s->hooks.message(s->hooks.arg, w->index, wm);
+        break;
+    default:
+        break;
+    }
+}
+
+/* The worker whose routing id is ID, or NULL. */
+static sup_worker *worker_by_id(supervisor *s, const void *id, size_t len)
+{
+    for (size_t i = 0; i < s->n_workers; i++)
+        if (strlen(s->workers[i].cfg->name) == len &&
+            memcmp(s->workers[i].cfg->name, id, len) == 0)
+            return &s->workers[i];
+    return NULL;
 }
 
 void sup_on_readable(evloop *l, void *arg)
 {
     (void)l;
-    conductor *c = arg;
-    c->in_burst = true;
+    supervisor *s = arg;
+    s->hooks.burst_begin(s->hooks.arg);
     for (int budget = 0; budget < 1024; budget++) {
         zmq_msg_t ident, body;
         zmq_msg_init(&ident);
-        if (zmq_msg_recv(&ident, c->back, ZMQ_DONTWAIT) < 0) {
+        if (zmq_msg_recv(&ident, s->socket, ZMQ_DONTWAIT) < 0) {
             zmq_msg_close(&ident);
             break;
         }
         zmq_msg_init(&body);
-        bool got = zmq_msg_more(&ident) && zmq_msg_recv(&body, c->back, 0) >= 0;
+        bool got = zmq_msg_more(&ident) && zmq_msg_recv(&body, s->socket, 0) >= 0;
         while (got && zmq_msg_more(&body)) { /* extra frames: not ours, skip */
             zmq_msg_t x;
             zmq_msg_init(&x);
-            zmq_msg_recv(&x, c->back, 0);
+            zmq_msg_recv(&x, s->socket, 0);
             int more = zmq_msg_more(&x);
             zmq_msg_close(&x);
             if (!more)
                 break;
         }
-        cworker *w = NULL;
         size_t idlen = zmq_msg_size(&ident);
-        for (size_t i = 0; i < c->n_workers; i++)
-            if (strlen(c->workers[i].cfg->name) == idlen &&
-                memcmp(c->workers[i].cfg->name, zmq_msg_data(&ident), idlen) == 0)
-                w = &c->workers[i];
+        sup_worker *w = worker_by_id(s, zmq_msg_data(&ident), idlen);
         Baton__V1__WorkerMessage *wm =
             got && w ? baton__v1__worker_message__unpack(NULL, zmq_msg_size(&body),
                                                          zmq_msg_data(&body))
@@ -366,100 +451,45 @@ void sup_on_readable(evloop *l, void *arg)
                     (const char *)zmq_msg_data(&ident));
         else if (!wm)
             bt_warn("worker %s sent a frame that does not parse", w->cfg->name);
-        if (w && wm) {
-            w->last_seen_ms = cond_now_ms();
-            bool live = w->state == CW_LOADING || w->state == CW_READY;
-            /* An external worker declared lost that speaks again (it was
-             * stalled, not dead) still holds the lost requests' state: it
-             * must start over, and its service manager restarts it. */
-            if (!live && w->cfg->spawn == CFG_SPAWN_EXTERNAL &&
-                wm->msg_case != BATON__V1__WORKER_MESSAGE__MSG_REGISTRATION &&
-                !w->told_to_restart) {
-                bt_warn("worker %s speaks again after it was lost: telling it to restart",
-                        w->cfg->name);
-                Baton__V1__Shutdown sd = BATON__V1__SHUTDOWN__INIT;
-                sd.reason = "declared lost by the conductor; restart and register again";
-                Baton__V1__ConductorMessage m = BATON__V1__CONDUCTOR_MESSAGE__INIT;
-                m.msg_case = BATON__V1__CONDUCTOR_MESSAGE__MSG_SHUTDOWN;
-                m.shutdown = &sd;
-                sup_send(c, w->index, &m);
-                w->told_to_restart = true;
-            }
-            switch (wm->msg_case) {
-            case BATON__V1__WORKER_MESSAGE__MSG_REGISTRATION:
-                w->told_to_restart = false;
-                on_register(c, w, wm->registration);
-                break;
-            case BATON__V1__WORKER_MESSAGE__MSG_LOADED:
-                on_loaded(c, w, wm->loaded);
-                break;
-            case BATON__V1__WORKER_MESSAGE__MSG_DONE:
-                if (live)
-                    disp_done(c, w->index, wm->done);
-                break;
-            case BATON__V1__WORKER_MESSAGE__MSG_CHUNK:
-                if (live)
-                    disp_chunk(c, w->index, wm->chunk);
-                break;
-            case BATON__V1__WORKER_MESSAGE__MSG_PLACED:
-                if (live)
-                    disp_placed(c, w->index, wm->placed);
-                break;
-            case BATON__V1__WORKER_MESSAGE__MSG_FETCHED:
-                if (live)
-                    disp_fetched(c, w->index, wm->fetched);
-                break;
-            case BATON__V1__WORKER_MESSAGE__MSG_HEARTBEAT: {
-                const Baton__V1__Heartbeat *h = wm->heartbeat;
-                w->pool_used = h->pool_used_bytes;
-                w->pool_free = h->pool_free_bytes;
-                w->largest_free = h->largest_free_bytes;
-                w->fragmentation = h->fragmentation;
-                w->live_tensors = h->live_tensors;
-                w->queued = h->queued;
-                break;
-            }
-            default:
-                break;
-            }
-        }
+        else
+            on_message(s, w, wm);
         baton__v1__worker_message__free_unpacked(wm, NULL);
         zmq_msg_close(&body);
         zmq_msg_close(&ident);
     }
-    /* One Extend per window and one Release per worker for the whole burst
-     * just read, not one per completion. */
-    c->in_burst = false;
-    disp_flush_extends(c);
-    disp_flush_releases(c);
+    s->hooks.burst_end(s->hooks.arg);
 }
 
-void sup_worker_lost(conductor *c, cworker *w, const char *why)
+static void worker_lost(supervisor *s, sup_worker *w, const char *why)
 {
-    if (w->state == CW_DOWN)
+    if (w->state == SUP_DOWN)
         return;
     bt_warn("worker %s lost: %s", w->cfg->name, why);
-    w->state = CW_DOWN;
+    w->state = SUP_DOWN;
     /* Its pool dies with it; a SIGKILL left the name behind. */
     if (w->shm_name[0])
         shm_unlink(w->shm_name);
     forget_registration(w);
-    update_ready(c);
-    /* Requests still placing inputs on it end now. */
-    char msg[160];
-    snprintf(msg, sizeof(msg), "worker '%s' was lost", w->cfg->name);
-    front_end_placing_all(c, w->index, BT_CODE_UNAVAILABLE, msg);
-    disp_tensor_drop_worker(c, w->index);
-    rt_worker_lost(c->rt, w->index);
-    disp_actions(c);
-    disp_fetches_lost(c, w->index);
-    send_peers(c);
+    update_ready(s);
+    s->hooks.worker_lost(s->hooks.arg, w->index, why);
+    send_peers(s);
 }
 
-void sup_child_exited(conductor *c, pid_t pid, int status)
+/* Restart at once the first time (or after a long healthy run), then back
+ * off so that a crash loop does not spin. */
+static void schedule_restart(sup_worker *w, uint64_t now)
 {
-    for (size_t i = 0; i < c->n_workers; i++) {
-        cworker *w = &c->workers[i];
+    if (now - w->started_ms > STABLE_MS || w->backoff_ms == 0)
+        w->backoff_ms = RESTART_FIRST_MS;
+    w->restart_at_ms = now + w->backoff_ms;
+    w->backoff_ms = w->backoff_ms * 2 > RESTART_MAX_MS ? RESTART_MAX_MS : w->backoff_ms * 2;
+    w->restarts++;
+}
+
+void sup_child_exited(supervisor *s, pid_t pid, int status)
+{
+    for (size_t i = 0; i < s->n_workers; i++) {
+        sup_worker *w = &s->workers[i];
         if (w->pid != pid)
             continue;
         w->pid = 0;
@@ -468,50 +498,43 @@ void sup_child_exited(conductor *c, pid_t pid, int status)
             snprintf(why, sizeof(why), "killed by signal %d", WTERMSIG(status));
         else
             snprintf(why, sizeof(why), "exited with status %d", WEXITSTATUS(status));
-        if (c->stopping) {
+        if (s->stopping) {
             bt_info("worker %s stopped (%s)", w->cfg->name, why);
-            w->state = CW_DOWN;
+            w->state = SUP_DOWN;
             if (w->shm_name[0])
                 shm_unlink(w->shm_name);
             return;
         }
-        sup_worker_lost(c, w, why);
-        uint64_t now = cond_now_ms();
-        /* Restart at once the first time (or after a long healthy run),
-         * then back off so a crash loop does not spin. */
-        if (now - w->started_ms > STABLE_MS || w->backoff_ms == 0)
-            w->backoff_ms = RESTART_FIRST_MS;
-        w->restart_at_ms = now + w->backoff_ms;
-        w->backoff_ms = w->backoff_ms * 2 > RESTART_MAX_MS ? RESTART_MAX_MS : w->backoff_ms * 2;
-        w->restarts++;
+        worker_lost(s, w, why);
+        schedule_restart(w, bt_now_ms());
         return;
     }
 }
 
-void sup_tick(conductor *c, uint64_t now_ms)
+void sup_tick(supervisor *s, uint64_t now_ms)
 {
-    for (size_t i = 0; i < c->n_workers; i++) {
-        cworker *w = &c->workers[i];
-        if (c->stopping)
-            continue;
+    if (s->stopping)
+        return;
+    for (size_t i = 0; i < s->n_workers; i++) {
+        sup_worker *w = &s->workers[i];
         if (w->cfg->spawn == CFG_SPAWN_EXTERNAL) {
             /* It is restarted by its own service manager and registers
-             * again; until then its requests must not wait for it. */
-            /* Written as a sum: last_seen_ms may be later than now_ms (a
+             * again; until then its requests must not wait for it.
+             * Written as a sum: last_seen_ms may be later than now_ms (a
              * message read during this tick), and a difference would wrap. */
-            if ((w->state == CW_LOADING || w->state == CW_READY) &&
+            if ((w->state == SUP_LOADING || w->state == SUP_READY) &&
                 now_ms > w->last_seen_ms + EXTERNAL_SILENT_MS) {
-                sup_worker_lost(c, w, "no heartbeat from the external worker");
-                w->state = CW_STARTING;
+                worker_lost(s, w, "no heartbeat from the external worker");
+                w->state = SUP_STARTING;
                 w->restarts++;
             }
             continue;
         }
-        if (w->state == CW_DOWN && w->pid == 0 && w->restart_at_ms && now_ms >= w->restart_at_ms)
-            sup_spawn(c, w);
+        if (w->state == SUP_DOWN && w->pid == 0 && w->restart_at_ms && now_ms >= w->restart_at_ms)
+            spawn(s, w);
         /* A worker that says nothing for long is hung: kill it, and the
          * SIGCHLD path restarts it. */
-        if (w->state != CW_DOWN && w->pid && now_ms > w->last_seen_ms + SILENT_MS) {
+        if (w->state != SUP_DOWN && w->pid && now_ms > w->last_seen_ms + SILENT_MS) {
             bt_warn("worker %s silent for %llu ms: killing it", w->cfg->name,
                     (unsigned long long)(now_ms - w->last_seen_ms));
             kill(w->pid, SIGKILL);
@@ -520,21 +543,86 @@ void sup_tick(conductor *c, uint64_t now_ms)
     }
 }
 
-void sup_shutdown_all(conductor *c, const char *reason)
+void sup_start(supervisor *s)
 {
-    c->stopping = true;
-    for (size_t i = 0; i < c->n_workers; i++) {
-        cworker *w = &c->workers[i];
-        if (w->state == CW_DOWN && !w->pid)
+    for (size_t w = 0; w < s->n_workers; w++)
+        if (s->workers[w].cfg->spawn == CFG_SPAWN_AUTO)
+            spawn(s, &s->workers[w]);
+}
+
+void sup_stop(supervisor *s, const char *reason)
+{
+    s->stopping = true;
+    for (size_t i = 0; i < s->n_workers; i++) {
+        sup_worker *w = &s->workers[i];
+        if (w->state == SUP_DOWN && !w->pid)
             continue;
-        Baton__V1__Shutdown sd = BATON__V1__SHUTDOWN__INIT;
-        sd.reason = (char *)reason;
-        Baton__V1__ConductorMessage m = BATON__V1__CONDUCTOR_MESSAGE__INIT;
-        m.msg_case = BATON__V1__CONDUCTOR_MESSAGE__MSG_SHUTDOWN;
-        m.shutdown = &sd;
-        if (w->state != CW_STARTING)
-            sup_send(c, (int)i, &m);
+        if (w->state != SUP_STARTING)
+            send_shutdown(s, w, reason);
         else if (w->pid)
             kill(w->pid, SIGTERM);
     }
+}
+
+bool sup_all_exited(const supervisor *s)
+{
+    for (size_t i = 0; i < s->n_workers; i++)
+        if (s->workers[i].pid)
+            return false;
+    return true;
+}
+
+void sup_kill_all(supervisor *s)
+{
+    for (size_t i = 0; i < s->n_workers; i++) {
+        sup_worker *w = &s->workers[i];
+        if (w->pid) {
+            kill(w->pid, SIGKILL);
+            waitpid(w->pid, NULL, 0);
+            w->pid = 0;
+        }
+        if (w->shm_name[0])
+            shm_unlink(w->shm_name);
+    }
+}
+
+int sup_create(const sup_options *opt, const sup_hooks *hooks, supervisor **out)
+{
+    *out = NULL;
+    supervisor *s = calloc(1, sizeof(*s));
+    if (!s)
+        return BT_ENOMEM;
+    s->cfg = opt->cfg;
+    s->socket = opt->socket;
+    s->hooks = *hooks;
+    s->n_workers = opt->cfg->n_workers;
+    s->workers = calloc(s->n_workers + 1, sizeof(*s->workers));
+    s->config_path = strdup(opt->config_path);
+    s->run_id = strdup(opt->run_id);
+    s->worker_exe = strdup(opt->worker_exe);
+    if (!s->workers || !s->config_path || !s->run_id || !s->worker_exe) {
+        sup_destroy(s);
+        return BT_ENOMEM;
+    }
+    for (size_t w = 0; w < s->n_workers; w++) {
+        s->workers[w].index = (int)w;
+        s->workers[w].cfg = &s->cfg->workers[w];
+        s->workers[w].state =
+            s->cfg->workers[w].spawn == CFG_SPAWN_AUTO ? SUP_DOWN : SUP_STARTING;
+    }
+    *out = s;
+    return 0;
+}
+
+void sup_destroy(supervisor *s)
+{
+    if (!s)
+        return;
+    for (size_t w = 0; s->workers && w < s->n_workers; w++)
+        forget_registration(&s->workers[w]);
+    free(s->workers);
+    free(s->config_path);
+    free(s->run_id);
+    free(s->worker_exe);
+    free(s);
 }

@@ -29,6 +29,18 @@ done
 out=$("$BATOND" --check-config /nonexistent/baton.yaml 2>&1); rc=$?
 if [ $rc -eq 1 ] && grep -q "/nonexistent/baton.yaml" <<<"$out"; then ok; else bad "missing file: rc=$rc: $out"; fi
 
+# The include check fails on a header from a layer above (and passes on
+# the repository itself, which `make` already ran).
+tmp=$(mktemp -d)
+mkdir -p "$tmp/daemon" "$tmp/backends/a"
+printf '#include "worker/pool.h"\n' > "$tmp/daemon/x.c"
+printf '#include "backends/b/y.h"\n' > "$tmp/backends/a/y.c"
+out=$(bash scripts/check-includes.sh "$tmp" 2>&1); rc=$?
+if [ $rc -eq 1 ] && grep -q 'daemon/x.c:1: includes "worker/pool.h"' <<<"$out" &&
+   grep -q "another backend's header" <<<"$out"; then ok; else bad "check-includes: rc=$rc: $out"; fi
+rm -rf "$tmp"
+if bash scripts/check-includes.sh; then ok; else bad "check-includes on the repository"; fi
+
 # batonctl and the Python client (adds to pass/fail through ok/bad).
 . tests/integration/test_batonctl.sh
 

@@ -1,0 +1,153 @@
+/* The request checks at the door (daemon/door.h). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/door.h"
+
+static size_t dtype_size(Baton__V1__DType t)
+{
+    switch (t) {
+    case BATON__V1__DTYPE__F32:
+    case BATON__V1__DTYPE__I32: return 4;
+    case BATON__V1__DTYPE__F16:
+    case BATON__V1__DTYPE__BF16: return 2;
+    case BATON__V1__DTYPE__I64: return 8;
+    case BATON__V1__DTYPE__U8:
+    case BATON__V1__DTYPE__BOOL: return 1;
+    default: return 0;
+    }
+}
+
+/* Checks one client tensor; false with what is wrong in WHY. */
+static bool check_tensor(const Baton__V1__Tensor *t, char *why, size_t len)
+{
+    size_t es = dtype_size(t->dtype);
+    if (!es) {
+        snprintf(why, len, "input '%s' has dtype %d, which is unspecified or not a DType",
+                 t->name, (int)t->dtype);
+        return false;
+    }
+    if (t->n_dims > DOOR_MAX_DIMS) {
+        snprintf(why, len, "input '%s' has %zu dims; at most %d are supported", t->name,
+                 t->n_dims, DOOR_MAX_DIMS);
+        return false;
+    }
+    uint64_t n = 1;
+    for (size_t d = 0; d < t->n_dims; d++) {
+        if (t->dims[d] < 0) {
+            snprintf(why, len, "input '%s' has negative dim %zu (%lld)", t->name, d,
+                     (long long)t->dims[d]);
+            return false;
+        }
+        if (t->dims[d] && n > UINT64_MAX / (uint64_t)t->dims[d] / es) {
+            snprintf(why, len, "input '%s': the product of its dims overflows", t->name);
+            return false;
+        }
+        n *= (uint64_t)t->dims[d];
+    }
+    if (n * es != t->data.len) {
+        snprintf(why, len, "input '%s': dims give %llu bytes of %s but the data has %zu",
+                 t->name, (unsigned long long)(n * es),
+                 protobuf_c_enum_descriptor_get_value(&baton__v1__dtype__descriptor, t->dtype)
+                     ->name,
+                 t->data.len);
+        return false;
+    }
+    return true;
+}
+
+/* Every input: declared, given once, well-formed; then every declared
+ * input given.  Fills P->by_input. */
+static bt_code check_inputs(const Baton__V1__InferRequest *q, door_pass *p, char *why,
+                            size_t len)
+{
+    const graph *g = p->g;
+    for (size_t i = 0; i < q->n_inputs; i++) {
+        const Baton__V1__Tensor *t = q->inputs[i];
+        const char *name = t->name ? t->name : "";
+        if (graph_input_index(g, name) < 0) {
+            snprintf(why, len, "graph '%s' has no input named '%s'", g->name, name);
+            return BT_CODE_INVALID_ARGUMENT;
+        }
+        for (size_t j = 0; j < i; j++)
+            if (strcmp(q->inputs[j]->name, name) == 0) {
+                snprintf(why, len, "input '%s' is given twice", name);
+                return BT_CODE_INVALID_ARGUMENT;
+            }
+        if (!check_tensor(t, why, len))
+            return BT_CODE_INVALID_ARGUMENT;
+    }
+    for (size_t i = 0; i < q->n_inputs; i++)
+        p->by_input[graph_input_index(g, q->inputs[i]->name)] = q->inputs[i];
+    for (size_t k = 0; k < g->n_inputs; k++)
+        if (!p->by_input[k]) {
+            snprintf(why, len, "graph '%s' needs input '%s', which the request does not give",
+                     g->name, g->inputs[k]);
+            return BT_CODE_INVALID_ARGUMENT;
+        }
+    return BT_CODE_OK;
+}
+
+/* The max_iters map: loops of the graph, at least 1.  Fills P->caps. */
+static bt_code check_max_iters(const Baton__V1__InferRequest *q, door_pass *p, char *why,
+                               size_t len)
+{
+    const graph *g = p->g;
+    for (size_t i = 0; i < q->n_max_iters; i++) {
+        const char *loop = q->max_iters[i]->key ? q->max_iters[i]->key : "";
+        int e = graph_entity_find(g, loop);
+        if (e < 0 || g->entities[e].kind != GRAPH_LOOP) {
+            snprintf(why, len, "max_iters names '%s', which is not a loop of graph '%s'", loop,
+                     g->name);
+            return BT_CODE_INVALID_ARGUMENT;
+        }
+        if (q->max_iters[i]->value == 0) {
+            snprintf(why, len, "max_iters for loop '%s' is 0; a loop runs at least once", loop);
+            return BT_CODE_INVALID_ARGUMENT;
+        }
+        p->caps[e] = q->max_iters[i]->value;
+    }
+    return BT_CODE_OK;
+}
+
+bt_code door_check_infer(const graph_set *gs, const Baton__V1__InferRequest *q, door_pass *p,
+                         char *why, size_t len)
+{
+    memset(p, 0, sizeof(*p));
+    p->request_id = "";
+    const char *rid = q->request_id ? q->request_id : "";
+    if (!*rid) {
+        snprintf(why, len, "request_id is empty");
+        return BT_CODE_INVALID_ARGUMENT;
+    }
+    if (strlen(rid) > DOOR_REQUEST_ID_MAX) {
+        snprintf(why, len, "request_id is %zu bytes; at most %d are allowed", strlen(rid),
+                 DOOR_REQUEST_ID_MAX);
+        return BT_CODE_INVALID_ARGUMENT;
+    }
+    p->request_id = rid;
+    p->g = graph_set_find(gs, q->graph ? q->graph : "");
+    if (!p->g) {
+        snprintf(why, len, "no graph named '%s'", q->graph ? q->graph : "");
+        return BT_CODE_NOT_FOUND;
+    }
+    p->by_input = calloc(p->g->n_inputs + 1, sizeof(*p->by_input));
+    p->caps = calloc(p->g->n_entities + 1, sizeof(*p->caps));
+    if (!p->by_input || !p->caps) {
+        snprintf(why, len, "out of memory");
+        return BT_CODE_RESOURCE_EXHAUSTED;
+    }
+    bt_code code = check_inputs(q, p, why, len);
+    if (code == BT_CODE_OK)
+        code = check_max_iters(q, p, why, len);
+    return code;
+}
+
+void door_pass_free(door_pass *p)
+{
+    free(p->by_input);
+    free(p->caps);
+    p->by_input = NULL;
+    p->caps = NULL;
+}

@@ -1,0 +1,36 @@
+/* The checks at the door of an InferRequest that depend only on the
+ * request and the graphs: request_id, graph, inputs (declared, given once,
+ * a valid dtype, dims that are not negative and do not overflow, a byte
+ * length that matches; every declared input given), and max_iters (loops of
+ * the graph, at least 1).  They run in that order and the first failure
+ * answers.  What depends on the daemon's state (a duplicate in flight,
+ * draining, max_inflight) is the frontend's. */
+#ifndef BATON_DAEMON_DOOR_H
+#define BATON_DAEMON_DOOR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "config/graph.h"
+#include "proto/baton.pb-c.h"
+
+#define DOOR_REQUEST_ID_MAX 256   /* bytes */
+#define DOOR_MAX_DIMS 8
+
+/* A request that passed. */
+typedef struct door_pass {
+    const char *request_id;       /* the request's; "" until it checked out */
+    const graph *g;
+    const Baton__V1__Tensor **by_input; /* per graph input, borrowed from the request; owned array */
+    uint32_t *caps;               /* per entity: the request's max_iters, 0: none; owned */
+} door_pass;
+
+/* Checks Q against GS.  Returns BT_CODE_OK with P filled, or the code to
+ * answer with and what was wrong in WHY (P->request_id says which id to
+ * answer under).  door_pass_free releases P either way. */
+bt_code door_check_infer(const graph_set *gs, const Baton__V1__InferRequest *q, door_pass *p,
+                         char *why, size_t len);
+void door_pass_free(door_pass *p);
+
+#endif

@@ -1,0 +1,47 @@
+/* The conductor's counters and their Prometheus text: requests by graph
+ * and status, refusals at the door, latency histograms, per-node execution
+ * and queue time.  Gauges (requests in flight, tensors held, the workers'
+ * pools and queues) belong to the modules that know them; the caller reads
+ * them into a metrics_gauges when it asks for the text. */
+#ifndef BATON_DAEMON_METRICS_H
+#define BATON_DAEMON_METRICS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "config/graph.h"
+
+typedef struct metrics metrics;
+
+/* What one worker last reported, for the text. */
+typedef struct metrics_worker {
+    const char *name;             /* borrowed */
+    bool up;                      /* every model loaded */
+    uint64_t restarts;
+    uint64_t pool_used, pool_free; /* bytes */
+    double fragmentation;         /* 0..1 */
+    uint32_t queued;              /* items waiting on the worker */
+} metrics_worker;
+
+typedef struct metrics_gauges {
+    size_t inflight;              /* requests accepted, not yet answered */
+    size_t placing;               /* of which still placing inputs */
+    size_t tensors_held;          /* tensor references the runtime holds */
+    const metrics_worker *workers;
+    size_t n_workers;
+} metrics_gauges;
+
+/* Counters for the graphs of GS (borrowed; it must outlive them). */
+metrics *metrics_create(const graph_set *gs);
+void metrics_destroy(metrics *m);
+
+void metrics_request_done(metrics *m, int graph, bt_code code, uint64_t latency_us);
+void metrics_node_done(metrics *m, int graph, int node, uint64_t queue_us, uint64_t exec_us);
+void metrics_rejected(metrics *m, bt_code code);
+
+/* The Prometheus text (malloc'ed), or NULL when out of memory. */
+char *metrics_text(const metrics *m, const metrics_gauges *g);
+
+#endif

@@ -1,0 +1,112 @@
+/* Worker supervision.  The supervisor owns the workers: it spawns the
+ * `spawn: auto` ones as children running the baton-worker beside batond,
+ * reads every message on the worker socket, takes Register (pools, host),
+ * sends Peers and one Load per model, tracks readiness and heartbeats, and
+ * when a worker is lost (exit, kill, silence) unlinks its pool segment and
+ * restarts it within a second, then with back-off.
+ *
+ * It knows nothing of requests.  What the rest of the conductor must hear
+ * goes out through sup_hooks: readiness changes, a lost worker, and the
+ * result messages (Done, Chunk, Placed, Fetched) of live workers.  The
+ * worker state others need is read through sup_worker_get(), never written. */
+#ifndef BATON_DAEMON_SUPERVISOR_H
+#define BATON_DAEMON_SUPERVISOR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "config/config.h"
+#include "daemon/evloop.h"
+#include "proto/baton.pb-c.h"
+
+typedef enum sup_state {
+    SUP_DOWN = 0,      /* not running; maybe waiting for a restart */
+    SUP_STARTING = 1,  /* spawned (or expected), no Register yet */
+    SUP_LOADING = 2,   /* registered, Loads outstanding */
+    SUP_READY = 3      /* every model loaded */
+} sup_state;
+
+typedef struct sup_worker {
+    int index;
+    const cfg_worker *cfg;        /* borrowed from the config */
+    sup_state state;
+    pid_t pid;                    /* 0 for external workers or when not running */
+    uint32_t incarnation;         /* 1, 2, ...: bumped at every spawn; < 2^16 */
+    char shm_name[128];           /* its pool's POSIX shm name, unlinked when it dies */
+    char hostname[64];
+    uint64_t pool_bytes;
+    Baton__V1__PoolHandle *pools; /* owned copies of its registered pools */
+    size_t n_pools;
+    uint32_t loads_pending;
+    uint64_t last_seen_ms;        /* last message from it, monotonic ms */
+    uint64_t started_ms;          /* spawn time, monotonic ms */
+    uint64_t restart_at_ms;       /* when DOWN: when to spawn again (0: never) */
+    uint32_t backoff_ms;          /* next restart delay */
+    uint64_t restarts;            /* times it was restarted (metric) */
+    bool told_to_restart;         /* external, lost, then heard from: Shutdown sent */
+    /* From its last Heartbeat. */
+    uint64_t pool_used, pool_free, largest_free; /* bytes */
+    double fragmentation;         /* 0..1 */
+    uint32_t live_tensors, queued;
+    /* What its Loaded messages of this incarnation said, one paragraph per
+     * model (load time, weights, the backend's report), for inspect; owned,
+     * NULL when nothing has loaded. */
+    char *loads_text;
+} sup_worker;
+
+typedef struct sup_hooks {
+    void *arg;
+    /* Every worker is ready (READY), or one no longer is. */
+    void (*ready_changed)(void *arg, bool ready);
+    /* Worker W is lost (already DOWN): whatever it held is gone. */
+    void (*worker_lost)(void *arg, int w, const char *why);
+    /* A Done, Chunk, Placed or Fetched from live worker W. */
+    void (*message)(void *arg, int w, const Baton__V1__WorkerMessage *m);
+    /* Around the messages read in one go: whatever their handling sends
+     * may be held until the end and sent in one message per worker. */
+    void (*burst_begin)(void *arg);
+    void (*burst_end)(void *arg);
+} sup_hooks;
+
+typedef struct sup_options {
+    const cfg_config *cfg;        /* borrowed; outlives the supervisor */
+    const char *config_path;      /* absolute; passed to the workers */
+    const char *run_id;           /* names this run's shm segments */
+    const char *worker_exe;       /* the baton-worker to spawn */
+    void *socket;                 /* the bound worker ROUTER; borrowed */
+} sup_options;
+
+typedef struct supervisor supervisor;
+
+/* 0 or BT_ENOMEM.  Spawns nothing yet: see sup_start. */
+int sup_create(const sup_options *opt, const sup_hooks *hooks, supervisor **out);
+void sup_destroy(supervisor *s);
+
+/* Spawns every `spawn: auto` worker. */
+void sup_start(supervisor *s);
+/* The worker socket is readable (an evloop callback; ARG is the supervisor). */
+void sup_on_readable(evloop *l, void *arg);
+/* A child exited (from waitpid); ignored when it is no worker. */
+void sup_child_exited(supervisor *s, pid_t pid, int status);
+/* Restarts due workers, kills silent ones, loses external ones whose
+ * heartbeat stopped. */
+void sup_tick(supervisor *s, uint64_t now_ms);
+
+/* Sends M to worker W.  0, or BT_EIO (logged) when it cannot go. */
+int sup_send(supervisor *s, int w, const Baton__V1__ConductorMessage *m);
+
+size_t sup_n_workers(const supervisor *s);
+const sup_worker *sup_worker_get(const supervisor *s, int w);
+bool sup_ready(const supervisor *s);
+
+/* Shutdown: tells every worker to stop (REASON in the message) and stops
+ * restarting them. */
+void sup_stop(supervisor *s, const char *reason);
+/* Every worker process has exited. */
+bool sup_all_exited(const supervisor *s);
+/* Kills what is still running and unlinks every pool segment. */
+void sup_kill_all(supervisor *s);
+
+#endif
