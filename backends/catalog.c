@@ -1,4 +1,4 @@
-/* The declaration of every built-in backend (DESIGN.md section 7).
+/* The declaration of every built-in backend: its name and its options.
  *
  * This table is data, not code: the worker registers an implementation under
  * each name, and the config loader checks `backend:` and `options:` against

@@ -1,10 +1,11 @@
-/* The registry of backends known to this build and the options each
+/* The catalog of backends known to this build and the options each
  * declares.  The config loader checks `backend:` and `options:` against it,
  * so a typo is an error at its line rather than a failure at load time on
- * a worker.  Implementations live in worker/ and register under the same
- * names (issue 3); this table is their declaration. */
-#ifndef BATON_COMMON_BACKENDS_H
-#define BATON_COMMON_BACKENDS_H
+ * a worker.  The implementations live in the folders beside this file
+ * (backends/builtin.c names them); this table is their declaration, data
+ * only, so that batond links it without linking any backend. */
+#ifndef BATON_BACKENDS_CATALOG_H
+#define BATON_BACKENDS_CATALOG_H
 
 #include <stddef.h>
 

@@ -1,4 +1,4 @@
-/* batonctl: the command-line client of batond (DESIGN.md section 10), a thin
+/* batonctl: the command-line client of batond, a thin
  * program over the C client library (include/baton/client.h). It parses
  * tensors from the command line or files, streams chunks as they arrive,
  * and prints answers for people or, with --json, one JSON object per line

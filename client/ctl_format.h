@@ -1,8 +1,8 @@
-/* batonctl's output formats (daemon/ctl_format.c): tensors and answers as
+/* batonctl's output formats (client/ctl_format.c): tensors and answers as
  * readable text or as one JSON object per line, and float conversions to
  * the half-precision dtypes. */
-#ifndef BATON_DAEMON_CTL_FORMAT_H
-#define BATON_DAEMON_CTL_FORMAT_H
+#ifndef BATON_CLIENT_CTL_FORMAT_H
+#define BATON_CLIENT_CTL_FORMAT_H
 
 #include <stdbool.h>
 #include <stdint.h>

@@ -1,5 +1,5 @@
 /* batond: the conductor.  `batond --config FILE` serves a deployment in the
- * foreground (DESIGN.md section 10); `batond --check-config FILE` loads,
+ * foreground; `batond --check-config FILE` loads,
  * validates, builds and partitions it and prints a summary (like
  * `nginx -t`). */
 #include <getopt.h>

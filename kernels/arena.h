@@ -1,4 +1,4 @@
-/* The arena planner (DESIGN.md section 8): every intermediate and output of
+/* The arena planner: every intermediate and output of
  * an executable graph lives at a planned offset in one arena, and two
  * values share bytes only when they are never live at the same time.
  *

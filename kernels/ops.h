@@ -1,5 +1,5 @@
 /* The ops a Llama-family decoder and a small flow/diffusion network need
- * (issue 4), as one enum shared by the kernels (kernels/cpu/, kernels/cuda/),
+ * as one enum shared by the kernels (kernels/cpu/, kernels/cuda/),
  * the executable-graph IR (kernels/graph.h) and the cost model of the
  * multi-stream scheduler (kernels/sched.h).
  *
@@ -83,7 +83,7 @@ typedef enum kop {
     KOP_COUNT
 } kop;
 
-/* What hardware an op occupies, for the scheduler (DESIGN.md section 8). */
+/* What hardware an op occupies, for the scheduler. */
 typedef enum krole {
     KROLE_COMPUTE = 0,    /* a compute stream */
     KROLE_COMM = 1,       /* the comm stream */

@@ -1,4 +1,4 @@
-/* The conductor's graph runtime (DESIGN.md section 4): a pure state
+/* The conductor's graph runtime: a pure state
  * machine with no I/O and no clock.
  *
  * It is fed events (a request accepted, a node completed, a stream chunk, a
@@ -14,8 +14,8 @@
  * of a request come with seq 0, 1, 2, ...; exactly one RESPONSE per
  * accepted request, after which no action names the request except the
  * RELEASE and DROP actions that clean up after it. */
-#ifndef BATON_DAEMON_RUNTIME_H
-#define BATON_DAEMON_RUNTIME_H
+#ifndef BATON_RUNTIME_RUNTIME_H
+#define BATON_RUNTIME_RUNTIME_H
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Generates tests/unit/data/tokenizer-vectors.tsv, the reference ids that
-tests/unit/test_tokenizer.c compares worker/tokenizer.c against.
+tests/unit/test_tokenizer.c compares backends/transformer/tokenizer.c against.
 
 The reference is Hugging Face `tokenizers` built from the vocabulary and
 merges stored in the GGUF file (so the ids are those of the very file the C

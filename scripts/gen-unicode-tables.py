@@ -46,7 +46,7 @@ def main():
               % unicodedata.unidata_version)
     out.write(" * with the regex classes they belong to: \\p{L}, \\p{N} and \\s as\n")
     out.write(" * Oniguruma (Hugging Face tokenizers) defines them.  Code points in no\n")
-    out.write(" * range belong to none.  Included by worker/tokenizer_pre.c only. */\n")
+    out.write(" * range belong to none.  Included by backends/transformer/tokenizer_pre.c only. */\n")
     out.write("#ifndef BATON_WORKER_UNICODE_TABLES_H\n#define BATON_WORKER_UNICODE_TABLES_H\n\n")
     out.write("#include <stdint.h>\n\n")
     out.write("enum { TOK_UNI_LETTER = %d, TOK_UNI_NUMBER = %d, TOK_UNI_SPACE = %d };\n\n"

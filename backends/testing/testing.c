@@ -1,4 +1,4 @@
-/* The built-in test backends, exactly as DESIGN.md section 7 states them;
+/* The built-in test backends, exactly as config/README.md states them;
  * integration tests and outside users are written against this behaviour.
  *
  * They go through the same ABI as a plugin (include/baton/backend.h).  The
@@ -6,7 +6,7 @@
  * reference* (ctx->forward): the output is the very same tensor as the
  * input, with no copy, which is what lets a pipeline of pass-through nodes
  * cost no memory bandwidth at all.  The option defaults repeat those
- * declared in common/backends.c, because a plugin-style backend must not
+ * declared in backends/catalog.c, because a plugin-style backend must not
  * rely on the conductor having filled them in. */
 #include <errno.h>
 #include <stdio.h>

@@ -1,6 +1,5 @@
-/* The built-in `transformer` backend (DESIGN.md section 7): a Llama-family
- * decoder read from a GGUF file and run as two executable graphs (section 8,
- * kernels/exec.h):
+/* The built-in `transformer` backend: a Llama-family decoder read from a
+ * GGUF file and run as two executable graphs (kernels/exec.h):
  *
  *   prefill  batch 1, bucketed: compiled for `prefill_chunk` tokens and run
  *            at the prompt's length; a longer prompt runs in chunks, each
@@ -24,7 +23,7 @@
  *
  * Nodes.  mode `prefill` takes its first input: I32 or I64 token ids (any
  * dims, flattened) or U8 UTF-8 text, which the file's tokenizer encodes
- * (worker/tokenizer.c) inside the chat template it carries (option
+ * (backends/transformer/tokenizer.c) inside the chat template it carries (option
  * chat_template).  mode `decode` takes one token id.  Outputs are chosen
  * by name: `token` (I32 [1], the next token), `text` (U8: the bytes the
  * token adds to the answer, whole UTF-8 characters only, nothing for an

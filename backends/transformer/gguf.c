@@ -1,4 +1,4 @@
-/* GGUF parsing (kernels/gguf.h).  One pass over the mapped file with a
+/* GGUF parsing (backends/transformer/gguf.h).  One pass over the mapped file with a
  * cursor that never moves past the end: every fixed-size read first checks
  * the bytes left, and every length or count read from the file is compared
  * with the bytes left before it is used, either as a skip or to size an

@@ -17,8 +17,8 @@
  * Not supported, each an error at open: arrays of arrays (no known writer
  * produces them), big-endian files, GGUF version 1, tensors of more than
  * four dims, and ggml types outside the table of gguf_type_name. */
-#ifndef BATON_KERNELS_GGUF_H
-#define BATON_KERNELS_GGUF_H
+#ifndef BATON_BACKENDS_TRANSFORMER_GGUF_H
+#define BATON_BACKENDS_TRANSFORMER_GGUF_H
 
 #include <stdbool.h>
 #include <stddef.h>

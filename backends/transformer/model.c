@@ -1,4 +1,4 @@
-/* Builds Llama-family decoder graphs (kernels/transformer_graph.h).  Shapes
+/* Builds Llama-family decoder graphs (backends/transformer/model.h).  Shapes
  * are exact; flops count a multiply-add as two; bytes count every input and
  * output once, which is what a roofline wants from a kernel that streams its
  * operands. */

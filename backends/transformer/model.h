@@ -1,9 +1,9 @@
 /* Op graphs of a Llama-family decoder (RMSNorm, RoPE, grouped-query
  * attention with a KV cache, SwiGLU, tied embeddings) at given shapes, for
- * arena planning and costing (DESIGN.md section 8).  The graphs carry each
+ * arena planning and costing.  The graphs carry each
  * op's flops and bytes; running them needs the kernels (kernels/kernels.h). */
-#ifndef BATON_KERNELS_TRANSFORMER_GRAPH_H
-#define BATON_KERNELS_TRANSFORMER_GRAPH_H
+#ifndef BATON_BACKENDS_TRANSFORMER_MODEL_H
+#define BATON_BACKENDS_TRANSFORMER_MODEL_H
 
 #include <stdbool.h>
 

@@ -25,8 +25,8 @@
  * A tok_vocab is immutable after create and copies what it needs from the
  * GGUF (which may be closed afterwards); every function may be called from
  * several threads at once. */
-#ifndef BATON_WORKER_TOKENIZER_H
-#define BATON_WORKER_TOKENIZER_H
+#ifndef BATON_BACKENDS_TRANSFORMER_TOKENIZER_H
+#define BATON_BACKENDS_TRANSFORMER_TOKENIZER_H
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -1,4 +1,4 @@
-/* The pre-tokenizers of worker/tokenizer.c: hand-written matchers for the
+/* The pre-tokenizers of backends/transformer/tokenizer.c: hand-written matchers for the
  * GPT-2 and Llama 3 split regexes, with the \p{N} splitting that SmolLM2
  * adds in front, and the UTF-8 decoding they share.
  *

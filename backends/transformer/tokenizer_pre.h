@@ -1,8 +1,8 @@
-/* Internal to the tokenizer (worker/tokenizer.c): the pre-tokenizers that
+/* Internal to the tokenizer (backends/transformer/tokenizer.c): the pre-tokenizers that
  * cut text into the words BPE merges within, and UTF-8 decoding.  Names
  * are tok__ because they are not part of the tokenizer's interface. */
-#ifndef BATON_WORKER_TOKENIZER_PRE_H
-#define BATON_WORKER_TOKENIZER_PRE_H
+#ifndef BATON_BACKENDS_TRANSFORMER_TOKENIZER_PRE_H
+#define BATON_BACKENDS_TRANSFORMER_TOKENIZER_PRE_H
 
 #include <stdbool.h>
 #include <stddef.h>

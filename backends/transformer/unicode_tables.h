@@ -2,9 +2,9 @@
  * (Unicode 14.0.0); do not edit.  Code point ranges, sorted and disjoint,
  * with the regex classes they belong to: \p{L}, \p{N} and \s as
  * Oniguruma (Hugging Face tokenizers) defines them.  Code points in no
- * range belong to none.  Included by worker/tokenizer_pre.c only. */
-#ifndef BATON_WORKER_UNICODE_TABLES_H
-#define BATON_WORKER_UNICODE_TABLES_H
+ * range belong to none.  Included by backends/transformer/tokenizer_pre.c only. */
+#ifndef BATON_BACKENDS_TRANSFORMER_UNICODE_TABLES_H
+#define BATON_BACKENDS_TRANSFORMER_UNICODE_TABLES_H
 
 #include <stdint.h>
 

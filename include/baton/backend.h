@@ -205,8 +205,8 @@ struct baton_ctx {
 };
 
 /* The cost-model profile of the worker's device: the config's `devices:`
- * entry the worker names, else the built-in default for its device
- * (DESIGN.md section 8).  A backend that schedules ops across streams costs
+ * entry the worker names, else the built-in default for its device.  A
+ * backend that schedules ops across streams costs
  * them with it. */
 typedef struct baton_device_profile {
     const char *name;               /* "cpu", "h100", or the config's name */

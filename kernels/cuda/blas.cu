@@ -1,5 +1,4 @@
-/* Matrix products through cuBLAS (DESIGN.md section 8: no hand-written GEMM
- * on the GPU).  The all-reduce through NCCL is in comm.cu. */
+/* Matrix products through cuBLAS (no hand-written GEMM on the GPU).  The all-reduce through NCCL is in comm.cu. */
 #include <pthread.h>
 
 #include <cublas_v2.h>

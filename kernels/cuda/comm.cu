@@ -1,4 +1,4 @@
-/* The all-reduce through NCCL (DESIGN.md section 8).  In a file of its own
+/* The all-reduce through NCCL.  In a file of its own
  * so that only programs which reduce across ranks link libnccl: NCCL is
  * compiled in only when the build found nccl.h (BATON_NCCL=1, see the
  * Makefile); without it the one-rank identity remains. */

@@ -6,8 +6,8 @@
  * and streams `tok` (its iteration) to the client.  Without a window every
  * iteration is a conductor→worker→conductor round trip: the conductor sees
  * iteration i complete, then dispatches i+1.  With one, the worker chains
- * i+1 itself as soon as i is done and the conductor only follows (DESIGN.md
- * section 4.4), so an iteration costs the worker's own turn-around.
+ * i+1 itself as soon as i is done and the conductor only follows (a
+ * speculation window), so an iteration costs the worker's own turn-around.
  *
  * Two daemons, identical but for speculation_window (8 and 0), run side by
  * side; their runs are interleaved so both see the same machine.  Three

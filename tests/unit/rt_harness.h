@@ -2,7 +2,7 @@
  *
  * It builds a graph set from YAML text, mints labelled tensors for every
  * output ("node@(i,j).value"), keeps the dispatches in flight, and after
- * every event checks the invariants of DESIGN.md section 4.6: each tensor
+ * every event checks the runtime's invariants: each tensor
  * released exactly once and never named after its release, one terminal
  * response per request, client chunks numbered 0, 1, 2, ... */
 #ifndef BATON_TESTS_RT_HARNESS_H

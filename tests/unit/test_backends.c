@@ -1,5 +1,5 @@
-/* The built-in test backends (worker/backends_test.c) called through the
- * ABI with a fake ctx, exactly as DESIGN.md section 7 states them; and the
+/* The built-in test backends (backends/testing/) called through the
+ * ABI with a fake ctx, exactly as config/README.md states them; and the
  * backend registry and plugin loader (worker/plugin.c) with the example
  * plugin tests/unit/plugin/example.c. */
 #include <setjmp.h>

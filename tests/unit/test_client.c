@@ -1,4 +1,4 @@
-/* The C client library (common/client.c) against a fake daemon: a thread
+/* The C client library (client/client.c) against a fake daemon: a thread
  * with a ROUTER socket on an ipc:// endpoint in /tmp that runs one scripted
  * exchange per test. The server thread never asserts (CMocka's longjmp must
  * stay on the main thread): it keeps every ClientMessage it decoded, and the

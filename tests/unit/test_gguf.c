@@ -1,4 +1,4 @@
-/* The GGUF reader (kernels/gguf.c): files written here by a small writer
+/* The GGUF reader (backends/transformer/gguf.c): files written here by a small writer
  * into a temporary directory, read back value by value and byte by byte;
  * hostile files, each refused with a message naming the fault; every
  * truncation and random corruptions of a valid file (which the ASan build

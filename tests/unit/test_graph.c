@@ -1,5 +1,5 @@
-/* Graph building (config/graph_build.c): the semantic checks of DESIGN.md
- * section 3, each asserting the line of the error and its message, and the
+/* Graph building (config/graph_build.c): the semantic checks of the
+ * deployment format (config/README.md), each asserting the line of the error and its message, and the
  * derived I/O and partition of the examples. */
 #include <setjmp.h>
 #include <stdarg.h>

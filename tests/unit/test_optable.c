@@ -1,5 +1,5 @@
 /* The CPU op table (kernels/cpu/optable.c) running the transformer graphs of
- * kernels/transformer_graph.c through executables (kernels/exec.c), checked
+ * backends/transformer/model.c through executables (kernels/exec.c), checked
  * against a naive forward pass written here from the model's equations with
  * plain loops (it shares no code with the kernels):
  *   - prefill logits at a bucketed extent below the compiled one;

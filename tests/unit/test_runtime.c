@@ -1,4 +1,4 @@
-/* The runtime state machine, one test per rule of DESIGN.md section 4, each
+/* The runtime state machine, one test per rule of the graph semantics, each
  * with hand-written expectations.  The harness (rt_harness.c) plays the
  * workers and checks the release/response/chunk invariants after every
  * event; every test ends by asserting that nothing is left held. */

@@ -1,4 +1,4 @@
-/* The tokenizer (worker/tokenizer.c): a tiny vocabulary written here as a
+/* The tokenizer (backends/transformer/tokenizer.c): a tiny vocabulary written here as a
  * GGUF file checks merge order, digit splitting and the refusals; then the
  * real SmolLM2 vocabulary is checked against ids from Hugging Face
  * `tokenizers` (tests/unit/data/tokenizer-vectors.tsv, made by

@@ -1,4 +1,4 @@
-/* The built-in transformer backend (worker/transformer.c) through the
+/* The built-in transformer backend (backends/transformer/backend.c) through the
  * backend ABI, on the real SmolLM2-135M-Instruct GGUF, against outputs of an
  * independent numpy forward pass (scripts/gen-smollm2-reference.py, stored
  * in tests/unit/data/smollm2_reference.txt):
