@@ -1,7 +1,8 @@
 /* A loaded config: look-ups, the built-in device profiles, the check of
- * runtime paths for --check-config, and destruction.  Loading is in
- * config/load*.c. */
+ * runtime paths for --check-config, and destruction.  The bottom of the
+ * config layers (load_internal.h): it calls none of the loaders. */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,31 +10,43 @@
 
 #include "config/config.h"
 #include "config/load_internal.h"
+#include "kernels/sched.h"
 
 #define N_OF(a) (sizeof(a) / sizeof((a)[0]))
 
-/* Cost-model profiles a worker may name without a `devices:` entry.  The
- * H100 numbers are those of DESIGN.md section 3 (SXM, dense BF16, NVLink
- * per direction); the H200 differs in memory bandwidth.  The CPU profile is
- * a typical server socket: the scheduler only compares costs on one
- * device, so the ratios matter more than the absolute values. */
-static const cfg_profile builtin_profiles[] = {
-    {(char *)"h100", 3350, 0.8, 989, 450, 0.7, 5, {0, 0}},
-    {(char *)"h200", 4800, 0.8, 989, 450, 0.7, 5, {0, 0}},
-    {(char *)"cpu", 100, 0.6, 2, 25, 0.5, 1, {0, 0}},
-};
+/* The built-in profiles, as cfg_profile views of the scheduler's table
+ * (kernels/sched.c, the one place their figures live), made on first use;
+ * pthread_once keeps that first use safe from whichever thread comes. */
+static cfg_profile builtin_profiles[8];
+static size_t n_builtin_profiles;
+static pthread_once_t builtin_once = PTHREAD_ONCE_INIT;
+
+static void builtin_profiles_init(void)
+{
+    size_t n;
+    const ks_profile *k = ks_profile_builtins(&n);
+    for (size_t i = 0; i < n && i < N_OF(builtin_profiles); i++)
+        builtin_profiles[n_builtin_profiles++] =
+            (cfg_profile){(char *)k[i].name,        k[i].memory_bandwidth_gbps,
+                          k[i].memory_efficiency,   k[i].tflops,
+                          k[i].comm_bandwidth_gbps, k[i].comm_efficiency,
+                          k[i].sync_overhead_us,    {0, 0}};
+}
 
 const cfg_profile *cfg__builtin_profiles(size_t *n)
 {
-    *n = N_OF(builtin_profiles);
+    pthread_once(&builtin_once, builtin_profiles_init);
+    *n = n_builtin_profiles;
     return builtin_profiles;
 }
 
 const cfg_profile *cfg__builtin_profile(const char *name)
 {
-    for (size_t i = 0; i < N_OF(builtin_profiles); i++)
-        if (strcmp(builtin_profiles[i].name, name) == 0)
-            return &builtin_profiles[i];
+    size_t n;
+    const cfg_profile *all = cfg__builtin_profiles(&n);
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(all[i].name, name) == 0)
+            return &all[i];
     return NULL;
 }
 

@@ -1,4 +1,4 @@
-/* The deployment file (DESIGN.md section 3) loaded into typed structs.
+/* The deployment file (config/README.md) loaded into typed structs.
  *
  * cfg_load parses YAML with libyaml and checks the schema: key names (with
  * a "did you mean"), value types, ranges, duplicate names, references from
@@ -39,7 +39,7 @@ typedef struct cfg_daemon {
     cfg_pos pos;
 } cfg_daemon;
 
-/* A cost-model profile (DESIGN.md section 8).  Missing keys keep the
+/* A cost-model profile of the scheduler (kernels/sched.h).  Missing keys keep the
  * built-in defaults of the same name where one exists, else 0. */
 typedef struct cfg_profile {
     char *name;

@@ -1,4 +1,4 @@
-/* The static graph template (DESIGN.md section 3), built once per graph
+/* The static graph template, built once per graph
  * from the loaded config and then shared read-only by every request.
  *
  * Everything the runtime needs per request is derived here, once: entities
@@ -24,7 +24,7 @@
 
 typedef enum graph_entity_kind { GRAPH_NODE = 0, GRAPH_LOOP = 1 } graph_entity_kind;
 
-/* How an edge relates producer and consumer (DESIGN.md section 3). */
+/* How an edge relates producer and consumer (config/README.md, graphs). */
 typedef enum graph_edge_kind {
     GRAPH_EDGE_FORWARD = 0,  /* same iteration, consumer later in section order */
     GRAPH_EDGE_LOOPBACK = 1, /* iteration i feeds i+1 of the innermost common loop */
@@ -149,7 +149,7 @@ typedef struct graph {
     int max_depth;         /* deepest loop nesting in the graph */
 } graph;
 
-/* Transfers between workers (DESIGN.md section 5). */
+/* Transfers between workers, from the partition of a graph by worker. */
 typedef enum graph_transfer_kind {
     GRAPH_XFER_SHM = 0,       /* CPU -> CPU on one host: the consumer maps the producer's shm pool */
     GRAPH_XFER_CUDA_IPC = 1,  /* GPU -> GPU on one host: cudaIpcOpenMemHandle once, read in place */

@@ -653,8 +653,8 @@ static void make_inputs(builder *b)
     free(used);
 }
 
-/* DESIGN.md section 4.4, narrowed: the worker can run iteration i+1 by
- * itself only when every input it needs from then on is its own loop-back
+/* Speculation, narrower than the original design allowed (see
+ * docs/architecture.md): the worker can run iteration i+1 by itself only when every input it needs from then on is its own loop-back
  * output or a value bound for the whole loop (graph input, persisted). */
 static void mark_speculation(builder *b)
 {

@@ -1,5 +1,5 @@
 /* The human-readable summary of a graph set: what --check-config prints
- * and what `batonctl inspect` shows (DESIGN.md sections 3 and 5). */
+ * and what `batonctl inspect` shows: graphs, loops, producers, partition. */
 #include "config/graph.h"
 
 static void print_edge(const graph *g, const graph_edge *e, FILE *out)

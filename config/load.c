@@ -1,5 +1,7 @@
-/* The deployment file into cfg_* structs: the top level, daemon, device
- * profiles, workers and models.  Graphs are in config/load_graph.c.
+/* The deployment file into cfg_* structs: the entry points, the top level,
+ * daemon, device profiles and workers.  The top of the config layers
+ * (load_internal.h): models and graphs are load_model.c's and
+ * load_graph.c's, the shared helpers load_util.c's.
  *
  * The walk reads the top-level keys in a fixed order (devices, workers,
  * models, graphs) whatever their order in the file, so that every
@@ -22,117 +24,6 @@
 
 /* A config file is a few kilobytes; anything near this is a wrong path. */
 #define CFG_MAX_FILE_BYTES (16u << 20)
-
-/* ---- helpers shared with load_model.c and load_graph.c ---- */
-
-cfg_pos cfg__pos(const yt_node *n)
-{
-    cfg_pos p = {n->line, n->col};
-    return p;
-}
-
-char *cfg__strdup(cfg__loader *l, const char *s)
-{
-    char *d = strdup(s);
-    if (!d)
-        l->rc = BT_ENOMEM;
-    return d;
-}
-
-void *cfg__calloc(cfg__loader *l, size_t n, size_t size)
-{
-    if (n == 0)
-        return NULL;
-    void *p = calloc(n, size);
-    if (!p)
-        l->rc = BT_ENOMEM;
-    return p;
-}
-
-bool cfg__str(cfg__loader *l, const yt_node *v, const char *key, char **out)
-{
-    int rc = yt_str(v, key, out, l->diag);
-    if (rc == BT_ENOMEM)
-        l->rc = rc;
-    return rc == 0;
-}
-
-const char *cfg__peek_name(const yt_node *map)
-{
-    if (map->kind != YT_MAP)
-        return NULL;
-    for (size_t i = 0; i < map->n_pairs; i++) {
-        const yt_node *k = map->pairs[i].key, *v = map->pairs[i].value;
-        if (k->kind == YT_SCALAR && strcmp(k->str, "name") == 0 && v->kind == YT_SCALAR &&
-            strlen(v->str) == v->len && !yt_is_null(v))
-            return v->str;
-    }
-    return NULL;
-}
-
-static size_t name_hash(const char *s)
-{
-    /* FNV-1a: short keys, no adversary to fear beyond size. */
-    size_t h = (size_t)14695981039346656037ull;
-    for (; *s; s++)
-        h = (h ^ (unsigned char)*s) * (size_t)1099511628211ull;
-    return h;
-}
-
-/* The slot of NAME in SET: its entry, or the empty slot where it belongs. */
-static cfg__name *name_slot(const cfg__names *set, const char *name)
-{
-    size_t mask = set->cap - 1;
-    for (size_t i = name_hash(name) & mask;; i = (i + 1) & mask)
-        if (!set->v[i].name || strcmp(set->v[i].name, name) == 0)
-            return &set->v[i];
-}
-
-const cfg__name *cfg__names_find(const cfg__names *set, const char *name)
-{
-    if (set->cap == 0)
-        return NULL;
-    cfg__name *e = name_slot(set, name);
-    return e->name ? e : NULL;
-}
-
-bool cfg__names_add(cfg__loader *l, cfg__names *set, const char *name, cfg_pos pos,
-                    const char *what)
-{
-    const cfg__name *first = cfg__names_find(set, name);
-    if (first) {
-        bt_diag_error(l->diag, pos.line, pos.col, "duplicate %s name '%s' (first defined at line %d)",
-                      what, name, first->pos.line);
-        return false;
-    }
-    /* Keep the table at most half full so that probes stay short. */
-    if ((set->n + 1) * 2 > set->cap) {
-        cfg__names bigger = {NULL, 0, set->cap ? set->cap * 2 : 16};
-        bigger.v = calloc(bigger.cap, sizeof(*bigger.v));
-        if (!bigger.v) {
-            l->rc = BT_ENOMEM;
-            return true; /* not a duplicate; the failure is in l->rc */
-        }
-        for (size_t i = 0; i < set->cap; i++)
-            if (set->v[i].name)
-                *name_slot(&bigger, set->v[i].name) = set->v[i];
-        bigger.n = set->n;
-        free(set->v);
-        *set = bigger;
-    }
-    cfg__name *e = name_slot(set, name);
-    e->name = name;
-    e->pos = pos;
-    set->n++;
-    return true;
-}
-
-void cfg__names_free(cfg__names *set)
-{
-    free(set->v);
-    set->v = NULL;
-    set->n = set->cap = 0;
-}
 
 /* Reports VALUE, read at V for KEY, unless it is one of CHOICES. */
 static bool check_choice(cfg__loader *l, const yt_node *v, const char *key, const char *value,
@@ -361,10 +252,14 @@ static void load_worker(cfg__loader *l, const yt_node *v, cfg_worker *w, cfg__na
         for (size_t i = 0; i < n_builtin && n < N_OF(names); i++)
             names[n++] = builtin[i].name;
         const char *hint = bt_suggest(w->profile, names, n);
+        char list[128] = "";
+        for (size_t i = 0, off = 0; i < n_builtin && off < sizeof(list); i++)
+            off += (size_t)snprintf(list + off, sizeof(list) - off, "%s%s", i ? ", " : "",
+                                    builtin[i].name);
         bt_diag_error(l->diag, f[2]->line, f[2]->col,
                       "%s uses profile '%s', which is neither under devices: nor built in "
-                      "(h100, h200, cpu)%s%s%s",
-                      ctx, w->profile, hint ? "; did you mean '" : "", hint ? hint : "",
+                      "(%s)%s%s%s",
+                      ctx, w->profile, list, hint ? "; did you mean '" : "", hint ? hint : "",
                       hint ? "'?" : "");
     }
     if (f[3]) {

@@ -2,7 +2,9 @@
  *
  * Only the schema is checked here (keys, types, names, model references).
  * Whether the edges make sense (targets, loop-backs, persist, producers per
- * iteration) is config/graph_build.c's work on the structs made here. */
+ * iteration) is config/graph_build.c's work on the structs made here.  A
+ * middle layer (load_internal.h): it calls load_util.c, config.c,
+ * yaml_tree.c. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

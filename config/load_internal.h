@@ -1,6 +1,17 @@
-/* What config/load.c, load_model.c and load_graph.c share while loading
- * one file, and what config/config.c provides to them.
- * Not part of the config API: names here carry the internal prefix cfg__. */
+/* The internals of loading a deployment file, by layer.  Each file calls
+ * only the layers below its own:
+ *
+ *   load.c        the entry points (cfg_load_string, cfg_load_file), the
+ *                 top level, daemon, devices, workers; calls the two below
+ *   load_model.c  `models:`   } each calls only load_util.c, config.c and
+ *   load_graph.c  `graphs:`   } yaml_tree.c; they do not call each other
+ *   load_util.c   the loader's toolkit: names sets, string/alloc helpers
+ *   config.c      the config structs: look-ups, built-in profiles,
+ *                 destruction; calls no loader
+ *
+ * graph_build.c and graph_print.c work on a loaded config and are not
+ * called by the loaders.  Not part of the config API: names here carry the
+ * internal prefix cfg__. */
 #ifndef BATON_CONFIG_LOAD_INTERNAL_H
 #define BATON_CONFIG_LOAD_INTERNAL_H
 
@@ -35,6 +46,8 @@ typedef struct cfg__loader {
     cfg__names models;  /* names of the models loaded, for nodes */
 } cfg__loader;
 
+/* ---- load_util.c ------------------------------------------------------- */
+
 /* Adds NAME to SET; reports a duplicate at POS and returns false.  WHAT
  * names the kind of thing ("worker", "node"). */
 bool cfg__names_add(cfg__loader *l, cfg__names *set, const char *name, cfg_pos pos,
@@ -61,12 +74,19 @@ void *cfg__calloc(cfg__loader *l, size_t n, size_t size);
  * names the thing in messages about its other keys. */
 const char *cfg__peek_name(const yt_node *map);
 
-/* The built-in cost-model profiles (config/config.c): h100, h200, cpu. */
+/* ---- config.c ---------------------------------------------------------- */
+
+/* The built-in cost-model profiles: h100, h200, cpu (kernels/sched.c). */
 const cfg_profile *cfg__builtin_profiles(size_t *n);
 const cfg_profile *cfg__builtin_profile(const char *name);
 
 /* Frees what an option owns and zeroes it. */
 void cfg__option_clear(cfg_option *o);
+
+/* Frees S and every section under it (config/config.c); accepts NULL. */
+void cfg__section_destroy(cfg_section *s);
+
+/* ---- load_model.c and load_graph.c, called by load.c ------------------- */
 
 /* Loads the top-level `models:` list into l->c (config/load_model.c).
  * Workers must be loaded already: placements are checked against them. */
@@ -76,8 +96,5 @@ void cfg__load_models(cfg__loader *l, const yt_node *list);
  * Workers and models must be loaded already: nodes are checked against
  * the models. */
 void cfg__load_graphs(cfg__loader *l, const yt_node *list);
-
-/* Frees S and every section under it (config/config.c); accepts NULL. */
-void cfg__section_destroy(cfg_section *s);
 
 #endif

@@ -1,5 +1,6 @@
 /* The `models:` list: placement on workers, tensor parallelism, and the
- * backend with its options checked against common/backends.c. */
+ * backend with its options checked against backends/catalog.c.  A middle
+ * layer (load_internal.h): it calls load_util.c, config.c, yaml_tree.c. */
 #include <assert.h>
 #include <float.h>
 #include <inttypes.h>
@@ -122,7 +123,7 @@ static bool read_option(cfg__loader *l, const yt_node *v, const bt_opt_desc *d, 
     return false;
 }
 
-/* Sets O to the declared default of D; the table in common/backends.c is
+/* Sets O to the declared default of D; the table in backends/catalog.c is
  * ours, so a default that does not parse is a bug, not a config error. */
 static void default_option(cfg__loader *l, const bt_opt_desc *d, cfg_pos pos, cfg_option *o)
 {

@@ -6,20 +6,27 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* h100/h200 equal config/config.c's built-ins (the H200 differs only in
- * memory bandwidth).  The cpu profile is this machine class, measured on it
+/* The built-in device profiles: the one table of them (the config's
+ * `devices:` entries start from these when they share a name).  h100 is an
+ * H100 SXM (dense BF16 peak, NVLink per direction); h200 differs only in
+ * memory bandwidth.  The cpu profile is this machine class, measured on it
  * (2 cores of an AMD EPYC with AVX2/FMA): a 256 MiB memcpy moves ~30 GB/s
  * (read + write); a single-core FMA loop reaches ~100 GFLOP/s, so two cores
  * peak near 0.2 TFLOP/s.  "Collectives" on a CPU are copies between
  * threads' buffers: half the memory bandwidth.  A cross-thread event (mutex
- * + condvar wake-up) costs ~10 us.  config/config.c's "cpu" (100 GB/s,
- * 2 TFLOP/s) describes a server socket, not this machine; a worker whose
- * YAML names a profile gets that one instead. */
+ * + condvar wake-up) costs ~10 us.  A worker whose YAML names another
+ * profile gets that one instead. */
 static const ks_profile builtin[] = {
     {"h100", 3350, 0.8, 989, 450, 0.7, 5},
     {"h200", 4800, 0.8, 989, 450, 0.7, 5},
     {"cpu", 30, 0.6, 0.2, 15, 0.5, 10},
 };
+
+const ks_profile *ks_profile_builtins(size_t *n)
+{
+    *n = sizeof(builtin) / sizeof(builtin[0]);
+    return builtin;
+}
 
 const ks_profile *ks_profile_builtin(const char *name)
 {

@@ -1,5 +1,4 @@
-/* The cost model and multi-stream scheduler of executable graphs (DESIGN.md
- * section 8; the pass of seed 001 rebuilt for kernels/graph.h).
+/* The cost model and multi-stream scheduler of executable graphs.
  *
  * Costs come from an analytic roofline over a device profile: a compute op
  * takes max(flops / peak, bytes / (memory bandwidth x efficiency)), a
@@ -42,10 +41,10 @@ typedef struct ks_profile {
     double sync_overhead_us;      /* cost of a cross-stream event, us */
 } ks_profile;
 
-/* The built-in profile "cpu", "h100" or "h200", or NULL.  h100 and h200
- * equal config/config.c's built-ins.  "cpu" is this machine class (2 cores
- * of an AMD EPYC, AVX2): see sched.c for how its figures were obtained. */
+/* The built-in profile "cpu", "h100" or "h200", or NULL; sched.c says
+ * where their figures come from.  ks_profile_builtins lists them all. */
 const ks_profile *ks_profile_builtin(const char *name);
+const ks_profile *ks_profile_builtins(size_t *n);
 
 /* The cost in seconds of op OP of G on profile P (floored). */
 double ks_op_cost(const ks_profile *p, const kg_graph *g, size_t op);

@@ -12,6 +12,7 @@
 
 #include "common/status.h"
 #include "config/config.h"
+#include "kernels/sched.h"
 
 /* Two CPU workers and two models; graphs follow from line 9. */
 #define PRELUDE                                      \
@@ -796,6 +797,37 @@ static void test_profiles(void **state)
                  2, "memory_efficiency must be between 0.01 and 1");
 }
 
+/* The built-in profiles a config names are the scheduler's, figure for
+ * figure: there is one table of them. */
+static void test_builtin_profiles_are_the_schedulers(void **state)
+{
+    (void)state;
+    cfg_config *c = load_ok("version: 1\n"
+                            "workers:\n"
+                            "  - {name: c, device: cpu}\n"
+                            "  - {name: g, device: 'cuda:0'}\n");
+    size_t n;
+    const ks_profile *k = ks_profile_builtins(&n);
+    assert_int_equal(n, 3);
+    for (size_t i = 0; i < n; i++) {
+        const cfg_profile *p = cfg_profile_find(c, k[i].name);
+        assert_non_null(p);
+        assert_true(p->memory_bandwidth_gbps == k[i].memory_bandwidth_gbps);
+        assert_true(p->memory_efficiency == k[i].memory_efficiency);
+        assert_true(p->tflops == k[i].tflops);
+        assert_true(p->comm_bandwidth_gbps == k[i].comm_bandwidth_gbps);
+        assert_true(p->comm_efficiency == k[i].comm_efficiency);
+        assert_true(p->sync_overhead_us == k[i].sync_overhead_us);
+    }
+    assert_string_equal(cfg_worker_profile(c, cfg_worker_find(c, "c"))->name, "cpu");
+    assert_string_equal(cfg_worker_profile(c, cfg_worker_find(c, "g"))->name, "h100");
+    assert_null(cfg_profile_find(c, "tpu"));
+    cfg_config_destroy(c);
+    expect_error("version: 1\n"
+                 "workers: [{name: g, device: 'cuda:0', profile: tpu}]\n",
+                 2, "nor built in (h100, h200, cpu)");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -838,6 +870,7 @@ int main(void)
         cmocka_unit_test(test_duplicates_elsewhere),
         cmocka_unit_test(test_edge_checks),
         cmocka_unit_test(test_profiles),
+        cmocka_unit_test(test_builtin_profiles_are_the_schedulers),
     };
     return cmocka_run_group_tests_name("config_load", tests, NULL, NULL);
 }
