@@ -1,21 +1,83 @@
+/* Status codes (common/status.h). */
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "baton/backend.h"
+#include "baton/client.h"
 #include "common/status.h"
+
+/* The three names of the client-facing codes must agree number by number. */
+#define SAME_CODE(x)                                                                           \
+    _Static_assert((int)BT_CODE_##x == (int)BATON_STATUS_##x &&                               \
+                       (int)BT_CODE_##x == (int)BATON_CLIENT_CODE_##x,                        \
+                   "status code " #x " differs between common/status.h and include/baton/")
+SAME_CODE(OK);
+SAME_CODE(CANCELLED);
+SAME_CODE(UNKNOWN);
+SAME_CODE(INVALID_ARGUMENT);
+SAME_CODE(DEADLINE_EXCEEDED);
+SAME_CODE(NOT_FOUND);
+SAME_CODE(ALREADY_EXISTS);
+SAME_CODE(RESOURCE_EXHAUSTED);
+SAME_CODE(FAILED_PRECONDITION);
+SAME_CODE(INTERNAL);
+SAME_CODE(UNAVAILABLE);
+
+/* One row per code: the two functions below read the same table, so a code
+ * cannot have a message without a name. */
+#define BT_ERRORS(X)                                                                           \
+    X(BT_OK, "success")                                                                        \
+    X(BT_ENOMEM, "out of memory")                                                              \
+    X(BT_EINVAL, "invalid argument")                                                           \
+    X(BT_ENOENT, "not found")                                                                  \
+    X(BT_EEXIST, "already exists")                                                             \
+    X(BT_EIO, "input/output error")                                                            \
+    X(BT_ECONFIG, "configuration has errors")                                                  \
+    X(BT_ESTATE, "not legal in the current state")                                             \
+    X(BT_ERANGE, "out of range")                                                               \
+    X(BT_EBUSY, "busy: a limit is reached or work is pending")                                 \
+    X(BT_EINTERNAL, "internal error")                                                          \
+    X(BT_EFORMAT, "malformed or unsupported data")                                             \
+    X(BT_ETYPE, "type, dtype or size mismatch")                                                \
+    X(BT_EUNSUPPORTED, "not supported by this build")                                          \
+    X(BT_ENOTEMPLATE, "no chat template this build can render")                                \
+    X(BT_EORDER, "op reads a value no earlier op produced")                                    \
+    X(BT_EREDEF, "op writes a value it may not write")                                         \
+    X(BT_ENOOP, "no op function for an op of the graph")                                       \
+    X(BT_EUNBOUND, "an input or parameter is not set")                                         \
+    X(BT_ETHREAD, "cannot start a thread")                                                     \
+    X(BT_EOP, "an op failed")                                                                  \
+    X(BT_EDEVICE, "the device failed (memory, stream, event or graph)")
 
 const char *bt_strerror(int err)
 {
     switch (err) {
-    case BT_OK: return "success";
-    case BT_ENOMEM: return "out of memory";
-    case BT_EINVAL: return "invalid argument";
-    case BT_ENOENT: return "not found";
-    case BT_EEXIST: return "already exists";
-    case BT_EIO: return "input/output error";
-    case BT_ECONFIG: return "configuration has errors";
-    case BT_ESTATE: return "not legal in the current state";
-    case BT_ERANGE: return "out of range";
-    case BT_EBUSY: return "limit reached";
-    case BT_EINTERNAL: return "internal error";
+#define MESSAGE(code, text) case code: return text;
+        BT_ERRORS(MESSAGE)
+#undef MESSAGE
     }
     return "unknown error";
+}
+
+const char *bt_err_name(int err)
+{
+    switch (err) {
+#define NAME(code, text) case code: return #code;
+        BT_ERRORS(NAME)
+#undef NAME
+    }
+    return "BT_E?";
+}
+
+int bt_errorf(char *err, size_t errlen, int status, const char *fmt, ...)
+{
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return status;
 }
 
 const char *bt_code_name(bt_code code)
@@ -40,11 +102,15 @@ bt_code bt_err_to_code(int err)
 {
     switch (err) {
     case BT_OK: return BT_CODE_OK;
-    case BT_EINVAL: return BT_CODE_INVALID_ARGUMENT;
+    case BT_EINVAL:
+    case BT_EFORMAT:
+    case BT_ETYPE: return BT_CODE_INVALID_ARGUMENT;
     case BT_ENOENT: return BT_CODE_NOT_FOUND;
     case BT_EEXIST: return BT_CODE_ALREADY_EXISTS;
     case BT_EBUSY: return BT_CODE_RESOURCE_EXHAUSTED;
     case BT_ESTATE: return BT_CODE_FAILED_PRECONDITION;
+    case BT_EUNSUPPORTED:
+    case BT_ENOTEMPLATE: return BT_CODE_FAILED_PRECONDITION;
     case BT_ENOMEM:
     case BT_ERANGE: return BT_CODE_RESOURCE_EXHAUSTED;
     default: return BT_CODE_INTERNAL;

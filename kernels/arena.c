@@ -93,7 +93,7 @@ int ka_plan(ka_item *items, size_t n, size_t align, ka_conflict_fn conflict, voi
             size_t *arena)
 {
     if ((n && !items) || !arena || !align || (align & (align - 1)))
-        return KG_EINVAL;
+        return BT_EINVAL;
     *arena = 0;
     if (n == 0)
         return 0;
@@ -106,7 +106,7 @@ int ka_plan(ka_item *items, size_t n, size_t align, ka_conflict_fn conflict, voi
         free(offs);
         free(placed);
         free(spans);
-        return KG_ENOMEM;
+        return BT_ENOMEM;
     }
     for (size_t i = 0; i < n; i++)
         order[i] = i;
@@ -178,7 +178,7 @@ int ka_plan_graph(const kg_graph *g, const int *order, size_t align, ka_conflict
     int *item_value = malloc((nv ? nv : 1) * sizeof(int));
     ka_item *items = malloc((nv ? nv : 1) * sizeof(ka_item));
     p->offset = malloc((nv ? nv : 1) * sizeof(size_t));
-    int rc = KG_ENOMEM;
+    int rc = BT_ENOMEM;
     if (!last || !pos || !item_value || !items || !p->offset)
         goto err;
     kg_last_uses(g, order, last);

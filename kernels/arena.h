@@ -37,7 +37,7 @@ typedef bool (*ka_conflict_fn)(void *ctx, size_t a, size_t b);
 
 /* Plans ITEMS[N]: sets every offset (a multiple of ALIGN, a power of two)
  * and *ARENA to the bytes the arena needs.  CONFLICT NULL: lifetimes
- * intersect.  Returns 0 or KG_ENOMEM / KG_EINVAL. */
+ * intersect.  Returns 0 or BT_ENOMEM / BT_EINVAL. */
 int ka_plan(ka_item *items, size_t n, size_t align, ka_conflict_fn conflict, void *ctx,
             size_t *arena);
 

@@ -246,7 +246,7 @@ static int plan_arena(kx_exec *x)
     size_t n = g->n_ops, w = (n + 63) / 64 ? (n + 63) / 64 : 1;
     hb_ctx h = {g, w, calloc((n ? n : 1) * w, 8), calloc((g->n_values ? g->n_values : 1) * w, 8)};
     int *prev = malloc((n ? n : 1) * sizeof(int) * (KS_MAX_STREAMS + 1));
-    int rc = KG_ENOMEM;
+    int rc = BT_ENOMEM;
     if (!h.reach || !h.uses || !prev)
         goto out;
     /* Direct predecessors: the previous entry on each stream the op occupies,
@@ -311,28 +311,28 @@ static int queued_setup(kx_exec *x)
     x->in_buf = calloc(ni, sizeof(void *));
     x->in_src = calloc(ni, sizeof(void *));
     if (!x->ev || !x->ev_hold || !x->in_buf || !x->in_src)
-        return KG_ENOMEM;
+        return BT_ENOMEM;
     const ks_schedule *s = x->sched;
     x->n_queues = s->multi ? s->n_streams : 1;
     for (int k = 0; k < x->n_queues; k++)
         if (d->queue_create(dv, &x->q[k]))
-            return KX_EDEVICE;
+            return BT_EDEVICE;
     if (x->n_queues > 1) {
         if (d->event_create(dv, &x->ev_fork))
-            return KX_EDEVICE;
+            return BT_EDEVICE;
         for (int k = 1; k < x->n_queues; k++)
             if (d->event_create(dv, &x->ev_join[k]))
-                return KX_EDEVICE;
+                return BT_EDEVICE;
         for (size_t i = 0; i < g->n_ops; i++) {
             bool hybrid = s->n_streams > s->n_compute && kop_role(g->ops[i].op) == KROLE_HYBRID;
             if ((s->records[i] || hybrid) && d->event_create(dv, &x->ev[i]))
-                return KX_EDEVICE;
+                return BT_EDEVICE;
             if (hybrid && d->event_create(dv, &x->ev_hold[i]))
-                return KX_EDEVICE;
+                return BT_EDEVICE;
         }
     }
     if (d->alloc(dv, sizeof(int32_t), (void **)&x->flag))
-        return KX_EDEVICE;
+        return BT_EDEVICE;
     /* Inputs get buffers of their own at the upper extent, so the kernels
      * (and a captured graph) read the same address in every run. */
     for (size_t v = 0; v < g->n_values; v++) {
@@ -340,7 +340,7 @@ static int queued_setup(kx_exec *x)
         if (val->kind != KG_INPUT)
             continue;
         if (d->alloc(dv, val->bytes, &x->in_buf[val->slot]))
-            return KX_EDEVICE;
+            return BT_EDEVICE;
         x->ptr[v] = x->in_buf[val->slot];
     }
     return 0;
@@ -382,7 +382,7 @@ static void queued_teardown(kx_exec *x)
  * cross-stream edges become event waits, a fused op first reserves the comm
  * stream (the comm stream records, the op's stream waits, and the comm
  * stream waits for the op), and the others join stream 0 at the end.
- * Returns 0, KX_EOP (an op refused its launch) or KX_EDEVICE. */
+ * Returns 0, BT_EOP (an op refused its launch) or BT_EDEVICE. */
 static int enqueue_ops(kx_exec *x)
 {
     const kx_device *d = x->dev;
@@ -391,10 +391,10 @@ static int enqueue_ops(kx_exec *x)
     int nq = x->n_queues, comm = s->n_compute;
     if (nq > 1) {
         if (d->event_record(dv, x->ev_fork, x->q[0]))
-            return KX_EDEVICE;
+            return BT_EDEVICE;
         for (int k = 1; k < nq; k++)
             if (d->queue_wait(dv, x->q[k], x->ev_fork))
-                return KX_EDEVICE;
+                return BT_EDEVICE;
     }
     for (size_t t = 0; t < x->g.n_ops; t++) {
         int i = s->order[t];
@@ -403,10 +403,10 @@ static int enqueue_ops(kx_exec *x)
         bool hybrid = nq > 1 && x->ev_hold[i];
         if (hybrid && (d->event_record(dv, x->ev_hold[i], x->q[comm]) ||
                        d->queue_wait(dv, x->q[st], x->ev_hold[i])))
-            return KX_EDEVICE;
+            return BT_EDEVICE;
         for (size_t w = s->wait_off[i]; nq > 1 && w < s->wait_off[i + 1]; w++)
             if (d->queue_wait(dv, x->q[st], x->ev[s->wait_op[w]]))
-                return KX_EDEVICE;
+                return BT_EDEVICE;
         kx_op_ctx c = {&x->g, (size_t)i, o, {0}, {0}, x->extent, x->upper, st, x->ops.user,
                        x->q[st], x->flag};
         for (int k = 0; k < o->n_in; k++)
@@ -417,17 +417,17 @@ static int enqueue_ops(kx_exec *x)
         if (rc) {
             x->err = rc;
             x->err_op = i;
-            return KX_EOP;
+            return BT_EOP;
         }
         if (nq > 1 && x->ev[i] && d->event_record(dv, x->ev[i], x->q[st]))
-            return KX_EDEVICE;
+            return BT_EDEVICE;
         if (hybrid && d->queue_wait(dv, x->q[comm], x->ev[i]))
-            return KX_EDEVICE;
+            return BT_EDEVICE;
     }
     for (int k = 1; k < nq; k++)
         if (d->event_record(dv, x->ev_join[k], x->q[k]) ||
             d->queue_wait(dv, x->q[0], x->ev_join[k]))
-            return KX_EDEVICE;
+            return BT_EDEVICE;
     return 0;
 }
 
@@ -443,10 +443,10 @@ static int graph_for_extent(kx_exec *x, void **graph)
         }
     kx_graph_entry *gc = realloc(x->graph_cache, (size_t)(x->n_graphs + 1) * sizeof(*gc));
     if (!gc)
-        return KG_ENOMEM;
+        return BT_ENOMEM;
     x->graph_cache = gc;
     if (d->capture_begin(d->dev, x->q[0]))
-        return KX_EDEVICE;
+        return BT_EDEVICE;
     int rc = enqueue_ops(x);
     void *g = NULL;
     /* Capture must end even when an op refused, or the stream stays in
@@ -455,7 +455,7 @@ static int graph_for_extent(kx_exec *x, void **graph)
     if (rc || end || !g) {
         if (g)
             d->graph_destroy(d->dev, g);
-        return rc ? rc : KX_EDEVICE;
+        return rc ? rc : BT_EDEVICE;
     }
     x->graph_cache[x->n_graphs++] = (kx_graph_entry){x->extent, g};
     *graph = g;
@@ -471,18 +471,18 @@ static int queued_commit(kx_exec *x)
     /* Before the ops (and outside any capture): clear the data flag and
      * copy the inputs in, since the caller's addresses change per run. */
     if (d->copy(d->dev, x->flag, &zero, sizeof(zero), x->q[0]))
-        return KX_EDEVICE;
+        return BT_EDEVICE;
     for (size_t v = 0; v < x->g.n_values; v++) {
         const kg_value *val = &x->g.values[v];
         if (val->kind == KG_INPUT &&
             d->copy(d->dev, x->in_buf[val->slot], x->in_src[val->slot], bytes_now(x, val), x->q[0]))
-            return KX_EDEVICE;
+            return BT_EDEVICE;
     }
     int rc;
     if (x->graphs) {
         void *g;
         if (!(rc = graph_for_extent(x, &g)) && d->graph_launch(d->dev, g, x->q[0]))
-            rc = KX_EDEVICE;
+            rc = BT_EDEVICE;
     } else {
         rc = enqueue_ops(x);
     }
@@ -505,12 +505,12 @@ static int queued_sync(kx_exec *x)
     x->pending = false;
     if (d->queue_sync(d->dev, x->q[0]) || d->copy(d->dev, &flag, x->flag, sizeof(flag), NULL)) {
         x->err = -EIO;
-        return KX_EDEVICE;
+        return BT_EDEVICE;
     }
     if (flag) {
         x->err = -flag;  /* an op found bad data; which one is not known */
         x->err_op = -1;
-        return KX_EOP;
+        return BT_EOP;
     }
     return 0;
 }
@@ -521,19 +521,19 @@ int kx_compile(const kg_graph *g, const kx_op_table *ops, const kx_options *opt,
 {
     *out = NULL;
     if (!g || !ops)
-        return KG_EINVAL;
+        return BT_EINVAL;
     kx_options o = opt ? *opt : (kx_options){0};
     if (o.n_compute <= 0)
         o.n_compute = 1;
     const ks_profile *prof = o.profile ? o.profile : ks_profile_builtin("cpu");
     for (size_t i = 0; i < g->n_ops; i++)
         if (!ops->fn[g->ops[i].op])
-            return KX_ENOOP;
+            return BT_ENOOP;
     kx_exec *x = calloc(1, sizeof(*x));
     double *cost = NULL;
-    int rc = KG_ENOMEM;
+    int rc = BT_ENOMEM;
     if (!x)
-        return KG_ENOMEM;
+        return BT_ENOMEM;
     x->ops = *ops;
     x->dev = o.device ? o.device : kx_device_cpu();
     x->graphs = o.graphs && x->dev->queued && x->dev->capture_begin;
@@ -554,7 +554,7 @@ int kx_compile(const kg_graph *g, const kx_op_table *ops, const kx_options *opt,
         goto err;
     memcpy(x->g.values, g->values, g->n_values * sizeof(kg_value));
     memcpy(x->g.ops, g->ops, g->n_ops * sizeof(kg_op));
-    rc = KG_EINVAL;
+    rc = BT_EINVAL;
     for (size_t v = 0; v < g->n_values; v++) {
         const kg_value *val = &g->values[v];
         if (!val->dynamic)
@@ -571,7 +571,7 @@ int kx_compile(const kg_graph *g, const kx_op_table *ops, const kx_options *opt,
         goto err;
     if ((rc = plan_arena(x)))
         goto err;
-    rc = KX_EDEVICE;
+    rc = BT_EDEVICE;
     if (x->plan.arena && x->dev->alloc(x->dev->dev, x->plan.arena, (void **)&x->arena))
         goto err;
     for (size_t v = 0; v < g->n_values; v++) {
@@ -590,7 +590,7 @@ int kx_compile(const kg_graph *g, const kx_op_table *ops, const kx_options *opt,
         if ((rc = queued_setup(x)))
             goto err;
     } else {
-        rc = KX_ETHREAD;
+        rc = BT_ETHREAD;
         if (pthread_mutex_init(&x->mu, NULL) || pthread_cond_init(&x->cv, NULL))
             goto err;
         x->sync_init = true;
@@ -665,21 +665,21 @@ int kx_param_set(kx_exec *x, const char *name, kdtype dt, const void *data, size
 {
     int v = kg_value_find(&x->g, name);
     if (v < 0 || x->g.values[v].kind != KG_PARAM)
-        return KX_ENOTFOUND;
+        return BT_ENOENT;
     if (x->g.values[v].dtype != dt || x->g.values[v].bytes != bytes)
-        return KX_ETYPE;
+        return BT_ETYPE;
     if (x->pending)
-        return KX_EBUSY;
+        return BT_EBUSY;
     if (x->param_state[v] == PARAM_BORROWED) {
         /* It read the caller's memory until now: it needs its own again. */
         void *mem;
         if (x->dev->alloc(x->dev->dev, bytes, &mem))
-            return KX_EDEVICE;
+            return BT_EDEVICE;
         x->ptr[v] = mem;
         x->param_state[v] = PARAM_UNSET;
     }
     if (x->dev->copy(x->dev->dev, x->ptr[v], data, bytes, NULL))
-        return KX_EDEVICE;
+        return BT_EDEVICE;
     x->param_state[v] = PARAM_COPIED;
     return 0;
 }
@@ -690,11 +690,11 @@ int kx_param_borrow(kx_exec *x, const char *name, kdtype dt, const void *data, s
         return kx_param_set(x, name, dt, data, bytes);
     int v = kg_value_find(&x->g, name);
     if (v < 0 || x->g.values[v].kind != KG_PARAM)
-        return KX_ENOTFOUND;
+        return BT_ENOENT;
     if (x->g.values[v].dtype != dt || x->g.values[v].bytes != bytes)
-        return KX_ETYPE;
+        return BT_ETYPE;
     if (x->pending)
-        return KX_EBUSY;
+        return BT_EBUSY;
     if (x->param_state[v] != PARAM_BORROWED)
         x->dev->free(x->dev->dev, x->ptr[v]);
     /* Ops only read parameters, so the const is kept in spirit. */
@@ -717,15 +717,15 @@ void *kx_handle(kx_exec *x, const char *name, size_t *bytes)
 int kx_input_bind(kx_exec *x, int slot, const void *data, size_t bytes)
 {
     if (slot < 0 || slot >= x->g.n_inputs)
-        return KX_ENOTFOUND;
+        return BT_ENOENT;
     if (x->pending)
-        return KX_EBUSY;
+        return BT_EBUSY;
     for (size_t v = 0; v < x->g.n_values; v++) {
         const kg_value *val = &x->g.values[v];
         if (val->kind != KG_INPUT || val->slot != slot)
             continue;
         if (bytes < bytes_now(x, val))
-            return KX_ETYPE;
+            return BT_ETYPE;
         if (x->dev->queued)
             x->in_src[slot] = data;  /* copied into in_buf at commit */
         else
@@ -733,17 +733,17 @@ int kx_input_bind(kx_exec *x, int slot, const void *data, size_t bytes)
         x->bound_bytes[slot] = bytes;
         return 0;
     }
-    return KX_ENOTFOUND;
+    return BT_ENOENT;
 }
 
 int kx_extent_set(kx_exec *x, int64_t extent)
 {
     if (x->pending)
-        return KX_EBUSY;
+        return BT_EBUSY;
     if (extent == 0)
         extent = x->upper;
     if (extent < 0 || extent > x->upper || (x->upper && extent < 1))
-        return KG_EINVAL;
+        return BT_EINVAL;
     x->extent = extent;
     /* Inputs bound for a larger extent stay valid; smaller ones are checked
      * again at commit. */
@@ -758,14 +758,14 @@ int64_t kx_extent_upper(const kx_exec *x)
 int kx_commit(kx_exec *x)
 {
     if (x->pending)
-        return KX_EBUSY;
+        return BT_EBUSY;
     for (size_t v = 0; v < x->g.n_values; v++) {
         const kg_value *val = &x->g.values[v];
         if (val->kind == KG_INPUT && (!x->bound_bytes[val->slot] ||
                                       x->bound_bytes[val->slot] < bytes_now(x, val)))
-            return KX_EUNBOUND;
+            return BT_EUNBOUND;
         if (val->kind == KG_PARAM && x->param_state[v] == PARAM_UNSET)
-            return KX_EUNBOUND;
+            return BT_EUNBOUND;
     }
     if (x->dev->queued)
         return queued_commit(x);
@@ -792,7 +792,7 @@ int kx_sync(kx_exec *x)
     int err = x->err;
     pthread_mutex_unlock(&x->mu);
     x->pending = false;
-    return err ? KX_EOP : 0;
+    return err ? BT_EOP : 0;
 }
 
 int kx_run(kx_exec *x)
@@ -856,17 +856,3 @@ const char *kx_report(const kx_exec *x)
     return x->report ? x->report : "";
 }
 
-const char *kx_strerror(int status)
-{
-    switch (status) {
-    case KX_ENOOP: return "no op function for an op of the graph";
-    case KX_ENOTFOUND: return "no such parameter, handle or slot";
-    case KX_ETYPE: return "dtype or size mismatch";
-    case KX_EUNBOUND: return "an input or parameter is not set";
-    case KX_EBUSY: return "a run is pending";
-    case KX_ETHREAD: return "cannot start a stream thread";
-    case KX_EOP: return "an op failed";
-    case KX_EDEVICE: return "the device failed (memory, stream, event or graph)";
-    }
-    return kg_strerror(status);
-}

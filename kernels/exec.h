@@ -1,5 +1,5 @@
-/* Executable graphs (DESIGN.md section 8; the interface of seed 002 in C):
- * an op graph compiled for a device into something that runs.
+/* Executable graphs: an op graph compiled for a device into something
+ * that runs.
  *
  *   kx_compile      plan the arena, cost and schedule the ops, start streams
  *   kx_param_set    set a parameter (weights) by name, typed
@@ -30,20 +30,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/status.h"
 #include "kernels/graph.h"
 #include "kernels/sched.h"
-
-/* Status codes, beside graph.h's KG_E*. */
-enum {
-    KX_ENOOP = -20,     /* no function in the op table for an op of the graph */
-    KX_ENOTFOUND = -21, /* no parameter, handle or slot of that name / index */
-    KX_ETYPE = -22,     /* dtype or byte size differs from the value's */
-    KX_EUNBOUND = -23,  /* an input slot or parameter was never set */
-    KX_EBUSY = -24,     /* a commit is pending: sync first */
-    KX_ETHREAD = -25,   /* a stream thread could not start */
-    KX_EOP = -26,       /* an op returned an error (see kx_op_error) */
-    KX_EDEVICE = -27    /* the device failed (allocation, stream, event, graph) */
-};
 
 /* What an op implementation sees. */
 typedef struct kx_op_ctx {
@@ -59,7 +48,7 @@ typedef struct kx_op_ctx {
     void *queue;                 /* queued device: the native stream to launch on */
     int32_t *flag;               /* queued device: a device word an op sets to a
                                     positive errno when its data is bad (a position past
-                                    the cache); the run then fails with KX_EOP */
+                                    the cache); the run then fails with BT_EOP */
 } kx_op_ctx;
 
 /* Runs one op; returns 0 or a negative status. */
@@ -151,7 +140,7 @@ int kx_extent_set(kx_exec *x, int64_t extent);
 int64_t kx_extent_upper(const kx_exec *x);
 
 /* Starts a run on the streams and returns; kx_sync waits for it and returns
- * 0 or the first op's error (KX_EOP).  kx_run = commit + sync. */
+ * 0 or the first op's error (BT_EOP).  kx_run = commit + sync. */
 int kx_commit(kx_exec *x);
 int kx_sync(kx_exec *x);
 int kx_run(kx_exec *x);
@@ -161,7 +150,7 @@ int kx_run(kx_exec *x);
  * device. */
 const void *kx_output(const kx_exec *x, int index, size_t *bytes);
 
-/* After a run that failed with KX_EOP: the first failing op's id and the
+/* After a run that failed with BT_EOP: the first failing op's id and the
  * status it returned (a negative errno from the op tables; 0 when the run
  * did not fail).  Returns -1 when no op failed, or when a queued device's
  * op flagged bad data and which one is not known. */
@@ -183,6 +172,5 @@ uint64_t kx_graph_replays(const kx_exec *x);
 /* The compile report: schedule decision and streams, arena against bound. */
 const char *kx_report(const kx_exec *x);
 
-const char *kx_strerror(int status);
 
 #endif

@@ -29,7 +29,7 @@ static int grow(void **arr, size_t *cap, size_t n, size_t es)
     size_t nc = *cap ? *cap * 2 : 16;
     void *p = realloc(*arr, nc * es);
     if (!p)
-        return KG_ENOMEM;
+        return BT_ENOMEM;
     *arr = p;
     *cap = nc;
     return 0;
@@ -39,9 +39,9 @@ int kg_value_add(kg_graph *g, const char *name, kg_kind kind, kdtype dtype, int 
                  const int64_t *shape)
 {
     if (!g || ndim < 0 || ndim > KG_MAX_DIMS || (ndim > 0 && !shape) || kind > KG_HANDLE)
-        return KG_EINVAL;
+        return BT_EINVAL;
     if (grow((void **)&g->values, &g->cap_values, g->n_values, sizeof(kg_value)))
-        return KG_ENOMEM;
+        return BT_ENOMEM;
     kg_value *v = &g->values[g->n_values];
     memset(v, 0, sizeof(*v));
     snprintf(v->name, sizeof(v->name), "%s", name ? name : "");
@@ -51,7 +51,7 @@ int kg_value_add(kg_graph *g, const char *name, kg_kind kind, kdtype dtype, int 
     size_t n = 1;
     for (int i = 0; i < ndim; i++) {
         if (shape[i] <= 0)
-            return KG_EINVAL;
+            return BT_EINVAL;
         v->shape[i] = shape[i];
         n *= (size_t)shape[i];
     }
@@ -64,7 +64,7 @@ int kg_value_add(kg_graph *g, const char *name, kg_kind kind, kdtype dtype, int 
 int kg_value_set_dynamic(kg_graph *g, int v)
 {
     if (!g || v < 0 || (size_t)v >= g->n_values || g->values[v].ndim < 1)
-        return KG_EINVAL;
+        return BT_EINVAL;
     g->values[v].dynamic = 1;
     return 0;
 }
@@ -74,28 +74,28 @@ int kg_op_add(kg_graph *g, kop op, const int *in, int n_in, const int *out, int 
 {
     if (!g || op >= KOP_COUNT || n_in < 0 || n_in > KG_MAX_IO || n_out < 1 ||
         n_out > KG_MAX_IO || n_attr < 0 || n_attr > KG_MAX_ATTRS)
-        return KG_EINVAL;
+        return BT_EINVAL;
     for (int i = 0; i < n_in; i++) {
         if (in[i] < 0 || (size_t)in[i] >= g->n_values)
-            return KG_EINVAL;
+            return BT_EINVAL;
         const kg_value *v = &g->values[in[i]];
         if ((v->kind == KG_INTER || v->kind == KG_OUTPUT) && v->producer < 0)
-            return KG_EORDER;
+            return BT_EORDER;
     }
     for (int i = 0; i < n_out; i++) {
         if (out[i] < 0 || (size_t)out[i] >= g->n_values)
-            return KG_EINVAL;
+            return BT_EINVAL;
         const kg_value *v = &g->values[out[i]];
         if (v->kind == KG_INPUT || v->kind == KG_PARAM)
-            return KG_EREDEF;
+            return BT_EREDEF;
         if (v->kind != KG_HANDLE && v->producer >= 0)
-            return KG_EREDEF;
+            return BT_EREDEF;
         for (int j = 0; j < i; j++)
             if (out[j] == out[i])
-                return KG_EREDEF;
+                return BT_EREDEF;
     }
     if (grow((void **)&g->ops, &g->cap_ops, g->n_ops, sizeof(kg_op)))
-        return KG_ENOMEM;
+        return BT_ENOMEM;
     kg_op *o = &g->ops[g->n_ops];
     memset(o, 0, sizeof(*o));
     o->op = op;
@@ -143,18 +143,6 @@ void kg_last_uses(const kg_graph *g, const int *order, int *last_use)
             if (last_use[o->in[i]] < (int)p)
                 last_use[o->in[i]] = (int)p;
     }
-}
-
-const char *kg_strerror(int status)
-{
-    switch (status) {
-    case 0: return "ok";
-    case KG_EINVAL: return "invalid argument";
-    case KG_ENOMEM: return "out of memory";
-    case KG_EORDER: return "op reads a value no earlier op produced";
-    case KG_EREDEF: return "op writes a value it may not write";
-    }
-    return "unknown status";
 }
 
 const char *kg_kind_name(kg_kind k)

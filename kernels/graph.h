@@ -1,4 +1,4 @@
-/* The op-graph IR of executable graphs (DESIGN.md section 8, issue 4).
+/* The op-graph IR of executable graphs.
  *
  * A graph is a list of values (tensors with a dtype, a shape and a size in
  * bytes) and a list of ops over them, kept in topological order: an op may
@@ -18,6 +18,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "common/status.h"
 #include "kernels/ops.h"
 
 #define KG_MAX_DIMS 4
@@ -33,14 +34,6 @@ typedef enum kg_kind {
     KG_INTER,       /* in the arena, dead after its last use */
     KG_HANDLE       /* persistent state (a KV cache): outlives runs, not in the arena */
 } kg_kind;
-
-/* Status codes (negative; 0 is success). */
-enum {
-    KG_EINVAL = -1,   /* a bad argument: unknown value id, too many dims, ... */
-    KG_ENOMEM = -2,
-    KG_EORDER = -3,   /* an op reads a value that no earlier op produced */
-    KG_EREDEF = -4    /* an op writes an input, parameter or already-written value */
-};
 
 typedef struct kg_value {
     char name[KG_NAME_LEN];
@@ -77,7 +70,7 @@ typedef struct kg_graph {
 kg_graph *kg_create(void);
 void kg_destroy(kg_graph *g);  /* NULL is a no-op */
 
-/* Adds a value; returns its id (>= 0) or a KG_E* status.  Inputs and
+/* Adds a value; returns its id (>= 0) or a negative bt_err.  Inputs and
  * outputs get the next slot / output index in the order they are added. */
 int kg_value_add(kg_graph *g, const char *name, kg_kind kind, kdtype dtype, int ndim,
                  const int64_t *shape);
@@ -120,7 +113,6 @@ double kg_op_io_bytes(const kg_graph *g, size_t op);
  * not special-cased here. */
 void kg_last_uses(const kg_graph *g, const int *order, int *last_use);
 
-const char *kg_strerror(int status);
 const char *kg_kind_name(kg_kind k);
 
 #endif

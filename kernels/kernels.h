@@ -1,4 +1,4 @@
-/* The ops of kernels/ops.h as C functions (issue 4; DESIGN.md section 8).
+/* The ops of kernels/ops.h as C functions.
  *
  * Two families with one contract each:
  *   k_*        host functions in kernels/cpu/: the plain C references (the

@@ -554,7 +554,7 @@ static int check(const kg_graph *g, int how, char *err, size_t errlen)
                      : (how & CUDA) && !f(&c, 0)
                          ? "the GPU kernels do not take these operands (kernels/optable.c)"
                          : "operands do not match what the op takes (kernels/ops.h)");
-            return KG_EINVAL;
+            return BT_EINVAL;
         }
     }
     return 0;

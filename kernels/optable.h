@@ -6,7 +6,7 @@
  * op's attributes, as listed in kernels/ops.h, and checks what the world can
  * get wrong at run time (a position past the KV cache, a token id outside
  * the vocabulary) rather than trusting it: an op returns a negative errno
- * and the run fails with KX_EOP instead of writing out of bounds. */
+ * and the run fails with BT_EOP instead of writing out of bounds. */
 #ifndef BATON_KERNELS_OPTABLE_H
 #define BATON_KERNELS_OPTABLE_H
 
@@ -17,7 +17,7 @@
 void kt_cpu_ops(kx_op_table *t);
 
 /* Checks, before compiling, that every op of G has operands the CPU table
- * accepts (counts, dtypes, shapes, attributes).  Returns 0, or KG_EINVAL
+ * accepts (counts, dtypes, shapes, attributes).  Returns 0, or BT_EINVAL
  * with a message naming the op in ERR. */
 int kt_cpu_check(const kg_graph *g, char *err, size_t errlen);
 

@@ -148,7 +148,7 @@ static int edges_build(const kg_graph *g, edges *e)
     e->off = calloc(n + 1, sizeof(size_t));
     size_t total = 0;
     if (!e->off)
-        return KG_ENOMEM;
+        return BT_ENOMEM;
     for (size_t i = 0; i < n; i++) {
         int np = preds_of(g, i, p);
         for (int k = 0; k < np; k++)
@@ -161,7 +161,7 @@ static int edges_build(const kg_graph *g, edges *e)
     size_t *fill = malloc((n ? n : 1) * sizeof(size_t));
     if (!e->dst || !fill) {
         free(fill);
-        return KG_ENOMEM;
+        return BT_ENOMEM;
     }
     memcpy(fill, e->off, n * sizeof(size_t));
     for (size_t i = 0; i < n; i++) {
@@ -250,7 +250,7 @@ int ks_schedule_build(const kg_graph *g, const double *cost_s, const ks_config *
     *out = NULL;
     if (!g || !cfg || cfg->n_compute < 1 || cfg->n_comm < 0 || cfg->n_comm > 1 ||
         cfg->n_compute + cfg->n_comm > KS_MAX_STREAMS)
-        return KG_EINVAL;
+        return BT_EINVAL;
     size_t n = g->n_ops;
     size_t n1 = n ? n : 1;
     ks_schedule *s = calloc(1, sizeof(*s));
@@ -258,7 +258,7 @@ int ks_schedule_build(const kg_graph *g, const double *cost_s, const ks_config *
     int *rorder = malloc(n1 * sizeof(int));
     int *preds = NULL;
     size_t *pred_off = calloc(n + 1, sizeof(size_t));
-    int rc = KG_ENOMEM;
+    int rc = BT_ENOMEM;
     if (!s || !rorder || !pred_off)
         goto err;
     s->n_ops = n;
@@ -280,7 +280,7 @@ int ks_schedule_build(const kg_graph *g, const double *cost_s, const ks_config *
             goto err;
     if ((rc = edges_build(g, &e)))
         goto err;
-    rc = KG_ENOMEM;
+    rc = BT_ENOMEM;
     /* Predecessor lists (the reverse of E). */
     {
         int p[KS_MAX_PREDS];

@@ -183,14 +183,14 @@ static baton_status item_cancelled(wk_worker *w, const wk_item *it, uint64_t now
 
 static baton_status ctx_cancelled(baton_ctx *ctx, const baton_item *item)
 {
-    return item_cancelled(ctx_worker(ctx), (const wk_item *)item, wk_now_ns());
+    return item_cancelled(ctx_worker(ctx), (const wk_item *)item, bt_now_ns());
 }
 
 static baton_status ctx_sleep_ms(baton_ctx *ctx, const baton_item *item, uint32_t ms)
 {
     wk_worker *w = ctx_worker(ctx);
     const wk_item *it = (const wk_item *)item;
-    uint64_t end = wk_now_ns() + (uint64_t)ms * 1000000u;
+    uint64_t end = bt_now_ns() + (uint64_t)ms * 1000000u;
     if (it->deadline_ns && it->deadline_ns < end)
         end = it->deadline_ns;
     struct timespec ts = {(time_t)(end / 1000000000u), (long)(end % 1000000000u)};
@@ -198,7 +198,7 @@ static baton_status ctx_sleep_ms(baton_ctx *ctx, const baton_item *item, uint32_
     pthread_mutex_lock(&w->lock);
     /* wk_item_cancel broadcasts `wake` under the lock, so a cancel cannot
      * slip in between the check and the wait. */
-    while ((st = item_cancelled(w, it, wk_now_ns())) == BATON_STATUS_OK && wk_now_ns() < end)
+    while ((st = item_cancelled(w, it, bt_now_ns())) == BATON_STATUS_OK && bt_now_ns() < end)
         pthread_cond_timedwait(&w->wake, &w->lock, &ts);
     pthread_mutex_unlock(&w->lock);
     return st;

@@ -1,5 +1,5 @@
 /* Items (one per (request, node, iteration) to run) and run-ahead chains
- * (DESIGN.md section 4.4).  Everything here runs under wk_worker.lock, on
+ * (speculation windows).  Everything here runs under wk_worker.lock, on
  * the I/O thread, except wk_chain_after_done, which the lane that ran the
  * item calls.
  *
@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "worker/wlog.h"
+#include "common/log.h"
 #include "worker/worker_internal.h"
 
 void wk_dispatch_unref(wk_dispatch *d)
@@ -94,7 +94,7 @@ wk_item *wk_item_create(wk_worker *w, wk_dispatch *disp, wk_request *req, wk_mod
     if (d->sampling)
         it->b.sampling = (baton_sampling){d->sampling->temperature, d->sampling->top_k,
                                           d->sampling->top_p, d->sampling->seed};
-    it->arrive_ns = wk_now_ns();
+    it->arrive_ns = bt_now_ns();
     it->deadline_ns = disp->deadline_ns;
     if (wk_executor_enqueue(w, it) != 0) {
         disp->refs--;
@@ -195,7 +195,7 @@ static void chain_try_next(wk_worker *w, wk_chain *c)
     iter[depth - 1] = c->last + 1;
     wk_item *it = wk_item_create(w, c->disp, c->req, c->model, iter, depth, c->next_inputs);
     if (!it) {
-        wk_warn("node '%s' of request %s: cannot queue run-ahead iteration %u (out of memory); "
+        bt_warn("node '%s' of request %s: cannot queue run-ahead iteration %u (out of memory); "
                 "the conductor will dispatch it", d->node_name, d->request_id, c->last + 1);
         chain_stop(w, c);
         return;
@@ -234,7 +234,7 @@ void wk_chain_after_done(wk_worker *w, wk_item *it)
         while (k < d->n_inputs && strcmp(d->inputs[k]->name, lb->input) != 0)
             k++;
         if (o == d->n_outputs || k == d->n_inputs || !it->results || !it->results[o].set) {
-            wk_warn("node '%s': loop-back %s -> %s has no value after iteration %u; run-ahead "
+            bt_warn("node '%s': loop-back %s -> %s has no value after iteration %u; run-ahead "
                     "stops", d->node_name, lb->output, lb->input, it->iter[it->b.depth - 1]);
             free_refs(next, d->n_inputs);
             chain_stop(w, c);

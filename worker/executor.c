@@ -1,5 +1,5 @@
 /* The executor: queues per (model, mode) and the compute lanes that run
- * them (DESIGN.md section 7, "Batching").  The ctx backends call back into
+ * them (continuous batching).  The ctx backends call back into
  * is in ctx.c, input resolution in inputs.c.
  *
  * Continuous batching: a lane takes a model only when no other lane runs
@@ -17,7 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "worker/wlog.h"
+#include "common/log.h"
 #include "worker/worker_internal.h"
 
 /* --- queues -------------------------------------------------------------- */
@@ -98,7 +98,7 @@ void wk_event_push(wk_worker *w, wk_event *ev)
     uint64_t one = 1;
     /* Cannot fail short of a counter overflow; the I/O thread resets it. */
     if (write(w->event_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
-        wk_error("eventfd write: %s", strerror(errno));
+        bt_error("eventfd write: %s", strerror(errno));
 }
 
 void wk_executor_close_sessions(wk_worker *w, wk_request *req)
@@ -112,7 +112,7 @@ void wk_executor_close_sessions(wk_worker *w, wk_request *req)
             c->next = s->model->closing;
             s->model->closing = c;
         } else {
-            wk_error("out of memory: a session of model %s is leaked", s->model->name);
+            bt_error("out of memory: a session of model %s is leaked", s->model->name);
         }
         free(s);
     }
@@ -202,7 +202,7 @@ static void finish_item(wk_worker *w, wk_item *it)
     wk_event *ev = calloc(1, sizeof(*ev));
     if (!ev) {
         /* Without an event the I/O thread never learns the item ended. */
-        wk_error("out of memory posting a completion; exiting");
+        bt_error("out of memory posting a completion; exiting");
         abort();
     }
     ev->kind = WK_EV_DONE;
@@ -212,7 +212,7 @@ static void finish_item(wk_worker *w, wk_item *it)
 
 static void run_batch(wk_worker *w, baton_ctx *ctx, wk_model *m, wk_item **batch, size_t n)
 {
-    uint64_t start = wk_now_ns();
+    uint64_t start = bt_now_ns();
     wk_join_job *jobs = NULL;
     pthread_mutex_lock(&w->lock);
     for (size_t i = 0; i < n; i++) {
@@ -234,7 +234,7 @@ static void run_batch(wk_worker *w, baton_ctx *ctx, wk_model *m, wk_item **batch
     }
     if (n_run)
         m->backend->execute(m->handle, ctx, run, n_run);
-    uint64_t end = wk_now_ns();
+    uint64_t end = bt_now_ns();
     pthread_mutex_lock(&w->lock);
     for (size_t i = 0; i < n; i++) {
         batch[i]->end_ns = end;

@@ -1,4 +1,4 @@
-/* Joining the pieces of one input (DESIGN.md sections 3 and 4.3).
+/* Joining the pieces of one input: stream chunks and fan-in parts.
  *
  * An input arrives as fan-in parts, in the order their producers appear in
  * the config; each part is a list of chunks (one for a plain value, several

@@ -11,7 +11,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
-#include "worker/wlog.h"
+#include "common/log.h"
 #include "worker/worker_internal.h"
 
 static int socket_open(wk_worker *w, char *err, size_t errlen)
@@ -172,7 +172,7 @@ void wk_worker_destroy(wk_worker *w)
     wk_peers_destroy(&w->peers);
     pthread_mutex_unlock(&w->lock);
     if (w->n_tensors)
-        wk_warn("%u tensors still held at exit", w->n_tensors);
+        bt_warn("%u tensors still held at exit", w->n_tensors);
     wk_pool_destroy(w->pool);
     wk_segment_destroy(&w->seg);
     u64map_free(&w->tensors);

@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 #include "config/config.h"
-#include "worker/wlog.h"
+#include "common/log.h"
 #include "worker/worker.h"
 
 static void usage(FILE *out)
@@ -76,13 +76,15 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    wk_log_setup(name, NULL);
+    char ident[160];
+    snprintf(ident, sizeof(ident), "baton-worker[%s]", name);
+    bt_log_init(ident, BT_LOG_INFO);
 
     /* Die with the conductor.  The check after the prctl closes the race
      * where the parent died before it took effect. */
     pid_t parent = getppid();
     if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != parent) {
-        wk_error("the parent process is gone; exiting");
+        bt_error("the parent process is gone; exiting");
         return 1;
     }
     /* SIGTERM and SIGINT reach the I/O loop through a handler and a
@@ -98,7 +100,7 @@ int main(int argc, char **argv)
     if (rc != 0) {
         if (diag)
             bt_diag_print(diag, stderr);
-        wk_error("cannot load the configuration %s", config);
+        bt_error("cannot load the configuration %s", config);
         bt_diag_destroy(diag);
         return 1;
     }
@@ -106,13 +108,15 @@ int main(int argc, char **argv)
     int status = 1;
     const cfg_worker *cw = cfg_worker_find(cfg, name);
     if (!cw) {
-        wk_error("%s has no worker named '%s'", config, name);
+        bt_error("%s has no worker named '%s'", config, name);
         goto out;
     }
-    if (wk_log_setup(name, cfg->daemon.log_level) != 0)
-        wk_warn("unknown log level '%s'; using info", cfg->daemon.log_level);
+    bt_log_level level = BT_LOG_INFO;
+    if (cfg->daemon.log_level && bt_log_level_from_name(cfg->daemon.log_level, &level) != 0)
+        bt_warn("unknown log level '%s'; using info", cfg->daemon.log_level);
+    bt_log_set_level(level);
     if (strcmp(cw->device, "cpu") != 0) {
-        wk_error("device '%s' is not supported by this build of baton-worker (CPU devices only)",
+        bt_error("device '%s' is not supported by this build of baton-worker (CPU devices only)",
                  cw->device);
         goto out;
     }
@@ -120,7 +124,7 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < cfg->n_models; i++)
         for (size_t k = 0; k < cfg->models[i].n_workers; k++)
             if (strcmp(cfg->models[i].workers[k].s, name) == 0) {
-                wk_debug("model %s (%s) is placed here", cfg->models[i].name,
+                bt_debug("model %s (%s) is placed here", cfg->models[i].name,
                          cfg->models[i].backend);
                 n_models++;
             }
@@ -145,18 +149,18 @@ int main(int argc, char **argv)
                                              cp->memory_efficiency, cp->tflops,
                                              cp->comm_bandwidth_gbps, cp->comm_efficiency,
                                              cp->sync_overhead_us};
-    wk_info("starting: device %s, pool %llu MiB, %u lane(s), %zu model(s) placed, incarnation "
+    bt_info("starting: device %s, pool %llu MiB, %u lane(s), %zu model(s) placed, incarnation "
             "%llu", cw->device, (unsigned long long)cw->pool_mb, opt.streams, n_models,
             (unsigned long long)incarnation);
     char err[512];
     wk_worker *w;
     if (wk_worker_create(&opt, &w, err, sizeof(err)) != 0) {
-        wk_error("%s", err);
+        bt_error("%s", err);
         goto out;
     }
     status = wk_worker_run(w);
     wk_worker_destroy(w);
-    wk_info("exited with status %d", status);
+    bt_info("exited with status %d", status);
 out:
     cfg_config_destroy(cfg);
     return status;

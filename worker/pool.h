@@ -1,4 +1,4 @@
-/* The worker's sub-allocator over its pool (DESIGN.md section 6).
+/* The worker's sub-allocator over its pool.
  *
  * The pool is one region of `size` bytes allocated once (a POSIX shm
  * segment on CPU workers, a cudaMalloc slab on GPU ones); tensors are carved

@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "common/status.h"
-#include "worker/wlog.h"
+#include "common/log.h"
 
 struct wk_peer {
     uint32_t index;
@@ -64,7 +64,7 @@ int wk_segment_create(wk_segment *s, const char *run_id, const char *worker, uin
         /* Names are per run and per worker, so the holder is an earlier
          * incarnation of this very worker that died before the conductor
          * unlinked its segment. */
-        wk_warn("shm segment %s exists (left by an earlier incarnation); replacing it", s->name);
+        bt_warn("shm segment %s exists (left by an earlier incarnation); replacing it", s->name);
         shm_unlink(s->name);
         fd = shm_open(s->name, O_RDWR | O_CREAT | O_EXCL, 0600);
     }
@@ -225,7 +225,7 @@ static wk_mapping *map_new(wk_peers *ps, const wk_peer *p, uint32_t pool, char *
     m->size = size;
     m->next = ps->maps;
     ps->maps = m;
-    wk_debug("mapped pool %u of worker %s (%s, %llu bytes)", pool, p->name, name,
+    bt_debug("mapped pool %u of worker %s (%s, %llu bytes)", pool, p->name, name,
              (unsigned long long)size);
     return m;
 }
@@ -281,7 +281,7 @@ int wk_peers_update(wk_peers *ps, const Baton__V1__Peers *msg, uint32_t self)
                 have |= !m->stale && m->peer == p->index && m->pool == p->pools[k].pool;
             char err[512];
             if (!have && !map_new(ps, p, p->pools[k].pool, err, sizeof(err)))
-                wk_info("pool %u of worker %s not mapped yet: %s", p->pools[k].pool, p->name,
+                bt_info("pool %u of worker %s not mapped yet: %s", p->pools[k].pool, p->name,
                         err);
         }
     }

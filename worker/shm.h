@@ -1,4 +1,4 @@
-/* Shared memory of CPU workers (DESIGN.md sections 5 and 6).
+/* Shared memory of CPU workers: their pools, and peers' pools mapped.
  *
  * Each worker exports one pool: a POSIX shm segment named
  * "/baton-<run id>-<worker>", created exclusively with mode 0600, sized

@@ -10,17 +10,10 @@
 #include <time.h>
 
 #include "worker/join.h"
-#include "worker/wlog.h"
+#include "common/log.h"
 #include "worker/worker_internal.h"
 
 #define COUNTER_BITS 40
-
-uint64_t wk_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 /* u64map reserves 0 and UINT64_MAX; request keys may be 0 (the conductor
  * chooses them), so records are keyed by key + 1 and the one key that

@@ -10,7 +10,7 @@
 #include <zmq.h>
 
 #include "worker/join.h"
-#include "worker/wlog.h"
+#include "common/log.h"
 #include "worker/worker_internal.h"
 
 int wk_send(wk_worker *w, const Baton__V1__WorkerMessage *msg)
@@ -18,12 +18,12 @@ int wk_send(wk_worker *w, const Baton__V1__WorkerMessage *msg)
     size_t n = baton__v1__worker_message__get_packed_size(msg);
     zmq_msg_t m;
     if (zmq_msg_init_size(&m, n) != 0) {
-        wk_error("cannot allocate a %zu-byte message: %s", n, zmq_strerror(zmq_errno()));
+        bt_error("cannot allocate a %zu-byte message: %s", n, zmq_strerror(zmq_errno()));
         return -1;
     }
     baton__v1__worker_message__pack(msg, zmq_msg_data(&m));
     if (zmq_msg_send(&m, w->sock, 0) < 0) {
-        wk_error("send to the conductor failed: %s", zmq_strerror(zmq_errno()));
+        bt_error("send to the conductor failed: %s", zmq_strerror(zmq_errno()));
         zmq_msg_close(&m);
         return -1;
     }
@@ -174,13 +174,13 @@ void wk_send_done(wk_worker *w, wk_item *it)
     Baton__V1__WorkerMessage m = BATON__V1__WORKER_MESSAGE__INIT;
     m.msg_case = BATON__V1__WORKER_MESSAGE__MSG_DONE;
     m.done = &done;
-    if (wk_log_enabled(WK_LOG_DEBUG)) {
+    if (bt_log_enabled(BT_LOG_DEBUG)) {
         char iters[96] = "";
         size_t at = 0;
         for (uint32_t i = 0; i < it->b.depth && at < sizeof(iters); i++)
             at += (size_t)snprintf(iters + at, sizeof(iters) - at, "%s%u", i ? "," : "",
                                    it->iter[i]);
-        wk_debug("done %s/%s[%s]%s%s status %d, %zu outputs, batch %u", d->request_id,
+        bt_debug("done %s/%s[%s]%s%s status %d, %zu outputs, batch %u", d->request_id,
                  d->node_name, iters, it->speculative ? " (run ahead)" : "",
                  done.finish ? " finish" : "", (int)it->status, n, it->batch_size);
     }

@@ -17,7 +17,7 @@
 #include <zmq.h>
 
 #include "worker/join.h"
-#include "worker/wlog.h"
+#include "common/log.h"
 #include "worker/worker_internal.h"
 
 #define HEARTBEAT_NS 1000000000ull
@@ -40,7 +40,7 @@ static void send_status_only_done(wk_worker *w, const Baton__V1__Dispatch *d, ba
     Baton__V1__WorkerMessage m = BATON__V1__WORKER_MESSAGE__INIT;
     m.msg_case = BATON__V1__WORKER_MESSAGE__MSG_DONE;
     m.done = &done;
-    wk_warn("dispatch of node '%s' (request %s) refused: %s", d->node_name, d->request_id,
+    bt_warn("dispatch of node '%s' (request %s) refused: %s", d->node_name, d->request_id,
             message);
     wk_send(w, &m);
 }
@@ -63,17 +63,17 @@ static void send_loaded(wk_worker *w, const char *model, baton_status code, cons
     m.msg_case = BATON__V1__WORKER_MESSAGE__MSG_LOADED;
     m.loaded = &l;
     if (code == BATON_STATUS_OK) {
-        wk_info("model %s loaded in %" PRIu64 " us", model, load_us);
+        bt_info("model %s loaded in %" PRIu64 " us", model, load_us);
         /* The report is the schedule decision and prediction of each
-         * executable (DESIGN.md section 8 asks for them in the log). */
+         * executable, which belong in the log. */
         for (const char *r = report; r && *r;) {
             const char *nl = strchr(r, '\n');
             int n = nl ? (int)(nl - r) : (int)strlen(r);
-            wk_info("model %s: %.*s", model, n, r);
+            bt_info("model %s: %.*s", model, n, r);
             r += n + (nl != NULL);
         }
     } else
-        wk_error("model %s not loaded: %s", model, st.message);
+        bt_error("model %s not loaded: %s", model, st.message);
     wk_send(w, &m);
 }
 
@@ -85,7 +85,7 @@ static void *load_main(void *arg)
     const Baton__V1__Load *l = ld->msg->load;
     const char **keys = calloc(l->n_options + 1, sizeof(*keys));
     const char **vals = calloc(l->n_options + 1, sizeof(*vals));
-    uint64_t t0 = wk_now_ns();
+    uint64_t t0 = bt_now_ns();
     if (!keys || !vals) {
         ld->status = BATON_STATUS_RESOURCE_EXHAUSTED;
         snprintf(ld->err, sizeof(ld->err), "out of memory");
@@ -101,12 +101,12 @@ static void *load_main(void *arg)
                                &ld->w->opt.profile, ld->w->opt.streams, ld->w->opt.comm_streams};
         ld->status = ld->backend->model_load(&p, &ld->handle, ld->err, sizeof(ld->err));
     }
-    ld->load_us = (wk_now_ns() - t0) / 1000u;
+    ld->load_us = (bt_now_ns() - t0) / 1000u;
     free(keys);
     free(vals);
     wk_event *ev = calloc(1, sizeof(*ev));
     if (!ev) {
-        wk_error("out of memory posting a load result; exiting");
+        bt_error("out of memory posting a load result; exiting");
         abort();
     }
     ev->kind = WK_EV_LOADED;
@@ -263,7 +263,7 @@ static void on_dispatch(wk_worker *w, Baton__V1__ConductorMessage *msg)
     if (req->closed) {
         /* SessionClose came first: the request is over here. */
         pthread_mutex_unlock(&w->lock);
-        wk_debug("dispatch of node '%s' for closed request %s ignored", d->node_name,
+        bt_debug("dispatch of node '%s' for closed request %s ignored", d->node_name,
                  d->request_id);
         baton__v1__conductor_message__free_unpacked(msg, NULL);
         return;
@@ -279,7 +279,7 @@ static void on_dispatch(wk_worker *w, Baton__V1__ConductorMessage *msg)
     disp->msg = msg;
     disp->d = d;
     if (d->remaining_ms)
-        disp->deadline_ns = wk_now_ns() + (uint64_t)d->remaining_ms * 1000000u;
+        disp->deadline_ns = bt_now_ns() + (uint64_t)d->remaining_ms * 1000000u;
     uint32_t depth = (uint32_t)d->n_iteration;
     wk_chain *chain = NULL;
     if (depth && d->speculate_upto > d->iteration[depth - 1])
@@ -328,7 +328,7 @@ static void send_placed(wk_worker *w, const Baton__V1__Put *p, const wk_ref *ref
     m.msg_case = BATON__V1__WORKER_MESSAGE__MSG_PLACED;
     m.placed = &pl;
     if (code != BATON_STATUS_OK)
-        wk_warn("put %" PRIu64 " of request %" PRIu64 " refused: %s", p->put_id, p->request_key,
+        bt_warn("put %" PRIu64 " of request %" PRIu64 " refused: %s", p->put_id, p->request_key,
                 st.message);
     wk_send(w, &m);
 }
@@ -488,8 +488,8 @@ static void on_peers(wk_worker *w, const Baton__V1__Peers *p)
     int rc = wk_peers_update(&w->peers, p, p->self_index);
     pthread_mutex_unlock(&w->lock);
     if (rc)
-        wk_error("out of memory taking in the peers");
-    wk_info("peers: %zu workers, this one is index %u", p->n_peers, p->self_index);
+        bt_error("out of memory taking in the peers");
+    bt_info("peers: %zu workers, this one is index %u", p->n_peers, p->self_index);
 }
 
 /* --- events from lanes and loaders --------------------------------------- */
@@ -535,7 +535,7 @@ static void drain_events(wk_worker *w)
 {
     uint64_t n;
     if (read(w->event_fd, &n, sizeof(n)) < 0 && errno != EAGAIN)
-        wk_error("eventfd read: %s", strerror(errno));
+        bt_error("eventfd read: %s", strerror(errno));
     pthread_mutex_lock(&w->lock);
     wk_event *ev = w->ev_head;
     w->ev_head = w->ev_tail = NULL;
@@ -603,7 +603,7 @@ static void handle_frame(wk_worker *w, const void *data, size_t len)
     Baton__V1__ConductorMessage *msg =
         baton__v1__conductor_message__unpack(NULL, len, (const uint8_t *)data);
     if (!msg) {
-        wk_warn("dropped a frame of %zu bytes from the conductor that does not parse", len);
+        bt_warn("dropped a frame of %zu bytes from the conductor that does not parse", len);
         return;
     }
     switch (msg->msg_case) {
@@ -629,14 +629,14 @@ static void handle_frame(wk_worker *w, const void *data, size_t len)
         break;
     case BATON__V1__CONDUCTOR_MESSAGE__MSG_FETCH: on_fetch(w, msg->fetch); break;
     case BATON__V1__CONDUCTOR_MESSAGE__MSG_SHUTDOWN:
-        wk_info("shutdown: %s", msg->shutdown->reason && *msg->shutdown->reason
+        bt_info("shutdown: %s", msg->shutdown->reason && *msg->shutdown->reason
                                     ? msg->shutdown->reason : "asked by the conductor");
         w->quit = true;
         w->exit_code = 0;
         break;
     case BATON__V1__CONDUCTOR_MESSAGE__MSG_PUT: on_put(w, msg->put); break;
     case BATON__V1__CONDUCTOR_MESSAGE__MSG_PEERS: on_peers(w, msg->peers); break;
-    default: wk_warn("dropped a conductor message with no member set"); break;
+    default: bt_warn("dropped a conductor message with no member set"); break;
     }
     baton__v1__conductor_message__free_unpacked(msg, NULL);
 }
@@ -663,7 +663,7 @@ static void monitor_events(wk_worker *w)
             zmq_msg_close(&addr);
         }
         if (id == ZMQ_EVENT_CONNECTED && w->connects++ > 0) {
-            wk_info("reconnected to %s; registering again", w->opt.endpoint);
+            bt_info("reconnected to %s; registering again", w->opt.endpoint);
             send_register(w);
         }
     }
@@ -678,7 +678,7 @@ static void recv_all(wk_worker *w)
             int e = zmq_errno();
             zmq_msg_close(&m);
             if (e != EAGAIN && e != EINTR)
-                wk_error("receive from the conductor failed: %s", zmq_strerror(e));
+                bt_error("receive from the conductor failed: %s", zmq_strerror(e));
             return;
         }
         handle_frame(w, zmq_msg_data(&m), zmq_msg_size(&m));
@@ -689,27 +689,27 @@ static void recv_all(wk_worker *w)
 int wk_worker_run(wk_worker *w)
 {
     send_register(w);
-    wk_info("registered with %s: pool %s, %" PRIu64 " bytes, %u lane(s)", w->opt.endpoint,
+    bt_info("registered with %s: pool %s, %" PRIu64 " bytes, %u lane(s)", w->opt.endpoint,
             w->seg.name, w->seg.size, w->n_lanes);
-    uint64_t next_hb = wk_now_ns() + HEARTBEAT_NS;
+    uint64_t next_hb = bt_now_ns() + HEARTBEAT_NS;
     while (!w->quit) {
         zmq_pollitem_t items[4] = {{w->sock, 0, ZMQ_POLLIN, 0},
                                    {NULL, w->event_fd, ZMQ_POLLIN, 0},
                                    {NULL, w->signal_fd, ZMQ_POLLIN, 0},
                                    {w->monitor, 0, ZMQ_POLLIN, 0}};
-        uint64_t now = wk_now_ns();
+        uint64_t now = bt_now_ns();
         long timeout = now >= next_hb ? 0 : (long)((next_hb - now) / 1000000u) + 1;
         if (zmq_poll(items, 4, timeout) < 0) {
             if (zmq_errno() == EINTR)
                 continue;
-            wk_error("zmq_poll: %s", zmq_strerror(zmq_errno()));
+            bt_error("zmq_poll: %s", zmq_strerror(zmq_errno()));
             w->exit_code = 1;
             break;
         }
         if (items[2].revents & ZMQ_POLLIN) {
             unsigned char sig;
             if (read(w->signal_fd, &sig, 1) == 1)
-                wk_info("%s received; stopping", strsignal(sig));
+                bt_info("%s received; stopping", strsignal(sig));
             w->quit = true;
             w->exit_code = 0;
             break;
@@ -720,7 +720,7 @@ int wk_worker_run(wk_worker *w)
             drain_events(w);
         if (items[3].revents & ZMQ_POLLIN)
             monitor_events(w);
-        now = wk_now_ns();
+        now = bt_now_ns();
         if (now >= next_hb && !w->quit) {
             send_heartbeat(w);
             next_hb = next_hb + HEARTBEAT_NS > now ? next_hb + HEARTBEAT_NS : now + HEARTBEAT_NS;

@@ -1,5 +1,5 @@
-/* baton-worker: the process that holds models and runs nodes (DESIGN.md
- * section 7).  main_worker.c reads the command line and the config into
+/* baton-worker: the process that holds models and runs nodes.
+ * main_worker.c reads the command line and the config into
  * wk_options; this module does everything else.
  *
  * One I/O thread (the caller of wk_worker_run) owns a ZeroMQ DEALER

@@ -26,6 +26,7 @@
 #include <stdint.h>
 
 #include "baton/backend.h"
+#include "common/clock.h"
 #include "common/u64map.h"
 #include "proto/baton.pb-c.h"
 #include "worker/plugin.h"
@@ -143,7 +144,7 @@ struct wk_item {
     wk_item *req_prev, *req_next; /* [L] in req->items */
 };
 
-/* Run-ahead window of one node of one request (DESIGN.md section 4.4). */
+/* Run-ahead window of one node of one request (a speculation window). */
 struct wk_chain {
     wk_request *req;
     uint32_t graph, node;
@@ -252,7 +253,6 @@ struct wk_worker {
 
 /* --- store.c: tensors and request records [L] ---------------------------- */
 
-uint64_t wk_now_ns(void);
 wk_request *wk_request_get(wk_worker *w, uint64_t key, bool create);
 /* Destroys REQ when it holds nothing any more. */
 void wk_request_gc(wk_worker *w, wk_request *req);

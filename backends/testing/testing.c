@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "backends/testing/testing.h"
+#include "common/clock.h"
 
 typedef enum tb_kind { TB_ECHO, TB_ADD, TB_COUNTER, TB_CHUNKS, TB_SLEEP, TB_FAIL } tb_kind;
 
@@ -358,21 +359,14 @@ static void chunks_execute(baton_model *m, baton_ctx *ctx, baton_item *const *it
 
 /* --- sleep --------------------------------------------------------------- */
 
-static uint64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
 static void sleep_execute(baton_model *m, baton_ctx *ctx, baton_item *const *items, size_t n)
 {
     /* The items of a batch sleep together: one wall-clock wait, each item
      * leaving it early on its own cancel or deadline. */
-    uint64_t end = mono_ms() + (uint64_t)m->ms;
+    uint64_t end = bt_now_ms() + (uint64_t)m->ms;
     for (size_t i = 0; i < n; i++) {
         baton_item *it = items[i];
-        uint64_t now = mono_ms();
+        uint64_t now = bt_now_ms();
         uint32_t left = now < end ? (uint32_t)(end - now) : 0;
         baton_status st = ctx->sleep_ms(ctx, it, left);
         if (st == BATON_STATUS_DEADLINE_EXCEEDED) {

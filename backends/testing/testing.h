@@ -1,6 +1,6 @@
 /* The test backends (echo, add, counter, chunks, sleep, fail): small,
  * exactly specified behaviours that integration tests and outside users
- * are written against.  docs/backends.md states each one. */
+ * are written against.  config/README.md states each one. */
 #ifndef BATON_BACKENDS_TESTING_H
 #define BATON_BACKENDS_TESTING_H
 

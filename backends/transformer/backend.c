@@ -151,7 +151,7 @@ static int arch_u32(const gguf_file *f, const char *key, bool required, uint32_t
         *out = def;
         return 0;
     }
-    snprintf(err, errlen, "metadata %s: %s", full, gguf_strerror(rc));
+    snprintf(err, errlen, "metadata %s: %s", full, bt_strerror(rc));
     return -1;
 }
 
@@ -247,7 +247,7 @@ static int bind_weights(kx_exec *x, const kg_graph *g, const gguf_file *f, uint6
         }
         int rc = kx_param_borrow(x, val->name, dt, t->data, t->nbytes);
         if (rc) {
-            snprintf(err, errlen, "parameter %s: %s", val->name, kx_strerror(rc));
+            snprintf(err, errlen, "parameter %s: %s", val->name, bt_strerror(rc));
             return -1;
         }
         *bytes += t->nbytes;
@@ -291,7 +291,7 @@ static int compile(kg_graph *g, const char *what, const baton_load_params *p,
     if (rc == 0 && bind_weights(*out, g, f, bytes, err, errlen) != 0)
         rc = -1;
     else if (rc)
-        snprintf(err, errlen, "compiling the %s graph: %s", what, kx_strerror(rc));
+        snprintf(err, errlen, "compiling the %s graph: %s", what, bt_strerror(rc));
     kg_destroy(g);
     if (rc) {
         kx_destroy(*out);
@@ -680,9 +680,9 @@ static int32_t *encode_text(baton_model *m, baton_ctx *ctx, baton_item *it, cons
         if (r >= 0) {
             src = rendered;
             len = (size_t)r;
-        } else if (r != TOK_ENOTEMPLATE) {
+        } else if (r != BT_ENOTEMPLATE) {
             snprintf(msg, sizeof(msg), "node '%s': the chat template: %s", it->node_name,
-                     tok_strerror(r));
+                     bt_strerror(r));
             ctx->fail(ctx, it, BATON_STATUS_INTERNAL, msg);
             return NULL;
         }
@@ -696,7 +696,7 @@ static int32_t *encode_text(baton_model *m, baton_ctx *ctx, baton_item *it, cons
     if (!ids) {
         free(rendered);
         snprintf(msg, sizeof(msg), "node '%s': cannot encode the prompt: %s", it->node_name,
-                 need < 0 ? tok_strerror(need) : "out of memory");
+                 need < 0 ? bt_strerror(need) : "out of memory");
         ctx->fail(ctx, it, BATON_STATUS_RESOURCE_EXHAUSTED, msg);
         return NULL;
     }
@@ -779,7 +779,7 @@ static void fail_run(const kx_exec *x, int rc, baton_ctx *ctx, baton_item *it)
     int st = 0, op = kx_op_error(x, &st);
     char msg[256];
     snprintf(msg, sizeof(msg), "node '%s': the graph failed at op %d: %s (status %d)",
-             it->node_name, op, kx_strerror(rc), st);
+             it->node_name, op, bt_strerror(rc), st);
     ctx->fail(ctx, it, BATON_STATUS_INTERNAL, msg);
 }
 

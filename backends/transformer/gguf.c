@@ -135,33 +135,6 @@ const char *gguf_value_type_name(uint32_t type)
     return type <= GGUF_VAL_F64 ? val_names[type] : "?";
 }
 
-const char *gguf_strerror(int status)
-{
-    switch (status) {
-    case 0: return "ok";
-    case GGUF_EINVAL: return "invalid argument";
-    case GGUF_ENOMEM: return "out of memory";
-    case GGUF_EIO: return "cannot open or map the file";
-    case GGUF_EFORMAT: return "malformed or unsupported GGUF file";
-    case GGUF_ENOTFOUND: return "no such key";
-    case GGUF_ETYPE: return "value has another type";
-    case GGUF_ERANGE: return "value out of range";
-    }
-    return "unknown status";
-}
-
-__attribute__((format(printf, 4, 5)))
-static int errorf(char *err, size_t errlen, int status, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return status;
-}
-
 /* The length of a key or name as quoted in messages. */
 static int shown(size_t len)
 {
@@ -173,9 +146,9 @@ static int need(parser *p, size_t n, const char *what)
 {
     if (p->size - p->pos >= n)
         return 0;
-    return errorf(p->err, p->errlen, GGUF_EFORMAT,
-                  "truncated: %s at offset %zu needs %zu bytes, the file ends at %zu", what,
-                  p->pos, n, p->size);
+    return bt_errorf(p->err, p->errlen, BT_EFORMAT,
+                     "truncated: %s at offset %zu needs %zu bytes, the file ends at %zu", what,
+                     p->pos, n, p->size);
 }
 
 static int rd_u32(parser *p, uint32_t *v, const char *what)
@@ -208,9 +181,9 @@ static int rd_str(parser *p, const char **s, size_t *len, const char *what, uint
     if (p->size - p->pos < 8) {
         if (idx != NO_INDEX)
             snprintf(el, sizeof(el), "element %" PRIu64 " of ", idx);
-        return errorf(p->err, p->errlen, GGUF_EFORMAT,
-                      "truncated: string length of %s%s at offset %zu, the file ends at %zu", el,
-                      what, at, p->size);
+        return bt_errorf(p->err, p->errlen, BT_EFORMAT,
+                         "truncated: string length of %s%s at offset %zu, the file ends at %zu",
+                         el, what, at, p->size);
     }
     uint64_t n;
     memcpy(&n, p->map + p->pos, 8);
@@ -218,10 +191,10 @@ static int rd_str(parser *p, const char **s, size_t *len, const char *what, uint
     if (n > p->size - p->pos) {
         if (idx != NO_INDEX)
             snprintf(el, sizeof(el), "element %" PRIu64 " of ", idx);
-        return errorf(p->err, p->errlen, GGUF_EFORMAT,
-                      "%s%s at offset %zu: string of %" PRIu64
-                      " bytes runs past the end of the file (%zu bytes)",
-                      el, what, at, n, p->size);
+        return bt_errorf(p->err, p->errlen, BT_EFORMAT,
+                         "%s%s at offset %zu: string of %" PRIu64
+                         " bytes runs past the end of the file (%zu bytes)",
+                         el, what, at, n, p->size);
     }
     *s = (const char *)p->map + p->pos;
     *len = (size_t)n;
@@ -238,12 +211,12 @@ static int parse_array(parser *p, gguf_kv *kv, const char *what)
     if (rc)
         return rc;
     if (kv->elem_type == GGUF_VAL_ARRAY)
-        return errorf(p->err, p->errlen, GGUF_EFORMAT,
-                      "%s at offset %zu: arrays of arrays are not supported", what, at);
+        return bt_errorf(p->err, p->errlen, BT_EFORMAT,
+                         "%s at offset %zu: arrays of arrays are not supported", what, at);
     if (kv->elem_type > GGUF_VAL_F64)
-        return errorf(p->err, p->errlen, GGUF_EFORMAT,
-                      "%s at offset %zu: unknown array element type %" PRIu32, what, at,
-                      kv->elem_type);
+        return bt_errorf(p->err, p->errlen, BT_EFORMAT,
+                         "%s at offset %zu: unknown array element type %" PRIu32, what, at,
+                         kv->elem_type);
     if ((rc = rd_u64(p, &kv->count, what)))
         return rc;
     kv->val = p->map + p->pos;
@@ -252,18 +225,18 @@ static int parse_array(parser *p, gguf_kv *kv, const char *what)
      * bounds the index allocated below by the file size. */
     size_t min_bytes = kv->elem_type == GGUF_VAL_STRING ? 8 : val_bytes[kv->elem_type];
     if (kv->count > left / min_bytes)
-        return errorf(p->err, p->errlen, GGUF_EFORMAT,
-                      "%s at offset %zu: array of %" PRIu64
-                      " %s elements runs past the end of the file (%zu bytes)",
-                      what, at, kv->count, val_names[kv->elem_type], p->size);
+        return bt_errorf(p->err, p->errlen, BT_EFORMAT,
+                         "%s at offset %zu: array of %" PRIu64
+                         " %s elements runs past the end of the file (%zu bytes)",
+                         what, at, kv->count, val_names[kv->elem_type], p->size);
     if (kv->elem_type != GGUF_VAL_STRING) {
         p->pos += (size_t)kv->count * min_bytes;
         return 0;
     }
     kv->str_off = malloc((kv->count ? (size_t)kv->count : 1) * sizeof(uint64_t));
     if (!kv->str_off)
-        return errorf(p->err, p->errlen, GGUF_ENOMEM,
-                      "%s: out of memory indexing %" PRIu64 " strings", what, kv->count);
+        return bt_errorf(p->err, p->errlen, BT_ENOMEM,
+                         "%s: out of memory indexing %" PRIu64 " strings", what, kv->count);
     for (uint64_t i = 0; i < kv->count; i++) {
         const char *s;
         size_t n;
@@ -335,14 +308,14 @@ static int parse_kvs(gguf_file *f, parser *p, uint64_t n_kv)
 {
     char what[SHOWN + 64];
     if (n_kv > (p->size - p->pos) / MIN_KV_BYTES)
-        return errorf(p->err, p->errlen, GGUF_EFORMAT,
-                      "kv count %" PRIu64 " at offset 16 is more than a file of %zu bytes holds",
-                      n_kv, p->size);
+        return bt_errorf(p->err, p->errlen, BT_EFORMAT,
+                         "kv count %" PRIu64 " at offset 16 is more than a file of %zu bytes holds",
+                         n_kv, p->size);
     size_t n = (size_t)n_kv;
     f->kvs = calloc(n ? n : 1, sizeof(gguf_kv));
     f->kv_sorted = malloc((n ? n : 1) * sizeof(size_t));
     if (!f->kvs || !f->kv_sorted)
-        return errorf(p->err, p->errlen, GGUF_ENOMEM, "out of memory for %zu kvs", n);
+        return bt_errorf(p->err, p->errlen, BT_ENOMEM, "out of memory for %zu kvs", n);
     f->n_kv = n;
     for (size_t i = 0; i < n; i++) {
         gguf_kv *kv = &f->kvs[i];
@@ -355,9 +328,9 @@ static int parse_kvs(gguf_file *f, parser *p, uint64_t n_kv)
         if ((rc = rd_u32(p, &kv->type, what)))
             return rc;
         if (kv->type > GGUF_VAL_F64)
-            return errorf(p->err, p->errlen, GGUF_EFORMAT,
-                          "key '%.*s': unknown value type %" PRIu32 " at offset %zu",
-                          shown(kv->key_len), kv->key, kv->type, at);
+            return bt_errorf(p->err, p->errlen, BT_EFORMAT,
+                             "key '%.*s': unknown value type %" PRIu32 " at offset %zu",
+                             shown(kv->key_len), kv->key, kv->type, at);
         snprintf(what, sizeof(what), "value of key '%.*s'", shown(kv->key_len), kv->key);
         if ((rc = parse_value(p, kv, what)))
             return rc;
@@ -369,9 +342,9 @@ static int parse_kvs(gguf_file *f, parser *p, uint64_t n_kv)
         const gguf_kv *a = &f->kvs[f->kv_sorted[i - 1]], *b = &f->kvs[f->kv_sorted[i]];
         if (cmp_bytes(a->key, a->key_len, b->key, b->key_len) == 0) {
             const gguf_kv *later = a < b ? b : a;
-            return errorf(p->err, p->errlen, GGUF_EFORMAT, "duplicate key '%.*s' at offset %zu",
-                          shown(later->key_len), later->key,
-                          (size_t)((const uint8_t *)later->key - p->map) - 8);
+            return bt_errorf(p->err, p->errlen, BT_EFORMAT, "duplicate key '%.*s' at offset %zu",
+                             shown(later->key_len), later->key,
+                             (size_t)((const uint8_t *)later->key - p->map) - 8);
         }
     }
     return 0;
@@ -387,14 +360,15 @@ static int parse_alignment(gguf_file *f, parser *p)
         return 0;
     size_t at = (size_t)(kv->val - p->map);
     if (kv->type != GGUF_VAL_U32)
-        return errorf(p->err, p->errlen, GGUF_EFORMAT,
-                      "general.alignment at offset %zu has type %s, expected u32", at,
-                      val_names[kv->type]);
+        return bt_errorf(p->err, p->errlen, BT_EFORMAT,
+                         "general.alignment at offset %zu has type %s, expected u32", at,
+                         val_names[kv->type]);
     uint32_t a;
     memcpy(&a, kv->val, 4);
     if (a == 0 || (a & (a - 1)))
-        return errorf(p->err, p->errlen, GGUF_EFORMAT,
-                      "general.alignment %" PRIu32 " at offset %zu is not a power of two", a, at);
+        return bt_errorf(p->err, p->errlen, BT_EFORMAT,
+                         "general.alignment %" PRIu32 " at offset %zu is not a power of two", a,
+                         at);
     f->alignment = a;
     return 0;
 }
@@ -411,16 +385,16 @@ static int parse_tensor_info(parser *p, gguf_tensor *t, size_t i)
         return rc;
     int nl = shown(t->name_len);
     if (memchr(t->name, 0, t->name_len))
-        return errorf(p->err, p->errlen, GGUF_EFORMAT,
-                      "tensor %zu at offset %zu: the name holds a NUL byte", i, at);
+        return bt_errorf(p->err, p->errlen, BT_EFORMAT,
+                         "tensor %zu at offset %zu: the name holds a NUL byte", i, at);
     snprintf(what, sizeof(what), "info of tensor '%.*s'", nl, t->name);
     at = p->pos;
     if ((rc = rd_u32(p, &t->n_dims, what)))
         return rc;
     if (t->n_dims > GGUF_MAX_DIMS)
-        return errorf(p->err, p->errlen, GGUF_EFORMAT,
-                      "tensor '%.*s' at offset %zu: %" PRIu32 " dims, at most %d are supported",
-                      nl, t->name, at, t->n_dims, GGUF_MAX_DIMS);
+        return bt_errorf(p->err, p->errlen, BT_EFORMAT,
+                         "tensor '%.*s' at offset %zu: %" PRIu32 " dims, at most %d are supported",
+                         nl, t->name, at, t->n_dims, GGUF_MAX_DIMS);
     for (int d = 0; d < GGUF_MAX_DIMS; d++)
         t->ne[d] = 1;
     for (uint32_t d = 0; d < t->n_dims; d++) {
@@ -429,10 +403,10 @@ static int parse_tensor_info(parser *p, gguf_tensor *t, size_t i)
         if ((rc = rd_u64(p, &v, what)))
             return rc;
         if (v > INT64_MAX)
-            return errorf(p->err, p->errlen, GGUF_EFORMAT,
-                          "tensor '%.*s' at offset %zu: dim %" PRIu32 " of %" PRIu64
-                          " elements is more than ggml's int64 holds",
-                          nl, t->name, at, d, v);
+            return bt_errorf(p->err, p->errlen, BT_EFORMAT,
+                             "tensor '%.*s' at offset %zu: dim %" PRIu32 " of %" PRIu64
+                             " elements is more than ggml's int64 holds",
+                             nl, t->name, at, d, v);
         t->ne[d] = (int64_t)v;
     }
     at = p->pos;
@@ -440,25 +414,25 @@ static int parse_tensor_info(parser *p, gguf_tensor *t, size_t i)
         return rc;
     const type_info *ti = ggml_type(t->type);
     if (!ti)
-        return errorf(p->err, p->errlen, GGUF_EFORMAT,
-                      "tensor '%.*s' at offset %zu: unknown ggml type %" PRIu32, nl, t->name, at,
-                      t->type);
+        return bt_errorf(p->err, p->errlen, BT_EFORMAT,
+                         "tensor '%.*s' at offset %zu: unknown ggml type %" PRIu32, nl, t->name, at,
+                         t->type);
     if ((rc = rd_u64(p, &t->offset, what)))
         return rc;
     if (t->ne[0] % ti->blck)
-        return errorf(p->err, p->errlen, GGUF_EFORMAT,
-                      "tensor '%.*s': a row of %" PRId64
-                      " elements is not a multiple of the %s block of %" PRIu32,
-                      nl, t->name, t->ne[0], ti->name, ti->blck);
+        return bt_errorf(p->err, p->errlen, BT_EFORMAT,
+                         "tensor '%.*s': a row of %" PRId64
+                         " elements is not a multiple of the %s block of %" PRIu32,
+                         nl, t->name, t->ne[0], ti->name, ti->blck);
     size_t bytes;
     bool over = __builtin_mul_overflow((uint64_t)t->ne[0] / ti->blck, ti->bytes, &bytes);
     for (int d = 1; d < GGUF_MAX_DIMS; d++)
         over |= __builtin_mul_overflow(bytes, (uint64_t)t->ne[d], &bytes);
     if (over)
-        return errorf(p->err, p->errlen, GGUF_EFORMAT,
-                      "tensor '%.*s': %" PRId64 " x %" PRId64 " x %" PRId64 " x %" PRId64
-                      " %s elements overflow a byte count",
-                      nl, t->name, t->ne[0], t->ne[1], t->ne[2], t->ne[3], ti->name);
+        return bt_errorf(p->err, p->errlen, BT_EFORMAT,
+                         "tensor '%.*s': %" PRId64 " x %" PRId64 " x %" PRId64 " x %" PRId64
+                         " %s elements overflow a byte count",
+                         nl, t->name, t->ne[0], t->ne[1], t->ne[2], t->ne[3], ti->name);
     t->nbytes = bytes;
     return 0;
 }
@@ -467,25 +441,26 @@ static int parse_tensor_info(parser *p, gguf_tensor *t, size_t i)
 static int check_tensor_data(const gguf_file *f, parser *p, gguf_tensor *t)
 {
     if (t->offset % f->alignment)
-        return errorf(p->err, p->errlen, GGUF_EFORMAT,
-                      "tensor '%s': data offset %" PRIu64 " is not a multiple of the alignment %zu",
-                      t->name, t->offset, f->alignment);
+        return bt_errorf(p->err, p->errlen, BT_EFORMAT,
+                         "tensor '%s': data offset %" PRIu64
+                         " is not a multiple of the alignment %zu",
+                         t->name, t->offset, f->alignment);
     if (f->data_off > f->size)
-        return errorf(p->err, p->errlen, GGUF_EFORMAT,
-                      "tensor '%s': the data section at offset %zu starts past the end of the "
-                      "file (%zu bytes)",
-                      t->name, f->data_off, f->size);
+        return bt_errorf(p->err, p->errlen, BT_EFORMAT,
+                         "tensor '%s': the data section at offset %zu starts past the end of the "
+                         "file (%zu bytes)",
+                         t->name, f->data_off, f->size);
     size_t room = f->size - f->data_off;
     if (t->offset > room)
-        return errorf(p->err, p->errlen, GGUF_EFORMAT,
-                      "tensor '%s': data offset %" PRIu64 " (from the data section at %zu) is "
-                      "past the end of the file (%zu bytes)",
-                      t->name, t->offset, f->data_off, f->size);
+        return bt_errorf(p->err, p->errlen, BT_EFORMAT,
+                         "tensor '%s': data offset %" PRIu64 " (from the data section at %zu) is "
+                         "past the end of the file (%zu bytes)",
+                         t->name, t->offset, f->data_off, f->size);
     if (t->nbytes > room - t->offset)
-        return errorf(p->err, p->errlen, GGUF_EFORMAT,
-                      "tensor '%s': data at offset %zu + %zu bytes runs past the end of the file "
-                      "(%zu bytes)",
-                      t->name, f->data_off + (size_t)t->offset, t->nbytes, f->size);
+        return bt_errorf(p->err, p->errlen, BT_EFORMAT,
+                         "tensor '%s': data at offset %zu + %zu bytes runs past the end of the "
+                         "file (%zu bytes)",
+                         t->name, f->data_off + (size_t)t->offset, t->nbytes, f->size);
     t->data = f->map + f->data_off + t->offset;
     return 0;
 }
@@ -493,14 +468,15 @@ static int check_tensor_data(const gguf_file *f, parser *p, gguf_tensor *t)
 static int parse_tensors(gguf_file *f, parser *p, uint64_t n_tensors)
 {
     if (n_tensors > (p->size - p->pos) / MIN_TENSOR_BYTES)
-        return errorf(p->err, p->errlen, GGUF_EFORMAT,
-                      "tensor count %" PRIu64 " at offset 8 is more than a file of %zu bytes holds",
-                      n_tensors, p->size);
+        return bt_errorf(p->err, p->errlen, BT_EFORMAT,
+                         "tensor count %" PRIu64
+                         " at offset 8 is more than a file of %zu bytes holds",
+                         n_tensors, p->size);
     size_t n = (size_t)n_tensors, names_bytes = 0;
     f->tensors = calloc(n ? n : 1, sizeof(gguf_tensor));
     f->tensor_sorted = malloc((n ? n : 1) * sizeof(size_t));
     if (!f->tensors || !f->tensor_sorted)
-        return errorf(p->err, p->errlen, GGUF_ENOMEM, "out of memory for %zu tensors", n);
+        return bt_errorf(p->err, p->errlen, BT_ENOMEM, "out of memory for %zu tensors", n);
     f->n_tensors = n;
     int rc;
     for (size_t i = 0; i < n; i++) {
@@ -512,7 +488,7 @@ static int parse_tensors(gguf_file *f, parser *p, uint64_t n_tensors)
     f->data_off = (p->pos + f->alignment - 1) & ~(f->alignment - 1);
     f->names = malloc(names_bytes ? names_bytes : 1);
     if (!f->names)
-        return errorf(p->err, p->errlen, GGUF_ENOMEM, "out of memory for tensor names");
+        return bt_errorf(p->err, p->errlen, BT_ENOMEM, "out of memory for tensor names");
     char *dst = f->names;
     for (size_t i = 0; i < n; i++) {
         gguf_tensor *t = &f->tensors[i];
@@ -529,10 +505,10 @@ static int parse_tensors(gguf_file *f, parser *p, uint64_t n_tensors)
         const gguf_tensor *a = &f->tensors[f->tensor_sorted[i - 1]];
         const gguf_tensor *b = &f->tensors[f->tensor_sorted[i]];
         if (strcmp(a->name, b->name) == 0)
-            return errorf(p->err, p->errlen, GGUF_EFORMAT,
-                          "duplicate tensor name '%s' (tensors %zu and %zu)", a->name,
-                          (size_t)(a < b ? a - f->tensors : b - f->tensors),
-                          (size_t)(a < b ? b - f->tensors : a - f->tensors));
+            return bt_errorf(p->err, p->errlen, BT_EFORMAT,
+                             "duplicate tensor name '%s' (tensors %zu and %zu)", a->name,
+                             (size_t)(a < b ? a - f->tensors : b - f->tensors),
+                             (size_t)(a < b ? b - f->tensors : a - f->tensors));
     }
     return 0;
 }
@@ -541,21 +517,21 @@ static int parse(gguf_file *f, parser *p)
 {
     const uint8_t *m = p->map;
     if (memcmp(m, "GGUF", 4))
-        return errorf(p->err, p->errlen, GGUF_EFORMAT,
-                      "bad magic at offset 0: %02x %02x %02x %02x, expected \"GGUF\"", m[0], m[1],
-                      m[2], m[3]);
+        return bt_errorf(p->err, p->errlen, BT_EFORMAT,
+                         "bad magic at offset 0: %02x %02x %02x %02x, expected \"GGUF\"", m[0],
+                         m[1], m[2], m[3]);
     p->pos = 4;
     uint64_t n_tensors, n_kv;
     int rc = rd_u32(p, &f->version, "version");
     if (rc || (rc = rd_u64(p, &n_tensors, "tensor count")) || (rc = rd_u64(p, &n_kv, "kv count")))
         return rc;
     if (f->version == 0x02000000u || f->version == 0x03000000u)
-        return errorf(p->err, p->errlen, GGUF_EFORMAT,
-                      "version at offset 4 reads as a big-endian file, which is not supported");
+        return bt_errorf(p->err, p->errlen, BT_EFORMAT,
+                         "version at offset 4 reads as a big-endian file, which is not supported");
     if (f->version != 2 && f->version != 3)
-        return errorf(p->err, p->errlen, GGUF_EFORMAT,
-                      "unsupported GGUF version %" PRIu32 " at offset 4 (2 and 3 are supported)",
-                      f->version);
+        return bt_errorf(p->err, p->errlen, BT_EFORMAT,
+                         "unsupported GGUF version %" PRIu32 " at offset 4 (2 and 3 are supported)",
+                         f->version);
     if ((rc = parse_kvs(f, p, n_kv)) || (rc = parse_alignment(f, p)))
         return rc;
     return parse_tensors(f, p, n_tensors);
@@ -566,33 +542,33 @@ int gguf_open(const char *path, gguf_file **out, char *err, size_t errlen)
     if (err && errlen)
         err[0] = '\0';
     if (!out || !path)
-        return errorf(err, errlen, GGUF_EINVAL, "gguf_open: NULL %s", out ? "path" : "out");
+        return bt_errorf(err, errlen, BT_EINVAL, "gguf_open: NULL %s", out ? "path" : "out");
     *out = NULL;
     gguf_file *f = NULL;
     int rc;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        rc = errorf(err, errlen, GGUF_EIO, "%s: %s", path, strerror(errno));
+        rc = bt_errorf(err, errlen, BT_EIO, "%s: %s", path, strerror(errno));
         goto err;
     }
     struct stat st;
     if (fstat(fd, &st) < 0) {
-        rc = errorf(err, errlen, GGUF_EIO, "%s: fstat: %s", path, strerror(errno));
+        rc = bt_errorf(err, errlen, BT_EIO, "%s: fstat: %s", path, strerror(errno));
         goto err;
     }
     if (!S_ISREG(st.st_mode)) {
-        rc = errorf(err, errlen, GGUF_EIO, "%s: not a regular file", path);
+        rc = bt_errorf(err, errlen, BT_EIO, "%s: not a regular file", path);
         goto err;
     }
     if (st.st_size < HEADER_BYTES) {
-        rc = errorf(err, errlen, GGUF_EFORMAT,
-                    "file is %lld bytes, smaller than the %d-byte GGUF header",
-                    (long long)st.st_size, HEADER_BYTES);
+        rc = bt_errorf(err, errlen, BT_EFORMAT,
+                       "file is %lld bytes, smaller than the %d-byte GGUF header",
+                       (long long)st.st_size, HEADER_BYTES);
         goto err;
     }
     f = calloc(1, sizeof(*f));
     if (!f) {
-        rc = errorf(err, errlen, GGUF_ENOMEM, "out of memory");
+        rc = bt_errorf(err, errlen, BT_ENOMEM, "out of memory");
         goto err;
     }
     /* MAP_PRIVATE and read-only: the weights are never written, and a
@@ -600,7 +576,7 @@ int gguf_open(const char *path, gguf_file **out, char *err, size_t errlen)
      * showing through (short of truncation, which raises SIGBUS). */
     void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
     if (m == MAP_FAILED) {
-        rc = errorf(err, errlen, GGUF_EIO, "%s: mmap: %s", path, strerror(errno));
+        rc = bt_errorf(err, errlen, BT_EIO, "%s: mmap: %s", path, strerror(errno));
         goto err;
     }
     f->map = m;
@@ -671,13 +647,13 @@ uint32_t gguf_kv_type(const gguf_file *f, size_t i)
     return i < f->n_kv ? f->kvs[i].type : UINT32_MAX;
 }
 
-/* The kv of KEY: 0, GGUF_EINVAL or GGUF_ENOTFOUND. */
+/* The kv of KEY: 0, BT_EINVAL or BT_ENOENT. */
 static int lookup(const gguf_file *f, const char *key, const gguf_kv **out)
 {
     if (!f || !key)
-        return GGUF_EINVAL;
+        return BT_EINVAL;
     *out = kv_find(f, key);
-    return *out ? 0 : GGUF_ENOTFOUND;
+    return *out ? 0 : BT_ENOENT;
 }
 
 int gguf_find_key(const gguf_file *f, const char *key, size_t *index)
@@ -698,7 +674,7 @@ typedef struct wide_int {
     uint64_t u;
 } wide_int;
 
-/* Loads the integer of value type TYPE at P; GGUF_ETYPE for other types. */
+/* Loads the integer of value type TYPE at P; BT_ETYPE for other types. */
 static int load_int(uint32_t type, const uint8_t *p, wide_int *w)
 {
     int64_t s;
@@ -711,7 +687,7 @@ static int load_int(uint32_t type, const uint8_t *p, wide_int *w)
     case GGUF_VAL_I16: { int16_t v; memcpy(&v, p, 2); s = v; break; }
     case GGUF_VAL_I32: { int32_t v; memcpy(&v, p, 4); s = v; break; }
     case GGUF_VAL_I64: { memcpy(&s, p, 8); break; }
-    default: return GGUF_ETYPE;
+    default: return BT_ETYPE;
     }
     *w = s < 0 ? (wide_int){true, s, 0} : (wide_int){false, 0, (uint64_t)s};
     return 0;
@@ -720,7 +696,7 @@ static int load_int(uint32_t type, const uint8_t *p, wide_int *w)
 static int wide_to_signed(wide_int w, int64_t lo, int64_t hi, int64_t *out)
 {
     if (w.neg ? w.s < lo : w.u > (uint64_t)hi)
-        return GGUF_ERANGE;
+        return BT_ERANGE;
     *out = w.neg ? w.s : (int64_t)w.u;
     return 0;
 }
@@ -728,7 +704,7 @@ static int wide_to_signed(wide_int w, int64_t lo, int64_t hi, int64_t *out)
 static int wide_to_unsigned(wide_int w, uint64_t hi, uint64_t *out)
 {
     if (w.neg || w.u > hi)
-        return GGUF_ERANGE;
+        return BT_ERANGE;
     *out = w.u;
     return 0;
 }
@@ -742,15 +718,15 @@ static int load_f32(uint32_t type, const uint8_t *p, float *out)
         return 0;
     }
     if (type != GGUF_VAL_F64)
-        return GGUF_ETYPE;
+        return BT_ETYPE;
     double d;
     memcpy(&d, p, 8);
     /* A finite double beyond FLT_MAX does not convert (undefined in C). */
     if (isfinite(d) && fabs(d) > FLT_MAX)
-        return GGUF_ERANGE;
+        return BT_ERANGE;
     float v = (float)d;
     if (!isnan(d) && (double)v != d)
-        return GGUF_ERANGE;
+        return BT_ERANGE;
     *out = v;
     return 0;
 }
@@ -813,7 +789,7 @@ int gguf_get_bool(const gguf_file *f, const char *key, bool *out)
     if (rc)
         return rc;
     if (kv->type != GGUF_VAL_BOOL)
-        return GGUF_ETYPE;
+        return BT_ETYPE;
     *out = kv->val[0] != 0;  /* any nonzero byte, as the reference reader */
     return 0;
 }
@@ -834,7 +810,7 @@ int gguf_get_str(const gguf_file *f, const char *key, const char **s, size_t *le
     if (rc)
         return rc;
     if (kv->type != GGUF_VAL_STRING)
-        return GGUF_ETYPE;
+        return BT_ETYPE;
     load_str(kv->val, s, len);
     return 0;
 }
@@ -844,7 +820,7 @@ static int find_array(const gguf_file *f, const char *key, const gguf_kv **out)
     int rc = lookup(f, key, out);
     if (rc)
         return rc;
-    return (*out)->type == GGUF_VAL_ARRAY ? 0 : GGUF_ETYPE;
+    return (*out)->type == GGUF_VAL_ARRAY ? 0 : BT_ETYPE;
 }
 
 int gguf_get_array(const gguf_file *f, const char *key, uint32_t *elem_type, uint64_t *count)
@@ -867,7 +843,7 @@ int gguf_array_data(const gguf_file *f, const char *key, const void **data)
     if (rc)
         return rc;
     if (kv->elem_type == GGUF_VAL_STRING)
-        return GGUF_ETYPE;
+        return BT_ETYPE;
     *data = kv->val;
     return 0;
 }
@@ -880,9 +856,9 @@ int gguf_array_string(const gguf_file *f, const char *key, uint64_t i, const cha
     if (rc)
         return rc;
     if (kv->elem_type != GGUF_VAL_STRING)
-        return GGUF_ETYPE;
+        return BT_ETYPE;
     if (i >= kv->count)
-        return GGUF_ERANGE;
+        return BT_ERANGE;
     load_str(kv->val + kv->str_off[i], s, len);
     return 0;
 }
@@ -895,9 +871,9 @@ int gguf_array_i64(const gguf_file *f, const char *key, uint64_t i, int64_t *out
         return rc;
     uint32_t t = kv->elem_type;
     if (t == GGUF_VAL_STRING || t == GGUF_VAL_F32 || t == GGUF_VAL_F64)
-        return GGUF_ETYPE;
+        return BT_ETYPE;
     if (i >= kv->count)
-        return GGUF_ERANGE;
+        return BT_ERANGE;
     const uint8_t *p = kv->val + (size_t)i * val_bytes[t];
     if (t == GGUF_VAL_BOOL) {
         *out = p[0] != 0;
@@ -917,9 +893,9 @@ int gguf_array_f32(const gguf_file *f, const char *key, uint64_t i, float *out)
         return rc;
     uint32_t t = kv->elem_type;
     if (t != GGUF_VAL_F32 && t != GGUF_VAL_F64)
-        return GGUF_ETYPE;
+        return BT_ETYPE;
     if (i >= kv->count)
-        return GGUF_ERANGE;
+        return BT_ERANGE;
     return load_f32(t, kv->val + (size_t)i * val_bytes[t], out);
 }
 

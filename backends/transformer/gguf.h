@@ -24,19 +24,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/status.h"
+
 #define GGUF_MAX_DIMS 4
 #define GGUF_DEFAULT_ALIGNMENT 32  /* bytes, when general.alignment is absent */
-
-/* Status codes (negative; 0 is success). */
-enum {
-    GGUF_EINVAL = -1,    /* a bad argument (NULL path, NULL out) */
-    GGUF_ENOMEM = -2,
-    GGUF_EIO = -3,       /* open, fstat or mmap failed */
-    GGUF_EFORMAT = -4,   /* malformed, truncated or unsupported file */
-    GGUF_ENOTFOUND = -5, /* no such key */
-    GGUF_ETYPE = -6,     /* the value's type does not convert to the one asked for */
-    GGUF_ERANGE = -7     /* the value does not fit the type asked for, or index out of range */
-};
 
 /* Metadata value types, as numbered in the file. */
 enum {
@@ -100,7 +91,6 @@ typedef struct gguf_tensor {
 int gguf_open(const char *path, gguf_file **out, char *err, size_t errlen);
 void gguf_close(gguf_file *f);  /* NULL is a no-op */
 
-const char *gguf_strerror(int status);
 
 /* The name of a ggml type ("q4_1"), or "?" for an unknown one. */
 const char *gguf_type_name(uint32_t ggml_type);
@@ -120,14 +110,14 @@ size_t gguf_data_offset(const gguf_file *f);  /* bytes from the file start to th
 size_t gguf_kv_count(const gguf_file *f);
 const char *gguf_kv_key(const gguf_file *f, size_t i, size_t *len);
 uint32_t gguf_kv_type(const gguf_file *f, size_t i);  /* GGUF_VAL_*; UINT32_MAX out of range */
-/* Sets *INDEX to the index of KEY; returns 0 or GGUF_ENOTFOUND. */
+/* Sets *INDEX to the index of KEY; returns 0 or BT_ENOENT. */
 int gguf_find_key(const gguf_file *f, const char *key, size_t *index);
 
 /* Scalar values by key.  Integers convert between all integer widths and
- * signednesses where the value fits (else GGUF_ERANGE); gguf_get_f32 takes
+ * signednesses where the value fits (else BT_ERANGE); gguf_get_f32 takes
  * an f32, or an f64 that is exactly a float.  Each returns 0,
- * GGUF_ENOTFOUND, GGUF_ETYPE (another type, arrays included) or
- * GGUF_ERANGE, and leaves *OUT alone unless it returns 0. */
+ * BT_ENOENT, BT_ETYPE (another type, arrays included) or
+ * BT_ERANGE, and leaves *OUT alone unless it returns 0. */
 int gguf_get_u32(const gguf_file *f, const char *key, uint32_t *out);
 int gguf_get_i32(const gguf_file *f, const char *key, int32_t *out);
 int gguf_get_u64(const gguf_file *f, const char *key, uint64_t *out);
@@ -141,12 +131,12 @@ int gguf_get_str(const gguf_file *f, const char *key, const char **s, size_t *le
 /* An array value's element type (GGUF_VAL_*) and count. */
 int gguf_get_array(const gguf_file *f, const char *key, uint32_t *elem_type, uint64_t *count);
 /* The raw elements of a numeric or bool array: little-endian, packed, and
- * possibly unaligned (read with memcpy).  GGUF_ETYPE for string arrays. */
+ * possibly unaligned (read with memcpy).  BT_ETYPE for string arrays. */
 int gguf_array_data(const gguf_file *f, const char *key, const void **data);
-/* Element I of a string array; O(1).  GGUF_ERANGE when I >= count. */
+/* Element I of a string array; O(1).  BT_ERANGE when I >= count. */
 int gguf_array_string(const gguf_file *f, const char *key, uint64_t i, const char **s,
                       size_t *len);
-/* Element I of an integer or bool array as int64 (GGUF_ERANGE for a u64
+/* Element I of an integer or bool array as int64 (BT_ERANGE for a u64
  * above INT64_MAX), or of an f32 array (or f64 exactly a float) as float. */
 int gguf_array_i64(const gguf_file *f, const char *key, uint64_t i, int64_t *out);
 int gguf_array_f32(const gguf_file *f, const char *key, uint64_t i, float *out);

@@ -57,32 +57,6 @@ struct tok_vocab {
     char *default_system;  /* the template's own system text; owned, may be NULL */
 };
 
-const char *tok_strerror(int status)
-{
-    switch (status) {
-    case 0: return "ok";
-    case TOK_EINVAL: return "invalid argument";
-    case TOK_ENOMEM: return "out of memory";
-    case TOK_EFORMAT: return "tokenizer metadata missing or malformed";
-    case TOK_EUNSUPPORTED: return "unsupported tokenizer";
-    case TOK_ERANGE: return "token id or size out of range";
-    case TOK_ENOTEMPLATE: return "no ChatML chat template";
-    }
-    return "unknown status";
-}
-
-__attribute__((format(printf, 4, 5)))
-static int errorf(char *err, size_t errlen, int status, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return status;
-}
-
 /* ---- BPE ---- */
 
 typedef struct bpe_sym {
@@ -215,7 +189,7 @@ static int bpe_word(const tok_vocab *v, bpe_work *w, const uint8_t *s, size_t n,
     if (n > w->cap) {
         size_t cap = n > 2 * w->cap ? n : 2 * w->cap;
         if (cap > INT32_MAX / 3)
-            return TOK_ERANGE;
+            return BT_ERANGE;
         bpe_sym *sym = realloc(w->sym, cap * sizeof(*sym));
         if (sym)
             w->sym = sym;
@@ -223,7 +197,7 @@ static int bpe_word(const tok_vocab *v, bpe_work *w, const uint8_t *s, size_t n,
         if (heap)
             w->heap = heap;
         if (!sym || !heap)
-            return TOK_ENOMEM;
+            return BT_ENOMEM;
         w->cap = cap;
     }
     /* Bytes without a token are left out, so their neighbours may merge
@@ -280,7 +254,7 @@ int tok_encode(const tok_vocab *v, const char *text, size_t len, bool parse_spec
                int32_t *ids, size_t cap)
 {
     if (!v || (!text && len) || (!ids && cap))
-        return TOK_EINVAL;
+        return BT_EINVAL;
     if (!len)
         return 0;
     const uint8_t *s = (const uint8_t *)text;
@@ -318,15 +292,15 @@ out:
     free(w.heap);
     if (rc)
         return rc;
-    return o.n > INT_MAX ? TOK_ERANGE : (int)o.n;
+    return o.n > INT_MAX ? BT_ERANGE : (int)o.n;
 }
 
 int tok_piece(const tok_vocab *v, int32_t id, char *buf, size_t cap)
 {
     if (!v || (!buf && cap))
-        return TOK_EINVAL;
+        return BT_EINVAL;
     if (id < 0 || id >= v->n_tokens)
-        return TOK_ERANGE;
+        return BT_ERANGE;
     size_t n = v->piece_off[id + 1] - v->piece_off[id];
     if (cap)
         memcpy(buf, v->piece + v->piece_off[id], n < cap ? n : cap);
@@ -379,10 +353,10 @@ int tok_chat_render(const tok_vocab *v, const char *system, const char *user, si
                     char **out)
 {
     if (!v || !out || (!user && user_len))
-        return TOK_EINVAL;
+        return BT_EINVAL;
     *out = NULL;
     if (!v->tmpl || !strstr(v->tmpl, IM_START))
-        return TOK_ENOTEMPLATE;
+        return BT_ENOTEMPLATE;
     if (!system)
         system = v->default_system;
     static const char sys_head[] = "<|im_start|>system\n", user_head[] = "<|im_start|>user\n";
@@ -391,10 +365,10 @@ int tok_chat_render(const tok_vocab *v, const char *system, const char *user, si
     size_t n = (system ? sizeof(sys_head) - 1 + sl + sizeof(IM_END) - 1 + 1 : 0) +
                sizeof(user_head) - 1 + user_len + sizeof(tail) - 1;
     if (n > INT_MAX)
-        return TOK_ERANGE;
+        return BT_ERANGE;
     char *s = malloc(n + 1), *p = s;
     if (!s)
-        return TOK_ENOMEM;
+        return BT_ENOMEM;
     if (system) {
         p = mempcpy(p, sys_head, sizeof(sys_head) - 1);
         p = mempcpy(p, system, sl);
@@ -440,23 +414,24 @@ static int load_tokens(tok_vocab *v, const gguf_file *f, char *err, size_t errle
     uint32_t et;
     uint64_t count;
     if (gguf_get_array(f, "tokenizer.ggml.tokens", &et, &count) || et != GGUF_VAL_STRING)
-        return errorf(err, errlen, TOK_EFORMAT,
-                      "tokenizer.ggml.tokens: missing or not a string array");
+        return bt_errorf(err, errlen, BT_EFORMAT,
+                         "tokenizer.ggml.tokens: missing or not a string array");
     if (count == 0 || count > INT32_MAX / 4)
-        return errorf(err, errlen, TOK_EFORMAT, "tokenizer.ggml.tokens: %llu tokens",
-                      (unsigned long long)count);
+        return bt_errorf(err, errlen, BT_EFORMAT, "tokenizer.ggml.tokens: %llu tokens",
+                         (unsigned long long)count);
     v->n_tokens = (int32_t)count;
     size_t total = 0;
     for (uint64_t i = 0; i < count; i++) {
         const char *s;
         size_t n;
         if (gguf_array_string(f, "tokenizer.ggml.tokens", i, &s, &n))
-            return errorf(err, errlen, TOK_EFORMAT, "tokenizer.ggml.tokens[%llu] unreadable",
-                          (unsigned long long)i);
+            return bt_errorf(err, errlen, BT_EFORMAT, "tokenizer.ggml.tokens[%llu] unreadable",
+                             (unsigned long long)i);
         total += n;
     }
     if (total > UINT32_MAX - 1)
-        return errorf(err, errlen, TOK_EFORMAT, "tokenizer.ggml.tokens: %zu bytes of text", total);
+        return bt_errorf(err, errlen, BT_EFORMAT, "tokenizer.ggml.tokens: %zu bytes of text",
+                         total);
     v->text = malloc(total + 1);
     v->piece = malloc(total + 1);
     v->text_off = malloc((count + 1) * sizeof(uint32_t));
@@ -465,8 +440,8 @@ static int load_tokens(tok_vocab *v, const gguf_file *f, char *err, size_t errle
     v->str_mask = table_size(count) - 1;
     v->str_slots = calloc(v->str_mask + 1, sizeof(int32_t));
     if (!v->text || !v->piece || !v->text_off || !v->piece_off || !v->attr || !v->str_slots)
-        return errorf(err, errlen, TOK_ENOMEM, "out of memory for %llu tokens",
-                      (unsigned long long)count);
+        return bt_errorf(err, errlen, BT_ENOMEM, "out of memory for %llu tokens",
+                         (unsigned long long)count);
     uint32_t off = 0;
     for (uint64_t i = 0; i < count; i++) {
         const char *s;
@@ -487,14 +462,14 @@ static int load_tokens(tok_vocab *v, const gguf_file *f, char *err, size_t errle
     uint64_t tcount;
     bool have_types = !gguf_get_array(f, "tokenizer.ggml.token_type", &tt, &tcount);
     if (have_types && tcount != count)
-        return errorf(err, errlen, TOK_EFORMAT,
-                      "tokenizer.ggml.token_type has %llu entries for %llu tokens",
-                      (unsigned long long)tcount, (unsigned long long)count);
+        return bt_errorf(err, errlen, BT_EFORMAT,
+                         "tokenizer.ggml.token_type has %llu entries for %llu tokens",
+                         (unsigned long long)tcount, (unsigned long long)count);
     for (uint64_t i = 0; i < count; i++) {
         int64_t t = TYPE_NORMAL;
         if (have_types && gguf_array_i64(f, "tokenizer.ggml.token_type", i, &t))
-            return errorf(err, errlen, TOK_EFORMAT,
-                          "tokenizer.ggml.token_type is not an integer array");
+            return bt_errorf(err, errlen, BT_EFORMAT,
+                             "tokenizer.ggml.token_type is not an integer array");
         v->attr[i] = (t >= TYPE_NORMAL && t <= TYPE_BYTE) ? (uint8_t)t : TYPE_NORMAL;
     }
     return 0;
@@ -541,14 +516,15 @@ static int load_merges(tok_vocab *v, const gguf_file *f, char *err, size_t errle
     uint32_t et;
     uint64_t count;
     if (gguf_get_array(f, key, &et, &count) || et != GGUF_VAL_STRING)
-        return errorf(err, errlen, TOK_EFORMAT, "%s: missing or not a string array", key);
+        return bt_errorf(err, errlen, BT_EFORMAT, "%s: missing or not a string array", key);
     if (count > INT32_MAX / 4)
-        return errorf(err, errlen, TOK_EFORMAT, "%s: %llu merges", key, (unsigned long long)count);
+        return bt_errorf(err, errlen, BT_EFORMAT, "%s: %llu merges", key,
+                         (unsigned long long)count);
     v->merge_mask = table_size(count) - 1;
     v->merges = malloc((v->merge_mask + 1) * sizeof(*v->merges));
     if (!v->merges)
-        return errorf(err, errlen, TOK_ENOMEM, "out of memory for %llu merges",
-                      (unsigned long long)count);
+        return bt_errorf(err, errlen, BT_ENOMEM, "out of memory for %llu merges",
+                         (unsigned long long)count);
     for (size_t i = 0; i <= v->merge_mask; i++)
         v->merges[i] = (merge_slot){UINT64_MAX, 0, 0};
     char *buf = NULL;  /* A and B joined, to look up AB */
@@ -558,22 +534,22 @@ static int load_merges(tok_vocab *v, const gguf_file *f, char *err, size_t errle
         const char *s, *sp = NULL;
         size_t n;
         if (gguf_array_string(f, key, i, &s, &n)) {
-            rc = errorf(err, errlen, TOK_EFORMAT, "%s[%llu] unreadable", key,
-                        (unsigned long long)i);
+            rc = bt_errorf(err, errlen, BT_EFORMAT, "%s[%llu] unreadable", key,
+                           (unsigned long long)i);
             goto out;
         }
         /* The separator is the first space after the first byte, as in
          * llama.cpp: byte-level tokens spell a space as U+0120. */
         if (n < 3 || !(sp = memchr(s + 1, ' ', n - 1))) {
-            rc = errorf(err, errlen, TOK_EFORMAT, "%s[%llu] is not \"A B\"", key,
-                        (unsigned long long)i);
+            rc = bt_errorf(err, errlen, BT_EFORMAT, "%s[%llu] is not \"A B\"", key,
+                           (unsigned long long)i);
             goto out;
         }
         size_t la = sp - s, lb = n - la - 1;
         if (la + lb > bufcap) {
             char *nb = realloc(buf, 2 * (la + lb));
             if (!nb) {
-                rc = errorf(err, errlen, TOK_ENOMEM, "out of memory");
+                rc = bt_errorf(err, errlen, BT_ENOMEM, "out of memory");
                 goto out;
             }
             buf = nb;
@@ -635,7 +611,7 @@ static int build_specials(tok_vocab *v)
     v->specials = malloc((n ? n : 1) * sizeof(int32_t));
     if (!tmp || !v->specials) {
         free(tmp);
-        return TOK_ENOMEM;
+        return BT_ENOMEM;
     }
     n = 0;
     for (int32_t id = 0; id < v->n_tokens; id++) {
@@ -667,11 +643,11 @@ static int opt_id(const gguf_file *f, const char *key, int32_t n_tokens, int32_t
     uint32_t u;
     *id = -1;
     int rc = gguf_get_u32(f, key, &u);
-    if (rc == GGUF_ENOTFOUND)
+    if (rc == BT_ENOENT)
         return 0;
     if (rc || u >= (uint32_t)n_tokens)
-        return errorf(err, errlen, TOK_EFORMAT, "%s is not a token id below %d", key,
-                      (int)n_tokens);
+        return bt_errorf(err, errlen, BT_EFORMAT, "%s is not a token id below %d", key,
+                         (int)n_tokens);
     *id = (int32_t)u;
     return 0;
 }
@@ -681,19 +657,19 @@ int tok_vocab_create(const gguf_file *f, tok_vocab **out, char *err, size_t errl
     if (err && errlen)
         err[0] = '\0';
     if (!out)
-        return errorf(err, errlen, TOK_EINVAL, "NULL out");
+        return bt_errorf(err, errlen, BT_EINVAL, "NULL out");
     *out = NULL;
     if (!f)
-        return errorf(err, errlen, TOK_EINVAL, "NULL GGUF file");
+        return bt_errorf(err, errlen, BT_EINVAL, "NULL GGUF file");
     const char *s;
     size_t n;
     if (gguf_get_str(f, "tokenizer.ggml.model", &s, &n))
-        return errorf(err, errlen, TOK_EFORMAT, "tokenizer.ggml.model: missing or not a string");
+        return bt_errorf(err, errlen, BT_EFORMAT, "tokenizer.ggml.model: missing or not a string");
     if (n != 4 || memcmp(s, "gpt2", 4))
-        return errorf(err, errlen, TOK_EUNSUPPORTED,
-                      "tokenizer.ggml.model \"%.*s\" is not supported; only \"gpt2\" "
-                      "(byte-level BPE) is",
-                      (int)(n > 64 ? 64 : n), s);
+        return bt_errorf(err, errlen, BT_EUNSUPPORTED,
+                         "tokenizer.ggml.model \"%.*s\" is not supported; only \"gpt2\" "
+                         "(byte-level BPE) is",
+                         (int)(n > 64 ? 64 : n), s);
     static const struct { const char *name; int pre; } pres[] = {
         {"smollm", TOK_PRE_DIGITS_GPT2}, {"starcoder", TOK_PRE_DIGITS_GPT2},
         {"refact", TOK_PRE_DIGITS_GPT2}, {"gpt2", TOK_PRE_GPT2}, {"gpt-2", TOK_PRE_GPT2},
@@ -701,21 +677,22 @@ int tok_vocab_create(const gguf_file *f, tok_vocab **out, char *err, size_t errl
     };
     int pre = TOK_PRE_GPT2;
     int rc = gguf_get_str(f, "tokenizer.ggml.pre", &s, &n);
-    if (rc && rc != GGUF_ENOTFOUND)
-        return errorf(err, errlen, TOK_EFORMAT, "tokenizer.ggml.pre is not a string");
+    if (rc && rc != BT_ENOENT)
+        return bt_errorf(err, errlen, BT_EFORMAT, "tokenizer.ggml.pre is not a string");
     if (!rc) {
         pre = -1;
         for (size_t i = 0; i < sizeof(pres) / sizeof(pres[0]); i++)
             if (strlen(pres[i].name) == n && !memcmp(pres[i].name, s, n))
                 pre = pres[i].pre;
         if (pre < 0)
-            return errorf(err, errlen, TOK_EUNSUPPORTED,
-                          "tokenizer.ggml.pre \"%.*s\" is not supported (smollm, starcoder, "
-                          "refact, gpt2, gpt-2, llama-bpe and llama3 are)", (int)(n > 64 ? 64 : n), s);
+            return bt_errorf(err, errlen, BT_EUNSUPPORTED,
+                             "tokenizer.ggml.pre \"%.*s\" is not supported (smollm, starcoder, "
+                             "refact, gpt2, gpt-2, llama-bpe and llama3 are)",
+                             (int)(n > 64 ? 64 : n), s);
     }
     tok_vocab *v = calloc(1, sizeof(*v));
     if (!v)
-        return errorf(err, errlen, TOK_ENOMEM, "out of memory");
+        return bt_errorf(err, errlen, BT_ENOMEM, "out of memory");
     v->pre = pre;
     if ((rc = load_tokens(v, f, err, errlen)))
         goto err;
@@ -723,7 +700,7 @@ int tok_vocab_create(const gguf_file *f, tok_vocab **out, char *err, size_t errl
     if ((rc = load_merges(v, f, err, errlen)))
         goto err;
     if ((rc = build_specials(v))) {
-        errorf(err, errlen, rc, "out of memory");
+        bt_errorf(err, errlen, rc, "out of memory");
         goto err;
     }
     int32_t eot, eom;
@@ -740,12 +717,12 @@ int tok_vocab_create(const gguf_file *f, tok_vocab **out, char *err, size_t errl
     if (!rc) {
         /* A template with a NUL inside is cut there; Jinja text has none. */
         if (!(v->tmpl = strndup(s, n))) {
-            rc = errorf(err, errlen, TOK_ENOMEM, "out of memory");
+            rc = bt_errorf(err, errlen, BT_ENOMEM, "out of memory");
             goto err;
         }
         v->default_system = template_default_system(v->tmpl);
-    } else if (rc != GGUF_ENOTFOUND) {
-        rc = errorf(err, errlen, TOK_EFORMAT, "tokenizer.chat_template is not a string");
+    } else if (rc != BT_ENOENT) {
+        rc = bt_errorf(err, errlen, BT_EFORMAT, "tokenizer.chat_template is not a string");
         goto err;
     }
     *out = v;

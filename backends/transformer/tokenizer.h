@@ -33,16 +33,7 @@
 #include <stdint.h>
 
 #include "backends/transformer/gguf.h"
-
-/* Status codes (negative; 0 is success). */
-enum {
-    TOK_EINVAL = -1,      /* a bad argument (NULL vocab, NULL text with a length) */
-    TOK_ENOMEM = -2,
-    TOK_EFORMAT = -3,     /* tokenizer metadata missing or malformed in the GGUF */
-    TOK_EUNSUPPORTED = -4, /* a tokenizer model or pre-tokenizer this module lacks */
-    TOK_ERANGE = -5,      /* a token id out of range, or a result too large for an int */
-    TOK_ENOTEMPLATE = -6  /* no chat template, or one that is not ChatML */
-};
+#include "common/status.h"
 
 typedef struct tok_vocab tok_vocab;
 
@@ -51,7 +42,6 @@ typedef struct tok_vocab tok_vocab;
 int tok_vocab_create(const gguf_file *f, tok_vocab **out, char *err, size_t errlen);
 void tok_vocab_destroy(tok_vocab *v);  /* NULL is a no-op */
 
-const char *tok_strerror(int status);
 
 int tok_vocab_size(const tok_vocab *v);  /* tokens */
 int32_t tok_bos(const tok_vocab *v);     /* -1 when the model has none */
@@ -72,7 +62,7 @@ int tok_encode(const tok_vocab *v, const char *text, size_t len, bool parse_spec
 
 /* The bytes of token ID: the GPT-2 byte alphabet mapped back to bytes for
  * ordinary tokens, the text itself for control and user-defined ones.
- * Writes min(CAP, n) bytes to BUF (no NUL) and returns n, or TOK_ERANGE
+ * Writes min(CAP, n) bytes to BUF (no NUL) and returns n, or BT_ERANGE
  * for a bad id.  A piece may end inside a UTF-8 character. */
 int tok_piece(const tok_vocab *v, int32_t id, char *buf, size_t cap);
 
@@ -87,7 +77,7 @@ size_t tok_utf8_complete(const char *buf, size_t len);
  * when NULL, the default system text written in the template, if any), the
  * user turn (USER_LEN bytes of USER) and the generation prompt
  * "<|im_start|>assistant\n".  *OUT gets a malloc'd NUL-terminated string
- * (free() it); returns its length in bytes, or TOK_ENOTEMPLATE when the
+ * (free() it); returns its length in bytes, or BT_ENOTEMPLATE when the
  * GGUF has no template or one without <|im_start|>, or another status. */
 int tok_chat_render(const tok_vocab *v, const char *system, const char *user, size_t user_len,
                     char **out);

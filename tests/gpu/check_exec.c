@@ -53,7 +53,7 @@ static float urand(void)
 
 static void die(const char *what, int rc)
 {
-    fprintf(stderr, "%s: %s (%d)\n", what, kx_strerror(rc), rc);
+    fprintf(stderr, "%s: %s (%d)\n", what, bt_strerror(rc), rc);
     exit(2);
 }
 
@@ -210,7 +210,7 @@ static void check_model(const char *name, const ktf_shape *s, int seq, int ctx, 
     l1 = p1 = 0;
     int rc2 = kx_run(dd);
     checks++;
-    bool ok = rc == KX_EOP && st < 0 && rc2 == 0;
+    bool ok = rc == BT_EOP && st < 0 && rc2 == 0;
     printf("%s %-44s run %d (status %d), next run %d\n", ok ? "ok  " : "FAIL",
            "position past the cache fails the run", rc, st, rc2);
     failures += !ok;

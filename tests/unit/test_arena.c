@@ -109,11 +109,11 @@ static void test_graph_order_checked(void **state)
     kg_graph *g = kg_create();
     int64_t n = 4;
     int a = inter(g, n), b = inter(g, n);
-    assert_int_equal(kg_op_add(g, KOP_SILU, &a, 1, &b, 1, NULL, 0, -1, -1), KG_EORDER);
+    assert_int_equal(kg_op_add(g, KOP_SILU, &a, 1, &b, 1, NULL, 0, -1, -1), BT_EORDER);
     int p = kg_value_add(g, "w", KG_PARAM, KD_F32, 1, &n);
-    assert_int_equal(kg_op_add(g, KOP_SILU, &p, 1, &p, 1, NULL, 0, -1, -1), KG_EREDEF);
+    assert_int_equal(kg_op_add(g, KOP_SILU, &p, 1, &p, 1, NULL, 0, -1, -1), BT_EREDEF);
     assert_int_equal(kg_op_add(g, KOP_SILU, &p, 1, &a, 1, NULL, 0, -1, -1), 0);
-    assert_int_equal(kg_op_add(g, KOP_SILU, &p, 1, &a, 1, NULL, 0, -1, -1), KG_EREDEF);
+    assert_int_equal(kg_op_add(g, KOP_SILU, &p, 1, &a, 1, NULL, 0, -1, -1), BT_EREDEF);
     kg_destroy(g);
 }
 

@@ -223,7 +223,7 @@ static void test_bucketed(void **state)
     float x[12];
     for (int i = 0; i < 12; i++)
         x[i] = (float)i;
-    assert_int_equal(kx_extent_set(eb, 9), KG_EINVAL);
+    assert_int_equal(kx_extent_set(eb, 9), BT_EINVAL);
     assert_int_equal(kx_extent_set(eb, 3), 0);
     /* 12 floats are enough at extent 3, not at 8. */
     assert_int_equal(kx_input_bind(eb, 0, x, sizeof x), 0);
@@ -236,7 +236,7 @@ static void test_bucketed(void **state)
     assert_int_equal(n3, sizeof x);
     assert_memory_equal(yb, y3, sizeof x);
     assert_int_equal(kx_extent_set(eb, 0), 0);
-    assert_int_equal(kx_commit(eb), KX_EUNBOUND);
+    assert_int_equal(kx_commit(eb), BT_EUNBOUND);
     kx_destroy(eb);
     kx_destroy(e3);
     kg_destroy(gb);
@@ -257,19 +257,19 @@ static void test_params_and_async(void **state)
     kx_op_table t = table(&clk);
     kx_exec *e;
     kx_op_table none = {{0}, NULL};
-    assert_int_equal(kx_compile(g, &none, NULL, &e), KX_ENOOP);
+    assert_int_equal(kx_compile(g, &none, NULL, &e), BT_ENOOP);
     assert_int_equal(kx_compile(g, &t, NULL, &e), 0);
     float xs[16], ws[16];
     for (int i = 0; i < 16; i++)
         xs[i] = (float)i, ws[i] = 100;
     assert_int_equal(kx_input_bind(e, 0, xs, sizeof xs), 0);
-    assert_int_equal(kx_commit(e), KX_EUNBOUND);
-    assert_int_equal(kx_param_set(e, "w", KD_F16, ws, sizeof ws), KX_ETYPE);
-    assert_int_equal(kx_param_set(e, "w", KD_F32, ws, 8), KX_ETYPE);
-    assert_int_equal(kx_param_set(e, "v", KD_F32, ws, sizeof ws), KX_ENOTFOUND);
+    assert_int_equal(kx_commit(e), BT_EUNBOUND);
+    assert_int_equal(kx_param_set(e, "w", KD_F16, ws, sizeof ws), BT_ETYPE);
+    assert_int_equal(kx_param_set(e, "w", KD_F32, ws, 8), BT_ETYPE);
+    assert_int_equal(kx_param_set(e, "v", KD_F32, ws, sizeof ws), BT_ENOENT);
     assert_int_equal(kx_param_set(e, "w", KD_F32, ws, sizeof ws), 0);
     assert_int_equal(kx_commit(e), 0);
-    assert_int_equal(kx_commit(e), KX_EBUSY);
+    assert_int_equal(kx_commit(e), BT_EBUSY);
     assert_int_equal(kx_sync(e), 0);
     const float *yy = kx_output(e, 0, NULL);
     assert_true(yy[5] == 105);
@@ -282,8 +282,8 @@ static void test_params_and_async(void **state)
     float wb[16];
     for (int i = 0; i < 16; i++)
         wb[i] = 1000;
-    assert_int_equal(kx_param_borrow(e, "w", KD_F16, wb, sizeof wb), KX_ETYPE);
-    assert_int_equal(kx_param_borrow(e, "x", KD_F32, wb, sizeof wb), KX_ENOTFOUND);
+    assert_int_equal(kx_param_borrow(e, "w", KD_F16, wb, sizeof wb), BT_ETYPE);
+    assert_int_equal(kx_param_borrow(e, "x", KD_F32, wb, sizeof wb), BT_ENOENT);
     assert_int_equal(kx_param_borrow(e, "w", KD_F32, wb, sizeof wb), 0);
     assert_int_equal(kx_run(e), 0);
     assert_true(((const float *)kx_output(e, 0, NULL))[5] == 1005);

@@ -521,7 +521,7 @@ static void test_bad_data_and_refused_launch(void **state)
     assert_int_equal(kx_input_bind(x, 0, &tok, 4), 0);
     assert_int_equal(kx_input_bind(x, 1, &pos, 4), 0);
     assert_int_equal(kx_input_bind(x, 2, &len, 4), 0);
-    assert_int_equal(kx_run(x), KX_EOP);
+    assert_int_equal(kx_run(x), BT_EOP);
     int st;
     assert_int_equal(kx_op_error(x, &st), -1);
     assert_int_equal(st, -ERANGE);
@@ -536,7 +536,7 @@ static void test_bad_data_and_refused_launch(void **state)
     assert_int_equal(kx_input_bind(y, 0, &tok, 4), 0);
     assert_int_equal(kx_input_bind(y, 1, &pos, 4), 0);
     assert_int_equal(kx_input_bind(y, 2, &len, 4), 0);
-    assert_int_equal(kx_run(y), KX_EOP);
+    assert_int_equal(kx_run(y), BT_EOP);
     int op = kx_op_error(y, &st);
     assert_true(op >= 0);
     assert_int_equal(g->ops[op].op, KOP_ROPE);

@@ -95,7 +95,7 @@ static gguf_file *open_ok(const wbuf *b, const char *name)
     gguf_file *f = NULL;
     int rc = gguf_open(path, &f, err, sizeof(err));
     if (rc)
-        print_error("gguf_open(%s): %s: %s\n", name, gguf_strerror(rc), err);
+        print_error("gguf_open(%s): %s: %s\n", name, bt_strerror(rc), err);
     assert_int_equal(rc, 0);
     assert_non_null(f);
     return f;
@@ -110,7 +110,7 @@ static void expect_fail(const wbuf *b, const char *name, int status, const char 
     int rc = gguf_open(path, &f, err, sizeof(err));
     if (rc != status || !strstr(err, substr))
         print_error("%s: got %d (%s) \"%s\", wanted %d and \"%s\"\n", name, rc,
-                    gguf_strerror(rc), err, status, substr);
+                    bt_strerror(rc), err, status, substr);
     assert_int_equal(rc, status);
     assert_null(f);
     assert_non_null(strstr(err, substr));
@@ -297,24 +297,24 @@ static void test_scalars(void **state)
     assert_int_equal(gguf_get_i64(f, "i32", &i64), 0);
     assert_true(i64 == -2000000000);
     u32 = 7;
-    assert_int_equal(gguf_get_u32(f, "i8", &u32), GGUF_ERANGE);
+    assert_int_equal(gguf_get_u32(f, "i8", &u32), BT_ERANGE);
     assert_int_equal(u32, 7);  /* untouched on failure */
-    assert_int_equal(gguf_get_u32(f, "u64", &u32), GGUF_ERANGE);
-    assert_int_equal(gguf_get_i32(f, "u32", &i32), GGUF_ERANGE);
-    assert_int_equal(gguf_get_u64(f, "i64", &u64), GGUF_ERANGE);
-    assert_int_equal(gguf_get_f32(f, "f64_inexact", &fv), GGUF_ERANGE);
+    assert_int_equal(gguf_get_u32(f, "u64", &u32), BT_ERANGE);
+    assert_int_equal(gguf_get_i32(f, "u32", &i32), BT_ERANGE);
+    assert_int_equal(gguf_get_u64(f, "i64", &u64), BT_ERANGE);
+    assert_int_equal(gguf_get_f32(f, "f64_inexact", &fv), BT_ERANGE);
     /* Other kinds do not convert. */
-    assert_int_equal(gguf_get_u32(f, "f32", &u32), GGUF_ETYPE);
-    assert_int_equal(gguf_get_u32(f, "bool", &u32), GGUF_ETYPE);
-    assert_int_equal(gguf_get_u32(f, "str", &u32), GGUF_ETYPE);
-    assert_int_equal(gguf_get_f32(f, "u32", &fv), GGUF_ETYPE);
-    assert_int_equal(gguf_get_bool(f, "u8", &bv), GGUF_ETYPE);
-    assert_int_equal(gguf_get_str(f, "u32", &s, &len), GGUF_ETYPE);
-    assert_int_equal(gguf_get_array(f, "str", NULL, NULL), GGUF_ETYPE);
-    assert_int_equal(gguf_get_u32(f, "missing", &u32), GGUF_ENOTFOUND);
-    assert_int_equal(gguf_get_u32(f, "u", &u32), GGUF_ENOTFOUND);
-    assert_int_equal(gguf_get_u32(f, "u80", &u32), GGUF_ENOTFOUND);
-    assert_int_equal(gguf_find_key(f, "nope", &idx), GGUF_ENOTFOUND);
+    assert_int_equal(gguf_get_u32(f, "f32", &u32), BT_ETYPE);
+    assert_int_equal(gguf_get_u32(f, "bool", &u32), BT_ETYPE);
+    assert_int_equal(gguf_get_u32(f, "str", &u32), BT_ETYPE);
+    assert_int_equal(gguf_get_f32(f, "u32", &fv), BT_ETYPE);
+    assert_int_equal(gguf_get_bool(f, "u8", &bv), BT_ETYPE);
+    assert_int_equal(gguf_get_str(f, "u32", &s, &len), BT_ETYPE);
+    assert_int_equal(gguf_get_array(f, "str", NULL, NULL), BT_ETYPE);
+    assert_int_equal(gguf_get_u32(f, "missing", &u32), BT_ENOENT);
+    assert_int_equal(gguf_get_u32(f, "u", &u32), BT_ENOENT);
+    assert_int_equal(gguf_get_u32(f, "u80", &u32), BT_ENOENT);
+    assert_int_equal(gguf_find_key(f, "nope", &idx), BT_ENOENT);
     gguf_close(f);
     wbuf_free(&b);
 
@@ -329,7 +329,7 @@ static void test_scalars(void **state)
     gguf_close(f);
     gguf_close(NULL);
     wbuf_free(&b);
-    assert_string_equal(gguf_strerror(GGUF_ETYPE), "value has another type");
+    assert_string_equal(bt_strerror(BT_ETYPE), "type, dtype or size mismatch");
 }
 
 static void test_arrays(void **state)
@@ -365,20 +365,20 @@ static void test_arrays(void **state)
         assert_int_equal(gguf_array_i64(f, "ints", i, &v), 0);
         assert_true(v == want[i]);
     }
-    assert_int_equal(gguf_array_i64(f, "ints", 3, &v), GGUF_ERANGE);
+    assert_int_equal(gguf_array_i64(f, "ints", 3, &v), BT_ERANGE);
     assert_int_equal(gguf_array_data(f, "ints", &data), 0);
     int32_t raw[3];
     memcpy(raw, data, sizeof(raw));
     assert_int_equal(raw[1], -2);
-    assert_int_equal(gguf_array_f32(f, "ints", 0, &fv), GGUF_ETYPE);
-    assert_int_equal(gguf_array_string(f, "ints", 0, &s, &len), GGUF_ETYPE);
+    assert_int_equal(gguf_array_f32(f, "ints", 0, &fv), BT_ETYPE);
+    assert_int_equal(gguf_array_string(f, "ints", 0, &s, &len), BT_ETYPE);
 
     assert_int_equal(gguf_array_i64(f, "bytes", 1, &v), 0);
     assert_int_equal(v, 255);
     assert_int_equal(gguf_array_f32(f, "floats", 1, &fv), 0);
     assert_true(fv == -3.0f);
-    assert_int_equal(gguf_array_i64(f, "floats", 0, &v), GGUF_ETYPE);
-    assert_int_equal(gguf_array_i64(f, "big", 0, &v), GGUF_ERANGE);
+    assert_int_equal(gguf_array_i64(f, "floats", 0, &v), BT_ETYPE);
+    assert_int_equal(gguf_array_i64(f, "big", 0, &v), BT_ERANGE);
 
     assert_int_equal(gguf_get_array(f, "strs", &et, &n), 0);
     assert_int_equal(et, GGUF_VAL_STRING);
@@ -389,14 +389,14 @@ static void test_arrays(void **state)
         assert_int_equal(len, strlen(want_s[i]));
         assert_memory_equal(s, want_s[i], len);
     }
-    assert_int_equal(gguf_array_string(f, "strs", 3, &s, &len), GGUF_ERANGE);
-    assert_int_equal(gguf_array_data(f, "strs", &data), GGUF_ETYPE);
-    assert_int_equal(gguf_array_i64(f, "strs", 0, &v), GGUF_ETYPE);
+    assert_int_equal(gguf_array_string(f, "strs", 3, &s, &len), BT_ERANGE);
+    assert_int_equal(gguf_array_data(f, "strs", &data), BT_ETYPE);
+    assert_int_equal(gguf_array_i64(f, "strs", 0, &v), BT_ETYPE);
     assert_int_equal(gguf_get_array(f, "empty", &et, &n), 0);
     assert_int_equal(n, 0);
-    assert_int_equal(gguf_array_string(f, "empty", 0, &s, &len), GGUF_ERANGE);
-    assert_int_equal(gguf_get_u32(f, "ints", &et), GGUF_ETYPE);
-    assert_int_equal(gguf_array_string(f, "nope", 0, &s, &len), GGUF_ENOTFOUND);
+    assert_int_equal(gguf_array_string(f, "empty", 0, &s, &len), BT_ERANGE);
+    assert_int_equal(gguf_get_u32(f, "ints", &et), BT_ETYPE);
+    assert_int_equal(gguf_array_string(f, "nope", 0, &s, &len), BT_ENOENT);
     gguf_close(f);
     wbuf_free(&b);
 }
@@ -467,12 +467,12 @@ static void test_custom_alignment(void **state)
     wbuf_free(&b);
 
     build(&b, 3, 48, four, 1, NULL);
-    expect_fail(&b, "align_bad.gguf", GGUF_EFORMAT, "general.alignment 48 at offset");
+    expect_fail(&b, "align_bad.gguf", BT_EFORMAT, "general.alignment 48 at offset");
     wbuf_free(&b);
 
     put_header(&b, 3, 0, 1);
     put_key(&b, "general.alignment", GGUF_VAL_U64), put_u64(&b, 64);
-    expect_fail(&b, "align_type.gguf", GGUF_EFORMAT, "has type u64, expected u32");
+    expect_fail(&b, "align_type.gguf", BT_EFORMAT, "has type u64, expected u32");
     wbuf_free(&b);
 }
 
@@ -482,40 +482,40 @@ static void test_bad_header(void **state)
     wbuf b = {0};
     build(&b, 3, 0, four, 1, NULL);
     memcpy(b.p, "GGUG", 4);
-    expect_fail(&b, "magic.gguf", GGUF_EFORMAT, "bad magic at offset 0");
+    expect_fail(&b, "magic.gguf", BT_EFORMAT, "bad magic at offset 0");
     wbuf_free(&b);
 
     build(&b, 4, 0, four, 1, NULL);
-    expect_fail(&b, "version.gguf", GGUF_EFORMAT, "unsupported GGUF version 4 at offset 4");
+    expect_fail(&b, "version.gguf", BT_EFORMAT, "unsupported GGUF version 4 at offset 4");
     wbuf_free(&b);
     build(&b, 1, 0, four, 1, NULL);
-    expect_fail(&b, "version1.gguf", GGUF_EFORMAT, "unsupported GGUF version 1");
+    expect_fail(&b, "version1.gguf", BT_EFORMAT, "unsupported GGUF version 1");
     wbuf_free(&b);
     build(&b, 0x03000000u, 0, four, 1, NULL);
-    expect_fail(&b, "bigendian.gguf", GGUF_EFORMAT, "big-endian");
+    expect_fail(&b, "bigendian.gguf", BT_EFORMAT, "big-endian");
     wbuf_free(&b);
 
     put(&b, "GGUF\3\0\0", 7);
-    expect_fail(&b, "short.gguf", GGUF_EFORMAT, "smaller than the 24-byte GGUF header");
+    expect_fail(&b, "short.gguf", BT_EFORMAT, "smaller than the 24-byte GGUF header");
     wbuf_free(&b);
 
     put_header(&b, 3, 0, UINT64_MAX);
     put_key(&b, "k", GGUF_VAL_U8), put_u8(&b, 1);
-    expect_fail(&b, "kvcount.gguf", GGUF_EFORMAT, "kv count 18446744073709551615 at offset 16");
+    expect_fail(&b, "kvcount.gguf", BT_EFORMAT, "kv count 18446744073709551615 at offset 16");
     wbuf_free(&b);
     put_header(&b, 3, 1ull << 60, 0);
     put_u64(&b, 0);
-    expect_fail(&b, "tcount.gguf", GGUF_EFORMAT, "tensor count 1152921504606846976 at offset 8");
+    expect_fail(&b, "tcount.gguf", BT_EFORMAT, "tensor count 1152921504606846976 at offset 8");
     wbuf_free(&b);
 
     char err[256];
     gguf_file *f = (gguf_file *)&f;
-    assert_int_equal(gguf_open("/nonexistent/x.gguf", &f, err, sizeof(err)), GGUF_EIO);
+    assert_int_equal(gguf_open("/nonexistent/x.gguf", &f, err, sizeof(err)), BT_EIO);
     assert_null(f);
     assert_non_null(strstr(err, "/nonexistent/x.gguf"));
-    assert_int_equal(gguf_open(tmpdir, &f, err, sizeof(err)), GGUF_EIO);
+    assert_int_equal(gguf_open(tmpdir, &f, err, sizeof(err)), BT_EIO);
     assert_non_null(strstr(err, "not a regular file"));
-    assert_int_equal(gguf_open(NULL, &f, NULL, 0), GGUF_EINVAL);
+    assert_int_equal(gguf_open(NULL, &f, NULL, 0), BT_EINVAL);
 }
 
 static void test_bad_kvs(void **state)
@@ -526,7 +526,7 @@ static void test_bad_kvs(void **state)
     put_header(&b, 3, 0, 1);
     put_u64(&b, 10);
     put(&b, "genera", 6);
-    expect_fail(&b, "trunc_key.gguf", GGUF_EFORMAT,
+    expect_fail(&b, "trunc_key.gguf", BT_EFORMAT,
                 "key of kv 0 at offset 24: string of 10 bytes runs past the end of the file "
                 "(38 bytes)");
     wbuf_free(&b);
@@ -535,7 +535,7 @@ static void test_bad_kvs(void **state)
     put_key(&b, "general.name", GGUF_VAL_STRING);
     put_u64(&b, 20);
     put(&b, "Smol", 4);
-    expect_fail(&b, "trunc_val.gguf", GGUF_EFORMAT,
+    expect_fail(&b, "trunc_val.gguf", BT_EFORMAT,
                 "value of key 'general.name' at offset 48: string of 20 bytes runs past");
     wbuf_free(&b);
 
@@ -543,14 +543,14 @@ static void test_bad_kvs(void **state)
     put_key(&b, "general.name", GGUF_VAL_STRING);
     put_u64(&b, 1ull << 63);
     put(&b, "Smol", 4);
-    expect_fail(&b, "strlen.gguf", GGUF_EFORMAT, "string of 9223372036854775808 bytes runs past");
+    expect_fail(&b, "strlen.gguf", BT_EFORMAT, "string of 9223372036854775808 bytes runs past");
     wbuf_free(&b);
 
     put_header(&b, 3, 0, 1);
     put_key(&b, "tokenizer.ggml.scores", GGUF_VAL_ARRAY), put_u32(&b, GGUF_VAL_U32);
     put_u64(&b, 1ull << 62);
     put_u32(&b, 1);
-    expect_fail(&b, "arraycount.gguf", GGUF_EFORMAT,
+    expect_fail(&b, "arraycount.gguf", BT_EFORMAT,
                 "value of key 'tokenizer.ggml.scores' at offset 57: array of 4611686018427387904 "
                 "u32 elements runs past");
     wbuf_free(&b);
@@ -560,25 +560,25 @@ static void test_bad_kvs(void **state)
     put_u64(&b, 3);
     put_str(&b, "a"), put_str(&b, "b");
     put_u64(&b, 5);
-    expect_fail(&b, "arraycount_str.gguf", GGUF_EFORMAT,
+    expect_fail(&b, "arraycount_str.gguf", BT_EFORMAT,
                 "element 2 of value of key 'tokenizer.ggml.tokens' at offset");
     wbuf_free(&b);
 
     put_header(&b, 3, 0, 2);
     put_key(&b, "a.b", GGUF_VAL_U8), put_u8(&b, 1);
     put_key(&b, "a.b", GGUF_VAL_U8), put_u8(&b, 2);
-    expect_fail(&b, "dup_key.gguf", GGUF_EFORMAT, "duplicate key 'a.b' at offset 40");
+    expect_fail(&b, "dup_key.gguf", BT_EFORMAT, "duplicate key 'a.b' at offset 40");
     wbuf_free(&b);
 
     put_header(&b, 3, 0, 1);
     put_key(&b, "nest", GGUF_VAL_ARRAY), put_u32(&b, GGUF_VAL_ARRAY), put_u64(&b, 1);
     put_u32(&b, GGUF_VAL_U8), put_u64(&b, 0);
-    expect_fail(&b, "nested.gguf", GGUF_EFORMAT, "arrays of arrays are not supported");
+    expect_fail(&b, "nested.gguf", BT_EFORMAT, "arrays of arrays are not supported");
     wbuf_free(&b);
 
     put_header(&b, 3, 0, 1);
     put_key(&b, "odd", 13), put_u64(&b, 0);
-    expect_fail(&b, "val_type.gguf", GGUF_EFORMAT, "key 'odd': unknown value type 13 at offset 35");
+    expect_fail(&b, "val_type.gguf", BT_EFORMAT, "key 'odd': unknown value type 13 at offset 35");
     wbuf_free(&b);
 }
 
@@ -588,53 +588,53 @@ static void test_bad_tensors(void **state)
     wbuf b = {0};
     build(&b, 3, 0, four, 4, NULL);
     b.n -= 10;  /* the last tensor loses its last 10 bytes */
-    expect_fail(&b, "past_end.gguf", GGUF_EFORMAT,
+    expect_fail(&b, "past_end.gguf", BT_EFORMAT,
                 "tensor 'blk.0.q4_1': data at offset");
-    expect_fail(&b, "past_end.gguf", GGUF_EFORMAT, "+ 120 bytes runs past the end of the file");
+    expect_fail(&b, "past_end.gguf", BT_EFORMAT, "+ 120 bytes runs past the end of the file");
     wbuf_free(&b);
 
     tspec two[2] = {four[0], four[1]};
     build(&b, 3, 0, two, 2, (uint64_t[]){0, 1ull << 40});
-    expect_fail(&b, "offset_past.gguf", GGUF_EFORMAT,
+    expect_fail(&b, "offset_past.gguf", BT_EFORMAT,
                 "tensor 'w.f16': data offset 1099511627776 (from the data section at");
     wbuf_free(&b);
 
     build(&b, 3, 0, two, 2, (uint64_t[]){0, 48});
-    expect_fail(&b, "unaligned.gguf", GGUF_EFORMAT,
+    expect_fail(&b, "unaligned.gguf", BT_EFORMAT,
                 "tensor 'w.f16': data offset 48 is not a multiple of the alignment 32");
     wbuf_free(&b);
 
     tspec row = {"blk.0.ffn_down.weight", GGUF_GGML_Q8_0, 2, {48, 2}};
     build(&b, 3, 0, &row, 1, NULL);
-    expect_fail(&b, "row.gguf", GGUF_EFORMAT,
+    expect_fail(&b, "row.gguf", BT_EFORMAT,
                 "tensor 'blk.0.ffn_down.weight': a row of 48 elements is not a multiple of the "
                 "q8_0 block of 32");
     wbuf_free(&b);
 
     tspec odd = {"blk.3.attn_k.weight", 99, 1, {32}};
     build(&b, 3, 0, &odd, 1, NULL);
-    expect_fail(&b, "ggml_type.gguf", GGUF_EFORMAT,
+    expect_fail(&b, "ggml_type.gguf", BT_EFORMAT,
                 "tensor 'blk.3.attn_k.weight' at offset");
-    expect_fail(&b, "ggml_type.gguf", GGUF_EFORMAT, "unknown ggml type 99");
+    expect_fail(&b, "ggml_type.gguf", BT_EFORMAT, "unknown ggml type 99");
     wbuf_free(&b);
 
     tspec five = {"t5", GGUF_GGML_F32, 5, {1, 1, 1, 1, 1}};
     build(&b, 3, 0, &five, 1, NULL);
-    expect_fail(&b, "dims.gguf", GGUF_EFORMAT, "tensor 't5' at offset 34: 5 dims, at most 4");
+    expect_fail(&b, "dims.gguf", BT_EFORMAT, "tensor 't5' at offset 34: 5 dims, at most 4");
     wbuf_free(&b);
 
     tspec huge = {"h", GGUF_GGML_F32, 2, {1ull << 62, 1ull << 62}};
     build(&b, 3, 0, &huge, 1, (uint64_t[]){0});
-    expect_fail(&b, "dimbig.gguf", GGUF_EFORMAT, "overflow a byte count");
+    expect_fail(&b, "dimbig.gguf", BT_EFORMAT, "overflow a byte count");
     wbuf_free(&b);
     huge.ne[0] = 1ull << 63;
     build(&b, 3, 0, &huge, 1, (uint64_t[]){0});
-    expect_fail(&b, "dimbig.gguf", GGUF_EFORMAT, "more than ggml's int64 holds");
+    expect_fail(&b, "dimbig.gguf", BT_EFORMAT, "more than ggml's int64 holds");
     wbuf_free(&b);
 
     tspec dup[3] = {four[0], four[1], four[0]};
     build(&b, 3, 0, dup, 3, NULL);
-    expect_fail(&b, "dup_tensor.gguf", GGUF_EFORMAT,
+    expect_fail(&b, "dup_tensor.gguf", BT_EFORMAT,
                 "duplicate tensor name 'w.f32' (tensors 0 and 2)");
     wbuf_free(&b);
 }
@@ -659,7 +659,7 @@ static void test_every_truncation(void **state)
         gguf_file *f = NULL;
         int rc = gguf_open(path, &f, err, sizeof(err));
         if (n < b.n) {
-            if (rc != GGUF_EFORMAT)
+            if (rc != BT_EFORMAT)
                 fail_msg("prefix of %zu bytes: %d", n, rc);
             assert_true(strlen(err) > 0);
         } else {
@@ -755,7 +755,7 @@ static void test_real_model(void **state)
     gguf_file *f = NULL;
     int rc = gguf_open(REAL_MODEL, &f, err, sizeof(err));
     if (rc)
-        fail_msg("%s: %s", gguf_strerror(rc), err);
+        fail_msg("%s: %s", bt_strerror(rc), err);
     const char *s;
     size_t len;
     uint32_t u;
@@ -783,7 +783,7 @@ static void test_real_model(void **state)
     assert_memory_equal(s, "<|im_start|>", len);
     for (uint64_t i = 0; i < n; i++)
         assert_int_equal(gguf_array_string(f, "tokenizer.ggml.tokens", i, &s, &len), 0);
-    assert_int_equal(gguf_array_string(f, "tokenizer.ggml.tokens", n, &s, &len), GGUF_ERANGE);
+    assert_int_equal(gguf_array_string(f, "tokenizer.ggml.tokens", n, &s, &len), BT_ERANGE);
     assert_int_equal(gguf_get_array(f, "tokenizer.ggml.merges", &et, &n), 0);
     assert_int_equal(et, GGUF_VAL_STRING);
     assert_int_equal(n, 48900);

@@ -236,7 +236,7 @@ static void run_ok(kx_exec *x)
     int rc = kx_run(x), st = 0;
     if (rc) {
         int op = kx_op_error(x, &st);
-        fail_msg("kx_run: %s (op %d, status %d)", kx_strerror(rc), op, st);
+        fail_msg("kx_run: %s (op %d, status %d)", bt_strerror(rc), op, st);
     }
 }
 
@@ -400,7 +400,7 @@ static void test_position_past_cache_fails(void **state)
     assert_int_equal(kx_input_bind(d, 0, &tok, 4), 0);
     assert_int_equal(kx_input_bind(d, 1, &pos, 4), 0);
     assert_int_equal(kx_input_bind(d, 2, &len, 4), 0);
-    assert_int_equal(kx_run(d), KX_EOP);
+    assert_int_equal(kx_run(d), BT_EOP);
     for (size_t i = 0; i < bytes / 4; i++)
         assert_true(kc[i] == 0.0f);  /* nothing written */
     /* The executable still runs afterwards. */
@@ -420,7 +420,7 @@ static void test_check_names_bad_op(void **state)
     int in[2] = {a, w};
     assert_true(kg_op_add(g, KOP_MATMUL, in, 2, &y, 1, NULL, 0, -1, -1) >= 0);
     char err[256];
-    assert_int_equal(kt_cpu_check(g, err, sizeof(err)), KG_EINVAL);
+    assert_int_equal(kt_cpu_check(g, err, sizeof(err)), BT_EINVAL);
     assert_non_null(strstr(err, "matmul"));
     assert_non_null(strstr(err, "'y'"));
     kg_destroy(g);
@@ -432,7 +432,7 @@ static void test_check_names_bad_op(void **state)
     int o = kg_value_add(g, "o", KG_OUTPUT, KD_F32, 2, x_s);
     int in2[2] = {x, nw};
     assert_true(kg_op_add(g, KOP_RMSNORM, in2, 2, &o, 1, NULL, 0, -1, -1) >= 0);
-    assert_int_equal(kt_cpu_check(g, err, sizeof(err)), KG_EINVAL);
+    assert_int_equal(kt_cpu_check(g, err, sizeof(err)), BT_EINVAL);
     assert_non_null(strstr(err, "rmsnorm"));
     kg_destroy(g);
 }

@@ -143,7 +143,7 @@ static tok_vocab *create_ok(const gguf_file *f)
     tok_vocab *v = NULL;
     int rc = tok_vocab_create(f, &v, err, sizeof(err));
     if (rc)
-        fail_msg("tok_vocab_create: %s: %s", tok_strerror(rc), err);
+        fail_msg("tok_vocab_create: %s: %s", bt_strerror(rc), err);
     return v;
 }
 
@@ -261,12 +261,12 @@ static void test_tiny_bpe(void **state)
     assert_int_equal(tok_piece(v, T_SPA, buf, sizeof(buf)), 2);
     assert_memory_equal(buf, " a", 2);
     assert_int_equal(tok_piece(v, T_END, NULL, 0), 10);
-    assert_int_equal(tok_piece(v, -1, buf, sizeof(buf)), TOK_ERANGE);
-    assert_int_equal(tok_piece(v, 16, buf, sizeof(buf)), TOK_ERANGE);
-    assert_int_equal(tok_encode(v, NULL, 1, true, NULL, 0), TOK_EINVAL);
-    assert_int_equal(tok_encode(NULL, "a", 1, true, NULL, 0), TOK_EINVAL);
+    assert_int_equal(tok_piece(v, -1, buf, sizeof(buf)), BT_ERANGE);
+    assert_int_equal(tok_piece(v, 16, buf, sizeof(buf)), BT_ERANGE);
+    assert_int_equal(tok_encode(v, NULL, 1, true, NULL, 0), BT_EINVAL);
+    assert_int_equal(tok_encode(NULL, "a", 1, true, NULL, 0), BT_EINVAL);
     char *s = (char *)"unchanged";
-    assert_int_equal(tok_chat_render(v, NULL, "hi", 2, &s), TOK_ENOTEMPLATE);
+    assert_int_equal(tok_chat_render(v, NULL, "hi", 2, &s), BT_ENOTEMPLATE);
     assert_null(s);
     tok_vocab_destroy(v);
 
@@ -287,7 +287,7 @@ static void test_tiny_chat(void **state)
     gguf_file *f = write_open("notchatml.gguf", &tf);
     tok_vocab *v = create_ok(f);
     char *s = NULL;
-    assert_int_equal(tok_chat_render(v, NULL, "hi", 2, &s), TOK_ENOTEMPLATE);
+    assert_int_equal(tok_chat_render(v, NULL, "hi", 2, &s), BT_ENOTEMPLATE);
     tok_vocab_destroy(v);
     gguf_close(f);
 
@@ -314,31 +314,31 @@ static void test_refusals(void **state)
     (void)state;
     tok_file tf = tiny_file("smollm");
     tf.model = "llama";
-    expect_refused("spm.gguf", &tf, TOK_EUNSUPPORTED, "\"llama\"");
+    expect_refused("spm.gguf", &tf, BT_EUNSUPPORTED, "\"llama\"");
     tf = tiny_file("qwen2");
-    expect_refused("qwen.gguf", &tf, TOK_EUNSUPPORTED, "\"qwen2\"");
+    expect_refused("qwen.gguf", &tf, BT_EUNSUPPORTED, "\"qwen2\"");
     tf = tiny_file("smollm");
     tf.model = NULL;
-    expect_refused("nomodel.gguf", &tf, TOK_EFORMAT, "tokenizer.ggml.model");
+    expect_refused("nomodel.gguf", &tf, BT_EFORMAT, "tokenizer.ggml.model");
     tf = tiny_file("smollm");
     tf.tokens = NULL;
     tf.types = NULL;
-    expect_refused("notokens.gguf", &tf, TOK_EFORMAT, "tokenizer.ggml.tokens");
+    expect_refused("notokens.gguf", &tf, BT_EFORMAT, "tokenizer.ggml.tokens");
     tf = tiny_file("smollm");
     tf.merges = NULL;
-    expect_refused("nomerges.gguf", &tf, TOK_EFORMAT, "tokenizer.ggml.merges");
+    expect_refused("nomerges.gguf", &tf, BT_EFORMAT, "tokenizer.ggml.merges");
     static const strv bad_merge[] = {S("ab")};
     tf = tiny_file("smollm");
     tf.merges = bad_merge;
     tf.n_merges = 1;
-    expect_refused("badmerge.gguf", &tf, TOK_EFORMAT, "merges[0]");
+    expect_refused("badmerge.gguf", &tf, BT_EFORMAT, "merges[0]");
     tf = tiny_file("smollm");
     tf.eos = 16;
-    expect_refused("badeos.gguf", &tf, TOK_EFORMAT, "eos_token_id");
+    expect_refused("badeos.gguf", &tf, BT_EFORMAT, "eos_token_id");
     tok_vocab *v = (tok_vocab *)&v;
-    assert_int_equal(tok_vocab_create(NULL, &v, NULL, 0), TOK_EINVAL);
+    assert_int_equal(tok_vocab_create(NULL, &v, NULL, 0), BT_EINVAL);
     assert_null(v);
-    assert_string_equal(tok_strerror(TOK_EUNSUPPORTED), "unsupported tokenizer");
+    assert_string_equal(bt_strerror(BT_EUNSUPPORTED), "not supported by this build");
 }
 
 static void test_utf8_complete(void **state)
@@ -444,7 +444,7 @@ static gguf_file *open_real(void)
     gguf_file *f = NULL;
     int rc = gguf_open(REAL_MODEL, &f, err, sizeof(err));
     if (rc)
-        fail_msg("%s: %s", gguf_strerror(rc), err);
+        fail_msg("%s: %s", bt_strerror(rc), err);
     return f;
 }
 
@@ -592,7 +592,7 @@ static void test_real_misc(void **state)
     char buf[64];
     assert_int_equal(tok_piece(v, 1, buf, sizeof(buf)), 12);
     assert_memory_equal(buf, "<|im_start|>", 12);
-    assert_int_equal(tok_piece(v, 49152, buf, sizeof(buf)), TOK_ERANGE);
+    assert_int_equal(tok_piece(v, 49152, buf, sizeof(buf)), BT_ERANGE);
 
     /* Invalid UTF-8 goes through byte by byte and comes back unchanged... */
     static const char bad[] = "\xc3 ok \xe6\x97 \xed\xa0\x80 \xe0\x80\xaf end\x80 \xf0\x9f";
