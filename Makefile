@@ -68,7 +68,9 @@ WORKER_OBJS := $(call lib_objs,$(call lib_srcs,worker))
 # libbatonclient: the C client library, static and shared (its objects
 # built position-independent), with a pkg-config file on install.
 CLIENT_LIB := $(BUILD)/libbatonclient.a
-CLIENT_SO := $(BUILD)/libbatonclient.so
+# The shared library is built under its soname, with the usual link name
+# beside it.
+CLIENT_SO := $(BUILD)/libbatonclient.so.0
 CLIENT_PIC_OBJS := $(BUILD)/obj/pic/client/client.o $(BUILD)/obj/pic/gen/proto/baton.pb-c.o
 
 # CUDA parts: every kernels/cuda/*.cu, compiled by nvcc into their own
@@ -182,10 +184,12 @@ $(BUILD)/obj/pic/gen/proto/baton.pb-c.o: $(PROTO_C)
 	@echo "  CC      $< (PIC)"
 	$(Q)$(CC) $(CFLAGS) -fPIC -Wno-missing-prototypes -c -o $@ $<
 
-$(CLIENT_SO): $(CLIENT_PIC_OBJS)
+$(CLIENT_SO): $(CLIENT_PIC_OBJS) client/libbatonclient.map
 	@echo "  LD      $@"
-	$(Q)$(CC) $(LDFLAGS) -shared -Wl,-soname,libbatonclient.so.0 -o $@ $^ \
+	$(Q)$(CC) $(LDFLAGS) -shared -Wl,-soname,libbatonclient.so.0 \
+		-Wl,--version-script,client/libbatonclient.map -o $@ $(CLIENT_PIC_OBJS) \
 		$(shell pkg-config --libs libzmq libprotobuf-c 2>/dev/null)
+	$(Q)ln -sf libbatonclient.so.0 $(BUILD)/libbatonclient.so
 
 $(BATOND): $(BUILD)/obj/daemon/main_batond.o $(BATOND_LIBS)
 	@echo "  LD      $@"
@@ -254,7 +258,7 @@ install: all
 		$(DESTDIR)$(PREFIX)/share/baton/python
 	install -m 0755 $(PROGRAMS) $(DESTDIR)$(PREFIX)/bin/
 	install -m 0644 $(CLIENT_LIB) $(DESTDIR)$(PREFIX)/lib/
-	install -m 0755 $(CLIENT_SO) $(DESTDIR)$(PREFIX)/lib/libbatonclient.so.0
+	install -m 0755 $(CLIENT_SO) $(DESTDIR)$(PREFIX)/lib/
 	ln -sf libbatonclient.so.0 $(DESTDIR)$(PREFIX)/lib/libbatonclient.so
 	printf 'prefix=%s\nlibdir=$${prefix}/lib\nincludedir=$${prefix}/include\n\nName: baton-client\nDescription: C client library of the baton serving daemon\nVersion: 0.1.0\nRequires.private: libzmq libprotobuf-c\nLibs: -L$${libdir} -lbatonclient\nCflags: -I$${includedir}\n' \
 		'$(PREFIX)' > $(DESTDIR)$(PREFIX)/lib/pkgconfig/baton-client.pc

@@ -103,6 +103,132 @@ size_t disp_tensors_held(const dispatcher *d)
 
 /* ---- runtime actions --------------------------------------------------- */
 
+/* The arrays a Dispatch message points into, built for one action. */
+typedef struct dispatch_msg {
+    Baton__V1__InputValue *ins, **insp;   /* per node input */
+    Baton__V1__TensorPart *parts, **partp; /* per fan-in part */
+    Baton__V1__TensorRef *refs, **refp;   /* per chunk */
+    Baton__V1__OutputSpec *outs, **outp;  /* per node value */
+    Baton__V1__LoopBack *lbs, **lbp;      /* per loop-back input */
+    size_t n_lb;
+} dispatch_msg;
+
+static void dispatch_msg_free(dispatch_msg *m)
+{
+    free(m->ins);
+    free(m->insp);
+    free(m->parts);
+    free(m->partp);
+    free(m->refs);
+    free(m->refp);
+    free(m->outs);
+    free(m->outp);
+    free(m->lbs);
+    free(m->lbp);
+}
+
+/* Room for action A on node N (with EN's values); false when out of memory. */
+static bool dispatch_msg_alloc(dispatch_msg *m, const rt_action *a, const graph_entity *en)
+{
+    const graph_node *n = &en->u.node;
+    size_t n_refs = 0, n_parts = 0;
+    for (uint32_t k = 0; k < a->u.dispatch.n_inputs; k++) {
+        n_parts += a->u.dispatch.inputs[k].n_parts;
+        for (uint32_t p = 0; p < a->u.dispatch.inputs[k].n_parts; p++)
+            n_refs += a->u.dispatch.inputs[k].parts[p].n;
+    }
+    memset(m, 0, sizeof(*m));
+    m->ins = calloc(n->n_inputs + 1, sizeof(*m->ins));
+    m->insp = calloc(n->n_inputs + 1, sizeof(*m->insp));
+    m->parts = calloc(n_parts + 1, sizeof(*m->parts));
+    m->partp = calloc(n_parts + 1, sizeof(*m->partp));
+    m->refs = calloc(n_refs + 1, sizeof(*m->refs));
+    m->refp = calloc(n_refs + 1, sizeof(*m->refp));
+    m->outs = calloc(en->n_values + 1, sizeof(*m->outs));
+    m->outp = calloc(en->n_values + 1, sizeof(*m->outp));
+    m->lbs = calloc(n->n_inputs + 1, sizeof(*m->lbs));
+    m->lbp = calloc(n->n_inputs + 1, sizeof(*m->lbp));
+    return m->ins && m->insp && m->parts && m->partp && m->refs && m->refp && m->outs &&
+           m->outp && m->lbs && m->lbp;
+}
+
+/* The inputs: per input its fan-in parts, per part its chunks as tensor
+ * references (local to worker W or read through IPC).  NULL, or why not. */
+static const char *fill_inputs(dispatcher *d, dispatch_msg *m, const rt_action *a,
+                               const graph_node *n, int w)
+{
+    size_t pi = 0, ri = 0;
+    for (uint32_t k = 0; k < a->u.dispatch.n_inputs; k++) {
+        const rt_input *in = &a->u.dispatch.inputs[k];
+        Baton__V1__InputValue *iv = &m->ins[k];
+        baton__v1__input_value__init(iv);
+        iv->name = (char *)n->inputs[in->input].name;
+        iv->shard_dim = in->shard_dim;
+        iv->stream = in->stream;
+        iv->final = in->stream ? in->stream_final : true;
+        iv->parts = &m->partp[pi];
+        for (uint32_t p = 0; p < in->n_parts; p++) {
+            Baton__V1__TensorPart *tp = &m->parts[pi];
+            baton__v1__tensor_part__init(tp);
+            tp->chunks = &m->refp[ri];
+            for (uint32_t x = 0; x < in->parts[p].n; x++) {
+                const ctensor *ct = tt_find(d->tt, in->parts[p].t[x]);
+                if (!ct)
+                    return "a dispatch names a tensor the conductor does not know";
+                tt_fill_ref(ct, &m->refs[ri]);
+                m->refp[ri] = &m->refs[ri];
+                ri++;
+                tp->n_chunks++;
+                tp->transfer = ct->t.worker == w ? BATON__V1__TRANSFER_KIND__TRANSFER_KIND_LOCAL
+                                                 : BATON__V1__TRANSFER_KIND__TRANSFER_KIND_IPC;
+            }
+            m->partp[pi++] = tp;
+            iv->n_parts++;
+        }
+        m->insp[k] = iv;
+    }
+    return NULL;
+}
+
+/* The outputs: which go to the client (inline when small) and which
+ * stream. */
+static void fill_outputs(dispatch_msg *m, const rt_action *a, const graph *g,
+                         const graph_entity *en)
+{
+    const uint8_t *client = a->u.dispatch.client_values;
+    for (size_t k = 0; k < en->n_values; k++) {
+        const graph_value *v = &g->values[en->values[k]];
+        baton__v1__output_spec__init(&m->outs[k]);
+        m->outs[k].name = (char *)v->name;
+        m->outs[k].client = client && client[en->values[k]];
+        for (size_t e = 0; e < v->n_edges; e++)
+            m->outs[k].stream |= g->edges[v->edges[e]].stream;
+        m->outp[k] = &m->outs[k];
+    }
+}
+
+/* A node that runs ahead feeds its own loop-back outputs to itself: which
+ * output becomes which input. */
+static void fill_loop_backs(dispatch_msg *m, const rt_action *a, const graph *g,
+                            const graph_node *n)
+{
+    if (!a->u.dispatch.spec_upto)
+        return;
+    for (size_t k = 0; k < n->n_inputs; k++)
+        for (size_t x = 0; x < n->inputs[k].n_edges; x++) {
+            const graph_edge *e = &g->edges[n->inputs[k].edges[x]];
+            if (!e->loopback || e->producer != a->u.dispatch.node)
+                continue;
+            Baton__V1__LoopBack *lb = &m->lbs[m->n_lb];
+            baton__v1__loop_back__init(lb);
+            lb->output = (char *)g->values[e->value].name;
+            lb->input = (char *)n->inputs[k].name;
+            m->lbp[m->n_lb++] = lb;
+        }
+}
+
+/* Sends the Dispatch of action A to its node's worker; a dispatch that
+ * cannot go fails its node (UNAVAILABLE), which ends the request. */
 static void send_dispatch(dispatcher *dp, const rt_action *a)
 {
     const disp_request *r = u64map_get(&dp->requests, a->req);
@@ -110,120 +236,50 @@ static void send_dispatch(dispatcher *dp, const rt_action *a)
     const graph_entity *en = &g->entities[a->u.dispatch.node];
     const graph_node *n = &en->u.node;
     int w = n->worker;
-    size_t n_refs = 0;
-    for (uint32_t k = 0; k < a->u.dispatch.n_inputs; k++)
-        for (uint32_t p = 0; p < a->u.dispatch.inputs[k].n_parts; p++)
-            n_refs += a->u.dispatch.inputs[k].parts[p].n;
-    Baton__V1__InputValue *ins = calloc(n->n_inputs + 1, sizeof(*ins));
-    Baton__V1__InputValue **insp = calloc(n->n_inputs + 1, sizeof(*insp));
-    Baton__V1__TensorPart *parts = calloc(n_refs + n->n_inputs * 4 + 1, sizeof(*parts));
-    Baton__V1__TensorPart **partp = calloc(n_refs + n->n_inputs * 4 + 1, sizeof(*partp));
-    Baton__V1__TensorRef *refs = calloc(n_refs + 1, sizeof(*refs));
-    Baton__V1__TensorRef **refp = calloc(n_refs + 1, sizeof(*refp));
-    Baton__V1__OutputSpec *outs = calloc(en->n_values + 1, sizeof(*outs));
-    Baton__V1__OutputSpec **outp = calloc(en->n_values + 1, sizeof(*outp));
-    Baton__V1__LoopBack *lbs = calloc(n->n_inputs + 1, sizeof(*lbs));
-    Baton__V1__LoopBack **lbp = calloc(n->n_inputs + 1, sizeof(*lbp));
-    uint32_t iter[GRAPH_MAX_DEPTH];
-    const char *fail = NULL;
-    if (!ins || !insp || !parts || !partp || !refs || !refp || !outs || !outp || !lbs || !lbp) {
-        fail = "out of memory building a dispatch";
-        goto out;
-    }
-    size_t pi = 0, ri = 0;
-    for (uint32_t k = 0; k < a->u.dispatch.n_inputs; k++) {
-        const rt_input *in = &a->u.dispatch.inputs[k];
-        Baton__V1__InputValue *iv = &ins[k];
-        baton__v1__input_value__init(iv);
-        iv->name = (char *)n->inputs[in->input].name;
-        iv->shard_dim = in->shard_dim;
-        iv->stream = in->stream;
-        iv->final = in->stream ? in->stream_final : true;
-        iv->parts = &partp[pi];
-        for (uint32_t p = 0; p < in->n_parts; p++) {
-            Baton__V1__TensorPart *tp = &parts[pi];
-            baton__v1__tensor_part__init(tp);
-            tp->chunks = &refp[ri];
-            for (uint32_t x = 0; x < in->parts[p].n; x++) {
-                rt_tensor t = in->parts[p].t[x];
-                const ctensor *ct = tt_find(dp->tt, t);
-                if (!ct) {
-                    fail = "a dispatch names a tensor the conductor does not know";
-                    goto out;
-                }
-                tt_fill_ref(ct, &refs[ri]);
-                refp[ri] = &refs[ri];
-                ri++;
-                tp->n_chunks++;
-                tp->transfer = ct->t.worker == w ? BATON__V1__TRANSFER_KIND__TRANSFER_KIND_LOCAL
-                                                 : BATON__V1__TRANSFER_KIND__TRANSFER_KIND_IPC;
-            }
-            partp[pi] = tp;
-            pi++;
-            iv->n_parts++;
+    dispatch_msg m;
+    const char *fail = dispatch_msg_alloc(&m, a, en) ? fill_inputs(dp, &m, a, n, w)
+                                                      : "out of memory building a dispatch";
+    if (!fail) {
+        fill_outputs(&m, a, g, en);
+        fill_loop_backs(&m, a, g, n);
+        uint32_t iter[GRAPH_MAX_DEPTH];
+        for (uint32_t k = 0; k < a->u.dispatch.iter.depth; k++)
+            iter[k] = a->u.dispatch.iter.v[k];
+        Baton__V1__Sampling samp = BATON__V1__SAMPLING__INIT;
+        Baton__V1__Dispatch d = BATON__V1__DISPATCH__INIT;
+        d.request_key = a->req;
+        d.request_id = (char *)(r ? r->p.request_id : "");
+        d.graph = (uint32_t)a->graph;
+        d.node = (uint32_t)a->u.dispatch.node;
+        d.node_name = (char *)en->name;
+        d.model = (char *)n->model;
+        d.mode = (char *)n->mode;
+        d.n_iteration = a->u.dispatch.iter.depth;
+        d.iteration = iter;
+        d.n_inputs = a->u.dispatch.n_inputs;
+        d.inputs = m.insp;
+        d.n_outputs = en->n_values;
+        d.outputs = m.outp;
+        d.speculate_upto = a->u.dispatch.spec_upto;
+        if (r) {
+            samp.temperature = r->p.temperature;
+            samp.top_k = r->p.top_k;
+            samp.top_p = r->p.top_p;
+            samp.seed = r->p.seed;
+            uint64_t now = bt_now_ms();
+            d.remaining_ms = r->p.deadline_ms > now ? (uint32_t)(r->p.deadline_ms - now) : 1;
         }
-        insp[k] = iv;
+        d.sampling = &samp;
+        d.dispatch_id = ++dp->next_dispatch;
+        d.n_loop_back = m.n_lb;
+        d.loop_back = m.lbp;
+        Baton__V1__ConductorMessage cm = BATON__V1__CONDUCTOR_MESSAGE__INIT;
+        cm.msg_case = BATON__V1__CONDUCTOR_MESSAGE__MSG_DISPATCH;
+        cm.dispatch = &d;
+        if (w < 0 || sup_worker_get(dp->sup, w)->state != SUP_READY ||
+            sup_send(dp->sup, w, &cm) < 0)
+            fail = "its worker is not available";
     }
-    const uint8_t *client = a->u.dispatch.client_values;
-    for (size_t k = 0; k < en->n_values; k++) {
-        const graph_value *v = &g->values[en->values[k]];
-        baton__v1__output_spec__init(&outs[k]);
-        outs[k].name = (char *)v->name;
-        outs[k].client = client && client[en->values[k]];
-        for (size_t e = 0; e < v->n_edges; e++)
-            outs[k].stream |= g->edges[v->edges[e]].stream;
-        outp[k] = &outs[k];
-    }
-    /* A node that runs ahead feeds its own loop-back outputs to itself. */
-    size_t n_lb = 0;
-    if (a->u.dispatch.spec_upto)
-        for (size_t k = 0; k < n->n_inputs; k++)
-            for (size_t x = 0; x < n->inputs[k].n_edges; x++) {
-                const graph_edge *e = &g->edges[n->inputs[k].edges[x]];
-                if (e->loopback && e->producer == a->u.dispatch.node) {
-                    baton__v1__loop_back__init(&lbs[n_lb]);
-                    lbs[n_lb].output = (char *)g->values[e->value].name;
-                    lbs[n_lb].input = (char *)n->inputs[k].name;
-                    lbp[n_lb] = &lbs[n_lb];
-                    n_lb++;
-                }
-            }
-    for (uint32_t k = 0; k < a->u.dispatch.iter.depth; k++)
-        iter[k] = a->u.dispatch.iter.v[k];
-    Baton__V1__Sampling samp = BATON__V1__SAMPLING__INIT;
-    Baton__V1__Dispatch d = BATON__V1__DISPATCH__INIT;
-    d.request_key = a->req;
-    d.request_id = (char *)(r ? r->p.request_id : "");
-    d.graph = (uint32_t)a->graph;
-    d.node = (uint32_t)a->u.dispatch.node;
-    d.node_name = (char *)en->name;
-    d.model = (char *)n->model;
-    d.mode = (char *)n->mode;
-    d.n_iteration = a->u.dispatch.iter.depth;
-    d.iteration = iter;
-    d.n_inputs = a->u.dispatch.n_inputs;
-    d.inputs = insp;
-    d.n_outputs = en->n_values;
-    d.outputs = outp;
-    d.speculate_upto = a->u.dispatch.spec_upto;
-    if (r) {
-        samp.temperature = r->p.temperature;
-        samp.top_k = r->p.top_k;
-        samp.top_p = r->p.top_p;
-        samp.seed = r->p.seed;
-        uint64_t now = bt_now_ms();
-        d.remaining_ms = r->p.deadline_ms > now ? (uint32_t)(r->p.deadline_ms - now) : 1;
-    }
-    d.sampling = &samp;
-    d.dispatch_id = ++dp->next_dispatch;
-    d.n_loop_back = n_lb;
-    d.loop_back = lbp;
-    Baton__V1__ConductorMessage m = BATON__V1__CONDUCTOR_MESSAGE__INIT;
-    m.msg_case = BATON__V1__CONDUCTOR_MESSAGE__MSG_DISPATCH;
-    m.dispatch = &d;
-    if (w < 0 || sup_worker_get(dp->sup, w)->state != SUP_READY || sup_send(dp->sup, w, &m) < 0)
-        fail = "its worker is not available";
-out:
     if (fail) {
         char msg[256];
         snprintf(msg, sizeof(msg), "%s (worker %s)", fail,
@@ -231,16 +287,7 @@ out:
         rt_node_failed(dp->rt, a->req, a->u.dispatch.node, &a->u.dispatch.iter,
                        BT_CODE_UNAVAILABLE, msg);
     }
-    free(ins);
-    free(insp);
-    free(parts);
-    free(partp);
-    free(refs);
-    free(refp);
-    free(outs);
-    free(outp);
-    free(lbs);
-    free(lbp);
+    dispatch_msg_free(&m);
 }
 
 /* Extends wait here until the burst of worker messages that caused them is

@@ -26,6 +26,12 @@ worker:   worker backends/builtin.h config common
 client:   client
 '
 
+# Inside these components the files are layered too, lowest first: a file
+# includes the headers of the files before it, its own, and the header that
+# carries the component's name (its public types), never one after it.
+order_daemon='evloop deadlines metrics door http supervisor tensors dispatch outbound frontend conductor main_batond'
+order_runtime='core speculation registry progress runtime'
+
 allowed_for() {
     awk -v c="$1" -F': *' '$1 == c { print $2 }' <<<"$rules"
 }
@@ -59,6 +65,22 @@ for comp in $(awk -F: 'NF > 1 { print $1 }' <<<"$rules"); do
                     backends/*/*) ok=0; why="it is another backend's header" ;;
                 esac ;;
             esac
+        fi
+        # Within a layered component: only files below this one.
+        order_var="order_$comp"
+        order=${!order_var:-}
+        if [ $ok -eq 1 ] && [ -n "$order" ] && [ "${inc%%/*}" = "$comp" ]; then
+            me=$(basename "$file"); me=${me%.*}
+            it=$(basename "$inc"); it=${it%.*}
+            rank() { local i=0 x; for x in $order; do [ "$x" = "$1" ] && { echo $i; return; }; i=$((i + 1)); done; echo -1; }
+            rme=$(rank "$me"); rit=$(rank "$it")
+            if [ "$it" != "$me" ] && [ "$it" != "$comp" ]; then
+                if [ "$rme" -lt 0 ] || [ "$rit" -lt 0 ]; then
+                    ok=0; why="$comp/ is layered file by file: add the new file to order_$comp in $0"
+                elif [ "$rit" -gt "$rme" ]; then
+                    ok=0; why="$it is above $me in $comp/ (order: $order)"
+                fi
+            fi
         fi
         if [ $ok -eq 0 ]; then
             echo "$file:$line: includes \"$inc\": $why" >&2

@@ -33,13 +33,31 @@ if [ $rc -eq 1 ] && grep -q "/nonexistent/baton.yaml" <<<"$out"; then ok; else b
 # the repository itself, which `make` already ran).
 tmp=$(mktemp -d)
 mkdir -p "$tmp/daemon" "$tmp/backends/a"
-printf '#include "worker/pool.h"\n' > "$tmp/daemon/x.c"
+printf '#include "worker/pool.h"\n' > "$tmp/daemon/evloop.c"
+printf '#include "daemon/frontend.h"\n#include "daemon/evloop.h"\n' > "$tmp/daemon/supervisor.c"
 printf '#include "backends/b/y.h"\n' > "$tmp/backends/a/y.c"
 out=$(bash scripts/check-includes.sh "$tmp" 2>&1); rc=$?
-if [ $rc -eq 1 ] && grep -q 'daemon/x.c:1: includes "worker/pool.h"' <<<"$out" &&
+if [ $rc -eq 1 ] && grep -q 'daemon/evloop.c:1: includes "worker/pool.h"' <<<"$out" &&
+   grep -q 'daemon/supervisor.c:1: includes "daemon/frontend.h": frontend is above supervisor' <<<"$out" &&
+   ! grep -q 'supervisor.c:2' <<<"$out" &&
    grep -q "another backend's header" <<<"$out"; then ok; else bad "check-includes: rc=$rc: $out"; fi
 rm -rf "$tmp"
 if bash scripts/check-includes.sh; then ok; else bad "check-includes on the repository"; fi
+
+# The client library, shared: it exports its API only, and a program
+# linked against it runs.  batond links none of the client code.
+exports=$(nm -D --defined-only "$BUILD/libbatonclient.so.0" | awk '{print $3}' | grep -v '^baton_client_')
+if [ -z "$exports" ] && nm -D --defined-only "$BUILD/libbatonclient.so.0" | grep -q ' baton_client_create$'; then ok
+else bad "libbatonclient.so exports more than baton_client_*: $exports"; fi
+tmp=$(mktemp -d)
+printf '#include <stdio.h>\n#include "baton/client.h"\nint main(void) { baton_client *c;\n  int rc = baton_client_create("ipc:///nonexistent/x.sock", &c);\n  if (rc == 0) baton_client_destroy(c);\n  puts(baton_client_strerror(BATON_CLIENT_ETIMEDOUT)); return 0; }\n' > "$tmp/t.c"
+# A sanitizer build's library needs its runtime in the program too.
+san=; nm -D "$BUILD/libbatonclient.so.0" | grep -q ' U __asan_' && san=-fsanitize=address,undefined
+if cc $san -Iinclude -o "$tmp/t" "$tmp/t.c" -L"$BUILD" -lbatonclient 2>"$tmp/err" &&
+   out=$(LD_LIBRARY_PATH="$BUILD" "$tmp/t") && [ -n "$out" ]; then ok
+else bad "a program linked against libbatonclient.so: $(cat "$tmp/err") $out"; fi
+rm -rf "$tmp"
+if nm "$BUILD/batond" | grep -q ' baton_client_'; then bad "batond links client code"; else ok; fi
 
 # batonctl and the Python client (adds to pass/fail through ok/bad).
 . tests/integration/test_batonctl.sh
