@@ -6,6 +6,8 @@
 #   make run        install deps, build, serve the default example
 #   make install    PREFIX=/usr/local DESTDIR=
 #   CUDA=0          build without the CUDA parts even when nvcc is present
+#   make emu        the emulated CUDA flavour in build/emu (no GPU, no nvcc)
+#   make emu-test   its tests: the CUDA code run on the CPU by cudaemu
 
 PREFIX ?= /usr/local
 # V=1 shows full compiler command lines.
@@ -77,10 +79,19 @@ CLIENT_PIC_OBJS := $(BUILD)/obj/pic/client/client.o $(BUILD)/obj/pic/gen/proto/b
 # archive when nvcc is present (CUDA=0 forces them off).  The code that
 # calls them is compiled with BATON_CUDA=1 and links cudart and cuBLAS.
 CUDA_HOME ?= /usr/local/cuda
+# EMU=1 is the emulated flavour (below): the same .cu files, no nvcc.
+EMU ?= 0
+ifeq ($(EMU),1)
+override CUDA := 0
+endif
 CU_SRCS := $(if $(filter 1,$(CUDA)),$(wildcard kernels/cuda/*.cu))
 CU_OBJS := $(CU_SRCS:%.cu=$(BUILD)/obj/%.o)
 CU_LIB := $(if $(CU_SRCS),$(BUILD)/libbaton_cuda.a)
-NVCCFLAGS ?= -O2 -arch=$(CUDA_ARCH) -Xcompiler -Wall,-Wextra,-Werror -I. -Iinclude
+# ptxas fails the build on register spills and on local memory (a
+# per-thread array the compiler put on the stack): both cost global-memory
+# traffic in every thread of a kernel.
+NVCCFLAGS ?= -O2 -arch=$(CUDA_ARCH) -Xcompiler -Wall,-Wextra,-Werror \
+	-Xptxas -warn-spills,-warn-lmem-usage,-Werror -I. -Iinclude
 ifneq ($(CU_SRCS),)
 CFLAGS += -DBATON_CUDA=1 -I$(CUDA_HOME)/include
 # nvcc objects need the C++ runtime (static-local guards) when linked by cc.
@@ -94,6 +105,26 @@ ifneq ($(NCCL_H),)
 NVCCFLAGS += -DBATON_NCCL=1
 NCCL_LIBS := -lnccl
 endif
+endif
+
+# The emulated CUDA flavour (EMU=1, normally BUILD=build/emu): every
+# kernels/cuda/*.cu is rewritten by cudaemu/rewrite.py (launches and
+# __shared__ only, lines kept) and compiled by the host C++ compiler against
+# cudaemu/include/, and the CUDA archive also holds the emulator, which
+# stands in for libcudart, cuBLAS and NCCL.  Everything else is the same
+# sources with BATON_CUDA=1.  See docs/cuda-emulator.md.
+ifeq ($(EMU),1)
+EMU_RT_OBJS := $(patsubst %.cc,$(BUILD)/obj/%.o,$(wildcard cudaemu/*.cc)) \
+	$(BUILD)/obj/cudaemu/fiber_x86_64.o
+CU_OBJS := $(patsubst %.cu,$(BUILD)/obj/%.o,$(wildcard kernels/cuda/*.cu)) $(EMU_RT_OBJS)
+CU_LIB := $(BUILD)/libbaton_cuda.a
+CFLAGS += -DBATON_CUDA=1 -Icudaemu/include
+EMU_CXXFLAGS := -std=gnu++17 -O2 -g -D_GNU_SOURCE -Wall -Wextra -Werror -I. -Iinclude \
+	-Icudaemu/include $(shell pkg-config --cflags openblas 2>/dev/null) -MMD -MP
+ifeq ($(SAN),1)
+EMU_CXXFLAGS += -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+endif
+LDLIBS += -lstdc++
 endif
 
 # OpenBLAS only where kernels run (worker, tests): its thread pool starts
@@ -152,10 +183,31 @@ $(BUILD)/obj/%.o: %.c | $(PROTO_H)
 	@echo "  CC      $<"
 	$(Q)$(CC) $(CFLAGS) -c -o $@ $<
 
+ifeq ($(EMU),1)
+$(BUILD)/gen/emu/%.cc: %.cu cudaemu/rewrite.py
+	@mkdir -p $(dir $@)
+	$(Q)python3 cudaemu/rewrite.py $< $@ $<
+
+$(BUILD)/obj/kernels/cuda/%.o: $(BUILD)/gen/emu/kernels/cuda/%.cc
+	@mkdir -p $(dir $@)
+	@echo "  EMUCXX  kernels/cuda/$*.cu"
+	$(Q)$(CXX) $(EMU_CXXFLAGS) -Wno-unknown-pragmas -DBATON_NCCL=1 -c -o $@ $<
+
+$(BUILD)/obj/cudaemu/%.o: cudaemu/%.cc
+	@mkdir -p $(dir $@)
+	@echo "  CXX     $<"
+	$(Q)$(CXX) $(EMU_CXXFLAGS) -c -o $@ $<
+
+$(BUILD)/obj/cudaemu/%.o: cudaemu/%.S
+	@mkdir -p $(dir $@)
+	@echo "  AS      $<"
+	$(Q)$(CC) -c -o $@ $<
+else
 $(BUILD)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)
 	@echo "  NVCC    $<"
 	$(Q)$(NVCC) $(NVCCFLAGS) -c -o $@ $<
+endif
 
 # One rule for every component archive.
 define archive_rule
@@ -240,10 +292,12 @@ model:
 
 test: deps model
 	@$(MAKE) --no-print-directory all $(UNIT_BINS)
-	@$(MAKE) --no-print-directory unit integration
+	@$(MAKE) --no-print-directory unit integration emu-test
 
+# Under ASan the emulated checks run once (one seed): they are slow there.
 asan-test: deps model
 	@$(MAKE) --no-print-directory BUILD=build/asan SAN=1 all unit integration
+	@CUDAEMU_SEEDS=1 $(MAKE) --no-print-directory SAN=1 emu-test
 
 run: deps all
 	@bash scripts/run.sh $(BATOND)
@@ -298,7 +352,7 @@ bench: $(PROGRAMS) $(BENCH_BINS)
 
 # CUDA kernels against their C references, then timed (tests/gpu/run.sh).
 # Built only with CUDA; not part of `make test`: it needs a GPU to run.
-GPU_BINS := $(if $(CU_LIB),$(BUILD)/gpu/check_kernels $(BUILD)/gpu/check_exec)
+GPU_BINS := $(if $(CU_LIB),$(BUILD)/gpu/check_kernels $(BUILD)/gpu/check_exec $(BUILD)/gpu/check_ops)
 $(BUILD)/gpu/%: $(BUILD)/obj/tests/gpu/%.o $(BACKEND_LIB) $(KERNEL_LIB) $(COMMON_LIB) $(CU_LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
@@ -306,6 +360,38 @@ $(BUILD)/gpu/%: $(BUILD)/obj/tests/gpu/%.o $(BACKEND_LIB) $(KERNEL_LIB) $(COMMON
 
 .PHONY: gpu-check
 gpu-check: $(GPU_BINS)
+
+# The emulated flavour, from the top: `make emu` builds batond, baton-worker,
+# the GPU checks and the emulator's own tests (tests/cudaemu/*.cu) into
+# build/emu against cudaemu; `make emu-test` runs them
+# (tests/cudaemu/run.sh).  `make test` runs emu-test, `make asan-test` an
+# ASan build of it.
+EMU_BUILD ?= $(if $(filter 1,$(SAN)),build/asan-emu,build/emu)
+EMU_TEST_SRCS := $(wildcard tests/cudaemu/test_*.cu)
+EMU_TEST_BINS := $(EMU_TEST_SRCS:tests/cudaemu/%.cu=$(BUILD)/cudaemu/%)
+.PHONY: emu emu-test emu-programs
+emu:
+	@$(MAKE) --no-print-directory EMU=1 BUILD=$(EMU_BUILD) emu-programs
+emu-programs: $(BATOND) $(WORKER) $(GPU_BINS) $(EMU_TEST_BINS)
+emu-test: emu
+	@BUILD=$(EMU_BUILD) bash tests/cudaemu/run.sh
+# Plants known CUDA bugs one at a time and checks the emulated checks catch
+# each (a few minutes; not part of `make test`).
+.PHONY: emu-mutants
+emu-mutants:
+	@python3 tests/cudaemu/mutants.py
+
+ifeq ($(EMU),1)
+$(BUILD)/obj/tests/cudaemu/%.o: $(BUILD)/gen/emu/tests/cudaemu/%.cc
+	@mkdir -p $(dir $@)
+	@echo "  EMUCXX  tests/cudaemu/$*.cu"
+	$(Q)$(CXX) $(EMU_CXXFLAGS) -Wno-unknown-pragmas -c -o $@ $<
+
+$(BUILD)/cudaemu/%: $(BUILD)/obj/tests/cudaemu/%.o $(CU_LIB) $(COMMON_LIB)
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	$(Q)$(CXX) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(OPENBLAS_LIBS) $(CMOCKA_LIBS)
+endif
 # The planning and scheduling benchmarks link the kernels archive too.
 $(BUILD)/bench/bench_arena: $(BACKEND_LIB) $(KERNEL_LIB) $(COMMON_LIB)
 $(BUILD)/bench/bench_sched: $(KERNEL_LIB) $(COMMON_LIB)

@@ -686,8 +686,8 @@ int kx_param_set(kx_exec *x, const char *name, kdtype dt, const void *data, size
 
 int kx_param_borrow(kx_exec *x, const char *name, kdtype dt, const void *data, size_t bytes)
 {
-    if (x->dev->queued)
-        return kx_param_set(x, name, dt, data, bytes);
+    if (x->dev->owns && !x->dev->owns(x->dev->dev, data))
+        return BT_EINVAL;
     int v = kg_value_find(&x->g, name);
     if (v < 0 || x->g.values[v].kind != KG_PARAM)
         return BT_ENOENT;

@@ -84,6 +84,8 @@ typedef struct kx_device {
     int (*capture_end)(void *dev, void *q, void **graph);  /* *GRAPH NULL on error */
     int (*graph_launch)(void *dev, void *graph, void *q);
     void (*graph_destroy)(void *dev, void *graph);
+    /* Whether P is memory of this device; NULL: all memory is (the CPU). */
+    bool (*owns)(void *dev, const void *p);
 } kx_device;
 
 /* The CPU device (static; never freed). */
@@ -121,9 +123,10 @@ int kx_param_set(kx_exec *x, const char *name, kdtype dt, const void *data, size
 
 /* Makes parameter NAME read DATA in place, without a copy: DATA must stay
  * valid and unchanged until kx_destroy (or a later kx_param_set).  This is
- * how several executables of one model share the weights of a mapped file.
- * A queued device cannot read host memory in its kernels: there it copies,
- * as kx_param_set. */
+ * how several executables of one model share one copy of the weights: a
+ * mapped file on the CPU, one upload to device memory on a GPU.  DATA must
+ * be memory of the executable's device (BT_EINVAL otherwise: a GPU kernel
+ * cannot read host memory). */
 int kx_param_borrow(kx_exec *x, const char *name, kdtype dt, const void *data, size_t bytes);
 
 /* The memory of persistent handle NAME (zeroed at compile; kept across

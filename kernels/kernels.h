@@ -189,6 +189,12 @@ int k_cuda_qmatvec(float *y, const void *w, kdtype t, const float *x, int rows, 
 /* TOP_K must be in 1..K_SAMPLE_MAX_K when TEMPERATURE > 0 (-EINVAL else). */
 int k_cuda_sample(int32_t *out, const float *logits, int rows, int n, float temperature,
                   int top_k, float top_p, uint64_t seed, uint64_t counter, void *stream);
+/* Each row with its own parameters in device memory, as KOP_SAMPLE takes
+ * them: PARAMS [ROWS, 3] f32 (temperature, top_k, top_p), RNG [ROWS, 2]
+ * i64 (seed, counter).  A row asking for more than K_SAMPLE_MAX_K
+ * candidates (top_k 0 or over that) raises FLAG (when not NULL). */
+int k_cuda_sample_rows(int32_t *out, const float *logits, const float *params,
+                       const int64_t *rng, int rows, int n, int32_t *flag, void *stream);
 /* Philox uniforms for counters COUNTER..COUNTER+N-1 (the CPU/GPU RNG check). */
 int k_cuda_philox_uniform(float *out, uint64_t seed, uint64_t counter, size_t n, void *stream);
 
@@ -196,6 +202,9 @@ int k_cuda_philox_uniform(float *out, uint64_t seed, uint64_t counter, size_t n,
  * use and bound to STREAM for each call). */
 int k_cuda_matmul(float *c, const float *a, const float *b, int batch, int m, int n, int k,
                   size_t sa, size_t sb, size_t sc, void *stream);
+/* Makes DEVICE's cuBLAS handle (once; kx_device_cuda calls it before any
+ * capture).  k_cuda_matmul uses the handle of the current device. */
+int k_cuda_blas_init(int device);
 void k_cuda_blas_shutdown(void);
 
 /* All-reduce (sum, in place) through NCCL.  k_cuda_comm_create makes a

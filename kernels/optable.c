@@ -453,11 +453,12 @@ static int op_sample(const kx_op_ctx *c, int how)
     int64_t r = rows_now(c, x), n = last_dim_now(c, x);
     NEED(x->dtype == KD_F32 && p->dtype == KD_F32 && g->dtype == KD_I64 && y->dtype == KD_I32);
     NEED(elems_now(c, p) == 3 * r && elems_now(c, g) == 2 * r && elems_now(c, y) == r);
-    /* The GPU sampler takes one set of host parameters per launch; rows with
-     * their own parameters in device memory are not supported there yet. */
-    NEED(!(how & CUDA));
     if (!(how & RUN))
         return 0;
+    /* On the GPU a row may ask for at most K_SAMPLE_MAX_K candidates (a
+     * top_k of 0 means all): past that the run fails through its flag. */
+    ON_GPU(how, k_cuda_sample_rows(c->out[0], c->in[0], c->in[1], c->in[2], (int)r, (int)n,
+                                   c->flag, c->queue));
     const float *pp = c->in[1];
     const int64_t *gg = c->in[2];
     for (int64_t i = 0; i < r; i++)
@@ -580,7 +581,7 @@ int kt_cuda_ops(kx_op_table *t)
 {
     memset(t, 0, sizeof(*t));
     for (int k = 0; k < KOP_COUNT; k++)
-        t->fn[k] = impl_of((kop)k) && k != KOP_SAMPLE ? run_cuda : NULL;
+        t->fn[k] = impl_of((kop)k) ? run_cuda : NULL;
     return 0;
 }
 #else

@@ -24,6 +24,7 @@ runtime:  runtime config common
 daemon:   daemon runtime config common
 worker:   worker backends/builtin.h config common
 client:   client
+cudaemu:  cudaemu
 '
 
 # Inside these components the files are layered too, lowest first: a file
@@ -86,7 +87,7 @@ for comp in $(awk -F: 'NF > 1 { print $1 }' <<<"$rules"); do
             echo "$file:$line: includes \"$inc\": $why" >&2
             fail=1
         fi
-    done < <(grep -rn --include='*.c' --include='*.h' --include='*.cu' --include='*.cuh' \
+    done < <(grep -rn --include='*.c' --include='*.cc' --include='*.h' --include='*.cu' --include='*.cuh' \
                  -E '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' "$comp" 2>/dev/null)
 done
 if [ $fail -ne 0 ]; then

@@ -4,6 +4,7 @@
  * so they should be the more accurate side. */
 #include <math.h>
 
+#include "kernels/cpu/order.h"
 #include "kernels/kernels.h"
 
 void k_rmsnorm(float *out, const float *x, const float *w, int rows, int dim, float eps)
@@ -87,7 +88,7 @@ void k_argmax(int32_t *out, const float *x, int rows, int n)
         const float *xr = x + (size_t)r * n;
         int best = 0;
         for (int i = 1; i < n; i++)
-            if (xr[i] > xr[best])
+            if (k_logit_better(xr[i], i, xr[best], best))
                 best = i;
         out[r] = best;
     }

@@ -9,6 +9,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "kernels/cpu/order.h"
 #include "kernels/cpu/philox.h"
 #include "kernels/kernels.h"
 
@@ -22,14 +23,14 @@ typedef struct cand {
 static int cand_cmp(const void *pa, const void *pb)
 {
     const cand *a = pa, *b = pb;
-    if (a->logit != b->logit)
-        return a->logit > b->logit ? -1 : 1;
-    return (a->idx > b->idx) - (a->idx < b->idx);
+    if (a->idx == b->idx)
+        return 0;
+    return k_logit_better(a->logit, a->idx, b->logit, b->idx) ? -1 : 1;
 }
 
 static int better(float la, int ia, float lb, int ib)
 {
-    return la > lb || (la == lb && ia < ib);
+    return k_logit_better(la, ia, lb, ib);
 }
 
 /* The K best of X[N] in order into C. */
@@ -69,23 +70,30 @@ static int32_t sample_row(const float *x, int n, float temp, int top_k, float to
     if (temp <= 0) {
         int32_t best = 0;
         for (int i = 1; i < n; i++)
-            if (x[i] > x[best])
+            if (k_logit_better(x[i], i, x[best], best))
                 best = i;
         return best;
     }
     int k = top_k <= 0 || top_k > n ? n : top_k;
-    cand cbuf[64];
+    cand cbuf[64] = {{0}}; /* select_top fills K >= 1 of them; zeroed for the compiler */
     cand *c = k <= 64 ? cbuf : malloc((size_t)k * sizeof(*c));
     if (!c)
         abort();
     select_top(c, x, n, k);
+    if (c[0].logit != c[0].logit) {
+        /* Every logit is NaN: the order's first, index 0. */
+        int32_t tok = c[0].idx;
+        if (c != cbuf)
+            free(c);
+        return tok;
+    }
     /* Probabilities, unnormalized: exp((l - lmax) / T), summed in order. */
     float total = 0;
     float *p = malloc((size_t)k * sizeof(float));
     if (!p)
         abort();
     for (int i = 0; i < k; i++) {
-        p[i] = expf((c[i].logit - c[0].logit) / temp);
+        p[i] = K_CAND_WEIGHT(c[i].logit, c[0].logit, temp);
         total += p[i];
     }
     int keep = k;

@@ -55,11 +55,16 @@ __global__ static void append_kernel(const float *k, const float *v, kv_at kc, k
     }
 }
 
+/* The decode kernel's static shared memory (red[] below), which counts
+ * with its dynamic scores against the per-block limits. */
+#define DEC_RED 32
+#define DEC_STATIC_SMEM (DEC_RED * sizeof(float))
+
 __global__ static void decode_kernel(float *out, const float *q, kv_at kc, kv_at vc,
                                      const int32_t *lens, int n_head, int n_kv, int hd, int cap)
 {
     extern __shared__ float s[]; /* [ctx] scores, then [hd] the query */
-    __shared__ float red[32];
+    __shared__ float red[DEC_RED];
     int b = blockIdx.x / n_head, h = blockIdx.x % n_head;
     if (!len_ok(lens[b], cap, NULL)) {
         float *o = out + ((size_t)b * n_head + h) * hd;
@@ -105,16 +110,19 @@ static int decode_launch(float *out, const float *q, const float *k, const float
                          kv_at vc, const int32_t *lens, int batch, int n_head, int n_kv, int hd,
                          int max_ctx, int32_t *flag, void *stream)
 {
-    if (batch < 0 || n_kv <= 0 || n_head % n_kv || hd <= 0 || max_ctx <= 0)
+    if (batch < 0 || n_kv <= 0 || n_head <= 0 || n_head % n_kv || hd <= 0 || max_ctx <= 0 ||
+        (long long)batch * n_head > INT_MAX)
         return -EINVAL;
     if (!batch)
         return 0;
     size_t shmem = ((size_t)max_ctx + hd) * sizeof(float);
-    if (shmem > 48 * 1024) {
+    /* Static and dynamic shared memory share the limits: 48 KiB without
+     * the opt-in, the device's opt-in maximum with it. */
+    if (shmem + DEC_STATIC_SMEM > 48 * 1024) {
         int dev, maxopt;
         K_CUDA_CHECK(cudaGetDevice(&dev));
         K_CUDA_CHECK(cudaDeviceGetAttribute(&maxopt, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-        if (shmem > (size_t)maxopt)
+        if (shmem + DEC_STATIC_SMEM > (size_t)maxopt)
             return -EINVAL; /* context too long for this kernel */
         K_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           (int)shmem));

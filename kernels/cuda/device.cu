@@ -16,13 +16,35 @@ typedef struct cuda_dev {
 
 #define SET_DEVICE(dv) K_CUDA_CHECK(cudaSetDevice(((cuda_dev *)(dv))->ordinal))
 
+/* Zeroed before it returns: the memset runs on the legacy default stream,
+ * which the executables' non-blocking streams do not wait for, so without
+ * the sync a kernel could run before the zeroing (allocation happens at
+ * compile time, never on a run's path). */
 static int cu_alloc(void *dv, size_t bytes, void **out)
 {
     *out = NULL;
     SET_DEVICE(dv);
     K_CUDA_CHECK(cudaMalloc(out, bytes ? bytes : 1));
-    K_CUDA_CHECK(cudaMemset(*out, 0, bytes ? bytes : 1));
+    cudaError_t e = cudaMemsetAsync(*out, 0, bytes ? bytes : 1, cudaStreamLegacy);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(cudaStreamLegacy);
+    if (e != cudaSuccess) {
+        cudaFree(*out);
+        *out = NULL;
+        K_CUDA_CHECK(e);
+    }
     return 0;
+}
+
+/* Whether P is memory of this device (what kx_param_borrow may borrow). */
+static bool cu_owns(void *dv, const void *p)
+{
+    cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    return a.type == cudaMemoryTypeDevice && a.device == ((cuda_dev *)dv)->ordinal;
 }
 
 static void cu_free(void *dv, void *p)
@@ -140,12 +162,15 @@ extern "C" const kx_device *kx_device_cuda(int ordinal)
         ordinal >= n)
         return NULL;
     if (!devs[ordinal].name) {
+        /* The cuBLAS handle now, before any capture can begin. */
+        if (k_cuda_blas_init(ordinal))
+            return NULL;
         state[ordinal].ordinal = ordinal;
         devs[ordinal] = (kx_device){"cuda", true, &state[ordinal], cu_alloc, cu_free, cu_copy,
                                     cu_queue_create, cu_queue_destroy, cu_event_create,
                                     cu_event_destroy, cu_event_record, cu_queue_wait,
                                     cu_queue_sync, cu_capture_begin, cu_capture_end,
-                                    cu_graph_launch, cu_graph_destroy};
+                                    cu_graph_launch, cu_graph_destroy, cu_owns};
     }
     return &devs[ordinal];
 }

@@ -14,10 +14,14 @@ extern "C" {
 #include "kernels/kernels.h"
 }
 
+/* A failed call also leaves its error as the thread's last error; reading
+ * it back here clears it (unless it is sticky), or the next launch's
+ * K_CUDA_LAUNCHED would report it again for a launch that went fine. */
 #define K_CUDA_CHECK(call)                                                                    \
     do {                                                                                      \
         cudaError_t e_ = (call);                                                              \
         if (e_ != cudaSuccess) {                                                              \
+            (void)cudaGetLastError();                                                         \
             fprintf(stderr, "%s:%d: CUDA error: %s\n", __FILE__, __LINE__,                    \
                     cudaGetErrorString(e_));                                                  \
             return -EIO;                                                                      \

@@ -3,6 +3,7 @@
  * block keeps a row's reduction in shared memory without a second pass over
  * global memory). */
 #include "kernels/cuda/kcuda.cuh"
+#include "kernels/cpu/order.h"
 
 #define ROW_THREADS 256
 
@@ -40,7 +41,11 @@ __global__ static void layernorm_kernel(float *out, const float *x, const float 
 }
 
 /* One thread per rotated pair.  The angle is computed in double, as in the
- * reference: positions in the tens of thousands need it. */
+ * reference: positions in the tens of thousands need it.  It is then
+ * reduced to [-pi, pi] in double and its sine and cosine taken in float by
+ * the fast intrinsic (absolute error under 4e-7 there): the library's
+ * double sin/cos keep a large-argument path in local memory, which the
+ * build refuses (ptxas -warn-lmem-usage). */
 __global__ static void rope_kernel(float *x, const int32_t *pos, int n_tok, int n_head,
                                    int head_dim, float theta, int mode)
 {
@@ -52,8 +57,10 @@ __global__ static void rope_kernel(float *x, const int32_t *pos, int n_tok, int 
         size_t th = p / half; /* token * n_head + head */
         int t = (int)(th / n_head);
         float *v = x + th * head_dim;
-        double ang = pos[t] * pow((double)theta, -2.0 * i / head_dim);
-        float c = (float)cos(ang), s = (float)sin(ang);
+        double ang = pos[t] * exp2(-2.0 * i / head_dim * log2((double)theta));
+        const double two_pi = 6.283185307179586;
+        float s, c;
+        __sincosf((float)(ang - two_pi * rint(ang / two_pi)), &s, &c);
         int i0 = mode == K_ROPE_NEOX ? i : 2 * i;
         int i1 = mode == K_ROPE_NEOX ? i + half : 2 * i + 1;
         float a = v[i0], bb = v[i1];
@@ -82,23 +89,24 @@ __global__ static void softmax_kernel(float *out, const float *x, int n)
         o[i] *= inv;
 }
 
-/* Lowest index among the maxima, like the reference. */
+/* The reference's order (kernels/cpu/order.h): highest logit, lowest index
+ * among ties, NaN last.  BI < 0 is "none yet". */
 __global__ static void argmax_kernel(int32_t *out, const float *x, int n)
 {
     __shared__ float sv[32];
     __shared__ int si[32];
     const float *xr = x + (size_t)blockIdx.x * n;
-    float bv = -INFINITY;
-    int bi = n; /* "none yet": loses to any real index */
+    float bv = 0;
+    int bi = -1;
     for (int i = threadIdx.x; i < n; i += blockDim.x)
-        if (xr[i] > bv || bi == n) {
+        if (bi < 0 || k_logit_better(xr[i], i, bv, bi)) {
             bv = xr[i];
             bi = i;
         }
     for (int o = 16; o > 0; o >>= 1) {
         float ov = __shfl_xor_sync(0xffffffffu, bv, o);
         int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (ov > bv || (ov == bv && oi < bi)) {
+        if (oi >= 0 && (bi < 0 || k_logit_better(ov, oi, bv, bi))) {
             bv = ov;
             bi = oi;
         }
@@ -111,11 +119,11 @@ __global__ static void argmax_kernel(int32_t *out, const float *x, int n)
     __syncthreads();
     if (threadIdx.x == 0) {
         for (int w = 1; w < (int)(blockDim.x >> 5); w++)
-            if (sv[w] > bv || (sv[w] == bv && si[w] < bi)) {
+            if (si[w] >= 0 && (bi < 0 || k_logit_better(sv[w], si[w], bv, bi))) {
                 bv = sv[w];
                 bi = si[w];
             }
-        out[blockIdx.x] = bi;
+        out[blockIdx.x] = bi < 0 ? 0 : bi;
     }
 }
 

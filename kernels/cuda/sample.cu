@@ -7,22 +7,49 @@
  * the vocabulary cost K reads of the row; for serving's k <= 64 that is
  * cheaper than a device sort and keeps the result identical to the CPU's. */
 #include "kernels/cuda/kcuda.cuh"
+#include "kernels/cpu/order.h"
 #include "kernels/cpu/philox.h"
 
 #define SAMPLE_THREADS 256
 
 __device__ __forceinline__ bool better(float la, int ia, float lb, int ib)
 {
-    return la > lb || (la == lb && ia < ib);
+    return k_logit_better(la, ia, lb, ib);
 }
 
+/* Rows sample with the launch's TEMP, K, TOP_P, SEED and COUNTER + row,
+ * or, when PARAMS is not NULL, each with its own: PARAMS[3 * row] =
+ * (temperature, top_k, top_p) and RNG[2 * row] = (seed, counter) in device
+ * memory, read as the reference reads them (temperature <= 0: argmax; top_k
+ * <= 0 or over N: all N).  A row whose top_k exceeds K_SAMPLE_MAX_K raises
+ * FLAG and gets token 0: this kernel keeps its candidates in shared memory. */
 __global__ static void sample_kernel(int32_t *out, const float *logits, int n, float temp,
-                                     int k, float top_p, uint64_t seed, uint64_t counter)
+                                     int k, float top_p, uint64_t seed, uint64_t counter,
+                                     const float *params, const int64_t *rng, int32_t *flag)
 {
+    uint64_t ctr = counter + blockIdx.x;
+    if (params) {
+        const float *pr = params + 3 * (size_t)blockIdx.x;
+        temp = pr[0];
+        top_p = pr[2];
+        int tk = (int)pr[1];
+        k = temp <= 0 ? 1 : tk <= 0 || tk > n ? n : tk;
+        seed = (uint64_t)rng[2 * (size_t)blockIdx.x];
+        ctr = (uint64_t)rng[2 * (size_t)blockIdx.x + 1];
+        if (k > K_SAMPLE_MAX_K) { /* the whole block leaves: no barrier is skipped */
+            if (threadIdx.x == 0) {
+                out[blockIdx.x] = 0;
+                if (flag)
+                    atomicExch(flag, ERANGE);
+            }
+            return;
+        }
+    }
     __shared__ float cl[K_SAMPLE_MAX_K];
     __shared__ int ci[K_SAMPLE_MAX_K];
     __shared__ float rv[32];
     __shared__ int ri[32];
+    __shared__ float pw[K_SAMPLE_MAX_K];
     const float *x = logits + (size_t)blockIdx.x * n;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (int s = 0; s < k; s++) {
@@ -62,11 +89,17 @@ __global__ static void sample_kernel(int32_t *out, const float *logits, int n, f
     }
     if (threadIdx.x != 0)
         return;
-    /* The reference's steps, serially, in its order. */
-    float p[K_SAMPLE_MAX_K];
+    if (cl[0] != cl[0] || temp <= 0) {
+        /* Every logit NaN (index 0, as the reference), or greedy. */
+        out[blockIdx.x] = ci[0];
+        return;
+    }
+    /* The reference's steps, serially, in its order.  The weights live in
+     * shared memory: 1 KiB per thread of local memory would spill. */
+    float *p = pw;
     float total = 0;
     for (int i = 0; i < k; i++) {
-        p[i] = expf((cl[i] - cl[0]) / temp);
+        p[i] = K_CAND_WEIGHT(cl[i], cl[0], temp);
         total += p[i];
     }
     int keep = k;
@@ -83,7 +116,7 @@ __global__ static void sample_kernel(int32_t *out, const float *logits, int n, f
     float mass = 0;
     for (int i = 0; i < keep; i++)
         mass += p[i];
-    float u = k_philox_uniform(seed, counter + blockIdx.x) * mass;
+    float u = k_philox_uniform(seed, ctr) * mass;
     int tok = ci[keep - 1];
     float run = 0;
     for (int i = 0; i < keep; i++) {
@@ -116,8 +149,22 @@ extern "C" int k_cuda_sample(int32_t *out, const float *logits, int rows, int n,
     if (top_k <= 0 || top_k > K_SAMPLE_MAX_K)
         return -EINVAL;
     int k = top_k > n ? n : top_k;
-    sample_kernel<<<rows, SAMPLE_THREADS, 0, K_STREAM(stream)>>>(out, logits, n, temperature, k,
-                                                                 top_p, seed, counter);
+    sample_kernel<<<rows, SAMPLE_THREADS, 0, K_STREAM(stream)>>>(
+        out, logits, n, temperature, k, top_p, seed, counter, NULL, NULL, NULL);
+    K_CUDA_LAUNCHED();
+    return 0;
+}
+
+extern "C" int k_cuda_sample_rows(int32_t *out, const float *logits, const float *params,
+                                  const int64_t *rng, int rows, int n, int32_t *flag,
+                                  void *stream)
+{
+    if (rows < 0 || n <= 0 || (rows && (!params || !rng)))
+        return -EINVAL;
+    if (!rows)
+        return 0;
+    sample_kernel<<<rows, SAMPLE_THREADS, 0, K_STREAM(stream)>>>(out, logits, n, 0, 0, 0, 0, 0,
+                                                                 params, rng, flag);
     K_CUDA_LAUNCHED();
     return 0;
 }

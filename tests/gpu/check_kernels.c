@@ -14,6 +14,7 @@
  * "no CUDA device: skipped" and exits 0.  Exit 1 when a check fails. */
 #include <errno.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,7 @@
 #include <cuda_runtime_api.h>
 
 #include "kernels/cpu/philox.h"
+#include "kernels/exec.h"
 #include "kernels/kernels.h"
 
 #define CK(call)                                                                              \
@@ -237,6 +239,89 @@ static void check_rows(int rows, int dim)
     cudaFree(dw);
     cudaFree(db);
     cudaFree(dout);
+}
+
+/* NaN logits (kernels/cpu/order.h): never the argmax while a number is in
+ * the row, never sampled, a row of NaNs gives 0, and a row of -inf does
+ * not turn into NaN; the GPU must pick exactly the reference's tokens. */
+static void check_nan_rows(void)
+{
+    enum { ROWS = 6, N = 3000 };
+    float *x = hrand((size_t)ROWS * N, 3);
+    for (int i = 0; i < N; i++) {
+        if (i % 3 == 0)
+            x[i] = NAN;                 /* row 0: NaN first and every third */
+        x[N + i] = i == 2000 ? -INFINITY : NAN; /* row 1: one -inf among NaNs */
+        x[2 * N + i] = NAN;             /* row 2: all NaN */
+        x[3 * N + i] = -INFINITY;       /* row 3: all -inf */
+        if (i % 7 == 1)
+            x[4 * N + i] = NAN;         /* row 4: NaNs near the top */
+    }
+    x[4 * N + 8] = 100.0f, x[4 * N + 9] = NAN;
+    float *dx = dup_dev(x, (size_t)ROWS * N * 4);
+    int32_t ref[ROWS], *dout = dev_poison(ROWS * 4), *got;
+    k_argmax(ref, x, ROWS, N);
+    OK(k_cuda_argmax(dout, dx, ROWS, N, NULL));
+    got = back(dout, ROWS * 4);
+    cmp_exact("argmax with NaN rows", got, ref, sizeof(ref));
+    free(got);
+    for (uint64_t seed = 1; seed <= 4; seed++) {
+        char name[64];
+        k_sample(ref, x, ROWS, N, 1.5f, 40, 1.0f, seed, 9);
+        OK(k_cuda_sample(dout, dx, ROWS, N, 1.5f, 40, 1.0f, seed, 9, NULL));
+        got = back(dout, ROWS * 4);
+        snprintf(name, sizeof(name), "sample with NaN rows seed %d", (int)seed);
+        cmp_exact(name, got, ref, sizeof(ref));
+        free(got);
+    }
+    free(x);
+    cudaFree(dx);
+    cudaFree(dout);
+}
+
+/* A failed CUDA call inside a launcher is reported once: the next launch
+ * must not see its error again (K_CUDA_CHECK clears it). */
+static void check_error_cleared(void)
+{
+    float *d = dev_poison(64 * 4);
+    int rc = k_cuda_copy(NULL, d, 64, NULL); /* refused by CUDA: a NULL destination */
+    int rc2 = k_cuda_add(d, d, d, 64, NULL);
+    CK(cudaDeviceSynchronize());
+    checks++;
+    bool ok = rc == -EIO && rc2 == 0;
+    printf("%s %-28s failed call %d, next launch %d\n", ok ? "ok  " : "FAIL",
+           "error cleared after a failure", rc, rc2);
+    failures += !ok;
+    cudaFree(d);
+}
+
+/* Memory from the CUDA device of executables is zero for the next kernel
+ * on any of its streams, whatever order the GPU runs the streams in (the
+ * zeroing must not sit unordered on the legacy stream).  Eight tries: the
+ * emulator orders ready streams at random by seed. */
+static void check_alloc_zeroed(void)
+{
+    const kx_device *gd = kx_device_cuda(0);
+    void *q = NULL;
+    OK(gd->queue_create(gd->dev, &q));
+    int bad = 0;
+    for (int t = 0; t < 8; t++) {
+        float *out = dev_poison(1024 * 4);
+        void *p = NULL;
+        OK(gd->alloc(gd->dev, 1024 * 4, &p));
+        OK(k_cuda_add(out, p, p, 1024, q));
+        OK(gd->queue_sync(gd->dev, q));
+        float *h = back(out, 1024 * 4);
+        for (int i = 0; i < 1024; i++)
+            bad += h[i] != 0.0f;
+        free(h);
+        gd->free(gd->dev, p);
+        cudaFree(out);
+    }
+    gd->queue_destroy(gd->dev, q);
+    checks++;
+    printf("%s %-28s %d non-zero values\n", bad ? "FAIL" : "ok  ", "device alloc zeroed", bad);
+    failures += bad != 0;
 }
 
 static void check_rope(int n_tok, int n_head, int hd, int mode)
@@ -589,6 +674,9 @@ int main(void)
     int rs_[][2] = {{1, 1}, {3, 576}, {7, 1000}, {4, 49152}, {33, 1536}};
     for (size_t i = 0; i < sizeof(rs_) / sizeof(rs_[0]); i++)
         check_rows(rs_[i][0], rs_[i][1]);
+    check_nan_rows();
+    check_error_cleared();
+    check_alloc_zeroed();
     check_rope(1, 1, 2, K_ROPE_NORMAL);
     check_rope(7, 9, 64, K_ROPE_NORMAL);
     check_rope(5, 3, 64, K_ROPE_NEOX);
@@ -608,6 +696,23 @@ int main(void)
     check_decode(5, 9, 3, 64, 40);
     check_decode(16, 9, 3, 64, 700);
     check_decode(3, 32, 8, 128, 20000); /* > 48 KiB of scores: the opt-in path */
+    /* Exactly 48 KiB of dynamic scores: with the kernel's static shared
+     * memory that is over the limit without the opt-in. */
+    check_decode(2, 9, 3, 64, 12223);
+    checks++;
+    if (k_cuda_attn_decode(NULL, NULL, NULL, NULL, NULL, NULL, NULL, 1, 0, 3, 64, 16, NULL) !=
+            -EINVAL ||
+        k_cuda_attn_decode(NULL, NULL, NULL, NULL, NULL, NULL, NULL, 1, -3, 3, 64, 16, NULL) !=
+            -EINVAL ||
+        /* Dynamic scores of exactly the opt-in maximum leave no room for the
+         * static part: refused, not launched. */
+        k_cuda_attn_decode(NULL, NULL, NULL, NULL, NULL, NULL, NULL, 1, 9, 3, 64,
+                           232448 / 4 - 64, NULL) != -EINVAL) {
+        printf("FAIL %-28s accepted a bad argument\n", "attn_decode arguments");
+        failures++;
+    } else {
+        printf("ok   %-28s n_head 0 and -3, scores at the opt-in limit\n", "attn_decode arguments");
+    }
     check_attn_prefill(0, 1, 4, 4, 32);
     check_attn_prefill(0, 7, 9, 3, 64);
     check_attn_prefill(5, 33, 9, 3, 64);
@@ -631,6 +736,11 @@ int main(void)
     printf("\n%d checks, %d failed\n", checks, failures);
     if (failures)
         return 1;
+#ifdef CUDAEMU
+    /* The CUDA emulator's timings mean nothing: check only. */
+    printf("timings skipped: the device is emulated (cudaemu)\n");
+    return 0;
+#endif
 
     const char *out = getenv("OUT");
     char path[600];

@@ -499,6 +499,53 @@ static void test_attention_decode_vs_prefill(void **state)
 
 /* ---- sampling ------------------------------------------------------------------ */
 
+/* A NaN logit never wins while a number is present, on argmax and on every
+ * sampling path; a row of NaNs gives index 0; a row of -inf does not become
+ * NaN.  (The CUDA kernels follow the same rule: tests/gpu/check_kernels.c.) */
+static void test_nan_never_wins(void **state)
+{
+    (void)state;
+    float nan = NAN, inf = INFINITY;
+    enum { N = 5 };
+    float rows[][N] = {
+        {nan, 1, 2, nan, 0},       /* 2 */
+        {nan, nan, -inf, nan, nan}, /* 2: -inf beats NaN */
+        {nan, nan, nan, nan, nan},  /* 0 */
+        {-inf, -inf, -inf, -inf, -inf}, /* 0 */
+        {3, nan, 3, nan, 1},       /* 0: the lower index of a tie */
+    };
+    int want[] = {2, 2, 0, 0, 0};
+    int nr = (int)(sizeof(want) / sizeof(want[0]));
+    int32_t got[8];
+    k_argmax(got, &rows[0][0], nr, N);
+    for (int r = 0; r < nr; r++)
+        assert_int_equal(got[r], want[r]);
+    /* Greedy through the sampler, and top-k 1, agree. */
+    k_sample(got, &rows[0][0], nr, N, 0.0f, 0, 1.0f, 1, 0);
+    for (int r = 0; r < nr; r++)
+        assert_int_equal(got[r], want[r]);
+    k_sample(got, &rows[0][0], nr, N, 1.0f, 1, 1.0f, 1, 0);
+    for (int r = 0; r < nr; r++)
+        assert_int_equal(got[r], want[r]);
+    /* Sampling at any seed draws only non-NaN tokens where one exists. */
+    for (uint64_t seed = 1; seed < 200; seed++) {
+        k_sample(got, &rows[0][0], nr, N, 2.0f, 4, 1.0f, seed, 0);
+        for (int r = 0; r < nr; r++) {
+            if (r == 2)
+                assert_int_equal(got[r], 0);
+            else
+                assert_false(isnan(rows[r][got[r]]));
+        }
+        /* The qsort path (k > 64) on a wide row with NaNs spread in. */
+        float wide[200];
+        for (int i = 0; i < 200; i++)
+            wide[i] = i % 3 == 0 ? nan : (float)(i % 17);
+        int32_t t;
+        k_sample(&t, wide, 1, 200, 1.5f, 100, 1.0f, seed, 3);
+        assert_false(isnan(wide[t]));
+    }
+}
+
 static void test_sample(void **state)
 {
     (void)state;
@@ -562,6 +609,7 @@ int main(void)
         cmocka_unit_test(test_softmax_argmax),
         cmocka_unit_test(test_attention_decode_vs_prefill),
         cmocka_unit_test(test_sample),
+        cmocka_unit_test(test_nan_never_wins),
     };
     return cmocka_run_group_tests_name("kernels", tests, NULL, NULL);
 }

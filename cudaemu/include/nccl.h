@@ -1,0 +1,43 @@
+/* cudaemu: the NCCL calls baton makes (cudaemu/nccl.cc).  Collectives are
+ * queued on the given stream like a kernel.  Values equal NVIDIA's. */
+#ifndef CUDAEMU_NCCL_H
+#define CUDAEMU_NCCL_H
+
+#include "cuda_runtime_api.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    ncclSuccess = 0,
+    ncclUnhandledCudaError = 1,
+    ncclSystemError = 2,
+    ncclInternalError = 3,
+    ncclInvalidArgument = 4,
+    ncclInvalidUsage = 5
+} ncclResult_t;
+
+typedef enum { ncclInt32 = 2, ncclFloat32 = 7, ncclFloat = 7 } ncclDataType_t;
+typedef enum { ncclSum = 0 } ncclRedOp_t;
+
+#define NCCL_UNIQUE_ID_BYTES 128
+typedef struct {
+    char internal[NCCL_UNIQUE_ID_BYTES];
+} ncclUniqueId;
+
+typedef struct cudaemu_nccl *ncclComm_t;
+
+const char *ncclGetErrorString(ncclResult_t r);
+ncclResult_t ncclGetUniqueId(ncclUniqueId *id);
+ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank);
+ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist);
+ncclResult_t ncclCommDestroy(ncclComm_t comm);
+ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t type,
+                           ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Runs the CUDA code of baton on the CPU, through the CUDA emulator
+# (cudaemu/, docs/cuda-emulator.md), from the emulated build in $BUILD
+# (default build/emu; `make emu` builds it):
+#   - the emulator's own tests (tests/cudaemu/test_emu.cu);
+#   - tests/gpu/check_kernels (every CUDA kernel against its C reference),
+#     tests/gpu/check_ops (every op of the executables on every device
+#     flavour against the reference) and tests/gpu/check_exec (executables
+#     on the CUDA device against the CPU device, CUDA-graph capture and
+#     replay, two streams, weights shared by borrowing) under each
+#     seed of $CUDAEMU_SEEDS (default "1 2 3"): the seed orders warps,
+#     blocks and streams, so an order-dependent bug shows under some seed.
+# A check passes when it exits 0 and the emulator reported no problem (the
+# emulator's tests provoke problems on purpose: for them, the exit status).
+# Prints one line per program and a closing "cudaemu: N passed, N failed";
+# exits non-zero on any failure.
+set -u
+cd "$(dirname "$0")/../.."
+BUILD=${BUILD:-build/emu}
+SEEDS=${CUDAEMU_SEEDS:-"1 2 3"}
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+pass=0; fail=0
+
+run() {
+  local name=$1 clean=$2; shift 2
+  if "$@" >"$log" 2>&1 && { [ "$clean" = any ] || ! grep -q "cudaemu: problem" "$log"; }; then
+    pass=$((pass + 1)); echo "ok   $name ($(grep -Eo '^[0-9]+ checks, [0-9]+ failed|[0-9]+ test\(s\) run' "$log" | tail -1))"
+  else
+    fail=$((fail + 1)); echo "FAIL $name"; tail -40 "$log" | sed 's/^/    /'
+  fi
+}
+
+run "emulator tests" any "$BUILD/cudaemu/test_emu"
+for s in $SEEDS; do
+  run "check_kernels, seed $s" clean env CUDAEMU_SEED="$s" "$BUILD/gpu/check_kernels"
+  run "check_ops, seed $s" clean env CUDAEMU_SEED="$s" CHECK_OPS_SEED="$s" "$BUILD/gpu/check_ops"
+  run "check_exec, seed $s" clean env CUDAEMU_SEED="$s" "$BUILD/gpu/check_exec"
+done
+echo "cudaemu: ${pass} passed, ${fail} failed"
+[ "$fail" -eq 0 ]
