@@ -58,6 +58,16 @@ std::string mem_describe(const void *p);
 /* Queues FN on STREAM as one in-order command, or records it into the
  * graph STREAM is capturing.  WHAT names it in reports. */
 cudaError_t stream_enqueue(cudaStream_t stream, const char *what, std::function<void()> fn);
+/* A command that may have to wait for another process (an NCCL
+ * collective): POLL_WAIT leaves it at the head of its stream, and the
+ * scheduler runs other streams or sleeps before polling it again.  A wait
+ * longer than CUDAEMU_NCCL_TIMEOUT seconds is a problem. */
+enum poll_result { POLL_DONE, POLL_WAIT };
+/* CUDAEMU_NCCL_TIMEOUT (60 s by default), and a monotonic clock. */
+double wait_limit_s(void);
+double seconds_now(void);
+cudaError_t stream_enqueue_polled(cudaStream_t stream, const char *what,
+                                  std::function<poll_result()> poll);
 /* Whether the calling thread may make a call that is unsafe during a
  * capture (a synchronous copy, a device-wide sync, cudaMalloc); when not,
  * the capture is invalidated and the error returned. */

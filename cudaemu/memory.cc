@@ -13,12 +13,18 @@
  * spans wait in a quarantine before reuse, closed, so that a late use of
  * freed memory faults rather than reading someone else's data.
  *
+ * A forked child gets its own device memory, a copy of its parent's live
+ * allocations (a child of a CUDA process cannot use CUDA at all; here it
+ * can, which lets tests fork ranks and peers), so that the two processes do
+ * not write each other's memory through the one file they would share.
+ *
  * The memfd is what makes CUDA IPC work between processes:
  * cudaIpcGetMemHandle names (pid, fd, offset, size) and another process
  * maps /proc/PID/fd/FD at that offset.  Several processes thus share one
  * emulated GPU's memory, as several workers share one real GPU. */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -87,6 +93,7 @@ static size_t pages_of(size_t n)
 
 static void segv_handler(int sig, siginfo_t *si, void *uc);
 static struct sigaction old_segv;
+static void at_fork_child(void);
 
 void mem_init(void)
 {
@@ -113,6 +120,7 @@ void mem_init(void)
     if (!getenv("CUDAEMU_NO_PKEYS"))
         pkey = pkey_alloc(0, PKEY_DISABLE_ACCESS);
     install_fault_handler();
+    pthread_atfork(NULL, NULL, at_fork_child);
 }
 
 void install_fault_handler(void)
@@ -155,6 +163,41 @@ static void protect_data(uint8_t *p, size_t len)
     } else {
         protect(p, len, data_prot());
     }
+}
+
+/* In a forked child: a new memory file holding a copy of every live
+ * allocation, mapped where the parent's was. */
+static void at_fork_child(void)
+{
+    int fd = memfd_create("cudaemu-device", MFD_CLOEXEC);
+    void *m = MAP_FAILED;
+    if (fd >= 0 && ftruncate(fd, (off_t)arena_cap) == 0)
+        m = mmap(NULL, arena_cap, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+    if (m == MAP_FAILED) {
+        static const char msg[] = "cudaemu: a forked child cannot copy its device memory\n";
+        if (write(2, msg, sizeof(msg) - 1) < 0)
+            (void)0;
+        _exit(99);
+    }
+    open_depth++;
+    if (pkey >= 0)
+        pkey_set(pkey, 0);
+    for (auto &kv : live) {
+        if (pkey < 0)
+            protect(span_addr(kv.second.sp), kv.second.sp.pages * PAGE, PROT_READ);
+        memcpy((uint8_t *)m + kv.second.sp.off, span_addr(kv.second.sp), kv.second.sp.pages * PAGE);
+    }
+    munmap(m, arena_cap);
+    if (mmap(arena, arena_cap, PROT_NONE, MAP_SHARED | MAP_FIXED | MAP_NORESERVE, fd, 0) ==
+        MAP_FAILED)
+        _exit(99);
+    close(arena_fd);
+    arena_fd = fd;
+    open_depth--;
+    for (auto &kv : live)
+        protect_data(span_addr(kv.second.sp), kv.second.sp.pages * PAGE);
+    if (pkey >= 0)
+        pkey_set(pkey, open_depth > 0 ? 0 : PKEY_DISABLE_ACCESS);
 }
 
 void mem_open(void)

@@ -24,6 +24,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <deque>
@@ -108,7 +110,8 @@ struct dep {
 struct command {
     uint64_t seq; /* 1, 2, ... within its stream */
     const char *what;
-    std::function<void()> fn;
+    std::function<void()> fn;          /* runs once; or */
+    std::function<poll_result()> poll; /* polled until POLL_DONE */
     std::vector<dep> deps;
 };
 
@@ -186,23 +189,43 @@ static bool head_ready(const cudaemu_stream *s)
     return true;
 }
 
-static void run_head(cudaemu_stream *s)
+/* Runs the head of S; false when it is a polled command still waiting. */
+static bool run_head(cudaemu_stream *s)
 {
-    command c = std::move(s->q.front());
+    command &h = s->q.front();
+    if (!sticky && h.poll && h.poll() == POLL_WAIT)
+        return false;
+    if (!sticky && h.fn)
+        h.fn();
+    s->done = h.seq;
     s->q.pop_front();
-    if (!sticky)
-        c.fn();
-    s->done = c.seq;
+    return true;
 }
 
-/* Runs ready stream heads, in seeded order, until DONE holds.  False (and
- * a problem) when nothing can run any more, which needs an event that is
- * never recorded: impossible through this API, so it is a bug here. */
+double seconds_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+double wait_limit_s(void)
+{
+    const char *s = getenv("CUDAEMU_NCCL_TIMEOUT");
+    return s && atof(s) > 0 ? atof(s) : 60.0;
+}
+
+/* Runs ready stream heads, in seeded order, until DONE holds (or MAX_STEPS
+ * commands ran).  When every ready head waits for another process, sleeps
+ * a little and polls again.  False (and a problem) when nothing can run any
+ * more, which needs an event that is never recorded (impossible through
+ * this API, so a bug here), or when a wait outlasts the limit. */
 static bool drain(const std::function<bool()> &done, int max_steps = -1)
 {
     std::vector<cudaemu_stream *> ready;
     mem_open();
     bool ok = true;
+    double waiting_since = 0;
     while (!done() && max_steps != 0) {
         ready.clear();
         if (head_ready(&legacy_stream))
@@ -215,9 +238,29 @@ static bool drain(const std::function<bool()> &done, int max_steps = -1)
             ok = false;
             break;
         }
-        run_head(ready[rng() % ready.size()]);
-        if (max_steps > 0)
-            max_steps--;
+        /* Heads in seeded order; the first that completes counts. */
+        size_t first = rng() % ready.size();
+        bool ran = false;
+        for (size_t i = 0; i < ready.size() && !ran; i++)
+            ran = run_head(ready[(first + i) % ready.size()]);
+        if (ran) {
+            waiting_since = 0;
+            if (max_steps > 0)
+                max_steps--;
+            continue;
+        }
+        double now = seconds_now();
+        if (!waiting_since)
+            waiting_since = now;
+        if (now - waiting_since > wait_limit_s()) {
+            problem("%s has waited %.0f s for another process (a peer rank that never joined "
+                    "the collective?)", ready[first]->q.front().what, now - waiting_since);
+            ok = false;
+            break;
+        }
+        if (max_steps > 0) /* a query: report not ready rather than sleep */
+            break;
+        usleep(50);
     }
     mem_close();
     return ok;
@@ -260,7 +303,8 @@ cudaError_t capture_check_unsafe(const char *api)
     return e ? set_error(e) : e;
 }
 
-cudaError_t stream_enqueue(cudaStream_t stream, const char *what, std::function<void()> fn)
+static cudaError_t enqueue(cudaStream_t stream, const char *what, std::function<void()> fn,
+                           std::function<poll_result()> poll)
 {
     cudaemu_stream *s = S(stream);
     if (s->destroyed)
@@ -269,12 +313,24 @@ cudaError_t stream_enqueue(cudaStream_t stream, const char *what, std::function<
         capture *c = s->cap;
         if (c->invalid)
             return set_error(cudaErrorStreamCaptureInvalidated);
+        if (poll) /* in a graph a polled command runs to completion */
+            fn = [poll] {
+                double t0 = seconds_now();
+                while (poll() == POLL_WAIT) {
+                    if (seconds_now() - t0 > wait_limit_s()) {
+                        problem("a collective in a graph waited too long for another process");
+                        set_sticky(cudaErrorLaunchFailure);
+                        return;
+                    }
+                    usleep(50);
+                }
+            };
         gnode n = {what, std::move(fn), s->tail};
         c->nodes.push_back(std::move(n));
         s->tail.assign(1, (int)c->nodes.size() - 1);
         return cudaSuccess;
     }
-    command c = {++s->enq, what, std::move(fn), {}};
+    command c = {++s->enq, what, std::move(fn), std::move(poll), {}};
     if (s->legacy) {
         for (auto &o : streams)
             if (!o->destroyed && !(o->flags & cudaStreamNonBlocking)) {
@@ -291,6 +347,17 @@ cudaError_t stream_enqueue(cudaStream_t stream, const char *what, std::function<
     }
     s->q.push_back(std::move(c));
     return cudaSuccess;
+}
+
+cudaError_t stream_enqueue(cudaStream_t stream, const char *what, std::function<void()> fn)
+{
+    return enqueue(stream, what, std::move(fn), nullptr);
+}
+
+cudaError_t stream_enqueue_polled(cudaStream_t stream, const char *what,
+                                  std::function<poll_result()> poll)
+{
+    return enqueue(stream, what, nullptr, std::move(poll));
 }
 
 static cudaError_t sync_stream(cudaemu_stream *s)

@@ -198,8 +198,8 @@ int k_cuda_sample_rows(int32_t *out, const float *logits, const float *params,
 /* Philox uniforms for counters COUNTER..COUNTER+N-1 (the CPU/GPU RNG check). */
 int k_cuda_philox_uniform(float *out, uint64_t seed, uint64_t counter, size_t n, void *stream);
 
-/* Matrix products through cuBLAS (one handle per process, created on first
- * use and bound to STREAM for each call). */
+/* Matrix products through cuBLAS (the current device's handle, bound to
+ * STREAM for each call). */
 int k_cuda_matmul(float *c, const float *a, const float *b, int batch, int m, int n, int k,
                   size_t sa, size_t sb, size_t sc, void *stream);
 /* Makes DEVICE's cuBLAS handle (once; kx_device_cuda calls it before any
@@ -212,6 +212,13 @@ void k_cuda_blas_shutdown(void);
  * fine); without NCCL in the build it returns -ENOSYS, and k_cuda_allreduce
  * with a NULL communicator is the one-rank identity. */
 int k_cuda_comm_create(void **comm, int ndev);
+/* A communicator of NRANKS processes (one per GPU): one of them makes the
+ * id (K_CUDA_COMM_ID_BYTES) and hands it to the others out of band; each
+ * calls k_cuda_comm_init_rank with its RANK, which returns once all have
+ * joined.  -ENOSYS without NCCL in the build. */
+#define K_CUDA_COMM_ID_BYTES 128
+int k_cuda_comm_unique_id(void *id, size_t len);
+int k_cuda_comm_init_rank(void **comm, const void *id, size_t len, int nranks, int rank);
 void k_cuda_comm_destroy(void *comm);
 int k_cuda_allreduce(float *buf, size_t n, void *comm, void *stream);
 

@@ -1,5 +1,8 @@
-/* cudaemu: the NCCL calls baton makes (cudaemu/nccl.cc).  Collectives are
- * queued on the given stream like a kernel.  Values equal NVIDIA's. */
+/* cudaemu: the NCCL calls baton makes (cudaemu/nccl.cc): communicators of
+ * any number of ranks, one process per rank on one host; the sum
+ * all-reduce, send and receive (grouped or not), queued on the given
+ * stream like a kernel.  Values equal
+ * NVIDIA's. */
 #ifndef CUDAEMU_NCCL_H
 #define CUDAEMU_NCCL_H
 
@@ -33,8 +36,17 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId *id);
 ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank);
 ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist);
 ncclResult_t ncclCommDestroy(ncclComm_t comm);
+ncclResult_t ncclCommCount(const ncclComm_t comm, int *count);
+ncclResult_t ncclCommUserRank(const ncclComm_t comm, int *rank);
 ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t type,
                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
+
+ncclResult_t ncclSend(const void *send, size_t count, ncclDataType_t type, int peer,
+                      ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclRecv(void *recv, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
+                      cudaStream_t stream);
+ncclResult_t ncclGroupStart(void);
+ncclResult_t ncclGroupEnd(void);
 
 #ifdef __cplusplus
 }

@@ -2,6 +2,8 @@
  * so that only programs which reduce across ranks link libnccl: NCCL is
  * compiled in only when the build found nccl.h (BATON_NCCL=1, see the
  * Makefile); without it the one-rank identity remains. */
+#include <string.h>
+
 #include "kernels/cuda/kcuda.cuh"
 
 #if defined(BATON_NCCL) && BATON_NCCL
@@ -35,6 +37,32 @@ extern "C" int k_cuda_comm_create(void **comm, int ndev)
     return 0;
 }
 
+static_assert(sizeof(ncclUniqueId) <= K_CUDA_COMM_ID_BYTES, "K_CUDA_COMM_ID_BYTES too small");
+
+extern "C" int k_cuda_comm_unique_id(void *id, size_t len)
+{
+    if (!id || len < sizeof(ncclUniqueId))
+        return -EINVAL;
+    ncclUniqueId u;
+    K_NCCL_CHECK(ncclGetUniqueId(&u));
+    memcpy(id, &u, sizeof(u));
+    return 0;
+}
+
+extern "C" int k_cuda_comm_init_rank(void **comm, const void *id, size_t len, int nranks,
+                                     int rank)
+{
+    if (!comm || !id || len < sizeof(ncclUniqueId) || nranks < 1 || rank < 0 || rank >= nranks)
+        return -EINVAL;
+    *comm = NULL;
+    ncclUniqueId u;
+    memcpy(&u, id, sizeof(u));
+    ncclComm_t c;
+    K_NCCL_CHECK(ncclCommInitRank(&c, nranks, u, rank));
+    *comm = c;
+    return 0;
+}
+
 extern "C" void k_cuda_comm_destroy(void *comm)
 {
     if (comm)
@@ -55,6 +83,22 @@ extern "C" int k_cuda_allreduce(float *buf, size_t n, void *comm, void *stream)
 extern "C" int k_cuda_comm_create(void **comm, int ndev)
 {
     (void)ndev;
+    if (comm)
+        *comm = NULL;
+    return -ENOSYS;
+}
+
+extern "C" int k_cuda_comm_unique_id(void *id, size_t len)
+{
+    (void)id;
+    (void)len;
+    return -ENOSYS;
+}
+
+extern "C" int k_cuda_comm_init_rank(void **comm, const void *id, size_t len, int nranks,
+                                     int rank)
+{
+    (void)id, (void)len, (void)nranks, (void)rank;
     if (comm)
         *comm = NULL;
     return -ENOSYS;

@@ -18,6 +18,8 @@ set -u
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build/emu}
 SEEDS=${CUDAEMU_SEEDS:-"1 2 3"}
+# Four emulated GPUs: the multi-process all-reduce checks run 2 and 3 ranks.
+export CUDAEMU_DEVICES=${CUDAEMU_DEVICES:-4}
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 pass=0; fail=0

@@ -22,6 +22,7 @@ extern "C" {
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <nccl.h>
 
 #define CK(call) assert_int_equal((int)(call), (int)cudaSuccess)
 
@@ -716,6 +717,137 @@ static void test_cublas_column_major(void **state)
     CK(cudaFree(dc));
 }
 
+/* ---- NCCL ------------------------------------------------------------------------------- */
+
+static ncclUniqueId nccl_id;
+
+/* One rank of two joins; the other never does: init fails after the
+ * timeout and leaves no shared-memory file behind. */
+static int nccl_alone_child(void)
+{
+    setenv("CUDAEMU_NCCL_TIMEOUT", "1", 1);
+    ncclComm_t c;
+    return ncclCommInitRank(&c, 2, nccl_id, 0) == ncclSystemError ? 0 : 1;
+}
+
+/* Rank 0 of a formed pair all-reduces; rank 1 (nccl_quitter_child)
+ * leaves without doing so.  Rank 0's sync must fail, not hang. */
+static int nccl_waiter_child(void)
+{
+    setenv("CUDAEMU_NCCL_TIMEOUT", "1", 1);
+    ncclComm_t c;
+    if (ncclCommInitRank(&c, 2, nccl_id, 0) != ncclSuccess)
+        return 2;
+    float *d = dev_alloc<float>(64);
+    cudaMemset(d, 0, 256);
+    if (ncclAllReduce(d, d, 64, ncclFloat, ncclSum, c, NULL) != ncclSuccess)
+        return 3;
+    return launch_outcome();
+}
+
+static int nccl_quitter_child(void)
+{
+    ncclComm_t c;
+    return ncclCommInitRank(&c, 2, nccl_id, 1) == ncclSuccess ? 0 : 1;
+}
+
+static void test_nccl_missing_peers(void **state)
+{
+    (void)state;
+    assert_int_equal(ncclGetUniqueId(&nccl_id), ncclSuccess);
+    assert_int_equal(in_child(nccl_alone_child), 0);
+    char path[200];
+    snprintf(path, sizeof(path), "/dev/shm%s", nccl_id.internal);
+    assert_int_not_equal(access(path, F_OK), 0);
+    assert_int_equal(ncclGetUniqueId(&nccl_id), ncclSuccess);
+    snprintf(path, sizeof(path), "/dev/shm%s", nccl_id.internal);
+    fflush(NULL);
+    pid_t q = fork();
+    if (q == 0)
+        _exit(nccl_quitter_child());
+    assert_int_equal(in_child(nccl_waiter_child), LAUNCH_FAILED);
+    int st = 0;
+    waitpid(q, &st, 0);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    assert_int_not_equal(access(path, F_OK), 0);
+}
+
+/* Rank R of NR in a ring: a grouped exchange with both neighbours of a
+ * buffer larger than a mailbox slot, then an ungrouped small send and
+ * receive in opposite orders on the two sides.  Exit 0 when right. */
+static int ring_rank(int r, int nr)
+{
+    ncclComm_t c;
+    if (cudaSetDevice(r % 2) || ncclCommInitRank(&c, nr, nccl_id, r) != ncclSuccess)
+        return 2;
+    size_t n = (600 << 10) / 4 + 3;
+    float *h = (float *)malloc(n * 4);
+    for (size_t i = 0; i < n; i++)
+        h[i] = (float)(r * 1000003 + (int)i);
+    float *mine = dev_alloc<float>(n), *left = dev_alloc<float>(n), *right = dev_alloc<float>(n);
+    cudaMemcpy(mine, h, n * 4, cudaMemcpyHostToDevice);
+    int L = (r + nr - 1) % nr, R = (r + 1) % nr;
+    ncclGroupStart();
+    ncclSend(mine, n, ncclFloat, R, c, NULL);
+    ncclSend(mine, n, ncclFloat, L, c, NULL);
+    ncclRecv(left, n, ncclFloat, L, c, NULL);
+    ncclRecv(right, n, ncclFloat, R, c, NULL);
+    if (ncclGroupEnd() != ncclSuccess || cudaDeviceSynchronize())
+        return 3;
+    float *g = (float *)malloc(n * 4);
+    cudaMemcpy(g, left, n * 4, cudaMemcpyDeviceToHost);
+    for (size_t i = 0; i < n; i++)
+        if (g[i] != (float)(L * 1000003 + (int)i))
+            return 4;
+    cudaMemcpy(g, right, n * 4, cudaMemcpyDeviceToHost);
+    for (size_t i = 0; i < n; i++)
+        if (g[i] != (float)(R * 1000003 + (int)i))
+            return 5;
+    /* Small messages need no group: one slot holds them. */
+    if (nr == 2) {
+        if (r == 0) {
+            ncclSend(mine, 100, ncclFloat, 1, c, NULL);
+            ncclRecv(left, 100, ncclFloat, 1, c, NULL);
+        } else {
+            ncclRecv(left, 100, ncclFloat, 0, c, NULL);
+            ncclSend(mine, 100, ncclFloat, 0, c, NULL);
+        }
+        if (cudaDeviceSynchronize())
+            return 6;
+        cudaMemcpy(g, left, 400, cudaMemcpyDeviceToHost);
+        for (int i = 0; i < 100; i++)
+            if (g[i] != (float)((1 - r) * 1000003 + i))
+                return 7;
+    }
+    ncclCommDestroy(c);
+    return 0;
+}
+
+static void run_ring(int nr)
+{
+    assert_int_equal(ncclGetUniqueId(&nccl_id), ncclSuccess);
+    pid_t pids[4];
+    fflush(NULL);
+    for (int r = 0; r < nr; r++)
+        if ((pids[r] = fork()) == 0) {
+            cudaemu_seed((unsigned long long)r + 11);
+            _exit(ring_rank(r, nr));
+        }
+    for (int r = 0; r < nr; r++) {
+        int st = 0;
+        waitpid(pids[r], &st, 0);
+        assert_true(WIFEXITED(st));
+        assert_int_equal(WEXITSTATUS(st), 0);
+    }
+}
+
+static void test_nccl_send_recv(void **state)
+{
+    (void)state;
+    run_ring(2);
+    run_ring(3);
+}
+
 static void test_device_properties(void **state)
 {
     (void)state;
@@ -749,6 +881,8 @@ int main(void)
         cmocka_unit_test(test_copies_and_bounds),
         cmocka_unit_test(test_ipc_between_processes),
         cmocka_unit_test(test_cublas_column_major),
+        cmocka_unit_test(test_nccl_missing_peers),
+        cmocka_unit_test(test_nccl_send_recv),
         cmocka_unit_test(test_device_properties),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -19,6 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
+#include <sys/wait.h>
 
 #include <cuda_runtime_api.h>
 
@@ -523,6 +525,104 @@ static void check_allreduce(void)
     cudaFree(dx);
 }
 
+/* Ranks of a multi-process all-reduce: this program again, run as
+ * `check_kernels --allreduce-rank R N ID` (ID in hex), one process per
+ * rank and device, as tensor parallelism runs.  Each rank reduces a buffer
+ * of 3 MiB plus a ragged tail (several chunks) twice, the second time on a
+ * non-blocking stream right after a kernel that writes its input, and
+ * checks the sums.  Exit 0 when right. */
+static float rank_value(int r, size_t i)
+{
+    return (float)((r + 1) * (int)(i % 7) + r);
+}
+
+static int allreduce_rank(int rank, int nranks, const char *hex)
+{
+    unsigned char id[K_CUDA_COMM_ID_BYTES] = {0};
+    for (size_t i = 0; i < sizeof(id) && hex[2 * i] && hex[2 * i + 1]; i++)
+        sscanf(hex + 2 * i, "%2hhx", &id[i]);
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || cudaSetDevice(rank % ndev) != cudaSuccess)
+        return 3;
+    void *comm = NULL;
+    if (k_cuda_comm_init_rank(&comm, id, sizeof(id), nranks, rank))
+        return 4;
+    size_t n = (3u << 20) / 4 + 5;
+    float *x = malloc(n * 4), *want = malloc(n * 4);
+    for (size_t i = 0; i < n; i++) {
+        x[i] = rank_value(rank, i);
+        want[i] = 0;
+        for (int r = 0; r < nranks; r++)
+            want[i] += rank_value(r, i);
+    }
+    float *dx = dup_dev(x, n * 4);
+    int bad = 0;
+    if (k_cuda_allreduce(dx, n, comm, NULL))
+        return 5;
+    float *got = back(dx, n * 4);
+    bad += memcmp(got, want, n * 4) != 0;
+    free(got);
+    /* Again on a stream, after a kernel (x + x) that the reduce must see. */
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CK(cudaMemcpy(dx, x, n * 4, cudaMemcpyHostToDevice));
+    OK(k_cuda_add(dx, dx, dx, n, s));
+    OK(k_cuda_allreduce(dx, n, comm, s));
+    CK(cudaStreamSynchronize(s));
+    got = back(dx, n * 4);
+    for (size_t i = 0; i < n; i++)
+        bad += got[i] != 2 * want[i];
+    free(got);
+    k_cuda_comm_destroy(comm);
+    cudaStreamDestroy(s);
+    cudaFree(dx);
+    free(x);
+    free(want);
+    return bad ? 6 : 0;
+}
+
+static void check_allreduce_ranks(int nranks, int ndev, const char *self)
+{
+    char name[64];
+    snprintf(name, sizeof(name), "allreduce %d processes", nranks);
+    if (ndev < nranks) {
+        printf("SKIP %-28s needs %d devices, this machine has %d\n", name, nranks, ndev);
+        return;
+    }
+    unsigned char id[K_CUDA_COMM_ID_BYTES];
+    int rc = k_cuda_comm_unique_id(id, sizeof(id));
+    if (rc == -ENOSYS) {
+        printf("SKIP %-28s built without NCCL\n", name);
+        return;
+    }
+    OK(rc);
+    char hex[2 * K_CUDA_COMM_ID_BYTES + 1];
+    for (size_t i = 0; i < sizeof(id); i++)
+        snprintf(hex + 2 * i, 3, "%02x", id[i]);
+    pid_t pids[8];
+    for (int r = 0; r < nranks; r++) {
+        char rs_[16], ns[16];
+        snprintf(rs_, sizeof(rs_), "%d", r);
+        snprintf(ns, sizeof(ns), "%d", nranks);
+        fflush(NULL);
+        if ((pids[r] = fork()) == 0) {
+            execl(self, self, "--allreduce-rank", rs_, ns, hex, (char *)NULL);
+            _exit(127);
+        }
+    }
+    int worst = 0;
+    for (int r = 0; r < nranks; r++) {
+        int st = 0;
+        waitpid(pids[r], &st, 0);
+        int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        worst = code > worst ? code : worst;
+    }
+    checks++;
+    printf("%s %-28s %s\n", worst ? "FAIL" : "ok  ", name,
+           worst ? "a rank failed" : "every rank has the sums");
+    failures += worst != 0;
+}
+
 /* ---- timing ------------------------------------------------------------------ */
 
 typedef struct row {
@@ -657,8 +757,10 @@ static void bench(FILE *json, const char *devname)
     cudaFree(c);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    if (argc == 5 && !strcmp(argv[1], "--allreduce-rank"))
+        return allreduce_rank(atoi(argv[2]), atoi(argv[3]), argv[4]);
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
         printf("no CUDA device: skipped\n");
@@ -733,6 +835,8 @@ int main(void)
     }
     check_philox();
     check_allreduce();
+    check_allreduce_ranks(2, ndev, "/proc/self/exe");
+    check_allreduce_ranks(3, ndev, "/proc/self/exe");
     printf("\n%d checks, %d failed\n", checks, failures);
     if (failures)
         return 1;
