@@ -10,6 +10,15 @@
  * Both read the weights in place from the file's read-only mapping
  * (kx_param_borrow), so the weights are resident once.
  *
+ * Devices.  On `cpu` the executables run the CPU op table.  On `cuda:N`
+ * (a build with CUDA, or the emulated one) they run the CUDA op table on
+ * that GPU: each weight is uploaded to device memory once, widened to f32
+ * where the GPU kernels need it (the token embedding), and both
+ * executables borrow the upload; KV caches live in device memory and move
+ * between executables and to host memory (eviction) by device copies; the
+ * step's logits and greedy tokens are copied back to the host for the
+ * sampler and the outputs.
+ *
  * KV caches.  The decode executable holds `max_batch` cache slots of
  * `max_seq` positions; row b of a decode step reads and appends to slot b.
  * A session (one request) lives in a slot while it decodes.  There may be
@@ -70,6 +79,18 @@ struct baton_model {
     size_t row_floats;          /* floats of one cached position of one layer: K or V */
     uint64_t weight_bytes;      /* bytes of the mapped tensors in use */
     char *report;               /* model_describe's text; owned */
+    const kx_device *dev;       /* NULL: the CPU; else the GPU the executables run on */
+    struct upload {             /* GPU: each weight's one copy in device memory */
+        char name[KG_NAME_LEN];
+        void *ptr;              /* device memory, owned (dev->free) */
+    } *uploads;
+    size_t n_uploads;
+    float *host_logits;         /* GPU: [slots, vocab] the last step's logits, on the host */
+    int32_t *host_argmax;       /* GPU: [slots] its greedy tokens */
+    struct wd_ctx {             /* ktf_shape.weight_dtype's context */
+        const gguf_file *f;
+        bool gpu;               /* widen the embedding table to f32 */
+    } wd;
 };
 
 struct baton_session {
@@ -131,10 +152,14 @@ static const gguf_tensor *tensor_of(const gguf_file *f, const char *name)
     return gguf_tensor_find(f, full);
 }
 
-/* ktf_shape.weight_dtype: the file's type of each matrix. */
+/* ktf_shape.weight_dtype: the file's type of each matrix; on a GPU the
+ * embedding table is widened to f32 (the GPU's EMBED reads f32 rows). */
 static kdtype file_dtype(void *user, const char *name)
 {
-    const gguf_tensor *t = tensor_of(user, name);
+    const struct wd_ctx *w = user;
+    if (w->gpu && !strcmp(name, "token_embd.weight"))
+        return KD_F32;
+    const gguf_tensor *t = tensor_of(w->f, name);
     return t ? kd_of_gguf(t->type) : KD_F32;
 }
 
@@ -155,8 +180,10 @@ static int arch_u32(const gguf_file *f, const char *key, bool required, uint32_t
     return -1;
 }
 
-/* Reads the shape of the decoder from F's metadata and checks it. */
-static int read_shape(const gguf_file *f, ktf_shape *s, char *err, size_t errlen)
+/* Reads the shape of the decoder from F's metadata and checks it; WD is
+ * the weight-type callback's context (it must outlive the graph builds). */
+static int read_shape(const gguf_file *f, struct wd_ctx *wd, ktf_shape *s, char *err,
+                      size_t errlen)
 {
     const char *arch;
     size_t alen;
@@ -205,17 +232,54 @@ static int read_shape(const gguf_file *f, ktf_shape *s, char *err, size_t errlen
         .rms_eps = eps, .rope_theta = theta,
         /* llama.cpp's converter permutes Q and K for this rotation. */
         .rope_mode = K_ROPE_NORMAL,
-        .weight_dtype = file_dtype, .weight_user = (void *)f,
+        .weight_dtype = file_dtype, .weight_user = wd,
         .output_head = gguf_tensor_find(f, "output.weight") != NULL,
     };
     return 0;
 }
 
-/* Points every parameter of X at the file's bytes, checking type and
- * shape against what the graph G expects. */
-static int bind_weights(kx_exec *x, const kg_graph *g, const gguf_file *f, uint64_t *bytes,
+/* The device copy of weight NAME (BYTES of DT from tensor T), uploaded on
+ * first use and shared by every executable of M; NULL on failure. */
+static void *upload(baton_model *m, const char *name, kdtype dt, const gguf_tensor *t,
+                    size_t bytes)
+{
+    for (size_t i = 0; i < m->n_uploads; i++)
+        if (!strcmp(m->uploads[i].name, name))
+            return m->uploads[i].ptr;
+    struct upload *u = realloc(m->uploads, (m->n_uploads + 1) * sizeof(*u));
+    if (!u)
+        return NULL;
+    m->uploads = u;
+    void *d = NULL, *wide = NULL;
+    const void *src = t->data;
+    if (dt == KD_F32 && kd_of_gguf(t->type) != KD_F32) { /* widened for the GPU */
+        wide = malloc(bytes);
+        size_t n = bytes / sizeof(float);
+        kdtype ft = kd_of_gguf(t->type);
+        if (!wide || (ft == KD_F16 || ft == KD_BF16 ? k_cast(wide, KD_F32, t->data, ft, n)
+                                                    : k_dequantize(wide, ft, t->data, n))) {
+            free(wide);
+            return NULL;
+        }
+        src = wide;
+    }
+    if (m->dev->alloc(m->dev->dev, bytes, &d) || m->dev->copy(m->dev->dev, d, src, bytes, NULL)) {
+        m->dev->free(m->dev->dev, d);
+        free(wide);
+        return NULL;
+    }
+    free(wide);
+    snprintf(u[m->n_uploads].name, sizeof(u[m->n_uploads].name), "%s", name);
+    u[m->n_uploads++].ptr = d;
+    return d;
+}
+
+/* Points every parameter of X at the file's bytes (on a GPU: at their one
+ * upload), checking type and shape against what the graph G expects. */
+static int bind_weights(baton_model *m, kx_exec *x, const kg_graph *g, uint64_t *bytes,
                         char *err, size_t errlen)
 {
+    const gguf_file *f = m->file;
     *bytes = 0;
     for (size_t v = 0; v < g->n_values; v++) {
         const kg_value *val = &g->values[v];
@@ -237,7 +301,10 @@ static int bind_weights(kx_exec *x, const kg_graph *g, const gguf_file *f, uint6
         bool same = (int)t->n_dims == val->ndim;
         for (int d = 0; same && d < val->ndim; d++)
             same = t->ne[val->ndim - 1 - d] == val->shape[d];
-        if (!same || dt != val->dtype || t->nbytes != val->bytes) {
+        /* A GPU reads the embedding widened to f32: the graph says so. */
+        bool widened = m->dev && val->dtype == KD_F32 && dt != KD_F32 && val->ndim == 2 &&
+                       val->bytes == (size_t)t->ne[0] * (size_t)t->ne[1] * sizeof(float);
+        if (!same || (!widened && (dt != val->dtype || t->nbytes != val->bytes))) {
             snprintf(err, errlen, "tensor %s is %s with %u dims [%" PRId64 ", %" PRId64 "]; the "
                      "model's shape wants %s [%" PRId64 ", %" PRId64 "]", t->name,
                      gguf_type_name(t->type), t->n_dims, t->ne[0], t->ne[1],
@@ -245,20 +312,31 @@ static int bind_weights(kx_exec *x, const kg_graph *g, const gguf_file *f, uint6
                      val->ndim > 1 ? val->shape[0] : 1);
             return -1;
         }
-        int rc = kx_param_borrow(x, val->name, dt, t->data, t->nbytes);
+        int rc;
+        if (m->dev) {
+            void *d = upload(m, val->name, val->dtype, t, val->bytes);
+            if (!d) {
+                snprintf(err, errlen, "parameter %s: cannot put it in device memory",
+                         val->name);
+                return -1;
+            }
+            rc = kx_param_borrow(x, val->name, val->dtype, d, val->bytes);
+        } else {
+            rc = kx_param_borrow(x, val->name, dt, t->data, t->nbytes);
+        }
         if (rc) {
             snprintf(err, errlen, "parameter %s: %s", val->name, bt_strerror(rc));
             return -1;
         }
-        *bytes += t->nbytes;
+        *bytes += m->dev ? val->bytes : t->nbytes;
     }
     return 0;
 }
 
-/* Compiles G for the CPU with the worker's profile and streams and binds
- * the weights.  G is destroyed. */
-static int compile(kg_graph *g, const char *what, const baton_load_params *p,
-                   const gguf_file *f, kx_exec **out, uint64_t *bytes, char *err, size_t errlen)
+/* Compiles G for M's device with the worker's profile and streams and
+ * binds the weights.  G is destroyed. */
+static int compile(baton_model *m, kg_graph *g, const char *what, const baton_load_params *p,
+                   kx_exec **out, uint64_t *bytes, char *err, size_t errlen)
 {
     *out = NULL;
     char why[384];
@@ -266,13 +344,14 @@ static int compile(kg_graph *g, const char *what, const baton_load_params *p,
         snprintf(err, errlen, "cannot build the %s graph (shape or memory)", what);
         return -1;
     }
-    if (kt_cpu_check(g, why, sizeof(why))) {
-        snprintf(err, errlen, "the %s graph cannot run on the CPU: %.300s", what, why);
+    if (m->dev ? kt_cuda_check(g, why, sizeof(why)) : kt_cpu_check(g, why, sizeof(why))) {
+        snprintf(err, errlen, "the %s graph cannot run on the %s: %.300s", what,
+                 m->dev ? "GPU" : "CPU", why);
         kg_destroy(g);
         return -1;
     }
     ks_profile prof;
-    const ks_profile *use = ks_profile_builtin("cpu");
+    const ks_profile *use = ks_profile_builtin(m->dev ? "h100" : "cpu");
     if (p->profile && p->profile->memory_bandwidth_gbps > 0 && p->profile->tflops > 0) {
         prof = (ks_profile){p->profile->name, p->profile->memory_bandwidth_gbps,
                             p->profile->memory_efficiency, p->profile->tflops,
@@ -281,14 +360,18 @@ static int compile(kg_graph *g, const char *what, const baton_load_params *p,
         use = &prof;
     }
     kx_op_table ops;
-    kt_cpu_ops(&ops);
+    if (m->dev)
+        kt_cuda_ops(&ops);
+    else
+        kt_cpu_ops(&ops);
     kx_options o = {.profile = use,
+                    .device = m->dev,
                     .n_compute = p->compute_streams ? (int)p->compute_streams : 1,
                     .n_comm = p->comm_streams ? 1 : 0};
     if (o.n_compute > KS_MAX_STREAMS - 1)
         o.n_compute = KS_MAX_STREAMS - 1;
     int rc = kx_compile(g, &ops, &o, out);
-    if (rc == 0 && bind_weights(*out, g, f, bytes, err, errlen) != 0)
+    if (rc == 0 && bind_weights(m, *out, g, bytes, err, errlen) != 0)
         rc = -1;
     else if (rc)
         snprintf(err, errlen, "compiling the %s graph: %s", what, bt_strerror(rc));
@@ -308,6 +391,11 @@ static void model_unload(baton_model *m)
         return;
     kx_destroy(m->prefill);
     kx_destroy(m->decode);
+    for (size_t i = 0; i < m->n_uploads; i++)
+        m->dev->free(m->dev->dev, m->uploads[i].ptr);
+    free(m->uploads);
+    free(m->host_logits);
+    free(m->host_argmax);
     free(m->owner);
     free(m->report);
     tok_vocab_destroy(m->vocab);
@@ -368,10 +456,27 @@ static baton_status model_load(const baton_load_params *p, baton_model **out, ch
         snprintf(err, errlen, "option path is required (a GGUF file)");
         return BATON_STATUS_INVALID_ARGUMENT;
     }
+    const kx_device *dev = NULL;
     if (p->device && strcmp(p->device, "cpu") != 0) {
-        snprintf(err, errlen, "device %s: this worker runs the transformer on the CPU only",
-                 p->device);
-        return BATON_STATUS_FAILED_PRECONDITION;
+        char *end = NULL;
+        long ord = strncmp(p->device, "cuda:", 5) == 0 ? strtol(p->device + 5, &end, 10) : -1;
+        if (ord < 0 || !end || *end || end == p->device + 5) {
+            snprintf(err, errlen, "device %s: the transformer runs on cpu or cuda:N", p->device);
+            return BATON_STATUS_INVALID_ARGUMENT;
+        }
+#ifdef BATON_CUDA
+        dev = kx_device_cuda((int)ord);
+#endif
+        if (!dev) {
+            snprintf(err, errlen, "device %s: %s", p->device,
+#ifdef BATON_CUDA
+                     "no such GPU on this machine"
+#else
+                     "this build of baton has no CUDA"
+#endif
+            );
+            return BATON_STATUS_FAILED_PRECONDITION;
+        }
     }
     if (p->tp_size > 1) {
         snprintf(err, errlen, "tensor parallelism (tp %u) is not built for the transformer "
@@ -400,6 +505,7 @@ static baton_status model_load(const baton_load_params *p, baton_model **out, ch
         snprintf(err, errlen, "out of memory");
         return BATON_STATUS_RESOURCE_EXHAUSTED;
     }
+    m->dev = dev;
     baton_status st = BATON_STATUS_FAILED_PRECONDITION;
     char why[400];
     if (gguf_open(path, &m->file, why, sizeof(why)) != 0) {
@@ -410,7 +516,8 @@ static baton_status model_load(const baton_load_params *p, baton_model **out, ch
             snprintf(err, errlen, "%s: %s", path, why);
         goto err;
     }
-    if (read_shape(m->file, &m->shape, why, sizeof(why)) != 0) {
+    m->wd = (struct wd_ctx){m->file, dev != NULL};
+    if (read_shape(m->file, &m->wd, &m->shape, why, sizeof(why)) != 0) {
         snprintf(err, errlen, "%s: %s", path, why);
         goto err;
     }
@@ -443,16 +550,20 @@ static baton_status model_load(const baton_load_params *p, baton_model **out, ch
     if (threads > 0 || p->threads > 0)
         openblas_set_num_threads(threads > 0 ? (int)threads : (int)p->threads);
     uint64_t wb = 0;
-    if (compile(ktf_build_prefill(&m->shape, 1, m->chunk, m->max_seq), "prefill", p, m->file,
+    if (compile(m, ktf_build_prefill(&m->shape, 1, m->chunk, m->max_seq), "prefill", p,
                 &m->prefill, &wb, why, sizeof(why)) ||
-        compile(ktf_build_decode(&m->shape, m->slots, m->max_seq), "decode", p, m->file,
-                &m->decode, &m->weight_bytes, why, sizeof(why))) {
+        compile(m, ktf_build_decode(&m->shape, m->slots, m->max_seq), "decode", p, &m->decode,
+                &m->weight_bytes, why, sizeof(why))) {
         snprintf(err, errlen, "%s: %s", path, why);
         goto err;
     }
     m->owner = calloc((size_t)m->slots, sizeof(*m->owner));
     m->report = make_report(m, p);
-    if (!m->owner || !m->report) {
+    if (dev) {
+        m->host_logits = malloc((size_t)m->slots * (size_t)m->shape.vocab * sizeof(float));
+        m->host_argmax = malloc((size_t)m->slots * sizeof(int32_t));
+    }
+    if (!m->owner || !m->report || (dev && (!m->host_logits || !m->host_argmax))) {
         snprintf(err, errlen, "out of memory");
         st = BATON_STATUS_RESOURCE_EXHAUSTED;
         goto err;
@@ -508,6 +619,17 @@ static float *cache(kx_exec *x, int l, int kv)
     return kx_handle(x, name, NULL);
 }
 
+/* BYTES from SRC to DST, either in device memory on a GPU (the device's
+ * copy tells the direction from the pointers), or on the host. */
+static int mcopy(const baton_model *m, void *dst, const void *src, size_t bytes)
+{
+    if (!m->dev) {
+        memcpy(dst, src, bytes);
+        return 0;
+    }
+    return m->dev->copy(m->dev->dev, dst, src, bytes, NULL);
+}
+
 /* Copies positions [0, LEN) of every layer between slot SLOT of executable X
  * and the flat buffer HOST ([layer][K, V][len][row]); TO_HOST picks the way. */
 static void copy_slot(baton_model *m, kx_exec *x, int slot, float *host, int len, bool to_host)
@@ -517,7 +639,7 @@ static void copy_slot(baton_model *m, kx_exec *x, int slot, float *host, int len
         for (int kv = 0; kv < 2; kv++) {
             float *c = cache(x, l, kv) + (size_t)slot * (size_t)m->max_seq * m->row_floats;
             float *h = host + ((size_t)l * 2 + (size_t)kv) * n;
-            memcpy(to_host ? h : c, to_host ? c : h, n * sizeof(float));
+            mcopy(m, to_host ? h : c, to_host ? c : h, n * sizeof(float));
         }
 }
 
@@ -842,11 +964,18 @@ static void prefill_one(baton_model *m, baton_ctx *ctx, baton_item *it)
     size_t rows = n * m->row_floats;
     for (int l = 0; l < m->shape.layers; l++)
         for (int kv = 0; kv < 2; kv++)
-            memcpy(cache(m->decode, l, kv) + (size_t)s->slot * (size_t)m->max_seq * m->row_floats,
-                   cache(m->prefill, l, kv), rows * sizeof(float));
+            mcopy(m, cache(m->decode, l, kv) + (size_t)s->slot * (size_t)m->max_seq * m->row_floats,
+                  cache(m->prefill, l, kv), rows * sizeof(float));
     s->len = (int)n;
     const float *logits = kx_output(m->prefill, 0, NULL);
-    int32_t argmax = *(const int32_t *)kx_output(m->prefill, 1, NULL);
+    int32_t argmax;
+    if (m->dev) { /* the step's results, back on the host */
+        mcopy(m, m->host_logits, logits, (size_t)m->shape.vocab * sizeof(float));
+        mcopy(m, &argmax, kx_output(m->prefill, 1, NULL), sizeof(argmax));
+        logits = m->host_logits;
+    } else {
+        argmax = *(const int32_t *)kx_output(m->prefill, 1, NULL);
+    }
     int32_t t = pick_token(m, it, logits, argmax, s->len);
     emit(m, ctx, it, t, logits);
 out:
@@ -937,6 +1066,13 @@ static void decode_batch(baton_model *m, baton_ctx *ctx, baton_item *const *item
     int rc = kx_run(m->decode);
     const float *logits = kx_output(m->decode, 0, NULL);
     const int32_t *argmax = kx_output(m->decode, 1, NULL);
+    if (m->dev && !rc) { /* the rows that ran, back on the host */
+        if (mcopy(m, m->host_logits, logits, (size_t)rows * (size_t)m->shape.vocab * sizeof(float)) ||
+            mcopy(m, m->host_argmax, argmax, (size_t)rows * sizeof(int32_t)))
+            rc = BT_EDEVICE;
+        logits = m->host_logits;
+        argmax = m->host_argmax;
+    }
     for (size_t i = 0; i < n; i++) {
         if (!live[i])
             continue;

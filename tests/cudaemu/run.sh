@@ -10,6 +10,7 @@
 #     replay, two streams, weights shared by borrowing) under each
 #     seed of $CUDAEMU_SEEDS (default "1 2 3"): the seed orders warps,
 #     blocks and streams, so an order-dependent bug shows under some seed.
+#   - the transformer backend's tests on cuda:0 (tests/unit/test_transformer.c).
 # A check passes when it exits 0 and the emulator reported no problem (the
 # emulator's tests provoke problems on purpose: for them, the exit status).
 # Prints one line per program and a closing "cudaemu: N passed, N failed";
@@ -39,5 +40,18 @@ for s in $SEEDS; do
   run "check_ops, seed $s" clean env CUDAEMU_SEED="$s" CHECK_OPS_SEED="$s" "$BUILD/gpu/check_ops"
   run "check_exec, seed $s" clean env CUDAEMU_SEED="$s" "$BUILD/gpu/check_exec"
 done
+# The transformer backend on an emulated GPU (TF_TEST_DEVICE=cuda:0), against
+# the same independent reference as on the CPU.  The emulator is slow on a
+# whole model, so by default two of its tests run (CUDAEMU_TF_TESTS="*"
+# runs them all, about 11 minutes).
+TF_TESTS=${CUDAEMU_TF_TESTS:-"test_prefill_and_greedy_match_reference test_describe"}
+if [ -f models/smollm2-135m-instruct-q4_1.gguf ]; then
+  for t in $TF_TESTS; do
+    run "transformer on cuda:0, $t" clean env TF_TEST_DEVICE=cuda:0 TF_TEST_FILTER="$t" \
+      "$BUILD/tests/test_transformer"
+  done
+else
+  echo "SKIP transformer on cuda:0: models/smollm2-135m-instruct-q4_1.gguf is absent (scripts/fetch-model.sh)"
+fi
 echo "cudaemu: ${pass} passed, ${fail} failed"
 [ "$fail" -eq 0 ]

@@ -281,6 +281,31 @@ static void check_nan_rows(void)
     cudaFree(dout);
 }
 
+/* Per-row sampling (KOP_SAMPLE on the GPU): a row whose top_k asks for
+ * more candidates than the kernel keeps (0 = the whole row of 300) raises
+ * the run's flag and gets token 0; the other rows sample as the
+ * reference. */
+static void check_sample_rows_limit(void)
+{
+    enum { N = 300 };
+    float *x = hrand(2 * N, 3), params[6] = {1.0f, 0.0f, 1.0f, 0.8f, 10.0f, 0.9f};
+    int64_t rng[4] = {5, 1, 6, 2};
+    float *dx = dup_dev(x, 2 * N * 4), *dp = dup_dev(params, sizeof(params));
+    int64_t *dr = dup_dev(rng, sizeof(rng));
+    int32_t *dout = dev_poison(2 * 4), *dflag = dev_poison(4), want;
+    CK(cudaMemset(dflag, 0, 4));
+    OK(k_cuda_sample_rows(dout, dx, dp, dr, 2, N, dflag, NULL));
+    int32_t *got = back(dout, 8), *flag = back(dflag, 4);
+    k_sample(&want, x + N, 1, N, params[3], (int)params[4], params[5], 6, 2);
+    checks++;
+    bool ok = *flag == ERANGE && got[0] == 0 && got[1] == want;
+    printf("%s %-28s flag %d, tokens %d %d (reference %d)\n", ok ? "ok  " : "FAIL",
+           "sample rows: top_k past 256", *flag, got[0], got[1], want);
+    failures += !ok;
+    free(got), free(flag), free(x);
+    cudaFree(dx), cudaFree(dp), cudaFree(dr), cudaFree(dout), cudaFree(dflag);
+}
+
 /* A failed CUDA call inside a launcher is reported once: the next launch
  * must not see its error again (K_CUDA_CHECK clears it). */
 static void check_error_cleared(void)
@@ -778,6 +803,7 @@ int main(int argc, char **argv)
         check_rows(rs_[i][0], rs_[i][1]);
     check_nan_rows();
     check_error_cleared();
+    check_sample_rows_limit();
     check_alloc_zeroed();
     check_rope(1, 1, 2, K_ROPE_NORMAL);
     check_rope(7, 9, 64, K_ROPE_NORMAL);
