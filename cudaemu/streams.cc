@@ -360,11 +360,18 @@ cudaError_t stream_enqueue_polled(cudaStream_t stream, const char *what,
     return enqueue(stream, what, nullptr, std::move(poll));
 }
 
-static cudaError_t sync_stream(cudaemu_stream *s)
+/* Runs device work until DONE holds (or a launch failed): the host side
+ * of every synchronising call. */
+static cudaError_t wait_for(const std::function<bool()> &done)
 {
-    if (!drain([s] { return stream_idle(s) || sticky; }))
+    if (!drain([&done] { return done() || sticky; }))
         return set_sticky(cudaErrorLaunchFailure);
     return sticky ? set_error(sticky) : cudaSuccess;
+}
+
+static cudaError_t sync_stream(cudaemu_stream *s)
+{
+    return wait_for([s] { return stream_idle(s); });
 }
 
 } /* namespace cudaemu */
@@ -546,11 +553,7 @@ cudaError_t cudaDeviceSynchronize(void)
     LOCK();
     STICKY();
     cudaError_t e = capture_check_unsafe("cudaDeviceSynchronize");
-    if (e)
-        return e;
-    if (!drain([] { return all_idle() || sticky; }))
-        return set_sticky(cudaErrorLaunchFailure);
-    return sticky ? set_error(sticky) : cudaSuccess;
+    return e ? e : wait_for(all_idle);
 }
 
 /* ---- streams ------------------------------------------------------------------------- */
@@ -733,9 +736,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e)
         return set_error(cudaErrorInvalidResourceHandle);
     if (e->cap)
         return set_error(cudaErrorStreamCaptureUnsupported);
-    if (!drain([e] { return event_done(e) || sticky; }))
-        return set_sticky(cudaErrorLaunchFailure);
-    return sticky ? set_error(sticky) : cudaSuccess;
+    return wait_for([e] { return event_done(e); });
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t e)

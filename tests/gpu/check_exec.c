@@ -57,6 +57,20 @@ static void die(const char *what, int rc)
     exit(2);
 }
 
+/* The values of parameter VAL (VAL->bytes / 4 floats, malloc'd) from the
+ * seeded stream: norms near 1, the rest near 0.  Called for the
+ * parameters in graph order after `rs = seed`, it gives every executable of
+ * one seed the same weights. */
+static float *weight_values(const kg_value *val)
+{
+    size_t n = val->bytes / 4;
+    float *w = malloc(val->bytes);
+    int norm = strstr(val->name, "norm") != NULL;
+    for (size_t i = 0; i < n; i++)
+        w[i] = (norm ? 1.0f : 0.0f) + 0.1f * urand();
+    return w;
+}
+
 /* Compiles G on DEV (NULL: CPU) and sets every parameter from a stream
  * seeded by SEED, so the CPU and CUDA executables hold the same weights. */
 static kx_exec *build(const kg_graph *g, const kx_device *dev, int n_compute, bool graphs,
@@ -105,11 +119,7 @@ static kx_exec *build(const kg_graph *g, const kx_device *dev, int n_compute, bo
         const kg_value *val = &g->values[v];
         if (val->kind != KG_PARAM)
             continue;
-        size_t n = val->bytes / 4;
-        float *w = malloc(val->bytes);
-        int norm = strstr(val->name, "norm") != NULL;
-        for (size_t i = 0; i < n; i++)
-            w[i] = (norm ? 1.0f : 0.0f) + 0.1f * urand();
+        float *w = weight_values(val);
         if ((rc = kx_param_set(x, val->name, KD_F32, w, val->bytes)))
             die("kx_param_set", rc);
         free(w);
@@ -268,11 +278,7 @@ static void check_shared_weights(const ktf_shape *s, int seq, int ctx)
         const kg_value *val = &pg->values[v];
         if (val->kind != KG_PARAM)
             continue;
-        size_t n = val->bytes / 4;
-        float *w = malloc(val->bytes);
-        int norm = strstr(val->name, "norm") != NULL;
-        for (size_t i = 0; i < n; i++)
-            w[i] = (norm ? 1.0f : 0.0f) + 0.1f * urand();
+        float *w = weight_values(val);
         if (!refused) /* a host pointer on the GPU: refused */
             refused = kx_param_borrow(pd, val->name, KD_F32, w, val->bytes) == BT_EINVAL;
         void *d = NULL;
