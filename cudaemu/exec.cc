@@ -440,7 +440,7 @@ static void run_block(unsigned lin_block)
                         return;
                 }
             }
-        int done = 0, at_bar = 0;
+        int done = 0;
         bool progressed = false;
         for (int w = 0; w < nwarps; w++)
             for (int l = 0; l < 32; l++) {
@@ -458,11 +458,8 @@ static void run_block(unsigned lin_block)
         fiber *first_bar = NULL;
         for (int i = 0; i < n; i++) {
             done += fibers[i].state == F_DONE;
-            if (fibers[i].state == F_BARRIER) {
-                at_bar++;
-                if (!first_bar)
-                    first_bar = &fibers[i];
-            }
+            if (fibers[i].state == F_BARRIER && !first_bar)
+                first_bar = &fibers[i];
         }
         if (done == n)
             return;
@@ -491,7 +488,6 @@ static void run_block(unsigned lin_block)
             }
             f->state = F_READY;
         }
-        (void)at_bar;
     }
 }
 
