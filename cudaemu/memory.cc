@@ -261,22 +261,21 @@ static void span_release(const span &s)
     }
 }
 
+/* The entry of M (allocations or IPC mappings, by base address) whose
+ * [base, base + size) holds [A, A + N); NULL when none does. */
+template <class Map>
+static typename Map::mapped_type *holding(Map &m, uintptr_t a, size_t n)
+{
+    auto it = m.upper_bound(a);
+    if (it == m.begin())
+        return NULL;
+    --it;
+    return a >= it->first && a + n <= it->first + it->second.size ? &it->second : NULL;
+}
+
 bool mem_is_device(const void *p, size_t n)
 {
-    uintptr_t a = (uintptr_t)p;
-    auto it = live.upper_bound(a);
-    if (it != live.begin()) {
-        --it;
-        if (a >= it->first && a + n <= it->first + it->second.size)
-            return true;
-    }
-    auto jt = opened.upper_bound(a);
-    if (jt != opened.begin()) {
-        --jt;
-        if (a >= jt->first && a + n <= jt->first + jt->second.size)
-            return true;
-    }
-    return false;
+    return holding(live, (uintptr_t)p, n) || holding(opened, (uintptr_t)p, n);
 }
 
 bool mem_alloc_base(const void *p, size_t *n)
@@ -432,18 +431,11 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attr, const v
     if (!attr)
         return set_error(cudaErrorInvalidValue);
     memset(attr, 0, sizeof(*attr));
-    uintptr_t a = (uintptr_t)ptr;
-    auto it = live.upper_bound(a);
-    if (it != live.begin() && (--it, a >= it->first && a < it->first + it->second.size)) {
+    const alloc *al = holding(live, (uintptr_t)ptr, 1);
+    const import *im = al ? NULL : holding(opened, (uintptr_t)ptr, 1);
+    if (al || im) {
         attr->type = cudaMemoryTypeDevice;
-        attr->device = it->second.device;
-        attr->devicePointer = (void *)ptr;
-        return cudaSuccess;
-    }
-    auto jt = opened.upper_bound(a);
-    if (jt != opened.begin() && (--jt, a >= jt->first && a < jt->first + jt->second.size)) {
-        attr->type = cudaMemoryTypeDevice;
-        attr->device = jt->second.device;
+        attr->device = al ? al->device : im->device;
         attr->devicePointer = (void *)ptr;
         return cudaSuccess;
     }

@@ -906,7 +906,7 @@ static cudaError_t copy_check(void *dst, const void *src, size_t n, enum cudaMem
     if (!dst || !src)
         return cudaErrorInvalidValue;
     bool dd = mem_is_device(dst, n), sd = mem_is_device(src, n);
-    bool dany = cudaemu_is_device_ptr(dst), sany = cudaemu_is_device_ptr(src);
+    bool dany = mem_is_device(dst, 1), sany = mem_is_device(src, 1);
     if ((dany && !dd) || (sany && !sd)) {
         problem("copy of %zu bytes runs past a device allocation (%s)", n,
                 mem_describe(dany && !dd ? dst : src).c_str());
@@ -967,7 +967,7 @@ static cudaError_t memset_enqueue(void *p, int v, size_t n, cudaStream_t stream)
     if (!n)
         return cudaSuccess;
     if (!mem_is_device(p, n)) {
-        if (cudaemu_is_device_ptr(p))
+        if (mem_is_device(p, 1))
             problem("memset of %zu bytes runs past a device allocation (%s)", n,
                     mem_describe(p).c_str());
         return set_error(cudaErrorInvalidValue);

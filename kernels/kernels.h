@@ -62,6 +62,9 @@ size_t k_block_bytes(kdtype t);
  * another type or N not a multiple of 32. */
 int k_quantize(void *dst, kdtype t, const float *src, size_t n);
 int k_dequantize(float *dst, kdtype t, const void *src, size_t n);
+/* N elements of any float or block type T to f32: a copy, a cast or a
+ * dequantization.  0 or -EINVAL. */
+int k_widen(float *dst, kdtype t, const void *src, size_t n);
 
 /* Y[ROWS] = W[ROWS, COLS] x X[COLS] with W in blocks of T, dequantized on the
  * fly (COLS a multiple of 32).  k_qmatvec_ref: scalar; k_qmatvec: the AVX2

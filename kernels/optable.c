@@ -87,16 +87,6 @@ static size_t row_bytes(kdtype t, int64_t k)
     return kdtype_bytes(t, (size_t)k);
 }
 
-/* Widens N elements of row data of type T to f32 (the dequantization of
- * a weight row, or a cast). */
-static int widen(float *dst, kdtype t, const void *src, size_t n)
-{
-    if (t == KD_F32) {
-        memcpy(dst, src, n * sizeof(float));
-        return 0;
-    }
-    return is_block(t) ? k_dequantize(dst, t, src, n) : k_cast(dst, KD_F32, src, t, n);
-}
 
 /* On the GPU: the k_cuda_* launchers exist only in CUDA builds; without them
  * a CUDA table is never made (kt_cuda_ops), so these branches are dead. */
@@ -144,7 +134,7 @@ static int op_embed(const kx_op_ctx *c, int how)
             memset(row, 0, (size_t)d * sizeof(float));
             continue;
         }
-        if ((rc = widen(row, tab->dtype, (const uint8_t *)c->in[0] + rb * (size_t)id[i], (size_t)d)))
+        if ((rc = k_widen(row, tab->dtype, (const uint8_t *)c->in[0] + rb * (size_t)id[i], (size_t)d)))
             return rc;
     }
     return 0;
@@ -170,7 +160,7 @@ static int matmul_any(float *y, const float *a, const void *w, kdtype wt, int64_
     float *wf = malloc((size_t)n * (size_t)k * sizeof(float));
     if (!wf)
         return -ENOMEM;
-    int rc = widen(wf, wt, w, (size_t)n * (size_t)k);
+    int rc = k_widen(wf, wt, w, (size_t)n * (size_t)k);
     if (!rc)
         k_matmul(y, a, wf, 1, (int)m, (int)n, (int)k, 0, 0, 0);
     free(wf);

@@ -254,10 +254,7 @@ static void *upload(baton_model *m, const char *name, kdtype dt, const gguf_tens
     const void *src = t->data;
     if (dt == KD_F32 && kd_of_gguf(t->type) != KD_F32) { /* widened for the GPU */
         wide = malloc(bytes);
-        size_t n = bytes / sizeof(float);
-        kdtype ft = kd_of_gguf(t->type);
-        if (!wide || (ft == KD_F16 || ft == KD_BF16 ? k_cast(wide, KD_F32, t->data, ft, n)
-                                                    : k_dequantize(wide, ft, t->data, n))) {
+        if (!wide || k_widen(wide, kd_of_gguf(t->type), t->data, bytes / sizeof(float))) {
             free(wide);
             return NULL;
         }

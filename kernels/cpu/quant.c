@@ -106,6 +106,17 @@ int k_dequantize(float *dst, kdtype t, const void *src, size_t n)
     return 0;
 }
 
+int k_widen(float *dst, kdtype t, const void *src, size_t n)
+{
+    if (t == KD_F32) {
+        memcpy(dst, src, n * sizeof(float));
+        return 0;
+    }
+    if (t == KD_Q8_0 || t == KD_Q4_0 || t == KD_Q4_1)
+        return k_dequantize(dst, t, src, n);
+    return k_cast(dst, KD_F32, src, t, n);
+}
+
 int k_qmatvec_ref(float *y, const void *w, kdtype t, const float *x, int rows, int cols)
 {
     size_t bb = k_block_bytes(t);

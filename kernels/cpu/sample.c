@@ -28,10 +28,6 @@ static int cand_cmp(const void *pa, const void *pb)
     return k_logit_better(a->logit, a->idx, b->logit, b->idx) ? -1 : 1;
 }
 
-static int better(float la, int ia, float lb, int ib)
-{
-    return k_logit_better(la, ia, lb, ib);
-}
 
 /* The K best of X[N] in order into C. */
 static void select_top(cand *c, const float *x, int n, int k)
@@ -41,9 +37,9 @@ static void select_top(cand *c, const float *x, int n, int k)
             int best = -1;
             for (int i = 0; i < n; i++) {
                 /* Strictly worse than the previous pick in the total order. */
-                if (s > 0 && !better(c[s - 1].logit, c[s - 1].idx, x[i], i))
+                if (s > 0 && !k_logit_better(c[s - 1].logit, c[s - 1].idx, x[i], i))
                     continue;
-                if (best < 0 || better(x[i], i, x[best], best))
+                if (best < 0 || k_logit_better(x[i], i, x[best], best))
                     best = i;
             }
             c[s].logit = x[best];

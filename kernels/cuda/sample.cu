@@ -12,10 +12,6 @@
 
 #define SAMPLE_THREADS 256
 
-__device__ __forceinline__ bool better(float la, int ia, float lb, int ib)
-{
-    return k_logit_better(la, ia, lb, ib);
-}
 
 /* Rows sample with the launch's TEMP, K, TOP_P, SEED and COUNTER + row,
  * or, when PARAMS is not NULL, each with its own: PARAMS[3 * row] =
@@ -56,9 +52,9 @@ __global__ static void sample_kernel(int32_t *out, const float *logits, int n, f
         float bv = -INFINITY;
         int bi = -1;
         for (int i = threadIdx.x; i < n; i += blockDim.x) {
-            if (s > 0 && !better(cl[s - 1], ci[s - 1], x[i], i))
+            if (s > 0 && !k_logit_better(cl[s - 1], ci[s - 1], x[i], i))
                 continue;
-            if (bi < 0 || better(x[i], i, bv, bi)) {
+            if (bi < 0 || k_logit_better(x[i], i, bv, bi)) {
                 bv = x[i];
                 bi = i;
             }
@@ -66,7 +62,7 @@ __global__ static void sample_kernel(int32_t *out, const float *logits, int n, f
         for (int o = 16; o > 0; o >>= 1) {
             float ov = __shfl_xor_sync(0xffffffffu, bv, o);
             int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (oi >= 0 && (bi < 0 || better(ov, oi, bv, bi))) {
+            if (oi >= 0 && (bi < 0 || k_logit_better(ov, oi, bv, bi))) {
                 bv = ov;
                 bi = oi;
             }
@@ -78,7 +74,7 @@ __global__ static void sample_kernel(int32_t *out, const float *logits, int n, f
         __syncthreads();
         if (threadIdx.x == 0) {
             for (int w = 1; w < (int)(blockDim.x >> 5); w++)
-                if (ri[w] >= 0 && (bi < 0 || better(rv[w], ri[w], bv, bi))) {
+                if (ri[w] >= 0 && (bi < 0 || k_logit_better(rv[w], ri[w], bv, bi))) {
                     bv = rv[w];
                     bi = ri[w];
                 }
