@@ -295,10 +295,13 @@ test: deps model
 	@$(MAKE) --no-print-directory unit integration emu-test
 
 # Under ASan the emulated checks run once (one seed), and of the
-# transformer's tests on cuda:0 only the load: they are slow there.
+# transformer's tests on cuda:0 only the load, and of the GPU worker tests
+# all but the chat graph: they are slow there.
 asan-test: deps model
 	@$(MAKE) --no-print-directory BUILD=build/asan SAN=1 all unit integration
-	@CUDAEMU_SEEDS=1 CUDAEMU_TF_TESTS=test_describe $(MAKE) --no-print-directory SAN=1 emu-test
+	@CUDAEMU_SEEDS=1 CUDAEMU_TF_TESTS=test_describe \
+	  CUDAEMU_GPU_WORKER_TESTS="test_ipc_in_place test_across_gpus test_mixed_cpu_gpu test_loop_and_streams test_gpu_worker_killed test_check_config" \
+	  $(MAKE) --no-print-directory SAN=1 emu-test
 
 run: deps all
 	@bash scripts/run.sh $(BATOND)

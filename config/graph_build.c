@@ -1046,8 +1046,11 @@ const char *graph_transfer_kind_name(graph_transfer_kind k)
 {
     switch (k) {
     case GRAPH_XFER_SHM: return "shm (map the producer's pool, read in place)";
-    case GRAPH_XFER_CUDA_IPC: return "cuda-ipc (open the producer's pool once, read in place)";
-    case GRAPH_XFER_HOST_STAGED: return "host-staged (map the shm pool, copy to/from the GPU)";
+    case GRAPH_XFER_CUDA_IPC:
+        return "cuda-ipc (open the producer's pool once; read in place on one GPU, copied "
+               "between two)";
+    case GRAPH_XFER_HOST_STAGED:
+        return "host-staged (the consumer copies between host and GPU memory)";
     case GRAPH_XFER_REMOTE: return "remote (NCCL or worker socket, chosen at registration)";
     }
     return "?";

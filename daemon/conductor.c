@@ -213,7 +213,8 @@ static char *stats_text(conductor *c)
     for (size_t w = 0; w < nw; w++) {
         const sup_worker *wk = sup_worker_get(c->sup, (int)w);
         ws[w] = (metrics_worker){wk->cfg->name, wk->state == SUP_READY, wk->restarts,
-                                 wk->pool_used, wk->pool_free, wk->fragmentation, wk->queued};
+                                 wk->pool_used, wk->pool_free, wk->fragmentation, wk->queued,
+                                 wk->staged_bytes};
     }
     metrics_gauges g = {front_inflight(c->front), front_placing(c->front),
                         disp_tensors_held(c->disp), ws, nw};
@@ -388,20 +389,20 @@ static int load_deployment(conductor *c, const char *config_path)
     return rc;
 }
 
-/* The worker executable: $BATON_WORKER, else baton-worker beside batond. */
+/* The worker executable, and whether it serves the devices the workers
+ * name; errors go to stderr at their lines. */
 static int find_worker_exe(conductor *c)
 {
-    char self[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-    if (n <= 0)
-        return BT_EIO;
-    self[n] = 0;
-    const char *env = getenv("BATON_WORKER");
-    if (env)
-        snprintf(c->worker_exe, sizeof(c->worker_exe), "%s", env);
-    else
-        snprintf(c->worker_exe, sizeof(c->worker_exe), "%s/baton-worker", dirname(self));
-    return 0;
+    int rc = sup_worker_exe(c->worker_exe, sizeof(c->worker_exe));
+    if (rc)
+        return rc;
+    bt_diag *d = bt_diag_create(c->config_path);
+    if (!d)
+        return BT_ENOMEM;
+    rc = sup_check_devices(c->cfg, c->worker_exe, d);
+    bt_diag_print(d, stderr);
+    bt_diag_destroy(d);
+    return rc;
 }
 
 /* An ipc:// endpoint needs its folder; it is made if missing. */

@@ -12,6 +12,7 @@
 #include "common/log.h"
 #include "config/graph.h"
 #include "daemon/conductor.h"
+#include "daemon/supervisor.h"
 
 #define BATON_VERSION "0.1.0"
 
@@ -42,6 +43,9 @@ static int check_config(const char *path, int quiet)
         rc = graph_set_build(cfg, diag, &gs);
     if (rc == 0)
         cfg_check_paths(cfg, diag);
+    char exe[4096];
+    if (rc == 0 && (rc = sup_worker_exe(exe, sizeof(exe))) == 0)
+        rc = sup_check_devices(cfg, exe, diag);
     bt_diag_sort(diag);
     bt_diag_print(diag, stderr);
     if (rc != 0) {

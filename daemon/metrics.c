@@ -172,6 +172,14 @@ char *metrics_text(const metrics *m, const metrics_gauges *gg)
         fprintf(f, "baton_worker_restarts_total{worker=\"%s\"} %llu\n", wk->name,
                 (unsigned long long)wk->restarts);
     }
+    fprintf(f, "# HELP baton_worker_staged_bytes_total Bytes a worker copied to assemble node "
+               "inputs: joins of chunks or fan-in parts, and values moved between host and GPU "
+               "memory or between GPUs.  An edge read in place adds nothing.  Starts at 0 "
+               "with each incarnation of the worker.\n"
+               "# TYPE baton_worker_staged_bytes_total counter\n");
+    for (size_t w = 0; w < gg->n_workers; w++)
+        fprintf(f, "baton_worker_staged_bytes_total{worker=\"%s\"} %llu\n",
+                gg->workers[w].name, (unsigned long long)gg->workers[w].staged_bytes);
     if (fclose(f) != 0) {
         free(text);
         return NULL;

@@ -23,6 +23,7 @@ typedef struct metrics_worker {
     uint64_t pool_used, pool_free; /* bytes */
     double fragmentation;         /* 0..1 */
     uint32_t queued;              /* items waiting on the worker */
+    uint64_t staged_bytes;        /* bytes it copied to assemble inputs (this incarnation) */
 } metrics_worker;
 
 typedef struct metrics_gauges {

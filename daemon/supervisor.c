@@ -1,5 +1,6 @@
 /* Worker supervision (daemon/supervisor.h). */
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
@@ -23,6 +24,99 @@
                                     heartbeats and it is lost */
 
 extern char **environ;
+
+int sup_worker_exe(char *buf, size_t len)
+{
+    const char *env = getenv("BATON_WORKER");
+    if (env) {
+        snprintf(buf, len, "%s", env);
+        return 0;
+    }
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (n <= 0)
+        return BT_EIO;
+    self[n] = 0;
+    char *slash = strrchr(self, '/');
+    if (slash)
+        *slash = 0;
+    snprintf(buf, len, "%s/baton-worker", slash ? self : ".");
+    return 0;
+}
+
+/* Runs `EXE --devices` and reads its one line into OUT.  0, or -1 with
+ * the reason in OUT. */
+static int worker_devices(const char *exe, char *out, size_t len)
+{
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0) {
+        snprintf(out, len, "pipe: %s", strerror(errno));
+        return -1;
+    }
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, fds[1], STDOUT_FILENO);
+    char *argv[] = {(char *)exe, "--devices", NULL};
+    pid_t pid;
+    int rc = posix_spawn(&pid, exe, &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    close(fds[1]);
+    if (rc != 0) {
+        close(fds[0]);
+        snprintf(out, len, "cannot run %s: %s", exe, strerror(rc));
+        return -1;
+    }
+    size_t at = 0;
+    ssize_t n;
+    while (at + 1 < len && (n = read(fds[0], out + at, len - 1 - at)) != 0) {
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            break;
+        at += (size_t)n;
+    }
+    out[at] = 0;
+    close(fds[0]);
+    int status;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        snprintf(out, len, "%s --devices failed (an older baton-worker, or not one at all)",
+                 exe);
+        return -1;
+    }
+    out[strcspn(out, "\n")] = 0;
+    return 0;
+}
+
+int sup_check_devices(const cfg_config *cfg, const char *exe, bt_diag *diag)
+{
+    char devices[256] = "";
+    int have = 0, rc = 0;
+    for (size_t i = 0; i < cfg->n_workers; i++) {
+        const cfg_worker *w = &cfg->workers[i];
+        if (w->cuda_index < 0 || w->spawn == CFG_SPAWN_EXTERNAL)
+            continue;
+        if (!have)
+            have = worker_devices(exe, devices, sizeof(devices)) == 0 ? 1 : -1;
+        if (have < 0) {
+            bt_diag_error(diag, w->pos.line, w->pos.col, "worker %s: device %s: %s", w->name,
+                          w->device, devices);
+            rc = BT_ECONFIG;
+            continue;
+        }
+        /* The answer is a list of words: "cpu" or "cpu cuda". */
+        char words[258];
+        snprintf(words, sizeof(words), " %s ", devices);
+        if (!strstr(words, " cuda ")) {
+            bt_diag_error(diag, w->pos.line, w->pos.col,
+                          "worker %s: device %s needs a baton-worker built with CUDA, and %s "
+                          "serves only: %s", w->name, w->device, exe, devices);
+            rc = BT_ECONFIG;
+        }
+    }
+    return rc;
+}
 
 struct supervisor {
     const cfg_config *cfg;        /* borrowed */
@@ -367,6 +461,7 @@ static void on_heartbeat(sup_worker *w, const Baton__V1__Heartbeat *h)
     w->fragmentation = h->fragmentation;
     w->live_tensors = h->live_tensors;
     w->queued = h->queued;
+    w->staged_bytes = h->staged_bytes;
 }
 
 /* Handles one message of worker W. */

@@ -50,6 +50,7 @@ typedef struct sup_worker {
     uint64_t pool_used, pool_free, largest_free; /* bytes */
     double fragmentation;         /* 0..1 */
     uint32_t live_tensors, queued;
+    uint64_t staged_bytes;        /* copied to assemble inputs, this incarnation */
     /* What its Loaded messages of this incarnation said, one paragraph per
      * model (load time, weights, the backend's report), for inspect; owned,
      * NULL when nothing has loaded. */
@@ -79,6 +80,17 @@ typedef struct sup_options {
 } sup_options;
 
 typedef struct supervisor supervisor;
+
+/* The worker executable into BUF: $BATON_WORKER, else baton-worker beside
+ * the running program.  0 or BT_EIO. */
+int sup_worker_exe(char *buf, size_t len);
+
+/* Checks that EXE can serve the device of every worker of CFG that batond
+ * spawns: when one names cuda:N, runs `EXE --devices` once and reports
+ * each worker it cannot serve into DIAG at its line, so that a deployment
+ * is refused up front instead of a worker failing and restarting forever.
+ * Returns 0 or BT_ECONFIG. */
+int sup_check_devices(const cfg_config *cfg, const char *exe, bt_diag *diag);
 
 /* 0 or BT_ENOMEM.  Spawns nothing yet: see sup_start. */
 int sup_create(const sup_options *opt, const sup_hooks *hooks, supervisor **out);

@@ -100,8 +100,55 @@ static baton_tensor *ctx_alloc(baton_ctx *ctx, baton_item *item, baton_dtype dty
     s->own = t;
     s->ref = t->ref;
     s->created = true;
+    s->writable = true;
     wk_slot_view(s, wk_tensor_data(w, t));
     return &s->t;
+}
+
+/* Checks a read or write of N bytes at OFFSET of TENSOR; the slot, or
+ * NULL after failing the item. */
+static wk_slot *copy_slot(baton_item *item, const baton_tensor *tensor, uint64_t offset,
+                          uint64_t n, bool write)
+{
+    wk_item *it = (wk_item *)item;
+    wk_slot *s = slot_of(it, tensor);
+    char msg[256];
+    if (!s || offset > s->t.nbytes || n > s->t.nbytes - offset || (write && !s->writable)) {
+        snprintf(msg, sizeof(msg), "node '%s': backend %s %llu bytes at offset %llu of %s",
+                 item->node_name, write ? "wrote" : "read", (unsigned long long)n,
+                 (unsigned long long)offset,
+                 !s ? "a tensor the worker does not know"
+                 : write && !s->writable ? "a tensor it may not write (an input)"
+                                         : "a tensor too small for that");
+        wk_item_fail(it, BATON_STATUS_INTERNAL, msg);
+        return NULL;
+    }
+    return s;
+}
+
+static int ctx_copy(baton_ctx *ctx, baton_item *item, void *dst, const void *src, uint64_t n)
+{
+    wk_worker *w = ctx_worker(ctx);
+    char err[256], msg[384];
+    if (wk_device_copy(w->dev, ctx->stream, dst, src, n, err, sizeof(err)) == 0)
+        return 0;
+    snprintf(msg, sizeof(msg), "node '%s': %s", item->node_name, err);
+    wk_item_fail((wk_item *)item, BATON_STATUS_INTERNAL, msg);
+    return -1;
+}
+
+static int ctx_read(baton_ctx *ctx, baton_item *item, const baton_tensor *tensor,
+                    uint64_t offset, void *dst, uint64_t n)
+{
+    wk_slot *s = copy_slot(item, tensor, offset, n, false);
+    return s ? ctx_copy(ctx, item, dst, (const uint8_t *)s->t.data + offset, n) : -1;
+}
+
+static int ctx_write(baton_ctx *ctx, baton_item *item, baton_tensor *tensor, uint64_t offset,
+                     const void *src, uint64_t n)
+{
+    wk_slot *s = copy_slot(item, tensor, offset, n, true);
+    return s ? ctx_copy(ctx, item, (uint8_t *)s->t.data + offset, src, n) : -1;
 }
 
 static int ctx_emit_chunk(baton_ctx *ctx, baton_item *item, uint32_t output,
@@ -116,6 +163,14 @@ static int ctx_emit_chunk(baton_ctx *ctx, baton_item *item, uint32_t output,
         return -1;
     if (!tensor && !final)
         return -1;
+    /* A chunk is reported at once, so what the backend queued on the
+     * lane's stream must be written first. */
+    char err[256], msg[384];
+    if (wk_device_sync(w->dev, ctx->stream, err, sizeof(err)) != 0) {
+        snprintf(msg, sizeof(msg), "node '%s': %s", item->node_name, err);
+        wk_item_fail(it, BATON_STATUS_INTERNAL, msg);
+        return -1;
+    }
     wk_event *ev = calloc(1, sizeof(*ev));
     if (!ev)
         return -1;
@@ -204,8 +259,20 @@ static baton_status ctx_sleep_ms(baton_ctx *ctx, const baton_item *item, uint32_
     return st;
 }
 
-void wk_ctx_init(baton_ctx *ctx, wk_worker *w)
+void wk_ctx_init(baton_ctx *ctx, wk_worker *w, void *stream)
 {
-    *ctx = (baton_ctx){ctx_alloc,  ctx_set_output, ctx_forward,  ctx_emit_chunk, ctx_finish,
-                       ctx_fail,   ctx_cancelled,  ctx_sleep_ms, w->opt.threads, w};
+    *ctx = (baton_ctx){.alloc = ctx_alloc,
+                       .set_output = ctx_set_output,
+                       .forward = ctx_forward,
+                       .emit_chunk = ctx_emit_chunk,
+                       .finish = ctx_finish,
+                       .fail = ctx_fail,
+                       .cancelled = ctx_cancelled,
+                       .sleep_ms = ctx_sleep_ms,
+                       .read = ctx_read,
+                       .write = ctx_write,
+                       .threads = w->opt.threads,
+                       .device = w->opt.device,
+                       .stream = stream,
+                       .impl = w};
 }

@@ -210,6 +210,20 @@ static void finish_item(wk_worker *w, wk_item *it)
     wk_event_push(w, ev);
 }
 
+/* Exits when the device context is unusable after a CUDA error: nothing
+ * queued on it will ever complete and none of its memory can be read, so
+ * the worker cannot answer even the items it holds.  The conductor sees it
+ * die, ends its requests with UNAVAILABLE and starts it again on a fresh
+ * context.  An error that is not sticky fails only the batch it hit. */
+static void exit_if_lost(wk_worker *w, const wk_model *m)
+{
+    char why[384];
+    if (!wk_device_lost(w->dev, why, sizeof(why)))
+        return;
+    bt_error("model %s: %s; exiting so that the worker is restarted", m->name, why);
+    _exit(WK_EXIT_DEVICE_LOST);
+}
+
 static void run_batch(wk_worker *w, baton_ctx *ctx, wk_model *m, wk_item **batch, size_t n)
 {
     uint64_t start = bt_now_ns();
@@ -222,7 +236,7 @@ static void run_batch(wk_worker *w, baton_ctx *ctx, wk_model *m, wk_item **batch
     }
     pthread_mutex_unlock(&w->lock);
     /* Joins copy outside the lock: they may move many megabytes. */
-    wk_join_jobs_run(jobs);
+    wk_join_jobs_run(w, jobs, ctx->stream);
     baton_item *run[n];
     size_t n_run = 0;
     for (size_t i = 0; i < n; i++) {
@@ -234,6 +248,16 @@ static void run_batch(wk_worker *w, baton_ctx *ctx, wk_model *m, wk_item **batch
     }
     if (n_run)
         m->backend->execute(m->handle, ctx, run, n_run);
+    /* What the backend queued on the lane's stream is part of its outputs:
+     * no Done leaves before it is written. */
+    char err[384];
+    int rc = wk_device_sync(w->dev, ctx->stream, err, sizeof(err));
+    exit_if_lost(w, m);
+    for (size_t i = 0; rc && i < n; i++) {
+        char msg[512];
+        snprintf(msg, sizeof(msg), "node '%s': %s", batch[i]->b.node_name, err);
+        wk_item_fail(batch[i], BATON_STATUS_INTERNAL, msg);
+    }
     uint64_t end = bt_now_ns();
     pthread_mutex_lock(&w->lock);
     for (size_t i = 0; i < n; i++) {
@@ -275,7 +299,13 @@ static void *lane_main(void *arg)
 {
     wk_worker *w = arg;
     baton_ctx ctx;
-    wk_ctx_init(&ctx, w);
+    void *stream = NULL;
+    char err[384];
+    if (wk_device_stream_create(w->dev, &stream, err, sizeof(err)) != 0) {
+        bt_error("a compute lane cannot create its stream: %s; exiting", err);
+        _exit(WK_EXIT_DEVICE_LOST);
+    }
+    wk_ctx_init(&ctx, w, stream);
     pthread_mutex_lock(&w->lock);
     for (;;) {
         wk_model *m = NULL;
@@ -318,6 +348,7 @@ static void *lane_main(void *arg)
         pthread_cond_broadcast(&w->work);
     }
     pthread_mutex_unlock(&w->lock);
+    wk_device_stream_destroy(w->dev, stream);
     return NULL;
 }
 

@@ -1,9 +1,12 @@
 /* Resolving a dispatched item's inputs: each chunk reference is pinned
  * where it lies (a tensor of the own pool by id, or an offset into a
- * peer's mapped pool), and an input made of several pieces gets a joined
- * tensor in the own pool, whose copy runs after the lock is dropped.  A
- * single piece is handed to the backend in place: zero copy, whichever
- * pool holds it. */
+ * peer's pool opened here), and an input made of several pieces gets a
+ * joined tensor in the own pool, whose copy runs after the lock is
+ * dropped.  A single piece is handed to the backend in place, zero copy,
+ * when the backend can read the memory it lies in: a CPU worker reads
+ * host memory, a GPU worker its own GPU's memory.  Otherwise (an edge
+ * between a CPU and a GPU worker, or between two GPUs) the piece is staged
+ * into the own pool like a join of one, a host<->device copy. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +16,7 @@
 
 /* A join to carry out once the lock is dropped. */
 struct wk_join_job {
+    wk_item *item;                /* failed when the copy fails */
     wk_jpart *parts;
     size_t n_parts;
     wk_tview *views;
@@ -70,6 +74,16 @@ static wk_slot *pin_ref(wk_worker *w, wk_item *it, const wk_ref *ref, baton_stat
     return s;
 }
 
+/* Whether the backend of W cannot read the slot's memory where it lies. */
+static bool needs_staging(const wk_worker *w, const wk_slot *s)
+{
+    if (!s->map)
+        return false;
+    if (wk_device_space(w->dev) == WK_SPACE_HOST)
+        return s->map->cuda_device >= 0;
+    return s->map->cuda_device != wk_device_ordinal(w->dev);
+}
+
 static int transfer_supported(Baton__V1__TransferKind k)
 {
     return k == BATON__V1__TRANSFER_KIND__TRANSFER_KIND_UNSPECIFIED ||
@@ -89,17 +103,10 @@ static int prepare_input(wk_worker *w, wk_item *it, uint32_t k, wk_join_job **jo
     in->name = iv->name;
     in->stream = iv->stream;
     in->final = iv->stream ? iv->final : 1;
-    if (it->overrides && it->overrides[k]) {
-        wk_slot *s = pin_ref(w, it, it->overrides[k], &code, err, sizeof(err));
-        if (!s)
-            goto fail;
-        in->tensor = s->t;
-        in->final = 1;
-        return 0;
-    }
     size_t n_chunks = 0;
+    bool overridden = it->overrides && it->overrides[k];
     for (size_t p = 0; p < iv->n_parts; p++) {
-        if (!transfer_supported(iv->parts[p]->transfer)) {
+        if (!overridden && !transfer_supported(iv->parts[p]->transfer)) {
             snprintf(err, sizeof(err), "part %zu needs transfer kind %d, which this worker does "
                      "not support (same-host shm only)", p, iv->parts[p]->transfer);
             code = BATON_STATUS_FAILED_PRECONDITION;
@@ -116,11 +123,27 @@ static int prepare_input(wk_worker *w, wk_item *it, uint32_t k, wk_join_job **jo
         code = BATON_STATUS_RESOURCE_EXHAUSTED;
         goto fail;
     }
+    j->item = it;
     j->n_parts = iv->n_parts;
     j->shard_dim = iv->shard_dim;
     wk_slot *last = NULL;
+    bool stage = false;
     size_t at = 0;
-    for (size_t p = 0; p < iv->n_parts; p++) {
+    if (overridden) {
+        /* A loop-back value replaces whatever the dispatch carried. */
+        if (!(last = pin_ref(w, it, it->overrides[k], &code, err, sizeof(err)))) {
+            job_free(j);
+            goto fail;
+        }
+        in->final = 1;
+        j->n_parts = 1;
+        j->parts[0] = (wk_jpart){j->views, 1};
+        j->views[0] = (wk_tview){last->t.dtype, last->t.ndim, {0}, last->t.data,
+                                 last->t.nbytes};
+        memcpy(j->views[0].dims, last->t.dims, sizeof(j->views[0].dims));
+        stage = needs_staging(w, last);
+    }
+    for (size_t p = 0; !overridden && p < iv->n_parts; p++) {
         j->parts[p].chunks = j->views + at;
         j->parts[p].n = iv->parts[p]->n_chunks;
         for (size_t c = 0; c < iv->parts[p]->n_chunks; c++, at++) {
@@ -137,9 +160,10 @@ static int prepare_input(wk_worker *w, wk_item *it, uint32_t k, wk_join_job **jo
             j->views[at] = (wk_tview){last->t.dtype, last->t.ndim, {0}, last->t.data,
                                       last->t.nbytes};
             memcpy(j->views[at].dims, last->t.dims, sizeof(j->views[at].dims));
+            stage |= needs_staging(w, last);
         }
     }
-    if (wk_join_is_trivial(j->parts, j->n_parts)) {
+    if (!stage && wk_join_is_trivial(j->parts, j->n_parts)) {
         /* One tensor: the backend reads it where it lies, own pool or peer. */
         in->tensor = last->t;
         job_free(j);
@@ -154,8 +178,8 @@ static int prepare_input(wk_worker *w, wk_item *it, uint32_t k, wk_join_job **jo
     wk_tensor *t = s ? wk_tensor_new(w, it->req, j->out.dtype, j->out.ndim, j->out.dims, true)
                      : NULL;
     if (!t) {
-        snprintf(err, sizeof(err), "no room in the pool of worker %s for the joined %llu bytes",
-                 w->opt.name, (unsigned long long)j->out.nbytes);
+        snprintf(err, sizeof(err), "no room in the pool of worker %s for the %s %llu bytes",
+                 w->opt.name, stage ? "staged" : "joined", (unsigned long long)j->out.nbytes);
         code = BATON_STATUS_RESOURCE_EXHAUSTED;
         job_free(j);
         goto fail;
@@ -201,11 +225,43 @@ void wk_item_prepare(wk_worker *w, wk_item *it, wk_join_job **jobs)
             return;
 }
 
-void wk_join_jobs_run(wk_join_job *jobs)
+typedef struct copy_arg {
+    wk_worker *w;
+    void *stream;
+    char err[256];
+} copy_arg;
+
+static int device_copy(void *arg, void *dst, const void *src, uint64_t n)
 {
+    copy_arg *a = arg;
+    return wk_device_copy_async(a->w->dev, a->stream, dst, src, n, a->err, sizeof(a->err));
+}
+
+void wk_join_jobs_run(wk_worker *w, wk_join_job *jobs, void *stream)
+{
+    copy_arg a = {w, stream, ""};
+    wk_join_job *done = NULL;
+    int rc = 0;
     for (wk_join_job *j = jobs, *nx; j; j = nx) {
         nx = j->next;
-        wk_join_copy(j->parts, j->n_parts, j->shard_dim, &j->out, j->dst);
+        if (!rc && (rc = wk_join_copy(j->parts, j->n_parts, j->shard_dim, &j->out, j->dst,
+                                      device_copy, &a)) == 0)
+            wk_device_count_staged(w->dev, j->out.nbytes);
+        j->next = done;
+        done = j;
+    }
+    /* The copies are queued on the lane's stream; the backend reads the
+     * tensors after this returns. */
+    if (!rc && done)
+        rc = wk_device_sync(w->dev, stream, a.err, sizeof(a.err));
+    for (wk_join_job *j = done, *nx; j; j = nx) {
+        nx = j->next;
+        if (rc) {
+            char msg[384];
+            snprintf(msg, sizeof(msg), "node '%s': staging an input failed: %s",
+                     j->item->b.node_name, a.err);
+            wk_item_fail(j->item, BATON_STATUS_INTERNAL, msg);
+        }
         job_free(j);
     }
 }

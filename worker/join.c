@@ -163,9 +163,20 @@ int wk_join_shape(const wk_jpart *parts, size_t n_parts, uint32_t shard_dim, wk_
     return 0;
 }
 
-void wk_join_copy(const wk_jpart *parts, size_t n_parts, uint32_t shard_dim,
-                  const wk_tview *out, void *dst)
+static int host_copy(void *arg, void *dst, const void *src, uint64_t n)
 {
+    (void)arg;
+    if (n)
+        memcpy(dst, src, n);
+    return 0;
+}
+
+int wk_join_copy(const wk_jpart *parts, size_t n_parts, uint32_t shard_dim, const wk_tview *out,
+                 void *dst, wk_copy_fn copy, void *arg)
+{
+    if (!copy)
+        copy = host_copy;
+    int rc;
     uint8_t *o = dst;
     size_t es = baton_dtype_size(out->dtype);
     size_t nonempty = 0;
@@ -175,10 +186,11 @@ void wk_join_copy(const wk_jpart *parts, size_t n_parts, uint32_t shard_dim,
         /* Along dim 0 every chunk of every part is one contiguous run. */
         for (size_t p = 0; p < n_parts; p++)
             for (size_t k = 0; k < parts[p].n; k++) {
-                memcpy(o, parts[p].chunks[k].data, parts[p].chunks[k].nbytes);
+                if ((rc = copy(arg, o, parts[p].chunks[k].data, parts[p].chunks[k].nbytes)))
+                    return rc;
                 o += parts[p].chunks[k].nbytes;
             }
-        return;
+        return 0;
     }
     /* Along an inner dim: each outer row (the indices before shard_dim)
      * takes a slab from every part in turn.  Outer rows of a part advance
@@ -201,8 +213,10 @@ void wk_join_copy(const wk_jpart *parts, size_t n_parts, uint32_t shard_dim,
             uint64_t rows = (uint64_t)c->dims[0] * mid;
             const uint8_t *s = c->data;
             for (uint64_t r = 0; r < rows; r++, row++)
-                memcpy(o + row * out_row + col, s + r * width, width);
+                if ((rc = copy(arg, o + row * out_row + col, s + r * width, width)))
+                    return rc;
         }
         col += width;
     }
+    return 0;
 }

@@ -46,9 +46,14 @@ int wk_join_is_trivial(const wk_jpart *parts, size_t n_parts);
 int wk_join_shape(const wk_jpart *parts, size_t n_parts, uint32_t shard_dim, wk_tview *out,
                   char *err, size_t errlen);
 
+/* Copies N bytes from SRC to DST; 0 or a negative bt_err. */
+typedef int (*wk_copy_fn)(void *arg, void *dst, const void *src, uint64_t n);
+
 /* Copies the pieces into DST, which holds OUT->nbytes bytes; OUT is what
- * wk_join_shape computed for the same arguments. */
-void wk_join_copy(const wk_jpart *parts, size_t n_parts, uint32_t shard_dim,
-                  const wk_tview *out, void *dst);
+ * wk_join_shape computed for the same arguments.  Each contiguous run goes
+ * through COPY (with ARG), so that device memory on either side can be
+ * reached; NULL COPY is memcpy.  Returns 0 or the first error of COPY. */
+int wk_join_copy(const wk_jpart *parts, size_t n_parts, uint32_t shard_dim, const wk_tview *out,
+                 void *dst, wk_copy_fn copy, void *arg);
 
 #endif

@@ -88,7 +88,6 @@ int wk_worker_create(const wk_options *opt, wk_worker **out, char *err, size_t e
     u64map_init(&w->requests);
     if (gethostname(w->hostname, sizeof(w->hostname) - 1) != 0)
         snprintf(w->hostname, sizeof(w->hostname), "localhost");
-    wk_peers_init(&w->peers, w->hostname);
 
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -103,9 +102,13 @@ int wk_worker_create(const wk_options *opt, wk_worker **out, char *err, size_t e
         snprintf(err, errlen, "worker options incomplete (name, endpoint, device, pool size)");
         goto err;
     }
-    if (wk_segment_create(&w->seg, opt->run_id, opt->name, opt->pool_bytes, err, errlen) != 0)
+    if (wk_device_open(&w->dev, opt->device, opt->run_id, opt->name, opt->pool_bytes, err,
+                       errlen) != 0 ||
+        wk_device_stream_create(w->dev, &w->io_stream, err, errlen) != 0)
         goto err;
-    if (!(w->pool = wk_pool_create(w->seg.size)) || !(w->registry = wk_registry_create())) {
+    wk_peers_init(&w->peers, w->hostname, w->dev);
+    if (!(w->pool = wk_pool_create(wk_device_pool_size(w->dev))) ||
+        !(w->registry = wk_registry_create())) {
         snprintf(err, errlen, "out of memory");
         goto err;
     }
@@ -174,7 +177,10 @@ void wk_worker_destroy(wk_worker *w)
     if (w->n_tensors)
         bt_warn("%u tensors still held at exit", w->n_tensors);
     wk_pool_destroy(w->pool);
-    wk_segment_destroy(&w->seg);
+    if (w->dev) {
+        wk_device_stream_destroy(w->dev, w->io_stream);
+        wk_device_close(w->dev);
+    }
     u64map_free(&w->tensors);
     u64map_free(&w->requests);
     pthread_cond_destroy(&w->wake);

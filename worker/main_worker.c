@@ -17,6 +17,7 @@
 
 #include "config/config.h"
 #include "common/log.h"
+#include "worker/device.h"
 #include "worker/worker.h"
 
 static void usage(FILE *out)
@@ -24,6 +25,7 @@ static void usage(FILE *out)
     fprintf(out,
             "usage: baton-worker --config FILE --name WORKER --run-id RUNID [--incarnation N]\n"
             "                    [--endpoint ENDPOINT]\n"
+            "       baton-worker --devices\n"
             "\n"
             "Serves the models the conductor (batond) places on worker WORKER of the\n"
             "deployment FILE.  Normally started by batond, never by hand.\n"
@@ -32,7 +34,9 @@ static void usage(FILE *out)
             "  --name WORKER      this worker's name in its `workers:` list\n"
             "  --run-id RUNID     the conductor's run id (names the shm pool)\n"
             "  --incarnation N    restart count, the high bits of tensor ids (default 0)\n"
-            "  --endpoint EP      conductor endpoint instead of daemon.workers_endpoint\n");
+            "  --endpoint EP      conductor endpoint instead of daemon.workers_endpoint\n"
+            "  --devices          print the kinds of device this build serves (cpu, cuda)\n"
+            "                     and exit; batond --check-config asks it\n");
 }
 
 static int parse_u64(const char *s, uint64_t *out)
@@ -51,6 +55,7 @@ int main(int argc, char **argv)
         {"config", required_argument, NULL, 'c'},  {"name", required_argument, NULL, 'n'},
         {"run-id", required_argument, NULL, 'r'},  {"incarnation", required_argument, NULL, 'i'},
         {"endpoint", required_argument, NULL, 'e'}, {"help", no_argument, NULL, 'h'},
+        {"devices", no_argument, NULL, 'd'},
         {NULL, 0, NULL, 0}};
     const char *config = NULL, *name = NULL, *run_id = NULL, *endpoint = NULL;
     uint64_t incarnation = 0;
@@ -69,6 +74,11 @@ int main(int argc, char **argv)
             }
             break;
         case 'h': usage(stdout); return 0;
+        case 'd': {
+            char why[256];
+            printf("cpu%s\n", wk_device_supported("cuda:0", why, sizeof(why)) ? " cuda" : "");
+            return 0;
+        }
         default: usage(stderr); return 2;
         }
     }
@@ -115,9 +125,9 @@ int main(int argc, char **argv)
     if (cfg->daemon.log_level && bt_log_level_from_name(cfg->daemon.log_level, &level) != 0)
         bt_warn("unknown log level '%s'; using info", cfg->daemon.log_level);
     bt_log_set_level(level);
-    if (strcmp(cw->device, "cpu") != 0) {
-        bt_error("device '%s' is not supported by this build of baton-worker (CPU devices only)",
-                 cw->device);
+    char why[256];
+    if (!wk_device_supported(cw->device, why, sizeof(why))) {
+        bt_error("device '%s': %s", cw->device, why);
         goto out;
     }
     size_t n_models = 0;

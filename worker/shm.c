@@ -23,6 +23,9 @@ struct wk_peer {
     struct {
         uint32_t pool;
         char *shm_name;   /* NULL: not a shm pool */
+        uint8_t *ipc;     /* CUDA IPC handle, or NULL: not a CUDA pool */
+        size_t ipc_len;
+        int cuda_device;
         uint64_t bytes;
     } *pools;
 };
@@ -122,17 +125,20 @@ void wk_segment_destroy(wk_segment *s)
 
 /* --- peers --------------------------------------------------------------- */
 
-void wk_peers_init(wk_peers *ps, const char *hostname)
+void wk_peers_init(wk_peers *ps, const char *hostname, wk_device *dev)
 {
     *ps = (wk_peers){0};
+    ps->dev = dev;
     snprintf(ps->hostname, sizeof(ps->hostname), "%s", hostname ? hostname : "");
 }
 
 static void peers_free_table(wk_peers *ps)
 {
     for (size_t i = 0; i < ps->n; i++) {
-        for (size_t k = 0; k < ps->peers[i].n_pools; k++)
+        for (size_t k = 0; k < ps->peers[i].n_pools; k++) {
             free(ps->peers[i].pools[k].shm_name);
+            free(ps->peers[i].pools[k].ipc);
+        }
         free(ps->peers[i].pools);
         free(ps->peers[i].name);
         free(ps->peers[i].hostname);
@@ -147,7 +153,11 @@ static void unmap_unpinned_stale(wk_peers *ps)
     for (wk_mapping **pp = &ps->maps; *pp;) {
         wk_mapping *m = *pp;
         if (m->stale && m->pins == 0) {
-            munmap((void *)m->base, m->size);
+            if (m->cuda_device >= 0)
+                wk_device_ipc_close(ps->dev, m->cuda_device, (void *)m->base);
+            else
+                munmap((void *)m->base, m->size);
+            bt_debug("closed pool %u of worker %u", m->pool, m->peer);
             *pp = m->next;
             free(m);
         } else {
@@ -172,6 +182,35 @@ static const wk_peer *peer_find(const wk_peers *ps, uint32_t index)
     return NULL;
 }
 
+/* Opens pool K of P, a CUDA slab, from its IPC handle. */
+static wk_mapping *map_cuda(wk_peers *ps, const wk_peer *p, size_t k, char *err, size_t errlen)
+{
+    wk_mapping *m = calloc(1, sizeof(*m));
+    if (!m) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    void *base = NULL;
+    char why[384];
+    if (wk_device_ipc_open(ps->dev, p->pools[k].cuda_device, p->pools[k].ipc,
+                           p->pools[k].ipc_len, &base, why, sizeof(why)) != 0) {
+        snprintf(err, errlen, "cannot open the GPU pool of worker %s: %s", p->name, why);
+        free(m);
+        return NULL;
+    }
+    m->peer = p->index;
+    m->pool = p->pools[k].pool;
+    m->incarnation = p->incarnation;
+    m->base = base;
+    m->size = p->pools[k].bytes;
+    m->cuda_device = p->pools[k].cuda_device;
+    m->next = ps->maps;
+    ps->maps = m;
+    bt_debug("opened pool %u of worker %s (cuda:%d, %llu bytes) by CUDA IPC", m->pool, p->name,
+             m->cuda_device, (unsigned long long)m->size);
+    return m;
+}
+
 static wk_mapping *map_new(wk_peers *ps, const wk_peer *p, uint32_t pool, char *err,
                            size_t errlen)
 {
@@ -188,10 +227,12 @@ static wk_mapping *map_new(wk_peers *ps, const wk_peer *p, uint32_t pool, char *
     size_t k = 0;
     while (k < p->n_pools && p->pools[k].pool != pool)
         k++;
-    if (k == p->n_pools || !p->pools[k].shm_name) {
-        snprintf(err, errlen, "worker %u (%s) has no shm pool %u", p->index, p->name, pool);
+    if (k == p->n_pools || (!p->pools[k].shm_name && !p->pools[k].ipc)) {
+        snprintf(err, errlen, "worker %u (%s) has no pool %u", p->index, p->name, pool);
         return NULL;
     }
+    if (p->pools[k].ipc)
+        return map_cuda(ps, p, k, err, errlen);
     const char *name = p->pools[k].shm_name;
     int fd = shm_open(name, O_RDONLY, 0);
     if (fd < 0) {
@@ -223,6 +264,7 @@ static wk_mapping *map_new(wk_peers *ps, const wk_peer *p, uint32_t pool, char *
     m->incarnation = p->incarnation;
     m->base = base;
     m->size = size;
+    m->cuda_device = -1;
     m->next = ps->maps;
     ps->maps = m;
     bt_debug("mapped pool %u of worker %s (%s, %llu bytes)", pool, p->name, name,
@@ -252,9 +294,17 @@ int wk_peers_update(wk_peers *ps, const Baton__V1__Peers *msg, uint32_t self)
             const Baton__V1__PoolHandle *h = pi->pools[k];
             p->pools[k].pool = h->pool;
             p->pools[k].bytes = h->pool_bytes;
+            p->pools[k].cuda_device = h->cuda_device;
             if (h->kind == BATON__V1__POOL_KIND__POOL_KIND_SHM && h->shm_name && *h->shm_name &&
                 !(p->pools[k].shm_name = strdup(h->shm_name)))
                 goto nomem;
+            if (h->kind == BATON__V1__POOL_KIND__POOL_KIND_CUDA_IPC && h->cuda_ipc_handle.len &&
+                h->cuda_device >= 0) {
+                if (!(p->pools[k].ipc = malloc(h->cuda_ipc_handle.len)))
+                    goto nomem;
+                memcpy(p->pools[k].ipc, h->cuda_ipc_handle.data, h->cuda_ipc_handle.len);
+                p->pools[k].ipc_len = h->cuda_ipc_handle.len;
+            }
         }
     }
     peers_free_table(ps);
@@ -274,7 +324,12 @@ int wk_peers_update(wk_peers *ps, const Baton__V1__Peers *msg, uint32_t self)
         if (p->index == self || !p->up)
             continue;
         for (size_t k = 0; k < p->n_pools; k++) {
-            if (!p->pools[k].shm_name)
+            /* CUDA pools are opened ahead only by a GPU worker (see shm.h). */
+            bool cuda_here = p->pools[k].ipc && ps->dev &&
+                             wk_device_space(ps->dev) == WK_SPACE_CUDA;
+            if (!p->pools[k].shm_name && !cuda_here)
+                continue;
+            if (p->hostname && *p->hostname && strcmp(p->hostname, ps->hostname) != 0)
                 continue;
             int have = 0;
             for (wk_mapping *m = ps->maps; m; m = m->next)

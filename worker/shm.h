@@ -1,4 +1,6 @@
-/* Shared memory of CPU workers: their pools, and peers' pools mapped.
+/* Shared memory of CPU workers (their pools), and the cache of peers'
+ * pools opened here: shm segments mapped read-only, and GPU workers' CUDA
+ * slabs opened from their IPC handles (through device.h).
  *
  * Each worker exports one pool: a POSIX shm segment named
  * "/baton-<run id>-<worker>", created exclusively with mode 0600, sized
@@ -12,7 +14,13 @@
  * not sit on the per-request path.  A mapping is pinned while an execution
  * reads through it, so that a Peers message marking the peer down never
  * unmaps memory under a running kernel; the unmap happens at the last
- * unpin. */
+ * unpin.
+ *
+ * A GPU worker opens its local peers' CUDA pools when the Peers message
+ * arrives, never on the request path.  A CPU worker opens a GPU peer's pool
+ * only when an edge first needs it, so that a CPU-only deployment never
+ * creates a CUDA context (hundreds of megabytes per process on a real
+ * GPU). */
 #ifndef BATON_WORKER_SHM_H
 #define BATON_WORKER_SHM_H
 
@@ -21,6 +29,7 @@
 #include <stdint.h>
 
 #include "proto/baton.pb-c.h"
+#include "worker/device.h"
 
 typedef struct wk_segment {
     char name[256];      /* shm name, "/baton-<run>-<worker>" */
@@ -46,8 +55,9 @@ void wk_segment_destroy(wk_segment *s);
 typedef struct wk_mapping {
     uint32_t peer, pool;
     uint64_t incarnation;
-    const void *base;    /* read-only mapping of the peer's pool */
+    const void *base;    /* the peer's pool: a read-only shm mapping, or its CUDA slab */
     uint64_t size;
+    int cuda_device;     /* GPU of a CUDA pool (base is device memory); -1 for shm */
     uint32_t pins;       /* executions reading through it now */
     bool stale;          /* the peer is gone or re-registered: unmap at pins == 0 */
     struct wk_mapping *next;
@@ -60,15 +70,17 @@ typedef struct wk_peers {
     size_t n;
     wk_mapping *maps;    /* cached mappings */
     char hostname[256];  /* ours: a peer elsewhere cannot be mapped */
+    wk_device *dev;      /* opens CUDA pools; borrowed */
 } wk_peers;
 
-void wk_peers_init(wk_peers *ps, const char *hostname);
+void wk_peers_init(wk_peers *ps, const char *hostname, wk_device *dev);
 /* Unmaps everything; every mapping must be unpinned. */
 void wk_peers_destroy(wk_peers *ps);
 
 /* Takes in a Peers message: remembers every peer's pools, marks stale the
  * mappings of peers that are down or have a new incarnation, and maps the
- * pools of peers that are up on this host (all but SELF).  A failure to
+ * pools of peers that are up on this host (all but SELF; CUDA pools only
+ * on a GPU worker).  A failure to
  * map is logged and retried on first use.  Returns 0 or BT_ENOMEM. */
 int wk_peers_update(wk_peers *ps, const Baton__V1__Peers *msg, uint32_t self);
 

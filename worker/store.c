@@ -132,7 +132,7 @@ void wk_tensor_unpin(wk_worker *w, wk_tensor *t)
 
 void *wk_tensor_data(wk_worker *w, const wk_tensor *t)
 {
-    return (uint8_t *)w->seg.base + t->ref.offset;
+    return wk_device_pool_base(w->dev) + t->ref.offset;
 }
 
 void wk_request_release_all(wk_worker *w, wk_request *req)

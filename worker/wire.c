@@ -30,17 +30,39 @@ int wk_send(wk_worker *w, const Baton__V1__WorkerMessage *msg)
     return 0;
 }
 
-const void *wk_ref_bytes(wk_worker *w, const wk_ref *ref)
+const void *wk_ref_bytes(wk_worker *w, const wk_ref *ref, bool *device)
 {
     if (ref->own) {
         wk_tensor *t = wk_tensor_find(w, ref->id);
+        *device = wk_device_space(w->dev) == WK_SPACE_CUDA;
         return t ? wk_tensor_data(w, t) : NULL;
     }
     for (wk_mapping *m = w->peers.maps; m; m = m->next)
         if (!m->stale && m->peer == ref->owner && m->pool == ref->pool &&
-            ref->offset <= m->size && ref->nbytes <= m->size - ref->offset)
+            ref->offset <= m->size && ref->nbytes <= m->size - ref->offset) {
+            *device = m->cuda_device >= 0;
             return (const uint8_t *)m->base + ref->offset;
+        }
     return NULL;
+}
+
+void *wk_bytes_to_host(wk_worker *w, const void *p, bool device, uint64_t n, bool *copied)
+{
+    *copied = false;
+    if (!p || !device)
+        return (void *)p;
+    char err[256];
+    void *buf = malloc(n ? n : 1);
+    if (!buf)
+        return NULL;
+    if (wk_device_copy(w->dev, w->io_stream, buf, p, n, err, sizeof(err)) != 0) {
+        bt_error("cannot copy %llu bytes of device memory to the host: %s",
+                 (unsigned long long)n, err);
+        free(buf);
+        return NULL;
+    }
+    *copied = true;
+    return buf;
 }
 
 void wk_ref_to_proto(wk_worker *w, const wk_ref *ref, Baton__V1__TensorRef *t, int64_t *dims,
@@ -121,16 +143,21 @@ int wk_ref_from_proto(wk_worker *w, const Baton__V1__TensorRef *t, wk_ref *out, 
     return 0;
 }
 
-/* Sets T->data to REF's bytes when the output is client-bound and small. */
-static void maybe_inline(wk_worker *w, const wk_ref *ref, bool client, Baton__V1__TensorRef *t)
+/* Sets T->data to REF's bytes when the output is client-bound and small.
+ * Returns a host copy the caller frees after sending (device memory), or
+ * NULL (none made). */
+static void *maybe_inline(wk_worker *w, const wk_ref *ref, bool client, Baton__V1__TensorRef *t)
 {
     if (!client || ref->nbytes > WK_INLINE_MAX || ref->nbytes == 0)
-        return;
-    const void *p = wk_ref_bytes(w, ref);
+        return NULL;
+    bool copied, device = false;
+    const void *at = wk_ref_bytes(w, ref, &device);
+    void *p = wk_bytes_to_host(w, at, device, ref->nbytes, &copied);
     if (p) {
-        t->data.data = (uint8_t *)p;
+        t->data.data = p;
         t->data.len = ref->nbytes;
     }
+    return copied ? p : NULL;
 }
 
 void wk_send_done(wk_worker *w, wk_item *it)
@@ -140,6 +167,7 @@ void wk_send_done(wk_worker *w, wk_item *it)
     Baton__V1__NamedRef named[n_out ? n_out : 1], *named_p[n_out ? n_out : 1];
     Baton__V1__TensorRef refs[n_out ? n_out : 1];
     int64_t dims[n_out ? n_out : 1][BATON_MAX_DIMS];
+    void *copies[n_out ? n_out : 1];
     size_t n = 0;
     for (uint32_t o = 0; it->status == BATON_STATUS_OK && o < n_out; o++) {
         if (it->outputs[o].stream || !it->results[o].set)
@@ -147,7 +175,7 @@ void wk_send_done(wk_worker *w, wk_item *it)
         baton__v1__named_ref__init(&named[n]);
         baton__v1__tensor_ref__init(&refs[n]);
         wk_ref_to_proto(w, &it->results[o].ref, &refs[n], dims[n], it);
-        maybe_inline(w, &it->results[o].ref, it->outputs[o].client, &refs[n]);
+        copies[n] = maybe_inline(w, &it->results[o].ref, it->outputs[o].client, &refs[n]);
         named[n].name = (char *)it->outputs[o].name;
         named[n].ref = &refs[n];
         named_p[n] = &named[n];
@@ -185,6 +213,8 @@ void wk_send_done(wk_worker *w, wk_item *it)
                  done.finish ? " finish" : "", (int)it->status, n, it->batch_size);
     }
     wk_send(w, &m);
+    for (size_t k = 0; k < n; k++)
+        free(copies[k]);
 }
 
 void wk_send_chunk(wk_worker *w, const wk_event *ev)
@@ -194,6 +224,7 @@ void wk_send_chunk(wk_worker *w, const wk_event *ev)
     Baton__V1__TensorRef ref = BATON__V1__TENSOR_REF__INIT;
     int64_t dims[BATON_MAX_DIMS];
     Baton__V1__Chunk c = BATON__V1__CHUNK__INIT;
+    void *copy = NULL;
     c.request_key = it->req->key;
     c.node = d->node;
     c.graph = d->graph;
@@ -202,7 +233,7 @@ void wk_send_chunk(wk_worker *w, const wk_event *ev)
     c.name = (char *)it->outputs[ev->output].name;
     if (ev->has_ref) {
         wk_ref_to_proto(w, &ev->ref, &ref, dims, it);
-        maybe_inline(w, &ev->ref, it->outputs[ev->output].client, &ref);
+        copy = maybe_inline(w, &ev->ref, it->outputs[ev->output].client, &ref);
         c.ref = &ref;
     }
     c.final = ev->final;
@@ -212,4 +243,5 @@ void wk_send_chunk(wk_worker *w, const wk_event *ev)
     m.msg_case = BATON__V1__WORKER_MESSAGE__MSG_CHUNK;
     m.chunk = &c;
     wk_send(w, &m);
+    free(copy);
 }

@@ -336,7 +336,7 @@ static void send_placed(wk_worker *w, const Baton__V1__Put *p, const wk_ref *ref
 static void on_put(wk_worker *w, const Baton__V1__Put *p)
 {
     const Baton__V1__Tensor *v = p->value;
-    char why[256];
+    char why[512];
     if (!v || v->dtype < BATON__V1__DTYPE__F32 || v->dtype > BATON__V1__DTYPE__BOOL ||
         v->n_dims > BATON_MAX_DIMS) {
         send_placed(w, p, NULL, BATON_STATUS_INVALID_ARGUMENT,
@@ -384,12 +384,22 @@ static void on_put(wk_worker *w, const Baton__V1__Put *p)
     pthread_mutex_unlock(&w->lock);
     /* Copy outside the lock: inputs may be large.  The tensor is pinned
      * and nobody knows its id before Placed. */
-    if (bytes)
-        memcpy(wk_tensor_data(w, t), v->data.data, bytes);
+    char cerr[256];
+    int rc = wk_device_copy(w->dev, w->io_stream, wk_tensor_data(w, t), v->data.data, bytes,
+                            cerr, sizeof(cerr));
     pthread_mutex_lock(&w->lock);
     wk_ref ref = t->ref;
     wk_tensor_unpin(w, t);
+    if (rc) {
+        wk_tensor_release(w, ref.id);
+        wk_request_gc(w, req);
+    }
     pthread_mutex_unlock(&w->lock);
+    if (rc) {
+        snprintf(why, sizeof(why), "copy into the pool of worker %s: %s", w->opt.name, cerr);
+        send_placed(w, p, NULL, BATON_STATUS_INTERNAL, why);
+        return;
+    }
     send_placed(w, p, &ref, BATON_STATUS_OK, NULL);
 }
 
@@ -405,8 +415,17 @@ static void on_fetch(wk_worker *w, const Baton__V1__Fetch *f)
         t->pins++;
     pthread_mutex_unlock(&w->lock);
     char why[128];
-    if (t) {
-        out.data.data = wk_tensor_data(w, t);
+    void *copy = NULL;
+    bool copied = false;
+    if (t && !(copy = wk_bytes_to_host(w, wk_tensor_data(w, t),
+                                       wk_device_space(w->dev) == WK_SPACE_CUDA, t->ref.nbytes,
+                                       &copied)) && t->ref.nbytes) {
+        st.code = BATON__V1__CODE__INTERNAL;
+        snprintf(why, sizeof(why), "tensor %" PRIu64 " could not be copied to the host",
+                 f->tensor_id);
+        st.message = why;
+    } else if (t) {
+        out.data.data = copy;
         out.data.len = t->ref.nbytes;
     } else {
         st.code = BATON__V1__CODE__NOT_FOUND;
@@ -418,6 +437,8 @@ static void on_fetch(wk_worker *w, const Baton__V1__Fetch *f)
     m.msg_case = BATON__V1__WORKER_MESSAGE__MSG_FETCHED;
     m.fetched = &out;
     wk_send(w, &m);
+    if (copied)
+        free(copy);
     if (t) {
         pthread_mutex_lock(&w->lock);
         wk_request *req = t->req;
@@ -557,11 +578,7 @@ static void drain_events(wk_worker *w)
 static void send_register(wk_worker *w)
 {
     Baton__V1__PoolHandle ph = BATON__V1__POOL_HANDLE__INIT;
-    ph.pool = 0;
-    ph.kind = BATON__V1__POOL_KIND__POOL_KIND_SHM;
-    ph.shm_name = w->seg.name;
-    ph.pool_bytes = w->seg.size;
-    ph.cuda_device = -1;
+    wk_device_pool_handle(w->dev, &ph);
     Baton__V1__PoolHandle *phs[1] = {&ph};
     Baton__V1__Register r = BATON__V1__REGISTER__INIT;
     r.protocol_version = BATON__V1__PROTOCOL_VERSION__PROTOCOL_VERSION_CURRENT;
@@ -569,7 +586,7 @@ static void send_register(wk_worker *w)
     r.device = (char *)w->opt.device;
     r.n_pools = 1;
     r.pools = phs;
-    r.pool_bytes = w->seg.size;
+    r.pool_bytes = wk_device_pool_size(w->dev);
     r.pid = (uint32_t)getpid();
     r.hostname = w->hostname;
     Baton__V1__WorkerMessage m = BATON__V1__WORKER_MESSAGE__INIT;
@@ -588,6 +605,7 @@ static void send_heartbeat(wk_worker *w)
     hb.open_sessions = w->n_sessions;
     hb.queued = w->n_queued;
     pthread_mutex_unlock(&w->lock);
+    hb.staged_bytes = wk_device_staged_bytes(w->dev);
     hb.pool_used_bytes = st.used;
     hb.pool_free_bytes = st.free;
     hb.fragmentation = st.fragmentation;
@@ -690,7 +708,7 @@ int wk_worker_run(wk_worker *w)
 {
     send_register(w);
     bt_info("registered with %s: pool %s, %" PRIu64 " bytes, %u lane(s)", w->opt.endpoint,
-            w->seg.name, w->seg.size, w->n_lanes);
+            wk_device_pool_describe(w->dev), wk_device_pool_size(w->dev), w->n_lanes);
     uint64_t next_hb = bt_now_ns() + HEARTBEAT_NS;
     while (!w->quit) {
         zmq_pollitem_t items[4] = {{w->sock, 0, ZMQ_POLLIN, 0},

@@ -29,6 +29,7 @@
 #include "common/clock.h"
 #include "common/u64map.h"
 #include "proto/baton.pb-c.h"
+#include "worker/device.h"
 #include "worker/plugin.h"
 #include "worker/pool.h"
 #include "worker/shm.h"
@@ -37,6 +38,7 @@
 #define WK_INLINE_MAX (64u * 1024u) /* client outputs up to this many bytes go inline */
 #define WK_MAX_DEPTH 16             /* iteration vector length accepted */
 #define WK_MAX_PORTS 1024           /* inputs or outputs of one node accepted */
+#define WK_EXIT_DEVICE_LOST 3       /* exit status after a sticky CUDA error */
 
 typedef struct wk_request wk_request;
 typedef struct wk_item wk_item;
@@ -101,6 +103,7 @@ typedef struct wk_slot {
     wk_tensor *own;               /* own tensor pinned by the item, or NULL */
     wk_mapping *map;              /* peer mapping pinned by the item, or NULL */
     bool created;                 /* made by this execution (join, alloc) */
+    bool writable;                /* from alloc: the backend may write it */
     bool chunked;                 /* emitted as a chunk (reported at once) */
 } wk_slot;
 
@@ -222,7 +225,8 @@ struct wk_worker {
     pthread_cond_t wake;          /* [L] sleeping items wait for cancel */
     atomic_bool stopping;         /* set under [L]; lanes and cancelled() read it */
 
-    wk_segment seg;
+    wk_device *dev;               /* the pool's memory and copies (device.h) */
+    void *io_stream;              /* the I/O thread's stream for its copies */
     wk_pool *pool;                /* [L] */
     wk_peers peers;               /* [L] */
     u64map tensors;               /* [L] id -> wk_tensor */
@@ -301,16 +305,18 @@ void wk_item_fail(wk_item *it, baton_status code, const char *msg);
 wk_slot *wk_slot_add(wk_item *it);
 /* Fills the slot's baton_tensor from its ref, with DATA as element 0. */
 void wk_slot_view(wk_slot *s, const void *data);
-/* The baton_ctx callbacks (include/baton/backend.h), bound to W. */
-void wk_ctx_init(baton_ctx *ctx, wk_worker *w);
+/* The baton_ctx callbacks (include/baton/backend.h), bound to W and the
+ * lane's STREAM (NULL on the host). */
+void wk_ctx_init(baton_ctx *ctx, wk_worker *w, void *stream);
 
 typedef struct wk_join_job wk_join_job;
 /* Allocates IT's input and output tables and resolves every input (see
  * inputs.c); joins to copy are appended to *JOBS.  On failure the item is
  * failed with a status naming the node and input.  [L] */
 void wk_item_prepare(wk_worker *w, wk_item *it, wk_join_job **jobs);
-/* Copies and frees the joins; runs without the lock. */
-void wk_join_jobs_run(wk_join_job *jobs);
+/* Copies and frees the joins on STREAM, the calling lane's, and waits for
+ * them; a failed copy fails its item.  Runs without the lock. */
+void wk_join_jobs_run(wk_worker *w, wk_join_job *jobs, void *stream);
 
 /* --- dispatch.c: items and run-ahead chains ------------------------------- */
 
@@ -356,7 +362,12 @@ int wk_ref_from_proto(wk_worker *w, const Baton__V1__TensorRef *t, wk_ref *out, 
                       size_t errlen);
 void wk_send_done(wk_worker *w, wk_item *item);
 void wk_send_chunk(wk_worker *w, const wk_event *ev);
-/* Pointer to REF's bytes (own pool or a mapped peer), or NULL.  [L] */
-const void *wk_ref_bytes(wk_worker *w, const wk_ref *ref);
+/* Pointer to REF's bytes (own pool or a mapped peer), or NULL; *DEVICE
+ * tells whether it is device memory.  [L] */
+const void *wk_ref_bytes(wk_worker *w, const wk_ref *ref, bool *device);
+/* N bytes at P readable by the host: P itself, or (DEVICE memory) a
+ * malloc'd copy made on the I/O stream, *COPIED then set.  NULL when P is
+ * NULL or the copy failed.  I/O thread. */
+void *wk_bytes_to_host(wk_worker *w, const void *p, bool device, uint64_t n, bool *copied);
 
 #endif

@@ -297,11 +297,22 @@ static void add_one(baton_ctx *ctx, baton_item *it)
     baton_tensor *sum = ctx->alloc(ctx, it, a->dtype, a->ndim, a->dims);
     if (!sum)
         return;
-    memcpy(sum->data, a->data, a->nbytes);
+    /* The sum is made on the host and written back, so that add runs the
+     * same on every device (on a GPU worker its inputs are device memory:
+     * two copies per input, which a test backend can afford). */
+    uint8_t *acc = malloc(a->nbytes ? a->nbytes : 1), *in = malloc(a->nbytes ? a->nbytes : 1);
+    int rc = acc && in ? ctx->read(ctx, it, a, 0, acc, a->nbytes) : -1;
     uint64_t n = a->nbytes / baton_dtype_size(a->dtype);
-    for (uint32_t k = 1; k < it->n_inputs; k++)
-        add_into(a->dtype, sum->data, it->inputs[k].tensor.data, n);
-    for (uint32_t o = 0; o < it->n_outputs; o++)
+    for (uint32_t k = 1; rc == 0 && k < it->n_inputs; k++)
+        if ((rc = ctx->read(ctx, it, &it->inputs[k].tensor, 0, in, a->nbytes)) == 0)
+            add_into(a->dtype, acc, in, n);
+    if (rc == 0)
+        rc = ctx->write(ctx, it, sum, 0, acc, a->nbytes);
+    if (!acc || !in)
+        ctx->fail(ctx, it, BATON_STATUS_RESOURCE_EXHAUSTED, "out of host memory");
+    free(acc);
+    free(in);
+    for (uint32_t o = 0; rc == 0 && o < it->n_outputs; o++)
         ctx->set_output(ctx, it, o, sum);
 }
 
@@ -324,7 +335,8 @@ static void counter_execute(baton_model *m, baton_ctx *ctx, baton_item *const *i
             if (!t)
                 continue;
             int32_t v = (int32_t)iter;
-            memcpy(t->data, &v, 4);
+            if (ctx->write(ctx, it, t, 0, &v, 4) != 0)
+                continue;
             for (uint32_t o = 0; o < it->n_outputs; o++)
                 ctx->set_output(ctx, it, o, t);
         }
@@ -349,7 +361,8 @@ static void chunks_execute(baton_model *m, baton_ctx *ctx, baton_item *const *it
                 if (!t)
                     break;
                 int32_t v = (int32_t)k;
-                memcpy(t->data, &v, 4);
+                if (ctx->write(ctx, it, t, 0, &v, 4) != 0)
+                    break;
                 ctx->emit_chunk(ctx, it, o, t, k == m->n - 1);
             }
         }

@@ -746,18 +746,21 @@ static int emit(baton_model *m, baton_ctx *ctx, baton_item *it, int32_t t, const
     for (uint32_t o = 0; o < it->n_outputs; o++) {
         const char *name = it->outputs[o].name;
         baton_tensor *out = NULL;
+        int rc = 0;
         if (strcmp(name, "token") == 0) {
             int64_t one = 1;
             if ((out = ctx->alloc(ctx, it, BATON_DTYPE_I32, 1, &one)))
-                *(int32_t *)out->data = t;
+                rc = ctx->write(ctx, it, out, 0, &t, sizeof(t));
         } else if (strcmp(name, "logits") == 0) {
             int64_t v = m->shape.vocab;
             /* No logits when nothing ran (an end token fed back): zeros,
              * not whatever the pool held. */
-            if ((out = ctx->alloc(ctx, it, BATON_DTYPE_F32, 1, &v)) && logits)
-                memcpy(out->data, logits, (size_t)v * sizeof(float));
-            else if (out)
-                memset(out->data, 0, (size_t)v * sizeof(float));
+            float *zeros = logits ? NULL : calloc((size_t)v, sizeof(float));
+            if ((out = ctx->alloc(ctx, it, BATON_DTYPE_F32, 1, &v)))
+                rc = logits || zeros ? ctx->write(ctx, it, out, 0, logits ? logits : zeros,
+                                                  (uint64_t)v * sizeof(float))
+                                     : -1;
+            free(zeros);
         } else if (strcmp(name, "text") == 0) {
             char piece[256], msg[384];
             int len = m->vocab ? text_of(m, it->session, t, piece, sizeof(piece)) : -1;
@@ -769,12 +772,16 @@ static int emit(baton_model *m, baton_ctx *ctx, baton_item *it, int32_t t, const
             }
             int64_t n = len;
             if ((out = ctx->alloc(ctx, it, BATON_DTYPE_U8, 1, &n)))
-                memcpy(out->data, piece, (size_t)len);
+                rc = ctx->write(ctx, it, out, 0, piece, (uint64_t)len);
         } else {
             char msg[192];
             snprintf(msg, sizeof(msg), "node '%s': unknown output '%s' (the transformer "
                      "produces token, text and logits)", it->node_name, name);
             ctx->fail(ctx, it, BATON_STATUS_INVALID_ARGUMENT, msg);
+            return -1;
+        }
+        if (out && rc != 0) {
+            ctx->fail(ctx, it, BATON_STATUS_INTERNAL, "cannot write an output to the pool");
             return -1;
         }
         if (!out || ctx->set_output(ctx, it, o, out) != 0) {
@@ -844,7 +851,17 @@ static int32_t *read_ids(baton_model *m, baton_ctx *ctx, baton_item *it, bool te
     size_t count = t->dtype == BATON_DTYPE_I32 ? t->nbytes / 4
                    : t->dtype == BATON_DTYPE_I64 ? t->nbytes / 8 : 0;
     if (t->dtype == BATON_DTYPE_U8 && text_ok && m->vocab && t->nbytes > 0) {
-        int32_t *ids = encode_text(m, ctx, it, t->data, t->nbytes, n);
+        /* The prompt comes to the host whatever memory it is in: the
+         * tokenizer runs here. */
+        char *text = malloc(t->nbytes);
+        if (!text || ctx->read(ctx, it, t, 0, text, t->nbytes) != 0) {
+            if (!text)
+                ctx->fail(ctx, it, BATON_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+            free(text);
+            return NULL;
+        }
+        int32_t *ids = encode_text(m, ctx, it, text, t->nbytes, n);
+        free(text);
         if (ids && *n == 0) {
             free(ids);
             snprintf(msg, sizeof(msg), "node '%s', input '%s': the text gives no tokens",
@@ -869,22 +886,32 @@ static int32_t *read_ids(baton_model *m, baton_ctx *ctx, baton_item *it, bool te
         goto bad;
     }
     int32_t *ids = malloc(count * sizeof(*ids));
-    if (!ids) {
+    void *raw = malloc(t->nbytes);
+    if (!ids || !raw) {
+        free(ids);
+        free(raw);
         ctx->fail(ctx, it, BATON_STATUS_RESOURCE_EXHAUSTED, "out of memory");
         return NULL;
     }
+    if (ctx->read(ctx, it, t, 0, raw, t->nbytes) != 0) {
+        free(ids);
+        free(raw);
+        return NULL;
+    }
     for (size_t i = 0; i < count; i++) {
-        int64_t v = t->dtype == BATON_DTYPE_I32 ? ((const int32_t *)t->data)[i]
-                                                : ((const int64_t *)t->data)[i];
+        int64_t v = t->dtype == BATON_DTYPE_I32 ? ((const int32_t *)raw)[i]
+                                                : ((const int64_t *)raw)[i];
         if (v < 0 || v >= m->shape.vocab) {
             snprintf(msg, sizeof(msg), "node '%s', input '%s': token id %" PRId64 " at index "
                      "%zu is outside the vocabulary [0, %d)", it->node_name, it->inputs[0].name,
                      v, i, m->shape.vocab);
             free(ids);
+            free(raw);
             goto bad;
         }
         ids[i] = (int32_t)v;
     }
+    free(raw);
     *n = count;
     return ids;
 bad:

@@ -37,8 +37,10 @@ extern "C" {
 #endif
 
 /* Version 2 added the device profile and stream counts to
- * baton_load_params and the model_describe slot. */
-#define BATON_BACKEND_ABI_VERSION 2u
+ * baton_load_params and the model_describe slot.  Version 3 added GPU
+ * workers: tensor data may be device memory, so baton_ctx gained read,
+ * write, device and stream. */
+#define BATON_BACKEND_ABI_VERSION 3u
 
 /* The symbol every plugin exports. */
 #define BATON_BACKEND_ENTRY_SYMBOL "baton_backend_entry"
@@ -91,7 +93,13 @@ typedef struct baton_model baton_model;     /* a loaded model (weights, compiled
 typedef struct baton_session baton_session; /* per-request state, e.g. a KV cache */
 
 /* A dense tensor in the worker's pool (or, for inputs, in a peer's pool
- * mapped into this process), contiguous and row-major. */
+ * mapped into this process), contiguous and row-major.
+ *
+ * Where `data` points depends on the worker's device (baton_ctx.device):
+ * on "cpu" it is host memory the backend reads and writes directly; on
+ * "cuda:N" it is device memory of that GPU, which only kernels and CUDA
+ * copies may touch (ctx->read and ctx->write do the copies for a backend
+ * that wants the bytes on the host). */
 typedef struct baton_tensor {
     baton_dtype dtype;
     uint32_t ndim;                  /* 0: a scalar (one element) */
@@ -200,7 +208,26 @@ struct baton_ctx {
      * end: BATON_STATUS_OK when the full time passed. */
     baton_status (*sleep_ms)(baton_ctx *ctx, const baton_item *item, uint32_t ms);
 
+    /* Copies N bytes from byte OFFSET of TENSOR (an input's, or one from
+     * alloc) into host memory DST, whatever memory the tensor lives in.
+     * Returns 0, or -1 on a bad tensor or range or a failed device copy
+     * (the item is then failed with a message). */
+    int (*read)(baton_ctx *ctx, baton_item *item, const baton_tensor *tensor, uint64_t offset,
+                void *dst, uint64_t n);
+
+    /* Copies N bytes of host memory SRC to byte OFFSET of TENSOR, which must
+     * come from alloc (inputs are read-only).  Returns 0 or -1 as read. */
+    int (*write)(baton_ctx *ctx, baton_item *item, baton_tensor *tensor, uint64_t offset,
+                 const void *src, uint64_t n);
+
     uint32_t threads;               /* CPU threads one kernel may use (worker `threads`) */
+    const char *device;             /* where tensor data lives: "cpu" or "cuda:N" */
+    /* On "cuda:N": the cudaStream_t of this call's lane.  Work a backend
+     * queues on it counts as part of execute(): the worker synchronizes it
+     * before it reports an output or a chunk, so an edge never points at
+     * unwritten memory.  A backend with streams of its own synchronizes
+     * them before it returns or emits.  NULL on "cpu". */
+    void *stream;
     void *impl;                     /* the worker's; a backend must not touch it */
 };
 

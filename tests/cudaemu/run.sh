@@ -10,7 +10,11 @@
 #     replay, two streams, weights shared by borrowing) under each
 #     seed of $CUDAEMU_SEEDS (default "1 2 3"): the seed orders warps,
 #     blocks and streams, so an order-dependent bug shows under some seed.
-#   - the transformer backend's tests on cuda:0 (tests/unit/test_transformer.c).
+#   - the transformer backend's tests on cuda:0 (tests/unit/test_transformer.c);
+#   - GPU workers end to end (tests/cudaemu/test_gpu_worker.py): real batond
+#     and baton-worker processes of the emulated build, CUDA IPC between
+#     workers, CPU<->GPU edges, the chat graph on cuda:0 against the CPU,
+#     SIGKILL of a GPU worker, and --check-config.
 # A check passes when it exits 0 and the emulator reported no problem (the
 # emulator's tests provoke problems on purpose: for them, the exit status).
 # Prints one line per program and a closing "cudaemu: N passed, N failed";
@@ -28,7 +32,8 @@ pass=0; fail=0
 run() {
   local name=$1 clean=$2; shift 2
   if "$@" >"$log" 2>&1 && { [ "$clean" = any ] || ! grep -q "cudaemu: problem" "$log"; }; then
-    pass=$((pass + 1)); echo "ok   $name ($(grep -Eo '^[0-9]+ checks, [0-9]+ failed|[0-9]+ test\(s\) run' "$log" | tail -1))"
+    pass=$((pass + 1)); echo "ok   $name ($(grep -Eo '^[0-9]+ checks, [0-9]+ failed|[0-9]+ test\(s\) run|[0-9]+ passed, [0-9]+ failed, [0-9]+ skipped' "$log" | tail -1))"
+    grep -E '^SKIP' "$log" || true
   else
     fail=$((fail + 1)); echo "FAIL $name"; tail -40 "$log" | sed 's/^/    /'
   fi
@@ -53,5 +58,11 @@ if [ -f models/smollm2-135m-instruct-q4_1.gguf ]; then
 else
   echo "SKIP transformer on cuda:0: models/smollm2-135m-instruct-q4_1.gguf is absent (scripts/fetch-model.sh)"
 fi
+# GPU workers end to end; the test fails itself on an emulator problem in
+# the daemon's log (the workers' stderr).
+# CUDAEMU_GPU_WORKER_TESTS names the tests to run (default all; the chat
+# test takes a few minutes, too long under ASan).
+# shellcheck disable=SC2086
+run "GPU workers end to end" any env BUILD="$BUILD" /usr/bin/python3 tests/cudaemu/test_gpu_worker.py ${CUDAEMU_GPU_WORKER_TESTS:-}
 echo "cudaemu: ${pass} passed, ${fail} failed"
 [ "$fail" -eq 0 ]

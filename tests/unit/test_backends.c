@@ -15,6 +15,7 @@
 
 #include "backends/testing/testing.h"
 #include "backends/transformer/transformer.h"
+#include "tests/unit/fake_ctx.h"
 #include "worker/plugin.h"
 
 /* --- a fake ctx that records what a backend does ------------------------- */
@@ -122,8 +123,11 @@ static baton_status f_sleep(baton_ctx *c, const baton_item *it, uint32_t ms)
 static fake *fake_new(void)
 {
     fake *f = calloc(1, sizeof(*f));
-    f->ctx = (baton_ctx){f_alloc, f_set_output, f_forward, f_emit, f_finish,
-                         f_fail,  f_cancelled,  f_sleep,   1,      NULL};
+    f->ctx = (baton_ctx){.alloc = f_alloc, .set_output = f_set_output, .forward = f_forward,
+                         .emit_chunk = f_emit, .finish = f_finish, .fail = f_fail,
+                         .cancelled = f_cancelled, .sleep_ms = f_sleep,
+                         .read = fake_ctx_read, .write = fake_ctx_write, .threads = 1,
+                         .device = "cpu"};
     return f;
 }
 

@@ -24,6 +24,7 @@
 #include <cmocka.h>
 
 #include "backends/transformer/transformer.h"
+#include "tests/unit/fake_ctx.h"
 #include "worker/plugin.h"
 
 #define MODEL "models/smollm2-135m-instruct-q4_1.gguf"
@@ -181,6 +182,9 @@ static void fake_reset(fake *f)
     f->ctx.finish = f_finish;
     f->ctx.fail = f_fail;
     f->ctx.cancelled = f_cancelled;
+    f->ctx.read = fake_ctx_read;
+    f->ctx.write = fake_ctx_write;
+    f->ctx.device = "cpu";
 }
 
 /* ---- helpers ------------------------------------------------------------------- */

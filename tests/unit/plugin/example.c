@@ -98,14 +98,26 @@ static void scale_execute(baton_model *m, baton_ctx *ctx, baton_item *const *ite
         baton_tensor *out = ctx->alloc(ctx, it, in->dtype, in->ndim, in->dims);
         if (!out)
             continue;
+        /* Through the host, so that the plugin runs on any worker: on a
+         * GPU worker the tensors are device memory (a real GPU plugin would
+         * launch a kernel on ctx->stream instead). */
         uint64_t count = in->nbytes / 4;
+        void *buf = malloc(in->nbytes ? in->nbytes : 1);
+        if (!buf || ctx->read(ctx, it, in, 0, buf, in->nbytes) != 0) {
+            free(buf);
+            if (!buf)
+                ctx->fail(ctx, it, BATON_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+            continue;
+        }
         for (uint64_t k = 0; k < count; k++) {
             if (in->dtype == BATON_DTYPE_I32)
-                ((int32_t *)out->data)[k] = ((const int32_t *)in->data)[k] * (int32_t)m->factor;
+                ((int32_t *)buf)[k] *= (int32_t)m->factor;
             else
-                ((float *)out->data)[k] = ((const float *)in->data)[k] * (float)m->factor;
+                ((float *)buf)[k] *= (float)m->factor;
         }
-        for (uint32_t o = 0; o < it->n_outputs; o++)
+        int rc = ctx->write(ctx, it, out, 0, buf, in->nbytes);
+        free(buf);
+        for (uint32_t o = 0; rc == 0 && o < it->n_outputs; o++)
             ctx->set_output(ctx, it, o, out);
     }
 }

@@ -1,0 +1,352 @@
+#!/usr/bin/python3
+"""GPU workers end to end, on the CUDA emulator.
+
+Real batond and baton-worker processes of the emulated build (build/emu:
+the worker's CUDA calls go to cudaemu, which runs them on the CPU), real
+sockets, a real client.  Run by tests/cudaemu/run.sh (`make test`).
+
+What it shows:
+  - two cuda:0 workers hand a 4 KiB and a 64 MiB tensor by CUDA IPC: the
+    consumer reads the producer's pool in place (its staged-bytes counter
+    stays 0 and its pool holds only its own output);
+  - an edge between two GPUs, and edges between a CPU and a GPU worker, are
+    staged by exactly one copy of the value;
+  - loops and streams whose tensors live in device memory;
+  - the chat graph on a cuda:0 worker gives the CPU worker's greedy ids,
+    alone and batched, ids and text;
+  - SIGKILL of a GPU worker under load: its requests end UNAVAILABLE, it
+    comes back, and the surviving worker closed its IPC mapping of the dead
+    one's memory;
+  - batond --check-config refuses cuda:N when the worker binary cannot
+    serve it, at the worker's line.
+
+Timings printed by the emulator mean nothing and none is asserted.  The
+closing line is "gpu worker: N passed, N failed".
+"""
+import os
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+os.environ.setdefault("BUILD", "build/emu")
+sys.path.insert(0, os.path.join(ROOT, "tests/integration"))
+import test_e2e as E  # noqa: E402  (the daemon and client helpers)
+
+pb = E.pb
+MODEL = os.path.join(ROOT, "models/smollm2-135m-instruct-q4_1.gguf")
+
+
+def problems(d):
+    """What the emulator reported in the daemon's log (the workers' stderr
+    goes there): a race, a fault, a barrier not reached."""
+    with open(os.path.join(d.dir, "batond.log")) as f:
+        return [line for line in f if "cudaemu: problem" in line]
+
+
+def staged(d, worker):
+    return d.metric("baton_worker_staged_bytes_total", 'worker="%s"' % worker)
+
+
+def settled(d, worker, value=None, timeout=5.0):
+    """The worker's staged-bytes counter once a heartbeat (every second)
+    has reported it unchanged twice, or has reached VALUE."""
+    deadline = time.time() + timeout
+    last = None
+    while time.time() < deadline:
+        v = staged(d, worker)
+        if value is not None and v == value:
+            return v
+        if value is None and v is not None and v == last:
+            return v
+        last = v
+        time.sleep(1.1)
+    return staged(d, worker)
+
+
+def pattern(n_bytes):
+    """An I32 vector of N_BYTES whose every element differs from its
+    neighbours, so that a misplaced or stale byte shows."""
+    n = n_bytes // 4
+    return struct.pack("<%di" % n, *((i * 2654435761) & 0x7fffffff for i in range(n)))
+
+
+def own_inode(pid):
+    """The inode of process PID's own emulated device memory: the one memfd
+    it keeps open (IPC mappings of peers' memory keep no descriptor)."""
+    fds = "/proc/%d/fd" % pid
+    for fd in os.listdir(fds):
+        try:
+            if os.readlink(os.path.join(fds, fd)).startswith("/memfd:cudaemu-device"):
+                return str(os.stat(os.path.join(fds, fd)).st_ino)
+        except OSError:
+            pass
+    raise AssertionError("process %d has no emulated device memory" % pid)
+
+
+def memfd_inodes(pid):
+    """Inodes of the emulated device memory mapped by process PID."""
+    out = set()
+    with open("/proc/%d/maps" % pid) as f:
+        for line in f:
+            if "memfd:cudaemu-device" in line:
+                out.add(line.split()[4])
+    return out
+
+
+def wait_pools_empty(d, workers, timeout=5.0):
+    deadline = time.time() + timeout
+    used = None
+    while time.time() < deadline:
+        used = [d.metric("baton_pool_bytes_used", 'worker="%s"' % w) for w in workers]
+        if all(u == 0.0 for u in used):
+            return
+        time.sleep(0.2)
+    raise AssertionError("pool bytes still in use: %s" % used)
+
+
+# ---- tests on the GPU deployment ------------------------------------------------
+
+def test_ipc_in_place(d, c):
+    before = staged(d, "gpu1")
+    assert before == 0, before
+    for size in (4096, 64 << 20):
+        data = pattern(size)
+        _, r = c.infer("ipc", {"x": (pb.I32, [size // 4], data)}, timeout=120)
+        assert r.status.code == pb.OK, r.status
+        out = r.outputs[0]
+        assert out.name == "y" and list(out.dims) == [size // 4], out
+        assert out.data == data, "%d bytes: the consumer read other bytes" % size
+    # gpu1's backend read gpu0's memory where it lies: the worker copied
+    # nothing to assemble the input.
+    assert settled(d, "gpu1") == 0, staged(d, "gpu1")
+    # Every tensor of the requests was released on both sides.
+    wait_pools_empty(d, ("gpu0", "gpu1"))
+
+
+def test_across_gpus(d, c):
+    before = settled(d, "gpu2")
+    data = pattern(4096)
+    _, r = c.infer("xgpu", {"x": (pb.I32, [1024], data)}, timeout=60)
+    assert r.status.code == pb.OK, r.status
+    assert r.outputs[0].data == data
+    # cuda:0 -> cuda:1 is one device-to-device copy of the value.
+    assert settled(d, "gpu2", before + 4096) == before + 4096, staged(d, "gpu2")
+
+
+def test_mixed_cpu_gpu(d, c):
+    g0, c0 = settled(d, "gpu0"), settled(d, "cpu0")
+    vals = list(range(-500, 524))
+    _, r = c.infer("mixed", {"x": (pb.I32, [1024], struct.pack("<1024i", *vals))}, timeout=60)
+    assert r.status.code == pb.OK, r.status
+    assert E.as_i32(r.outputs[0]) == [2 * v for v in vals]
+    # gpu0 copied x twice from cpu0's shm pool (the graph input its node
+    # `dev` reads, and host.x); cpu0 copied y once out of gpu0's pool.
+    assert settled(d, "gpu0", g0 + 8192) == g0 + 8192, staged(d, "gpu0")
+    assert settled(d, "cpu0", c0 + 4096) == c0 + 4096, staged(d, "cpu0")
+
+
+def test_loop_and_streams(d, c):
+    chunks, r = c.infer("count", E.X(7), stream=True, timeout=60)
+    assert r.status.code == pb.OK, r.status
+    assert [E.as_i32(ch.value) for ch in chunks] == [[0], [1], [2], [3]]
+    chunks, r = c.infer("stream", E.X(7), stream=True, timeout=60)
+    assert r.status.code == pb.OK, r.status
+    assert [v for ch in chunks for v in E.as_i32(ch.value)] == [0, 1, 2]
+
+
+def test_gpu_worker_killed(d, c):
+    pid0, pid1 = d.worker_pid("gpu0"), d.worker_pid("gpu1")
+    assert pid0 and pid1
+    dead = {own_inode(pid0)}
+    # gpu1 opened gpu0's pool when it learnt of its peers.
+    assert dead <= memfd_inodes(pid1), (dead, memfd_inodes(pid1))
+    rids = [c.request("slow", E.X(i)) for i in range(6)]
+    time.sleep(0.2)
+    os.kill(pid0, signal.SIGKILL)
+    seen = 0
+    while seen < len(rids):
+        m = c.recv(20)
+        assert m is not None, "requests not ended after the GPU worker died"
+        if m.HasField("response"):
+            assert m.response.status.code == pb.UNAVAILABLE, m.response.status
+            seen += 1
+    deadline = time.time() + 30
+    h = None
+    while time.time() < deadline:
+        h = c.health(1)
+        if h and h.ready:
+            break
+        time.sleep(0.1)
+    assert h and h.ready, "the GPU worker did not come back"
+    new = d.worker_pid("gpu0")
+    assert new not in (None, pid0)
+    # The survivor closed its mapping of the dead worker's memory, and
+    # opened the new incarnation's.
+    deadline = time.time() + 10
+    while time.time() < deadline and dead & memfd_inodes(pid1):
+        time.sleep(0.1)
+    assert not dead & memfd_inodes(pid1), "gpu1 still maps the dead worker's memory"
+    _, r = c.infer("ipc", E.X(5, 6), timeout=60)
+    assert r.status.code == pb.OK and E.as_i32(r.outputs[0]) == [5, 6], r
+    assert own_inode(new) in memfd_inodes(pid1)
+    assert d.metric("baton_worker_restarts_total", 'worker="gpu0"') >= 1
+
+
+GPU_TESTS = [test_ipc_in_place, test_across_gpus, test_mixed_cpu_gpu, test_loop_and_streams,
+             test_gpu_worker_killed]
+
+
+# ---- tests with a daemon of their own -------------------------------------------
+
+def test_check_config():
+    cfg = os.path.join(HERE, "configs/gpu.yaml")
+    batond = os.path.join(E.BUILD, "batond")
+    r = subprocess.run([batond, "--check-config", cfg, "--quiet"], capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr
+    with tempfile.TemporaryDirectory() as tmp:
+        fake = os.path.join(tmp, "cpu-only-worker")
+        with open(fake, "w") as f:
+            f.write("#!/bin/sh\necho cpu\n")
+        os.chmod(fake, 0o755)
+        env = dict(os.environ, BATON_WORKER=fake)
+        r = subprocess.run([batond, "--check-config", cfg, "--quiet"], capture_output=True,
+                           text=True, env=env)
+        assert r.returncode == 1, r
+        assert "gpu.yaml:16:5: error: worker gpu0: device cuda:0 needs a baton-worker built " \
+               "with CUDA" in r.stderr, r.stderr
+        assert "worker cpu0" not in r.stderr, r.stderr
+        # Serving refuses it too, before any worker starts.
+        r = subprocess.run([batond, "--config", cfg], capture_output=True, text=True, env=env,
+                           timeout=30)
+        assert r.returncode == 1 and "needs a baton-worker built with CUDA" in r.stderr, r
+
+
+CHAT_CONFIG = """
+version: 1
+daemon:
+  listen: ipc:///tmp/baton-e2e/baton.sock
+  workers_endpoint: ipc:///tmp/baton-e2e/workers.sock
+  request_timeout_ms: 600000
+  log_level: warning
+workers:
+  - {name: cpu0, device: cpu, pool_mb: 64}
+  - {name: gpu0, device: 'cuda:0', pool_mb: 64}
+models:
+  - {name: llm_cpu, backend: transformer, worker: cpu0, max_batch: 2,
+     options: {path: MODEL, max_seq: 96, prefill_chunk: 32}}
+  - {name: llm_gpu, backend: transformer, worker: gpu0, max_batch: 2,
+     options: {path: MODEL, max_seq: 96, prefill_chunk: 32}}
+graphs:
+"""
+for dev in ("cpu", "gpu"):
+    CHAT_CONFIG += """
+  - name: chat_%(d)s
+    inputs: [prompt]
+    body:
+      sequential:
+        - node: {name: prefill, model: llm_%(d)s, mode: prefill, inputs: [prompt],
+                 outputs: [{name: token, to: decode}, {name: token, to: client, new_token: true}]}
+        - loop:
+            name: decode_loop
+            max_iters: 3
+            body:
+              node: {name: decode, model: llm_%(d)s, mode: decode, async: true, inputs: [token],
+                     outputs: [{name: token, to: decode},
+                               {name: token, to: client, new_token: true}]}
+""" % {"d": dev}
+
+PROMPTS = [b"What is the capital of France?", b"Write a haiku about rain."]
+
+
+def test_chat_cuda_equals_cpu():
+    if not os.path.exists(MODEL):
+        print("SKIP test_chat_cuda_equals_cpu: %s is absent (scripts/fetch-model.sh)" % MODEL)
+        return "skip"
+    d = E.Daemon(CHAT_CONFIG.replace("MODEL", MODEL))
+    c = d.client()
+    try:
+        def ids(r):
+            assert r.status.code == pb.OK, r.status
+            return [t for o in r.outputs for t in E.as_i32(o)]
+
+        def prompt(p):
+            return {"prompt": (pb.U8, [len(p)], p)}
+
+        want = {}
+        for p in PROMPTS:
+            _, r = c.infer("chat_cpu", prompt(p), timeout=300)
+            want[p] = ids(r)
+            assert len(want[p]) >= 2, want[p]
+        # Alone on the GPU worker, then the two at once (their decode steps
+        # share executions: a batch of 2 on the device).
+        for p in PROMPTS:
+            _, r = c.infer("chat_gpu", prompt(p), timeout=600)
+            assert ids(r) == want[p], (p, ids(r), want[p])
+        rids = {c.request("chat_gpu", prompt(p)): p for p in PROMPTS}
+        got = {}
+        deadline = time.time() + 600
+        while len(got) < len(rids) and time.time() < deadline:
+            m = c.recv(600)
+            if m is not None and m.HasField("response"):
+                got[m.response.request_id] = m.response
+        for rid, p in rids.items():
+            assert ids(got[rid]) == want[p], (p, ids(got[rid]), want[p])
+    finally:
+        c.close()
+        found = problems(d)
+        d.stop()
+    assert not found, "the emulator reported problems:\n" + "".join(found[:20])
+
+
+def main():
+    only = sys.argv[1:]
+    passed = failed = skipped = 0
+
+    def run(t, *args):
+        nonlocal passed, failed, skipped
+        try:
+            if t(*args) == "skip":
+                skipped += 1
+            else:
+                passed += 1
+                print("ok   %s" % t.__name__, flush=True)
+        except Exception:
+            failed += 1
+            print("FAIL %s\n%s" % (t.__name__, traceback.format_exc()), flush=True)
+            if args:
+                print(args[0].tail(), flush=True)
+
+    wanted = [t for t in GPU_TESTS if not only or t.__name__ in only]
+    if wanted:
+        with open(os.path.join(HERE, "configs/gpu.yaml")) as f:
+            d = E.Daemon(f.read(), wait=False)
+        try:
+            d.wait_ready()
+            for t in wanted:
+                c = d.client()
+                try:
+                    run(t, d, c)
+                finally:
+                    c.close()
+        finally:
+            found = problems(d)
+            d.stop()
+        if found:
+            failed += 1
+            print("FAIL the emulator reported problems:\n%s" % "".join(found[:20]), flush=True)
+    for t in (test_check_config, test_chat_cuda_equals_cpu):
+        if not only or t.__name__ in only:
+            run(t)
+    print("gpu worker: %d passed, %d failed, %d skipped" % (passed, failed, skipped))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
