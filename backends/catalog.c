@@ -26,6 +26,9 @@ static const bt_opt_desc sleep_options[] = {
 static const bt_opt_desc fail_options[] = {
     {"message", BT_OPT_STRING, "failure injected by the fail backend", 0,
      "text of the error every execution returns"},
+    {"device_fault", BT_OPT_BOOL, "false", 0,
+     "on a GPU worker, first launch a kernel that reads outside device memory: the CUDA "
+     "context becomes unusable and the worker must exit and be restarted (tests that)"},
 };
 
 static const bt_opt_desc transformer_options[] = {

@@ -1,6 +1,7 @@
 /* Worker supervision (daemon/supervisor.h). */
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
@@ -66,21 +67,37 @@ static int worker_devices(const char *exe, char *out, size_t len)
         snprintf(out, len, "cannot run %s: %s", exe, strerror(rc));
         return -1;
     }
+    /* The answer is one short line; a program that says nothing for 10 s
+     * is not a baton-worker. */
     size_t at = 0;
-    ssize_t n;
-    while (at + 1 < len && (n = read(fds[0], out + at, len - 1 - at)) != 0) {
+    bool hung = false;
+    for (;;) {
+        struct pollfd p = {fds[0], POLLIN, 0};
+        int r = poll(&p, 1, 10000);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r == 0) {
+            hung = true;
+            kill(pid, SIGKILL);
+            break;
+        }
+        ssize_t n = r > 0 && at + 1 < len ? read(fds[0], out + at, len - 1 - at) : 0;
         if (n < 0 && errno == EINTR)
             continue;
-        if (n < 0)
+        if (n <= 0)
             break;
         at += (size_t)n;
     }
     out[at] = 0;
     close(fds[0]);
-    int status;
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    int status = 0, w;
+    while ((w = waitpid(pid, &status, 0)) < 0 && errno == EINTR) {
     }
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    if (hung) {
+        snprintf(out, len, "%s --devices did not answer within 10 s", exe);
+        return -1;
+    }
+    if (w < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
         snprintf(out, len, "%s --devices failed (an older baton-worker, or not one at all)",
                  exe);
         return -1;

@@ -68,7 +68,8 @@ typedef struct kx_device {
     void *dev;                   /* the device's state, handed to every slot */
     int (*alloc)(void *dev, size_t bytes, void **out);  /* zeroed; 0 or -errno */
     void (*free)(void *dev, void *p);                   /* NULL is a no-op */
-    /* Copies BYTES; asynchronous on QUEUE when it is not NULL. */
+    /* Copies BYTES; asynchronous on QUEUE when it is not NULL, else done
+     * when it returns, for the host and for every queue. */
     int (*copy)(void *dev, void *dst, const void *src, size_t bytes, void *queue);
     /* Queued devices only (NULL on the CPU): */
     int (*queue_create)(void *dev, void **q);

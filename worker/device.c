@@ -392,6 +392,7 @@ int wk_device_ipc_open(wk_device *d, int cuda_device, const void *handle, size_t
         e = cudaIpcOpenMemHandle(base, h, cudaIpcMemLazyEnablePeerAccess);
     if (e) {
         cudaGetLastError();
+        wk_device_bind_thread(d);
         return cuda_fail(e, "cudaIpcOpenMemHandle", err, errlen);
     }
     atomic_store(&d->cuda_copies, true);

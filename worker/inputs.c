@@ -74,6 +74,38 @@ static wk_slot *pin_ref(wk_worker *w, wk_item *it, const wk_ref *ref, baton_stat
     return s;
 }
 
+/* The own tensor holding REQ's staged copy of the tensor REF names, or
+ * NULL.  [L] */
+static wk_tensor *staged_find(wk_worker *w, const wk_request *req, const wk_ref *ref)
+{
+    for (size_t i = 0; i < req->n_staged; i++)
+        if (req->staged[i].owner == ref->owner && req->staged[i].src_id == ref->id) {
+            wk_tensor *t = wk_tensor_find(w, req->staged[i].id);
+            return t && !t->released ? t : NULL;
+        }
+    return NULL;
+}
+
+/* Remembers that own tensor ID holds REQ's copy of REF.  0 or -1.  [L] */
+static int staged_add(wk_request *req, const wk_ref *ref, uint64_t id)
+{
+    for (size_t i = 0; i < req->n_staged; i++)
+        if (req->staged[i].owner == ref->owner && req->staged[i].src_id == ref->id) {
+            req->staged[i].id = id;
+            return 0;
+        }
+    if (req->n_staged == req->cap_staged) {
+        size_t cap = req->cap_staged ? 2 * req->cap_staged : 4;
+        wk_staged *n = realloc(req->staged, cap * sizeof(*n));
+        if (!n)
+            return -1;
+        req->staged = n;
+        req->cap_staged = cap;
+    }
+    req->staged[req->n_staged++] = (wk_staged){ref->owner, ref->id, id};
+    return 0;
+}
+
 /* Whether the backend of W cannot read the slot's memory where it lies. */
 static bool needs_staging(const wk_worker *w, const wk_slot *s)
 {
@@ -163,13 +195,39 @@ static int prepare_input(wk_worker *w, wk_item *it, uint32_t k, wk_join_job **jo
             stage |= needs_staging(w, last);
         }
     }
-    if (!stage && wk_join_is_trivial(j->parts, j->n_parts)) {
+    bool single = wk_join_is_trivial(j->parts, j->n_parts);
+    if (!stage && single) {
         /* One tensor: the backend reads it where it lies, own pool or peer. */
         in->tensor = last->t;
         job_free(j);
         return 0;
     }
-    if (wk_join_shape(j->parts, j->n_parts, j->shard_dim, &j->out, err, sizeof(err)) != 0) {
+    /* A value read by every iteration of a loop (a persisted one, such as
+     * a handed-off KV cache) is staged once per request, not per step. */
+    bool reuse = stage && single && it->b.depth > 0;
+    wk_tensor *have = reuse ? staged_find(w, it->req, &last->ref) : NULL;
+    if (have) {
+        wk_slot *s = wk_slot_add(it);
+        if (!s) {
+            snprintf(err, sizeof(err), "out of host memory");
+            code = BATON_STATUS_RESOURCE_EXHAUSTED;
+            job_free(j);
+            goto fail;
+        }
+        have->pins++;
+        s->own = have;
+        s->ref = have->ref;
+        wk_slot_view(s, wk_tensor_data(w, have));
+        in->tensor = s->t;
+        job_free(j);
+        return 0;
+    }
+    if (stage && single) {
+        /* Staged as it is: a scalar stays a scalar. */
+        j->out = j->views[0];
+        j->out.data = NULL;
+    } else if (wk_join_shape(j->parts, j->n_parts, j->shard_dim, &j->out, err,
+                             sizeof(err)) != 0) {
         code = BATON_STATUS_INVALID_ARGUMENT;
         job_free(j);
         goto fail;
@@ -186,7 +244,9 @@ static int prepare_input(wk_worker *w, wk_item *it, uint32_t k, wk_join_job **jo
     }
     s->own = t;
     s->ref = t->ref;
-    s->created = true;
+    /* A reused copy belongs to the request (freed when it ends), not to
+     * this execution. */
+    s->created = !(reuse && staged_add(it->req, &last->ref, t->ref.id) == 0);
     wk_slot_view(s, wk_tensor_data(w, t));
     j->dst = s->t.data;
     j->next = *jobs;

@@ -324,9 +324,11 @@ int wk_peers_update(wk_peers *ps, const Baton__V1__Peers *msg, uint32_t self)
         if (p->index == self || !p->up)
             continue;
         for (size_t k = 0; k < p->n_pools; k++) {
-            /* CUDA pools are opened ahead only by a GPU worker (see shm.h). */
+            /* CUDA pools are opened ahead only by a GPU worker, and only
+             * those on its own GPU (see shm.h). */
             bool cuda_here = p->pools[k].ipc && ps->dev &&
-                             wk_device_space(ps->dev) == WK_SPACE_CUDA;
+                             wk_device_space(ps->dev) == WK_SPACE_CUDA &&
+                             p->pools[k].cuda_device == wk_device_ordinal(ps->dev);
             if (!p->pools[k].shm_name && !cuda_here)
                 continue;
             if (p->hostname && *p->hostname && strcmp(p->hostname, ps->hostname) != 0)

@@ -16,11 +16,12 @@
  * unmaps memory under a running kernel; the unmap happens at the last
  * unpin.
  *
- * A GPU worker opens its local peers' CUDA pools when the Peers message
- * arrives, never on the request path.  A CPU worker opens a GPU peer's pool
- * only when an edge first needs it, so that a CPU-only deployment never
- * creates a CUDA context (hundreds of megabytes per process on a real
- * GPU). */
+ * A GPU worker opens the CUDA pools of its local peers on the same GPU
+ * when the Peers message arrives, never on the request path.  A pool on
+ * another GPU, and any GPU pool a CPU worker reads, is opened when an edge
+ * first needs it: opening it creates a CUDA context on that GPU (hundreds
+ * of megabytes per process on a real one), which a deployment that never
+ * crosses GPUs should not pay. */
 #ifndef BATON_WORKER_SHM_H
 #define BATON_WORKER_SHM_H
 

@@ -40,6 +40,7 @@ void wk_request_gc(wk_worker *w, wk_request *req)
     if (!req || req->tensors || req->n_items || req->sessions || req->chains)
         return;
     u64map_del(&w->requests, req->key + 1);
+    free(req->staged);
     free(req);
 }
 

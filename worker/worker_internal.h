@@ -74,6 +74,15 @@ typedef struct wk_session {
     struct wk_session *next;
 } wk_session;
 
+/* A copy the worker staged for a loop's iterations: the source tensor
+ * (owner, id; ids are never reused, so the pair names fixed bytes) and the
+ * own tensor holding its copy. */
+typedef struct wk_staged {
+    uint32_t owner;
+    uint64_t src_id;
+    uint64_t id;                  /* own tensor; looked up, so a release is noticed */
+} wk_staged;
+
 /* Per request key: what the worker holds for it.  Created on the first Put
  * or Dispatch, destroyed when nothing is held any more (no tensor, item,
  * session or chain), so a request that ends leaves no record. */
@@ -86,6 +95,8 @@ struct wk_request {
     wk_chain *chains;             /* [L] */
     wk_item *items;               /* [L] its queued and running items */
     bool closed;                  /* [L] SessionClose seen; waits for running items */
+    wk_staged *staged;            /* [L] copies staged for loop iterations (inputs.c) */
+    size_t n_staged, cap_staged;
 };
 
 /* A Dispatch shared by the items it gives rise to (its run-ahead chain). */

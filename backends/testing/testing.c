@@ -9,6 +9,8 @@
  * declared in backends/catalog.c, because a plugin-style backend must not
  * rely on the conductor having filled them in. */
 #include <errno.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +18,9 @@
 
 #include "backends/testing/testing.h"
 #include "common/clock.h"
+#ifdef BATON_CUDA
+#include "kernels/kernels.h"
+#endif
 
 typedef enum tb_kind { TB_ECHO, TB_ADD, TB_COUNTER, TB_CHUNKS, TB_SLEEP, TB_FAIL } tb_kind;
 
@@ -25,6 +30,7 @@ struct baton_model {
     int64_t n;            /* chunks: chunks per stream output */
     int64_t ms;           /* sleep: milliseconds */
     char *message;        /* fail: the error text (owned) */
+    bool device_fault;    /* fail: break the CUDA context first (GPU workers) */
 };
 
 typedef struct tb_option {
@@ -78,6 +84,8 @@ static baton_status load_common(tb_kind kind, const baton_load_params *p, const 
             m->n = v;
         } else if (strcmp(key, "ms") == 0) {
             m->ms = v;
+        } else if (strcmp(key, "device_fault") == 0) {
+            m->device_fault = strcmp(val, "true") == 0;
         } else if (strcmp(key, "message") == 0) {
             free(m->message);
             if (!(m->message = strdup(val))) {
@@ -397,8 +405,26 @@ static void sleep_execute(baton_model *m, baton_ctx *ctx, baton_item *const *ite
 
 /* --- fail ---------------------------------------------------------------- */
 
+/* Launches an elementwise kernel whose operands are an address no GPU
+ * maps: on a GPU the launch faults with an illegal address, an error that
+ * leaves the context unusable ("sticky"), which is what device_fault is
+ * for.  The worker notices after execute() and exits. */
+static void break_device(baton_ctx *ctx)
+{
+#ifdef BATON_CUDA
+    if (strncmp(ctx->device, "cuda:", 5) == 0) {
+        float *nowhere = (float *)(uintptr_t)0x1000;
+        k_cuda_add(nowhere, nowhere, nowhere, 1024, ctx->stream);
+    }
+#else
+    (void)ctx;
+#endif
+}
+
 static void fail_execute(baton_model *m, baton_ctx *ctx, baton_item *const *items, size_t n)
 {
+    if (m->device_fault)
+        break_device(ctx);
     for (size_t i = 0; i < n; i++)
         ctx->fail(ctx, items[i], BATON_STATUS_INTERNAL, m->message);
 }
@@ -408,7 +434,7 @@ static void fail_execute(baton_model *m, baton_ctx *ctx, baton_item *const *item
 static const tb_option counter_opts[] = {{"finish_after", 1}};
 static const tb_option chunks_opts[] = {{"n", 1}};
 static const tb_option sleep_opts[] = {{"ms", 1}};
-static const tb_option fail_opts[] = {{"message", 0}};
+static const tb_option fail_opts[] = {{"message", 0}, {"device_fault", 0}};
 
 #define LOADER(fn, kind, opts, nopts)                                                          \
     static baton_status fn(const baton_load_params *p, baton_model **out, char *err,           \
@@ -422,7 +448,7 @@ LOADER(add_load, TB_ADD, NULL, 0)
 LOADER(counter_load, TB_COUNTER, counter_opts, 1)
 LOADER(chunks_load, TB_CHUNKS, chunks_opts, 1)
 LOADER(sleep_load, TB_SLEEP, sleep_opts, 1)
-LOADER(fail_load, TB_FAIL, fail_opts, 1)
+LOADER(fail_load, TB_FAIL, fail_opts, 2)
 
 #define BACKEND(var, nm, load, exec)                                                           \
     static const baton_backend var = {                                                         \

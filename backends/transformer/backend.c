@@ -36,7 +36,9 @@
  * chat_template).  mode `decode` takes one token id.  Outputs are chosen
  * by name: `token` (I32 [1], the next token), `text` (U8: the bytes the
  * token adds to the answer, whole UTF-8 characters only, nothing for an
- * end-of-generation token), `logits` (F32 [vocab], before sampling).  The
+ * end-of-generation token), `logits` (F32 [vocab], before sampling), and
+ * for prefill `kv` (the cache handed off to a decode on another worker,
+ * which takes it as its input `kv`: disaggregated serving).  The
  * finish signal is raised when the token ends generation (EOS, <|im_end|>)
  * or the session's cache is full. */
 #include <inttypes.h>
@@ -87,6 +89,9 @@ struct baton_model {
     size_t n_uploads;
     float *host_logits;         /* GPU: [slots, vocab] the last step's logits, on the host */
     int32_t *host_argmax;       /* GPU: [slots] its greedy tokens */
+    void *dsample;              /* GPU: the sampler's device memory: params [slots, 3] f32,
+                                   rng [slots, 2] i64, tokens [slots] i32 (dev->free) */
+    void *hsample;              /* GPU: the same on the host (malloc'd) */
     struct wd_ctx {             /* ktf_shape.weight_dtype's context */
         const gguf_file *f;
         bool gpu;               /* widen the embedding table to f32 */
@@ -361,8 +366,12 @@ static int compile(baton_model *m, kg_graph *g, const char *what, const baton_lo
         kt_cuda_ops(&ops);
     else
         kt_cpu_ops(&ops);
+    /* On a GPU a decode step is captured once per batch size as a CUDA
+     * graph and replayed: a step of a small model is hundreds of short
+     * kernels, whose launch cost a replay removes. */
     kx_options o = {.profile = use,
                     .device = m->dev,
+                    .graphs = m->dev && strcmp(what, "decode") == 0,
                     .n_compute = p->compute_streams ? (int)p->compute_streams : 1,
                     .n_comm = p->comm_streams ? 1 : 0};
     if (o.n_compute > KS_MAX_STREAMS - 1)
@@ -393,6 +402,9 @@ static void model_unload(baton_model *m)
     free(m->uploads);
     free(m->host_logits);
     free(m->host_argmax);
+    if (m->dsample)
+        m->dev->free(m->dev->dev, m->dsample);
+    free(m->hsample);
     free(m->owner);
     free(m->report);
     tok_vocab_destroy(m->vocab);
@@ -433,6 +445,8 @@ static char *make_report(const baton_model *m, const baton_load_params *p)
         for (int k = 0; sc->multi && k < sc->n_streams; k++)
             fprintf(f, "  stream %d (%s): %zu ops\n", k, k < sc->n_compute ? "compute" : "comm",
                     sc->stream_n[k]);
+        if (i && m->dev)
+            fprintf(f, "  replayed as a CUDA graph, captured once per batch size\n");
         const char *arena = strstr(r, "arena:");
         if (arena)
             fprintf(f, "  %s", arena);
@@ -442,6 +456,14 @@ static char *make_report(const baton_model *m, const baton_load_params *p)
         return NULL;
     }
     return text;
+}
+
+/* Bytes of the sampler's scratch (dsample, hsample): params [slots, 4] f32
+ * (three used; four keep what follows 8-aligned), rng [slots, 2] i64,
+ * tokens [slots] i32. */
+static size_t sample_bytes(const baton_model *m)
+{
+    return (size_t)m->slots * (4 * sizeof(float) + 2 * sizeof(int64_t) + sizeof(int32_t));
 }
 
 static baton_status model_load(const baton_load_params *p, baton_model **out, char *err,
@@ -559,8 +581,12 @@ static baton_status model_load(const baton_load_params *p, baton_model **out, ch
     if (dev) {
         m->host_logits = malloc((size_t)m->slots * (size_t)m->shape.vocab * sizeof(float));
         m->host_argmax = malloc((size_t)m->slots * sizeof(int32_t));
+        m->hsample = malloc(sample_bytes(m));
+        if (dev->alloc(dev->dev, sample_bytes(m), &m->dsample) != 0)
+            m->dsample = NULL;
     }
-    if (!m->owner || !m->report || (dev && (!m->host_logits || !m->host_argmax))) {
+    if (!m->owner || !m->report ||
+        (dev && (!m->host_logits || !m->host_argmax || !m->hsample || !m->dsample))) {
         snprintf(err, errlen, "out of memory");
         st = BATON_STATUS_RESOURCE_EXHAUSTED;
         goto err;
@@ -724,6 +750,86 @@ static int text_of(const baton_model *m, tf_session *s, int32_t t, char *buf, si
     return (int)done;
 }
 
+static bool wants_output(const baton_item *it, const char *name)
+{
+    for (uint32_t o = 0; o < it->n_outputs; o++)
+        if (strcmp(it->outputs[o].name, name) == 0)
+            return true;
+    return false;
+}
+
+/* Whether the GPU's sampler takes IT's parameters: it keeps at most
+ * K_SAMPLE_MAX_K candidates, so a top_k of 0 ("all") or more is sampled on
+ * the host. */
+static bool device_samples(const baton_item *it)
+{
+    const baton_sampling *sp = &it->sampling;
+    return sp->temperature > 0 && sp->top_k >= 1 && sp->top_k <= K_SAMPLE_MAX_K;
+}
+
+/* GPU: the tokens of rows [0, ROWS) of a step into TOK.  Greedy rows take
+ * the device's argmax, sampled rows the device's sampler
+ * (k_cuda_sample_rows, the same rule and RNG as k_sample), and only rows
+ * the device sampler cannot take are sampled on the host.  LOGITS and
+ * ARGMAX are the executable's outputs in device memory; ITEM[r] is row
+ * r's item (NULL: unused) and POS[r] its RNG counter.  The logits come to
+ * the host (m->host_logits, *HOST set) only when a row needs them there:
+ * host sampling, or a `logits` output.  0 or BT_EDEVICE. */
+static int gpu_tokens(baton_model *m, const float *logits, const int32_t *argmax, int rows,
+                      baton_item *const *item, const int *pos, int32_t *tok, bool *host)
+{
+    size_t V = (size_t)m->shape.vocab, S = (size_t)m->slots;
+    bool any = false;
+    *host = false;
+    for (int r = 0; r < rows; r++) {
+        if (!item[r])
+            continue;
+        *host |= wants_output(item[r], "logits") ||
+                 (item[r]->sampling.temperature > 0 && !device_samples(item[r]));
+        any |= device_samples(item[r]);
+    }
+    if ((*host && mcopy(m, m->host_logits, logits, (size_t)rows * V * sizeof(float))) ||
+        mcopy(m, tok, argmax, (size_t)rows * sizeof(int32_t)))
+        return BT_EDEVICE;
+#ifdef BATON_CUDA
+    if (any) {
+        float *params = m->hsample;
+        int64_t *rng = (int64_t *)(params + 4 * S);
+        int32_t *out = (int32_t *)(rng + 2 * S);
+        for (int r = 0; r < rows; r++) {
+            const baton_sampling *sp = item[r] ? &item[r]->sampling : NULL;
+            bool dev = item[r] && device_samples(item[r]);
+            params[3 * r] = dev ? sp->temperature : 0.0f;
+            params[3 * r + 1] = dev ? (float)sp->top_k : 1.0f;
+            params[3 * r + 2] = dev && sp->top_p > 0 ? sp->top_p : 1.0f;
+            rng[2 * r] = dev ? (int64_t)sp->seed : 0;
+            rng[2 * r + 1] = dev ? pos[r] : 0;
+        }
+        float *dparams = m->dsample;
+        int64_t *drng = (int64_t *)(dparams + 4 * S);
+        int32_t *dout = (int32_t *)(drng + 2 * S);
+        if (mcopy(m, dparams, params, (size_t)rows * 3 * sizeof(float)) ||
+            mcopy(m, drng, rng, (size_t)rows * 2 * sizeof(int64_t)) ||
+            k_cuda_sample_rows(dout, logits, dparams, drng, rows, (int)V, NULL, NULL) ||
+            mcopy(m, out, dout, (size_t)rows * sizeof(int32_t)))
+            return BT_EDEVICE;
+        for (int r = 0; r < rows; r++)
+            if (item[r] && device_samples(item[r]))
+                tok[r] = out[r];
+    }
+#else
+    (void)any;
+#endif
+    for (int r = 0; r < rows; r++) {
+        if (!item[r] || item[r]->sampling.temperature <= 0 || device_samples(item[r]))
+            continue;
+        const baton_sampling *sp = &item[r]->sampling;
+        k_sample(&tok[r], m->host_logits + (size_t)r * V, 1, (int)V, sp->temperature,
+                 (int)sp->top_k, sp->top_p > 0 ? sp->top_p : 1.0f, sp->seed, (uint64_t)pos[r]);
+    }
+    return 0;
+}
+
 /* The next token from LOGITS [vocab] under the item's sampling parameters;
  * the RNG counter is the token's position, so a request samples alike
  * however its steps were batched. */
@@ -739,15 +845,25 @@ static int32_t pick_token(const baton_model *m, const baton_item *it, const floa
     return t;
 }
 
-/* Sets ITEM's outputs for the new token T (LOGITS its row).  Returns 0, or
- * -1 after failing the item. */
-static int emit(baton_model *m, baton_ctx *ctx, baton_item *it, int32_t t, const float *logits)
+/* Sets ITEM's outputs for the new token T (LOGITS its row; KV the cache a
+ * prefill hands off, or NULL).  Returns 0, or -1 after failing the item. */
+static int emit(baton_model *m, baton_ctx *ctx, baton_item *it, int32_t t, const float *logits,
+                baton_tensor *kv)
 {
     for (uint32_t o = 0; o < it->n_outputs; o++) {
         const char *name = it->outputs[o].name;
         baton_tensor *out = NULL;
         int rc = 0;
-        if (strcmp(name, "token") == 0) {
+        if (strcmp(name, "kv") == 0) {
+            if (!kv) {
+                char msg[192];
+                snprintf(msg, sizeof(msg), "node '%s': output 'kv' is made by prefill only",
+                         it->node_name);
+                ctx->fail(ctx, it, BATON_STATUS_INVALID_ARGUMENT, msg);
+                return -1;
+            }
+            out = kv;
+        } else if (strcmp(name, "token") == 0) {
             int64_t one = 1;
             if ((out = ctx->alloc(ctx, it, BATON_DTYPE_I32, 1, &one)))
                 rc = ctx->write(ctx, it, out, 0, &t, sizeof(t));
@@ -776,7 +892,7 @@ static int emit(baton_model *m, baton_ctx *ctx, baton_item *it, int32_t t, const
         } else {
             char msg[192];
             snprintf(msg, sizeof(msg), "node '%s': unknown output '%s' (the transformer "
-                     "produces token, text and logits)", it->node_name, name);
+                     "produces token, text, logits and kv)", it->node_name, name);
             ctx->fail(ctx, it, BATON_STATUS_INVALID_ARGUMENT, msg);
             return -1;
         }
@@ -929,6 +1045,43 @@ static void fail_run(const kx_exec *x, int rc, baton_ctx *ctx, baton_item *it)
     ctx->fail(ctx, it, BATON_STATUS_INTERNAL, msg);
 }
 
+/* Takes in the cache a prefill on another worker handed off (input `kv`,
+ * F32 [layers, 2, positions, row]) for IT's session, which has none yet:
+ * into a decode slot, by a device copy on a GPU (the tensor may be a
+ * peer's memory opened by CUDA IPC, read in place).  Returns 0, or -1
+ * after failing the item. */
+static int import_kv(baton_model *m, baton_ctx *ctx, baton_item *it)
+{
+    tf_session *s = it->session;
+    const baton_tensor *kv = NULL;
+    for (uint32_t k = 0; k < it->n_inputs; k++)
+        if (strcmp(it->inputs[k].name, "kv") == 0)
+            kv = &it->inputs[k].tensor;
+    char msg[256];
+    if (!kv) {
+        snprintf(msg, sizeof(msg), "node '%s': decode before any prefill of the request (and "
+                 "no input 'kv' handing over a prefill's cache)", it->node_name);
+        ctx->fail(ctx, it, BATON_STATUS_FAILED_PRECONDITION, msg);
+        return -1;
+    }
+    if (kv->dtype != BATON_DTYPE_F32 || kv->ndim != 4 || kv->dims[0] != m->shape.layers ||
+        kv->dims[1] != 2 || kv->dims[2] < 1 || kv->dims[2] >= m->max_seq ||
+        kv->dims[3] != (int64_t)m->row_floats) {
+        snprintf(msg, sizeof(msg), "node '%s', input 'kv': want F32 [%d, 2, positions < %d, "
+                 "%zu], the cache of a prefill of this model", it->node_name, m->shape.layers,
+                 m->max_seq, m->row_floats);
+        ctx->fail(ctx, it, BATON_STATUS_INVALID_ARGUMENT, msg);
+        return -1;
+    }
+    if (acquire_slot(m, s) != 0) {
+        ctx->fail(ctx, it, BATON_STATUS_RESOURCE_EXHAUSTED, "out of memory moving a KV cache");
+        return -1;
+    }
+    copy_slot(m, m->decode, s->slot, kv->data, (int)kv->dims[2], false);
+    s->len = (int)kv->dims[2];
+    return 0;
+}
+
 static void prefill_one(baton_model *m, baton_ctx *ctx, baton_item *it)
 {
     tf_session *s = it->session;
@@ -977,31 +1130,50 @@ static void prefill_one(baton_model *m, baton_ctx *ctx, baton_item *it)
     m->batch_id++;
     s->batch_id = m->batch_id;
     s->used = ++m->clock;
-    /* Its cache goes to a decode slot: positions [0, n) of the prefill
-     * executable's single slot. */
     free(s->saved);
     s->saved = NULL;
-    if (acquire_slot(m, s) != 0) {
-        ctx->fail(ctx, it, BATON_STATUS_RESOURCE_EXHAUSTED, "out of memory moving a KV cache");
-        goto out;
-    }
-    size_t rows = n * m->row_floats;
-    for (int l = 0; l < m->shape.layers; l++)
-        for (int kv = 0; kv < 2; kv++)
-            mcopy(m, cache(m->decode, l, kv) + (size_t)s->slot * (size_t)m->max_seq * m->row_floats,
-                  cache(m->prefill, l, kv), rows * sizeof(float));
-    s->len = (int)n;
-    const float *logits = kx_output(m->prefill, 0, NULL);
-    int32_t argmax;
-    if (m->dev) { /* the step's results, back on the host */
-        mcopy(m, m->host_logits, logits, (size_t)m->shape.vocab * sizeof(float));
-        mcopy(m, &argmax, kx_output(m->prefill, 1, NULL), sizeof(argmax));
-        logits = m->host_logits;
+    baton_tensor *kv = NULL;
+    if (wants_output(it, "kv")) {
+        /* Disaggregated serving: the cache leaves as a tensor, and a decode
+         * elsewhere takes it in; this session keeps nothing. */
+        int64_t dims[4] = {m->shape.layers, 2, (int64_t)n, (int64_t)m->row_floats};
+        if (!(kv = ctx->alloc(ctx, it, BATON_DTYPE_F32, 4, dims)))
+            goto out;
+        copy_slot(m, m->prefill, 0, kv->data, (int)n, true);
+        if (s->slot >= 0)
+            m->owner[s->slot] = NULL;
+        s->slot = -1;
+        s->len = 0;
     } else {
-        argmax = *(const int32_t *)kx_output(m->prefill, 1, NULL);
+        /* Its cache goes to a decode slot: positions [0, n) of the prefill
+         * executable's single slot. */
+        if (acquire_slot(m, s) != 0) {
+            ctx->fail(ctx, it, BATON_STATUS_RESOURCE_EXHAUSTED,
+                      "out of memory moving a KV cache");
+            goto out;
+        }
+        size_t rows = n * m->row_floats;
+        for (int l = 0; l < m->shape.layers; l++)
+            for (int c = 0; c < 2; c++)
+                mcopy(m, cache(m->decode, l, c) +
+                             (size_t)s->slot * (size_t)m->max_seq * m->row_floats,
+                      cache(m->prefill, l, c), rows * sizeof(float));
+        s->len = (int)n;
     }
-    int32_t t = pick_token(m, it, logits, argmax, s->len);
-    emit(m, ctx, it, t, logits);
+    const float *logits = kx_output(m->prefill, 0, NULL);
+    int32_t t;
+    if (m->dev) {
+        bool host;
+        int p = (int)n;
+        if (gpu_tokens(m, logits, kx_output(m->prefill, 1, NULL), 1, &it, &p, &t, &host)) {
+            fail_run(m->prefill, BT_EDEVICE, ctx, it);
+            goto out;
+        }
+        logits = host ? m->host_logits : NULL;
+    } else {
+        t = pick_token(m, it, logits, *(const int32_t *)kx_output(m->prefill, 1, NULL), (int)n);
+    }
+    emit(m, ctx, it, t, logits, kv);
 out:
     free(ids);
 }
@@ -1042,16 +1214,12 @@ static void decode_batch(baton_model *m, baton_ctx *ctx, baton_item *const *item
         if (is_end(m, tok)) {
             /* The token before ended generation (a prefill's EOS reaches
              * the loop's first iteration): nothing more to say. */
-            emit(m, ctx, it, tok, NULL);
+            emit(m, ctx, it, tok, NULL, NULL);
             ctx->finish(ctx, it);
             continue;
         }
-        if (s->len == 0) {
-            snprintf(msg, sizeof(msg), "node '%s': decode before any prefill of the request",
-                     it->node_name);
-            ctx->fail(ctx, it, BATON_STATUS_FAILED_PRECONDITION, msg);
+        if (s->len == 0 && import_kv(m, ctx, it) != 0)
             continue;
-        }
         if (s->len >= m->max_seq) {
             snprintf(msg, sizeof(msg), "node '%s': the KV cache is full (max_seq %d)",
                      it->node_name, m->max_seq);
@@ -1090,11 +1258,23 @@ static void decode_batch(baton_model *m, baton_ctx *ctx, baton_item *const *item
     int rc = kx_run(m->decode);
     const float *logits = kx_output(m->decode, 0, NULL);
     const int32_t *argmax = kx_output(m->decode, 1, NULL);
-    if (m->dev && !rc) { /* the rows that ran, back on the host */
-        if (mcopy(m, m->host_logits, logits, (size_t)rows * (size_t)m->shape.vocab * sizeof(float)) ||
-            mcopy(m, m->host_argmax, argmax, (size_t)rows * sizeof(int32_t)))
+    if (m->dev && !rc) {
+        /* The rows that ran: tokens chosen on the device. */
+        baton_item **row_item = calloc((size_t)B, sizeof(*row_item));
+        int *row_pos = calloc((size_t)B, sizeof(*row_pos));
+        bool host = false;
+        for (size_t i = 0; row_item && row_pos && i < n; i++)
+            if (live[i]) {
+                tf_session *s = items[i]->session;
+                row_item[s->slot] = items[i];
+                row_pos[s->slot] = s->len + 1;
+            }
+        if (!row_item || !row_pos ||
+            gpu_tokens(m, logits, argmax, rows, row_item, row_pos, m->host_argmax, &host))
             rc = BT_EDEVICE;
-        logits = m->host_logits;
+        free(row_item);
+        free(row_pos);
+        logits = host ? m->host_logits : NULL;
         argmax = m->host_argmax;
     }
     for (size_t i = 0; i < n; i++) {
@@ -1107,9 +1287,9 @@ static void decode_batch(baton_model *m, baton_ctx *ctx, baton_item *const *item
             continue;
         }
         s->len++;
-        const float *row = logits + (size_t)s->slot * (size_t)m->shape.vocab;
-        int32_t t = pick_token(m, it, row, argmax[s->slot], s->len);
-        if (emit(m, ctx, it, t, row) == 0 &&
+        const float *row = logits ? logits + (size_t)s->slot * (size_t)m->shape.vocab : NULL;
+        int32_t t = m->dev ? argmax[s->slot] : pick_token(m, it, row, argmax[s->slot], s->len);
+        if (emit(m, ctx, it, t, row, NULL) == 0 &&
             (is_end(m, t) || s->len >= m->max_seq))
             ctx->finish(ctx, it);
     }

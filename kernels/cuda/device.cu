@@ -56,10 +56,16 @@ static void cu_free(void *dv, void *p)
 static int cu_copy(void *dv, void *dst, const void *src, size_t bytes, void *queue)
 {
     SET_DEVICE(dv);
-    if (queue)
+    if (queue) {
         K_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, K_STREAM(queue)));
-    else
-        K_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+        return 0;
+    }
+    /* cudaMemcpy may return before a device-to-device copy (or the DMA of
+     * one from pageable memory) has landed, and the executables' streams are
+     * non-blocking, so they would not wait for it: wait here, so that a copy
+     * without a queue is done for every later reader. */
+    K_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+    K_CUDA_CHECK(cudaStreamSynchronize(0));
     return 0;
 }
 

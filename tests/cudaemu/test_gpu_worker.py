@@ -18,7 +18,9 @@ What it shows:
     comes back, and the surviving worker closed its IPC mapping of the dead
     one's memory;
   - batond --check-config refuses cuda:N when the worker binary cannot
-    serve it, at the worker's line.
+    serve it, at the worker's line;
+  - a kernel fault that leaves the CUDA context unusable ends the worker,
+    which is restarted.
 
 Timings printed by the emulator mean nothing and none is asserted.  The
 closing line is "gpu worker: N passed, N failed".
@@ -160,6 +162,19 @@ def test_loop_and_streams(d, c):
     assert [v for ch in chunks for v in E.as_i32(ch.value)] == [0, 1, 2]
 
 
+def test_loop_reads_staged_once(d, c):
+    g0 = settled(d, "gpu0")
+    vals = list(range(1024))
+    chunks, r = c.infer("persist", {"x": (pb.I32, [1024], struct.pack("<1024i", *vals))},
+                        stream=True, timeout=60)
+    assert r.status.code == pb.OK, r.status
+    assert [E.as_i32(ch.value) for ch in chunks] == [[0], [1], [2], [3]]
+    # Four iterations read x from cpu0's pool, and the first one s too; both
+    # are the one tensor cpu0's echo forwarded by reference.  One copy
+    # serves them all (a copy per read would be five).
+    assert settled(d, "gpu0", g0 + 4096) == g0 + 4096, staged(d, "gpu0") - g0
+
+
 def test_gpu_worker_killed(d, c):
     pid0, pid1 = d.worker_pid("gpu0"), d.worker_pid("gpu1")
     assert pid0 and pid1
@@ -199,7 +214,7 @@ def test_gpu_worker_killed(d, c):
 
 
 GPU_TESTS = [test_ipc_in_place, test_across_gpus, test_mixed_cpu_gpu, test_loop_and_streams,
-             test_gpu_worker_killed]
+             test_loop_reads_staged_once, test_gpu_worker_killed]
 
 
 # ---- tests with a daemon of their own -------------------------------------------
@@ -228,22 +243,100 @@ def test_check_config():
         assert r.returncode == 1 and "needs a baton-worker built with CUDA" in r.stderr, r
 
 
+FAULT_CONFIG = """
+version: 1
+daemon:
+  listen: ipc:///tmp/baton-e2e/baton.sock
+  workers_endpoint: ipc:///tmp/baton-e2e/workers.sock
+  metrics_listen: 127.0.0.1:19464
+  request_timeout_ms: 30000
+  log_level: warning
+workers:
+  - {name: gpu0, device: 'cuda:0', pool_mb: 16}
+models:
+  - {name: echo_g0, backend: echo, worker: gpu0}
+  - {name: broken, backend: fail, worker: gpu0, options: {device_fault: true}}
+graphs:
+  - name: echo
+    inputs: [x]
+    body:
+      node: {name: e, model: echo_g0, inputs: [x], outputs: [{name: x, to: client}]}
+  - name: fault
+    inputs: [x]
+    body:
+      node: {name: f, model: broken, inputs: [x], outputs: [{name: x, to: client}]}
+"""
+
+
+def test_device_lost():
+    """A kernel that faults leaves the CUDA context unusable: the worker
+    exits, its request ends UNAVAILABLE, and it is restarted and serves."""
+    d = E.Daemon(FAULT_CONFIG)
+    c = d.client()
+    try:
+        pid = d.worker_pid("gpu0")
+        _, r = c.infer("echo", E.X(3), timeout=30)
+        assert r.status.code == pb.OK, r.status
+        _, r = c.infer("fault", E.X(1), timeout=30)
+        assert r.status.code == pb.UNAVAILABLE, r.status
+        deadline = time.time() + 30
+        h = None
+        while time.time() < deadline:
+            h = c.health(1)
+            if h and h.ready and d.worker_pid("gpu0") not in (None, pid):
+                break
+            time.sleep(0.1)
+        assert h and h.ready and d.worker_pid("gpu0") not in (None, pid), "not restarted"
+        _, r = c.infer("echo", E.X(4, 5), timeout=30)
+        assert r.status.code == pb.OK and E.as_i32(r.outputs[0]) == [4, 5], r
+        assert d.metric("baton_worker_restarts_total", 'worker="gpu0"') >= 1
+        log = d.tail()
+        assert "context is unusable" in log and "exiting so that the worker is restarted" in \
+            log, log
+        # The one problem the emulator saw is the planted launch.
+        found = problems(d)
+        assert found and all("pointer argument" in line for line in found), found
+    finally:
+        c.close()
+        d.stop()
+
+
 CHAT_CONFIG = """
 version: 1
 daemon:
   listen: ipc:///tmp/baton-e2e/baton.sock
   workers_endpoint: ipc:///tmp/baton-e2e/workers.sock
+  metrics_listen: 127.0.0.1:19464
   request_timeout_ms: 600000
   log_level: warning
 workers:
   - {name: cpu0, device: cpu, pool_mb: 64}
   - {name: gpu0, device: 'cuda:0', pool_mb: 64}
+  - {name: gpu1, device: 'cuda:0', pool_mb: 64}
 models:
   - {name: llm_cpu, backend: transformer, worker: cpu0, max_batch: 2,
      options: {path: MODEL, max_seq: 96, prefill_chunk: 32}}
   - {name: llm_gpu, backend: transformer, worker: gpu0, max_batch: 2,
      options: {path: MODEL, max_seq: 96, prefill_chunk: 32}}
+  - {name: llm_gpu_b, backend: transformer, worker: gpu1, max_batch: 2,
+     options: {path: MODEL, max_seq: 96, prefill_chunk: 32}}
 graphs:
+  # Disaggregated: prefill on gpu0, the decode loop on gpu1; the KV cache
+  # crosses as a tensor, by CUDA IPC.
+  - name: chat_split
+    inputs: [prompt]
+    body:
+      sequential:
+        - node: {name: prefill, model: llm_gpu, mode: prefill, inputs: [prompt],
+                 outputs: [{name: token, to: decode}, {name: kv, to: decode, persist: true},
+                           {name: token, to: client, new_token: true}]}
+        - loop:
+            name: decode_loop
+            max_iters: 3
+            body:
+              node: {name: decode, model: llm_gpu_b, mode: decode, inputs: [token, kv],
+                     outputs: [{name: token, to: decode},
+                               {name: token, to: client, new_token: true}]}
 """
 for dev in ("cpu", "gpu"):
     CHAT_CONFIG += """
@@ -266,6 +359,9 @@ PROMPTS = [b"What is the capital of France?", b"Write a haiku about rain."]
 
 
 def test_chat_cuda_equals_cpu():
+    """The chat graph on a GPU worker against the CPU worker, alone and
+    batched; and split, its prefill on one GPU worker and its decode loop
+    on another (disaggregated serving)."""
     if not os.path.exists(MODEL):
         print("SKIP test_chat_cuda_equals_cpu: %s is absent (scripts/fetch-model.sh)" % MODEL)
         return "skip"
@@ -298,6 +394,12 @@ def test_chat_cuda_equals_cpu():
                 got[m.response.request_id] = m.response
         for rid, p in rids.items():
             assert ids(got[rid]) == want[p], (p, ids(got[rid]), want[p])
+        # Disaggregated: the same ids, and gpu1 read the cache (and every
+        # token) where gpu0 wrote it: it staged nothing.
+        p = PROMPTS[0]
+        _, r = c.infer("chat_split", prompt(p), timeout=600)
+        assert ids(r) == want[p], (p, ids(r), want[p])
+        assert settled(d, "gpu1") == 0, staged(d, "gpu1")
     finally:
         c.close()
         found = problems(d)
@@ -341,7 +443,7 @@ def main():
         if found:
             failed += 1
             print("FAIL the emulator reported problems:\n%s" % "".join(found[:20]), flush=True)
-    for t in (test_check_config, test_chat_cuda_equals_cpu):
+    for t in (test_check_config, test_device_lost, test_chat_cuda_equals_cpu):
         if not only or t.__name__ in only:
             run(t)
     print("gpu worker: %d passed, %d failed, %d skipped" % (passed, failed, skipped))

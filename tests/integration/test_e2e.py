@@ -733,6 +733,29 @@ graphs:
                 mode: decode
                 inputs: [token]
                 outputs: [{name: token, to: decode}, {name: token, to: client, new_token: true}]
+  # Disaggregated: the prefill on cpu0 hands its KV cache to the decode
+  # loop on cpu1.
+  - name: gen_split
+    inputs: [prompt]
+    body:
+      sequential:
+        - node:
+            name: prefill
+            model: llm
+            mode: prefill
+            inputs: [prompt]
+            outputs: [{name: token, to: decode}, {name: kv, to: decode, persist: true},
+                      {name: token, to: client, new_token: true}]
+        - loop:
+            name: decode_loop
+            max_iters: 23
+            body:
+              node:
+                name: decode
+                model: llm_slow
+                mode: decode
+                inputs: [token, kv]
+                outputs: [{name: token, to: decode}, {name: token, to: client, new_token: true}]
 """
 
 # Prompt 1 of tests/unit/data/smollm2_reference.txt (a ChatML question
@@ -808,6 +831,11 @@ def test_transformer_serves(config):
         assert r.status.code == pb.OK, r.status
         toks = [t for o in r.outputs for t in as_i32(o)]
         assert sorted(toks) == sorted(ONCE_ANSWER), toks
+        # Prefill on cpu0, decode on cpu1: the cache crosses as a tensor and
+        # the answer is the same.
+        _, r = c.infer("gen_split", prompt(CHAT_PROMPT), timeout=60)
+        assert r.status.code == pb.OK, r.status
+        assert [t for o in r.outputs for t in as_i32(o)] == CHAT_ANSWER, r.outputs
         # The schedule report, in inspect and in the worker's log.
         text = inspect(c, "gen")
         assert "loaded models:" in text, text

@@ -210,24 +210,33 @@ static bool have_model(void)
 
 /* Loads the model with option pairs KV (NULL-terminated), or fails the
  * test with the backend's message. */
-static baton_model *load(uint32_t max_batch, const char *const *kv)
+static baton_model *load_on(const char *device, uint32_t max_batch, const char *const *kv)
 {
     const char *keys[16], *vals[16];
     size_t n = 0;
     keys[n] = "path", vals[n++] = MODEL;
     for (; kv && kv[0]; kv += 2)
         keys[n] = kv[0], vals[n++] = kv[1];
-    /* TF_TEST_DEVICE=cuda:0 runs these tests on a GPU (the emulated build
-     * does, in tests/cudaemu/run.sh). */
-    const char *dev = getenv("TF_TEST_DEVICE");
-    baton_load_params p = {"llm", keys, vals, n, 0, 1, dev && *dev ? dev : "cpu", max_batch, 1,
-                           NULL, 1, 1};
+    baton_load_params p = {"llm", keys, vals, n, 0, 1, device, max_batch, 1, NULL, 1, 1};
     baton_model *m = NULL;
     char err[512] = "";
     baton_status st = B->model_load(&p, &m, err, sizeof(err));
     if (st != BATON_STATUS_OK)
         fail_msg("model_load: %s", err);
     return m;
+}
+
+/* TF_TEST_DEVICE=cuda:0 runs these tests on a GPU (the emulated build
+ * does, in tests/cudaemu/run.sh). */
+static const char *test_device(void)
+{
+    const char *dev = getenv("TF_TEST_DEVICE");
+    return dev && *dev ? dev : "cpu";
+}
+
+static baton_model *load(uint32_t max_batch, const char *const *kv)
+{
+    return load_on(test_device(), max_batch, kv);
 }
 
 /* Runs model_load expecting failure; returns its message in ERR. */
@@ -473,35 +482,51 @@ static void test_eos_finishes(void **state)
 /* Sampling at temperature 0.8 with a seed: the same seed gives the same
  * tokens, another seed (almost surely) others, and every token is in the
  * vocabulary. */
+#define SAMPLED 8
+
+/* Samples SAMPLED tokens of reference prompt 1 with SEED on M. */
+static void sample_seq(baton_model *m, uint64_t seed, int32_t *seq)
+{
+    fake f = {0};
+    fake_reset(&f);
+    req r, *rp = &r;
+    req_open(m, &r);
+    req_item(&r, "prefill", REF[1].ids, REF[1].n);
+    r.item.sampling = (baton_sampling){0.8f, 40, 0.95f, seed};
+    run(m, &f, &rp, 1, &seq[0]);
+    for (int s = 1; s < SAMPLED; s++) {
+        int32_t in = seq[s - 1];
+        req_item(&r, "decode", &in, 1);
+        r.item.sampling = (baton_sampling){0.8f, 40, 0.95f, seed};
+        run(m, &f, &rp, 1, &seq[s]);
+        assert_true(seq[s] >= 0 && seq[s] < 49152);
+    }
+    fake_reset(&f);
+    B->session_close(m, r.s);
+}
+
+/* A seed samples alike every time and differs from another seed; on a GPU
+ * (sampled there by the device's sampler) it samples what the CPU does. */
 static void test_sampling_reproducible(void **state)
 {
     (void)state;
     if (!have_model())
         skip();
     baton_model *m = load(2, NO_EOS);
-    fake f = {0};
-    fake_reset(&f);
-    int32_t seq[3][12];
+    int32_t seq[3][SAMPLED];
     static const uint64_t seeds[3] = {7, 7, 8};
-    for (int k = 0; k < 3; k++) {
-        req r, *rp = &r;
-        req_open(m, &r);
-        req_item(&r, "prefill", REF[1].ids, REF[1].n);
-        r.item.sampling = (baton_sampling){0.8f, 40, 0.95f, seeds[k]};
-        run(m, &f, &rp, 1, &seq[k][0]);
-        for (int s = 1; s < 12; s++) {
-            int32_t in = seq[k][s - 1];
-            req_item(&r, "decode", &in, 1);
-            r.item.sampling = (baton_sampling){0.8f, 40, 0.95f, seeds[k]};
-            run(m, &f, &rp, 1, &seq[k][s]);
-            assert_true(seq[k][s] >= 0 && seq[k][s] < 49152);
-        }
-        fake_reset(&f);
-        B->session_close(m, r.s);
-    }
+    for (int k = 0; k < 3; k++)
+        sample_seq(m, seeds[k], seq[k]);
     assert_memory_equal(seq[0], seq[1], sizeof(seq[0]));
     assert_memory_not_equal(seq[0], seq[2], sizeof(seq[0]));
     B->model_unload(m);
+    if (strcmp(test_device(), "cpu") != 0) {
+        int32_t cpu[SAMPLED];
+        m = load_on("cpu", 2, NO_EOS);
+        sample_seq(m, seeds[0], cpu);
+        B->model_unload(m);
+        assert_memory_equal(seq[0], cpu, sizeof(cpu));
+    }
 }
 
 /* Runs one item expected to fail with CODE and a message containing WANT. */
@@ -648,11 +673,11 @@ static void test_describe(void **state)
     assert_int_equal(B->model_describe(m, text, (size_t)need + 1), need);
     assert_non_null(strstr(text, "prefill (bucket of 96 tokens)"));
     assert_non_null(strstr(text, "decode (batch 4)"));
-    const char *dev = getenv("TF_TEST_DEVICE");
-    bool gpu = dev && !strncmp(dev, "cuda:", 5);
+    bool gpu = strncmp(test_device(), "cuda:", 5) == 0;
     /* The CPU profile keeps this model serial; the GPU's may split it. */
     assert_non_null(strstr(text, gpu ? "decision: " : "decision: serial"));
     assert_non_null(strstr(text, "arena:"));
+    assert_true(!gpu == !strstr(text, "replayed as a CUDA graph"));
     assert_non_null(strstr(text, "30 layers, hidden 576, 9/3 heads"));
     /* Weights are counted once: read in place from the mapping on the CPU
      * (about 95 MiB), uploaded once on a GPU, where the Q8_0 embedding is
