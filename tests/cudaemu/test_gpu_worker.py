@@ -101,6 +101,18 @@ def memfd_inodes(pid):
     return out
 
 
+def wait_restarted(d, c, worker, old_pid, timeout=30.0):
+    """The pid of WORKER's new incarnation once the daemon is ready again."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        h = c.health(1)
+        pid = d.worker_pid(worker)
+        if h and h.ready and pid not in (None, old_pid):
+            return pid
+        time.sleep(0.1)
+    raise AssertionError("worker %s did not come back" % worker)
+
+
 def wait_pools_empty(d, workers, timeout=5.0):
     deadline = time.time() + timeout
     used = None
@@ -191,16 +203,7 @@ def test_gpu_worker_killed(d, c):
         if m.HasField("response"):
             assert m.response.status.code == pb.UNAVAILABLE, m.response.status
             seen += 1
-    deadline = time.time() + 30
-    h = None
-    while time.time() < deadline:
-        h = c.health(1)
-        if h and h.ready:
-            break
-        time.sleep(0.1)
-    assert h and h.ready, "the GPU worker did not come back"
-    new = d.worker_pid("gpu0")
-    assert new not in (None, pid0)
+    new = wait_restarted(d, c, "gpu0", pid0)
     # The survivor closed its mapping of the dead worker's memory, and
     # opened the new incarnation's.
     deadline = time.time() + 10
@@ -243,15 +246,21 @@ def test_check_config():
         assert r.returncode == 1 and "needs a baton-worker built with CUDA" in r.stderr, r
 
 
-FAULT_CONFIG = """
+def daemon_yaml(timeout_ms):
+    """The daemon: section of a deployment (E.Daemon rewrites the
+    endpoints and the metrics port)."""
+    return """
 version: 1
 daemon:
   listen: ipc:///tmp/baton-e2e/baton.sock
   workers_endpoint: ipc:///tmp/baton-e2e/workers.sock
   metrics_listen: 127.0.0.1:19464
-  request_timeout_ms: 30000
+  request_timeout_ms: %d
   log_level: warning
-workers:
+""" % timeout_ms
+
+
+FAULT_CONFIG = daemon_yaml(30000) + """workers:
   - {name: gpu0, device: 'cuda:0', pool_mb: 16}
 models:
   - {name: echo_g0, backend: echo, worker: gpu0}
@@ -279,14 +288,7 @@ def test_device_lost():
         assert r.status.code == pb.OK, r.status
         _, r = c.infer("fault", E.X(1), timeout=30)
         assert r.status.code == pb.UNAVAILABLE, r.status
-        deadline = time.time() + 30
-        h = None
-        while time.time() < deadline:
-            h = c.health(1)
-            if h and h.ready and d.worker_pid("gpu0") not in (None, pid):
-                break
-            time.sleep(0.1)
-        assert h and h.ready and d.worker_pid("gpu0") not in (None, pid), "not restarted"
+        wait_restarted(d, c, "gpu0", pid)
         _, r = c.infer("echo", E.X(4, 5), timeout=30)
         assert r.status.code == pb.OK and E.as_i32(r.outputs[0]) == [4, 5], r
         assert d.metric("baton_worker_restarts_total", 'worker="gpu0"') >= 1
@@ -301,15 +303,7 @@ def test_device_lost():
         d.stop()
 
 
-CHAT_CONFIG = """
-version: 1
-daemon:
-  listen: ipc:///tmp/baton-e2e/baton.sock
-  workers_endpoint: ipc:///tmp/baton-e2e/workers.sock
-  metrics_listen: 127.0.0.1:19464
-  request_timeout_ms: 600000
-  log_level: warning
-workers:
+CHAT_CONFIG = daemon_yaml(600000) + """workers:
   - {name: cpu0, device: cpu, pool_mb: 64}
   - {name: gpu0, device: 'cuda:0', pool_mb: 64}
   - {name: gpu1, device: 'cuda:0', pool_mb: 64}
