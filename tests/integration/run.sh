@@ -10,9 +10,18 @@ pass=0; fail=0
 ok()   { pass=$((pass + 1)); }
 bad()  { fail=$((fail + 1)); echo "FAIL: $*"; }
 
+# An example with GPU workers passes only where this build's worker serves
+# CUDA (a build with nvcc, or the emulated one); elsewhere it must be
+# refused for exactly that reason.
+cuda_worker=no
+grep -qw cuda <<<"$("${BATON_WORKER:-$BUILD/baton-worker}" --devices 2>/dev/null)" && cuda_worker=yes
 for f in config/examples/*.yaml; do
   out=$("$BATOND" --check-config "$f" 2>&1); rc=$?
-  if [ $rc -eq 0 ] && grep -q "configuration OK" <<<"$out"; then ok; else bad "$f: rc=$rc"; echo "$out"; fi
+  if [ $cuda_worker = no ] && grep -Eq "^[^#]*device: *['\"]?cuda:" "$f"; then
+    if [ $rc -eq 1 ] && grep -q "needs a baton-worker built with CUDA" <<<"$out"; then ok
+    else bad "$f: rc=$rc, expected a refusal of its GPU workers"; echo "$out"; fi
+  elif [ $rc -eq 0 ] && grep -q "configuration OK" <<<"$out"; then ok
+  else bad "$f: rc=$rc"; echo "$out"; fi
 done
 
 for f in tests/integration/bad/*.yaml; do
