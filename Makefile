@@ -263,7 +263,7 @@ integration: $(PY_PB2)
 
 $(WORKER): $(BUILD)/obj/worker/main_worker.o $(WORKER_LIBS)
 	@echo "  LD      $@"
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(OPENBLAS_LIBS) -ldl $(JEMALLOC_LIBS)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(NCCL_LIBS) $(OPENBLAS_LIBS) -ldl $(JEMALLOC_LIBS)
 
 $(PLUGIN_EXAMPLE): tests/unit/plugin/example.c include/baton/backend.h
 	@mkdir -p $(dir $@)
@@ -275,7 +275,7 @@ $(PLUGIN_EXAMPLE): tests/unit/plugin/example.c include/baton/backend.h
 $(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(UNIT_HELPER_OBJS) $(ALL_LIBS) | $(WORKER) $(PLUGIN_EXAMPLE)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(OPENBLAS_LIBS) -ldl $(CMOCKA_LIBS)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(NCCL_LIBS) $(OPENBLAS_LIBS) -ldl $(CMOCKA_LIBS)
 
 unit: $(UNIT_BINS)
 	@BUILD=$(BUILD) bash tests/run-unit.sh $(UNIT_BINS)

@@ -217,11 +217,13 @@ void k_cuda_blas_shutdown(void);
 int k_cuda_comm_create(void **comm, int ndev);
 /* A communicator of NRANKS processes (one per GPU): one of them makes the
  * id (K_CUDA_COMM_ID_BYTES) and hands it to the others out of band; each
- * calls k_cuda_comm_init_rank with its RANK, which returns once all have
- * joined.  -ENOSYS without NCCL in the build. */
+ * calls k_cuda_comm_init_rank with its RANK and its GPU DEVICE (made
+ * current on the calling thread), which returns once all have joined.
+ * -ENOSYS without NCCL in the build. */
 #define K_CUDA_COMM_ID_BYTES 128
 int k_cuda_comm_unique_id(void *id, size_t len);
-int k_cuda_comm_init_rank(void **comm, const void *id, size_t len, int nranks, int rank);
+int k_cuda_comm_init_rank(void **comm, int device, const void *id, size_t len, int nranks,
+                          int rank);
 void k_cuda_comm_destroy(void *comm);
 int k_cuda_allreduce(float *buf, size_t n, void *comm, void *stream);
 

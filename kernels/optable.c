@@ -478,12 +478,25 @@ static int op_allreduce(const kx_op_ctx *c, int how)
     const kg_value *x = in_val(c, 0), *y = out_val(c, 0);
     int ranks = c->op->n_attr ? (int)c->op->attr[0] : 1;
     NEED(x->dtype == KD_F32 && y->dtype == KD_F32 && elems_now(c, x) == elems_now(c, y));
-    /* An executable has one rank (multi-rank communicators are not wired
-     * into executables yet), so the sum over ranks is the input itself. */
-    NEED(ranks == 1);
+    size_t bytes = (size_t)elems_now(c, y) * sizeof(float);
+    if (ranks > 1) {
+        /* Over several ranks: NCCL on the GPU, through the communicator
+         * the op table carries (kx_op_table.user, one per rank and
+         * executable group); the CPU has no collective. */
+        NEED(how & CUDA);
+        if (!(how & RUN))
+            return 0;
+        NEED(c->user != NULL);
+#ifdef BATON_CUDA
+        if (c->out[0] != c->in[0] && (rc = k_cuda_copy(c->out[0], c->in[0], bytes, c->queue)))
+            return rc;
+#endif
+        ON_GPU(how, k_cuda_allreduce(c->out[0], bytes / sizeof(float), c->user, c->queue));
+        return -ENOSYS;
+    }
+    /* One rank: the sum over ranks is the input itself. */
     if (!(how & RUN) || c->out[0] == c->in[0])
         return 0;
-    size_t bytes = (size_t)elems_now(c, y) * sizeof(float);
     ON_GPU(how, k_cuda_copy(c->out[0], c->in[0], bytes, c->queue));
     memcpy(c->out[0], c->in[0], bytes);
     return 0;

@@ -82,6 +82,9 @@ struct baton_model {
     uint64_t weight_bytes;      /* bytes of the mapped tensors in use */
     char *report;               /* model_describe's text; owned */
     const kx_device *dev;       /* NULL: the CPU; else the GPU the executables run on */
+    int ordinal;                /* that GPU's number; -1 on the CPU */
+    int tp_rank;                /* this rank's shard of the FFN (shape.tp ranks) */
+    void *comm;                 /* shape.tp > 1: the group's NCCL communicator (owned) */
     struct upload {             /* GPU: each weight's one copy in device memory */
         char name[KG_NAME_LEN];
         void *ptr;              /* device memory, owned (dev->free) */
@@ -246,7 +249,7 @@ static int read_shape(const gguf_file *f, struct wd_ctx *wd, ktf_shape *s, char 
 /* The device copy of weight NAME (BYTES of DT from tensor T), uploaded on
  * first use and shared by every executable of M; NULL on failure. */
 static void *upload(baton_model *m, const char *name, kdtype dt, const gguf_tensor *t,
-                    size_t bytes)
+                    const void *data, size_t bytes)
 {
     for (size_t i = 0; i < m->n_uploads; i++)
         if (!strcmp(m->uploads[i].name, name))
@@ -256,10 +259,10 @@ static void *upload(baton_model *m, const char *name, kdtype dt, const gguf_tens
         return NULL;
     m->uploads = u;
     void *d = NULL, *wide = NULL;
-    const void *src = t->data;
+    const void *src = data;
     if (dt == KD_F32 && kd_of_gguf(t->type) != KD_F32) { /* widened for the GPU */
         wide = malloc(bytes);
-        if (!wide || k_widen(wide, kd_of_gguf(t->type), t->data, bytes / sizeof(float))) {
+        if (!wide || k_widen(wide, kd_of_gguf(t->type), data, bytes / sizeof(float))) {
             free(wide);
             return NULL;
         }
@@ -274,6 +277,37 @@ static void *upload(baton_model *m, const char *name, kdtype dt, const gguf_tens
     snprintf(u[m->n_uploads].name, sizeof(u[m->n_uploads].name), "%s", name);
     u[m->n_uploads++].ptr = d;
     return d;
+}
+
+/* The dim of parameter NAME that tensor parallelism splits (0: rows, 1:
+ * columns), or -1: NAME is whole on every rank. */
+static int shard_dim(const baton_model *m, const char *name)
+{
+    if (m->shape.tp <= 1)
+        return -1;
+    if (strstr(name, ".ffn_gate") || strstr(name, ".ffn_up"))
+        return 0;
+    return strstr(name, ".ffn_down") ? 1 : -1;
+}
+
+/* This rank's shard of T along DIM (VAL's shape, VAL->bytes of it), in a
+ * malloc'd buffer; NULL when memory is short.  Rows are contiguous; a
+ * column shard takes the same span of every row, whole quantization
+ * blocks (the load checked the FFN splits into them). */
+static void *shard_of(const baton_model *m, const gguf_tensor *t, const kg_value *val, int dim)
+{
+    uint8_t *out = malloc(val->bytes);
+    if (!out)
+        return NULL;
+    const uint8_t *src = t->data;
+    if (dim == 0) {
+        memcpy(out, src + (size_t)m->tp_rank * val->bytes, val->bytes);
+        return out;
+    }
+    size_t rows = (size_t)val->shape[0], part = val->bytes / rows, whole = part * (size_t)m->shape.tp;
+    for (size_t r = 0; r < rows; r++)
+        memcpy(out + r * part, src + r * whole + (size_t)m->tp_rank * part, part);
+    return out;
 }
 
 /* Points every parameter of X at the file's bytes (on a GPU: at their one
@@ -299,14 +333,18 @@ static int bind_weights(baton_model *m, kx_exec *x, const kg_graph *g, uint64_t 
                      "Q4_0 and Q4_1", t->name, gguf_type_name(t->type));
             return -1;
         }
+        /* A sharded FFN matrix holds 1/tp of the file's rows (gate, up) or
+         * of its columns (down). */
+        int shard = shard_dim(m, val->name);
+        size_t full = val->bytes * (shard >= 0 ? (size_t)m->shape.tp : 1);
         /* GGUF lists dims innermost first; the graph outermost first. */
         bool same = (int)t->n_dims == val->ndim;
         for (int d = 0; same && d < val->ndim; d++)
-            same = t->ne[val->ndim - 1 - d] == val->shape[d];
+            same = t->ne[val->ndim - 1 - d] == val->shape[d] * (d == shard ? m->shape.tp : 1);
         /* A GPU reads the embedding widened to f32: the graph says so. */
         bool widened = m->dev && val->dtype == KD_F32 && dt != KD_F32 && val->ndim == 2 &&
                        val->bytes == (size_t)t->ne[0] * (size_t)t->ne[1] * sizeof(float);
-        if (!same || (!widened && (dt != val->dtype || t->nbytes != val->bytes))) {
+        if (!same || (!widened && (dt != val->dtype || t->nbytes != full))) {
             snprintf(err, errlen, "tensor %s is %s with %u dims [%" PRId64 ", %" PRId64 "]; the "
                      "model's shape wants %s [%" PRId64 ", %" PRId64 "]", t->name,
                      gguf_type_name(t->type), t->n_dims, t->ne[0], t->ne[1],
@@ -316,7 +354,11 @@ static int bind_weights(baton_model *m, kx_exec *x, const kg_graph *g, uint64_t 
         }
         int rc;
         if (m->dev) {
-            void *d = upload(m, val->name, val->dtype, t, val->bytes);
+            void *part = shard >= 0 ? shard_of(m, t, val, shard) : NULL;
+            void *d = shard < 0 || part ? upload(m, val->name, val->dtype, t,
+                                                 part ? part : t->data, val->bytes)
+                                        : NULL;
+            free(part);
             if (!d) {
                 snprintf(err, errlen, "parameter %s: cannot put it in device memory",
                          val->name);
@@ -366,12 +408,13 @@ static int compile(baton_model *m, kg_graph *g, const char *what, const baton_lo
         kt_cuda_ops(&ops);
     else
         kt_cpu_ops(&ops);
+    ops.user = m->comm; /* the ALLREDUCE of a sharded model */
     /* On a GPU a decode step is captured once per batch size as a CUDA
      * graph and replayed: a step of a small model is hundreds of short
      * kernels, whose launch cost a replay removes. */
     kx_options o = {.profile = use,
                     .device = m->dev,
-                    .graphs = m->dev && strcmp(what, "decode") == 0,
+                    .graphs = m->dev && strcmp(what, "decode") == 0 && m->shape.tp <= 1,
                     .n_compute = p->compute_streams ? (int)p->compute_streams : 1,
                     .n_comm = p->comm_streams ? 1 : 0};
     if (o.n_compute > KS_MAX_STREAMS - 1)
@@ -397,6 +440,9 @@ static void model_unload(baton_model *m)
         return;
     kx_destroy(m->prefill);
     kx_destroy(m->decode);
+#ifdef BATON_CUDA
+    k_cuda_comm_destroy(m->comm);
+#endif
     for (size_t i = 0; i < m->n_uploads; i++)
         m->dev->free(m->dev->dev, m->uploads[i].ptr);
     free(m->uploads);
@@ -497,9 +543,11 @@ static baton_status model_load(const baton_load_params *p, baton_model **out, ch
             return BATON_STATUS_FAILED_PRECONDITION;
         }
     }
-    if (p->tp_size > 1) {
-        snprintf(err, errlen, "tensor parallelism (tp %u) is not built for the transformer "
-                 "backend yet", p->tp_size);
+    if (p->tp_size > 1 && (!dev || !p->comm_id || p->tp_rank >= p->tp_size)) {
+        snprintf(err, errlen, "tensor parallelism (tp %u) %s", p->tp_size,
+                 !dev ? "runs on GPUs only (its all-reduce is NCCL's)"
+                 : !p->comm_id ? "needs the group's communicator id, and none was given"
+                               : "rank out of range");
         return BATON_STATUS_FAILED_PRECONDITION;
     }
     long max_seq, chunk, eos, threads;
@@ -525,6 +573,7 @@ static baton_status model_load(const baton_load_params *p, baton_model **out, ch
         return BATON_STATUS_RESOURCE_EXHAUSTED;
     }
     m->dev = dev;
+    m->ordinal = dev ? (int)strtol(p->device + 5, NULL, 10) : -1;
     baton_status st = BATON_STATUS_FAILED_PRECONDITION;
     char why[400];
     if (gguf_open(path, &m->file, why, sizeof(why)) != 0) {
@@ -539,6 +588,26 @@ static baton_status model_load(const baton_load_params *p, baton_model **out, ch
     if (read_shape(m->file, &m->wd, &m->shape, why, sizeof(why)) != 0) {
         snprintf(err, errlen, "%s: %s", path, why);
         goto err;
+    }
+    if (p->tp_size > 1) {
+        m->tp_rank = (int)p->tp_rank;
+        m->shape.tp = (int)p->tp_size;
+        if (m->shape.ffn % (int)p->tp_size ||
+            (m->shape.ffn / (int)p->tp_size) % 32) {
+            snprintf(err, errlen, "%s: its FFN of %d does not split into %u shards of whole "
+                     "32-element blocks", path, m->shape.ffn, p->tp_size);
+            goto err;
+        }
+#ifdef BATON_CUDA
+        /* Joins the group: returns once every rank has called it. */
+        int rc = k_cuda_comm_init_rank(&m->comm, m->ordinal, p->comm_id, p->comm_id_len,
+                                       (int)p->tp_size, (int)p->tp_rank);
+        if (rc) {
+            snprintf(err, errlen, "joining the tensor-parallel group as rank %u of %u: %s",
+                     p->tp_rank, p->tp_size, bt_strerror(rc));
+            goto err;
+        }
+#endif
     }
     m->max_seq = (int)max_seq;
     m->chunk = (int)(chunk < max_seq ? chunk : max_seq);

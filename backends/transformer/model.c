@@ -81,7 +81,8 @@ static int matmul(builder *b, const char *name, int x, int w, int64_t rows, int6
  * sequence) and decode (ATTN_DECODE, one token against CTX positions). */
 static kg_graph *build(const ktf_shape *s, int batch, int seq, int ctx, bool prefill)
 {
-    if (!s || batch < 1 || seq < 1 || ctx < seq || s->heads % s->kv_heads)
+    int tp = s && s->tp > 1 ? s->tp : 1;
+    if (!s || batch < 1 || seq < 1 || ctx < seq || s->heads % s->kv_heads || s->ffn % tp)
         return NULL;
     /* The dynamic dim is the token rows: the tokens of a batch-1 prefill,
      * or the sequences of a decode step (a step of fewer sequences than
@@ -90,7 +91,7 @@ static kg_graph *build(const ktf_shape *s, int batch, int seq, int ctx, bool pre
     if (!b.g)
         return NULL;
     int64_t N = (int64_t)batch * seq, H = s->hidden, Q = (int64_t)s->heads * s->head_dim,
-            KV = (int64_t)s->kv_heads * s->head_dim, F = s->ffn, V = s->vocab;
+            KV = (int64_t)s->kv_heads * s->head_dim, F = s->ffn / tp, V = s->vocab;
     char nm[KG_NAME_LEN];
     int tokens = val(&b, "tokens", KG_INPUT, KD_I32, 1, N, 0, 0, 0);
     int pos = val(&b, "positions", KG_INPUT, KD_I32, 1, N, 0, 0, 0);
@@ -163,6 +164,15 @@ static kg_graph *build(const ktf_shape *s, int batch, int seq, int ctx, bool pre
         t[0] = sg, t[1] = up;
         op(&b, KOP_MUL, t, 2, m, (double)(N * F));
         int d = matmul(&b, NAME("blk.%d.down"), m, wd, N, H, F);
+        if (tp > 1) {
+            /* Each rank's down product covers its share of the FFN rows:
+             * their sum over ranks is the whole product. */
+            int ds = act(&b, NAME("blk.%d.down_sum"), N, H);
+            int64_t ranks[1] = {tp};
+            t[0] = d;
+            op_attr(&b, KOP_ALLREDUCE, t, 1, ds, (double)(N * H), ranks, 1);
+            d = ds;
+        }
         int x3 = act(&b, NAME("blk.%d.x_out"), N, H);
         t[0] = x2, t[1] = d;
         op(&b, KOP_ADD, t, 2, x3, (double)(N * H));

@@ -30,6 +30,10 @@ typedef struct ktf_shape {
     void *weight_user;
     bool output_head;  /* a separate head "output.weight" [vocab, hidden]; false:
                           tied, the head is token_embd.weight */
+    int tp;            /* tensor-parallel ranks (0 or 1: none).  Each rank holds
+                          ffn / tp of the feed-forward rows (gate, up) and columns
+                          (down), and an ALLREDUCE sums the down products; the
+                          attention is replicated (its 9 heads do not split in two). */
 } ktf_shape;
 
 /* SmolLM2-135M, f32 activations, f16 weights and cache. */

@@ -259,6 +259,11 @@ typedef struct baton_load_params {
                                        valid during model_load only */
     uint32_t compute_streams;       /* the worker's `streams.compute` (>= 1) */
     uint32_t comm_streams;          /* its `streams.comm` (0 or 1) */
+    /* tp_size > 1: the group's communicator id (an NCCL unique id), made by
+     * rank 0 and handed to every rank; NULL otherwise.  Every rank's
+     * model_load joins the group with it, so the ranks load together. */
+    const void *comm_id;
+    size_t comm_id_len;
 } baton_load_params;
 
 /* Value of option KEY in P, or NULL. */

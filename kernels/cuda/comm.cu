@@ -49,12 +49,13 @@ extern "C" int k_cuda_comm_unique_id(void *id, size_t len)
     return 0;
 }
 
-extern "C" int k_cuda_comm_init_rank(void **comm, const void *id, size_t len, int nranks,
-                                     int rank)
+extern "C" int k_cuda_comm_init_rank(void **comm, int device, const void *id, size_t len,
+                                     int nranks, int rank)
 {
     if (!comm || !id || len < sizeof(ncclUniqueId) || nranks < 1 || rank < 0 || rank >= nranks)
         return -EINVAL;
     *comm = NULL;
+    K_CUDA_CHECK(cudaSetDevice(device));
     ncclUniqueId u;
     memcpy(&u, id, sizeof(u));
     ncclComm_t c;
@@ -95,10 +96,10 @@ extern "C" int k_cuda_comm_unique_id(void *id, size_t len)
     return -ENOSYS;
 }
 
-extern "C" int k_cuda_comm_init_rank(void **comm, const void *id, size_t len, int nranks,
-                                     int rank)
+extern "C" int k_cuda_comm_init_rank(void **comm, int device, const void *id, size_t len,
+                                     int nranks, int rank)
 {
-    (void)id, (void)len, (void)nranks, (void)rank;
+    (void)device, (void)id, (void)len, (void)nranks, (void)rank;
     if (comm)
         *comm = NULL;
     return -ENOSYS;

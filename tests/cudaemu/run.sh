@@ -46,11 +46,12 @@ for s in $SEEDS; do
   run "check_exec, seed $s" clean env CUDAEMU_SEED="$s" "$BUILD/gpu/check_exec"
 done
 # The transformer backend on an emulated GPU (TF_TEST_DEVICE=cuda:0), against
-# the same independent reference as on the CPU, and its sampling on the
-# device against the CPU's.  The emulator is slow on a whole model, so by
-# default three of its tests run (CUDAEMU_TF_TESTS="*" runs them all, about
-# 11 minutes).
-TF_TESTS=${CUDAEMU_TF_TESTS:-"test_prefill_and_greedy_match_reference test_sampling_reproducible test_describe"}
+# the same independent reference as on the CPU, its sampling on the device
+# against the CPU's, and its FFN split over two emulated GPUs (tp 2, NCCL
+# between two processes) against the reference.  The emulator is slow on a
+# whole model, so by default four of its tests run (CUDAEMU_TF_TESTS="*"
+# runs them all, about 12 minutes).
+TF_TESTS=${CUDAEMU_TF_TESTS:-"test_prefill_and_greedy_match_reference test_sampling_reproducible test_tensor_parallel_matches_reference test_describe"}
 if [ -f models/smollm2-135m-instruct-q4_1.gguf ]; then
   for t in $TF_TESTS; do
     run "transformer on cuda:0, $t" clean env TF_TEST_DEVICE=cuda:0 TF_TEST_FILTER="$t" \

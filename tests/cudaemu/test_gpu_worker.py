@@ -326,7 +326,7 @@ graphs:
                            {name: token, to: client, new_token: true}]}
         - loop:
             name: decode_loop
-            max_iters: 3
+            max_iters: 2
             body:
               node: {name: decode, model: llm_gpu_b, mode: decode, inputs: [token, kv],
                      outputs: [{name: token, to: decode},
@@ -342,7 +342,7 @@ for dev in ("cpu", "gpu"):
                  outputs: [{name: token, to: decode}, {name: token, to: client, new_token: true}]}
         - loop:
             name: decode_loop
-            max_iters: 3
+            max_iters: 2
             body:
               node: {name: decode, model: llm_%(d)s, mode: decode, async: true, inputs: [token],
                      outputs: [{name: token, to: decode},

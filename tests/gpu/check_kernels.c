@@ -570,7 +570,7 @@ static int allreduce_rank(int rank, int nranks, const char *hex)
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || cudaSetDevice(rank % ndev) != cudaSuccess)
         return 3;
     void *comm = NULL;
-    if (k_cuda_comm_init_rank(&comm, id, sizeof(id), nranks, rank))
+    if (k_cuda_comm_init_rank(&comm, rank % ndev, id, sizeof(id), nranks, rank))
         return 4;
     size_t n = (3u << 20) / 4 + 5;
     float *x = malloc(n * 4), *want = malloc(n * 4);

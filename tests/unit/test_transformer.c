@@ -19,11 +19,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
 
 #include "backends/transformer/transformer.h"
+#ifdef BATON_CUDA
+#include "kernels/kernels.h"
+#endif
 #include "tests/unit/fake_ctx.h"
 #include "worker/plugin.h"
 
@@ -353,6 +357,86 @@ static void test_prefill_and_greedy_match_reference(void **state)
     fake_reset(&f);
     B->session_close(m, r.s);
     B->model_unload(m);
+}
+
+#define TP_STEPS 8
+
+/* Rank RANK of a two-GPU tensor-parallel group (its FFN shard on
+ * cuda:RANK, the group joined with ID): the greedy tokens of reference
+ * prompt 0 into TOK.  Runs in a forked child too, so it reports by return
+ * value (0, or the step that failed + 2), never through cmocka. */
+static int tp_greedy(int rank, const void *id, size_t id_len, int32_t *tok)
+{
+    char dev[16];
+    snprintf(dev, sizeof(dev), "cuda:%d", rank);
+    const char *keys[] = {"path", "eos", "max_seq"}, *vals[] = {MODEL, "49151", "96"};
+    baton_load_params p = {"llm", keys, vals, 3, (uint32_t)rank, 2, dev, 4, 1, NULL, 1, 1,
+                           id, id_len};
+    baton_model *m = NULL;
+    char err[512] = "";
+    if (B->model_load(&p, &m, err, sizeof(err)) != BATON_STATUS_OK) {
+        fprintf(stderr, "rank %d: model_load: %s\n", rank, err);
+        return 1;
+    }
+    fake f = {0};
+    req r;
+    req_open(m, &r);
+    const ref_prompt *ref = &REF[0];
+    int rc = 0;
+    for (int step = 0; step < TP_STEPS && !rc; step++) {
+        if (step == 0)
+            req_item(&r, "prefill", ref->ids, ref->n);
+        else
+            req_item(&r, "decode", &tok[step - 1], 1);
+        fake_reset(&f);
+        baton_item *items[1] = {&r.item};
+        f.items[0] = &r.item;
+        B->execute(m, &f.ctx, items, 1);
+        if (f.res[0].code != BATON_STATUS_OK || !f.res[0].out[0]) {
+            fprintf(stderr, "rank %d, step %d: %s\n", rank, step, f.res[0].message);
+            rc = step + 2;
+        } else {
+            tok[step] = *(const int32_t *)f.res[0].out[0]->data;
+        }
+    }
+    fake_reset(&f);
+    B->session_close(m, r.s);
+    B->model_unload(m);
+    return rc;
+}
+
+/* The FFN split over two GPUs (tp 2: each rank holds half its rows and
+ * columns, and NCCL sums the down products) gives the reference's greedy
+ * tokens, as one GPU does.  GPUs only: the CPU has no collective. */
+static void test_tensor_parallel_matches_reference(void **state)
+{
+    (void)state;
+    if (!have_model() || strncmp(test_device(), "cuda:", 5) != 0)
+        skip();
+#ifdef BATON_CUDA
+    unsigned char id[K_CUDA_COMM_ID_BYTES];
+    assert_int_equal(k_cuda_comm_unique_id(id, sizeof(id)), 0);
+    fflush(stdout);
+    fflush(stderr);
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        int32_t tok[TP_STEPS];
+        _exit(tp_greedy(1, id, sizeof(id), tok));
+    }
+    int32_t tok[TP_STEPS];
+    int rc = tp_greedy(0, id, sizeof(id), tok);
+    int status = 0;
+    assert_int_equal(waitpid(child, &status, 0), child);
+    assert_int_equal(rc, 0);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    for (int step = 0; step < TP_STEPS; step++)
+        if (tok[step] != REF[0].greedy[step])
+            fail_msg("tp 2, step %d: token %d, reference %d", step, tok[step],
+                     REF[0].greedy[step]);
+#else
+    skip();
+#endif
 }
 
 /* Three requests prefilled in chunks of 8 tokens, then decoding in one
@@ -708,6 +792,7 @@ int main(void)
         cmocka_unit_test(test_text_prompt),
         cmocka_unit_test(test_bad_loads),
         cmocka_unit_test(test_describe),
+        cmocka_unit_test(test_tensor_parallel_matches_reference),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
