@@ -44,6 +44,12 @@ void install_fault_handler(void);
  * PROT_NONE again for host code (close).  Calls nest. */
 void mem_open(void);
 void mem_close(void);
+/* Opens (and closes) only the allocation or IPC mapping holding [P, P+N),
+ * if device memory is closed: a copy or memset touches nothing else, and
+ * without protection keys opening every allocation costs page-table work
+ * in proportion to all of them.  Host memory is left alone.  Calls pair. */
+void mem_open_range(const void *p, size_t n);
+void mem_close_range(const void *p, size_t n);
 /* Whether [P, P+N) lies inside one live allocation or IPC mapping. */
 bool mem_is_device(const void *p, size_t n);
 /* Whether P is the first byte of a live allocation of this process; its

@@ -7,7 +7,9 @@
  * (x86 PKU), every allocation carries one key and opening is a write to the
  * thread's PKRU register: cheap, and only the thread running device work
  * gains access.  Elsewhere each allocation is mprotect()ed at every open and
- * close, which costs page-table work in proportion to the memory in use.  Each allocation sits at
+ * close, which costs page-table work in proportion to the allocations live;
+ * copies and memsets therefore open only the allocations they touch
+ * (mem_open_range).  Each allocation sits at
  * the end of its own pages, 256-aligned, with a guard page after it that is
  * never opened, so a kernel that writes past its buffer faults too.  Freed
  * spans wait in a quarantine before reuse, closed, so that a late use of
@@ -273,6 +275,47 @@ static typename Map::mapped_type *holding(Map &m, uintptr_t a, size_t n)
     return a >= it->first && a + n <= it->first + it->second.size ? &it->second : NULL;
 }
 
+/* The pages of the allocation or mapping holding [P, P+N) into *AT and
+ * *LEN; false for host memory. */
+static bool range_pages(const void *p, size_t n, uint8_t **at, size_t *len)
+{
+    if (const alloc *a = holding(live, (uintptr_t)p, n)) {
+        *at = span_addr(a->sp);
+        *len = a->sp.pages * PAGE;
+        return true;
+    }
+    if (const import *im = holding(opened, (uintptr_t)p, n)) {
+        *at = (uint8_t *)im->map;
+        *len = im->map_len;
+        return true;
+    }
+    return false;
+}
+
+static void range_protect(const void *p, size_t n, int prot)
+{
+    uint8_t *at;
+    size_t len;
+    if (range_pages(p, n, &at, &len))
+        protect(at, len, prot);
+}
+
+void mem_open_range(const void *p, size_t n)
+{
+    if (pkey >= 0 || open_depth > 0)
+        mem_open();
+    else
+        range_protect(p, n, PROT_READ | PROT_WRITE);
+}
+
+void mem_close_range(const void *p, size_t n)
+{
+    if (pkey >= 0 || open_depth > 0)
+        mem_close();
+    else
+        range_protect(p, n, PROT_NONE);
+}
+
 bool mem_is_device(const void *p, size_t n)
 {
     return holding(live, (uintptr_t)p, n) || holding(opened, (uintptr_t)p, n);
@@ -391,9 +434,9 @@ cudaError_t cudaMalloc(void **ptr, size_t bytes)
      * bytes (NaN as float, -1 as int) so that code which needs zeros and
      * forgot to write them fails here too.  Only the first POISON_BYTES:
      * a pool of gigabytes would otherwise be resident at once. */
-    mem_open();
+    mem_open_range(p, n);
     memset(p, 0xff, n < POISON_BYTES ? n : POISON_BYTES);
-    mem_close();
+    mem_close_range(p, n);
     *ptr = p;
     return cudaSuccess;
 }

@@ -113,6 +113,7 @@ struct command {
     std::function<void()> fn;          /* runs once; or */
     std::function<poll_result()> poll; /* polled until POLL_DONE */
     std::vector<dep> deps;
+    bool self_open; /* FN opens the device memory it touches itself (a copy) */
 };
 
 struct gnode {
@@ -189,10 +190,16 @@ static bool head_ready(const cudaemu_stream *s)
     return true;
 }
 
-/* Runs the head of S; false when it is a polled command still waiting. */
-static bool run_head(cudaemu_stream *s)
+/* Runs the head of S; false when it is a polled command still waiting.
+ * Device memory is opened whole (*OPENED set) before the first command
+ * that needs it: a copy opens only its own allocations. */
+static bool run_head(cudaemu_stream *s, bool *opened)
 {
     command &h = s->q.front();
+    if (!h.self_open && !*opened) {
+        mem_open();
+        *opened = true;
+    }
     if (!sticky && h.poll && h.poll() == POLL_WAIT)
         return false;
     if (!sticky && h.fn)
@@ -223,7 +230,7 @@ double wait_limit_s(void)
 static bool drain(const std::function<bool()> &done, int max_steps = -1)
 {
     std::vector<cudaemu_stream *> ready;
-    mem_open();
+    bool opened = false;
     bool ok = true;
     double waiting_since = 0;
     while (!done() && max_steps != 0) {
@@ -242,7 +249,7 @@ static bool drain(const std::function<bool()> &done, int max_steps = -1)
         size_t first = rng() % ready.size();
         bool ran = false;
         for (size_t i = 0; i < ready.size() && !ran; i++)
-            ran = run_head(ready[(first + i) % ready.size()]);
+            ran = run_head(ready[(first + i) % ready.size()], &opened);
         if (ran) {
             waiting_since = 0;
             if (max_steps > 0)
@@ -262,7 +269,8 @@ static bool drain(const std::function<bool()> &done, int max_steps = -1)
             break;
         usleep(50);
     }
-    mem_close();
+    if (opened)
+        mem_close();
     return ok;
 }
 
@@ -304,7 +312,7 @@ cudaError_t capture_check_unsafe(const char *api)
 }
 
 static cudaError_t enqueue(cudaStream_t stream, const char *what, std::function<void()> fn,
-                           std::function<poll_result()> poll)
+                           std::function<poll_result()> poll, bool self_open = false)
 {
     cudaemu_stream *s = S(stream);
     if (s->destroyed)
@@ -330,7 +338,7 @@ static cudaError_t enqueue(cudaStream_t stream, const char *what, std::function<
         s->tail.assign(1, (int)c->nodes.size() - 1);
         return cudaSuccess;
     }
-    command c = {++s->enq, what, std::move(fn), std::move(poll), {}};
+    command c = {++s->enq, what, std::move(fn), std::move(poll), {}, self_open};
     if (s->legacy) {
         for (auto &o : streams)
             if (!o->destroyed && !(o->flags & cudaStreamNonBlocking)) {
@@ -936,10 +944,19 @@ static cudaError_t copy_enqueue(void *dst, const void *src, size_t n, enum cudaM
          * returns, so the caller may reuse its buffer at once. */
         auto staged = std::make_shared<std::vector<uint8_t>>((const uint8_t *)src,
                                                              (const uint8_t *)src + n);
-        return stream_enqueue(stream, "copy",
-                              [dst, staged] { memcpy(dst, staged->data(), staged->size()); });
+        return enqueue(stream, "copy", [dst, staged] {
+            mem_open_range(dst, staged->size());
+            memcpy(dst, staged->data(), staged->size());
+            mem_close_range(dst, staged->size());
+        }, nullptr, true);
     }
-    return stream_enqueue(stream, "copy", [dst, src, n] { memmove(dst, src, n); });
+    return enqueue(stream, "copy", [dst, src, n] {
+        mem_open_range(dst, n);
+        mem_open_range(src, n);
+        memmove(dst, src, n);
+        mem_close_range(src, n);
+        mem_close_range(dst, n);
+    }, nullptr, true);
 }
 
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind k,
@@ -972,7 +989,11 @@ static cudaError_t memset_enqueue(void *p, int v, size_t n, cudaStream_t stream)
                     mem_describe(p).c_str());
         return set_error(cudaErrorInvalidValue);
     }
-    return stream_enqueue(stream, "memset", [p, v, n] { memset(p, v, n); });
+    return enqueue(stream, "memset", [p, v, n] {
+        mem_open_range(p, n);
+        memset(p, v, n);
+        mem_close_range(p, n);
+    }, nullptr, true);
 }
 
 /* Asynchronous on the legacy default stream, as CUDA's is for device

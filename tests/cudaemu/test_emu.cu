@@ -331,6 +331,17 @@ static int host_deref_child(void)
     return (int)*(volatile float *)d; /* faults: device memory from host code */
 }
 
+/* Copies open only the allocations they touch, and close them again. */
+static int copy_then_deref_child(void)
+{
+    float *a = dev_alloc<float>(16), *b = dev_alloc<float>(16), h[16] = {0};
+    if (cudaMemcpy(a, h, sizeof(h), cudaMemcpyHostToDevice) ||
+        cudaMemcpy(b, a, sizeof(h), cudaMemcpyDeviceToDevice) ||
+        cudaMemcpy(h, b, sizeof(h), cudaMemcpyDeviceToHost))
+        return 1;
+    return (int)*(volatile float *)a; /* faults */
+}
+
 static void test_rule_breaking_is_reported(void **state)
 {
     (void)state;
@@ -344,6 +355,7 @@ static void test_rule_breaking_is_reported(void **state)
     int r = in_child(smem_overrun_child);
     assert_true(r == LAUNCH_FAILED || r >= 128 || r == 1);
     assert_int_equal(in_child(host_deref_child), 128 + SIGSEGV);
+    assert_int_equal(in_child(copy_then_deref_child), 128 + SIGSEGV);
 }
 
 /* ---- launch limits ---------------------------------------------------------------- */
