@@ -300,7 +300,7 @@ test: deps model
 asan-test: deps model
 	@$(MAKE) --no-print-directory BUILD=build/asan SAN=1 all unit integration
 	@CUDAEMU_SEEDS=1 CUDAEMU_TF_TESTS=test_describe \
-	  CUDAEMU_GPU_WORKER_TESTS="test_ipc_in_place test_across_gpus test_mixed_cpu_gpu test_loop_and_streams test_loop_reads_staged_once test_gpu_worker_killed test_check_config test_device_lost" \
+	  CUDAEMU_GPU_WORKER_TESTS="test_ipc_in_place test_across_gpus test_mixed_cpu_gpu test_loop_and_streams test_loop_reads_staged_once test_gpu_worker_killed test_check_config test_device_lost test_tp_group" \
 	  $(MAKE) --no-print-directory SAN=1 emu-test
 
 run: deps all

@@ -99,6 +99,30 @@ static void load_placement(cfg__loader *l, cfg_model *m, const yt_node *mv, cons
                       "%s has tp: %" PRIu32 " but is placed on %zu worker%s; tp must equal the "
                       "number of workers",
                       ctx, m->tp, m->n_workers, m->n_workers == 1 ? "" : "s");
+    } else if (m->tp > 1) {
+        /* The ranks meet in NCCL collectives, which only GPU workers have. */
+        for (size_t k = 0; k < m->n_workers; k++) {
+            const cfg_worker *w = cfg_worker_find(l->c, m->workers[k].s);
+            if (w && w->cuda_index < 0)
+                bt_diag_error(l->diag, m->workers[k].pos.line, m->workers[k].pos.col,
+                              "%s has tp: %" PRIu32 ", but worker '%s' is on the CPU; "
+                              "tensor parallelism runs over NCCL between GPU workers "
+                              "(device: cuda:N)",
+                              ctx, m->tp, w->name);
+        }
+        /* A rank 0 waits in its collectives for the other ranks' lanes, so a
+         * worker that is rank 0 of one group and another rank of a second
+         * could wait for a worker that waits for it. */
+        for (const cfg_model *p = l->c->models; p < m; p++)
+            for (size_t j = 0; p->tp > 1 && j < p->n_workers; j++)
+                for (size_t k = 0; k < m->n_workers; k++)
+                    if (p->workers[j].s && m->workers[k].s &&
+                        strcmp(p->workers[j].s, m->workers[k].s) == 0 && (j == 0) != (k == 0))
+                        bt_diag_error(l->diag, m->workers[k].pos.line, m->workers[k].pos.col,
+                                      "worker '%s' is rank %zu of %s and rank %zu of model "
+                                      "'%s'; a worker may be rank 0 of tensor-parallel models "
+                                      "or one of their other ranks, not both",
+                                      m->workers[k].s, k, ctx, j, p->name ? p->name : "?");
     } else if (m->tp == 1 && m->n_workers > 1) {
         const yt_node *at = tp ? tp : many;
         bt_diag_error(l->diag, at->line, at->col,

@@ -214,7 +214,7 @@ static char *stats_text(conductor *c)
         const sup_worker *wk = sup_worker_get(c->sup, (int)w);
         ws[w] = (metrics_worker){wk->cfg->name, wk->state == SUP_READY, wk->restarts,
                                  wk->pool_used, wk->pool_free, wk->fragmentation, wk->queued,
-                                 wk->staged_bytes};
+                                 wk->staged_bytes, wk->sessions, wk->tp_steps};
     }
     metrics_gauges g = {front_inflight(c->front), front_placing(c->front),
                         disp_tensors_held(c->disp), ws, nw};

@@ -180,6 +180,19 @@ char *metrics_text(const metrics *m, const metrics_gauges *gg)
     for (size_t w = 0; w < gg->n_workers; w++)
         fprintf(f, "baton_worker_staged_bytes_total{worker=\"%s\"} %llu\n",
                 gg->workers[w].name, (unsigned long long)gg->workers[w].staged_bytes);
+    fprintf(f, "# HELP baton_worker_sessions Per-request backend sessions (e.g. KV caches) "
+               "open on a worker.\n"
+               "# TYPE baton_worker_sessions gauge\n");
+    for (size_t w = 0; w < gg->n_workers; w++)
+        fprintf(f, "baton_worker_sessions{worker=\"%s\"} %u\n", gg->workers[w].name,
+                gg->workers[w].sessions);
+    fprintf(f, "# HELP baton_worker_tp_steps_total Steps of a tensor-parallel model's rank 0 "
+               "that a worker ran as one of the other ranks.  Starts at 0 with each "
+               "incarnation of the worker.\n"
+               "# TYPE baton_worker_tp_steps_total counter\n");
+    for (size_t w = 0; w < gg->n_workers; w++)
+        fprintf(f, "baton_worker_tp_steps_total{worker=\"%s\"} %llu\n", gg->workers[w].name,
+                (unsigned long long)gg->workers[w].tp_steps);
     if (fclose(f) != 0) {
         free(text);
         return NULL;

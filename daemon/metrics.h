@@ -24,6 +24,8 @@ typedef struct metrics_worker {
     double fragmentation;         /* 0..1 */
     uint32_t queued;              /* items waiting on the worker */
     uint64_t staged_bytes;        /* bytes it copied to assemble inputs (this incarnation) */
+    uint32_t sessions;            /* backend sessions open (KV caches) */
+    uint64_t tp_steps;            /* leader steps run as a tensor-parallel follower */
 } metrics_worker;
 
 typedef struct metrics_gauges {

@@ -135,6 +135,16 @@ int sup_check_devices(const cfg_config *cfg, const char *exe, bt_diag *diag)
     return rc;
 }
 
+/* A tensor-parallel model's group: the communicator id its rank 0 made
+ * (TpGroup), which the other ranks' Loads carry.  Forgotten whenever a
+ * member is lost, since the whole group then starts over. */
+typedef struct sup_group {
+    uint8_t id[128];
+    size_t id_len;                /* 0: not known yet */
+    uint32_t *sent;               /* per rank: registration of its worker that got a Load
+                                     with this id (0: none) */
+} sup_group;
+
 struct supervisor {
     const cfg_config *cfg;        /* borrowed */
     char *config_path;            /* owned copies of the options' strings */
@@ -146,9 +156,11 @@ struct supervisor {
     size_t n_workers;
     bool ready;                   /* every worker READY */
     bool stopping;                /* told to shut down: no restarts */
+    sup_group *groups;            /* per config model: its tensor-parallel group */
 };
 
 static void worker_lost(supervisor *s, sup_worker *w, const char *why);
+static void send_shutdown(supervisor *s, sup_worker *w, const char *reason);
 
 int sup_send(supervisor *s, int worker, const Baton__V1__ConductorMessage *m)
 {
@@ -309,6 +321,67 @@ static void forget_registration(sup_worker *w)
     w->n_pools = 0;
 }
 
+/* The worker named NAME, or NULL. */
+static sup_worker *worker_named(supervisor *s, const char *name)
+{
+    for (size_t i = 0; i < s->n_workers; i++)
+        if (strcmp(s->workers[i].cfg->name, name) == 0)
+            return &s->workers[i];
+    return NULL;
+}
+
+/* Sends W the Load of model M as its rank K.  0, or a negative bt_err. */
+static int send_load(supervisor *s, sup_worker *w, size_t m, size_t k)
+{
+    const cfg_model *md = &s->cfg->models[m];
+    Baton__V1__Load__OptionsEntry *ents = calloc(md->n_options + 1, sizeof(*ents));
+    Baton__V1__Load__OptionsEntry **ep = calloc(md->n_options + 1, sizeof(*ep));
+    char (*vals)[64] = calloc(md->n_options + 1, sizeof(*vals));
+    int rc = BT_ENOMEM;
+    if (!ents || !ep || !vals)
+        goto out;
+    for (size_t o = 0; o < md->n_options; o++) {
+        const cfg_option *op = &md->options[o];
+        baton__v1__load__options_entry__init(&ents[o]);
+        ents[o].key = op->name;
+        switch (op->type) {
+        case BT_OPT_INT: snprintf(vals[o], 64, "%lld", (long long)op->v.i); break;
+        case BT_OPT_FLOAT: snprintf(vals[o], 64, "%.17g", op->v.f); break;
+        case BT_OPT_BOOL: snprintf(vals[o], 64, "%s", op->v.b ? "true" : "false"); break;
+        default: vals[o][0] = 0; break;
+        }
+        ents[o].value = op->type == BT_OPT_STRING || op->type == BT_OPT_PATH ? op->v.s : vals[o];
+        ep[o] = &ents[o];
+    }
+    Baton__V1__Load ld = BATON__V1__LOAD__INIT;
+    ld.model = md->name;
+    ld.backend = md->backend;
+    ld.n_options = md->n_options;
+    ld.options = ep;
+    ld.tp_rank = (uint32_t)k;
+    ld.tp_size = md->tp ? md->tp : 1;
+    ld.max_batch = md->max_batch;
+    sup_group *g = &s->groups[m];
+    if (ld.tp_size > 1 && k > 0) {
+        ld.comm_id.data = g->id;
+        ld.comm_id.len = g->id_len;
+    }
+    Baton__V1__ConductorMessage msg = BATON__V1__CONDUCTOR_MESSAGE__INIT;
+    msg.msg_case = BATON__V1__CONDUCTOR_MESSAGE__MSG_LOAD;
+    msg.load = &ld;
+    rc = sup_send(s, w->index, &msg);
+    if (rc == 0 && ld.tp_size > 1 && g->sent)
+        g->sent[k] = w->registrations;
+out:
+    free(ents);
+    free(ep);
+    free(vals);
+    return rc;
+}
+
+/* Sends W a Load per model placed on it.  The other ranks of a
+ * tensor-parallel model wait for the id of their group (TpGroup from rank
+ * 0); their Load goes out when it comes, and counts as pending till then. */
 static void send_loads(supervisor *s, sup_worker *w)
 {
     const cfg_config *cfg = s->cfg;
@@ -318,50 +391,123 @@ static void send_loads(supervisor *s, sup_worker *w)
         for (size_t k = 0; k < md->n_workers; k++) {
             if (strcmp(md->workers[k].s, w->cfg->name) != 0)
                 continue;
-            Baton__V1__Load__OptionsEntry *ents = calloc(md->n_options + 1, sizeof(*ents));
-            Baton__V1__Load__OptionsEntry **ep = calloc(md->n_options + 1, sizeof(*ep));
-            char (*vals)[64] = calloc(md->n_options + 1, sizeof(*vals));
-            if (!ents || !ep || !vals) {
-                free(ents);
-                free(ep);
-                free(vals);
-                continue;
-            }
-            for (size_t o = 0; o < md->n_options; o++) {
-                const cfg_option *op = &md->options[o];
-                baton__v1__load__options_entry__init(&ents[o]);
-                ents[o].key = op->name;
-                switch (op->type) {
-                case BT_OPT_INT: snprintf(vals[o], 64, "%lld", (long long)op->v.i); break;
-                case BT_OPT_FLOAT: snprintf(vals[o], 64, "%.17g", op->v.f); break;
-                case BT_OPT_BOOL: snprintf(vals[o], 64, "%s", op->v.b ? "true" : "false"); break;
-                default: vals[o][0] = 0; break;
-                }
-                ents[o].value = op->type == BT_OPT_STRING || op->type == BT_OPT_PATH
-                                    ? op->v.s : vals[o];
-                ep[o] = &ents[o];
-            }
-            Baton__V1__Load ld = BATON__V1__LOAD__INIT;
-            ld.model = md->name;
-            ld.backend = md->backend;
-            ld.n_options = md->n_options;
-            ld.options = ep;
-            ld.tp_rank = (uint32_t)k;
-            ld.tp_size = md->tp ? md->tp : 1;
-            ld.max_batch = md->max_batch;
-            Baton__V1__ConductorMessage msg = BATON__V1__CONDUCTOR_MESSAGE__INIT;
-            msg.msg_case = BATON__V1__CONDUCTOR_MESSAGE__MSG_LOAD;
-            msg.load = &ld;
-            if (sup_send(s, w->index, &msg) == 0)
+            if (md->tp > 1 && k > 0 && !s->groups[m].id_len)
                 w->loads_pending++;
-            free(ents);
-            free(ep);
-            free(vals);
+            else if (send_load(s, w, m, k) == 0)
+                w->loads_pending++;
         }
     }
     if (w->loads_pending == 0) {
         w->state = SUP_READY;
         update_ready(s);
+    }
+}
+
+/* Rank 0 of model NAME, worker W, made its group's id: the other ranks
+ * that registered and wait for it get their Load now. */
+static void on_tp_group(supervisor *s, sup_worker *w, const Baton__V1__TpGroup *tg)
+{
+    const cfg_config *cfg = s->cfg;
+    for (size_t m = 0; m < cfg->n_models; m++) {
+        const cfg_model *md = &cfg->models[m];
+        if (strcmp(md->name, tg->model ? tg->model : "") != 0)
+            continue;
+        sup_group *g = &s->groups[m];
+        if (md->tp < 2 || strcmp(md->workers[0].s, w->cfg->name) != 0 ||
+            tg->comm_id.len == 0 || tg->comm_id.len > sizeof(g->id) || !g->sent) {
+            bt_warn("worker %s sent a group id for model %s, of which it is not rank 0",
+                    w->cfg->name, md->name);
+            return;
+        }
+        memcpy(g->id, tg->comm_id.data, tg->comm_id.len);
+        g->id_len = tg->comm_id.len;
+        for (size_t k = 1; k < md->n_workers; k++) {
+            sup_worker *x = worker_named(s, md->workers[k].s);
+            if (x && x->state == SUP_LOADING && g->sent[k] != x->registrations)
+                send_load(s, x, m, k);
+        }
+        return;
+    }
+}
+
+/* Is W one of the ranks of a tensor-parallel model? */
+static bool in_group(const supervisor *s, const sup_worker *w)
+{
+    for (size_t m = 0; m < s->cfg->n_models; m++) {
+        const cfg_model *md = &s->cfg->models[m];
+        for (size_t k = 0; md->tp > 1 && k < md->n_workers; k++)
+            if (strcmp(md->workers[k].s, w->cfg->name) == 0)
+                return true;
+    }
+    return false;
+}
+
+/* Declares X lost and makes sure its process goes: a spawned one is killed
+ * (its exit restarts it, as any crash would), an external one is told to
+ * restart. */
+static void take_down(supervisor *s, sup_worker *x, const char *why)
+{
+    if (x->pid) {
+        kill(x->pid, SIGKILL);
+        worker_lost(s, x, why);
+    } else {
+        send_shutdown(s, x, why);
+        worker_lost(s, x, why);
+        x->state = SUP_STARTING;
+        x->restarts++;
+    }
+}
+
+/* Relays rank 0's step of a tensor-parallel model to the other ranks. */
+static void on_tp_step(supervisor *s, sup_worker *w, const Baton__V1__TpStep *st)
+{
+    const cfg_config *cfg = s->cfg;
+    for (size_t m = 0; m < cfg->n_models; m++) {
+        const cfg_model *md = &cfg->models[m];
+        if (md->tp < 2 || strcmp(md->name, st->model ? st->model : "") != 0 ||
+            strcmp(md->workers[0].s, w->cfg->name) != 0)
+            continue;
+        Baton__V1__ConductorMessage cm = BATON__V1__CONDUCTOR_MESSAGE__INIT;
+        cm.msg_case = BATON__V1__CONDUCTOR_MESSAGE__MSG_TP_STEP;
+        cm.tp_step = (Baton__V1__TpStep *)st;
+        for (size_t k = 1; k < md->n_workers; k++) {
+            sup_worker *x = worker_named(s, md->workers[k].s);
+            /* A step a rank does not get leaves the others waiting for it
+             * in a collective: the group starts over. */
+            if (x && (x->state == SUP_LOADING || x->state == SUP_READY) &&
+                sup_send(s, x->index, &cm) != 0)
+                take_down(s, x, "a step of its tensor-parallel group could not be sent to it");
+        }
+        return;
+    }
+}
+
+/* W was lost: every tensor-parallel group it belonged to is broken (the
+ * others wait in collectives that will never complete), so its other
+ * members are taken down too and the group starts over with a new id. */
+static void break_groups(supervisor *s, sup_worker *w)
+{
+    const cfg_config *cfg = s->cfg;
+    for (size_t m = 0; m < cfg->n_models; m++) {
+        const cfg_model *md = &cfg->models[m];
+        bool member = false;
+        for (size_t k = 0; md->tp > 1 && k < md->n_workers; k++)
+            member = member || strcmp(md->workers[k].s, w->cfg->name) == 0;
+        if (!member)
+            continue;
+        sup_group *g = &s->groups[m];
+        g->id_len = 0;
+        if (g->sent)
+            memset(g->sent, 0, md->n_workers * sizeof(*g->sent));
+        for (size_t k = 0; k < md->n_workers; k++) {
+            sup_worker *x = worker_named(s, md->workers[k].s);
+            if (!x || x == w || (x->state != SUP_LOADING && x->state != SUP_READY))
+                continue;
+            char why[160];
+            snprintf(why, sizeof(why), "worker %s of its tensor-parallel group (model %s) was "
+                     "lost", w->cfg->name, md->name);
+            take_down(s, x, why);
+        }
     }
 }
 
@@ -386,9 +532,16 @@ static void on_register(supervisor *s, sup_worker *w, const Baton__V1__Register 
         send_shutdown(s, w, "protocol version mismatch");
         return;
     }
+    if ((w->state == SUP_LOADING || w->state == SUP_READY) && in_group(s, w)) {
+        /* It keeps its models, loaded on a communicator the rest of its
+         * group is about to leave: it must start over with them. */
+        take_down(s, w, "it registered again, and its tensor-parallel group starts over");
+        return;
+    }
     if (w->state == SUP_LOADING || w->state == SUP_READY)
         worker_lost(s, w, "it registered again");
     forget_registration(w);
+    w->registrations++;
     w->pools = calloc(rg->n_pools + 1, sizeof(*w->pools));
     for (size_t k = 0; w->pools && k < rg->n_pools; k++) {
         const Baton__V1__PoolHandle *src = rg->pools[k];
@@ -479,6 +632,8 @@ static void on_heartbeat(sup_worker *w, const Baton__V1__Heartbeat *h)
     w->live_tensors = h->live_tensors;
     w->queued = h->queued;
     w->staged_bytes = h->staged_bytes;
+    w->sessions = h->open_sessions;
+    w->tp_steps = h->tp_steps;
 }
 
 /* Handles one message of worker W. */
@@ -505,6 +660,14 @@ static void on_message(supervisor *s, sup_worker *w, const Baton__V1__WorkerMess
         break;
     case BATON__V1__WORKER_MESSAGE__MSG_HEARTBEAT:
         on_heartbeat(w, wm->heartbeat);
+        break;
+    case BATON__V1__WORKER_MESSAGE__MSG_TP_GROUP:
+        if (live)
+            on_tp_group(s, w, wm->tp_group);
+        break;
+    case BATON__V1__WORKER_MESSAGE__MSG_TP_STEP:
+        if (live)
+            on_tp_step(s, w, wm->tp_step);
         break;
     case BATON__V1__WORKER_MESSAGE__MSG_DONE:
     case BATON__V1__WORKER_MESSAGE__MSG_CHUNK:
@@ -585,6 +748,7 @@ static void worker_lost(supervisor *s, sup_worker *w, const char *why)
     update_ready(s);
     s->hooks.worker_lost(s->hooks.arg, w->index, why);
     send_peers(s);
+    break_groups(s, w);
 }
 
 /* Restart at once the first time (or after a long healthy run), then back
@@ -709,10 +873,17 @@ int sup_create(const sup_options *opt, const sup_hooks *hooks, supervisor **out)
     s->hooks = *hooks;
     s->n_workers = opt->cfg->n_workers;
     s->workers = calloc(s->n_workers + 1, sizeof(*s->workers));
+    s->groups = calloc(opt->cfg->n_models + 1, sizeof(*s->groups));
+    for (size_t m = 0; s->groups && m < opt->cfg->n_models; m++)
+        if (opt->cfg->models[m].tp > 1 &&
+            !(s->groups[m].sent = calloc(opt->cfg->models[m].n_workers, sizeof(uint32_t)))) {
+            sup_destroy(s);
+            return BT_ENOMEM;
+        }
     s->config_path = strdup(opt->config_path);
     s->run_id = strdup(opt->run_id);
     s->worker_exe = strdup(opt->worker_exe);
-    if (!s->workers || !s->config_path || !s->run_id || !s->worker_exe) {
+    if (!s->workers || !s->groups || !s->config_path || !s->run_id || !s->worker_exe) {
         sup_destroy(s);
         return BT_ENOMEM;
     }
@@ -732,6 +903,9 @@ void sup_destroy(supervisor *s)
         return;
     for (size_t w = 0; s->workers && w < s->n_workers; w++)
         forget_registration(&s->workers[w]);
+    for (size_t m = 0; s->groups && m < s->cfg->n_models; m++)
+        free(s->groups[m].sent);
+    free(s->groups);
     free(s->workers);
     free(s->config_path);
     free(s->run_id);

@@ -40,6 +40,7 @@ typedef struct sup_worker {
     Baton__V1__PoolHandle *pools; /* owned copies of its registered pools */
     size_t n_pools;
     uint32_t loads_pending;
+    uint32_t registrations;       /* times it registered (names one registration) */
     uint64_t last_seen_ms;        /* last message from it, monotonic ms */
     uint64_t started_ms;          /* spawn time, monotonic ms */
     uint64_t restart_at_ms;       /* when DOWN: when to spawn again (0: never) */
@@ -51,6 +52,8 @@ typedef struct sup_worker {
     double fragmentation;         /* 0..1 */
     uint32_t live_tensors, queued;
     uint64_t staged_bytes;        /* copied to assemble inputs, this incarnation */
+    uint32_t sessions;            /* backend sessions open */
+    uint64_t tp_steps;            /* tensor-parallel steps run as a follower, this incarnation */
     /* What its Loaded messages of this incarnation said, one paragraph per
      * model (load time, weights, the backend's report), for inspect; owned,
      * NULL when nothing has loaded. */

@@ -109,6 +109,7 @@ void wk_executor_close_sessions(wk_worker *w, wk_request *req)
         wk_close *c = calloc(1, sizeof(*c));
         if (c) {
             c->s = s->s;
+            c->key = req->key;
             c->next = s->model->closing;
             s->model->closing = c;
         } else {
@@ -153,8 +154,15 @@ static void open_session(wk_worker *w, wk_model *m, wk_item *it)
         w->n_sessions++;
     }
     pthread_mutex_unlock(&w->lock);
-    if (!s && m->backend->session_close)
-        m->backend->session_close(m->handle, bs);
+    if (!s) {
+        if (m->backend->session_close)
+            m->backend->session_close(m->handle, bs);
+        char msg[300];
+        snprintf(msg, sizeof(msg), "node '%s': out of memory keeping a session of model %s",
+                 it->b.node_name, m->name);
+        wk_item_fail(it, BATON_STATUS_RESOURCE_EXHAUSTED, msg);
+        return;
+    }
     it->b.session = bs;
 }
 
@@ -215,7 +223,7 @@ static void finish_item(wk_worker *w, wk_item *it)
  * the worker cannot answer even the items it holds.  The conductor sees it
  * die, ends its requests with UNAVAILABLE and starts it again on a fresh
  * context.  An error that is not sticky fails only the batch it hit. */
-static void exit_if_lost(wk_worker *w, const wk_model *m)
+void wk_executor_exit_if_lost(wk_worker *w, const wk_model *m)
 {
     char why[384];
     if (!wk_device_lost(w->dev, why, sizeof(why)))
@@ -224,7 +232,11 @@ static void exit_if_lost(wk_worker *w, const wk_model *m)
     _exit(WK_EXIT_DEVICE_LOST);
 }
 
-static void run_batch(wk_worker *w, baton_ctx *ctx, wk_model *m, wk_item **batch, size_t n)
+/* Runs the N items of BATCH on model M.  A tensor-parallel leader first
+ * hands the step to its followers: CLOSED (N_CLOSED request keys) are the
+ * sessions it closed just before. */
+static void run_batch(wk_worker *w, baton_ctx *ctx, wk_model *m, wk_item **batch, size_t n,
+                      const uint64_t *closed, size_t n_closed)
 {
     uint64_t start = bt_now_ns();
     wk_join_job *jobs = NULL;
@@ -237,7 +249,7 @@ static void run_batch(wk_worker *w, baton_ctx *ctx, wk_model *m, wk_item **batch
     pthread_mutex_unlock(&w->lock);
     /* Joins copy outside the lock: they may move many megabytes. */
     wk_join_jobs_run(w, jobs, ctx->stream);
-    baton_item *run[n];
+    baton_item *run[n ? n : 1];
     size_t n_run = 0;
     for (size_t i = 0; i < n; i++) {
         wk_item *it = batch[i];
@@ -246,13 +258,16 @@ static void run_batch(wk_worker *w, baton_ctx *ctx, wk_model *m, wk_item **batch
         if (it->status == BATON_STATUS_OK && !atomic_load(&it->cancelled))
             run[n_run++] = &it->b;
     }
+    if (m->tp_size > 1 && m->tp_rank == 0 && (n_run || n_closed) &&
+        wk_tp_lead(w, ctx, m, closed, n_closed, run, n_run) != 0)
+        n_run = 0;
     if (n_run)
         m->backend->execute(m->handle, ctx, run, n_run);
     /* What the backend queued on the lane's stream is part of its outputs:
      * no Done leaves before it is written. */
     char err[384];
     int rc = wk_device_sync(w->dev, ctx->stream, err, sizeof(err));
-    exit_if_lost(w, m);
+    wk_executor_exit_if_lost(w, m);
     for (size_t i = 0; rc && i < n; i++) {
         char msg[512];
         snprintf(msg, sizeof(msg), "node '%s': %s", batch[i]->b.node_name, err);
@@ -277,7 +292,7 @@ static wk_model *pick_model(wk_worker *w)
     for (wk_model *m = w->models; m; pp = &m->next, m = m->next) {
         if (m->busy)
             continue;
-        bool work = m->closing != NULL;
+        bool work = m->closing != NULL || m->tp_head != NULL;
         for (wk_queue *q = m->queues; q && !work; q = q->next)
             work = q->n > 0;
         if (!work)
@@ -316,6 +331,8 @@ static void *lane_main(void *arg)
         m->busy = true;
         wk_close *closing = m->closing;
         m->closing = NULL;
+        wk_tp_step *steps = m->tp_head;
+        m->tp_head = m->tp_tail = NULL;
         /* The mode whose head has waited longest goes first. */
         wk_queue *q = NULL;
         for (wk_queue *c = m->queues; c; c = c->next)
@@ -331,15 +348,29 @@ static void *lane_main(void *arg)
             batch[n++] = it;
         }
         pthread_mutex_unlock(&w->lock);
+        /* A tensor-parallel leader names the sessions it closes in its
+         * next step, so that its followers close theirs at the same point. */
+        bool lead = m->tp_size > 1 && m->tp_rank == 0;
         uint32_t closed = 0;
-        for (wk_close *c = closing, *nx; c; c = nx, closed++) {
+        for (wk_close *c = closing; c; c = c->next)
+            closed++;
+        uint64_t *keys = lead && closed ? calloc(closed, sizeof(*keys)) : NULL;
+        if (lead && closed && !keys)
+            wk_tp_broken(m->name, "out of memory naming the closed sessions");
+        size_t k = 0;
+        for (wk_close *c = closing, *nx; c; c = nx) {
             nx = c->next;
+            if (keys)
+                keys[k++] = c->key;
             if (m->backend->session_close)
                 m->backend->session_close(m->handle, c->s);
             free(c);
         }
-        if (n)
-            run_batch(w, &ctx, m, batch, n);
+        if (n || k)
+            run_batch(w, &ctx, m, batch, n, keys, k);
+        free(keys);
+        if (steps)
+            wk_tp_follow(w, m, stream, steps);
         pthread_mutex_lock(&w->lock);
         w->n_sessions -= closed;
         m->busy = false;
@@ -394,6 +425,8 @@ void wk_models_destroy(wk_worker *w)
             w->n_sessions--;
             free(c);
         }
+        wk_tp_steps_free(m->tp_head);
+        wk_tp_sessions_close(m);
         m->backend->model_unload(m->handle);
         for (wk_queue *q = m->queues, *nx; q; q = nx) {
             nx = q->next;

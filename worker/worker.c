@@ -98,7 +98,8 @@ static void *load_main(void *arg)
         baton_load_params p = {l->model, keys, vals, l->n_options, l->tp_rank,
                                l->tp_size ? l->tp_size : 1, ld->w->opt.device,
                                mb > MAX_BATCH_CAP ? MAX_BATCH_CAP : mb, ld->threads,
-                               &ld->w->opt.profile, ld->w->opt.streams, ld->w->opt.comm_streams};
+                               &ld->w->opt.profile, ld->w->opt.streams, ld->w->opt.comm_streams,
+                               ld->comm_id_len ? ld->comm_id : NULL, ld->comm_id_len};
         ld->status = ld->backend->model_load(&p, &ld->handle, ld->err, sizeof(ld->err));
     }
     ld->load_us = (bt_now_ns() - t0) / 1000u;
@@ -128,6 +129,41 @@ static char *describe(const baton_backend *b, const baton_model *model)
     if (text)
         b->model_describe(model, text, (size_t)need + 1);
     return text;
+}
+
+/* The communicator id of L's tensor-parallel group, into LD: rank 0 makes
+ * it and tells the conductor, which hands it to the other ranks' Load; they
+ * take it from there.  0, or -1 with ERR. */
+static int group_id(wk_worker *w, const Baton__V1__Load *l, wk_load *ld, char *err,
+                    size_t errlen)
+{
+    if (l->tp_rank > 0) {
+        if (!l->comm_id.len || l->comm_id.len > sizeof(ld->comm_id)) {
+            snprintf(err, errlen, "rank %u of tensor-parallel model %s got no valid group id",
+                     l->tp_rank, l->model);
+            return -1;
+        }
+        memcpy(ld->comm_id, l->comm_id.data, l->comm_id.len);
+        ld->comm_id_len = l->comm_id.len;
+        return 0;
+    }
+    if (wk_device_space(w->dev) != WK_SPACE_CUDA) {
+        snprintf(err, errlen, "tensor parallelism needs GPU workers (the group talks over NCCL)");
+        return -1;
+    }
+    size_t len = sizeof(ld->comm_id);
+    wk_device_bind_thread(w->dev);
+    if (bk_comm_unique_id(ld->comm_id, &len, err, errlen) != 0)
+        return -1;
+    ld->comm_id_len = len;
+    Baton__V1__TpGroup g = BATON__V1__TP_GROUP__INIT;
+    g.model = l->model;
+    g.comm_id.data = ld->comm_id;
+    g.comm_id.len = len;
+    Baton__V1__WorkerMessage m = BATON__V1__WORKER_MESSAGE__INIT;
+    m.msg_case = BATON__V1__WORKER_MESSAGE__MSG_TP_GROUP;
+    m.tp_group = &g;
+    return wk_send(w, &m) == 0 ? 0 : (snprintf(err, errlen, "cannot send the group id"), -1);
 }
 
 static void on_load(wk_worker *w, Baton__V1__ConductorMessage *msg)
@@ -171,6 +207,11 @@ static void on_load(wk_worker *w, Baton__V1__ConductorMessage *msg)
     ld->backend = b;
     ld->w = w;
     ld->threads = w->opt.threads;
+    if (l->tp_size > 1 && group_id(w, l, ld, err, sizeof(err)) != 0) {
+        free(ld);
+        send_loaded(w, l->model, BATON_STATUS_FAILED_PRECONDITION, err, 0, 0, NULL);
+        goto out;
+    }
     if (pthread_create(&ld->thread, NULL, load_main, ld) != 0) {
         free(ld);
         send_loaded(w, l->model, BATON_STATUS_RESOURCE_EXHAUSTED, "cannot start a load thread",
@@ -218,9 +259,13 @@ static void on_loaded(wk_worker *w, wk_load *ld)
             pthread_mutex_lock(&w->lock);
             m->next = w->models;
             w->models = m;
+            if (m->tp_size > 1 && m->tp_rank > 0)
+                wk_tp_loaded(w, m);
             pthread_mutex_unlock(&w->lock);
         }
     }
+    if (st != BATON_STATUS_OK)
+        wk_tp_load_failed(w, l->model);
     if (!atomic_load(&w->stopping))
         send_loaded(w, l->model, st, ld->err, ld->load_us, weight_bytes, report);
     free(report);
@@ -552,6 +597,19 @@ static void on_chunk_event(wk_worker *w, const wk_event *ev)
     pthread_mutex_unlock(&w->lock);
 }
 
+/* A message a lane packed (a tensor-parallel step for the followers). */
+static void send_bytes(wk_worker *w, wk_event *ev)
+{
+    /* A step the other ranks never get leaves this one waiting for them in
+     * a collective. */
+    int rc;
+    while ((rc = zmq_send(w->sock, ev->bytes, ev->len, 0)) < 0 && zmq_errno() == EINTR) {
+    }
+    if (rc < 0 && !atomic_load(&w->stopping))
+        wk_tp_broken("(this worker's)", zmq_strerror(zmq_errno()));
+    free(ev->bytes);
+}
+
 static void drain_events(wk_worker *w)
 {
     uint64_t n;
@@ -567,6 +625,7 @@ static void drain_events(wk_worker *w)
         case WK_EV_CHUNK: on_chunk_event(w, ev); break;
         case WK_EV_DONE: on_done_event(w, ev->item); break;
         case WK_EV_LOADED: on_loaded(w, ev->load); break;
+        case WK_EV_SEND: send_bytes(w, ev); break;
         }
         free(ev);
         ev = nx;
@@ -606,6 +665,7 @@ static void send_heartbeat(wk_worker *w)
     hb.queued = w->n_queued;
     pthread_mutex_unlock(&w->lock);
     hb.staged_bytes = wk_device_staged_bytes(w->dev);
+    hb.tp_steps = atomic_load(&w->tp_steps);
     hb.pool_used_bytes = st.used;
     hb.pool_free_bytes = st.free;
     hb.fragmentation = st.fragmentation;
@@ -630,6 +690,9 @@ static void handle_frame(wk_worker *w, const void *data, size_t len)
         return; /* owns msg */
     case BATON__V1__CONDUCTOR_MESSAGE__MSG_DISPATCH:
         on_dispatch(w, msg);
+        return; /* owns msg */
+    case BATON__V1__CONDUCTOR_MESSAGE__MSG_TP_STEP:
+        wk_tp_on_step(w, msg);
         return; /* owns msg */
     case BATON__V1__CONDUCTOR_MESSAGE__MSG_EXTEND:
         pthread_mutex_lock(&w->lock);
@@ -796,6 +859,8 @@ void wk_worker_quiesce(wk_worker *w)
             on_chunk_event(w, ev);
         else if (ev->kind == WK_EV_DONE)
             on_done_event(w, ev->item);
+        else if (ev->kind == WK_EV_SEND)
+            free(ev->bytes);
         else {
             baton__v1__conductor_message__free_unpacked(ev->load->msg, NULL);
             free(ev->load);
@@ -808,5 +873,7 @@ void wk_worker_quiesce(wk_worker *w)
     while (u64map_next(&w->requests, &pos, &key, &val))
         request_finalize(w, val);
     pthread_mutex_unlock(&w->lock);
+    wk_tp_steps_free(w->tp_early);
+    w->tp_early = NULL;
     wk_models_destroy(w);
 }

@@ -25,6 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backends/builtin.h"
 #include "baton/backend.h"
 #include "common/clock.h"
 #include "common/u64map.h"
@@ -39,6 +40,8 @@
 #define WK_MAX_DEPTH 16             /* iteration vector length accepted */
 #define WK_MAX_PORTS 1024           /* inputs or outputs of one node accepted */
 #define WK_EXIT_DEVICE_LOST 3       /* exit status after a sticky CUDA error */
+#define WK_EXIT_GROUP_BROKEN 4      /* exit status when a tensor-parallel rank cannot follow
+                                       its group (the conductor restarts the whole group) */
 
 typedef struct wk_request wk_request;
 typedef struct wk_item wk_item;
@@ -183,8 +186,25 @@ typedef struct wk_queue {
 /* A session waiting to be closed when its model is idle. */
 typedef struct wk_close {
     baton_session *s;
+    uint64_t key;                 /* its request key (a tensor-parallel leader tells its
+                                     followers to close theirs) */
     struct wk_close *next;
 } wk_close;
+
+/* A TpStep from the conductor waiting for its model's lane (followers). */
+typedef struct wk_tp_step {
+    Baton__V1__ConductorMessage *msg; /* owned; msg->tp_step */
+    struct wk_tp_step *next;
+} wk_tp_step;
+
+/* A follower's session of a tensor-parallel model, named by the leader's
+ * request key.  Kept apart from the request records: only the leader's
+ * steps open and close it, never this worker's own Dispatch traffic. */
+typedef struct wk_tp_session {
+    uint64_t key;
+    baton_session *s;
+    struct wk_tp_session *next;
+} wk_tp_session;
 
 struct wk_model {
     char *name;
@@ -196,10 +216,12 @@ struct wk_model {
     bool busy;                    /* [L] a lane runs it */
     wk_queue *queues;             /* [L] one per mode */
     wk_close *closing;            /* [L] */
+    wk_tp_step *tp_head, *tp_tail; /* [L] follower: steps to run, in order */
+    wk_tp_session *tp_sessions;   /* follower: the lane running the model only */
     struct wk_model *next;
 };
 
-typedef enum wk_event_kind { WK_EV_CHUNK, WK_EV_DONE, WK_EV_LOADED } wk_event_kind;
+typedef enum wk_event_kind { WK_EV_CHUNK, WK_EV_DONE, WK_EV_LOADED, WK_EV_SEND } wk_event_kind;
 
 /* What lanes and loaders hand to the I/O thread, in order. */
 typedef struct wk_event {
@@ -210,6 +232,8 @@ typedef struct wk_event {
     wk_ref ref;                   /* CHUNK */
     uint32_t index;               /* CHUNK */
     struct wk_load *load;         /* LOADED */
+    uint8_t *bytes;               /* SEND: a packed WorkerMessage (malloc'd) */
+    size_t len;                   /* SEND */
     struct wk_event *next;
 } wk_event;
 
@@ -222,6 +246,8 @@ typedef struct wk_load {
     char err[512];
     uint64_t load_us;
     uint32_t threads;
+    uint8_t comm_id[BK_COMM_ID_MAX]; /* tp > 1: the group's id (made here on rank 0) */
+    size_t comm_id_len;           /* 0: none */
     struct wk_worker *w;
     struct wk_load *next;         /* in w->loading (I/O thread only) */
 } wk_load;
@@ -246,10 +272,12 @@ struct wk_worker {
     uint32_t n_tensors;           /* [L] live tensors */
     uint32_t n_sessions;          /* [L] */
     uint32_t n_queued;            /* [L] */
+    atomic_uint_fast64_t tp_steps; /* steps run as a tensor-parallel follower */
 
     wk_registry *registry;        /* I/O thread */
     wk_model *models;             /* [L] */
     wk_load *loading;             /* I/O thread */
+    wk_tp_step *tp_early;         /* I/O thread: steps for a model still loading */
 
     wk_event *ev_head, *ev_tail;  /* [L] */
     int event_fd;                 /* eventfd: events are waiting */
@@ -306,6 +334,36 @@ void wk_item_cancel(wk_worker *w, wk_item *item);
 void wk_event_push(wk_worker *w, wk_event *ev);
 /* Closes pending sessions and unloads every model; lanes are stopped. */
 void wk_models_destroy(wk_worker *w);
+/* Exits the process (WK_EXIT_DEVICE_LOST) when the device context is
+ * unusable after a CUDA error on model M. */
+void wk_executor_exit_if_lost(wk_worker *w, const wk_model *m);
+
+/* --- tp.c: tensor-parallel groups ----------------------------------------- */
+
+/* Leader (rank 0 of a group): hands the step about to run (sessions closed
+ * first, then the N items of RUN) to the I/O thread for the followers,
+ * with the inputs' bytes read on CTX's stream.  Returns 0, or -1 after
+ * failing every item of RUN: no rank may run a step the others do not. */
+int wk_tp_lead(wk_worker *w, baton_ctx *ctx, wk_model *m, const uint64_t *closed,
+               size_t n_closed, baton_item *const *run, size_t n);
+/* Follower: queues the TpStep in MSG (owned) on its model, or keeps it
+ * until the model has loaded.  I/O thread. */
+void wk_tp_on_step(wk_worker *w, Baton__V1__ConductorMessage *msg);
+/* Follower: model M finished loading; its early steps join its queue.  [L] */
+void wk_tp_loaded(wk_worker *w, wk_model *m);
+/* Follower: runs STEPS (a list taken off M's queue, freed here) on the
+ * calling lane, whose stream is STREAM. */
+void wk_tp_follow(wk_worker *w, wk_model *m, void *stream, wk_tp_step *steps);
+/* Closes a follower's sessions of M (unload). */
+void wk_tp_sessions_close(wk_model *m);
+/* Frees steps never run (shutdown). */
+void wk_tp_steps_free(wk_tp_step *steps);
+/* Drops the early steps of MODEL, whose load failed.  I/O thread. */
+void wk_tp_load_failed(wk_worker *w, const char *model);
+/* Exits with WK_EXIT_GROUP_BROKEN after logging WHY: this rank can no
+ * longer run what the other ranks of MODEL's group run, and they would wait
+ * for it in a collective forever. */
+_Noreturn void wk_tp_broken(const char *model, const char *why);
 
 /* --- ctx.c and inputs.c: one execution's view ---------------------------- */
 

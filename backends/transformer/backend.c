@@ -491,8 +491,10 @@ static char *make_report(const baton_model *m, const baton_load_params *p)
         for (int k = 0; sc->multi && k < sc->n_streams; k++)
             fprintf(f, "  stream %d (%s): %zu ops\n", k, k < sc->n_compute ? "compute" : "comm",
                     sc->stream_n[k]);
-        if (i && m->dev)
+        if (i && m->dev && m->shape.tp <= 1)
             fprintf(f, "  replayed as a CUDA graph, captured once per batch size\n");
+        else if (i && m->dev)
+            fprintf(f, "  launched op by op (not a CUDA graph: tensor parallel)\n");
         const char *arena = strstr(r, "arena:");
         if (arena)
             fprintf(f, "  %s", arena);
@@ -1178,7 +1180,10 @@ static void prefill_one(baton_model *m, baton_ctx *ctx, baton_item *it)
         int32_t last = e - 1;
         for (int i = 0; i < e; i++)
             pos[i] = (int32_t)at + i;
-        baton_status c = ctx->cancelled(ctx, it);
+        /* A rank of a tensor-parallel group runs every chunk, cancelled or
+         * not: stopping early on one rank only would leave the others
+         * waiting in a collective. */
+        baton_status c = m->shape.tp > 1 ? BATON_STATUS_OK : ctx->cancelled(ctx, it);
         if (c != BATON_STATUS_OK) {
             ctx->fail(ctx, it, c, "cancelled during prefill");
             free(pos);

@@ -13,8 +13,10 @@
 #   - the transformer backend's tests on cuda:0 (tests/unit/test_transformer.c);
 #   - GPU workers end to end (tests/cudaemu/test_gpu_worker.py): real batond
 #     and baton-worker processes of the emulated build, CUDA IPC between
-#     workers, CPU<->GPU edges, the chat graph on cuda:0 against the CPU,
-#     SIGKILL of a GPU worker, and --check-config.
+#     workers, CPU<->GPU edges, the chat graph on cuda:0 against the CPU
+#     (also split over two workers, and tensor parallel over two), a tp: 2
+#     group's forming and restart, SIGKILL of a GPU worker, and
+#     --check-config.
 # A check passes when it exits 0 and the emulator reported no problem (the
 # emulator's tests provoke problems on purpose: for them, the exit status).
 # Prints one line per program and a closing "cudaemu: N passed, N failed";
@@ -50,7 +52,7 @@ done
 # against the CPU's, and its FFN split over two emulated GPUs (tp 2, NCCL
 # between two processes) against the reference.  The emulator is slow on a
 # whole model, so by default four of its tests run (CUDAEMU_TF_TESTS="*"
-# runs them all, about 12 minutes).
+# runs them all).
 TF_TESTS=${CUDAEMU_TF_TESTS:-"test_prefill_and_greedy_match_reference test_sampling_reproducible test_tensor_parallel_matches_reference test_describe"}
 if [ -f models/smollm2-135m-instruct-q4_1.gguf ]; then
   for t in $TF_TESTS; do

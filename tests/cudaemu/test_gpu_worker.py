@@ -13,7 +13,11 @@ What it shows:
     staged by exactly one copy of the value;
   - loops and streams whose tensors live in device memory;
   - the chat graph on a cuda:0 worker gives the CPU worker's greedy ids,
-    alone and batched, ids and text;
+    alone and batched, ids and text; so does it split over two GPU workers
+    (prefill on one, decode on the other) and tensor parallel over two;
+  - a tp: 2 model's group: rank 0 makes its id and rank 1 loads with it,
+    rank 1 runs every step rank 0 runs, and when one rank dies both are
+    restarted;
   - SIGKILL of a GPU worker under load: its requests end UNAVAILABLE, it
     comes back, and the surviving worker closed its IPC mapping of the dead
     one's memory;
@@ -101,18 +105,6 @@ def memfd_inodes(pid):
     return out
 
 
-def wait_restarted(d, c, worker, old_pid, timeout=30.0):
-    """The pid of WORKER's new incarnation once the daemon is ready again."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        h = c.health(1)
-        pid = d.worker_pid(worker)
-        if h and h.ready and pid not in (None, old_pid):
-            return pid
-        time.sleep(0.1)
-    raise AssertionError("worker %s did not come back" % worker)
-
-
 def wait_pools_empty(d, workers, timeout=5.0):
     deadline = time.time() + timeout
     used = None
@@ -196,14 +188,8 @@ def test_gpu_worker_killed(d, c):
     rids = [c.request("slow", E.X(i)) for i in range(6)]
     time.sleep(0.2)
     os.kill(pid0, signal.SIGKILL)
-    seen = 0
-    while seen < len(rids):
-        m = c.recv(20)
-        assert m is not None, "requests not ended after the GPU worker died"
-        if m.HasField("response"):
-            assert m.response.status.code == pb.UNAVAILABLE, m.response.status
-            seen += 1
-    new = wait_restarted(d, c, "gpu0", pid0)
+    E.wait_all_unavailable(c, rids, 20)
+    new = E.wait_restarted(d, c, "gpu0", pid0, timeout=30)
     # The survivor closed its mapping of the dead worker's memory, and
     # opened the new incarnation's.
     deadline = time.time() + 10
@@ -288,7 +274,7 @@ def test_device_lost():
         assert r.status.code == pb.OK, r.status
         _, r = c.infer("fault", E.X(1), timeout=30)
         assert r.status.code == pb.UNAVAILABLE, r.status
-        wait_restarted(d, c, "gpu0", pid)
+        E.wait_restarted(d, c, "gpu0", pid, timeout=30)
         _, r = c.infer("echo", E.X(4, 5), timeout=30)
         assert r.status.code == pb.OK and E.as_i32(r.outputs[0]) == [4, 5], r
         assert d.metric("baton_worker_restarts_total", 'worker="gpu0"') >= 1
@@ -303,16 +289,98 @@ def test_device_lost():
         d.stop()
 
 
+TP_CONFIG = daemon_yaml(30000) + """workers:
+  - {name: gpu0, device: 'cuda:0', pool_mb: 16}
+  - {name: gpu1, device: 'cuda:1', pool_mb: 16}
+models:
+  - {name: echo_tp, backend: echo, workers: [gpu0, gpu1], tp: 2, max_batch: 8}
+  - {name: slow_tp, backend: sleep, workers: [gpu0, gpu1], tp: 2, max_batch: 8,
+     options: {ms: 300}}
+graphs:
+  - name: echo
+    inputs: [x]
+    body:
+      node: {name: e, model: echo_tp, inputs: [x], outputs: [{name: x, to: client}]}
+  - name: slow
+    inputs: [x]
+    body:
+      node: {name: s, model: slow_tp, inputs: [x], outputs: [{name: x, to: client}]}
+"""
+
+
+def wait_metric(d, name, labels, pred, timeout=10.0):
+    """The value of metric NAME{LABELS} once PRED holds for it (heartbeats
+    carry the workers' counters, once a second)."""
+    deadline = time.time() + timeout
+    v = None
+    while time.time() < deadline:
+        v = d.metric(name, labels)
+        if v is not None and pred(v):
+            return v
+        time.sleep(0.2)
+    raise AssertionError("%s{%s} = %s" % (name, labels, v))
+
+
+def test_tp_group():
+    """A model with tp: 2 over two GPU workers: rank 0 makes the group's id
+    and the conductor hands it to rank 1's Load; rank 0 alone answers, and
+    rank 1 runs each of its steps.  When one rank dies the group restarts
+    whole: the other rank is taken down too, its requests end UNAVAILABLE,
+    and both come back and serve."""
+    d = E.Daemon(TP_CONFIG)
+    c = d.client()
+    try:
+        _, r = c.infer("echo", E.X(1, 2, 3), timeout=30)
+        assert r.status.code == pb.OK and E.as_i32(r.outputs[0]) == [1, 2, 3], r
+        wait_metric(d, "baton_worker_tp_steps_total", 'worker="gpu1"', lambda v: v >= 1)
+        rids = {c.request("echo", E.X(i)): i for i in range(20)}
+        for _ in rids:
+            m = c.recv(30)
+            while m is not None and not m.HasField("response"):
+                m = c.recv(30)
+            assert m is not None, "a request of the group got no answer"
+            assert m.response.status.code == pb.OK, m.response.status
+            assert E.as_i32(m.response.outputs[0]) == [rids[m.response.request_id]]
+        # Batches of up to 8 on the leader: as many steps on the follower.
+        steps = wait_metric(d, "baton_worker_tp_steps_total", 'worker="gpu1"', lambda v: v >= 3)
+        assert steps <= 21, steps
+        assert d.metric("baton_worker_tp_steps_total", 'worker="gpu0"') == 0
+        # The follower dies with requests in flight on the leader.
+        pid0, pid1 = d.worker_pid("gpu0"), d.worker_pid("gpu1")
+        rids = [c.request("slow", E.X(i)) for i in range(4)]
+        time.sleep(0.1)
+        os.kill(pid1, signal.SIGKILL)
+        E.wait_all_unavailable(c, rids, 20)
+        E.wait_restarted(d, c, "gpu1", pid1, timeout=30)
+        assert d.worker_pid("gpu0") not in (None, pid0), "the leader was not restarted"
+        assert d.metric("baton_worker_restarts_total", 'worker="gpu0"') >= 1
+        _, r = c.infer("echo", E.X(7), timeout=30)
+        assert r.status.code == pb.OK and E.as_i32(r.outputs[0]) == [7], r
+        assert "of its tensor-parallel group (model echo_tp) was lost" in d.tail() or \
+            "of its tensor-parallel group (model slow_tp) was lost" in d.tail(), d.tail()
+    finally:
+        c.close()
+        found = problems(d)
+        d.stop()
+    assert not found, "the emulator reported problems:\n" + "".join(found[:20])
+
+
 CHAT_CONFIG = daemon_yaml(600000) + """workers:
   - {name: cpu0, device: cpu, pool_mb: 64}
   - {name: gpu0, device: 'cuda:0', pool_mb: 64}
   - {name: gpu1, device: 'cuda:0', pool_mb: 64}
+  - {name: gpu2, device: 'cuda:1', pool_mb: 64}
+  - {name: gpu3, device: 'cuda:2', pool_mb: 64}
 models:
   - {name: llm_cpu, backend: transformer, worker: cpu0, max_batch: 2,
      options: {path: MODEL, max_seq: 96, prefill_chunk: 32}}
   - {name: llm_gpu, backend: transformer, worker: gpu0, max_batch: 2,
      options: {path: MODEL, max_seq: 96, prefill_chunk: 32}}
   - {name: llm_gpu_b, backend: transformer, worker: gpu1, max_batch: 2,
+     options: {path: MODEL, max_seq: 96, prefill_chunk: 32}}
+  # Tensor parallel: half the FFN on each of two GPUs, an all-reduce over
+  # NCCL per layer.
+  - {name: llm_tp, backend: transformer, workers: [gpu2, gpu3], tp: 2, max_batch: 2,
      options: {path: MODEL, max_seq: 96, prefill_chunk: 32}}
 graphs:
   # Disaggregated: prefill on gpu0, the decode loop on gpu1; the KV cache
@@ -332,7 +400,7 @@ graphs:
                      outputs: [{name: token, to: decode},
                                {name: token, to: client, new_token: true}]}
 """
-for dev in ("cpu", "gpu"):
+for dev in ("cpu", "gpu", "tp"):
     CHAT_CONFIG += """
   - name: chat_%(d)s
     inputs: [prompt]
@@ -359,7 +427,7 @@ def test_chat_cuda_equals_cpu():
     if not os.path.exists(MODEL):
         print("SKIP test_chat_cuda_equals_cpu: %s is absent (scripts/fetch-model.sh)" % MODEL)
         return "skip"
-    d = E.Daemon(CHAT_CONFIG.replace("MODEL", MODEL))
+    d = E.Daemon(CHAT_CONFIG.replace("MODEL", MODEL), wait=False)
     c = d.client()
     try:
         def ids(r):
@@ -369,31 +437,46 @@ def test_chat_cuda_equals_cpu():
         def prompt(p):
             return {"prompt": (pb.U8, [len(p)], p)}
 
+        def both_at_once(graph):
+            """Both prompts in flight together: each gives the CPU's ids."""
+            rids = {c.request(graph, prompt(p)): p for p in PROMPTS}
+            got = {}
+            deadline = time.time() + 600
+            while len(got) < len(rids) and time.time() < deadline:
+                m = c.recv(600)
+                if m is not None and m.HasField("response"):
+                    got[m.response.request_id] = m.response
+            for rid, p in rids.items():
+                assert rid in got, (graph, p, "no answer")
+                assert ids(got[rid]) == want[p], (graph, p, ids(got[rid]), want[p])
+
+        # Five workers load the model at once on the emulator.
+        d.wait_ready(timeout=300)
         want = {}
         for p in PROMPTS:
             _, r = c.infer("chat_cpu", prompt(p), timeout=300)
             want[p] = ids(r)
             assert len(want[p]) >= 2, want[p]
-        # Alone on the GPU worker, then the two at once (their decode steps
-        # share executions: a batch of 2 on the device).
-        for p in PROMPTS:
-            _, r = c.infer("chat_gpu", prompt(p), timeout=600)
-            assert ids(r) == want[p], (p, ids(r), want[p])
-        rids = {c.request("chat_gpu", prompt(p)): p for p in PROMPTS}
-        got = {}
-        deadline = time.time() + 600
-        while len(got) < len(rids) and time.time() < deadline:
-            m = c.recv(600)
-            if m is not None and m.HasField("response"):
-                got[m.response.request_id] = m.response
-        for rid, p in rids.items():
-            assert ids(got[rid]) == want[p], (p, ids(got[rid]), want[p])
+        # One alone on the GPU worker, then the two at once (their decode
+        # steps share executions: a batch of 2 on the device).
+        p = PROMPTS[0]
+        _, r = c.infer("chat_gpu", prompt(p), timeout=600)
+        assert ids(r) == want[p], (p, ids(r), want[p])
+        both_at_once("chat_gpu")
         # Disaggregated: the same ids, and gpu1 read the cache (and every
         # token) where gpu0 wrote it: it staged nothing.
         p = PROMPTS[0]
         _, r = c.infer("chat_split", prompt(p), timeout=600)
         assert ids(r) == want[p], (p, ids(r), want[p])
         assert settled(d, "gpu1") == 0, staged(d, "gpu1")
+        # Tensor parallel over gpu2 and gpu3, the two prompts at once (a
+        # batch of 2, which rank 1 runs too): the same ids.  When they end,
+        # both ranks closed their sessions.
+        both_at_once("chat_tp")
+        assert wait_metric(d, "baton_worker_tp_steps_total", 'worker="gpu3"',
+                           lambda v: v >= 3) >= 3
+        for w in ("gpu2", "gpu3"):
+            wait_metric(d, "baton_worker_sessions", 'worker="%s"' % w, lambda v: v == 0)
     finally:
         c.close()
         found = problems(d)
@@ -437,7 +520,7 @@ def main():
         if found:
             failed += 1
             print("FAIL the emulator reported problems:\n%s" % "".join(found[:20]), flush=True)
-    for t in (test_check_config, test_device_lost, test_chat_cuda_equals_cpu):
+    for t in (test_check_config, test_device_lost, test_tp_group, test_chat_cuda_equals_cpu):
         if not only or t.__name__ in only:
             run(t)
     print("gpu worker: %d passed, %d failed, %d skipped" % (passed, failed, skipped))
