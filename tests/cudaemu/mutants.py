@@ -55,8 +55,8 @@ MUTANTS = [
      "    if (e == cudaSuccess)\n        e = cudaStreamSynchronize(cudaStreamLegacy);\n",
      ""),
     ("sampler: NaN may win", "kernels/cuda/sample.cu",
-     "    return k_logit_better(la, ia, lb, ib);",
-     "    return la > lb || (la == lb && ia < ib);"),
+     "            if (bi < 0 || k_logit_better(x[i], i, bv, bi)) {",
+     "            if (bi < 0 || x[i] > bv || (x[i] == bv && i < bi)) {"),
 ]
 
 CHECKS = ["check_kernels", "check_exec"]

@@ -457,11 +457,11 @@ def test_chat_cuda_equals_cpu():
             _, r = c.infer("chat_cpu", prompt(p), timeout=300)
             want[p] = ids(r)
             assert len(want[p]) >= 2, want[p]
-        # One alone on the GPU worker, then the two at once (their decode
-        # steps share executions: a batch of 2 on the device).
-        p = PROMPTS[0]
-        _, r = c.infer("chat_gpu", prompt(p), timeout=600)
-        assert ids(r) == want[p], (p, ids(r), want[p])
+        # Alone on the GPU worker, then the two at once (their decode steps
+        # share executions: a batch of 2 on the device).
+        for p in PROMPTS:
+            _, r = c.infer("chat_gpu", prompt(p), timeout=600)
+            assert ids(r) == want[p], (p, ids(r), want[p])
         both_at_once("chat_gpu")
         # Disaggregated: the same ids, and gpu1 read the cache (and every
         # token) where gpu0 wrote it: it staged nothing.
