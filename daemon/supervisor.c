@@ -403,42 +403,53 @@ static void send_loads(supervisor *s, sup_worker *w)
     }
 }
 
+/* W's rank in the group of tensor-parallel model MD, or -1 when MD is not
+ * tensor parallel or W is none of its ranks. */
+static int group_rank(const cfg_model *md, const sup_worker *w)
+{
+    for (size_t k = 0; md->tp > 1 && k < md->n_workers; k++)
+        if (strcmp(md->workers[k].s, w->cfg->name) == 0)
+            return (int)k;
+    return -1;
+}
+
+/* The index of the tensor-parallel model called NAME that W is rank 0 of,
+ * or -1: the only worker whose TpGroup and TpStep are taken. */
+static int led_model(const supervisor *s, const sup_worker *w, const char *name)
+{
+    for (size_t m = 0; m < s->cfg->n_models; m++)
+        if (strcmp(s->cfg->models[m].name, name ? name : "") == 0)
+            return group_rank(&s->cfg->models[m], w) == 0 ? (int)m : -1;
+    return -1;
+}
+
 /* Rank 0 of model NAME, worker W, made its group's id: the other ranks
  * that registered and wait for it get their Load now. */
 static void on_tp_group(supervisor *s, sup_worker *w, const Baton__V1__TpGroup *tg)
 {
-    const cfg_config *cfg = s->cfg;
-    for (size_t m = 0; m < cfg->n_models; m++) {
-        const cfg_model *md = &cfg->models[m];
-        if (strcmp(md->name, tg->model ? tg->model : "") != 0)
-            continue;
-        sup_group *g = &s->groups[m];
-        if (md->tp < 2 || strcmp(md->workers[0].s, w->cfg->name) != 0 ||
-            tg->comm_id.len == 0 || tg->comm_id.len > sizeof(g->id) || !g->sent) {
-            bt_warn("worker %s sent a group id for model %s, of which it is not rank 0",
-                    w->cfg->name, md->name);
-            return;
-        }
-        memcpy(g->id, tg->comm_id.data, tg->comm_id.len);
-        g->id_len = tg->comm_id.len;
-        for (size_t k = 1; k < md->n_workers; k++) {
-            sup_worker *x = worker_named(s, md->workers[k].s);
-            if (x && x->state == SUP_LOADING && g->sent[k] != x->registrations)
-                send_load(s, x, m, k);
-        }
+    int m = led_model(s, w, tg->model);
+    sup_group *g = m >= 0 ? &s->groups[m] : NULL;
+    if (!g || tg->comm_id.len == 0 || tg->comm_id.len > sizeof(g->id)) {
+        bt_warn("worker %s sent a group id for model %s, of which it is not rank 0",
+                w->cfg->name, tg->model ? tg->model : "?");
         return;
+    }
+    const cfg_model *md = &s->cfg->models[m];
+    memcpy(g->id, tg->comm_id.data, tg->comm_id.len);
+    g->id_len = tg->comm_id.len;
+    for (size_t k = 1; k < md->n_workers; k++) {
+        sup_worker *x = worker_named(s, md->workers[k].s);
+        if (x && x->state == SUP_LOADING && g->sent[k] != x->registrations)
+            send_load(s, x, (size_t)m, k);
     }
 }
 
 /* Is W one of the ranks of a tensor-parallel model? */
 static bool in_group(const supervisor *s, const sup_worker *w)
 {
-    for (size_t m = 0; m < s->cfg->n_models; m++) {
-        const cfg_model *md = &s->cfg->models[m];
-        for (size_t k = 0; md->tp > 1 && k < md->n_workers; k++)
-            if (strcmp(md->workers[k].s, w->cfg->name) == 0)
-                return true;
-    }
+    for (size_t m = 0; m < s->cfg->n_models; m++)
+        if (group_rank(&s->cfg->models[m], w) >= 0)
+            return true;
     return false;
 }
 
@@ -461,24 +472,23 @@ static void take_down(supervisor *s, sup_worker *x, const char *why)
 /* Relays rank 0's step of a tensor-parallel model to the other ranks. */
 static void on_tp_step(supervisor *s, sup_worker *w, const Baton__V1__TpStep *st)
 {
-    const cfg_config *cfg = s->cfg;
-    for (size_t m = 0; m < cfg->n_models; m++) {
-        const cfg_model *md = &cfg->models[m];
-        if (md->tp < 2 || strcmp(md->name, st->model ? st->model : "") != 0 ||
-            strcmp(md->workers[0].s, w->cfg->name) != 0)
-            continue;
-        Baton__V1__ConductorMessage cm = BATON__V1__CONDUCTOR_MESSAGE__INIT;
-        cm.msg_case = BATON__V1__CONDUCTOR_MESSAGE__MSG_TP_STEP;
-        cm.tp_step = (Baton__V1__TpStep *)st;
-        for (size_t k = 1; k < md->n_workers; k++) {
-            sup_worker *x = worker_named(s, md->workers[k].s);
-            /* A step a rank does not get leaves the others waiting for it
-             * in a collective: the group starts over. */
-            if (x && (x->state == SUP_LOADING || x->state == SUP_READY) &&
-                sup_send(s, x->index, &cm) != 0)
-                take_down(s, x, "a step of its tensor-parallel group could not be sent to it");
-        }
+    int m = led_model(s, w, st->model);
+    if (m < 0) {
+        bt_warn("worker %s sent a step of model %s, of which it is not rank 0", w->cfg->name,
+                st->model ? st->model : "?");
         return;
+    }
+    const cfg_model *md = &s->cfg->models[m];
+    Baton__V1__ConductorMessage cm = BATON__V1__CONDUCTOR_MESSAGE__INIT;
+    cm.msg_case = BATON__V1__CONDUCTOR_MESSAGE__MSG_TP_STEP;
+    cm.tp_step = (Baton__V1__TpStep *)st;
+    for (size_t k = 1; k < md->n_workers; k++) {
+        sup_worker *x = worker_named(s, md->workers[k].s);
+        /* A step a rank does not get leaves the others waiting for it in a
+         * collective: the group starts over. */
+        if (x && (x->state == SUP_LOADING || x->state == SUP_READY) &&
+            sup_send(s, x->index, &cm) != 0)
+            take_down(s, x, "a step of its tensor-parallel group could not be sent to it");
     }
 }
 
@@ -490,10 +500,7 @@ static void break_groups(supervisor *s, sup_worker *w)
     const cfg_config *cfg = s->cfg;
     for (size_t m = 0; m < cfg->n_models; m++) {
         const cfg_model *md = &cfg->models[m];
-        bool member = false;
-        for (size_t k = 0; md->tp > 1 && k < md->n_workers; k++)
-            member = member || strcmp(md->workers[k].s, w->cfg->name) == 0;
-        if (!member)
+        if (group_rank(md, w) < 0)
             continue;
         sup_group *g = &s->groups[m];
         g->id_len = 0;

@@ -258,7 +258,7 @@ static void run_batch(wk_worker *w, baton_ctx *ctx, wk_model *m, wk_item **batch
         if (it->status == BATON_STATUS_OK && !atomic_load(&it->cancelled))
             run[n_run++] = &it->b;
     }
-    if (m->tp_size > 1 && m->tp_rank == 0 && (n_run || n_closed) &&
+    if (wk_model_leads(m) && (n_run || n_closed) &&
         wk_tp_lead(w, ctx, m, closed, n_closed, run, n_run) != 0)
         n_run = 0;
     if (n_run)
@@ -350,7 +350,7 @@ static void *lane_main(void *arg)
         pthread_mutex_unlock(&w->lock);
         /* A tensor-parallel leader names the sessions it closes in its
          * next step, so that its followers close theirs at the same point. */
-        bool lead = m->tp_size > 1 && m->tp_rank == 0;
+        bool lead = wk_model_leads(m);
         uint32_t closed = 0;
         for (wk_close *c = closing; c; c = c->next)
             closed++;

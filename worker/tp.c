@@ -272,7 +272,7 @@ void wk_tp_on_step(wk_worker *w, Baton__V1__ConductorMessage *msg)
     s->msg = msg;
     pthread_mutex_lock(&w->lock);
     wk_model *m = wk_model_find(w, model);
-    if (m && m->tp_size > 1 && m->tp_rank > 0) {
+    if (m && wk_model_follows(m)) {
         append(&m->tp_head, &m->tp_tail, s);
         pthread_cond_broadcast(&w->work);
         pthread_mutex_unlock(&w->lock);

@@ -259,7 +259,7 @@ static void on_loaded(wk_worker *w, wk_load *ld)
             pthread_mutex_lock(&w->lock);
             m->next = w->models;
             w->models = m;
-            if (m->tp_size > 1 && m->tp_rank > 0)
+            if (wk_model_follows(m))
                 wk_tp_loaded(w, m);
             pthread_mutex_unlock(&w->lock);
         }

@@ -340,6 +340,17 @@ void wk_executor_exit_if_lost(wk_worker *w, const wk_model *m);
 
 /* --- tp.c: tensor-parallel groups ----------------------------------------- */
 
+/* Whether this worker holds M as rank 0 of a tensor-parallel group (it
+ * runs the steps and tells the others), or as one of the other ranks. */
+static inline bool wk_model_leads(const wk_model *m)
+{
+    return m->tp_size > 1 && m->tp_rank == 0;
+}
+static inline bool wk_model_follows(const wk_model *m)
+{
+    return m->tp_size > 1 && m->tp_rank > 0;
+}
+
 /* Leader (rank 0 of a group): hands the step about to run (sessions closed
  * first, then the N items of RUN) to the I/O thread for the followers,
  * with the inputs' bytes read on CTX's stream.  Returns 0, or -1 after
