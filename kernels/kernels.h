@@ -79,6 +79,52 @@ int k_qmatmul(float *y, const void *w, kdtype t, const float *x, int m, int rows
 /* Whether k_qmatvec takes the AVX2 path on this machine. */
 int k_have_avx2(void);
 
+/* ---- integer quantized products --------------------------------------------- */
+
+/* What the CPU's fast paths may use: K_ISA_REF (plain C), K_ISA_AVX2 (AVX2,
+ * FMA, F16C) or K_ISA_VNNI (AVX-512 VNNI and BW on 256-bit vectors, which
+ * multiplies bytes in one instruction).  k_cpu_isa is the best this machine
+ * has, lowered by the environment variable BATON_CPU_ISA (ref, avx2, vnni)
+ * so that every path can be run and compared on one machine. */
+enum { K_ISA_REF = 0, K_ISA_AVX2 = 1, K_ISA_VNNI = 2 };
+int k_cpu_isa(void);
+
+/* A block of 32 activations quantized to 8 bits: x[i] ~ q[i] * d, with
+ * S = d * sum(q) kept for the weight types with an offset (ggml's Q8_1,
+ * with f32 scales).  Products of these with weight blocks are sums of
+ * integer products, scaled once per block: llama.cpp's way of computing a
+ * quantized matrix product, several times faster than widening the weights
+ * to f32, at the cost of rounding the activations to 8 bits. */
+typedef struct k_q8a {
+    float d;
+    float s;
+    int8_t q[32];
+} k_q8a;
+
+/* N floats (a multiple of 32) into N / 32 blocks: d = max|x| / 127 and q
+ * the nearest integer (ties to even) to x / d.  Every ISA gives the same
+ * bytes. */
+void k_quantize_act(k_q8a *a, const float *x, size_t n, int isa);
+
+/* Y[j * LDY + r] = W[r, :] . A[j, :] for rows R0 <= r < R1 of W (blocks of
+ * T: KD_Q8_0, KD_Q4_0, KD_Q4_1) and the M rows of A (COLS / 32 blocks
+ * each), on instruction set ISA (K_ISA_REF: the scalar reference, exact
+ * integer sums scaled per block in order).  -EINVAL for a bad type or
+ * shape. */
+int k_qmatmul_q8(float *y, size_t ldy, const void *w, kdtype t, const k_q8a *a, int m, int r0,
+                 int r1, int cols, int isa);
+
+typedef struct kth_pool kth_pool;
+
+/* Y[M, ROWS] = X[M, COLS] W[ROWS, COLS]^T with W in blocks of T, on the
+ * threads of POOL (NULL or held by another thread: the caller's thread
+ * alone), each taking a share of W's rows.  ACT_Q8: X is first quantized
+ * (k_quantize_act) and the products are integer ones (k_qmatmul_q8); else
+ * they are f32 products with the blocks widened on the fly (k_qmatmul),
+ * which agree with the f32 reference up to summation order. */
+int k_qmatmul_mt(kth_pool *pool, float *y, const void *w, kdtype t, const float *x, int m,
+                 int rows, int cols, int act_q8);
+
 /* ---- normalization, position, softmax --------------------------------------- */
 
 /* Per row of DIM: OUT = X / sqrt(mean(X^2) + EPS) * W. */
@@ -124,6 +170,18 @@ void k_attn_prefill(float *out, const float *q, const float *k, const float *v, 
 void k_attn_decode(float *out, const float *q, const float *k, const float *v, float *const *kc,
                    float *const *vc, const int32_t *lens, int batch, int n_head, int n_kv,
                    int hd);
+
+/* The same two on the threads of POOL (NULL or held elsewhere: the
+ * caller's thread), vectorized with AVX2 where the CPU has it and HD is a
+ * multiple of 8, else the references above.  In the decode form a negative
+ * LENS[b] marks a row without a sequence: its output is zeros and its
+ * cache untouched.  0, or -ENOMEM when a thread had no memory for a long
+ * context's scores. */
+int k_attn_prefill_mt(kth_pool *pool, float *out, const float *q, const float *k, const float *v,
+                      float *kc, float *vc, int pos0, int n_tok, int n_head, int n_kv, int hd);
+int k_attn_decode_mt(kth_pool *pool, float *out, const float *q, const float *k, const float *v,
+                     float *const *kc, float *const *vc, const int32_t *lens, int batch,
+                     int n_head, int n_kv, int hd);
 
 /* ---- sampling ------------------------------------------------------------------- */
 

@@ -140,22 +140,31 @@ static int op_embed(const kx_op_ctx *c, int how)
     return 0;
 }
 
-/* Up to this many rows, a product with quantized weights dequantizes the
- * blocks on the fly (k_qmatmul: one pass over the weights per 8 rows);
- * beyond, the weights are widened to f32 once and sgemm takes them.  The
- * crossover was measured with tests/bench/bench_ops (qmatmul rows). */
+/* Up to this many rows, a product with quantized weights and f32
+ * activations dequantizes the blocks on the fly (k_qmatmul: one pass over
+ * the weights per 8 rows); beyond, the weights are widened to f32 once and
+ * sgemm takes them.  The crossover was measured with tests/bench/bench_ops
+ * (qmatmul rows).  With 8-bit activations every product takes the integer
+ * path, which beats sgemm at any row count. */
 #define QMATMUL_MAX_ROWS 16
 
+static const kt_cpu_opts NO_OPTS = {NULL, 0};
+
+static const kt_cpu_opts *cpu_opts(const kx_op_ctx *c)
+{
+    return c->user ? (const kt_cpu_opts *)c->user : &NO_OPTS;
+}
+
 /* Y[M, N] = A[M, K] W[N, K]^T for a W of any weight type. */
-static int matmul_any(float *y, const float *a, const void *w, kdtype wt, int64_t m, int64_t n,
-                      int64_t k)
+static int matmul_any(const kt_cpu_opts *o, float *y, const float *a, const void *w, kdtype wt,
+                      int64_t m, int64_t n, int64_t k)
 {
     if (wt == KD_F32) {
         k_matmul(y, a, w, 1, (int)m, (int)n, (int)k, 0, 0, 0);
         return 0;
     }
-    if (is_block(wt) && m <= QMATMUL_MAX_ROWS)
-        return k_qmatmul(y, w, wt, a, (int)m, (int)n, (int)k);
+    if (is_block(wt) && (o->act_q8 || m <= QMATMUL_MAX_ROWS))
+        return k_qmatmul_mt(o->pool, y, w, wt, a, (int)m, (int)n, (int)k, o->act_q8);
     /* Many rows (prefill): widen the weights once and use sgemm. */
     float *wf = malloc((size_t)n * (size_t)k * sizeof(float));
     if (!wf)
@@ -196,7 +205,7 @@ static int op_matmul(const kx_op_ctx *c, int how)
     }
 #endif
     ON_GPU(how, -ENOSYS);
-    if ((rc = matmul_any(c->out[0], c->in[0], c->in[1], w->dtype, m, n, k)))
+    if ((rc = matmul_any(cpu_opts(c), c->out[0], c->in[0], c->in[1], w->dtype, m, n, k)))
         return rc;
     if (c->op->op == KOP_MATMUL_ALLREDUCE)
         return k_allreduce_sum(c->out[0], (size_t)(m * n), c->op->n_attr ? (int)c->op->attr[0] : 1);
@@ -221,7 +230,8 @@ static int op_qmatvec(const kx_op_ctx *c, int how)
             return rc;
 #endif
     ON_GPU(how, 0);
-    return k_qmatmul(c->out[0], c->in[0], w->dtype, c->in[1], (int)m, (int)n, (int)k);
+    return k_qmatmul_mt(cpu_opts(c)->pool, c->out[0], c->in[0], w->dtype, c->in[1], (int)m, (int)n,
+                        (int)k, cpu_opts(c)->act_q8);
 }
 
 static int op_elementwise(const kx_op_ctx *c, int how)
@@ -370,10 +380,12 @@ static int op_attn_prefill(const kx_op_ctx *c, int how)
         int64_t p0 = pos[s * t];
         if (p0 < 0 || p0 + t > cap)
             return -ERANGE;  /* the tokens would not fit in the cache */
-        k_attn_prefill((float *)c->out[0] + s * t * h * hd, (const float *)c->in[0] + s * t * h * hd,
-                       (const float *)c->in[1] + s * t * kv * hd,
-                       (const float *)c->in[2] + s * t * kv * hd, (float *)c->out[1] + (size_t)s * cache,
-                       (float *)c->out[2] + (size_t)s * cache, (int)p0, (int)t, (int)h, (int)kv, (int)hd);
+        if ((rc = k_attn_prefill_mt(
+                 cpu_opts(c)->pool, (float *)c->out[0] + s * t * h * hd,
+                 (const float *)c->in[0] + s * t * h * hd, (const float *)c->in[1] + s * t * kv * hd,
+                 (const float *)c->in[2] + s * t * kv * hd, (float *)c->out[1] + (size_t)s * cache,
+                 (float *)c->out[2] + (size_t)s * cache, (int)p0, (int)t, (int)h, (int)kv, (int)hd)))
+            return rc;
     }
     return 0;
 }
@@ -394,18 +406,21 @@ static int op_attn_decode(const kx_op_ctx *c, int how)
     ON_GPU(how, k_cuda_attn_decode_strided(c->out[0], c->in[0], c->in[1], c->in[2], c->out[1],
                                            c->out[2], cache, lens, (int)n, (int)h, (int)kv, (int)hd,
                                            (int)cap, c->flag, c->queue));
-    for (int64_t s = 0; s < n; s++) {
-        float *o = (float *)c->out[0] + s * h * hd;
-        if (lens[s] < 0) {
-            memset(o, 0, (size_t)(h * hd) * sizeof(float));
-            continue;
+    float *kcs[64], *vcs[64];
+    for (int64_t s0 = 0; s0 < n; s0 += 64) {
+        int64_t ns = n - s0 < 64 ? n - s0 : 64;
+        for (int64_t s = 0; s < ns; s++) {
+            if (lens[s0 + s] >= cap)
+                return -ERANGE;  /* no row left in this sequence's cache */
+            kcs[s] = (float *)c->out[1] + (size_t)(s0 + s) * cache;
+            vcs[s] = (float *)c->out[2] + (size_t)(s0 + s) * cache;
         }
-        if (lens[s] >= cap)
-            return -ERANGE;  /* no row left in this sequence's cache */
-        float *kc = (float *)c->out[1] + (size_t)s * cache, *vc = (float *)c->out[2] + (size_t)s * cache;
-        k_attn_decode(o, (const float *)c->in[0] + s * h * hd, (const float *)c->in[1] + s * kv * hd,
-                      (const float *)c->in[2] + s * kv * hd, &kc, &vc, &lens[s], 1, (int)h, (int)kv,
-                      (int)hd);
+        if ((rc = k_attn_decode_mt(cpu_opts(c)->pool, (float *)c->out[0] + s0 * h * hd,
+                                   (const float *)c->in[0] + s0 * h * hd,
+                                   (const float *)c->in[1] + s0 * kv * hd,
+                                   (const float *)c->in[2] + s0 * kv * hd, kcs, vcs, lens + s0,
+                                   (int)ns, (int)h, (int)kv, (int)hd)))
+            return rc;
     }
     return 0;
 }

@@ -12,8 +12,20 @@
 
 #include "kernels/exec.h"
 
-/* Fills T with the CPU kernels: the OpenBLAS matmul, the AVX2 quantized
- * products where the CPU has them, the plain references for the rest. */
+/* How the CPU table runs, pointed at by kx_op_table.user (which must then
+ * outlive the executables); a NULL user means one thread and f32
+ * activations. */
+typedef struct kt_cpu_opts {
+    struct kth_pool *pool;  /* threads the heavy ops share (kernels/cpu/threads.h),
+                               or NULL: each op on its stream's thread; not owned */
+    int act_q8;             /* quantized products quantize their activations to
+                               8 bits (k_qmatmul_mt); 0: f32 activations */
+} kt_cpu_opts;
+
+/* Fills T with the CPU kernels: the OpenBLAS matmul, the integer and AVX2
+ * quantized products where the CPU has them, the plain references for the
+ * rest.  T's user is NULL: set it to a kt_cpu_opts to use threads or 8-bit
+ * activations. */
 void kt_cpu_ops(kx_op_table *t);
 
 /* Checks, before compiling, that every op of G has operands the CPU table

@@ -54,6 +54,7 @@
 #include "backends/transformer/model.h"
 #include "backends/transformer/transformer.h"
 #include "backends/transformer/tokenizer.h"
+#include "kernels/cpu/threads.h"
 
 /* OpenBLAS's own control of its thread pool (cblas.h declares it only in
  * some versions). */
@@ -82,6 +83,8 @@ struct baton_model {
     uint64_t weight_bytes;      /* bytes of the mapped tensors in use */
     char *report;               /* model_describe's text; owned */
     const kx_device *dev;       /* NULL: the CPU; else the GPU the executables run on */
+    kth_pool *pool;             /* CPU: the kernels' threads (option threads), owned */
+    kt_cpu_opts cpu;            /* CPU: the op table's user: pool, activations */
     int ordinal;                /* that GPU's number; -1 on the CPU */
     int tp_rank;                /* this rank's shard of the FFN (shape.tp ranks) */
     void *comm;                 /* shape.tp > 1: the group's NCCL communicator (owned) */
@@ -404,11 +407,13 @@ static int compile(baton_model *m, kg_graph *g, const char *what, const baton_lo
         use = &prof;
     }
     kx_op_table ops;
-    if (m->dev)
+    if (m->dev) {
         kt_cuda_ops(&ops);
-    else
+        ops.user = m->comm; /* the ALLREDUCE of a sharded model */
+    } else {
         kt_cpu_ops(&ops);
-    ops.user = m->comm; /* the ALLREDUCE of a sharded model */
+        ops.user = &m->cpu;
+    }
     /* On a GPU a decode step is captured once per batch size as a CUDA
      * graph and replayed: a step of a small model is hundreds of short
      * kernels, whose launch cost a replay removes. */
@@ -440,6 +445,7 @@ static void model_unload(baton_model *m)
         return;
     kx_destroy(m->prefill);
     kx_destroy(m->decode);
+    kth_pool_destroy(m->pool);
 #ifdef BATON_CUDA
     k_cuda_comm_destroy(m->comm);
 #endif
@@ -637,8 +643,25 @@ static baton_status model_load(const baton_load_params *p, baton_model **out, ch
         st = BATON_STATUS_INVALID_ARGUMENT;
         goto err;
     }
-    if (threads > 0 || p->threads > 0)
-        openblas_set_num_threads(threads > 0 ? (int)threads : (int)p->threads);
+    const char *act = baton_load_option(p, "activations");
+    if (act && strcmp(act, "q8") != 0 && strcmp(act, "f32") != 0) {
+        snprintf(err, errlen, "option activations = '%s': use q8 (8-bit activations and integer "
+                 "products, the default) or f32", act);
+        st = BATON_STATUS_INVALID_ARGUMENT;
+        goto err;
+    }
+    int n_threads = threads > 0 ? (int)threads : p->threads > 0 ? (int)p->threads : 1;
+    if (n_threads > 1)
+        openblas_set_num_threads(n_threads);
+    if (!dev) {
+        int rc = kth_pool_create(n_threads, &m->pool);
+        if (rc) {
+            snprintf(err, errlen, "starting %d kernel threads: %s", n_threads, bt_strerror(rc));
+            st = BATON_STATUS_RESOURCE_EXHAUSTED;
+            goto err;
+        }
+        m->cpu = (kt_cpu_opts){m->pool, !act || strcmp(act, "q8") == 0};
+    }
     uint64_t wb = 0;
     if (compile(m, ktf_build_prefill(&m->shape, 1, m->chunk, m->max_seq), "prefill", p,
                 &m->prefill, &wb, why, sizeof(why)) ||

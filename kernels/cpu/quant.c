@@ -11,7 +11,8 @@
 
 /* Defined in quant_avx2.c; 0 when the build target is not x86-64. */
 int k__qmatvec_avx2(float *y, const void *w, kdtype t, const float *x, int rows, int cols);
-int k__qmatmul_avx2(float *y, const void *w, kdtype t, const float *x, int m, int rows, int cols);
+int k__qmatmul_avx2(float *y, size_t ldy, const void *w, kdtype t, const float *x, int m, int rows,
+                    int cols);
 
 size_t k_block_bytes(kdtype t)
 {
@@ -142,7 +143,7 @@ int k_qmatmul(float *y, const void *w, kdtype t, const float *x, int m, int rows
     if (!k_block_bytes(t) || cols % K_QK || rows < 0 || m < 0)
         return -EINVAL;
     if (k_have_avx2())
-        return k__qmatmul_avx2(y, w, t, x, m, rows, cols);
+        return k__qmatmul_avx2(y, (size_t)rows, w, t, x, m, rows, cols);
     for (int j = 0; j < m; j++)
         k_qmatvec_ref(y + (size_t)j * rows, w, t, x + (size_t)j * cols, rows, cols);
     return 0;

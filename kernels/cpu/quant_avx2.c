@@ -13,7 +13,8 @@
 #include "kernels/kernels.h"
 
 int k__qmatvec_avx2(float *y, const void *w, kdtype t, const float *x, int rows, int cols);
-int k__qmatmul_avx2(float *y, const void *w, kdtype t, const float *x, int m, int rows, int cols);
+int k__qmatmul_avx2(float *y, size_t ldy, const void *w, kdtype t, const float *x, int m, int rows,
+                    int cols);
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -123,11 +124,11 @@ AVX2 static inline void block_ps(const uint8_t *b, kdtype t, __m256 wv[4])
     wv[3] = _mm256_fmadd_ps(i8x8_ps(_mm_srli_si128(hi, 8)), d, mn);
 }
 
-/* Y[M, ROWS] = X[M, COLS] W[ROWS, COLS]^T: each block of a weight row is
- * dequantized once and used for up to QMM_ROWS rows of X, so M rows cost
- * about one pass over the weights rather than M. */
-AVX2 int k__qmatmul_avx2(float *y, const void *w, kdtype t, const float *x, int m, int rows,
-                         int cols)
+/* Y[M, ROWS] = X[M, COLS] W[ROWS, COLS]^T, Y's rows LDY floats apart: each
+ * block of a weight row is dequantized once and used for up to QMM_ROWS
+ * rows of X, so M rows cost about one pass over the weights rather than M. */
+AVX2 int k__qmatmul_avx2(float *y, size_t ldy, const void *w, kdtype t, const float *x, int m,
+                         int rows, int cols)
 {
     size_t bb = k_block_bytes(t);
     int nb = cols / K_QK;
@@ -151,7 +152,7 @@ AVX2 int k__qmatmul_avx2(float *y, const void *w, kdtype t, const float *x, int 
                 }
             }
             for (int j = 0; j < mj; j++)
-                y[(size_t)(j0 + j) * rows + r] = hsum(acc[j]);
+                y[(size_t)(j0 + j) * ldy + r] = hsum(acc[j]);
         }
     }
     return 0;
@@ -169,11 +170,11 @@ int k__qmatvec_avx2(float *y, const void *w, kdtype t, const float *x, int rows,
     return k_qmatvec_ref(y, w, t, x, rows, cols);
 }
 
-int k__qmatmul_avx2(float *y, const void *w, kdtype t, const float *x, int m, int rows, int cols)
+int k__qmatmul_avx2(float *y, size_t ldy, const void *w, kdtype t, const float *x, int m,
+                    int rows, int cols)
 {
-    for (int j = 0; j < m; j++)
-        k_qmatvec_ref(y + (size_t)j * rows, w, t, x + (size_t)j * cols, rows, cols);
-    return 0;
+    (void)y, (void)ldy, (void)w, (void)t, (void)x, (void)m, (void)rows, (void)cols;
+    return -ENOSYS; /* k_have_avx2 is 0: never called */
 }
 
 #endif

@@ -283,10 +283,12 @@ static kx_device sim_device(sim *s)
 /* The op tables: every op is deferred onto its queue; what runs later is
  * the CPU table's function (or a test op). */
 static kx_op_fn deferred[KOP_COUNT];
+static void *deferred_user; /* the inner table's user, which its functions read */
 
 static int defer_op(const kx_op_ctx *c)
 {
     cmd d = {.kind = CMD_OP, .q = c->queue, .ctx = *c, .fn = deferred[c->op->op]};
+    d.ctx.user = deferred_user;
     assert_non_null(c->queue);
     assert_non_null(c->flag);
     sim_push(c->user, d);
@@ -296,6 +298,7 @@ static int defer_op(const kx_op_ctx *c)
 static kx_op_table deferred_table(sim *s, const kx_op_table *inner)
 {
     kx_op_table t = {{0}, s};
+    deferred_user = inner->user;
     for (int k = 0; k < KOP_COUNT; k++) {
         deferred[k] = inner->fn[k];
         t.fn[k] = inner->fn[k] ? defer_op : NULL;

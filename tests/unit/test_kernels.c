@@ -13,12 +13,14 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 
 #include "kernels/cpu/half.h"
 #include "kernels/cpu/philox.h"
 #include "kernels/cpu/quant.h"
+#include "kernels/cpu/threads.h"
 #include "kernels/kernels.h"
 
 /* ---- helpers --------------------------------------------------------------- */
@@ -292,6 +294,197 @@ static void test_qmatmul_vs_ref(void **state)
             free(w);
             free(ref);
             free(got);
+        }
+}
+
+/* ---- integer products with 8-bit activations ------------------------------------ */
+
+/* The ISAs this machine can run, the reference first. */
+static int isas(int *out)
+{
+    int n = 0, best = k_cpu_isa();
+    for (int i = K_ISA_REF; i <= best; i++)
+        out[n++] = i;
+    return n;
+}
+
+/* k_quantize_act: every ISA gives the reference's bytes, d = max|x| / 127,
+ * each q within half a step of x / d, and S = d * sum(q). */
+static void test_quantize_act(void **state)
+{
+    (void)state;
+    int is[3], n_isa = isas(is);
+    size_t n = 32 * 37;
+    float *x = rnd(n, 3);
+    x[5] = 0, x[40] = -3.5f; /* a block with an exact extreme */
+    for (int i = 64; i < 96; i++)
+        x[i] = 0;            /* an all-zero block: d = 0, q = 0 */
+    for (int i = 96; i < 128; i++)
+        x[i] = (float)(i - 112) * 0.5f; /* exact halves: ties to even */
+    k_q8a *ref = calloc(n / 32, sizeof(*ref)), *got = calloc(n / 32, sizeof(*got));
+    k_quantize_act(ref, x, n, K_ISA_REF);
+    for (size_t b = 0; b < n / 32; b++) {
+        float amax = 0;
+        int sum = 0;
+        for (int i = 0; i < 32; i++)
+            amax = fmaxf(amax, fabsf(x[b * 32 + i]));
+        assert_true(ref[b].d == amax / 127.0f);
+        for (int i = 0; i < 32; i++) {
+            sum += ref[b].q[i];
+            if (ref[b].d > 0 && fabsf(ref[b].q[i] * ref[b].d - x[b * 32 + i]) > 0.5001f * ref[b].d)
+                fail_msg("block %zu element %d: %g -> %d * %g", b, i, (double)x[b * 32 + i],
+                         ref[b].q[i], (double)ref[b].d);
+        }
+        assert_true(ref[b].s == ref[b].d * (float)sum);
+    }
+    for (int i = 0; i < 32; i++)
+        assert_int_equal(ref[2].q[i], 0);
+    for (int k = 1; k < n_isa; k++) {
+        memset(got, 0x5a, n / 32 * sizeof(*got));
+        k_quantize_act(got, x, n, is[k]);
+        assert_memory_equal(got, ref, n / 32 * sizeof(*got));
+    }
+    free(x);
+    free(ref);
+    free(got);
+}
+
+/* k_qmatmul_q8 on every ISA against its reference, for ragged row counts
+ * (not multiples of the 4-row tiles) and activation rows (1..9), each
+ * within summation-order noise; and the reference against an f32 product
+ * of the dequantized weights with the dequantized activations. */
+static void test_qmatmul_q8_vs_ref(void **state)
+{
+    (void)state;
+    static const int shapes[][3] = {{1, 1, 32}, {3, 5, 64}, {4, 4, 96}, {9, 7, 576},
+                                    {2, 13, 1536}, {5, 33, 160}, {8, 18, 320}};
+    int is[3], n_isa = isas(is);
+    print_message("qmatmul_q8: ISAs ref..%d checked\n", is[n_isa - 1]);
+    for (size_t t = 0; t < 3; t++)
+        for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
+            int m = shapes[s][0], rows = shapes[s][1], cols = shapes[s][2], nb = cols / 32;
+            float *wf = rnd((size_t)rows * cols, 1), *x = rnd((size_t)m * cols, 2);
+            void *w = malloc(kdtype_bytes(qtypes[t], (size_t)rows * cols));
+            assert_int_equal(k_quantize(w, qtypes[t], wf, (size_t)rows * cols), 0);
+            k_q8a *a = calloc((size_t)m * nb, sizeof(*a));
+            k_quantize_act(a, x, (size_t)m * cols, K_ISA_REF);
+            float *ref = poisoned((size_t)m * rows), *got = poisoned((size_t)m * rows);
+            assert_int_equal(k_qmatmul_q8(ref, rows, w, qtypes[t], a, m, 0, rows, cols, K_ISA_REF), 0);
+            /* The reference is the product of what the blocks stand for. */
+            float *xa = malloc((size_t)m * cols * sizeof(float)), *mm = poisoned((size_t)m * rows);
+            for (size_t b = 0; b < (size_t)m * nb; b++)
+                for (int i = 0; i < 32; i++)
+                    xa[b * 32 + i] = a[b].q[i] * a[b].d;
+            assert_int_equal(k_dequantize(wf, qtypes[t], w, (size_t)rows * cols), 0);
+            k_matmul_ref(mm, xa, wf, 1, m, rows, cols, 0, 0, 0);
+            assert_close(ref, mm, (size_t)m * rows, 4e-6f * cols, 1e-5f, "q8 reference vs f32");
+            for (int k = 1; k < n_isa; k++) {
+                /* Two calls over a split of the rows, as two threads would. */
+                int half = rows / 2;
+                assert_int_equal(k_qmatmul_q8(got, rows, w, qtypes[t], a, m, 0, half, cols, is[k]), 0);
+                assert_int_equal(k_qmatmul_q8(got, rows, w, qtypes[t], a, m, half, rows, cols, is[k]), 0);
+                assert_close(got, ref, (size_t)m * rows, 2e-6f * cols, 1e-5f, kdtype_name(qtypes[t]));
+            }
+            assert_int_equal(k_qmatmul_q8(got, rows, w, KD_F16, a, m, 0, rows, cols, K_ISA_REF), -EINVAL);
+            assert_int_equal(k_qmatmul_q8(got, rows, w, qtypes[t], a, m, 0, rows, cols + 1, K_ISA_REF), -EINVAL);
+            free(wf), free(x), free(w), free(a), free(ref), free(got), free(xa), free(mm);
+        }
+}
+
+/* k_qmatmul_mt on pools of 1..3 threads (and none) equals the one-thread
+ * products: f32 activations against k_qmatmul, 8-bit ones against the
+ * reference of k_qmatmul_q8; and a pool held elsewhere still computes. */
+static void test_qmatmul_threads(void **state)
+{
+    (void)state;
+    static const int ms[] = {1, 2, 7, 8, 33};
+    int rows = 101, cols = 576, nb = cols / 32;
+    for (int nth = 0; nth <= 3; nth++) {
+        kth_pool *p = NULL;
+        if (nth)
+            assert_int_equal(kth_pool_create(nth, &p), 0);
+        assert_int_equal(kth_pool_size(p), nth ? nth : 1);
+        for (size_t t = 0; t < 3; t++)
+            for (size_t i = 0; i < sizeof(ms) / sizeof(ms[0]); i++) {
+                int m = ms[i];
+                float *wf = rnd((size_t)rows * cols, 1), *x = rnd((size_t)m * cols, 1);
+                void *w = malloc(kdtype_bytes(qtypes[t], (size_t)rows * cols));
+                assert_int_equal(k_quantize(w, qtypes[t], wf, (size_t)rows * cols), 0);
+                float *ref = poisoned((size_t)m * rows), *got = poisoned((size_t)m * rows);
+                assert_int_equal(k_qmatmul(ref, w, qtypes[t], x, m, rows, cols), 0);
+                assert_int_equal(k_qmatmul_mt(p, got, w, qtypes[t], x, m, rows, cols, 0), 0);
+                assert_close(got, ref, (size_t)m * rows, 2e-6f * cols, 1e-5f, "f32 activations");
+                k_q8a *a = calloc((size_t)m * nb, sizeof(*a));
+                k_quantize_act(a, x, (size_t)m * cols, K_ISA_REF);
+                assert_int_equal(k_qmatmul_q8(ref, rows, w, qtypes[t], a, m, 0, rows, cols, K_ISA_REF), 0);
+                got = memset(got, 0xff, (size_t)m * rows * sizeof(float));
+                assert_int_equal(k_qmatmul_mt(p, got, w, qtypes[t], x, m, rows, cols, 1), 0);
+                assert_close(got, ref, (size_t)m * rows, 2e-6f * cols, 1e-5f, "8-bit activations");
+                if (p) {
+                    /* Held by someone else: the caller's thread alone. */
+                    assert_int_equal(kth_acquire(p), 0);
+                    got = memset(got, 0xff, (size_t)m * rows * sizeof(float));
+                    assert_int_equal(k_qmatmul_mt(p, got, w, qtypes[t], x, m, rows, cols, 1), 0);
+                    kth_release(p);
+                    assert_close(got, ref, (size_t)m * rows, 2e-6f * cols, 1e-5f, "held pool");
+                }
+                free(wf), free(x), free(w), free(a), free(ref), free(got);
+            }
+        kth_pool_destroy(p);
+    }
+    kth_pool_destroy(NULL);
+}
+
+typedef struct pool_probe {
+    int hits[8];        /* per ith: calls this run */
+    int nth_seen;
+} pool_probe;
+
+static void probe_fn(void *arg, int ith, int nth)
+{
+    pool_probe *p = arg;
+    p->hits[ith]++;
+    p->nth_seen = nth;
+}
+
+/* Every run calls each thread exactly once with the pool's size, many times
+ * in a row (no lost or doubled wake-up) and after the threads have gone to
+ * sleep; kth_split covers [0, n) exactly once in grain-sized pieces. */
+static void test_thread_pool(void **state)
+{
+    (void)state;
+    kth_pool *p;
+    assert_int_equal(kth_pool_create(0, &p), -EINVAL);
+    assert_int_equal(kth_pool_create(3, &p), 0);
+    assert_int_equal(kth_acquire(p), 0);
+    for (int r = 0; r < 20000; r++) {
+        pool_probe pr = {{0}, 0};
+        kth_run(p, probe_fn, &pr);
+        if (pr.hits[0] != 1 || pr.hits[1] != 1 || pr.hits[2] != 1 || pr.nth_seen != 3)
+            fail_msg("run %d: hits %d %d %d, nth %d", r, pr.hits[0], pr.hits[1], pr.hits[2],
+                     pr.nth_seen);
+        if (r % 5000 == 4999) {
+            struct timespec ts = {0, 2000000}; /* past the spin: the threads sleep */
+            nanosleep(&ts, NULL);
+        }
+    }
+    assert_int_equal(kth_acquire(p), -EBUSY);
+    assert_non_null(kth_scratch(p, 1000));
+    assert_true(((uintptr_t)kth_scratch(p, 5000) & 63) == 0);
+    kth_release(p);
+    kth_pool_destroy(p);
+    for (int n = 0; n < 70; n++)
+        for (int nth = 1; nth <= 5; nth++) {
+            int covered = 0, prev = 0;
+            for (int i = 0; i < nth; i++) {
+                int lo, hi;
+                kth_split(n, 4, i, nth, &lo, &hi);
+                assert_int_equal(lo, prev);
+                assert_true(hi >= lo && (hi == n || hi % 4 == 0));
+                covered += hi - lo;
+                prev = hi;
+            }
+            assert_int_equal(covered, n);
         }
 }
 
@@ -603,6 +796,10 @@ int main(void)
         cmocka_unit_test(test_quant_roundtrip),
         cmocka_unit_test(test_qmatvec_fast_vs_ref),
         cmocka_unit_test(test_qmatmul_vs_ref),
+        cmocka_unit_test(test_quantize_act),
+        cmocka_unit_test(test_qmatmul_q8_vs_ref),
+        cmocka_unit_test(test_qmatmul_threads),
+        cmocka_unit_test(test_thread_pool),
         cmocka_unit_test(test_elementwise),
         cmocka_unit_test(test_norms),
         cmocka_unit_test(test_rope),

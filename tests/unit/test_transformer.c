@@ -219,8 +219,15 @@ static baton_model *load_on(const char *device, uint32_t max_batch, const char *
     const char *keys[16], *vals[16];
     size_t n = 0;
     keys[n] = "path", vals[n++] = MODEL;
-    for (; kv && kv[0]; kv += 2)
+    bool act = false;
+    for (; kv && kv[0]; kv += 2) {
+        act |= strcmp(kv[0], "activations") == 0;
         keys[n] = kv[0], vals[n++] = kv[1];
+    }
+    /* The reference is an f32 forward pass: compare with f32 activations
+     * unless a test asks otherwise (8-bit ones are checked on their own). */
+    if (!act)
+        keys[n] = "activations", vals[n++] = "f32";
     baton_load_params p = {"llm", keys, vals, n, 0, 1, device, max_batch, 1, NULL, 1, 1};
     baton_model *m = NULL;
     char err[512] = "";
@@ -357,6 +364,82 @@ static void test_prefill_and_greedy_match_reference(void **state)
     fake_reset(&f);
     B->session_close(m, r.s);
     B->model_unload(m);
+}
+
+/* Largest top-two logit gap at which 8-bit activations may pick another
+ * token than the f32 reference.  Rounding each activation to 8 bits per
+ * block of 32 moves the logits of this model by up to about 0.7 (the test
+ * prints the largest move it saw), but mostly all together: the gap
+ * between two tokens moves by less.  Where the reference's two best tokens
+ * are closer than Q8_GAP either may win, as in llama.cpp, which quantizes
+ * activations the same way. */
+#define Q8_GAP 0.5f
+
+/* With the default 8-bit activations (two threads), greedy decoding of
+ * each reference prompt follows the reference's tokens until a step where
+ * the reference's top-two gap is under Q8_GAP; the gaps are those of the
+ * f32 run, which equals the reference token for token. */
+static void test_q8_activations_track_reference(void **state)
+{
+    (void)state;
+    if (!have_model())
+        skip();
+    if (strcmp(test_device(), "cpu") != 0)
+        skip(); /* the GPU kernels take f32 activations only */
+    static const char *const f32[] = {"eos", "49151", "activations", "f32", NULL};
+    static const char *const q8[] = {"eos", "49151", "activations", "q8", "threads", "2", NULL};
+    baton_model *mf = load(1, f32), *mq = load(1, q8);
+    int matched = 0, total = 0;
+    float worst = 0;
+    for (int p = 0; p < MAXP; p++) {
+        const ref_prompt *ref = &REF[p];
+        fake f = {0};
+        fake_reset(&f);
+        req rf, rq, *pf = &rf, *pq = &rq;
+        req_open(mf, &rf);
+        req_open(mq, &rq);
+        int32_t tf, tq;
+        req_item(&rf, "prefill", ref->ids, ref->n);
+        req_item(&rq, "prefill", ref->ids, ref->n);
+        bool diverged = false;
+        for (int step = 0; step < ref->ngreedy && !diverged; step++) {
+            run(mf, &f, &pf, 1, &tf);
+            float gap = INFINITY, top = -INFINITY;
+            const float *lf = f.res[0].out[1]->data;
+            for (int i = 0; i < 49152; i++)
+                top = lf[i] > top ? lf[i] : top;
+            for (int i = 0; i < 49152; i++)
+                if (i != tf && top - lf[i] < gap)
+                    gap = top - lf[i];
+            float ftop = lf[tf];
+            assert_int_equal(tf, ref->greedy[step]);
+            run(mq, &f, &pq, 1, &tq);
+            const float *lq = f.res[0].out[1]->data;
+            float move = fabsf(lq[tf] - ftop);
+            worst = move > worst ? move : worst;
+            total++;
+            if (tq == tf) {
+                matched++;
+            } else {
+                if (gap >= Q8_GAP)
+                    fail_msg("prompt %d step %d: 8-bit activations chose %d over %d, where the "
+                             "reference leads by %.3f", p + 1, step, tq, tf, (double)gap);
+                diverged = true; /* the contexts differ from here on */
+            }
+            int32_t inf = tf, inq = tq;
+            req_item(&rf, "decode", &inf, 1);
+            req_item(&rq, "decode", &inq, 1);
+        }
+        fake_reset(&f);
+        B->session_close(mf, rf.s);
+        B->session_close(mq, rq.s);
+    }
+    print_message("8-bit activations: %d of %d greedy tokens as the reference before any "
+                  "divergence; largest move of the reference token's logit %.3f\n", matched,
+                  total, (double)worst);
+    assert_true(matched > 0);
+    B->model_unload(mf);
+    B->model_unload(mq);
 }
 
 #define TP_STEPS 8
@@ -784,6 +867,7 @@ int main(void)
         cmocka_set_test_filter(filter);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_prefill_and_greedy_match_reference),
+        cmocka_unit_test(test_q8_activations_track_reference),
         cmocka_unit_test(test_batched_decode_matches_reference),
         cmocka_unit_test(test_eviction_keeps_caches),
         cmocka_unit_test(test_eos_finishes),
