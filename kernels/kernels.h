@@ -173,15 +173,18 @@ void k_attn_decode(float *out, const float *q, const float *k, const float *v, f
 
 /* The same two on the threads of POOL (NULL or held elsewhere: the
  * caller's thread), vectorized with AVX2 where the CPU has it and HD is a
- * multiple of 8, else the references above.  In the decode form a negative
- * LENS[b] marks a row without a sequence: its output is zeros and its
- * cache untouched.  0, or -ENOMEM when a thread had no memory for a long
- * context's scores. */
+ * multiple of 8, over caches of CACHE_DT: KD_F32, or KD_F16 (K and V are
+ * rounded to f16 as they are written, and widened as they are read).  In
+ * the decode form a negative LENS[b] marks a row without a sequence: its
+ * output is zeros and its cache untouched.  0, -EINVAL for a bad type or
+ * head count, or -ENOMEM when a thread had no memory for a long context's
+ * scores. */
 int k_attn_prefill_mt(kth_pool *pool, float *out, const float *q, const float *k, const float *v,
-                      float *kc, float *vc, int pos0, int n_tok, int n_head, int n_kv, int hd);
+                      void *kc, void *vc, kdtype cache_dt, int pos0, int n_tok, int n_head,
+                      int n_kv, int hd);
 int k_attn_decode_mt(kth_pool *pool, float *out, const float *q, const float *k, const float *v,
-                     float *const *kc, float *const *vc, const int32_t *lens, int batch,
-                     int n_head, int n_kv, int hd);
+                     void *const *kc, void *const *vc, kdtype cache_dt, const int32_t *lens,
+                     int batch, int n_head, int n_kv, int hd);
 
 /* ---- sampling ------------------------------------------------------------------- */
 

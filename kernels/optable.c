@@ -328,7 +328,7 @@ static int op_rope(const kx_op_ctx *c, int how)
 
 /* The checks both attention ops share: attr {H, KV, HD}, q/k/v rows of N,
  * caches [B, C, KV, HD] f32 updated in place. */
-static int attn_check(const kx_op_ctx *c, int64_t *h, int64_t *kv, int64_t *hd, int64_t *n)
+static int attn_check(const kx_op_ctx *c, int how, int64_t *h, int64_t *kv, int64_t *hd, int64_t *n)
 {
     int rc = io(c, 6, 6, 3);
     if (rc)
@@ -343,7 +343,9 @@ static int attn_check(const kx_op_ctx *c, int64_t *h, int64_t *kv, int64_t *hd, 
     NEED(last_dim_now(c, q) == *h * *hd && last_dim_now(c, k) == *kv * *hd && last_dim_now(c, v) == *kv * *hd);
     NEED(rows_now(c, k) == *n && rows_now(c, v) == *n && rows_now(c, o) == *n &&
          last_dim_now(c, o) == *h * *hd);
-    NEED(kc->dtype == KD_F32 && vc->dtype == KD_F32 && kc->ndim == 4 && vc->ndim == 4);
+    /* The CPU kernels also keep f16 caches; the GPU ones f32 only. */
+    NEED(kc->dtype == KD_F32 || (!(how & CUDA) && kc->dtype == KD_F16));
+    NEED(vc->dtype == kc->dtype && kc->ndim == 4 && vc->ndim == 4);
     NEED(kc->shape[2] == *kv && kc->shape[3] == *hd && memcmp(kc->shape, vc->shape, sizeof(kc->shape)) == 0);
     NEED(c->op->out[1] == c->op->in[3] && c->op->out[2] == c->op->in[4]);
     NEED(in_val(c, 5)->dtype == KD_I32);
@@ -353,7 +355,7 @@ static int attn_check(const kx_op_ctx *c, int64_t *h, int64_t *kv, int64_t *hd, 
 static int op_attn_prefill(const kx_op_ctx *c, int how)
 {
     int64_t h, kv, hd, n;
-    int rc = attn_check(c, &h, &kv, &hd, &n);
+    int rc = attn_check(c, how, &h, &kv, &hd, &n);
     if (rc)
         return rc;
     const kg_value *kcv = in_val(c, 3);
@@ -376,6 +378,8 @@ static int op_attn_prefill(const kx_op_ctx *c, int how)
             return rc;
 #endif
     ON_GPU(how, 0);
+    kdtype cdt = kcv->dtype;
+    size_t cbytes = cache * kdtype_bytes(cdt, 1);
     for (int64_t s = 0; s < b && t; s++) {
         int64_t p0 = pos[s * t];
         if (p0 < 0 || p0 + t > cap)
@@ -383,8 +387,9 @@ static int op_attn_prefill(const kx_op_ctx *c, int how)
         if ((rc = k_attn_prefill_mt(
                  cpu_opts(c)->pool, (float *)c->out[0] + s * t * h * hd,
                  (const float *)c->in[0] + s * t * h * hd, (const float *)c->in[1] + s * t * kv * hd,
-                 (const float *)c->in[2] + s * t * kv * hd, (float *)c->out[1] + (size_t)s * cache,
-                 (float *)c->out[2] + (size_t)s * cache, (int)p0, (int)t, (int)h, (int)kv, (int)hd)))
+                 (const float *)c->in[2] + s * t * kv * hd, (uint8_t *)c->out[1] + (size_t)s * cbytes,
+                 (uint8_t *)c->out[2] + (size_t)s * cbytes, cdt, (int)p0, (int)t, (int)h, (int)kv,
+                 (int)hd)))
             return rc;
     }
     return 0;
@@ -393,7 +398,7 @@ static int op_attn_prefill(const kx_op_ctx *c, int how)
 static int op_attn_decode(const kx_op_ctx *c, int how)
 {
     int64_t h, kv, hd, n;
-    int rc = attn_check(c, &h, &kv, &hd, &n);
+    int rc = attn_check(c, how, &h, &kv, &hd, &n);
     if (rc)
         return rc;
     const kg_value *kcv = in_val(c, 3);
@@ -406,20 +411,22 @@ static int op_attn_decode(const kx_op_ctx *c, int how)
     ON_GPU(how, k_cuda_attn_decode_strided(c->out[0], c->in[0], c->in[1], c->in[2], c->out[1],
                                            c->out[2], cache, lens, (int)n, (int)h, (int)kv, (int)hd,
                                            (int)cap, c->flag, c->queue));
-    float *kcs[64], *vcs[64];
+    kdtype cdt = kcv->dtype;
+    size_t cbytes = cache * kdtype_bytes(cdt, 1);
+    void *kcs[64], *vcs[64];
     for (int64_t s0 = 0; s0 < n; s0 += 64) {
         int64_t ns = n - s0 < 64 ? n - s0 : 64;
         for (int64_t s = 0; s < ns; s++) {
             if (lens[s0 + s] >= cap)
                 return -ERANGE;  /* no row left in this sequence's cache */
-            kcs[s] = (float *)c->out[1] + (size_t)(s0 + s) * cache;
-            vcs[s] = (float *)c->out[2] + (size_t)(s0 + s) * cache;
+            kcs[s] = (uint8_t *)c->out[1] + (size_t)(s0 + s) * cbytes;
+            vcs[s] = (uint8_t *)c->out[2] + (size_t)(s0 + s) * cbytes;
         }
         if ((rc = k_attn_decode_mt(cpu_opts(c)->pool, (float *)c->out[0] + s0 * h * hd,
                                    (const float *)c->in[0] + s0 * h * hd,
                                    (const float *)c->in[1] + s0 * kv * hd,
-                                   (const float *)c->in[2] + s0 * kv * hd, kcs, vcs, lens + s0,
-                                   (int)ns, (int)h, (int)kv, (int)hd)))
+                                   (const float *)c->in[2] + s0 * kv * hd, kcs, vcs, cdt,
+                                   lens + s0, (int)ns, (int)h, (int)kv, (int)hd)))
             return rc;
     }
     return 0;

@@ -79,7 +79,8 @@ struct baton_model {
     tf_session **owner;         /* per slot: the session resident there, or NULL */
     uint64_t clock;             /* decode steps so far: the LRU clock */
     uint64_t batch_id;          /* marks the sessions of the current batch */
-    size_t row_floats;          /* floats of one cached position of one layer: K or V */
+    size_t row_floats;          /* elements of one cached position of one layer: K or V */
+    size_t row_bytes;           /* their bytes in the cache (f16 or f32: shape.cache) */
     uint64_t weight_bytes;      /* bytes of the mapped tensors in use */
     char *report;               /* model_describe's text; owned */
     const kx_device *dev;       /* NULL: the CPU; else the GPU the executables run on */
@@ -109,7 +110,8 @@ struct baton_session {
     int slot;                   /* decode slot holding its cache, -1: none */
     uint64_t used;              /* model clock at its last use */
     uint64_t batch_id;          /* == model's batch_id while in the current batch */
-    float *saved;               /* evicted: [layer][K, V][saved_len][row] (malloc'd) */
+    void *saved;                /* evicted: [layer][K, V][saved_len][row] in the cache's
+                                   type (malloc'd) */
     int saved_len;
     char carry[8];              /* UTF-8 bytes of a character not yet complete */
     int n_carry;
@@ -476,11 +478,13 @@ static char *make_report(const baton_model *m, const baton_load_params *p)
     if (!f)
         return NULL;
     const ktf_shape *s = &m->shape;
-    fprintf(f, "llama: %d layers, hidden %d, %d/%d heads, FFN %d, vocab %d; KV cache f32, "
-            "%d slots x %d positions; device %s, profile %s\n", s->layers, s->hidden,
-            s->heads, s->kv_heads, s->ffn, s->vocab, m->slots, m->max_seq,
+    fprintf(f, "llama: %d layers, hidden %d, %d/%d heads, FFN %d, vocab %d; KV cache %s, "
+            "%d slots x %d positions; device %s, profile %s; activations %s, %d threads\n",
+            s->layers, s->hidden, s->heads, s->kv_heads, s->ffn, s->vocab,
+            kdtype_name(s->cache), m->slots, m->max_seq,
             p->device ? p->device : "cpu",
-            p->profile && p->profile->name ? p->profile->name : "cpu");
+            p->profile && p->profile->name ? p->profile->name : "cpu",
+            m->dev || !m->cpu.act_q8 ? "f32" : "8-bit", kth_pool_size(m->pool));
     if (m->vocab)
         fprintf(f, "tokenizer: %d tokens; chat template %s\n", tok_vocab_size(m->vocab),
                 m->chat ? "on for text prompts" : "off");
@@ -564,12 +568,20 @@ static baton_status model_load(const baton_load_params *p, baton_model **out, ch
         opt_int(p, "eos", -1, -1, INT32_MAX, &eos, err, errlen) ||
         opt_int(p, "threads", 0, 0, 1024, &threads, err, errlen))
         return BATON_STATUS_INVALID_ARGUMENT;
+    /* auto: f16 on the CPU (half the memory, and half the bytes a decode
+     * step at a long context reads); f32 on a GPU, whose kernels take no
+     * other. */
     const char *kv = baton_load_option(p, "kv_dtype");
-    if (kv && strcmp(kv, "f32") != 0 && strcmp(kv, "auto") != 0) {
-        snprintf(err, errlen, "option kv_dtype = '%s': the CPU kernels keep the KV cache in "
-                 "f32 (use f32 or auto)", kv);
+    if (kv && strcmp(kv, "f32") != 0 && strcmp(kv, "f16") != 0 && strcmp(kv, "auto") != 0) {
+        snprintf(err, errlen, "option kv_dtype = '%s': use auto, f16 or f32", kv);
         return BATON_STATUS_INVALID_ARGUMENT;
     }
+    if (dev && kv && strcmp(kv, "f16") == 0) {
+        snprintf(err, errlen, "option kv_dtype = 'f16': the GPU kernels keep the KV cache in "
+                 "f32 (use f32 or auto)");
+        return BATON_STATUS_INVALID_ARGUMENT;
+    }
+    kdtype kv_dt = dev || (kv && strcmp(kv, "f32") == 0) ? KD_F32 : KD_F16;
     if (strncmp(path + strlen(path) - (strlen(path) >= 5 ? 5 : 0), ".gguf", 5) != 0) {
         snprintf(err, errlen, "option path = '%s': only GGUF files are read so far (a "
                  "safetensors folder is not)", path);
@@ -621,6 +633,8 @@ static baton_status model_load(const baton_load_params *p, baton_model **out, ch
     m->chunk = (int)(chunk < max_seq ? chunk : max_seq);
     m->slots = (int)(p->max_batch ? p->max_batch : 1);
     m->row_floats = (size_t)m->shape.kv_heads * (size_t)m->shape.head_dim;
+    m->shape.cache = kv_dt;
+    m->row_bytes = m->row_floats * kdtype_bytes(kv_dt, 1);
     m->eos = (int32_t)eos;
     uint32_t fe;
     m->file_eos = gguf_get_u32(m->file, "tokenizer.ggml.eos_token_id", &fe) == 0 ? (int32_t)fe : -1;
@@ -728,8 +742,9 @@ static void session_close(baton_model *m, baton_session *s)
     free(s);
 }
 
-/* Layer L's K (KV 0) or V (KV 1) cache of executable X, [slots, max_seq, row]. */
-static float *cache(kx_exec *x, int l, int kv)
+/* Layer L's K (KV 0) or V (KV 1) cache of executable X, [slots, max_seq,
+ * row] in the cache's type. */
+static uint8_t *cache(kx_exec *x, int l, int kv)
 {
     char name[32];
     snprintf(name, sizeof(name), kv ? "v_cache.%d" : "k_cache.%d", l);
@@ -748,16 +763,28 @@ static int mcopy(const baton_model *m, void *dst, const void *src, size_t bytes)
 }
 
 /* Copies positions [0, LEN) of every layer between slot SLOT of executable X
- * and the flat buffer HOST ([layer][K, V][len][row]); TO_HOST picks the way. */
-static void copy_slot(baton_model *m, kx_exec *x, int slot, float *host, int len, bool to_host)
+ * and the flat buffer HOST ([layer][K, V][len][row]); TO_HOST picks the way.
+ * HOST holds elements of the cache's type (an evicted session's copy), or
+ * f32 when F32 (the `kv` tensor of a hand-off, whose type is fixed): an f16
+ * cache is then widened or rounded on the way, on the host (f16 caches are
+ * the CPU's only). */
+static int copy_slot(baton_model *m, kx_exec *x, int slot, void *host, int len, bool to_host,
+                     bool f32)
 {
     size_t n = (size_t)len * m->row_floats;
+    bool cast = f32 && m->shape.cache != KD_F32;
+    size_t hrow = cast ? m->row_floats * sizeof(float) : m->row_bytes;
     for (int l = 0; l < m->shape.layers; l++)
         for (int kv = 0; kv < 2; kv++) {
-            float *c = cache(x, l, kv) + (size_t)slot * (size_t)m->max_seq * m->row_floats;
-            float *h = host + ((size_t)l * 2 + (size_t)kv) * n;
-            mcopy(m, to_host ? h : c, to_host ? c : h, n * sizeof(float));
+            uint8_t *c = cache(x, l, kv) + (size_t)slot * (size_t)m->max_seq * m->row_bytes;
+            uint8_t *h = (uint8_t *)host + ((size_t)l * 2 + (size_t)kv) * (size_t)len * hrow;
+            int rc = !cast ? mcopy(m, to_host ? h : c, to_host ? c : h, (size_t)len * hrow)
+                     : to_host ? k_cast(h, KD_F32, c, m->shape.cache, n)
+                               : k_cast(c, m->shape.cache, h, KD_F32, n);
+            if (rc)
+                return rc;
         }
+    return 0;
 }
 
 /* Gives S a decode slot, evicting the least recently used session that is
@@ -784,12 +811,12 @@ static int acquire_slot(baton_model *m, tf_session *s)
         return -1;
     tf_session *o = m->owner[pick];
     if (o) {
-        float *save = o->len ? malloc((size_t)o->len * m->row_floats * 2 *
-                                      (size_t)m->shape.layers * sizeof(float)) : NULL;
+        void *save = o->len ? malloc((size_t)o->len * m->row_bytes * 2 *
+                                     (size_t)m->shape.layers) : NULL;
         if (o->len && !save)
             return -1;
         if (save)
-            copy_slot(m, m->decode, pick, save, o->len, true);
+            copy_slot(m, m->decode, pick, save, o->len, true, false);
         free(o->saved);
         o->saved = save;
         o->saved_len = o->len;
@@ -798,7 +825,7 @@ static int acquire_slot(baton_model *m, tf_session *s)
     m->owner[pick] = s;
     s->slot = pick;
     if (s->saved) {
-        copy_slot(m, m->decode, pick, s->saved, s->saved_len, false);
+        copy_slot(m, m->decode, pick, s->saved, s->saved_len, false, false);
         free(s->saved);
         s->saved = NULL;
     }
@@ -1171,7 +1198,10 @@ static int import_kv(baton_model *m, baton_ctx *ctx, baton_item *it)
         ctx->fail(ctx, it, BATON_STATUS_RESOURCE_EXHAUSTED, "out of memory moving a KV cache");
         return -1;
     }
-    copy_slot(m, m->decode, s->slot, kv->data, (int)kv->dims[2], false);
+    if (copy_slot(m, m->decode, s->slot, kv->data, (int)kv->dims[2], false, true)) {
+        ctx->fail(ctx, it, BATON_STATUS_INTERNAL, "cannot copy the handed-off KV cache");
+        return -1;
+    }
     s->len = (int)kv->dims[2];
     return 0;
 }
@@ -1236,7 +1266,10 @@ static void prefill_one(baton_model *m, baton_ctx *ctx, baton_item *it)
         int64_t dims[4] = {m->shape.layers, 2, (int64_t)n, (int64_t)m->row_floats};
         if (!(kv = ctx->alloc(ctx, it, BATON_DTYPE_F32, 4, dims)))
             goto out;
-        copy_slot(m, m->prefill, 0, kv->data, (int)n, true);
+        if (copy_slot(m, m->prefill, 0, kv->data, (int)n, true, true)) {
+            ctx->fail(ctx, it, BATON_STATUS_INTERNAL, "cannot copy the KV cache out");
+            goto out;
+        }
         if (s->slot >= 0)
             m->owner[s->slot] = NULL;
         s->slot = -1;
@@ -1249,12 +1282,12 @@ static void prefill_one(baton_model *m, baton_ctx *ctx, baton_item *it)
                       "out of memory moving a KV cache");
             goto out;
         }
-        size_t rows = n * m->row_floats;
+        size_t bytes = n * m->row_bytes;
         for (int l = 0; l < m->shape.layers; l++)
             for (int c = 0; c < 2; c++)
                 mcopy(m, cache(m->decode, l, c) +
-                             (size_t)s->slot * (size_t)m->max_seq * m->row_floats,
-                      cache(m->prefill, l, c), rows * sizeof(float));
+                             (size_t)s->slot * (size_t)m->max_seq * m->row_bytes,
+                      cache(m->prefill, l, c), bytes);
         s->len = (int)n;
     }
     const float *logits = kx_output(m->prefill, 0, NULL);

@@ -8,6 +8,10 @@
  * the causal mask the last queries of a prompt attend to many more keys
  * than the first, so equal counts of queries are unequal work.
  *
+ * The cache holds f32 or f16 (half the memory and half the bytes a long
+ * context's decode step reads); f16 is widened as it is read, and new rows
+ * are rounded to nearest even as they are written, as k_cast does.
+ *
  * Scratch is one score row per query, on the stack up to SCORES_ON_STACK
  * keys and on the heap beyond: memory grows with the context, never with
  * the square of the prompt. */
@@ -18,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cpu/half.h"
 #include "kernels/cpu/threads.h"
 #include "kernels/kernels.h"
 
@@ -26,10 +31,16 @@
  * that two threads share a short prompt evenly. */
 #define QUERY_BLOCK 16
 
+/* Element I of a cache of f16 (F16) or f32, as a float. */
+static inline float cache_at(const void *c, size_t i, bool f16)
+{
+    return f16 ? k_f16_to_f32(((const uint16_t *)c)[i]) : ((const float *)c)[i];
+}
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 
-#define AVX2 __attribute__((target("avx2,fma")))
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
 
 AVX2 static inline float hsum8(__m256 v)
 {
@@ -64,41 +75,51 @@ AVX2 static inline __m256 exp_neg(__m256 x)
     return _mm256_andnot_ps(under, y);
 }
 
+/* Eight cache elements from element I of P (f32, or f16 widened by F16C). */
+AVX2 static inline __m256 load8(const void *p, size_t i, bool f16)
+{
+    if (f16)
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
+    return _mm256_loadu_ps((const float *)p + i);
+}
+
 /* OUT[HD] = softmax(Q . K[j] * scale, j < CTX) . V[j], K and V rows ROW
- * floats apart; HD a multiple of 8.  S: CTX floats of scratch. */
-AVX2 static void attend_avx2(float *out, const float *q, const float *kc, const float *vc,
-                             int ctx, size_t row, int hd, float *s)
+ * elements apart, f16 or f32 (F16, a constant in each caller, so each
+ * instance has only its loads); HD a multiple of 8.  S: CTX floats of
+ * scratch. */
+AVX2 static inline __attribute__((always_inline)) void
+attend(float *out, const float *q, const void *kc, const void *vc, int ctx, size_t row, int hd,
+       float *s, bool f16)
 {
     float scale = 1.0f / sqrtf((float)hd);
-    __m256 vmax = _mm256_set1_ps(-INFINITY);
     int j = 0;
     /* Two keys at a time: two independent chains of FMAs. */
     for (; j + 2 <= ctx; j += 2) {
-        const float *k0 = kc + (size_t)j * row, *k1 = k0 + row;
+        size_t k0 = (size_t)j * row, k1 = k0 + row;
         __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
         for (int i = 0; i < hd; i += 8) {
             __m256 qv = _mm256_loadu_ps(q + i);
-            a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + i), a0);
-            a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + i), a1);
+            a0 = _mm256_fmadd_ps(qv, load8(kc, k0 + (size_t)i, f16), a0);
+            a1 = _mm256_fmadd_ps(qv, load8(kc, k1 + (size_t)i, f16), a1);
         }
         s[j] = hsum8(a0) * scale;
         s[j + 1] = hsum8(a1) * scale;
     }
     for (; j < ctx; j++) {
-        const float *k0 = kc + (size_t)j * row;
+        size_t k0 = (size_t)j * row;
         __m256 a0 = _mm256_setzero_ps();
         for (int i = 0; i < hd; i += 8)
-            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(k0 + i), a0);
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load8(kc, k0 + (size_t)i, f16), a0);
         s[j] = hsum8(a0) * scale;
     }
-    float m = -INFINITY;
+    __m256 vmax = _mm256_set1_ps(-INFINITY);
     j = 0;
     for (; j + 8 <= ctx; j += 8)
         vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(s + j));
     __m128 h = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
     h = _mm_max_ps(h, _mm_movehl_ps(h, h));
     h = _mm_max_ss(h, _mm_movehdup_ps(h));
-    m = _mm_cvtss_f32(h);
+    float m = _mm_cvtss_f32(h);
     for (; j < ctx; j++)
         m = s[j] > m ? s[j] : m;
     __m256 vm = _mm256_set1_ps(m), vsum = _mm256_setzero_ps();
@@ -115,21 +136,298 @@ AVX2 static void attend_avx2(float *out, const float *q, const float *kc, const 
     }
     sum += hsum8(vsum);
     float inv = 1.0f / sum;
-    /* OUT = sum_j p_j V[j], in registers for up to 128 dims at a time. */
-    for (int i0 = 0; i0 < hd; i0 += 64) {
-        int w = hd - i0 < 64 ? hd - i0 : 64;
-        __m256 acc[8];
-        for (int v = 0; v < 8; v++)
-            acc[v] = _mm256_setzero_ps();
-        for (j = 0; j < ctx; j++) {
-            const float *vj = vc + (size_t)j * row + i0;
-            __m256 p = _mm256_set1_ps(s[j]);
-            for (int v = 0; v < w / 8; v++)
-                acc[v] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vj + 8 * v), acc[v]);
+    /* OUT = sum_j p_j V[j], 32 dims at a time in four named accumulators
+     * (an array of them would live in memory). */
+    __m256 vinv = _mm256_set1_ps(inv);
+    for (int i0 = 0; i0 < hd; i0 += 32) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        if (hd - i0 >= 32) {
+            for (j = 0; j < ctx; j++) {
+                size_t vj = (size_t)j * row + (size_t)i0;
+                __m256 p = _mm256_set1_ps(s[j]);
+                a0 = _mm256_fmadd_ps(p, load8(vc, vj, f16), a0);
+                a1 = _mm256_fmadd_ps(p, load8(vc, vj + 8, f16), a1);
+                a2 = _mm256_fmadd_ps(p, load8(vc, vj + 16, f16), a2);
+                a3 = _mm256_fmadd_ps(p, load8(vc, vj + 24, f16), a3);
+            }
+            _mm256_storeu_ps(out + i0, _mm256_mul_ps(a0, vinv));
+            _mm256_storeu_ps(out + i0 + 8, _mm256_mul_ps(a1, vinv));
+            _mm256_storeu_ps(out + i0 + 16, _mm256_mul_ps(a2, vinv));
+            _mm256_storeu_ps(out + i0 + 24, _mm256_mul_ps(a3, vinv));
+            continue;
         }
-        __m256 vinv = _mm256_set1_ps(inv);
-        for (int v = 0; v < w / 8; v++)
-            _mm256_storeu_ps(out + i0 + 8 * v, _mm256_mul_ps(acc[v], vinv));
+        /* The last 8 to 24 dims, 8 at a time. */
+        for (int i = i0; i < hd; i += 8) {
+            a0 = _mm256_setzero_ps();
+            for (j = 0; j < ctx; j++)
+                a0 = _mm256_fmadd_ps(_mm256_set1_ps(s[j]), load8(vc, (size_t)j * row + (size_t)i, f16),
+                                     a0);
+            _mm256_storeu_ps(out + i, _mm256_mul_ps(a0, vinv));
+        }
+    }
+}
+
+AVX2 static void attend_avx2(float *out, const float *q, const void *kc, const void *vc, int ctx,
+                             size_t row, int hd, float *s, bool f16)
+{
+    if (f16)
+        attend(out, q, kc, vc, ctx, row, hd, s, true);
+    else
+        attend(out, q, kc, vc, ctx, row, hd, s, false);
+}
+
+/* ---- prefill in tiles ---------------------------------------------------------- */
+
+/* A prefill's queries are many, so its attention is two matrix products
+ * per head, S = Q K^T and O = P V, computed in tiles of TQ queries: the
+ * keys of a KV head are first widened to f32 and transposed into a panel
+ * (KT[dim][key]), and the values widened (VP[key][dim]), once for all the
+ * heads and queries of a task; each tile then keeps TQ x 16 outputs in
+ * registers and streams the panels with one broadcast per FMA pair.  The
+ * scores of a tile (TQ rows of the context) are the only scratch. */
+#define TQ 4
+
+/* S[q][0, NK) = Q[q] . K[j] * SCALE for the NQ (<= TQ) queries at Q (QS
+ * floats apart); KT is [HD][LDK] with LDK a multiple of 16 >= NK.  The
+ * accumulators are named variables, not an array: that is what keeps them
+ * in registers. */
+AVX2 static void tile_qk(float *s, size_t lds, const float *q, size_t qs, int nq, const float *kt,
+                         size_t ldk, int nk, int hd, float scale)
+{
+    /* Rows past NQ repeat the last query: no branch in the loop. */
+    const float *q0 = q, *q1 = q + (size_t)(nq > 1 ? 1 : 0) * qs;
+    const float *q2 = q + (size_t)(nq > 2 ? 2 : nq - 1) * qs, *q3 = q + (size_t)(nq - 1) * qs;
+    __m256 vs = _mm256_set1_ps(scale);
+    for (int j = 0; j < nk; j += 16) {
+        __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00;
+        __m256 a20 = a00, a21 = a00, a30 = a00, a31 = a00;
+        const float *k = kt + j;
+        for (int i = 0; i < hd; i++, k += ldk) {
+            __m256 k0 = _mm256_loadu_ps(k), k1 = _mm256_loadu_ps(k + 8), b;
+            b = _mm256_broadcast_ss(q0 + i);
+            a00 = _mm256_fmadd_ps(b, k0, a00), a01 = _mm256_fmadd_ps(b, k1, a01);
+            b = _mm256_broadcast_ss(q1 + i);
+            a10 = _mm256_fmadd_ps(b, k0, a10), a11 = _mm256_fmadd_ps(b, k1, a11);
+            b = _mm256_broadcast_ss(q2 + i);
+            a20 = _mm256_fmadd_ps(b, k0, a20), a21 = _mm256_fmadd_ps(b, k1, a21);
+            b = _mm256_broadcast_ss(q3 + i);
+            a30 = _mm256_fmadd_ps(b, k0, a30), a31 = _mm256_fmadd_ps(b, k1, a31);
+        }
+        __m256 out[TQ][2] = {{a00, a01}, {a10, a11}, {a20, a21}, {a30, a31}};
+        for (int r = 0; r < nq; r++) {
+            _mm256_storeu_ps(s + (size_t)r * lds + j, _mm256_mul_ps(out[r][0], vs));
+            _mm256_storeu_ps(s + (size_t)r * lds + j + 8, _mm256_mul_ps(out[r][1], vs));
+        }
+    }
+}
+
+/* O[q][0, HD) = INV[q] * sum_{j < NK} P[q][j] V[j] for NQ queries, V
+ * [NK][HD] f32. */
+AVX2 static void tile_pv(float *o, size_t os, const float *p, size_t ldp, int nq, const float *v,
+                         int nk, int hd, const float *inv)
+{
+    const float *p0 = p, *p1 = p + (size_t)(nq > 1 ? 1 : 0) * ldp;
+    const float *p2 = p + (size_t)(nq > 2 ? 2 : nq - 1) * ldp, *p3 = p + (size_t)(nq - 1) * ldp;
+    for (int d = 0; d < hd; d += 16) {
+        __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00;
+        __m256 a20 = a00, a21 = a00, a30 = a00, a31 = a00;
+        const float *vj = v + d;
+        for (int j = 0; j < nk; j++, vj += hd) {
+            __m256 v0 = _mm256_loadu_ps(vj), v1 = _mm256_loadu_ps(vj + 8), b;
+            b = _mm256_broadcast_ss(p0 + j);
+            a00 = _mm256_fmadd_ps(b, v0, a00), a01 = _mm256_fmadd_ps(b, v1, a01);
+            b = _mm256_broadcast_ss(p1 + j);
+            a10 = _mm256_fmadd_ps(b, v0, a10), a11 = _mm256_fmadd_ps(b, v1, a11);
+            b = _mm256_broadcast_ss(p2 + j);
+            a20 = _mm256_fmadd_ps(b, v0, a20), a21 = _mm256_fmadd_ps(b, v1, a21);
+            b = _mm256_broadcast_ss(p3 + j);
+            a30 = _mm256_fmadd_ps(b, v0, a30), a31 = _mm256_fmadd_ps(b, v1, a31);
+        }
+        __m256 out[TQ][2] = {{a00, a01}, {a10, a11}, {a20, a21}, {a30, a31}};
+        for (int r = 0; r < nq; r++) {
+            __m256 vi = _mm256_set1_ps(inv[r]);
+            _mm256_storeu_ps(o + (size_t)r * os + d, _mm256_mul_ps(out[r][0], vi));
+            _mm256_storeu_ps(o + (size_t)r * os + d + 8, _mm256_mul_ps(out[r][1], vi));
+        }
+    }
+}
+
+/* Softmax numerators of S[0, N) in place (the maximum subtracted), their
+ * sum returned; S[N, PAD) are zeroed so that a tile may read them. */
+AVX2 static float softmax_row(float *s, int n, int pad)
+{
+    __m256 vmax = _mm256_set1_ps(-INFINITY);
+    int j = 0;
+    for (; j + 8 <= n; j += 8)
+        vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(s + j));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    float m = _mm_cvtss_f32(h);
+    for (; j < n; j++)
+        m = s[j] > m ? s[j] : m;
+    __m256 vm = _mm256_set1_ps(m), vsum = _mm256_setzero_ps();
+    float sum = 0;
+    j = 0;
+    for (; j + 8 <= n; j += 8) {
+        __m256 e = exp_neg(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
+        _mm256_storeu_ps(s + j, e);
+        vsum = _mm256_add_ps(vsum, e);
+    }
+    for (; j < n; j++) {
+        s[j] = expf(s[j] - m);
+        sum += s[j];
+    }
+    for (; j < pad; j++)
+        s[j] = 0;
+    return sum + hsum8(vsum);
+}
+
+/* Per-thread panels of a tiled task, grown as contexts grow. */
+typedef struct tile_ws {
+    float *kt, *vp, *s;
+    size_t keys;                        /* capacity in keys (a multiple of 16) */
+} tile_ws;
+
+static int tile_ws_reserve(tile_ws *w, size_t keys, int hd)
+{
+    if (keys <= w->keys)
+        return 0;
+    free(w->kt), free(w->vp), free(w->s);
+    w->kt = malloc(keys * (size_t)hd * sizeof(float));
+    w->vp = malloc(keys * (size_t)hd * sizeof(float));
+    w->s = malloc(keys * TQ * sizeof(float));
+    w->keys = w->kt && w->vp && w->s ? keys : 0;
+    return w->keys ? 0 : -ENOMEM;
+}
+
+/* Queries [T0, T1) of the heads of KV head G of one sequence whose cache
+ * (KC, VC: its rows for head G, ROW elements apart) held CTX0 rows before
+ * this chunk; token t sees CTX0 + t + 1 rows. */
+AVX2 static int tiled_task(float *out, const float *q, size_t qrow, const uint8_t *kc,
+                           const uint8_t *vc, size_t row, bool f16, int ctx0, int t0, int t1,
+                           int g, int group, int hd, tile_ws *w)
+{
+    int nk = ctx0 + t1;
+    size_t ldk = ((size_t)nk + 15) & ~(size_t)15;
+    if (tile_ws_reserve(w, ldk, hd))
+        return -ENOMEM;
+    /* The panels: K transposed, V as rows, both f32; keys past NK are
+     * zero, so that a 16-key tile may read them. */
+    for (int j = 0; j < nk; j++)
+        for (int i = 0; i < hd; i += 8) {
+            __m256 kv = load8(kc, (size_t)j * row + (size_t)i, f16);
+            _mm256_storeu_ps(w->vp + (size_t)j * hd + i, load8(vc, (size_t)j * row + (size_t)i, f16));
+            float tmp[8];
+            _mm256_storeu_ps(tmp, kv);
+            for (int e = 0; e < 8; e++)
+                w->kt[(size_t)(i + e) * ldk + (size_t)j] = tmp[e];
+        }
+    for (int i = 0; i < hd; i++)
+        for (size_t j = (size_t)nk; j < ldk; j++)
+            w->kt[(size_t)i * ldk + j] = 0;
+    float scale = 1.0f / sqrtf((float)hd);
+    for (int h = g * group; h < (g + 1) * group; h++)
+        for (int t = t0; t < t1; t += TQ) {
+            int nq = t1 - t < TQ ? t1 - t : TQ;
+            /* Keys the last query of the tile sees; the others see fewer. */
+            int seen = ctx0 + t + nq;
+            size_t lds = ldk;
+            const float *qt = q + (size_t)t * qrow + (size_t)h * hd;
+            tile_qk(w->s, lds, qt, qrow, nq, w->kt, ldk, seen, hd, scale);
+            float inv[TQ];
+            for (int r = 0; r < nq; r++) {
+                int own = ctx0 + t + r + 1;
+                int pad = (seen + 15) & ~15;
+                inv[r] = 1.0f / softmax_row(w->s + (size_t)r * lds, own, pad);
+            }
+            tile_pv(out + (size_t)t * qrow + (size_t)h * hd, qrow, w->s, lds, nq, w->vp, seen,
+                    hd, inv);
+        }
+    return 0;
+}
+
+/* ---- decode: the heads of a KV head together ------------------------------------- */
+
+/* A decode step has one query per head, so a KV head's rows are read once
+ * for all the query heads that share it (GQA): each key row is widened
+ * once into registers and dotted with every query of the group, and each
+ * value row is widened once per 32 dims and added into up to three
+ * queries' accumulators. */
+
+/* O[r][I0, I0 + 32) = INV[r] * sum_j P[r][j] V[j][I0..], for NQ (1..3,
+ * a constant after inlining) queries. */
+AVX2 static inline __attribute__((always_inline)) void
+pv_group(float *const *o, const float *const *p, const float *inv, const void *vc, size_t row,
+         int ctx, int i0, bool f16, const int nq)
+{
+    __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;
+    __m256 a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+    __m256 a20 = a00, a21 = a00, a22 = a00, a23 = a00;
+    for (int j = 0; j < ctx; j++) {
+        size_t at = (size_t)j * row + (size_t)i0;
+        __m256 v0 = load8(vc, at, f16), v1 = load8(vc, at + 8, f16);
+        __m256 v2 = load8(vc, at + 16, f16), v3 = load8(vc, at + 24, f16), b;
+        b = _mm256_broadcast_ss(p[0] + j);
+        a00 = _mm256_fmadd_ps(b, v0, a00), a01 = _mm256_fmadd_ps(b, v1, a01);
+        a02 = _mm256_fmadd_ps(b, v2, a02), a03 = _mm256_fmadd_ps(b, v3, a03);
+        if (nq > 1) {
+            b = _mm256_broadcast_ss(p[1] + j);
+            a10 = _mm256_fmadd_ps(b, v0, a10), a11 = _mm256_fmadd_ps(b, v1, a11);
+            a12 = _mm256_fmadd_ps(b, v2, a12), a13 = _mm256_fmadd_ps(b, v3, a13);
+        }
+        if (nq > 2) {
+            b = _mm256_broadcast_ss(p[2] + j);
+            a20 = _mm256_fmadd_ps(b, v0, a20), a21 = _mm256_fmadd_ps(b, v1, a21);
+            a22 = _mm256_fmadd_ps(b, v2, a22), a23 = _mm256_fmadd_ps(b, v3, a23);
+        }
+    }
+    __m256 acc[3][4] = {{a00, a01, a02, a03}, {a10, a11, a12, a13}, {a20, a21, a22, a23}};
+    for (int r = 0; r < nq; r++) {
+        __m256 vi = _mm256_set1_ps(inv[r]);
+        for (int k = 0; k < 4; k++)
+            _mm256_storeu_ps(o[r] + i0 + 8 * k, _mm256_mul_ps(acc[r][k], vi));
+    }
+}
+
+/* The G queries at Q (HD floats apart, heads of one KV head) over CTX rows
+ * of KC/VC (ROW elements apart); HD a multiple of 32; S: G * CTX floats. */
+AVX2 static void attend_group(float *out, const float *q, int g, const void *kc, const void *vc,
+                              int ctx, size_t row, int hd, float *s, bool f16)
+{
+    float scale = 1.0f / sqrtf((float)hd);
+    for (int j = 0; j < ctx; j++) {
+        size_t at = (size_t)j * row;
+        for (int r = 0; r < g; r++) {
+            const float *qr = q + (size_t)r * hd;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+            for (int i = 0; i < hd; i += 16) {
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qr + i), load8(kc, at + (size_t)i, f16), a0);
+                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qr + i + 8), load8(kc, at + (size_t)i + 8, f16),
+                                     a1);
+            }
+            s[(size_t)r * ctx + (size_t)j] = hsum8(_mm256_add_ps(a0, a1)) * scale;
+        }
+    }
+    float inv[64];
+    for (int r = 0; r < g; r++)
+        inv[r] = 1.0f / softmax_row(s + (size_t)r * ctx, ctx, ctx);
+    for (int r0 = 0; r0 < g; r0 += 3) {
+        int nq = g - r0 < 3 ? g - r0 : 3;
+        float *o[3];
+        const float *p[3];
+        for (int r = 0; r < nq; r++) {
+            o[r] = out + (size_t)(r0 + r) * hd;
+            p[r] = s + (size_t)(r0 + r) * ctx;
+        }
+        for (int i0 = 0; i0 < hd; i0 += 32) {
+            if (nq == 3)
+                pv_group(o, p, inv + r0, vc, row, ctx, i0, f16, 3);
+            else if (nq == 2)
+                pv_group(o, p, inv + r0, vc, row, ctx, i0, f16, 2);
+            else
+                pv_group(o, p, inv + r0, vc, row, ctx, i0, f16, 1);
+        }
     }
 }
 
@@ -145,24 +443,78 @@ static int have_avx2(void)
     return 0;
 }
 
-static void attend_avx2(float *out, const float *q, const float *kc, const float *vc, int ctx,
-                        size_t row, int hd, float *s)
+static void attend_avx2(float *out, const float *q, const void *kc, const void *vc, int ctx,
+                        size_t row, int hd, float *s, bool f16)
 {
-    (void)out, (void)q, (void)kc, (void)vc, (void)ctx, (void)row, (void)hd, (void)s;
+    (void)out, (void)q, (void)kc, (void)vc, (void)ctx, (void)row, (void)hd, (void)s, (void)f16;
+    abort(); /* have_avx2() is 0: never called */
+}
+
+typedef struct tile_ws {
+    float *kt, *vp, *s;
+    size_t keys;
+} tile_ws;
+
+static void attend_group(float *out, const float *q, int g, const void *kc, const void *vc,
+                         int ctx, size_t row, int hd, float *s, bool f16)
+{
+    (void)out, (void)q, (void)g, (void)kc, (void)vc, (void)ctx, (void)row, (void)hd, (void)s;
+    (void)f16;
+    abort(); /* have_avx2() is 0: never called */
+}
+
+static int tiled_task(float *out, const float *q, size_t qrow, const uint8_t *kc,
+                      const uint8_t *vc, size_t row, bool f16, int ctx0, int t0, int t1, int g,
+                      int group, int hd, tile_ws *w)
+{
+    (void)out, (void)q, (void)qrow, (void)kc, (void)vc, (void)row, (void)f16, (void)ctx0;
+    (void)t0, (void)t1, (void)g, (void)group, (void)hd, (void)w;
     abort(); /* have_avx2() is 0: never called */
 }
 
 #endif
 
-/* One attention problem: query rows at Q (QSTRIDE floats per token, head
- * H at H * HD), each token t of N_TOK seeing CTX0 + t + 1 cache rows. */
+/* The portable version of attend: the reference's order of operations
+ * (attention.c), reading the cache in either type. */
+static void attend_scalar(float *out, const float *q, const void *kc, const void *vc, int ctx,
+                          size_t row, int hd, float *s, bool f16)
+{
+    float scale = 1.0f / sqrtf((float)hd);
+    float m = -INFINITY;
+    for (int j = 0; j < ctx; j++) {
+        float d = 0;
+        for (int i = 0; i < hd; i++)
+            d += q[i] * cache_at(kc, (size_t)j * row + (size_t)i, f16);
+        s[j] = d * scale;
+        m = s[j] > m ? s[j] : m;
+    }
+    float sum = 0;
+    for (int j = 0; j < ctx; j++) {
+        s[j] = expf(s[j] - m);
+        sum += s[j];
+    }
+    float inv = 1.0f / sum;
+    for (int i = 0; i < hd; i++)
+        out[i] = 0;
+    for (int j = 0; j < ctx; j++) {
+        float p = s[j] * inv;
+        for (int i = 0; i < hd; i++)
+            out[i] += p * cache_at(vc, (size_t)j * row + (size_t)i, f16);
+    }
+}
+
+/* One attention problem: N_SEQ sequences of N_TOK new tokens each, query
+ * rows at Q (head H of token t of sequence q at ((q * N_TOK + t) * N_HEAD
+ * + H) * HD), each token t seeing CTX0[seq] + t + 1 cache rows. */
 typedef struct attn_job {
     float *out;
     const float *q;
-    const float *const *kc, *const *vc; /* per sequence */
-    const int32_t *ctx0;                /* per sequence: rows before its first token */
-    int n_seq, n_tok;                   /* sequences; tokens of each */
+    void *const *kc, *const *vc;        /* per sequence, elements of KV_DT */
+    const int32_t *ctx0;                /* per sequence: rows before its first token; < 0: none */
+    int n_seq, n_tok;
     int n_head, n_kv, hd;
+    bool f16;                           /* the caches hold f16, else f32 */
+    bool fast;                          /* attend_avx2, else attend_scalar */
     int blocks;                         /* query blocks per (sequence, head) */
     _Atomic int next;                   /* the next task */
     int err;                            /* -ENOMEM from a thread */
@@ -173,6 +525,7 @@ static void attn_part(void *arg, int ith, int nth)
     (void)ith, (void)nth;
     attn_job *j = arg;
     size_t row = (size_t)j->n_kv * j->hd, qrow = (size_t)j->n_head * j->hd;
+    size_t esz = j->f16 ? 2 : 4;
     int group = j->n_head / j->n_kv, tasks = j->n_seq * j->n_head * j->blocks;
     float stack[SCORES_ON_STACK], *heap = NULL;
     size_t heap_n = 0;
@@ -204,66 +557,149 @@ static void attn_part(void *arg, int ith, int nth)
             }
             s = heap;
         }
-        const float *kc = j->kc[seq] + (size_t)(h / group) * j->hd;
-        const float *vc = j->vc[seq] + (size_t)(h / group) * j->hd;
+        size_t koff = (size_t)(h / group) * (size_t)j->hd * esz;
+        const uint8_t *kc = (const uint8_t *)j->kc[seq] + koff;
+        const uint8_t *vc = (const uint8_t *)j->vc[seq] + koff;
         for (int t = t0; t < t1; t++) {
             size_t qo = ((size_t)seq * j->n_tok + (size_t)t) * qrow + (size_t)h * j->hd;
-            attend_avx2(j->out + qo, j->q + qo, kc, vc, j->ctx0[seq] + t + 1, row, j->hd, s);
+            int ctx = j->ctx0[seq] + t + 1;
+            if (j->fast)
+                attend_avx2(j->out + qo, j->q + qo, kc, vc, ctx, row, j->hd, s, j->f16);
+            else
+                attend_scalar(j->out + qo, j->q + qo, kc, vc, ctx, row, j->hd, s, j->f16);
         }
     }
     free(heap);
 }
 
-static int run_job(kth_pool *pool, attn_job *j)
+/* The grouped decode's tasks: (sequence, KV head). */
+static void attn_group_part(void *arg, int ith, int nth)
+{
+    (void)ith, (void)nth;
+    attn_job *j = arg;
+    size_t row = (size_t)j->n_kv * j->hd, qrow = (size_t)j->n_head * j->hd;
+    size_t esz = j->f16 ? 2 : 4;
+    int group = j->n_head / j->n_kv, tasks = j->n_seq * j->n_kv;
+    float *s = NULL;
+    size_t cap = 0;
+    for (;;) {
+        int task = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        if (task >= tasks)
+            break;
+        int seq = task / j->n_kv, g = task % j->n_kv;
+        size_t qo = (size_t)seq * qrow + (size_t)g * group * j->hd;
+        if (j->ctx0[seq] < 0) {
+            memset(j->out + qo, 0, (size_t)group * j->hd * sizeof(float));
+            continue;
+        }
+        int ctx = j->ctx0[seq] + 1;
+        if ((size_t)group * ctx > cap) {
+            free(s);
+            cap = (size_t)group * ctx;
+            if (!(s = malloc(cap * sizeof(float)))) {
+                cap = 0;
+                j->err = -ENOMEM;
+                continue;
+            }
+        }
+        size_t koff = (size_t)g * (size_t)j->hd * esz;
+        attend_group(j->out + qo, j->q + qo, group, (const uint8_t *)j->kc[seq] + koff,
+                     (const uint8_t *)j->vc[seq] + koff, ctx, row, j->hd, s, j->f16);
+    }
+    free(s);
+}
+
+/* Queries of a prefill task in the tiled path: enough that the panels a
+ * task builds serve many queries. */
+#define TILED_BLOCK 32
+
+/* The tiled path's tasks: (sequence, KV head, block of TILED_BLOCK
+ * queries), the last blocks first. */
+static void attn_tiled_part(void *arg, int ith, int nth)
+{
+    (void)ith, (void)nth;
+    attn_job *j = arg;
+    size_t row = (size_t)j->n_kv * j->hd, qrow = (size_t)j->n_head * j->hd;
+    size_t esz = j->f16 ? 2 : 4;
+    int group = j->n_head / j->n_kv, per = j->n_seq * j->n_kv, tasks = per * j->blocks;
+    tile_ws w = {NULL, NULL, NULL, 0};
+    for (;;) {
+        int task = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        if (task >= tasks)
+            break;
+        int blk = j->blocks - 1 - task / per;
+        int sg = task % per, seq = sg / j->n_kv, g = sg % j->n_kv;
+        int t0 = blk * TILED_BLOCK, t1 = t0 + TILED_BLOCK < j->n_tok ? t0 + TILED_BLOCK : j->n_tok;
+        size_t koff = (size_t)g * (size_t)j->hd * esz;
+        const uint8_t *kc = (const uint8_t *)j->kc[seq] + koff;
+        const uint8_t *vc = (const uint8_t *)j->vc[seq] + koff;
+        size_t base = (size_t)seq * j->n_tok * qrow;
+        if (tiled_task(j->out + base, j->q + base, qrow, kc, vc, row, j->f16, j->ctx0[seq], t0,
+                       t1, g, group, j->hd, &w))
+            j->err = -ENOMEM;
+    }
+    free(w.kt), free(w.vp), free(w.s);
+}
+
+static int run_job(kth_pool *pool, attn_job *j, kth_fn part)
 {
     bool held = kth_acquire(pool) == 0;
-    kth_run(held ? pool : NULL, attn_part, j);
+    kth_run(held ? pool : NULL, part, j);
     if (held)
         kth_release(pool);
     return j->err;
 }
 
-int k_attn_prefill_mt(kth_pool *pool, float *out, const float *q, const float *k, const float *v,
-                      float *kc, float *vc, int pos0, int n_tok, int n_head, int n_kv, int hd)
+/* N rows of K (and V) into the cache at row AT, in its type. */
+static int put_rows(void *cache, kdtype dt, size_t at, const float *src, size_t n)
 {
-    if (!have_avx2() || hd % 8) {
-        k_attn_prefill(out, q, k, v, kc, vc, pos0, n_tok, n_head, n_kv, hd);
+    if (dt == KD_F32) {
+        memcpy((float *)cache + at, src, n * sizeof(float));
         return 0;
     }
+    return k_cast((uint16_t *)cache + at, KD_F16, src, KD_F32, n);
+}
+
+int k_attn_prefill_mt(kth_pool *pool, float *out, const float *q, const float *k, const float *v,
+                      void *kc, void *vc, kdtype cache_dt, int pos0, int n_tok, int n_head,
+                      int n_kv, int hd)
+{
+    if ((cache_dt != KD_F32 && cache_dt != KD_F16) || n_head % n_kv || hd < 1)
+        return -EINVAL;
     size_t row = (size_t)n_kv * hd;
-    memcpy(kc + (size_t)pos0 * row, k, (size_t)n_tok * row * sizeof(float));
-    memcpy(vc + (size_t)pos0 * row, v, (size_t)n_tok * row * sizeof(float));
-    const float *kcs[1] = {kc}, *vcs[1] = {vc};
+    int rc = put_rows(kc, cache_dt, (size_t)pos0 * row, k, (size_t)n_tok * row);
+    if (!rc)
+        rc = put_rows(vc, cache_dt, (size_t)pos0 * row, v, (size_t)n_tok * row);
+    if (rc)
+        return rc;
+    void *kcs[1] = {kc}, *vcs[1] = {vc};
     int32_t ctx0[1] = {pos0};
-    attn_job j = {out, q, kcs, vcs, ctx0, 1, n_tok, n_head, n_kv, hd,
-                  (n_tok + QUERY_BLOCK - 1) / QUERY_BLOCK, 0, 0};
-    return run_job(pool, &j);
+    /* Enough queries per KV head make the tiles pay for their panels. */
+    bool tiled = have_avx2() && hd % 16 == 0 && n_tok >= 8;
+    int per = tiled ? TILED_BLOCK : QUERY_BLOCK;
+    attn_job j = {out, q, kcs, vcs, ctx0, 1, n_tok, n_head, n_kv, hd, cache_dt == KD_F16,
+                  have_avx2() && hd % 8 == 0, (n_tok + per - 1) / per, 0, 0};
+    return run_job(pool, &j, tiled ? attn_tiled_part : attn_part);
 }
 
 int k_attn_decode_mt(kth_pool *pool, float *out, const float *q, const float *k, const float *v,
-                     float *const *kc, float *const *vc, const int32_t *lens, int batch,
-                     int n_head, int n_kv, int hd)
+                     void *const *kc, void *const *vc, kdtype cache_dt, const int32_t *lens,
+                     int batch, int n_head, int n_kv, int hd)
 {
-    size_t qrow = (size_t)n_head * hd;
-    if (!have_avx2() || hd % 8) {
-        for (int b = 0; b < batch; b++) {
-            if (lens[b] < 0)
-                memset(out + b * qrow, 0, qrow * sizeof(float));
-            else
-                k_attn_decode(out + b * qrow, q + b * qrow, k + (size_t)b * n_kv * hd,
-                              v + (size_t)b * n_kv * hd, &kc[b], &vc[b], &lens[b], 1, n_head,
-                              n_kv, hd);
-        }
-        return 0;
-    }
+    if ((cache_dt != KD_F32 && cache_dt != KD_F16) || n_head % n_kv || hd < 1)
+        return -EINVAL;
     size_t row = (size_t)n_kv * hd;
     for (int b = 0; b < batch; b++) {
         if (lens[b] < 0)
             continue;
-        memcpy(kc[b] + (size_t)lens[b] * row, k + (size_t)b * row, row * sizeof(float));
-        memcpy(vc[b] + (size_t)lens[b] * row, v + (size_t)b * row, row * sizeof(float));
+        int rc = put_rows(kc[b], cache_dt, (size_t)lens[b] * row, k + (size_t)b * row, row);
+        if (!rc)
+            rc = put_rows(vc[b], cache_dt, (size_t)lens[b] * row, v + (size_t)b * row, row);
+        if (rc)
+            return rc;
     }
-    attn_job j = {out, q, (const float *const *)kc, (const float *const *)vc, lens, batch, 1,
-                  n_head, n_kv, hd, 1, 0, 0};
-    return run_job(pool, &j);
+    attn_job j = {out, q, kc, vc, lens, batch, 1, n_head, n_kv, hd, cache_dt == KD_F16,
+                  have_avx2() && hd % 8 == 0, 1, 0, 0};
+    bool grouped = have_avx2() && hd % 32 == 0 && n_head / n_kv <= 64;
+    return run_job(pool, &j, grouped ? attn_group_part : attn_part);
 }

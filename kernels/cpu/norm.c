@@ -3,6 +3,7 @@
  * in double: these are the references the CUDA kernels are checked against,
  * so they should be the more accurate side. */
 #include <math.h>
+#include <stdlib.h>
 
 #include "kernels/cpu/order.h"
 #include "kernels/kernels.h"
@@ -45,22 +46,37 @@ void k_rope(float *x, const int32_t *pos, int n_tok, int n_head, int head_dim, f
             int mode)
 {
     int half = head_dim / 2;
+    /* The angles depend on the token and the pair, not the head: computed
+     * once per token for all heads (the same values in the same order as
+     * per head, so the result is bit for bit the same). */
+    float cs[512], sn[512];
+    float *c = half <= 512 ? cs : malloc((size_t)half * sizeof(float));
+    float *sv = half <= 512 ? sn : malloc((size_t)half * sizeof(float));
+    if (!c || !sv)
+        abort(); /* a head of over 1024 dims and no memory for its angles */
     for (int t = 0; t < n_tok; t++) {
+        for (int i = 0; i < half; i++) {
+            /* Angles in double: positions reach 10^5, where an f32 angle
+             * has already lost most of its fractional bits. */
+            double ang = pos[t] * pow((double)theta, -2.0 * i / head_dim);
+            c[i] = (float)cos(ang);
+            sv[i] = (float)sin(ang);
+        }
         for (int h = 0; h < n_head; h++) {
             float *v = x + ((size_t)t * n_head + h) * head_dim;
             for (int i = 0; i < half; i++) {
-                /* Angles in double: positions reach 10^5, where an f32 angle
-                 * has already lost most of its fractional bits. */
-                double ang = pos[t] * pow((double)theta, -2.0 * i / head_dim);
-                float c = (float)cos(ang), s = (float)sin(ang);
                 int i0 = mode == K_ROPE_NEOX ? i : 2 * i;
                 int i1 = mode == K_ROPE_NEOX ? i + half : 2 * i + 1;
                 float a = v[i0], b = v[i1];
-                v[i0] = a * c - b * s;
-                v[i1] = a * s + b * c;
+                v[i0] = a * c[i] - b * sv[i];
+                v[i1] = a * sv[i] + b * c[i];
             }
         }
     }
+    if (c != cs)
+        free(c);
+    if (sv != sn)
+        free(sv);
 }
 
 void k_softmax(float *out, const float *x, int rows, int n)

@@ -11,6 +11,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -624,6 +625,96 @@ static void test_softmax_argmax(void **state)
 
 /* ---- attention --------------------------------------------------------------- */
 
+/* Rounds N floats to what an f16 holds. */
+static void round_f16(float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = k_f16_to_f32(k_f32_to_f16(x[i]));
+}
+
+/* k_attn_prefill_mt and k_attn_decode_mt against the references, with no
+ * pool and pools of 2 and 3 threads, on f32 and f16 caches, for head sizes
+ * that take the vector path (64, 16) and one that does not (20), prompts
+ * not a multiple of the query block, a cache already holding positions,
+ * and contexts past the scores' stack buffer (5000).  For f16 the reference
+ * runs on K and V rounded to f16, which is what the cache holds. */
+static void test_attention_fast_vs_ref(void **state)
+{
+    (void)state;
+    static const int shapes[][5] = {/* heads, kv heads, hd, pos0, tokens */
+                                    {9, 3, 64, 0, 37}, {4, 4, 16, 5, 3}, {6, 2, 20, 7, 18},
+                                    {2, 1, 64, 4990, 12}};
+    for (int nth = 1; nth <= 3; nth++) {
+        kth_pool *pool = NULL;
+        if (nth > 1)
+            assert_int_equal(kth_pool_create(nth, &pool), 0);
+        for (size_t sh = 0; sh < sizeof(shapes) / sizeof(shapes[0]); sh++)
+            for (int f16 = 0; f16 <= 1; f16++) {
+                int NH = shapes[sh][0], NKV = shapes[sh][1], HD = shapes[sh][2];
+                int P0 = shapes[sh][3], T = shapes[sh][4], CAP = P0 + T + 1;
+                size_t row = (size_t)NKV * HD, qrow = (size_t)NH * HD, esz = f16 ? 2 : 4;
+                kdtype dt = f16 ? KD_F16 : KD_F32;
+                float *q = rnd(T * qrow, 2), *k = rnd(T * row, 1), *v = rnd(T * row, 1);
+                float *hk = rnd((size_t)P0 * row + 1, 1), *hv = rnd((size_t)P0 * row + 1, 1);
+                /* The reference's caches: history then this chunk, f32. */
+                float *rk = poisoned(CAP * row), *rv = poisoned(CAP * row);
+                void *ck = malloc(CAP * row * esz), *cv = malloc(CAP * row * esz);
+                if (f16) {
+                    round_f16(k, T * row), round_f16(v, T * row);
+                    round_f16(hk, P0 * row), round_f16(hv, P0 * row);
+                }
+                memcpy(rk, hk, P0 * row * sizeof(float));
+                memcpy(rv, hv, P0 * row * sizeof(float));
+                assert_int_equal(k_cast(ck, dt, hk, KD_F32, P0 * row), 0);
+                assert_int_equal(k_cast(cv, dt, hv, KD_F32, P0 * row), 0);
+                float *ref = poisoned(T * qrow), *got = poisoned(T * qrow);
+                k_attn_prefill(ref, q, k, v, rk, rv, P0, T, NH, NKV, HD);
+                assert_int_equal(k_attn_prefill_mt(pool, got, q, k, v, ck, cv, dt, P0, T, NH,
+                                                   NKV, HD), 0);
+                char what[96];
+                snprintf(what, sizeof(what), "prefill %zu %s, %d threads", sh, f16 ? "f16" : "f32",
+                         nth);
+                assert_close(got, ref, T * qrow, 2e-5f, 2e-5f, what);
+                /* The chunk's K and V are in the cache, in its type. */
+                float *back = malloc(T * row * sizeof(float));
+                assert_int_equal(k_cast(back, KD_F32, (uint8_t *)ck + P0 * row * esz, dt, T * row), 0);
+                assert_memory_equal(back, k, T * row * sizeof(float));
+                /* One decode step on top, in a batch whose middle row is
+                 * empty (length -1): zeros there, the same as the reference
+                 * elsewhere. */
+                float *dq = rnd(3 * qrow, 2), *dk = rnd(3 * row, 1), *dv = rnd(3 * row, 1);
+                if (f16)
+                    round_f16(dk, 3 * row), round_f16(dv, 3 * row);
+                int32_t lens[3] = {P0 + T, -1, P0 + T};
+                void *kcs[3] = {ck, NULL, ck}, *vcs[3] = {cv, NULL, cv};
+                /* Rows 0 and 2 share a cache: give row 2 row 0's token so
+                 * both write the same K and V at the same position. */
+                memcpy(dk + 2 * row, dk, row * sizeof(float));
+                memcpy(dv + 2 * row, dv, row * sizeof(float));
+                float *dref = poisoned(qrow), *dgot = poisoned(3 * qrow);
+                float *rkp[1] = {rk}, *rvp[1] = {rv};
+                int32_t rlen[1] = {P0 + T};
+                k_attn_decode(dref, dq, dk, dv, rkp, rvp, rlen, 1, NH, NKV, HD);
+                assert_int_equal(k_attn_decode_mt(pool, dgot, dq, dk, dv, kcs, vcs, dt, lens, 3,
+                                                  NH, NKV, HD), 0);
+                snprintf(what, sizeof(what), "decode %zu %s, %d threads", sh, f16 ? "f16" : "f32",
+                         nth);
+                assert_close(dgot, dref, qrow, 2e-5f, 2e-5f, what);
+                for (size_t i = 0; i < qrow; i++)
+                    assert_true(dgot[qrow + i] == 0.0f);
+                float *dref2 = poisoned(qrow);
+                k_attn_decode(dref2, dq + 2 * qrow, dk, dv, rkp, rvp, rlen, 1, NH, NKV, HD);
+                assert_close(dgot + 2 * qrow, dref2, qrow, 2e-5f, 2e-5f, what);
+                assert_int_equal(k_attn_decode_mt(pool, dgot, dq, dk, dv, kcs, vcs, KD_BF16, lens,
+                                                  3, NH, NKV, HD), -EINVAL);
+                free(q), free(k), free(v), free(hk), free(hv), free(rk), free(rv), free(ck);
+                free(cv), free(ref), free(got), free(back), free(dq), free(dk), free(dv);
+                free(dref), free(dgot), free(dref2);
+            }
+        kth_pool_destroy(pool);
+    }
+}
+
 /* A decode step over sequences of lengths 0, 1, 5, 17, 40 (9 query heads on 3
  * KV heads, as SmolLM2) must give, for each, the last row of a prefill of
  * that sequence's whole history; and a prefill split in two chunks equals
@@ -805,6 +896,7 @@ int main(void)
         cmocka_unit_test(test_rope),
         cmocka_unit_test(test_softmax_argmax),
         cmocka_unit_test(test_attention_decode_vs_prefill),
+        cmocka_unit_test(test_attention_fast_vs_ref),
         cmocka_unit_test(test_sample),
         cmocka_unit_test(test_nan_never_wins),
     };

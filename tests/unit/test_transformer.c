@@ -219,15 +219,19 @@ static baton_model *load_on(const char *device, uint32_t max_batch, const char *
     const char *keys[16], *vals[16];
     size_t n = 0;
     keys[n] = "path", vals[n++] = MODEL;
-    bool act = false;
+    bool act = false, cache = false;
     for (; kv && kv[0]; kv += 2) {
         act |= strcmp(kv[0], "activations") == 0;
+        cache |= strcmp(kv[0], "kv_dtype") == 0;
         keys[n] = kv[0], vals[n++] = kv[1];
     }
     /* The reference is an f32 forward pass: compare with f32 activations
-     * unless a test asks otherwise (8-bit ones are checked on their own). */
+     * and an f32 cache unless a test asks otherwise (the defaults, 8-bit
+     * activations and an f16 cache, are checked on their own). */
     if (!act)
         keys[n] = "activations", vals[n++] = "f32";
+    if (!cache)
+        keys[n] = "kv_dtype", vals[n++] = "f32";
     baton_load_params p = {"llm", keys, vals, n, 0, 1, device, max_batch, 1, NULL, 1, 1};
     baton_model *m = NULL;
     char err[512] = "";
@@ -375,7 +379,7 @@ static void test_prefill_and_greedy_match_reference(void **state)
  * activations the same way. */
 #define Q8_GAP 0.5f
 
-/* With the default 8-bit activations (two threads), greedy decoding of
+/* With the defaults, 8-bit activations and an f16 cache (two threads), greedy decoding of
  * each reference prompt follows the reference's tokens until a step where
  * the reference's top-two gap is under Q8_GAP; the gaps are those of the
  * f32 run, which equals the reference token for token. */
@@ -387,7 +391,8 @@ static void test_q8_activations_track_reference(void **state)
     if (strcmp(test_device(), "cpu") != 0)
         skip(); /* the GPU kernels take f32 activations only */
     static const char *const f32[] = {"eos", "49151", "activations", "f32", NULL};
-    static const char *const q8[] = {"eos", "49151", "activations", "q8", "threads", "2", NULL};
+    static const char *const q8[] = {"eos", "49151", "activations", "q8", "kv_dtype", "f16",
+                                     "threads", "2", NULL};
     baton_model *mf = load(1, f32), *mq = load(1, q8);
     int matched = 0, total = 0;
     float worst = 0;
@@ -563,13 +568,16 @@ static void test_batched_decode_matches_reference(void **state)
 
 /* Two cache slots, three requests decoding in turns of two: every turn
  * evicts one and brings one back. */
-static void test_eviction_keeps_caches(void **state)
+#define TURN_STEPS 8
+
+/* Prefills the three reference prompts on a model with SLOTS cache slots
+ * and cache type KV_DT, then decodes them two at a time in a rotation, so
+ * that with 2 slots every turn evicts the third session; the greedy tokens
+ * of each prompt (after its first) go to GOT. */
+static void run_turns(int slots, const char *kv_dt, int32_t got[MAXP][TURN_STEPS])
 {
-    (void)state;
-    if (!have_model())
-        skip();
-    static const char *const kv[] = {"eos", "49151", "max_seq", "64", NULL};
-    baton_model *m = load(2, kv);
+    const char *const kv[] = {"eos", "49151", "max_seq", "64", "kv_dtype", kv_dt, NULL};
+    baton_model *m = load((uint32_t)slots, kv);
     fake f = {0};
     fake_reset(&f);
     req r[MAXP], *rp[MAXP];
@@ -580,7 +588,7 @@ static void test_eviction_keeps_caches(void **state)
         req_open(m, &r[p]);
         req_item(&r[p], "prefill", REF[p].ids, REF[p].n);
         run(m, &f, &rp[p], 1, &tok[p]);
-        step[p] = 1;
+        step[p] = 0;
     }
     static const int turns[][2] = {{0, 1}, {2, 0}, {1, 2}, {0, 1}, {2, 0}, {1, 2},
                                    {0, 2}, {1, 0}, {2, 1}};
@@ -594,17 +602,52 @@ static void test_eviction_keeps_caches(void **state)
         run(m, &f, pair, 2, out);
         for (int i = 0; i < 2; i++) {
             int p = turns[t][i];
-            if (out[i] != REF[p].greedy[step[p]])
-                fail_msg("turn %zu, prompt %d step %d: token %d, reference %d", t, p + 1,
-                         step[p], out[i], REF[p].greedy[step[p]]);
-            tok[p] = out[i];
-            step[p]++;
+            assert_true(step[p] < TURN_STEPS);
+            got[p][step[p]++] = tok[p] = out[i];
         }
     }
     fake_reset(&f);
-    for (int p = 0; p < MAXP; p++)
+    for (int p = 0; p < MAXP; p++) {
+        assert_int_equal(step[p], 6);
         B->session_close(m, r[p].s);
+    }
     B->model_unload(m);
+}
+
+/* More sessions than slots, f32 cache: every session's tokens are the
+ * reference's, however often it was evicted and brought back. */
+static void test_eviction_keeps_caches(void **state)
+{
+    (void)state;
+    if (!have_model())
+        skip();
+    int32_t got[MAXP][TURN_STEPS];
+    run_turns(2, "f32", got);
+    for (int p = 0; p < MAXP; p++)
+        for (int k = 0; k < 6; k++)
+            if (got[p][k] != REF[p].greedy[k + 1])
+                fail_msg("prompt %d step %d: token %d, reference %d", p + 1, k + 1, got[p][k],
+                         REF[p].greedy[k + 1]);
+}
+
+/* The same with an f16 cache (which the reference does not model): evicted
+ * and restored caches give exactly the tokens of a run with a slot for
+ * every session, so the f16 copies out and back are lossless. */
+static void test_eviction_keeps_f16_caches(void **state)
+{
+    (void)state;
+    if (!have_model())
+        skip();
+    if (strcmp(test_device(), "cpu") != 0)
+        skip(); /* the GPU kernels keep f32 caches only */
+    int32_t evicted[MAXP][TURN_STEPS], resident[MAXP][TURN_STEPS];
+    run_turns(2, "f16", evicted);
+    run_turns(3, "f16", resident);
+    for (int p = 0; p < MAXP; p++)
+        for (int k = 0; k < 6; k++)
+            if (evicted[p][k] != resident[p][k])
+                fail_msg("prompt %d step %d: token %d evicted, %d resident", p + 1, k + 1,
+                         evicted[p][k], resident[p][k]);
 }
 
 /* With the GGUF's EOS (id 2), prompt 1's answer ends after "Paris.": the
@@ -810,9 +853,12 @@ static void test_bad_loads(void **state)
     static const char *const seq[] = {"path", MODEL, "max_seq", "lots", NULL};
     load_fails(seq, err, sizeof(err));
     assert_non_null(strstr(err, "max_seq = 'lots'"));
-    static const char *const kv16[] = {"path", MODEL, "kv_dtype", "f16", NULL};
-    load_fails(kv16, err, sizeof(err));
-    assert_non_null(strstr(err, "kv_dtype = 'f16'"));
+    static const char *const kv8[] = {"path", MODEL, "kv_dtype", "q8", NULL};
+    load_fails(kv8, err, sizeof(err));
+    assert_non_null(strstr(err, "kv_dtype = 'q8'"));
+    static const char *const act[] = {"path", MODEL, "activations", "i4", NULL};
+    load_fails(act, err, sizeof(err));
+    assert_non_null(strstr(err, "activations = 'i4'"));
     /* A file that is not GGUF. */
     char path[] = "/tmp/baton-tf-XXXXXX.gguf";
     int fd = mkstemps(path, 5);
@@ -870,6 +916,7 @@ int main(void)
         cmocka_unit_test(test_q8_activations_track_reference),
         cmocka_unit_test(test_batched_decode_matches_reference),
         cmocka_unit_test(test_eviction_keeps_caches),
+        cmocka_unit_test(test_eviction_keeps_f16_caches),
         cmocka_unit_test(test_eos_finishes),
         cmocka_unit_test(test_sampling_reproducible),
         cmocka_unit_test(test_bad_inputs),
