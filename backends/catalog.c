@@ -36,7 +36,11 @@ static const bt_opt_desc transformer_options[] = {
      "GGUF file, or Hugging Face folder with config.json and *.safetensors"},
     {"max_seq", BT_OPT_INT, "2048", 0, "tokens one session's KV cache holds, prompt and output"},
     {"kv_dtype", BT_OPT_STRING, "auto", 0,
-     "element type of the KV cache: auto (the device's: f32 on a CPU) or f32"},
+     "element type of the KV cache: auto (the device's: f16 on a CPU, f32 on a GPU), f16 "
+     "(CPU only) or f32"},
+    {"activations", BT_OPT_STRING, "q8", 0,
+     "CPU only: q8 quantizes the activations of quantized products to 8 bits per block and "
+     "multiplies as integers (llama.cpp's way); f32 keeps them f32"},
     {"prefill_chunk", BT_OPT_INT, "256", 0,
      "tokens one prefill run takes; a longer prompt runs in chunks"},
     {"chat_template", BT_OPT_BOOL, "true", 0,

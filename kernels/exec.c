@@ -703,6 +703,26 @@ int kx_param_borrow(kx_exec *x, const char *name, kdtype dt, const void *data, s
     return 0;
 }
 
+int kx_handle_borrow(kx_exec *x, const char *name, void *data, size_t bytes)
+{
+    if (x->dev->owns && !x->dev->owns(x->dev->dev, data))
+        return BT_EINVAL;
+    int v = kg_value_find(&x->g, name);
+    if (v < 0 || x->g.values[v].kind != KG_HANDLE)
+        return BT_ENOENT;
+    if (x->g.values[v].bytes != bytes)
+        return BT_ETYPE;
+    if (x->plan.offset && x->plan.offset[v] != KA_NONE)
+        return BT_EINVAL; /* a handle in the arena (none is planned there today) */
+    if (x->pending)
+        return BT_EBUSY;
+    if (x->param_state[v] != PARAM_BORROWED)
+        x->dev->free(x->dev->dev, x->ptr[v]);
+    x->ptr[v] = data;
+    x->param_state[v] = PARAM_BORROWED;
+    return 0;
+}
+
 void *kx_handle(kx_exec *x, const char *name, size_t *bytes)
 {
     int v = kg_value_find(&x->g, name);

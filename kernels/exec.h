@@ -135,6 +135,18 @@ int kx_param_borrow(kx_exec *x, const char *name, kdtype dt, const void *data, s
  * while no run is pending; on a queued device it is device memory. */
 void *kx_handle(kx_exec *x, const char *name, size_t *bytes);
 
+/* Makes persistent handle NAME live in DATA (BYTES, its size) instead of
+ * its own memory, which is freed: DATA must stay valid until kx_destroy or
+ * the next borrow, and is not freed by the executable.  May be called
+ * again between runs to move the handle, e.g. a prefill executable's KV
+ * cache onto the decode slot its session will decode in, so the prefill
+ * writes where the decode reads and nothing is copied.  On a queued device
+ * DATA is device memory, and an executable that captures graphs must not
+ * have its handles moved after the first capture.  Returns 0, BT_ENOENT (no
+ * such handle), BT_ETYPE (size), BT_EINVAL (not the device's memory) or
+ * BT_EBUSY (a run is pending). */
+int kx_handle_borrow(kx_exec *x, const char *name, void *data, size_t bytes);
+
 /* Binds input slot SLOT to DATA (BYTES long, at least the slot's size at the
  * current extent); the memory must stay valid until the run is synced. */
 int kx_input_bind(kx_exec *x, int slot, const void *data, size_t bytes);

@@ -27,8 +27,9 @@
  * batch is evicted, its written positions copied to host memory it owns,
  * and copied back when it decodes again.  So any number of requests can be
  * in flight, and the cost of having more than `max_batch` of them is a copy
- * of their positions, not a refusal.  A prefill runs in the prefill
- * executable's own single-slot cache and is then copied into a slot.
+ * of their positions, not a refusal.  A prefill runs in its session's
+ * slot: the prefill executable's caches are moved onto that slot first
+ * (kx_handle_borrow), so nothing is copied when decoding starts.
  *
  * Nodes.  mode `prefill` takes its first input: I32 or I64 token ids (any
  * dims, flattened) or U8 UTF-8 text, which the file's tokenizer encodes
@@ -116,6 +117,8 @@ struct baton_session {
     char carry[8];              /* UTF-8 bytes of a character not yet complete */
     int n_carry;
 };
+
+static int bind_prefill_cache(baton_model *m, int slot);
 
 /* ---- options --------------------------------------------------------------------- */
 
@@ -684,6 +687,12 @@ static baton_status model_load(const baton_load_params *p, baton_model **out, ch
         snprintf(err, errlen, "%s: %s", path, why);
         goto err;
     }
+    /* The prefill's own caches are never used (each prefill runs in its
+     * session's decode slot): give their memory back now. */
+    if (bind_prefill_cache(m, 0) != 0) {
+        snprintf(err, errlen, "%s: cannot share the KV cache between prefill and decode", path);
+        goto err;
+    }
     m->owner = calloc((size_t)m->slots, sizeof(*m->owner));
     m->report = make_report(m, p);
     if (dev) {
@@ -749,6 +758,23 @@ static uint8_t *cache(kx_exec *x, int l, int kv)
     char name[32];
     snprintf(name, sizeof(name), kv ? "v_cache.%d" : "k_cache.%d", l);
     return kx_handle(x, name, NULL);
+}
+
+/* Moves the prefill executable's caches onto decode slot SLOT (see
+ * prefill_one).  0 or a kx status. */
+static int bind_prefill_cache(baton_model *m, int slot)
+{
+    size_t bytes = (size_t)m->max_seq * m->row_bytes;
+    for (int l = 0; l < m->shape.layers; l++)
+        for (int kv = 0; kv < 2; kv++) {
+            char name[32];
+            snprintf(name, sizeof(name), kv ? "v_cache.%d" : "k_cache.%d", l);
+            int rc = kx_handle_borrow(m->prefill, name,
+                                      cache(m->decode, l, kv) + (size_t)slot * bytes, bytes);
+            if (rc)
+                return rc;
+        }
+    return 0;
 }
 
 /* BYTES from SRC to DST, either in device memory on a GPU (the device's
@@ -1220,9 +1246,24 @@ static void prefill_one(baton_model *m, baton_ctx *ctx, baton_item *it)
         ctx->fail(ctx, it, BATON_STATUS_INVALID_ARGUMENT, msg);
         goto out;
     }
-    /* A new prompt starts the session over. */
+    /* A new prompt starts the session over, in the decode slot it will
+     * decode in: the prefill executable's caches are moved onto that slot,
+     * so the prompt's K and V are written where decoding reads them. */
     s->len = 0;
     s->n_carry = 0;
+    free(s->saved);
+    s->saved = NULL;
+    m->batch_id++;
+    s->batch_id = m->batch_id;
+    s->used = ++m->clock;
+    if (acquire_slot(m, s) != 0) {
+        ctx->fail(ctx, it, BATON_STATUS_RESOURCE_EXHAUSTED, "out of memory moving a KV cache");
+        goto out;
+    }
+    if (bind_prefill_cache(m, s->slot) != 0) {
+        ctx->fail(ctx, it, BATON_STATUS_INTERNAL, "cannot place the prefill's KV cache");
+        goto out;
+    }
     int32_t *pos = malloc((size_t)m->chunk * sizeof(*pos));
     if (!pos) {
         ctx->fail(ctx, it, BATON_STATUS_RESOURCE_EXHAUSTED, "out of memory");
@@ -1254,11 +1295,6 @@ static void prefill_one(baton_model *m, baton_ctx *ctx, baton_item *it)
         }
     }
     free(pos);
-    m->batch_id++;
-    s->batch_id = m->batch_id;
-    s->used = ++m->clock;
-    free(s->saved);
-    s->saved = NULL;
     baton_tensor *kv = NULL;
     if (wants_output(it, "kv")) {
         /* Disaggregated serving: the cache leaves as a tensor, and a decode
@@ -1266,28 +1302,15 @@ static void prefill_one(baton_model *m, baton_ctx *ctx, baton_item *it)
         int64_t dims[4] = {m->shape.layers, 2, (int64_t)n, (int64_t)m->row_floats};
         if (!(kv = ctx->alloc(ctx, it, BATON_DTYPE_F32, 4, dims)))
             goto out;
-        if (copy_slot(m, m->prefill, 0, kv->data, (int)n, true, true)) {
+        int rc = copy_slot(m, m->decode, s->slot, kv->data, (int)n, true, true);
+        m->owner[s->slot] = NULL;
+        s->slot = -1;
+        s->len = 0;
+        if (rc) {
             ctx->fail(ctx, it, BATON_STATUS_INTERNAL, "cannot copy the KV cache out");
             goto out;
         }
-        if (s->slot >= 0)
-            m->owner[s->slot] = NULL;
-        s->slot = -1;
-        s->len = 0;
     } else {
-        /* Its cache goes to a decode slot: positions [0, n) of the prefill
-         * executable's single slot. */
-        if (acquire_slot(m, s) != 0) {
-            ctx->fail(ctx, it, BATON_STATUS_RESOURCE_EXHAUSTED,
-                      "out of memory moving a KV cache");
-            goto out;
-        }
-        size_t bytes = n * m->row_bytes;
-        for (int l = 0; l < m->shape.layers; l++)
-            for (int c = 0; c < 2; c++)
-                mcopy(m, cache(m->decode, l, c) +
-                             (size_t)s->slot * (size_t)m->max_seq * m->row_bytes,
-                      cache(m->prefill, l, c), bytes);
         s->len = (int)n;
     }
     const float *logits = kx_output(m->prefill, 0, NULL);

@@ -187,6 +187,20 @@ static void test_handle_persists(void **state)
     assert_true(cache[0] == 3 && cache[3] == 13);
     assert_true(yy[0] == 3 && yy[3] == 13);
     assert_null(kx_handle(e, "nope", NULL));
+    /* Moved onto the caller's memory: runs update it there, the handle
+     * reads it, and the executable does not free it. */
+    float mine[16] = {0};
+    mine[3] = 100;
+    assert_int_equal(kx_handle_borrow(e, "cache", mine, sizeof mine), 0);
+    assert_ptr_equal(kx_handle(e, "cache", NULL), mine);
+    assert_int_equal(kx_run(e), 0);
+    assert_true(mine[0] == 1 && mine[3] == 101 && cache != mine);
+    float other[16] = {0};
+    assert_int_equal(kx_handle_borrow(e, "cache", other, sizeof other), 0);
+    assert_int_equal(kx_run(e), 0);
+    assert_true(other[0] == 1 && mine[0] == 1);
+    assert_int_equal(kx_handle_borrow(e, "cache", mine, 8), BT_ETYPE);
+    assert_int_equal(kx_handle_borrow(e, "nope", mine, sizeof mine), BT_ENOENT);
     kx_destroy(e);
 }
 
