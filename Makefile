@@ -8,6 +8,8 @@
 #   CUDA=0          build without the CUDA parts even when nvcc is present
 #   make emu        the emulated CUDA flavour in build/emu (no GPU, no nvcc)
 #   make emu-test   its tests: the CUDA code run on the CPU by cudaemu
+#   make llamacpp-check  tokenizer and greedy decoding side by side with
+#                   llama.cpp (tests/llamacpp/; not part of `make test`)
 
 PREFIX ?= /usr/local
 # V=1 shows full compiler command lines.
@@ -399,3 +401,23 @@ endif
 # The planning and scheduling benchmarks link the kernels archive too.
 $(BUILD)/bench/bench_arena: $(BACKEND_LIB) $(KERNEL_LIB) $(COMMON_LIB)
 $(BUILD)/bench/bench_sched: $(KERNEL_LIB) $(COMMON_LIB)
+
+# Side-by-side checks against llama.cpp (tests/llamacpp/run.sh): the
+# tokenizer on 30,000 texts and greedy decoding on F32 and Q4_1 files.
+# scripts/build-llamacpp.sh builds llama.cpp outside the repository (about
+# 10 minutes the first time); the programs that link it are compiled by
+# run.sh against that build, the ones that link baton
+# (tests/llamacpp/baton_*.c) here.  Skips, saying why, when llama.cpp or the
+# model cannot be had.  Not part of `make test`: it needs the network once
+# and several minutes.
+LLAMACPP_MAINS := $(wildcard tests/llamacpp/baton_*.c)
+LLAMACPP_BINS := $(LLAMACPP_MAINS:tests/llamacpp/%.c=$(BUILD)/llamacpp/%)
+$(LLAMACPP_BINS): $(BUILD)/llamacpp/%: $(BUILD)/obj/tests/llamacpp/%.o \
+		$(BUILD)/obj/tests/unit/fake_ctx.o $(ALL_LIBS)
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(NCCL_LIBS) $(OPENBLAS_LIBS) -ldl
+
+.PHONY: llamacpp-check
+llamacpp-check: model $(LLAMACPP_BINS)
+	@BUILD=$(BUILD) CC="$(CC)" bash tests/llamacpp/run.sh; rc=$$?; [ $$rc -eq 77 ] && rc=0; exit $$rc

@@ -48,10 +48,12 @@ struct tok_vocab {
     merge_slot *merges;    /* (left, right) -> merge, open addressing; owned */
     size_t merge_mask;     /* slots - 1 */
     int32_t byte_id[256];  /* the token of each lone byte, -1 when the vocab lacks it */
+    uint16_t byte_cp[256]; /* the code point that spells each byte in token text */
     int32_t *specials;     /* tokens matched literally: by first byte, longest first; owned */
     int32_t spec_lo[256];  /* specials[spec_lo[b] .. spec_hi[b]) start with byte b */
     int32_t spec_hi[256];
     int pre;               /* TOK_PRE_* */
+    bool ignore_merges;    /* a pre-token that is a token is that token, merges or not */
     int32_t bos, eos;      /* ids or -1 */
     char *tmpl;            /* tokenizer.chat_template, NUL-terminated; owned, may be NULL */
     char *default_system;  /* the template's own system text; owned, may be NULL */
@@ -75,6 +77,8 @@ typedef struct bpe_work {
     bpe_sym *sym;
     bpe_pair *heap;
     size_t cap;     /* symbols; the heap holds 3 * cap pairs */
+    char *spell;    /* ignore_merges: the word in token text, 2 * spell_cap bytes */
+    size_t spell_cap;
 } bpe_work;
 
 /* The ids written by tok_encode: the first CAP stored, all counted. */
@@ -178,6 +182,33 @@ static void pair_try(const tok_vocab *v, bpe_work *w, size_t *nh, int32_t left, 
                                           w->sym[right].id, m->id});
 }
 
+/* Sets *ID to the token spelled like the whole word S[0..N) in the byte
+ * alphabet, or -1 when there is none; 0 or BT_ENOMEM. */
+static int whole_word_token(const tok_vocab *v, bpe_work *w, const uint8_t *s, size_t n,
+                            int32_t *id)
+{
+    if (n > w->spell_cap) {
+        size_t cap = n > 2 * w->spell_cap ? n : 2 * w->spell_cap;
+        char *p = realloc(w->spell, 2 * cap);
+        if (!p)
+            return BT_ENOMEM;
+        w->spell = p;
+        w->spell_cap = cap;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint16_t c = v->byte_cp[s[i]];
+        if (c < 0x80) {
+            w->spell[k++] = (char)c;
+        } else {
+            w->spell[k++] = (char)(0xC0 | c >> 6);
+            w->spell[k++] = (char)(0x80 | (c & 0x3F));
+        }
+    }
+    *id = token_find(v, w->spell, k);
+    return 0;
+}
+
 /* Encodes one pre-token, S[0..N), into O. */
 static int bpe_word(const tok_vocab *v, bpe_work *w, const uint8_t *s, size_t n, id_out *o)
 {
@@ -185,6 +216,19 @@ static int bpe_word(const tok_vocab *v, bpe_work *w, const uint8_t *s, size_t n,
         if (v->byte_id[s[0]] >= 0)
             out_push(o, v->byte_id[s[0]]);
         return 0;
+    }
+    if (v->ignore_merges) {
+        /* Llama 3's tokenizer.json sets ignore_merges, and llama.cpp does
+         * the same for its pre-tokenizer: a word that is a token is taken
+         * whole, even where no sequence of merges would build it. */
+        int32_t id;
+        int rc = whole_word_token(v, w, s, n, &id);
+        if (rc)
+            return rc;
+        if (id >= 0) {
+            out_push(o, id);
+            return 0;
+        }
     }
     if (n > w->cap) {
         size_t cap = n > 2 * w->cap ? n : 2 * w->cap;
@@ -200,19 +244,16 @@ static int bpe_word(const tok_vocab *v, bpe_work *w, const uint8_t *s, size_t n,
             return BT_ENOMEM;
         w->cap = cap;
     }
-    /* Bytes without a token are left out, so their neighbours may merge
-     * across them: Hugging Face builds the word the same way. */
-    size_t m = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (v->byte_id[s[i]] < 0)
-            continue;
-        w->sym[m] = (bpe_sym){v->byte_id[s[i]], (int32_t)m - 1, (int32_t)m + 1};
-        m++;
-    }
-    if (m == 0)
-        return 0;
-    w->sym[m - 1].next = -1;
-    n = m;
+    /* A byte without a token stays in the word as a symbol of id -1: no
+     * merge has it on either side, so it is a barrier its neighbours do not
+     * merge across, and it is dropped only when the ids are written out.
+     * llama.cpp does exactly this (the reference: "}\x04," is "}" ","
+     * there).  Hugging Face `tokenizers` instead leaves such a byte out of
+     * the word before merging, so its neighbours may merge ("}," as one
+     * token); scripts/gen-tokenizer-vectors.py records both. */
+    for (size_t i = 0; i < n; i++)
+        w->sym[i] = (bpe_sym){v->byte_id[s[i]], (int32_t)i - 1, (int32_t)i + 1};
+    w->sym[n - 1].next = -1;
     size_t nh = 0;
     for (size_t i = 0; i + 1 < n; i++)
         pair_try(v, w, &nh, (int32_t)i, (int32_t)i + 1);
@@ -290,6 +331,7 @@ int tok_encode(const tok_vocab *v, const char *text, size_t len, bool parse_spec
 out:
     free(w.sym);
     free(w.heap);
+    free(w.spell);
     if (rc)
         return rc;
     return o.n > INT_MAX ? BT_ERANGE : (int)o.n;
@@ -499,6 +541,7 @@ static void build_pieces(tok_vocab *v)
     }
     v->piece_off[v->n_tokens] = off;
     for (int b = 0; b < 256; b++) {
+        v->byte_cp[b] = (uint16_t)byte_cp[b];
         char u[2] = {(char)byte_cp[b], 0};
         size_t n = 1;
         if (byte_cp[b] >= 0x80) {
@@ -694,6 +737,7 @@ int tok_vocab_create(const gguf_file *f, tok_vocab **out, char *err, size_t errl
     if (!v)
         return bt_errorf(err, errlen, BT_ENOMEM, "out of memory");
     v->pre = pre;
+    v->ignore_merges = pre == TOK_PRE_LLAMA3;
     if ((rc = load_tokens(v, f, err, errlen)))
         goto err;
     build_pieces(v);

@@ -2,25 +2,34 @@
  * (GGUF tokenizer.ggml.model "gpt2") read from the GGUF file, and the
  * ChatML chat prompt.
  *
- * Encoding follows Hugging Face `tokenizers` (the reference the tests
- * compare against): special tokens written literally in the text are cut
- * out first (leftmost, longest), the rest is pre-tokenized by the model's
- * regex, each pre-token's bytes are mapped to GPT-2's byte alphabet and
- * merged pairwise by lowest merge rank (leftmost first among equals).
+ * Encoding follows llama.cpp, and Hugging Face `tokenizers` where the two
+ * agree (tests/llamacpp/tokenizer_check.py compares with llama.cpp on
+ * 30,000 texts; tests/unit/data/tokenizer-vectors.tsv holds ids of both):
+ * special tokens written literally in the text are cut out first
+ * (leftmost, longest), the rest is pre-tokenized by the model's regex,
+ * each pre-token's bytes are mapped to GPT-2's byte alphabet and merged
+ * pairwise by lowest merge rank (leftmost first among equals).  The
+ * Unicode classes of the regexes are those of Unicode 15.1, as in
+ * llama.cpp's tables.
  * Supported pre-tokenizers (tokenizer.ggml.pre):
  *   "smollm", "starcoder", "refact": every \p{N} character on its own, then
  *       the GPT-2 regex (HF Sequence[Digits(individual_digits), ByteLevel]);
  *   "gpt2", "gpt-2", or the key absent: the GPT-2 regex alone;
- *   "llama-bpe", "llama3": the Llama 3 regex (\p{N}{1,3}, newline runs).
+ *   "llama-bpe", "llama3": the Llama 3 regex (\p{N}{1,3}, newline runs),
+ *       and a pre-token that is itself a token is taken whole without
+ *       merging (ignore_merges in Llama 3's tokenizer.json and llama.cpp).
  * Anything else is refused at create with a message naming it, because a
  * wrong pre-tokenizer gives plausible but wrong ids.
  *
  * Invalid UTF-8 does not fail: each byte that does not start a valid
  * sequence is taken as one character of no class (like punctuation), so it
- * is encoded as its byte token and decodes back to the same byte.  A byte
- * whose token the vocabulary lacks (SmolLM2 has no token for 21 of the 256,
- * 0x04 and 0xff among them) is dropped, as Hugging Face and llama.cpp drop
- * it; so decoding gives back the text less those bytes.
+ * is encoded as its byte token and decodes back to the same byte.  (Here
+ * llama.cpp differs on purpose: it encodes each such byte as U+FFFD, which
+ * loses it; Hugging Face takes valid UTF-8 only.)  A byte whose token the vocabulary lacks (SmolLM2 has no token for 21 of the 256,
+ * 0x04 and 0xff among them) is dropped, so decoding gives back the text
+ * less those bytes; it is dropped after merging, as llama.cpp does, so its
+ * neighbours do not merge across it ("}\x04," is "}" ","; Hugging Face
+ * drops it before merging and gives "},").
  *
  * A tok_vocab is immutable after create and copies what it needs from the
  * GGUF (which may be closed afterwards); every function may be called from

@@ -122,7 +122,8 @@ static void test_chat_example_shape(void **state)
     assert_true(cfg_model_option(m, "chat_template")->v.b);
     assert_int_equal(cfg_model_option(m, "eos")->v.i, -1);
     assert_int_equal(cfg_model_option(m, "threads")->v.i, 0);
-    assert_int_equal(m->n_options, 7);
+    assert_string_equal(cfg_model_option(m, "activations")->v.s, "q8");
+    assert_int_equal(m->n_options, 8);
 
     const cfg_graph *g = &c->graphs[0];
     assert_string_equal(g->name, "chat");

@@ -1,10 +1,13 @@
 /* The tokenizer (backends/transformer/tokenizer.c): a tiny vocabulary written here as a
  * GGUF file checks merge order, digit splitting and the refusals; then the
- * real SmolLM2 vocabulary is checked against ids from Hugging Face
- * `tokenizers` (tests/unit/data/tokenizer-vectors.tsv, made by
- * scripts/gen-tokenizer-vectors.py), for its own pre-tokenizer and, by
- * rewriting tokenizer.ggml.pre in a copy, for the GPT-2 and Llama 3 ones.
- * The real-model tests skip when the model has not been downloaded. */
+ * real SmolLM2 vocabulary is checked against ids from llama.cpp and
+ * Hugging Face `tokenizers` (tests/unit/data/tokenizer-vectors.tsv, made by
+ * scripts/gen-tokenizer-vectors.py: llama.cpp's ids where the two differ,
+ * each such case marked), for its own pre-tokenizer and, by rewriting
+ * tokenizer.ggml.pre in a copy, for the GPT-2 and Llama 3 ones.  The
+ * real-model tests skip when the model has not been downloaded;
+ * tests/llamacpp/tokenizer_check.py compares with llama.cpp on 30,000
+ * more texts (`make llamacpp-check`). */
 #include <limits.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -245,7 +248,7 @@ static void test_tiny_bpe(void **state)
     expect_ids(v, "a a", 3, true, IDS(T_A, T_SPA));
     expect_ids(v, "12", 2, true, IDS(T_1, T_2));  /* smollm: every digit alone */
     expect_ids(v, "a<|im_end|>b", 12, true, IDS(T_A, T_END, T_B));
-    /* Bytes without a token are dropped, as Hugging Face does with no unk. */
+    /* Bytes without a token are dropped, as llama.cpp and Hugging Face do. */
     expect_ids(v, "xa", 2, true, IDS(T_A));
     expect_ids(v, "", 0, true, NULL, 0);
     /* A short buffer gets the first ids and the full count. */
@@ -277,6 +280,55 @@ static void test_tiny_bpe(void **state)
     tok_vocab_destroy(v);
     gguf_close(f);
     tok_vocab_destroy(NULL);
+}
+
+/* Llama 3 (pre-tokenizer llama-bpe or llama3) takes a word that is a
+ * token whole even when no merges build it, as its tokenizer.json
+ * (ignore_merges) and llama.cpp do; the others merge.  "aba" is a token
+ * here, but the only merge is "a b", so merging gives "ab" "a". */
+static void test_ignore_merges(void **state)
+{
+    (void)state;
+    static const strv tokens[] = {S("a"), S("b"), S("ab"), S("aba"), S("\xc4\xa0")};
+    static const int32_t types[] = {1, 1, 1, 1, 1};
+    static const strv merges[] = {S("a b")};
+    static const char *const pres[] = {"smollm", "gpt2", "llama-bpe", "llama3"};
+    for (int i = 0; i < 4; i++) {
+        tok_file tf = {"gpt2", pres[i], tokens, types, 5, merges, 1, -1, NULL};
+        gguf_file *f = write_open("ignore_merges.gguf", &tf);
+        tok_vocab *v = create_ok(f);
+        gguf_close(f);
+        if (i >= 2)
+            expect_ids(v, "aba", 3, true, IDS(3));
+        else
+            expect_ids(v, "aba", 3, true, IDS(2, 0));
+        expect_ids(v, "abab", 4, true, IDS(2, 2));  /* not a token: merged as ever */
+        tok_vocab_destroy(v);
+    }
+}
+
+/* A byte without a token is dropped after merging, as llama.cpp drops it,
+ * so its neighbours in the same pre-token do not merge across it (Hugging
+ * Face merges across: tokenizer-vectors.tsv has both).  Punctuation runs
+ * are one pre-token, so "!\x04!" is one word here. */
+static void test_missing_byte_is_a_barrier(void **state)
+{
+    (void)state;
+    static const strv tokens[] = {S("!"), S(","), S("!!"), S("!,")};
+    static const int32_t types[] = {1, 1, 1, 1};
+    static const strv merges[] = {S("! !"), S("! ,")};
+    tok_file tf = {"gpt2", "smollm", tokens, types, 4, merges, 2, -1, NULL};
+    gguf_file *f = write_open("barrier.gguf", &tf);
+    tok_vocab *v = create_ok(f);
+    gguf_close(f);
+    expect_ids(v, "!!", 2, true, IDS(2));
+    expect_ids(v, "!\x04!", 3, true, IDS(0, 0));
+    expect_ids(v, "!\x04\x04,", 4, true, IDS(0, 1));
+    expect_ids(v, "!!\x04!", 4, true, IDS(2, 0));
+    expect_ids(v, "\x04!,\x04", 4, true, IDS(3));
+    expect_ids(v, "\x04", 1, true, NULL, 0);
+    expect_ids(v, "\x04\x04", 2, true, NULL, 0);
+    tok_vocab_destroy(v);
 }
 
 static void test_tiny_chat(void **state)
@@ -703,6 +755,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_utf8_complete),
         cmocka_unit_test(test_tiny_bpe),
+        cmocka_unit_test(test_ignore_merges),
+        cmocka_unit_test(test_missing_byte_is_a_barrier),
         cmocka_unit_test(test_tiny_chat),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_real_vectors),
