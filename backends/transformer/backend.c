@@ -1,5 +1,6 @@
 /* The built-in `transformer` backend: a Llama-family decoder read from a
- * GGUF file and run as two executable graphs (kernels/exec.h):
+ * GGUF file (or a Hugging Face folder, which hf.c presents as one) and run
+ * as two executable graphs (kernels/exec.h):
  *
  *   prefill  batch 1, bucketed: compiled for `prefill_chunk` tokens and run
  *            at the prompt's length; a longer prompt runs in chunks, each
@@ -50,6 +51,7 @@
 
 #include "kernels/exec.h"
 #include "backends/transformer/gguf.h"
+#include "backends/transformer/hf.h"
 #include "kernels/kernels.h"
 #include "kernels/optable.h"
 #include "backends/transformer/model.h"
@@ -533,7 +535,7 @@ static baton_status model_load(const baton_load_params *p, baton_model **out, ch
     *out = NULL;
     const char *path = baton_load_option(p, "path");
     if (!path || !*path) {
-        snprintf(err, errlen, "option path is required (a GGUF file)");
+        snprintf(err, errlen, "option path is required (a GGUF file or a Hugging Face folder)");
         return BATON_STATUS_INVALID_ARGUMENT;
     }
     const kx_device *dev = NULL;
@@ -585,11 +587,6 @@ static baton_status model_load(const baton_load_params *p, baton_model **out, ch
         return BATON_STATUS_INVALID_ARGUMENT;
     }
     kdtype kv_dt = dev || (kv && strcmp(kv, "f32") == 0) ? KD_F32 : KD_F16;
-    if (strncmp(path + strlen(path) - (strlen(path) >= 5 ? 5 : 0), ".gguf", 5) != 0) {
-        snprintf(err, errlen, "option path = '%s': only GGUF files are read so far (a "
-                 "safetensors folder is not)", path);
-        return BATON_STATUS_FAILED_PRECONDITION;
-    }
     baton_model *m = calloc(1, sizeof(*m));
     if (!m) {
         snprintf(err, errlen, "out of memory");
@@ -599,7 +596,7 @@ static baton_status model_load(const baton_load_params *p, baton_model **out, ch
     m->ordinal = dev ? (int)strtol(p->device + 5, NULL, 10) : -1;
     baton_status st = BATON_STATUS_FAILED_PRECONDITION;
     char why[400];
-    if (gguf_open(path, &m->file, why, sizeof(why)) != 0) {
+    if (tf_weights_open(path, &m->file, why, sizeof(why)) != 0) {
         /* Its message names the path when the file cannot be opened. */
         if (strstr(why, path))
             snprintf(err, errlen, "%s", why);

@@ -58,6 +58,18 @@ struct gguf_file {
     size_t n_tensors;
     size_t *tensor_sorted;  /* owned; tensor indices ordered by name */
     char *names;            /* owned; the tensors' NUL-terminated names back to back */
+    /* A file built in memory (gguf_build_create) has no MAP: its keys,
+     * values and names are in blocks of its own, and it may own the memory
+     * of its tensors.  All are released at close. */
+    size_t cap_kv;          /* slots allocated in kvs and kv_sorted */
+    size_t cap_tensors;     /* slots allocated in tensors and tensor_sorted */
+    void **owned;           /* malloc'd blocks, freed at close */
+    size_t n_owned, cap_owned;
+    struct gguf_region {    /* mappings, unmapped at close */
+        void *p;
+        size_t n;
+    } *maps;
+    size_t n_maps, cap_maps;
 };
 
 /* A cursor over the mapping while parsing; POS <= SIZE at all times. */
@@ -610,6 +622,12 @@ void gguf_close(gguf_file *f)
     free(f->kvs);
     if (f->map)
         munmap((void *)f->map, f->size);
+    for (size_t i = 0; i < f->n_owned; i++)
+        free(f->owned[i]);
+    free(f->owned);
+    for (size_t i = 0; i < f->n_maps; i++)
+        munmap(f->maps[i].p, f->maps[i].n);
+    free(f->maps);
     free(f);
 }
 
@@ -924,4 +942,273 @@ const gguf_tensor *gguf_tensor_find(const gguf_file *f, const char *name)
             hi = mid;
     }
     return NULL;
+}
+
+/* ---- files built in memory ------------------------------------------------------ */
+
+int gguf_build_create(gguf_file **out)
+{
+    *out = calloc(1, sizeof(gguf_file));
+    if (!*out)
+        return BT_ENOMEM;
+    (*out)->version = 3;
+    (*out)->alignment = GGUF_DEFAULT_ALIGNMENT;
+    return 0;
+}
+
+/* Makes room for one more element of ELEM bytes in *ARR (CAP allocated,
+ * USED in use), doubling, so that a file of many tensors is built in
+ * amortised linear time. */
+static int grow(void **arr, size_t *cap, size_t used, size_t elem)
+{
+    if (used < *cap)
+        return 0;
+    size_t n = *cap ? 2 * *cap : 16;
+    void *p = realloc(*arr, n * elem);
+    if (!p)
+        return BT_ENOMEM;
+    *arr = p;
+    *cap = n;
+    return 0;
+}
+
+int gguf_build_own(gguf_file *f, void *p)
+{
+    if (grow((void **)&f->owned, &f->cap_owned, f->n_owned, sizeof(void *))) {
+        free(p);
+        return BT_ENOMEM;
+    }
+    f->owned[f->n_owned++] = p;
+    return 0;
+}
+
+int gguf_build_own_map(gguf_file *f, void *p, size_t n)
+{
+    if (grow((void **)&f->maps, &f->cap_maps, f->n_maps, sizeof(*f->maps))) {
+        munmap(p, n);
+        return BT_ENOMEM;
+    }
+    f->maps[f->n_maps++] = (struct gguf_region){p, n};
+    return 0;
+}
+
+/* Where KEY goes in kv_sorted: *POS, and whether it is there already. */
+static bool kv_locate(const gguf_file *f, const char *key, size_t n, size_t *pos)
+{
+    size_t lo = 0, hi = f->n_kv;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        const gguf_kv *kv = &f->kvs[f->kv_sorted[mid]];
+        int c = cmp_bytes(kv->key, kv->key_len, key, n);
+        if (c == 0) {
+            *pos = mid;
+            return true;
+        }
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    *pos = lo;
+    return false;
+}
+
+/* Adds KEY with a value of TYPE taking VAL_LEN bytes, encoded as in a file,
+ * which the caller writes at *VAL; arrays also set elem_type and count of
+ * the kv returned in *OUT.  STR_OFF (string arrays: the index of the
+ * elements; else NULL) is the kv's from here on, also on failure. */
+static int kv_add(gguf_file *f, const char *key, uint32_t type, size_t val_len,
+                  uint64_t *str_off, gguf_kv **out, uint8_t **val)
+{
+    size_t klen = key ? strlen(key) : 0, pos;
+    int rc = BT_EINVAL;
+    if (!key)
+        goto err;
+    rc = BT_EEXIST;
+    if (kv_locate(f, key, klen, &pos))
+        goto err;
+    rc = BT_ENOMEM;
+    if (grow((void **)&f->kvs, &f->cap_kv, f->n_kv, sizeof(gguf_kv)))
+        goto err;
+    /* kv_sorted follows kvs: allocate it to the same capacity. */
+    size_t *sorted = realloc(f->kv_sorted, f->cap_kv * sizeof(size_t));
+    if (!sorted)
+        goto err;
+    f->kv_sorted = sorted;
+    if (grow((void **)&f->owned, &f->cap_owned, f->n_owned, sizeof(void *)))
+        goto err;
+    /* The key and then the value, in one block (a value never empty: a
+     * one-byte minimum keeps malloc from returning NULL for it). */
+    uint8_t *blob = malloc(klen + (val_len ? val_len : 1));
+    if (!blob)
+        goto err;
+    memcpy(blob, key, klen);
+    f->owned[f->n_owned++] = blob;
+    gguf_kv *kv = &f->kvs[f->n_kv];
+    *kv = (gguf_kv){(const char *)blob, klen, type, type, 1, blob + klen, str_off};
+    memmove(&f->kv_sorted[pos + 1], &f->kv_sorted[pos], (f->n_kv - pos) * sizeof(size_t));
+    f->kv_sorted[pos] = f->n_kv++;
+    *out = kv;
+    *val = blob + klen;
+    return 0;
+err:
+    free(str_off);
+    return rc;
+}
+
+/* A scalar of TYPE whose VAL_BYTES[TYPE] bytes are at V. */
+static int build_scalar(gguf_file *f, const char *key, uint32_t type, const void *v)
+{
+    gguf_kv *kv;
+    uint8_t *val;
+    int rc = kv_add(f, key, type, val_bytes[type], NULL, &kv, &val);
+    if (!rc)
+        memcpy(val, v, val_bytes[type]);
+    return rc;
+}
+
+int gguf_build_u32(gguf_file *f, const char *key, uint32_t v)
+{
+    return build_scalar(f, key, GGUF_VAL_U32, &v);
+}
+
+int gguf_build_f32(gguf_file *f, const char *key, float v)
+{
+    return build_scalar(f, key, GGUF_VAL_F32, &v);
+}
+
+int gguf_build_bool(gguf_file *f, const char *key, bool v)
+{
+    uint8_t b = v;
+    return build_scalar(f, key, GGUF_VAL_BOOL, &b);
+}
+
+int gguf_build_str(gguf_file *f, const char *key, const char *s, size_t len)
+{
+    if (!s && len)
+        return BT_EINVAL;
+    gguf_kv *kv;
+    uint8_t *val;
+    uint64_t n = len;
+    int rc = kv_add(f, key, GGUF_VAL_STRING, 8 + len, NULL, &kv, &val);
+    if (rc)
+        return rc;
+    memcpy(val, &n, 8);
+    if (len)
+        memcpy(val + 8, s, len);
+    return 0;
+}
+
+int gguf_build_i32_array(gguf_file *f, const char *key, const int32_t *v, size_t n)
+{
+    if ((!v && n) || n > SIZE_MAX / 4)
+        return BT_EINVAL;
+    gguf_kv *kv;
+    uint8_t *val;
+    int rc = kv_add(f, key, GGUF_VAL_ARRAY, n * 4, NULL, &kv, &val);
+    if (rc)
+        return rc;
+    kv->elem_type = GGUF_VAL_I32;
+    kv->count = n;
+    if (n)
+        memcpy(val, v, n * 4);
+    return 0;
+}
+
+int gguf_build_str_array(gguf_file *f, const char *key, const char *const *s, const size_t *len,
+                         size_t n)
+{
+    if ((!s || !len) && n)
+        return BT_EINVAL;
+    size_t bytes = 0;
+    for (size_t i = 0; i < n; i++)
+        if ((!s[i] && len[i]) || __builtin_add_overflow(bytes, 8 + (uint64_t)len[i], &bytes))
+            return BT_EINVAL;
+    /* Each element as in a file, a u64 length and the bytes, with the
+     * index that gguf_array_string reads in O(1). */
+    uint64_t *off = malloc((n ? n : 1) * sizeof(uint64_t));
+    if (!off)
+        return BT_ENOMEM;
+    gguf_kv *kv;
+    uint8_t *val;
+    int rc = kv_add(f, key, GGUF_VAL_ARRAY, bytes, off, &kv, &val);
+    if (rc)
+        return rc;
+    kv->elem_type = GGUF_VAL_STRING;
+    kv->count = n;
+    size_t at = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t l = len[i];
+        off[i] = at;
+        memcpy(val + at, &l, 8);
+        if (len[i])
+            memcpy(val + at + 8, s[i], len[i]);
+        at += 8 + len[i];
+    }
+    return 0;
+}
+
+/* Where NAME goes in tensor_sorted: *POS, and whether it is there already. */
+static bool tensor_locate(const gguf_file *f, const char *name, size_t *pos)
+{
+    size_t lo = 0, hi = f->n_tensors;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int c = strcmp(f->tensors[f->tensor_sorted[mid]].name, name);
+        if (c == 0) {
+            *pos = mid;
+            return true;
+        }
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    *pos = lo;
+    return false;
+}
+
+int gguf_build_tensor(gguf_file *f, const char *name, uint32_t type, uint32_t n_dims,
+                      const int64_t *ne, const void *data, size_t nbytes)
+{
+    const type_info *ti = ggml_type(type);
+    if (!name || !ti || n_dims > GGUF_MAX_DIMS || (n_dims && !ne) || (!data && nbytes))
+        return BT_EINVAL;
+    gguf_tensor t = {.type = type, .n_dims = n_dims, .nbytes = nbytes, .data = data};
+    for (int d = 0; d < GGUF_MAX_DIMS; d++)
+        t.ne[d] = (uint32_t)d < n_dims ? ne[d] : 1;
+    /* The same checks as a tensor info read from a file. */
+    size_t bytes = 0;
+    bool bad = t.ne[0] % ti->blck != 0;
+    for (int d = 0; d < GGUF_MAX_DIMS; d++)
+        bad |= t.ne[d] < 0;
+    if (!bad) {
+        bad = __builtin_mul_overflow((uint64_t)t.ne[0] / ti->blck, ti->bytes, &bytes);
+        for (int d = 1; d < GGUF_MAX_DIMS; d++)
+            bad |= __builtin_mul_overflow(bytes, (uint64_t)t.ne[d], &bytes);
+    }
+    if (bad || bytes != nbytes)
+        return BT_EINVAL;
+    size_t pos;
+    if (tensor_locate(f, name, &pos))
+        return BT_EEXIST;
+    if (grow((void **)&f->tensors, &f->cap_tensors, f->n_tensors, sizeof(gguf_tensor)))
+        return BT_ENOMEM;
+    size_t *sorted = realloc(f->tensor_sorted, f->cap_tensors * sizeof(size_t));
+    if (!sorted)
+        return BT_ENOMEM;
+    f->tensor_sorted = sorted;
+    t.name_len = strlen(name);
+    char *copy = malloc(t.name_len + 1);
+    if (!copy)
+        return BT_ENOMEM;
+    memcpy(copy, name, t.name_len + 1);
+    if (gguf_build_own(f, copy))
+        return BT_ENOMEM;
+    t.name = copy;
+    f->tensors[f->n_tensors] = t;
+    memmove(&f->tensor_sorted[pos + 1], &f->tensor_sorted[pos],
+            (f->n_tensors - pos) * sizeof(size_t));
+    f->tensor_sorted[pos] = f->n_tensors++;
+    return 0;
 }

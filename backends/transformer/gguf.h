@@ -16,7 +16,10 @@
  *
  * Not supported, each an error at open: arrays of arrays (no known writer
  * produces them), big-endian files, GGUF version 1, tensors of more than
- * four dims, and ggml types outside the table of gguf_type_name. */
+ * four dims, and ggml types outside the table of gguf_type_name.
+ *
+ * A gguf_file can also be built in memory (gguf_build_*, at the end), for
+ * weights read from another format. */
 #ifndef BATON_BACKENDS_TRANSFORMER_GGUF_H
 #define BATON_BACKENDS_TRANSFORMER_GGUF_H
 
@@ -146,5 +149,45 @@ int gguf_array_f32(const gguf_file *f, const char *key, uint64_t i, float *out);
 size_t gguf_tensor_count(const gguf_file *f);
 const gguf_tensor *gguf_tensor_at(const gguf_file *f, size_t i);
 const gguf_tensor *gguf_tensor_find(const gguf_file *f, const char *name);
+
+/* ---- files built in memory ----------------------------------------------------
+ *
+ * Weights that come in another format (backends/transformer/hf.c reads
+ * Hugging Face folders) are handed to the backend as a gguf_file assembled
+ * in memory, so that everything downstream reads one kind of object:
+ * gguf_build_create makes an empty file, the gguf_build_* setters add
+ * metadata and tensors, and every reader above then answers as it would for
+ * a file on disk holding the same keys and tensors (gguf_version 3, the
+ * default alignment, gguf_data_offset 0, tensor offsets 0).
+ *
+ * Keys, string values and tensor names are copied.  Tensor data is not: it
+ * must live as long as the file, which it does when its memory is handed to
+ * the file with gguf_build_own (malloc'd, freed at gguf_close) or
+ * gguf_build_own_map (a mapping, unmapped at gguf_close).
+ *
+ * Each setter returns 0, BT_EEXIST when the key or tensor name is present
+ * already, BT_EINVAL for a bad argument (a tensor whose byte count is not
+ * what its type and dims take, an unknown type, more than four dims), or
+ * BT_ENOMEM; on failure the file is unchanged.  The pointers that
+ * gguf_tensor_at and gguf_tensor_find return are valid until the next
+ * gguf_build_tensor. */
+int gguf_build_create(gguf_file **out);
+int gguf_build_u32(gguf_file *f, const char *key, uint32_t v);
+int gguf_build_f32(gguf_file *f, const char *key, float v);
+int gguf_build_bool(gguf_file *f, const char *key, bool v);
+int gguf_build_str(gguf_file *f, const char *key, const char *s, size_t len);
+int gguf_build_i32_array(gguf_file *f, const char *key, const int32_t *v, size_t n);
+/* N strings: S[i] of LEN[i] bytes. */
+int gguf_build_str_array(gguf_file *f, const char *key, const char *const *s, const size_t *len,
+                         size_t n);
+/* A tensor of ggml TYPE with N_DIMS dims NE (innermost first, as in a
+ * file), whose NBYTES bytes are at DATA. */
+int gguf_build_tensor(gguf_file *f, const char *name, uint32_t type, uint32_t n_dims,
+                      const int64_t *ne, const void *data, size_t nbytes);
+/* Hands P (malloc'd) or the mapping P[N] to F, which releases it at
+ * gguf_close.  BT_ENOMEM when F cannot record it: P is then released at
+ * once, so the caller never releases it either way. */
+int gguf_build_own(gguf_file *f, void *p);
+int gguf_build_own_map(gguf_file *f, void *p, size_t n);
 
 #endif

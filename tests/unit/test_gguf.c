@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -817,6 +818,120 @@ static void test_real_model(void **state)
     gguf_close(f);
 }
 
+/* A file built in memory answers every reader as a file on disk would;
+ * duplicates and tensors whose bytes do not fit their type are refused,
+ * leaving the file as it was; the memory handed to it is released at
+ * close (the ASan build checks that nothing leaks). */
+static void test_built_file(void **state)
+{
+    (void)state;
+    gguf_file *f = NULL;
+    assert_int_equal(gguf_build_create(&f), 0);
+    assert_int_equal(gguf_version(f), 3);
+    assert_int_equal(gguf_alignment(f), GGUF_DEFAULT_ALIGNMENT);
+    assert_int_equal(gguf_kv_count(f), 0);
+    assert_int_equal(gguf_tensor_count(f), 0);
+    assert_null(gguf_tensor_find(f, "x"));
+    /* Keys added out of order are found by the sorted index. */
+    assert_int_equal(gguf_build_u32(f, "z.count", 7), 0);
+    assert_int_equal(gguf_build_f32(f, "a.eps", 1e-5f), 0);
+    assert_int_equal(gguf_build_bool(f, "m.flag", true), 0);
+    assert_int_equal(gguf_build_str(f, "general.architecture", "llama", 5), 0);
+    assert_int_equal(gguf_build_str(f, "empty", NULL, 0), 0);
+    static const int32_t ints[4] = {-1, 0, 3, INT32_MAX};
+    assert_int_equal(gguf_build_i32_array(f, "ints", ints, 4), 0);
+    const char *strs[3] = {"Hello", "", "wor\0ld"};
+    size_t lens[3] = {5, 0, 6};
+    assert_int_equal(gguf_build_str_array(f, "strs", strs, lens, 3), 0);
+    assert_int_equal(gguf_build_u32(f, "z.count", 8), BT_EEXIST);
+    assert_int_equal(gguf_build_str(f, "strs", "x", 1), BT_EEXIST);
+    assert_int_equal(gguf_kv_count(f), 7);
+    uint32_t u;
+    int32_t i32;
+    float x;
+    bool b;
+    const char *s;
+    size_t n, idx;
+    assert_int_equal(gguf_get_u32(f, "z.count", &u), 0);
+    assert_int_equal(u, 7);
+    assert_int_equal(gguf_get_i32(f, "z.count", &i32), 0);
+    assert_int_equal(gguf_get_f32(f, "a.eps", &x), 0);
+    assert_true(x == 1e-5f);
+    assert_int_equal(gguf_get_u32(f, "a.eps", &u), BT_ETYPE);
+    assert_int_equal(gguf_get_bool(f, "m.flag", &b), 0);
+    assert_true(b);
+    assert_int_equal(gguf_get_str(f, "general.architecture", &s, &n), 0);
+    assert_true(n == 5 && !memcmp(s, "llama", 5));
+    assert_int_equal(gguf_get_str(f, "empty", &s, &n), 0);
+    assert_int_equal(n, 0);
+    assert_int_equal(gguf_get_u32(f, "missing", &u), BT_ENOENT);
+    assert_int_equal(gguf_find_key(f, "m.flag", &idx), 0);
+    assert_int_equal(gguf_kv_type(f, idx), GGUF_VAL_BOOL);
+    assert_non_null(gguf_kv_key(f, idx, &n));
+    assert_int_equal(n, 6);
+    uint32_t et;
+    uint64_t count;
+    int64_t v;
+    assert_int_equal(gguf_get_array(f, "ints", &et, &count), 0);
+    assert_true(et == GGUF_VAL_I32 && count == 4);
+    assert_int_equal(gguf_array_i64(f, "ints", 3, &v), 0);
+    assert_int_equal(v, INT32_MAX);
+    assert_int_equal(gguf_array_i64(f, "ints", 0, &v), 0);
+    assert_int_equal(v, -1);
+    assert_int_equal(gguf_array_i64(f, "ints", 4, &v), BT_ERANGE);
+    const void *raw;
+    assert_int_equal(gguf_array_data(f, "ints", &raw), 0);
+    assert_memory_equal(raw, ints, sizeof(ints));
+    assert_int_equal(gguf_get_array(f, "strs", &et, &count), 0);
+    assert_true(et == GGUF_VAL_STRING && count == 3);
+    for (uint64_t k = 0; k < 3; k++) {
+        assert_int_equal(gguf_array_string(f, "strs", k, &s, &n), 0);
+        assert_int_equal(n, lens[k]);
+        assert_memory_equal(s, strs[k], n);
+    }
+    assert_int_equal(gguf_array_string(f, "strs", 3, &s, &n), BT_ERANGE);
+    assert_int_equal(gguf_array_data(f, "strs", &raw), BT_ETYPE);
+    /* Tensors: data the file owns (malloc'd and mapped) or not. */
+    float *w = malloc(4 * 3 * sizeof(float));
+    assert_non_null(w);
+    for (int k = 0; k < 12; k++)
+        w[k] = (float)k;
+    assert_int_equal(gguf_build_own(f, w), 0);
+    const int64_t ne[2] = {4, 3};
+    assert_int_equal(gguf_build_tensor(f, "w.weight", GGUF_GGML_F32, 2, ne, w, 48), 0);
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    void *m = mmap(NULL, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(m != MAP_FAILED);
+    assert_int_equal(gguf_build_own_map(f, m, page), 0);
+    const int64_t nq[1] = {64};
+    assert_int_equal(gguf_build_tensor(f, "a.q", GGUF_GGML_Q4_1, 1, nq, m, 40), 0);
+    static const uint16_t h[2] = {0x3c00, 0x4000};
+    const int64_t n2[1] = {2};
+    assert_int_equal(gguf_build_tensor(f, "h", GGUF_GGML_F16, 1, n2, h, 4), 0);
+    /* Refused: a name twice, bytes that do not fit, a row not of whole
+     * blocks, an unknown type, too many dims. */
+    assert_int_equal(gguf_build_tensor(f, "h", GGUF_GGML_F16, 1, n2, h, 4), BT_EEXIST);
+    assert_int_equal(gguf_build_tensor(f, "h2", GGUF_GGML_F16, 1, n2, h, 2), BT_EINVAL);
+    const int64_t n33[1] = {33};
+    assert_int_equal(gguf_build_tensor(f, "q2", GGUF_GGML_Q4_1, 1, n33, m, 40), BT_EINVAL);
+    assert_int_equal(gguf_build_tensor(f, "u", 4, 1, n2, h, 4), BT_EINVAL);
+    const int64_t n5[5] = {1, 1, 1, 1, 1};
+    assert_int_equal(gguf_build_tensor(f, "d5", GGUF_GGML_F32, 5, n5, w, 4), BT_EINVAL);
+    assert_int_equal(gguf_tensor_count(f), 3);
+    const gguf_tensor *t = gguf_tensor_find(f, "w.weight");
+    assert_non_null(t);
+    assert_true(t->type == GGUF_GGML_F32 && t->n_dims == 2 && t->ne[0] == 4 && t->ne[1] == 3 &&
+                t->ne[2] == 1 && t->ne[3] == 1 && t->nbytes == 48 && t->data == w);
+    assert_string_equal(t->name, "w.weight");
+    assert_int_equal(t->name_len, 8);
+    assert_ptr_equal(gguf_tensor_at(f, 0), t);  /* file order: the order added */
+    assert_string_equal(gguf_tensor_at(f, 1)->name, "a.q");
+    assert_null(gguf_tensor_at(f, 3));
+    assert_ptr_equal(gguf_tensor_find(f, "a.q")->data, m);
+    assert_null(gguf_tensor_find(f, "h2"));
+    gguf_close(f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -830,6 +945,7 @@ int main(void)
         cmocka_unit_test(test_every_truncation),
         cmocka_unit_test(test_random_corruption),
         cmocka_unit_test(test_real_model),
+        cmocka_unit_test(test_built_file),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
