@@ -355,6 +355,10 @@ AVX2 static int tiled_task(float *out, const float *q, size_t qrow, const uint8_
  * value row is widened once per 32 dims and added into up to three
  * queries' accumulators. */
 
+/* Rows ahead that the decode loops prefetch: the rows of one KV head are
+ * ROW elements apart, a stride the hardware prefetcher follows late. */
+#define PREFETCH_ROWS 8
+
 /* O[r][I0, I0 + 32) = INV[r] * sum_j P[r][j] V[j][I0..], for NQ (1..3,
  * a constant after inlining) queries. */
 AVX2 static inline __attribute__((always_inline)) void
@@ -366,6 +370,7 @@ pv_group(float *const *o, const float *const *p, const float *inv, const void *v
     __m256 a20 = a00, a21 = a00, a22 = a00, a23 = a00;
     for (int j = 0; j < ctx; j++) {
         size_t at = (size_t)j * row + (size_t)i0;
+        _mm_prefetch((const char *)vc + (at + PREFETCH_ROWS * row) * (f16 ? 2 : 4), _MM_HINT_T0);
         __m256 v0 = load8(vc, at, f16), v1 = load8(vc, at + 8, f16);
         __m256 v2 = load8(vc, at + 16, f16), v3 = load8(vc, at + 24, f16), b;
         b = _mm256_broadcast_ss(p[0] + j);
@@ -391,22 +396,52 @@ pv_group(float *const *o, const float *const *p, const float *inv, const void *v
 }
 
 /* The G queries at Q (HD floats apart, heads of one KV head) over CTX rows
- * of KC/VC (ROW elements apart); HD a multiple of 32; S: G * CTX floats. */
-AVX2 static void attend_group(float *out, const float *q, int g, const void *kc, const void *vc,
-                              int ctx, size_t row, int hd, float *s, bool f16)
+ * of KC/VC (ROW elements apart); HD a multiple of 32; S: G * CTX floats.
+ * F16 is a constant in each caller (attend_group). */
+AVX2 static inline __attribute__((always_inline)) void
+attend_group_t(float *out, const float *q, int g, const void *kc, const void *vc, int ctx,
+               size_t row, int hd, float *s, bool f16)
 {
     float scale = 1.0f / sqrtf((float)hd);
-    for (int j = 0; j < ctx; j++) {
-        size_t at = (size_t)j * row;
-        for (int r = 0; r < g; r++) {
-            const float *qr = q + (size_t)r * hd;
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0;
-            for (int i = 0; i < hd; i += 16) {
-                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qr + i), load8(kc, at + (size_t)i, f16), a0);
-                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qr + i + 8), load8(kc, at + (size_t)i + 8, f16),
-                                     a1);
+    size_t esz = f16 ? 2 : 4;
+    if (hd == 64) {
+        /* The common head size: a key row lives in eight registers while
+         * every query of the group is dotted with it. */
+        for (int j = 0; j < ctx; j++) {
+            size_t at = (size_t)j * row;
+            _mm_prefetch((const char *)kc + (at + PREFETCH_ROWS * row) * esz, _MM_HINT_T0);
+            __m256 k0 = load8(kc, at, f16), k1 = load8(kc, at + 8, f16);
+            __m256 k2 = load8(kc, at + 16, f16), k3 = load8(kc, at + 24, f16);
+            __m256 k4 = load8(kc, at + 32, f16), k5 = load8(kc, at + 40, f16);
+            __m256 k6 = load8(kc, at + 48, f16), k7 = load8(kc, at + 56, f16);
+            for (int r = 0; r < g; r++) {
+                const float *qr = q + (size_t)r * 64;
+                __m256 a0 = _mm256_mul_ps(_mm256_loadu_ps(qr), k0);
+                __m256 a1 = _mm256_mul_ps(_mm256_loadu_ps(qr + 8), k1);
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qr + 16), k2, a0);
+                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qr + 24), k3, a1);
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qr + 32), k4, a0);
+                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qr + 40), k5, a1);
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qr + 48), k6, a0);
+                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qr + 56), k7, a1);
+                s[(size_t)r * ctx + (size_t)j] = hsum8(_mm256_add_ps(a0, a1)) * scale;
             }
-            s[(size_t)r * ctx + (size_t)j] = hsum8(_mm256_add_ps(a0, a1)) * scale;
+        }
+    } else {
+        for (int j = 0; j < ctx; j++) {
+            size_t at = (size_t)j * row;
+            _mm_prefetch((const char *)kc + (at + PREFETCH_ROWS * row) * esz, _MM_HINT_T0);
+            for (int r = 0; r < g; r++) {
+                const float *qr = q + (size_t)r * hd;
+                __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+                for (int i = 0; i < hd; i += 16) {
+                    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qr + i), load8(kc, at + (size_t)i, f16),
+                                         a0);
+                    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qr + i + 8),
+                                         load8(kc, at + (size_t)i + 8, f16), a1);
+                }
+                s[(size_t)r * ctx + (size_t)j] = hsum8(_mm256_add_ps(a0, a1)) * scale;
+            }
         }
     }
     float inv[64];
@@ -429,6 +464,15 @@ AVX2 static void attend_group(float *out, const float *q, int g, const void *kc,
                 pv_group(o, p, inv + r0, vc, row, ctx, i0, f16, 1);
         }
     }
+}
+
+AVX2 static void attend_group(float *out, const float *q, int g, const void *kc, const void *vc,
+                              int ctx, size_t row, int hd, float *s, bool f16)
+{
+    if (f16)
+        attend_group_t(out, q, g, kc, vc, ctx, row, hd, s, true);
+    else
+        attend_group_t(out, q, g, kc, vc, ctx, row, hd, s, false);
 }
 
 static int have_avx2(void)

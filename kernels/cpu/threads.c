@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <linux/futex.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -23,6 +24,10 @@
  * gap between two ops of a step and between two decode steps of a busy
  * worker, short enough that an idle worker stops costing CPU at once. */
 #define SPIN_NS 200000
+
+/* Pause instructions the caller of a run spends waiting for the other
+ * threads before it yields its CPU instead (a few microseconds). */
+#define YIELD_AFTER 2000
 
 typedef struct kth_thread {
     kth_pool *p;
@@ -79,6 +84,11 @@ static uint32_t wait_gen(kth_pool *p, uint32_t seen)
         cpu_relax();
         if ((i & 255) != 255)
             continue;
+        /* Between polls of the clock, let a runnable thread that shares
+         * this CPU go first: the thread that will start the next run may be
+         * that one. */
+        if (i > 4096)
+            sched_yield();
         uint64_t t = now_ns();
         if (!t0) {
             t0 = t;
@@ -188,8 +198,15 @@ void kth_run(kth_pool *p, kth_fn fn, void *arg)
     if (atomic_load(&p->sleepers) > 0)
         futex_wake_all(&p->gen);
     fn(arg, 0, p->n);
-    while (atomic_load_explicit(&p->running, memory_order_acquire) > 0)
-        cpu_relax();
+    /* Spin for the others, but not for long: on a machine with more
+     * runnable threads than CPUs, one of them may have been descheduled,
+     * and spinning through its time slice would hold the CPU it needs. */
+    for (unsigned i = 0; atomic_load_explicit(&p->running, memory_order_acquire) > 0; i++) {
+        if (i < YIELD_AFTER)
+            cpu_relax();
+        else
+            sched_yield();
+    }
 }
 
 void *kth_scratch(kth_pool *p, size_t bytes)
