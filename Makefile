@@ -97,7 +97,10 @@ NVCCFLAGS ?= -O2 -arch=$(CUDA_ARCH) -Xcompiler -Wall,-Wextra,-Werror \
 ifneq ($(CU_SRCS),)
 CFLAGS += -DBATON_CUDA=1 -I$(CUDA_HOME)/include
 # nvcc objects need the C++ runtime (static-local guards) when linked by cc.
-LDLIBS += -L$(CUDA_HOME)/lib64 -lcudart -lcublas -lstdc++ -Wl,-rpath,$(CUDA_HOME)/lib64
+# cuBLAS is not linked: kernels/cuda/blas.cu opens it when a GPU is first
+# set up, so processes that never use one do not carry it (about 150 MiB
+# resident).
+LDLIBS += -L$(CUDA_HOME)/lib64 -lcudart -ldl -lstdc++ -Wl,-rpath,$(CUDA_HOME)/lib64
 endif
 # NCCL (the all-reduce of kernels/cuda/comm.cu) only where its header is
 # installed; NCCL_LIBS goes on the link lines of programs that call it.
@@ -121,7 +124,7 @@ EMU_RT_OBJS := $(patsubst %.cc,$(BUILD)/obj/%.o,$(wildcard cudaemu/*.cc)) \
 CU_OBJS := $(patsubst %.cu,$(BUILD)/obj/%.o,$(wildcard kernels/cuda/*.cu)) $(EMU_RT_OBJS)
 CU_LIB := $(BUILD)/libbaton_cuda.a
 CFLAGS += -DBATON_CUDA=1 -Icudaemu/include
-EMU_CXXFLAGS := -std=gnu++17 -O2 -g -D_GNU_SOURCE -Wall -Wextra -Werror -I. -Iinclude \
+EMU_CXXFLAGS := -std=gnu++17 -O2 -g -D_GNU_SOURCE -DBATON_EMU=1 -Wall -Wextra -Werror -I. -Iinclude \
 	-Icudaemu/include $(shell pkg-config --cflags openblas 2>/dev/null) -MMD -MP
 ifeq ($(SAN),1)
 EMU_CXXFLAGS += -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined

@@ -923,6 +923,7 @@ static int gpu_tokens(baton_model *m, const float *logits, const int32_t *argmax
                       baton_item *const *item, const int *pos, int32_t *tok, bool *host)
 {
     size_t V = (size_t)m->shape.vocab, S = (size_t)m->slots;
+    (void)S; /* used only in builds with CUDA */
     bool any = false;
     *host = false;
     for (int r = 0; r < rows; r++) {

@@ -372,8 +372,10 @@ CHAT_CONFIG = daemon_yaml(600000) + """workers:
   - {name: gpu2, device: 'cuda:1', pool_mb: 64}
   - {name: gpu3, device: 'cuda:2', pool_mb: 64}
 models:
+  # The CPU's f32 path, which the GPU kernels (f32 activations and cache)
+  # must equal token for token.
   - {name: llm_cpu, backend: transformer, worker: cpu0, max_batch: 2,
-     options: {path: MODEL, max_seq: 96, prefill_chunk: 32}}
+     options: {path: MODEL, max_seq: 96, prefill_chunk: 32, activations: f32, kv_dtype: f32}}
   - {name: llm_gpu, backend: transformer, worker: gpu0, max_batch: 2,
      options: {path: MODEL, max_seq: 96, prefill_chunk: 32}}
   - {name: llm_gpu_b, backend: transformer, worker: gpu1, max_batch: 2,

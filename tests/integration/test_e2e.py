@@ -679,12 +679,16 @@ models:
     backend: transformer
     worker: cpu0
     max_batch: 4
-    options: {path: MODEL, max_seq: 128, prefill_chunk: 16}
+    # f32 activations and cache: the answers are compared with the f32
+    # reference token for token (the unit tests check the 8-bit default).
+    options: {path: MODEL, max_seq: 128, prefill_chunk: 16, activations: f32, kv_dtype: f32}
   - name: llm_slow
     backend: transformer
     worker: cpu1
     max_batch: 2
-    options: {path: MODEL, max_seq: 64}
+    # The default f16 cache, so that the hand-off of a prefill's cache
+    # (F32 on the wire) is widened and rounded on the way.
+    options: {path: MODEL, max_seq: 64, activations: f32}
 graphs:
   - name: gen
     inputs: [prompt]

@@ -524,7 +524,8 @@ static void test_conductor_session(void **state)
     Baton__V1__Loaded *tl = c_expect(&c, BATON__V1__WORKER_MESSAGE__MSG_LOADED, 5000)->loaded;
     /* A transformer without its file: refused, saying what is missing. */
     assert_int_equal(tl->status->code, BATON__V1__CODE__INVALID_ARGUMENT);
-    assert_string_equal(tl->status->message, "option path is required (a GGUF file)");
+    assert_string_equal(tl->status->message,
+                        "option path is required (a GGUF file or a Hugging Face folder)");
     send_load(&c, "bad", "plugin:/nonexistent/x.so", NULL, NULL, 1);
     tl = c_expect(&c, BATON__V1__WORKER_MESSAGE__MSG_LOADED, 5000)->loaded;
     assert_int_equal(tl->status->code, BATON__V1__CODE__FAILED_PRECONDITION);
