@@ -75,6 +75,37 @@ AVX2 static inline __m256 exp_neg(__m256 x)
     return _mm256_andnot_ps(under, y);
 }
 
+/* Softmax numerators of S[0, N) in place (the maximum subtracted), their
+ * sum returned; S[N, PAD) are zeroed so that a tile may read them. */
+AVX2 static float softmax_row(float *s, int n, int pad)
+{
+    __m256 vmax = _mm256_set1_ps(-INFINITY);
+    int j = 0;
+    for (; j + 8 <= n; j += 8)
+        vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(s + j));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    float m = _mm_cvtss_f32(h);
+    for (; j < n; j++)
+        m = s[j] > m ? s[j] : m;
+    __m256 vm = _mm256_set1_ps(m), vsum = _mm256_setzero_ps();
+    float sum = 0;
+    j = 0;
+    for (; j + 8 <= n; j += 8) {
+        __m256 e = exp_neg(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
+        _mm256_storeu_ps(s + j, e);
+        vsum = _mm256_add_ps(vsum, e);
+    }
+    for (; j < n; j++) {
+        s[j] = expf(s[j] - m);
+        sum += s[j];
+    }
+    for (; j < pad; j++)
+        s[j] = 0;
+    return sum + hsum8(vsum);
+}
+
 /* Eight cache elements from element I of P (f32, or f16 widened by F16C). */
 AVX2 static inline __m256 load8(const void *p, size_t i, bool f16)
 {
@@ -112,30 +143,7 @@ attend(float *out, const float *q, const void *kc, const void *vc, int ctx, size
             a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load8(kc, k0 + (size_t)i, f16), a0);
         s[j] = hsum8(a0) * scale;
     }
-    __m256 vmax = _mm256_set1_ps(-INFINITY);
-    j = 0;
-    for (; j + 8 <= ctx; j += 8)
-        vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(s + j));
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_max_ss(h, _mm_movehdup_ps(h));
-    float m = _mm_cvtss_f32(h);
-    for (; j < ctx; j++)
-        m = s[j] > m ? s[j] : m;
-    __m256 vm = _mm256_set1_ps(m), vsum = _mm256_setzero_ps();
-    float sum = 0;
-    j = 0;
-    for (; j + 8 <= ctx; j += 8) {
-        __m256 e = exp_neg(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
-        _mm256_storeu_ps(s + j, e);
-        vsum = _mm256_add_ps(vsum, e);
-    }
-    for (; j < ctx; j++) {
-        s[j] = expf(s[j] - m);
-        sum += s[j];
-    }
-    sum += hsum8(vsum);
-    float inv = 1.0f / sum;
+    float inv = 1.0f / softmax_row(s, ctx, ctx);
     /* OUT = sum_j p_j V[j], 32 dims at a time in four named accumulators
      * (an array of them would live in memory). */
     __m256 vinv = _mm256_set1_ps(inv);
@@ -250,37 +258,6 @@ AVX2 static void tile_pv(float *o, size_t os, const float *p, size_t ldp, int nq
             _mm256_storeu_ps(o + (size_t)r * os + d + 8, _mm256_mul_ps(out[r][1], vi));
         }
     }
-}
-
-/* Softmax numerators of S[0, N) in place (the maximum subtracted), their
- * sum returned; S[N, PAD) are zeroed so that a tile may read them. */
-AVX2 static float softmax_row(float *s, int n, int pad)
-{
-    __m256 vmax = _mm256_set1_ps(-INFINITY);
-    int j = 0;
-    for (; j + 8 <= n; j += 8)
-        vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(s + j));
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_max_ss(h, _mm_movehdup_ps(h));
-    float m = _mm_cvtss_f32(h);
-    for (; j < n; j++)
-        m = s[j] > m ? s[j] : m;
-    __m256 vm = _mm256_set1_ps(m), vsum = _mm256_setzero_ps();
-    float sum = 0;
-    j = 0;
-    for (; j + 8 <= n; j += 8) {
-        __m256 e = exp_neg(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
-        _mm256_storeu_ps(s + j, e);
-        vsum = _mm256_add_ps(vsum, e);
-    }
-    for (; j < n; j++) {
-        s[j] = expf(s[j] - m);
-        sum += s[j];
-    }
-    for (; j < pad; j++)
-        s[j] = 0;
-    return sum + hsum8(vsum);
 }
 
 /* Per-thread panels of a tiled task, grown as contexts grow. */
