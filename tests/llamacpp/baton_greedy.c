@@ -29,85 +29,7 @@
 #include "tests/unit/fake_ctx.h"
 
 #define MAX_PROMPT 1024
-#define MAX_ALLOCS 16
 
-/* The fake context of one item: what it allocated and produced. */
-typedef struct fake {
-    baton_ctx ctx;
-    baton_tensor *out[2];      /* token, logits */
-    baton_status code;
-    char message[512];
-    baton_tensor *allocs[MAX_ALLOCS];
-    int n_allocs;
-} fake;
-
-static baton_tensor *f_alloc(baton_ctx *c, baton_item *it, baton_dtype dt, uint32_t nd,
-                             const int64_t *dims)
-{
-    (void)it;
-    fake *f = (fake *)c;
-    baton_tensor *t = calloc(1, sizeof(*t));
-    if (!t || f->n_allocs == MAX_ALLOCS) {
-        free(t);
-        return NULL;
-    }
-    t->dtype = dt;
-    t->ndim = nd;
-    uint64_t n = baton_dtype_size(dt);
-    for (uint32_t i = 0; i < nd; i++)
-        n *= (uint64_t)(t->dims[i] = dims[i]);
-    t->nbytes = n;
-    if (!(t->data = calloc(1, n ? n : 1))) {
-        free(t);
-        return NULL;
-    }
-    f->allocs[f->n_allocs++] = t;
-    return t;
-}
-
-static int f_set_output(baton_ctx *c, baton_item *it, uint32_t o, const baton_tensor *t)
-{
-    if (o >= it->n_outputs || o >= 2)
-        return -1;
-    ((fake *)c)->out[o] = (baton_tensor *)t;
-    return 0;
-}
-
-static void f_finish(baton_ctx *c, baton_item *it)
-{
-    (void)c, (void)it;  /* no end token can come (option eos), and the cache is large */
-}
-
-static void f_fail(baton_ctx *c, baton_item *it, baton_status code, const char *msg)
-{
-    (void)it;
-    fake *f = (fake *)c;
-    f->code = code;
-    snprintf(f->message, sizeof(f->message), "%s", msg);
-}
-
-static baton_status f_cancelled(baton_ctx *c, const baton_item *it)
-{
-    (void)c, (void)it;
-    return BATON_STATUS_OK;
-}
-
-static void fake_reset(fake *f)
-{
-    for (int i = 0; i < f->n_allocs; i++) {
-        free(f->allocs[i]->data);
-        free(f->allocs[i]);
-    }
-    memset(f, 0, sizeof(*f));
-    f->ctx.alloc = f_alloc;
-    f->ctx.set_output = f_set_output;
-    f->ctx.finish = f_finish;
-    f->ctx.fail = f_fail;
-    f->ctx.cancelled = f_cancelled;
-    f->ctx.read = fake_ctx_read;
-    f->ctx.write = fake_ctx_write;
-    f->ctx.device = "cpu";
-}
 
 static int read_prompt(FILE *fp, int32_t *ids)
 {
@@ -122,7 +44,7 @@ static int read_prompt(FILE *fp, int32_t *ids)
 
 /* Runs one item of MODE on the N ids at IDS; writes its token and the gap
  * between the best and second-best logit.  0, or -1 with a message. */
-static int step(const baton_backend *b, baton_model *m, baton_session *s, fake *f,
+static int step(const baton_backend *b, baton_model *m, baton_session *s, fake_one *f,
                 const char *mode, int32_t *ids, int n, int32_t *tok, float *gap, float *top)
 {
     static const baton_output outs[2] = {{"token", 0, 1}, {"logits", 0, 0}};
@@ -131,7 +53,7 @@ static int step(const baton_backend *b, baton_model *m, baton_session *s, fake *
                        .inputs = &in, .n_inputs = 1, .outputs = outs, .n_outputs = 2,
                        .session = s};
     baton_item *items[1] = {&item};
-    fake_reset(f);
+    fake_one_reset(f);
     b->execute(m, &f->ctx, items, 1);
     if (f->code != BATON_STATUS_OK || !f->out[0] || !f->out[1]) {
         fprintf(stderr, "baton_greedy: %s failed (%d): %s\n", mode, (int)f->code, f->message);
@@ -173,7 +95,7 @@ int main(int argc, char **argv)
         return 1;
     }
     static int32_t prompt[MAX_PROMPT];
-    fake f = {0};
+    fake_one f = {0};
     int n, rc = 0;
     while (!rc && (n = read_prompt(stdin, prompt)) >= 0) {
         baton_session *s = NULL;
@@ -193,10 +115,10 @@ int main(int argc, char **argv)
         }
         putchar('\n');
         fflush(stdout);
-        fake_reset(&f);
+        fake_one_reset(&f);
         b->session_close(m, s);
     }
-    fake_reset(&f);
+    fake_one_reset(&f);
     b->model_unload(m);
     return rc;
 }

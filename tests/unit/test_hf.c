@@ -1327,80 +1327,6 @@ static void check_folder(const gguf_file *g, const gguf_file *f, const char *dty
 
 /* ---- the backend on both ------------------------------------------------------------- */
 
-typedef struct fake {
-    baton_ctx ctx;
-    baton_item *item;
-    baton_tensor *out[2];
-    baton_tensor *allocs[8];
-    size_t n_allocs;
-    baton_status code;
-    char message[512];
-    int finished;
-} fake;
-
-static baton_tensor *f_alloc(baton_ctx *c, baton_item *it, baton_dtype dt, uint32_t nd,
-                             const int64_t *dims)
-{
-    (void)it;
-    fake *f = (fake *)c;
-    assert_true(f->n_allocs < 8);
-    baton_tensor *t = calloc(1, sizeof(*t));
-    assert_non_null(t);
-    t->dtype = dt;
-    t->ndim = nd;
-    uint64_t n = baton_dtype_size(dt);
-    for (uint32_t i = 0; i < nd; i++)
-        n *= (uint64_t)(t->dims[i] = dims[i]);
-    t->nbytes = n;
-    t->data = calloc(1, n ? n : 1);
-    f->allocs[f->n_allocs++] = t;
-    return t;
-}
-
-static int f_set_output(baton_ctx *c, baton_item *it, uint32_t o, const baton_tensor *t)
-{
-    if (o >= it->n_outputs || o >= 2)
-        return -1;
-    ((fake *)c)->out[o] = (baton_tensor *)t;
-    return 0;
-}
-
-static void f_finish(baton_ctx *c, baton_item *it)
-{
-    (void)it;
-    ((fake *)c)->finished = 1;
-}
-
-static void f_fail(baton_ctx *c, baton_item *it, baton_status code, const char *msg)
-{
-    (void)it;
-    fake *f = (fake *)c;
-    f->code = code;
-    snprintf(f->message, sizeof(f->message), "%s", msg);
-}
-
-static baton_status f_cancelled(baton_ctx *c, const baton_item *it)
-{
-    (void)c, (void)it;
-    return BATON_STATUS_OK;
-}
-
-static void fake_reset(fake *f)
-{
-    for (size_t i = 0; i < f->n_allocs; i++) {
-        free(f->allocs[i]->data);
-        free(f->allocs[i]);
-    }
-    memset(f, 0, sizeof(*f));
-    f->ctx.alloc = f_alloc;
-    f->ctx.set_output = f_set_output;
-    f->ctx.finish = f_finish;
-    f->ctx.fail = f_fail;
-    f->ctx.cancelled = f_cancelled;
-    f->ctx.read = fake_ctx_read;
-    f->ctx.write = fake_ctx_write;
-    f->ctx.device = "cpu";
-}
 
 /* Loads PATH with f32 activations and cache (what makes the GGUF's Q4_1
  * products and the folder's f32 ones agree to rounding), or returns NULL
@@ -1422,9 +1348,9 @@ static int32_t step(baton_model *m, baton_session *s, const char *mode, const in
                     int n, const char *text, float *logits, char *piece, size_t *piece_len)
 {
     const baton_backend *B = bk_transformer_backend();
-    fake f;
+    fake_one f;
     memset(&f, 0, sizeof(f));
-    fake_reset(&f);
+    fake_one_reset(&f);
     baton_output outs[2] = {{"token", 0, 1}, {logits ? "logits" : "text", 0, 0}};
     baton_input in = {"prompt", {BATON_DTYPE_I32, 1, {n}, (void *)ids, (uint64_t)n * 4, 0}, 0,
                       0};
@@ -1434,7 +1360,6 @@ static int32_t step(baton_model *m, baton_session *s, const char *mode, const in
     baton_item item = {.request_id = "t", .node_name = mode, .mode = mode, .inputs = &in,
                        .n_inputs = 1, .outputs = outs, .n_outputs = 2, .session = s};
     baton_item *items[1] = {&item};
-    f.item = &item;
     B->execute(m, &f.ctx, items, 1);
     if (f.code != BATON_STATUS_OK)
         fail_msg("%s failed (%d): %s", mode, f.code, f.message);
@@ -1447,7 +1372,7 @@ static int32_t step(baton_model *m, baton_session *s, const char *mode, const in
         memcpy(piece + *piece_len, f.out[1]->data, f.out[1]->nbytes);
         *piece_len += f.out[1]->nbytes;
     }
-    fake_reset(&f);
+    fake_one_reset(&f);
     return tok;
 }
 
