@@ -30,6 +30,11 @@
 /* Queries per prefill task: enough to amortize taking a task, few enough
  * that two threads share a short prompt evenly. */
 #define QUERY_BLOCK 16
+/* The split decode (k_attn_decode_mt): tasks wanted per thread, the fewest
+ * keys in a part, and the most parts. */
+#define SPLIT_TASKS_PER_THREAD 4
+#define SPLIT_MIN_KEYS 256
+#define SPLIT_MAX 64
 
 /* Element I of a cache of f16 (F16) or f32, as a float. */
 static inline float cache_at(const void *c, size_t i, bool f16)
@@ -76,8 +81,9 @@ AVX2 static inline __m256 exp_neg(__m256 x)
 }
 
 /* Softmax numerators of S[0, N) in place (the maximum subtracted), their
- * sum returned; S[N, PAD) are zeroed so that a tile may read them. */
-AVX2 static float softmax_row(float *s, int n, int pad)
+ * sum returned and the maximum in *MAX when MAX is not NULL; S[N, PAD) are
+ * zeroed so that a tile may read them. */
+AVX2 static float softmax_row(float *s, int n, int pad, float *max)
 {
     __m256 vmax = _mm256_set1_ps(-INFINITY);
     int j = 0;
@@ -89,6 +95,8 @@ AVX2 static float softmax_row(float *s, int n, int pad)
     float m = _mm_cvtss_f32(h);
     for (; j < n; j++)
         m = s[j] > m ? s[j] : m;
+    if (max)
+        *max = m;
     __m256 vm = _mm256_set1_ps(m), vsum = _mm256_setzero_ps();
     float sum = 0;
     j = 0;
@@ -143,7 +151,7 @@ attend(float *out, const float *q, const void *kc, const void *vc, int ctx, size
             a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load8(kc, k0 + (size_t)i, f16), a0);
         s[j] = hsum8(a0) * scale;
     }
-    float inv = 1.0f / softmax_row(s, ctx, ctx);
+    float inv = 1.0f / softmax_row(s, ctx, ctx, NULL);
     /* OUT = sum_j p_j V[j], 32 dims at a time in four named accumulators
      * (an array of them would live in memory). */
     __m256 vinv = _mm256_set1_ps(inv);
@@ -316,7 +324,7 @@ AVX2 static int tiled_task(float *out, const float *q, size_t qrow, const uint8_
             for (int r = 0; r < nq; r++) {
                 int own = ctx0 + t + r + 1;
                 int pad = (seen + 15) & ~15;
-                inv[r] = 1.0f / softmax_row(w->s + (size_t)r * lds, own, pad);
+                inv[r] = 1.0f / softmax_row(w->s + (size_t)r * lds, own, pad, NULL);
             }
             tile_pv(out + (size_t)t * qrow + (size_t)h * hd, qrow, w->s, lds, nq, w->vp, seen,
                     hd, inv);
@@ -374,10 +382,13 @@ pv_group(float *const *o, const float *const *p, const float *inv, const void *v
 
 /* The G queries at Q (HD floats apart, heads of one KV head) over CTX rows
  * of KC/VC (ROW elements apart); HD a multiple of 32; S: G * CTX floats.
- * F16 is a constant in each caller (attend_group). */
+ * When ML is not NULL, each query's score maximum and softmax sum go to
+ * ML[r] and ML[G + r], so that attention over a part of the keys can be
+ * merged with the other parts' (merge_parts).  F16 is a constant in each
+ * caller (attend_group). */
 AVX2 static inline __attribute__((always_inline)) void
 attend_group_t(float *out, const float *q, int g, const void *kc, const void *vc, int ctx,
-               size_t row, int hd, float *s, bool f16)
+               size_t row, int hd, float *s, float *ml, bool f16)
 {
     float scale = 1.0f / sqrtf((float)hd);
     size_t esz = f16 ? 2 : 4;
@@ -422,8 +433,12 @@ attend_group_t(float *out, const float *q, int g, const void *kc, const void *vc
         }
     }
     float inv[64];
-    for (int r = 0; r < g; r++)
-        inv[r] = 1.0f / softmax_row(s + (size_t)r * ctx, ctx, ctx);
+    for (int r = 0; r < g; r++) {
+        float sum = softmax_row(s + (size_t)r * ctx, ctx, ctx, ml ? ml + r : NULL);
+        inv[r] = 1.0f / sum;
+        if (ml)
+            ml[g + r] = sum;
+    }
     for (int r0 = 0; r0 < g; r0 += 3) {
         int nq = g - r0 < 3 ? g - r0 : 3;
         float *o[3];
@@ -444,12 +459,12 @@ attend_group_t(float *out, const float *q, int g, const void *kc, const void *vc
 }
 
 AVX2 static void attend_group(float *out, const float *q, int g, const void *kc, const void *vc,
-                              int ctx, size_t row, int hd, float *s, bool f16)
+                              int ctx, size_t row, int hd, float *s, float *ml, bool f16)
 {
     if (f16)
-        attend_group_t(out, q, g, kc, vc, ctx, row, hd, s, true);
+        attend_group_t(out, q, g, kc, vc, ctx, row, hd, s, ml, true);
     else
-        attend_group_t(out, q, g, kc, vc, ctx, row, hd, s, false);
+        attend_group_t(out, q, g, kc, vc, ctx, row, hd, s, ml, false);
 }
 
 static int have_avx2(void)
@@ -477,10 +492,10 @@ typedef struct tile_ws {
 } tile_ws;
 
 static void attend_group(float *out, const float *q, int g, const void *kc, const void *vc,
-                         int ctx, size_t row, int hd, float *s, bool f16)
+                         int ctx, size_t row, int hd, float *s, float *ml, bool f16)
 {
     (void)out, (void)q, (void)g, (void)kc, (void)vc, (void)ctx, (void)row, (void)hd, (void)s;
-    (void)f16;
+    (void)ml, (void)f16;
     abort(); /* have_avx2() is 0: never called */
 }
 
@@ -539,7 +554,16 @@ typedef struct attn_job {
     int blocks;                         /* query blocks per (sequence, head) */
     _Atomic int next;                   /* the next task */
     int err;                            /* -ENOMEM from a thread */
+    int splits;                         /* grouped decode: parts of the keys per (sequence,
+                                         * KV head), each a task; 1: no split */
+    float *part;                        /* splits > 1: per task, the group's outputs, then
+                                         * their maxima and sums (PART_FLOATS); owned by
+                                         * k_attn_decode_mt */
 } attn_job;
+
+/* Floats of one task's part in the split decode: G output rows of HD,
+ * then G maxima and G sums. */
+#define PART_FLOATS(g, hd) ((size_t)(g) * (size_t)((hd) + 2))
 
 static void attn_part(void *arg, int ith, int nth)
 {
@@ -593,41 +617,91 @@ static void attn_part(void *arg, int ith, int nth)
     free(heap);
 }
 
-/* The grouped decode's tasks: (sequence, KV head). */
+/* The grouped decode's tasks: (sequence, KV head, part of the keys).  With
+ * one part, a task writes its queries' outputs; with several, each part
+ * writes its own outputs, maxima and sums into J->part, and merge_parts
+ * combines them. */
 static void attn_group_part(void *arg, int ith, int nth)
 {
     (void)ith, (void)nth;
     attn_job *j = arg;
     size_t row = (size_t)j->n_kv * j->hd, qrow = (size_t)j->n_head * j->hd;
     size_t esz = j->f16 ? 2 : 4;
-    int group = j->n_head / j->n_kv, tasks = j->n_seq * j->n_kv;
+    int group = j->n_head / j->n_kv, tasks = j->n_seq * j->n_kv * j->splits;
     float *s = NULL;
     size_t cap = 0;
     for (;;) {
         int task = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
         if (task >= tasks)
             break;
-        int seq = task / j->n_kv, g = task % j->n_kv;
+        int c = task % j->splits, sg = task / j->splits;
+        int seq = sg / j->n_kv, g = sg % j->n_kv;
         size_t qo = (size_t)seq * qrow + (size_t)g * group * j->hd;
-        if (j->ctx0[seq] < 0) {
-            memset(j->out + qo, 0, (size_t)group * j->hd * sizeof(float));
-            continue;
+        float *o = j->out + qo, *ml = NULL;
+        if (j->splits > 1) {
+            o = j->part + (size_t)task * PART_FLOATS(group, j->hd);
+            ml = o + (size_t)group * j->hd;
         }
         int ctx = j->ctx0[seq] + 1;
-        if ((size_t)group * ctx > cap) {
+        int c0 = (int)((int64_t)ctx * c / j->splits);
+        int c1 = (int)((int64_t)ctx * (c + 1) / j->splits);
+        if (j->ctx0[seq] < 0 || c1 <= c0) {
+            /* No sequence (zeros, as the reference), or no key in this part
+             * (a weight of zero in the merge). */
+            memset(o, 0, (size_t)group * j->hd * sizeof(float));
+            if (ml)
+                for (int r = 0; r < group; r++)
+                    ml[r] = -INFINITY, ml[group + r] = 0;
+            continue;
+        }
+        if ((size_t)group * (size_t)(c1 - c0) > cap) {
             free(s);
-            cap = (size_t)group * ctx;
+            cap = (size_t)group * (size_t)(c1 - c0);
             if (!(s = malloc(cap * sizeof(float)))) {
                 cap = 0;
                 j->err = -ENOMEM;
                 continue;
             }
         }
-        size_t koff = (size_t)g * (size_t)j->hd * esz;
-        attend_group(j->out + qo, j->q + qo, group, (const uint8_t *)j->kc[seq] + koff,
-                     (const uint8_t *)j->vc[seq] + koff, ctx, row, j->hd, s, j->f16);
+        size_t koff = ((size_t)c0 * row + (size_t)g * (size_t)j->hd) * esz;
+        attend_group(o, j->q + qo, group, (const uint8_t *)j->kc[seq] + koff,
+                     (const uint8_t *)j->vc[seq] + koff, c1 - c0, row, j->hd, s, ml, j->f16);
     }
     free(s);
+}
+
+/* The outputs of a split decode: per query, the parts' outputs weighted by
+ * their share of the softmax, sum_i l_i exp(m_i - M) over the total. */
+static void merge_parts(const attn_job *j)
+{
+    int group = j->n_head / j->n_kv;
+    size_t qrow = (size_t)j->n_head * j->hd, pf = PART_FLOATS(group, j->hd);
+    for (int seq = 0; seq < j->n_seq; seq++)
+        for (int g = 0; g < j->n_kv; g++) {
+            const float *base = j->part + (size_t)(seq * j->n_kv + g) * j->splits * pf;
+            for (int r = 0; r < group; r++) {
+                float *o = j->out + (size_t)seq * qrow + ((size_t)g * group + r) * j->hd;
+                float m = -INFINITY, w[64], total = 0;
+                for (int c = 0; c < j->splits; c++) {
+                    float mc = base[c * pf + (size_t)group * j->hd + r];
+                    m = mc > m ? mc : m;
+                }
+                for (int c = 0; c < j->splits; c++) {
+                    const float *ml = base + c * pf + (size_t)group * j->hd;
+                    w[c] = ml[group + r] > 0 ? ml[group + r] * expf(ml[r] - m) : 0;
+                    total += w[c];
+                }
+                memset(o, 0, (size_t)j->hd * sizeof(float));
+                if (!(total > 0))
+                    continue;                /* no sequence: zeros */
+                for (int c = 0; c < j->splits; c++) {
+                    const float *oc = base + c * pf + (size_t)r * j->hd;
+                    float wc = w[c] / total;
+                    for (int i = 0; i < j->hd; i++)
+                        o[i] += wc * oc[i];
+                }
+            }
+        }
 }
 
 /* Queries of a prefill task in the tiled path: enough that the panels a
@@ -720,7 +794,35 @@ int k_attn_decode_mt(kth_pool *pool, float *out, const float *q, const float *k,
             return rc;
     }
     attn_job j = {out, q, kc, vc, lens, batch, 1, n_head, n_kv, hd, cache_dt == KD_F16,
-                  have_avx2() && hd % 8 == 0, 1, 0, 0};
+                  have_avx2() && hd % 8 == 0, 1, 0, 0, 1, NULL};
     bool grouped = have_avx2() && hd % 32 == 0 && n_head / n_kv <= 64;
-    return run_job(pool, &j, grouped ? attn_group_part : attn_part);
+    if (!grouped)
+        return run_job(pool, &j, attn_part);
+    /* Few (sequence, KV head) tasks over several threads leave some idle
+     * (SmolLM2's 3 KV heads on 2 threads: one thread does two of them), and
+     * after a long context attention is a good part of a decode step.  Then
+     * each task's keys are split into parts of at least SPLIT_MIN_KEYS, so
+     * that the threads share them evenly; merge_parts weighs the parts'
+     * outputs by their softmax sums. */
+    int nth = pool ? kth_pool_size(pool) : 1, longest = 0;
+    for (int b = 0; b < batch; b++)
+        longest = lens[b] + 1 > longest ? lens[b] + 1 : longest;
+    int tasks = batch * n_kv;
+    if (nth > 1 && tasks < SPLIT_TASKS_PER_THREAD * nth && longest >= 2 * SPLIT_MIN_KEYS) {
+        int want = (SPLIT_TASKS_PER_THREAD * nth + tasks - 1) / tasks;
+        int most = longest / SPLIT_MIN_KEYS;
+        j.splits = want < most ? want : most;
+        if (j.splits > SPLIT_MAX)
+            j.splits = SPLIT_MAX;
+    }
+    if (j.splits > 1) {
+        j.part = malloc((size_t)tasks * j.splits * PART_FLOATS(n_head / n_kv, hd) * sizeof(float));
+        if (!j.part)
+            return -ENOMEM;
+    }
+    int rc = run_job(pool, &j, attn_group_part);
+    if (!rc && j.splits > 1)
+        merge_parts(&j);
+    free(j.part);
+    return rc;
 }

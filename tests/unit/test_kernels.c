@@ -715,6 +715,68 @@ static void test_attention_fast_vs_ref(void **state)
     }
 }
 
+/* The decode step that splits each (sequence, KV head) into parts of the
+ * keys when there are few of them for the threads, then merges the parts:
+ * a long sequence beside one so short that some of its parts hold no key,
+ * an empty row, f32 and f16 caches, against the reference row by row. */
+static void test_attention_split_decode(void **state)
+{
+    (void)state;
+    enum { NH = 4, NKV = 1, HD = 64, B = 3 };
+    const int32_t lens[B] = {1500, 1, -1};
+    size_t row = (size_t)NKV * HD, qrow = (size_t)NH * HD;
+    for (int nth = 2; nth <= 3; nth++) {
+        kth_pool *pool = NULL;
+        assert_int_equal(kth_pool_create(nth, &pool), 0);
+        for (int f16 = 0; f16 <= 1; f16++) {
+            kdtype dt = f16 ? KD_F16 : KD_F32;
+            size_t esz = f16 ? 2 : 4;
+            float *q = rnd(B * qrow, 2), *k = rnd(B * row, 1), *v = rnd(B * row, 1);
+            float *hist[B], *rk[B], *rv[B];
+            void *kcs[B] = {NULL}, *vcs[B] = {NULL};
+            if (f16)
+                round_f16(k, B * row), round_f16(v, B * row);
+            for (int b = 0; b < B; b++) {
+                size_t cap = (size_t)(lens[b] + 1) * row;
+                hist[b] = rnd(2 * cap + 1, 1);
+                if (f16)
+                    round_f16(hist[b], 2 * cap);
+                rk[b] = poisoned(cap), rv[b] = poisoned(cap);
+                if (lens[b] < 0)
+                    continue;
+                memcpy(rk[b], hist[b], (size_t)lens[b] * row * sizeof(float));
+                memcpy(rv[b], hist[b] + cap, (size_t)lens[b] * row * sizeof(float));
+                kcs[b] = malloc(cap * esz), vcs[b] = malloc(cap * esz);
+                assert_int_equal(k_cast(kcs[b], dt, rk[b], KD_F32, (size_t)lens[b] * row), 0);
+                assert_int_equal(k_cast(vcs[b], dt, rv[b], KD_F32, (size_t)lens[b] * row), 0);
+            }
+            float *got = poisoned(B * qrow);
+            assert_int_equal(k_attn_decode_mt(pool, got, q, k, v, kcs, vcs, dt, lens, B, NH, NKV,
+                                              HD), 0);
+            for (int b = 0; b < B; b++) {
+                char what[64];
+                snprintf(what, sizeof(what), "split decode row %d %s, %d threads", b,
+                         f16 ? "f16" : "f32", nth);
+                if (lens[b] < 0) {
+                    for (size_t i = 0; i < qrow; i++)
+                        assert_true(got[b * qrow + i] == 0.0f);
+                    continue;
+                }
+                float *ref = poisoned(qrow), *rkp[1] = {rk[b]}, *rvp[1] = {rv[b]};
+                int32_t rlen[1] = {lens[b]};
+                k_attn_decode(ref, q + b * qrow, k + b * row, v + b * row, rkp, rvp, rlen, 1, NH,
+                              NKV, HD);
+                assert_close(got + b * qrow, ref, qrow, 2e-5f, 2e-5f, what);
+                free(ref);
+            }
+            for (int b = 0; b < B; b++)
+                free(hist[b]), free(rk[b]), free(rv[b]), free(kcs[b]), free(vcs[b]);
+            free(q), free(k), free(v), free(got);
+        }
+        kth_pool_destroy(pool);
+    }
+}
+
 /* A decode step over sequences of lengths 0, 1, 5, 17, 40 (9 query heads on 3
  * KV heads, as SmolLM2) must give, for each, the last row of a prefill of
  * that sequence's whole history; and a prefill split in two chunks equals
@@ -897,6 +959,7 @@ int main(void)
         cmocka_unit_test(test_softmax_argmax),
         cmocka_unit_test(test_attention_decode_vs_prefill),
         cmocka_unit_test(test_attention_fast_vs_ref),
+        cmocka_unit_test(test_attention_split_decode),
         cmocka_unit_test(test_sample),
         cmocka_unit_test(test_nan_never_wins),
     };
