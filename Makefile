@@ -21,7 +21,7 @@ NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/de
 CUDA ?= $(if $(NVCC),1,0)
 CUDA_ARCH ?= sm_90
 
-PKGS := libzmq libprotobuf-c yaml-0.1 libsystemd
+PKGS := libzmq libprotobuf-c yaml-0.1 libsystemd libmicrohttpd jansson
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 CMOCKA_LIBS := $(shell pkg-config --libs cmocka 2>/dev/null || echo -lcmocka)
@@ -146,8 +146,9 @@ BATONCTL := $(BUILD)/batonctl
 PLUGIN_EXAMPLE := $(BUILD)/tests/plugin_example.so
 
 # What each program links, top of the layering first.  batond links no
-# kernel that runs and no client code; the worker links no daemon code.
-BATOND_LIBS := $(DAEMON_LIB) $(RUNTIME_LIB) $(CONFIG_LIB) $(BACKEND_LIB) $(KERNEL_LIB) $(COMMON_LIB)
+# kernel that runs; its HTTP gateway is a client of its own conductor, so it
+# links the client library; the worker links no daemon code.
+BATOND_LIBS := $(DAEMON_LIB) $(CLIENT_LIB) $(RUNTIME_LIB) $(CONFIG_LIB) $(BACKEND_LIB) $(KERNEL_LIB) $(COMMON_LIB)
 WORKER_LIBS := $(WORKER_LIB) $(CONFIG_LIB) $(BACKEND_LIB) $(KERNEL_LIB) $(COMMON_LIB) $(CU_LIB)
 ALL_LIBS := $(DAEMON_LIB) $(WORKER_LIB) $(CLIENT_LIB) $(RUNTIME_LIB) $(CONFIG_LIB) \
 	$(BACKEND_LIB) $(KERNEL_LIB) $(COMMON_LIB) $(CU_LIB)

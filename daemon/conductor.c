@@ -27,7 +27,7 @@
 #include "daemon/dispatch.h"
 #include "daemon/evloop.h"
 #include "daemon/frontend.h"
-#include "daemon/http.h"
+#include "daemon/gateway.h"
 #include "daemon/metrics.h"
 #include "daemon/outbound.h"
 #include "daemon/supervisor.h"
@@ -54,7 +54,7 @@ struct conductor {
     dispatcher *disp;
     outbound *out;
     frontend *front;
-    http_server *http;            /* NULL without metrics_listen */
+    gateway *http;                /* NULL without metrics_listen */
     /* Life cycle. */
     bool ready;                   /* every worker loaded */
     bool draining;
@@ -281,11 +281,6 @@ static void on_admin(void *arg, const uint8_t *id, size_t idlen,
     free(text);
 }
 
-static char *http_get(void *arg, const char *path)
-{
-    return strcmp(path, "/metrics") == 0 ? stats_text(arg) : NULL;
-}
-
 /* ---- signals and the tick ---------------------------------------------- */
 
 static void begin_drain(conductor *c)
@@ -362,7 +357,6 @@ static void on_tick(evloop *l, void *arg)
     uint64_t now = bt_now_ms();
     front_tick(c->front, now);
     sup_tick(c->sup, now);
-    http_tick(c->http, now);
     if (c->watchdog_usec && (now - c->last_watchdog_ms) * 1000 >= c->watchdog_usec / 2) {
         sd_notify(0, "WATCHDOG=1");
         c->last_watchdog_ms = now;
@@ -526,8 +520,10 @@ static int watch(conductor *c)
         evloop_add(c->loop, NULL, c->sigfd, on_signal, c) < 0 ||
         evloop_add(c->loop, NULL, c->timerfd, on_tick, c) < 0)
         return BT_ENOMEM;
-    if (c->cfg->daemon.metrics_listen)
-        return http_create(c->loop, c->cfg->daemon.metrics_listen, http_get, c, &c->http);
+    if (c->cfg->daemon.metrics_listen) {
+        gateway_options go = {c->cfg->daemon.metrics_listen, c->cfg->daemon.listen, 0};
+        return gateway_create(&go, &c->http);
+    }
     return 0;
 }
 
@@ -583,7 +579,7 @@ void conductor_destroy(conductor *c)
 {
     if (!c)
         return;
-    http_destroy(c->http);
+    gateway_destroy(c->http);
     front_destroy(c->front);
     out_destroy(c->out);
     disp_destroy(c->disp);

@@ -10,7 +10,8 @@
  *                 worker messages, worker results as runtime events
  *   tensors.c     the tensors workers hold, and their batched Releases
  *   supervisor.c  the worker processes: spawn, register, load, loss, restart
- *   metrics.c     counters and their Prometheus text; http.c serves it
+ *   metrics.c     counters and their Prometheus text; gateway.c serves it over HTTP
+ *                 (libmicrohttpd threads, a client of this conductor)
  *
  * Calls go down that list (frontend -> dispatch -> tensors -> supervisor);
  * what must go up (a worker lost, a result for a client, a request for the

@@ -8,6 +8,7 @@ PKGS=(
   build-essential pkg-config git ca-certificates
   libzmq3-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler
   libyaml-dev libjemalloc-dev libcmocka-dev libopenblas-dev libsystemd-dev
+  libmicrohttpd-dev libjansson-dev
   python3 python3-pip python3-zmq python3-protobuf python3-yaml
   curl unzip
 )

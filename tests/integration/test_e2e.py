@@ -22,6 +22,8 @@ import tempfile
 import threading
 import time
 import traceback
+import json
+import urllib.error
 import urllib.request
 
 import zmq
@@ -510,22 +512,83 @@ def test_metrics_listener_cannot_stall(d, c):
         if not chunk:
             break
         data += chunk
-    assert data.startswith(b"HTTP/1.0 200") and b"baton_requests_total" in data, data[:200]
+    assert re.match(rb"HTTP/1\.[01] 200 ", data) and b"baton_requests_total" in data, data[:200]
     s.close()
     s = socket.create_connection(("127.0.0.1", d.port))
     s.sendall(b"GET /metricsXYZ HTTP/1.0\r\n\r\n")
     s.settimeout(5)
-    assert s.recv(100).startswith(b"HTTP/1.0 404")
+    assert re.match(rb"HTTP/1\.[01] 404 ", s.recv(100))
     s.close()
     for s in idle:
         s.close()
+
+
+def http_get(port, path, method="GET"):
+    """(status, body) of METHOD PATH on the daemon's HTTP port."""
+    req = urllib.request.Request("http://127.0.0.1:%d%s" % (port, path), method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def test_http_health(d, c):
+    """/health is 200 only when ready: 503 while a worker is missing and
+    while draining.  Unknown paths and methods get JSON errors."""
+
+    st, body = http_get(d.port, "/health")
+    assert st == 200 and json.loads(body)["status"] == "ready", (st, body)
+    st, body = http_get(d.port, "/nope")
+    assert st == 404 and "error" in json.loads(body), (st, body)
+    st, body = http_get(d.port, "/metrics", "POST")
+    assert st == 405 and "error" in json.loads(body), (st, body)
+    # A worker that never comes (spawn: external): not ready, and why.
+    with open(os.path.join(ROOT, "tests/integration/configs/e2e.yaml")) as f:
+        config = f.read().replace("{name: cpu1, device: cpu, pool_mb: 64}",
+                                  "{name: cpu1, device: cpu, pool_mb: 64, spawn: external}")
+    d2 = Daemon(config, wait=False)
+    try:
+        deadline = time.time() + 10
+        st = None
+        while time.time() < deadline:
+            try:
+                st, body = http_get(d2.port, "/health")
+                break
+            except OSError:
+                time.sleep(0.05)              # not listening yet
+        assert st == 503, (st, body)
+        h = json.loads(body)
+        assert h["status"] == "not ready" and "cpu1" in h["detail"], h
+    finally:
+        d2.stop()
+    # Draining: a request holds the daemon in its drain; /health says 503.
+    d3 = Daemon(open(os.path.join(ROOT, "tests/integration/configs/e2e.yaml")).read())
+    c3 = d3.client()
+    try:
+        rid = c3.request("slow", X(1))
+        time.sleep(0.05)
+        d3.proc.send_signal(signal.SIGTERM)
+        deadline = time.time() + 3
+        seen = None
+        while time.time() < deadline and seen != 503:
+            try:
+                seen, _ = http_get(d3.port, "/health")
+            except OSError:
+                break                         # already stopped: the drain was missed
+        assert seen == 503, seen
+        m = c3.recv(10)
+        assert m is not None and m.HasField("response") and m.response.request_id == rid
+    finally:
+        c3.close()
+        d3.stop()
 
 
 TESTS = [test_echo, test_hop_across_workers, test_large_tensor_fetched, test_fanin_two_workers,
          test_loop_streams_tokens, test_loop_without_stream_joins, test_request_max_iters,
          test_stream_into_consumer, test_nested_loops, test_node_failure, test_deadline,
          test_cancel, test_duplicate_id, test_hostile_inputs, test_admission,
-         test_stats_and_metrics, test_metrics_listener_cannot_stall, test_load_many_sockets,
+         test_stats_and_metrics, test_metrics_listener_cannot_stall, test_http_health, test_load_many_sockets,
          test_worker_killed_under_load]
 
 

@@ -1,0 +1,32 @@
+/* The HTTP side of batond: a libmicrohttpd server in threads of its own,
+ * which speaks to the conductor as an ordinary client over its ZeroMQ
+ * endpoint (the C client library).  So nothing HTTP runs on the conductor's
+ * loop: a slow or idle HTTP client holds one of the gateway's connection
+ * threads, never the loop, and what the gateway asks goes through the same
+ * door, limits and accounting as any other client's request.
+ *
+ * Paths:
+ *   GET /metrics   the Prometheus text (the conductor's StatsResponse)
+ *   GET /health    200 {"status":"ready"} when every worker and model is
+ *                  ready; 503 while starting, draining, or when the
+ *                  conductor does not answer within a second
+ * Anything else is 404, a method other than GET or HEAD 405, each with a
+ * JSON error body. */
+#ifndef BATON_DAEMON_GATEWAY_H
+#define BATON_DAEMON_GATEWAY_H
+
+typedef struct gateway gateway;
+
+typedef struct gateway_options {
+    const char *hostport;        /* where to listen: "host:port" (host may be empty) */
+    const char *endpoint;        /* the conductor's client endpoint */
+    unsigned max_connections;    /* HTTP connections served at once; 0: 256 */
+} gateway_options;
+
+/* Listens on OPTS->hostport and starts serving.  Returns 0 or a negative
+ * bt_err, having logged what failed (a port in use, an unresolvable host). */
+int gateway_create(const gateway_options *opts, gateway **out);
+/* Stops accepting, closes every connection and frees.  NULL is a no-op. */
+void gateway_destroy(gateway *g);
+
+#endif
