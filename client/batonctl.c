@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 
 #include "baton/client.h"
+#include "baton/version.h"
 #include "client/ctl_format.h"
 
 enum { EXIT_STATUS = 1, EXIT_USAGE = 2, EXIT_CONN = 3 };
@@ -46,6 +47,9 @@ static const char usage_text[] =
     "  --timeout-ms N      infer/generate: the request's deadline (the client waits\n"
     "                      2 s longer); other commands: how long to wait (default 5000)\n"
     "  -h, --help          this text\n"
+    "  --version           print batonctl's version\n"
+    "  --                  the arguments after it are not options (a prompt that\n"
+    "                      begins with -)\n"
     "\n"
     "request options (infer, generate):\n"
     "  --input NAME=SPEC   SPEC is DTYPE:DIMS:VALUES, DTYPE:VALUES (1-D), DTYPE:DIMS:@FILE,\n"
@@ -61,7 +65,7 @@ static const char usage_text[] =
     "\n"
     "--json objects: {\"type\":\"chunk\",\"request_id\",\"seq\",\"value\":TENSOR},\n"
     "{\"type\":\"response\",\"request_id\",\"status\",\"code\",\"message\",\"outputs\":[TENSOR],\n"
-    "\"timings\":[...],\"total_us\"}, {\"type\":\"health\"|\"stats\"|\"inspect\",...}; TENSOR is\n"
+    "\"timings\":[...],\"total_us\",\"seed\"}, {\"type\":\"health\"|\"stats\"|\"inspect\",...}; TENSOR is\n"
     "{\"name\",\"dtype\",\"dims\",\"modality\",\"values\":[...]}, or for text modality\n"
     "{...,\"text\":\"...\"} (plus \"values\" when the bytes are not valid UTF-8).\n"
     "\n"
@@ -139,14 +143,23 @@ static bool parse_float(const char *s, float *out)
  * takes the request options, so options may come before or after it. */
 static int parse_args(int argc, char **argv, ctl_opts *o)
 {
+    bool options = true;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = NULL;
-        if (a[0] != '-' || !strcmp(a, "-")) {
+        if (!options || a[0] != '-' || !strcmp(a, "-")) {
             o->pos[o->n_pos++] = a;
+            continue;
+        }
+        if (!strcmp(a, "--")) {
+            options = false;            /* the rest is positional: a prompt may begin with - */
             continue;
         }
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             fputs(usage_text, stdout);
+            exit(0);
+        }
+        if (!strcmp(a, "--version")) {
+            printf("batonctl %s\n", BATON_VERSION);
             exit(0);
         }
         char name[32];
@@ -558,9 +571,9 @@ static int cmd_run(const ctl_opts *o, bool generate)
                 ctl_print_timings(ev);
             if (ev->code == BATON_CLIENT_CODE_OK) {
                 if (!o->json)
-                    fprintf(stderr, "OK: %.1f ms, %zu chunk%s, %zu node run%s\n",
+                    fprintf(stderr, "OK: %.1f ms, %zu chunk%s, %zu node run%s, seed %" PRIu64 "\n",
                             (double)ev->total_us / 1000, chunks, chunks == 1 ? "" : "s",
-                            ev->n_timings, ev->n_timings == 1 ? "" : "s");
+                            ev->n_timings, ev->n_timings == 1 ? "" : "s", ev->seed);
                 status = 0;
             } else {
                 fprintf(stderr, "batonctl: %s: %s\n", baton_client_code_name(ev->code),

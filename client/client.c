@@ -539,6 +539,7 @@ static int decode_response(event_box *b, const Baton__V1__InferResponse *r)
     ev->code = r->status ? (baton_client_code)r->status->code : BATON_CLIENT_CODE_OK;
     ev->message = r->status ? str_or_empty(r->status->message) : "";
     ev->total_us = r->total_us;
+    ev->seed = r->seed;
     if (r->n_outputs) {
         b->outputs = calloc(r->n_outputs, sizeof *b->outputs);
         if (!b->outputs)

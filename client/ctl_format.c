@@ -268,7 +268,7 @@ void ctl_print_json(FILE *out, const baton_client_event *ev)
             fprintf(out, ",\"queue_us\":%" PRIu64 ",\"exec_us\":%" PRIu64 "}", t->queue_us,
                     t->exec_us);
         }
-        fprintf(out, "],\"total_us\":%" PRIu64, ev->total_us);
+        fprintf(out, "],\"total_us\":%" PRIu64 ",\"seed\":%" PRIu64, ev->total_us, ev->seed);
         break;
     case BATON_CLIENT_EVENT_HEALTH:
         fprintf(out, "{\"type\":\"health\",\"live\":%s,\"ready\":%s,\"workers_ready\":[",

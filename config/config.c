@@ -3,9 +3,11 @@
  * config layers (load_internal.h): it calls none of the loaders. */
 #include <errno.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/stat.h>
 
 #include "config/config.h"
@@ -116,8 +118,36 @@ static int check_exists(bt_diag *d, cfg_pos pos, const cfg_model *m, const char 
     return 1;
 }
 
-/* Warns when the folder of an ipc:// endpoint is missing: ZeroMQ cannot
- * bind a socket file in a folder that does not exist. */
+/* Whether batond could make folder DIR (it makes the folders of its ipc://
+ * endpoints): its nearest existing ancestor is a folder this user may write. */
+static bool can_make(const char *dir)
+{
+    char *p = strdup(dir);
+    bool ok = false;
+    while (p && *p) {
+        struct stat st;
+        if (stat(p, &st) == 0) {
+            ok = S_ISDIR(st.st_mode) && access(p, W_OK | X_OK) == 0;
+            break;
+        }
+        char *slash = strrchr(p, '/');
+        if (!slash) {
+            ok = access(".", W_OK | X_OK) == 0;
+            break;
+        }
+        *slash = 0;
+        if (slash == p) {                 /* up to the root */
+            ok = access("/", W_OK | X_OK) == 0;
+            break;
+        }
+    }
+    free(p);
+    return ok;
+}
+
+/* Warns when the folder of an ipc:// endpoint is missing and batond could
+ * not make it: ZeroMQ cannot bind a socket file in a folder that does not
+ * exist. */
 static int check_ipc_folder(bt_diag *d, cfg_pos pos, const char *key, const char *ep)
 {
     if (!ep || strncmp(ep, "ipc://", 6) != 0)
@@ -132,9 +162,11 @@ static int check_ipc_folder(bt_diag *d, cfg_pos pos, const char *key, const char
         return 0;
     struct stat st;
     int warned = 0;
-    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
-        bt_diag_warn(d, pos.line, pos.col, "the folder '%s' of %s '%s' does not exist%s", dir,
-                     key, ep, dir[0] == '/' ? "" : " (relative to the current directory)");
+    if ((stat(dir, &st) != 0 && !can_make(dir)) || (stat(dir, &st) == 0 && !S_ISDIR(st.st_mode))) {
+        bt_diag_warn(d, pos.line, pos.col,
+                     "the folder '%s' of %s '%s' does not exist, and this user cannot make "
+                     "it%s", dir, key, ep,
+                     dir[0] == '/' ? "" : " (relative to the current directory)");
         warned = 1;
     }
     free(dir);
@@ -226,7 +258,7 @@ void cfg_config_destroy(cfg_config *c)
     free(c->file);
     free(c->daemon.listen);
     free(c->daemon.workers_endpoint);
-    free(c->daemon.metrics_listen);
+    free(c->daemon.http_listen);
     free(c->daemon.log_level);
     for (size_t i = 0; i < c->n_profiles; i++)
         free(c->profiles[i].name);
@@ -237,6 +269,11 @@ void cfg_config_destroy(cfg_config *c)
         free(c->workers[i].profile);
     }
     free(c->workers);
+    for (size_t i = 0; i < c->n_openai; i++) {
+        cfg_openai *o = &c->openai[i];
+        free(o->model), free(o->graph), free(o->input), free(o->output), free(o->loop);
+    }
+    free(c->openai);
     for (size_t i = 0; i < c->n_models; i++) {
         cfg_model *m = &c->models[i];
         free(m->name);

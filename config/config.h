@@ -29,7 +29,8 @@ typedef struct cfg_str {
 typedef struct cfg_daemon {
     char *listen;               /* client endpoint; default ipc:///run/baton/baton.sock */
     char *workers_endpoint;     /* default ipc:///run/baton/workers.sock */
-    char *metrics_listen;       /* host:port or NULL when not set */
+    char *http_listen;          /* host:port of the HTTP API (/health, /metrics, /v1), or
+                                 * NULL; the key is http_listen, or metrics_listen (older) */
     uint32_t max_inflight;      /* requests; default 256 */
     uint32_t request_timeout_ms;/* default 60000 */
     uint32_t drain_timeout_ms;  /* default 10000 */
@@ -158,6 +159,19 @@ typedef struct cfg_graph {
     cfg_pos pos;
 } cfg_graph;
 
+/* A model name served by the OpenAI-compatible HTTP API (`openai:`): which
+ * graph answers it, which graph input takes the user's text, which
+ * client-bound text stream carries the answer, and which loop max_tokens
+ * caps (NULL: none). */
+typedef struct cfg_openai {
+    char *model;
+    char *graph;
+    char *input;
+    char *output;
+    char *loop;
+    cfg_pos pos;
+} cfg_openai;
+
 typedef struct cfg_config {
     char *file;            /* the path it was loaded from */
     uint32_t version;      /* must be 1 */
@@ -166,6 +180,7 @@ typedef struct cfg_config {
     cfg_worker *workers;   size_t n_workers;
     cfg_model *models;     size_t n_models;
     cfg_graph *graphs;     size_t n_graphs;
+    cfg_openai *openai;    size_t n_openai;
 } cfg_config;
 
 /* Loads PATH.  On success returns 0 and sets *out.  On errors returns

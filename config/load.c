@@ -81,6 +81,7 @@ static void load_daemon(cfg__loader *l, const yt_node *v)
         "listen",           "workers_endpoint",  "metrics_listen",
         "max_inflight",     "request_timeout_ms", "drain_timeout_ms",
         "max_message_bytes", "speculation_window", "log_level",
+        "http_listen",
     };
     static const char *const levels[] = {"error", "warning", "info", "debug"};
     const yt_node *f[N_OF(keys)];
@@ -94,8 +95,15 @@ static void load_daemon(cfg__loader *l, const yt_node *v)
         check_endpoint(l, f[0], "listen", dm->listen);
     if (f[1] && cfg__str(l, f[1], "workers_endpoint", &dm->workers_endpoint))
         check_endpoint(l, f[1], "workers_endpoint", dm->workers_endpoint);
-    if (f[2] && cfg__str(l, f[2], "metrics_listen", &dm->metrics_listen))
-        check_host_port(l, f[2], "metrics_listen", dm->metrics_listen);
+    /* metrics_listen is the older name of http_listen, from when the port
+     * served /metrics alone. */
+    if (f[2] && f[9])
+        bt_diag_error(l->diag, f[2]->line, f[2]->col,
+                      "metrics_listen is the older name of http_listen: give only one");
+    else if (f[9] && cfg__str(l, f[9], "http_listen", &dm->http_listen))
+        check_host_port(l, f[9], "http_listen", dm->http_listen);
+    else if (f[2] && cfg__str(l, f[2], "metrics_listen", &dm->http_listen))
+        check_host_port(l, f[2], "metrics_listen", dm->http_listen);
     if (f[3])
         yt_u32(f[3], "max_inflight", 1, 1u << 20, &dm->max_inflight, l->diag);
     if (f[4])
@@ -294,12 +302,110 @@ static void load_workers(cfg__loader *l, const yt_node *v)
             load_worker(l, v->items[i], &c->workers[c->n_workers++], &l->workers);
 }
 
+/* ---- openai ---- */
+
+/* Whether section S streams a text value NAME to the client (a node's
+ * new_token edge to the client with modality text), and whether it holds
+ * a loop called LOOP (LOOP may be NULL). */
+static void scan_section(const cfg_section *s, const char *name, const char *loop,
+                         bool *has_text, bool *has_loop)
+{
+    if (!s)
+        return;
+    switch (s->kind) {
+    case CFG_SEC_NODE:
+        for (size_t i = 0; i < s->u.node.n_outputs; i++) {
+            const cfg_edge *e = &s->u.node.outputs[i];
+            if (strcmp(e->name, name) == 0 && e->to && strcmp(e->to, "client") == 0 &&
+                e->new_token && e->modality && strcmp(e->modality, "text") == 0)
+                *has_text = true;
+        }
+        break;
+    case CFG_SEC_LOOP:
+        if (loop && s->u.loop.name && strcmp(s->u.loop.name, loop) == 0)
+            *has_loop = true;
+        scan_section(s->u.loop.body, name, loop, has_text, has_loop);
+        break;
+    default:
+        for (size_t i = 0; i < s->u.list.n; i++)
+            scan_section(s->u.list.items[i], name, loop, has_text, has_loop);
+        break;
+    }
+}
+
+static void load_openai_one(cfg__loader *l, const yt_node *v, cfg_openai *o)
+{
+    static const char *const keys[] = {"model", "graph", "input", "output", "loop"};
+    const yt_node *f[N_OF(keys)];
+    o->pos = cfg__pos(v);
+    yt_fields(v, "an openai entry", keys, N_OF(keys), f, l->diag);
+    for (size_t k = 0; k < 4; k++)
+        if (!f[k])
+            bt_diag_error(l->diag, v->line, v->col, "an openai entry has no '%s'", keys[k]);
+    if (f[0] && cfg__str(l, f[0], "model", &o->model))
+        for (const cfg_openai *p = l->c->openai; p < o; p++)
+            if (p->model && strcmp(p->model, o->model) == 0)
+                bt_diag_error(l->diag, f[0]->line, f[0]->col,
+                              "openai model '%s' is listed twice", o->model);
+    if (f[2])
+        cfg__str(l, f[2], "input", &o->input);
+    if (f[3])
+        cfg__str(l, f[3], "output", &o->output);
+    if (f[4])
+        cfg__str(l, f[4], "loop", &o->loop);
+    if (f[1] && cfg__str(l, f[1], "graph", &o->graph)) {
+        const cfg_graph *g = NULL;
+        for (size_t i = 0; i < l->c->n_graphs && !g; i++)
+            if (strcmp(l->c->graphs[i].name, o->graph) == 0)
+                g = &l->c->graphs[i];
+        if (!g) {
+            bt_diag_error(l->diag, f[1]->line, f[1]->col,
+                          "openai model '%s' uses graph '%s', which is not defined",
+                          o->model ? o->model : "?", o->graph);
+        } else if (o->input) {
+            bool found = false;
+            for (size_t i = 0; i < g->n_inputs; i++)
+                found |= strcmp(g->inputs[i].s, o->input) == 0;
+            if (!found || g->n_inputs != 1)
+                bt_diag_error(l->diag, f[2]->line, f[2]->col,
+                              "openai model '%s': graph '%s' must have exactly one input, "
+                              "'%s'", o->model ? o->model : "?", o->graph, o->input);
+        }
+        bool has_text = false, has_loop = false;
+        if (g && o->output) {
+            scan_section(g->body, o->output, o->loop, &has_text, &has_loop);
+            if (!has_text)
+                bt_diag_error(l->diag, f[3]->line, f[3]->col,
+                              "openai model '%s': graph '%s' streams no text value '%s' to the "
+                              "client (an output with to: client, new_token: true, modality: "
+                              "text)", o->model ? o->model : "?", o->graph, o->output);
+            if (o->loop && !has_loop)
+                bt_diag_error(l->diag, f[4]->line, f[4]->col,
+                              "openai model '%s': graph '%s' has no loop '%s'",
+                              o->model ? o->model : "?", o->graph, o->loop);
+        }
+    }
+}
+
+static void load_openai(cfg__loader *l, const yt_node *v)
+{
+    cfg_config *c = l->c;
+    if (!yt_expect(v, YT_SEQ, "openai", l->diag))
+        return;
+    c->openai = cfg__calloc(l, v->n_items, sizeof(*c->openai));
+    if (!c->openai)
+        return;
+    for (size_t i = 0; i < v->n_items; i++)
+        if (yt_expect(v->items[i], YT_MAP, "openai", l->diag))
+            load_openai_one(l, v->items[i], &c->openai[c->n_openai++]);
+}
+
 /* ---- the file ---- */
 
 static void load_root(cfg__loader *l, const yt_node *root)
 {
     static const char *const keys[] = {"version", "daemon", "devices",
-                                       "workers", "models", "graphs"};
+                                       "workers", "models", "graphs", "openai"};
     const yt_node *f[N_OF(keys)];
 
     if (!root || yt_is_null(root)) {
@@ -332,6 +438,8 @@ static void load_root(cfg__loader *l, const yt_node *root)
         cfg__load_models(l, f[4]);
     if (f[5])
         cfg__load_graphs(l, f[5]);
+    if (f[6])
+        load_openai(l, f[6]);
 }
 
 static cfg_config *config_create(const char *name)

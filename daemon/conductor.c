@@ -12,8 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/signalfd.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/timerfd.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
@@ -54,7 +56,7 @@ struct conductor {
     dispatcher *disp;
     outbound *out;
     frontend *front;
-    gateway *http;                /* NULL without metrics_listen */
+    gateway *http;                /* NULL without http_listen */
     /* Life cycle. */
     bool ready;                   /* every worker loaded */
     bool draining;
@@ -417,8 +419,34 @@ static void ensure_ipc_dir(const char *endpoint)
     mkdir(dir, 0755);
 }
 
+/* Whether a process accepts connections on the ipc:// ENDPOINT's socket
+ * file.  ZeroMQ binds an ipc endpoint by unlinking whatever file is there,
+ * so a second batond on the same config would silently take the socket
+ * from the first, which then serves nobody; a file nobody listens on is a
+ * leftover of a crash and may go. */
+static bool ipc_in_use(const char *endpoint)
+{
+    if (strncmp(endpoint, "ipc://", 6) != 0 || endpoint[6] == '@')
+        return false;
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    if (strlen(endpoint + 6) >= sizeof(sa.sun_path))
+        return false;
+    strcpy(sa.sun_path, endpoint + 6);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return false;
+    bool used = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+    close(fd);
+    return used;
+}
+
 static int bind_router(conductor *c, void **sock, const char *endpoint, bool mandatory)
 {
+    if (ipc_in_use(endpoint)) {
+        bt_error("cannot bind %s: another process serves it (is another batond running on "
+                 "this config?)", endpoint);
+        return BT_EEXIST;
+    }
     *sock = zmq_socket(c->zctx, ZMQ_ROUTER);
     if (!*sock)
         return BT_EIO;
@@ -520,8 +548,9 @@ static int watch(conductor *c)
         evloop_add(c->loop, NULL, c->sigfd, on_signal, c) < 0 ||
         evloop_add(c->loop, NULL, c->timerfd, on_tick, c) < 0)
         return BT_ENOMEM;
-    if (c->cfg->daemon.metrics_listen) {
-        gateway_options go = {c->cfg->daemon.metrics_listen, c->cfg->daemon.listen, 0};
+    if (c->cfg->daemon.http_listen) {
+        gateway_options go = {c->cfg->daemon.http_listen, c->cfg->daemon.listen, 0,
+                              c->cfg->openai, c->cfg->n_openai, 0};
         return gateway_create(&go, &c->http);
     }
     return 0;

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <zmq.h>
 
 #include "common/clock.h"
@@ -169,7 +170,8 @@ size_t front_placing(const frontend *f)
 
 static void flush(frontend *f, front_request *r)
 {
-    out_client to = {r->identity, r->identity_len, r->request_id, r->graph, r->start_us};
+    out_client to = {r->identity, r->identity_len, r->request_id, r->graph, r->start_us,
+                     r->params.seed};
     if (out_flush(f->out, &r->out, &to))
         request_free(f, r);
 }
@@ -473,6 +475,16 @@ static front_request *request_create(frame *dr, const graph *g, const Baton__V1_
         r->params.top_k = q->sampling->top_k;
         r->params.top_p = q->sampling->top_p;
         r->params.seed = q->sampling->seed;
+    }
+    /* Seed 0 asks for a fresh one: sampling then differs from run to run,
+     * and the response reports the seed drawn so that a run can be
+     * repeated. */
+    if (r->params.seed == 0) {
+        if (getrandom(&r->params.seed, sizeof(r->params.seed), GRND_NONBLOCK) !=
+            (ssize_t)sizeof(r->params.seed))
+            r->params.seed = bt_now_us() * UINT64_C(0x9E3779B97F4A7C15);
+        if (r->params.seed == 0)
+            r->params.seed = 1;
     }
     r->hnext = u64map_get(&f->by_client, r->hkey);
     if (u64map_put(&f->requests, r->key, r) < 0)

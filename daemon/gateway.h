@@ -10,10 +10,17 @@
  *   GET /health    200 {"status":"ready"} when every worker and model is
  *                  ready; 503 while starting, draining, or when the
  *                  conductor does not answer within a second
- * Anything else is 404, a method other than GET or HEAD 405, each with a
- * JSON error body. */
+ *   GET /v1/models              the model names of the config's `openai:`
+ *   POST /v1/chat/completions   OpenAI's chat completions, whole or streamed
+ *                               as server-sent events (daemon/openai.h)
+ * Anything else is 404, a wrong method 405, each with a JSON error body in
+ * OpenAI's shape. */
 #ifndef BATON_DAEMON_GATEWAY_H
 #define BATON_DAEMON_GATEWAY_H
+
+#include <stddef.h>
+
+#include "config/config.h"
 
 typedef struct gateway gateway;
 
@@ -21,6 +28,9 @@ typedef struct gateway_options {
     const char *hostport;        /* where to listen: "host:port" (host may be empty) */
     const char *endpoint;        /* the conductor's client endpoint */
     unsigned max_connections;    /* HTTP connections served at once; 0: 256 */
+    const cfg_openai *openai;    /* the models served by the OpenAI API (copied) */
+    size_t n_openai;
+    uint32_t max_body_bytes;     /* a larger request body is refused (413); 0: 1 MiB */
 } gateway_options;
 
 /* Listens on OPTS->hostport and starts serving.  Returns 0 or a negative

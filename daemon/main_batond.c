@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "baton/version.h"
 #include "common/status.h"
 #include "config/config.h"
 #include "common/log.h"
@@ -14,7 +15,6 @@
 #include "daemon/conductor.h"
 #include "daemon/supervisor.h"
 
-#define BATON_VERSION "0.1.0"
 
 static void usage(FILE *out)
 {

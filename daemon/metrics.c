@@ -16,13 +16,34 @@ typedef struct node_stats {
     uint64_t exec_us, queue_us; /* sums */
 } node_stats;
 
+/* A histogram over bucket_s: counts per bucket (cumulated when printed),
+ * the count and the sum of the samples. */
+typedef struct histo {
+    uint64_t buckets[N_BUCKETS];
+    uint64_t count;
+    double sum_s;
+} histo;
+
 typedef struct graph_stats {
     uint64_t by_code[N_CODES];
-    uint64_t buckets[N_BUCKETS]; /* cumulative counts are computed when printed */
-    uint64_t latency_count;
-    double latency_sum_s;
+    histo latency;               /* acceptance to response */
+    histo ttft;                  /* acceptance to the first streamed token */
+    histo itl;                   /* between streamed tokens */
+    uint64_t tokens;             /* streamed new_token values */
     node_stats *nodes;           /* per entity */
 } graph_stats;
+
+static void histo_add(histo *h, uint64_t us)
+{
+    double s = us / 1e6;
+    for (int b = 0; b < N_BUCKETS; b++)
+        if (s <= bucket_s[b]) {
+            h->buckets[b]++;
+            break;
+        }
+    h->count++;
+    h->sum_s += s;
+}
 
 struct metrics {
     const graph_set *gs;         /* borrowed */
@@ -68,14 +89,16 @@ void metrics_request_done(metrics *m, int gi, bt_code code, uint64_t latency_us)
         return;
     graph_stats *g = &m->graphs[gi];
     g->by_code[code < N_CODES ? code : BT_CODE_UNKNOWN]++;
-    double s = latency_us / 1e6;
-    for (int b = 0; b < N_BUCKETS; b++)
-        if (s <= bucket_s[b]) {
-            g->buckets[b]++;
-            break;
-        }
-    g->latency_count++;
-    g->latency_sum_s += s;
+    histo_add(&g->latency, latency_us);
+}
+
+void metrics_token(metrics *m, int gi, bool first, uint64_t since_us)
+{
+    if (!m || gi < 0 || (size_t)gi >= m->n_graphs)
+        return;
+    graph_stats *g = &m->graphs[gi];
+    g->tokens++;
+    histo_add(first ? &g->ttft : &g->itl, since_us);
 }
 
 void metrics_node_done(metrics *m, int gi, int node, uint64_t queue_us, uint64_t exec_us)
@@ -94,6 +117,82 @@ void metrics_rejected(metrics *m, bt_code code)
         m->rejected[code < N_CODES ? code : BT_CODE_UNKNOWN]++;
 }
 
+/* HELP and TYPE of a family. */
+static void family(FILE *f, const char *name, const char *type, const char *help)
+{
+    fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+/* A histogram family NAME over every graph, H picking each graph's. */
+static void histo_family(FILE *f, const metrics *m, const char *name, const char *help,
+                         const histo *(*h)(const graph_stats *))
+{
+    family(f, name, "histogram", help);
+    for (size_t g = 0; g < m->n_graphs; g++) {
+        const histo *x = h(&m->graphs[g]);
+        const char *gn = m->gs->graphs[g].name;
+        uint64_t cum = 0;
+        for (int b = 0; b < N_BUCKETS; b++) {
+            cum += x->buckets[b];
+            fprintf(f, "%s_bucket{graph=\"%s\",le=\"%g\"} %llu\n", name, gn, bucket_s[b],
+                    (unsigned long long)cum);
+        }
+        fprintf(f, "%s_bucket{graph=\"%s\",le=\"+Inf\"} %llu\n", name, gn,
+                (unsigned long long)x->count);
+        fprintf(f, "%s_sum{graph=\"%s\"} %.6f\n", name, gn, x->sum_s);
+        fprintf(f, "%s_count{graph=\"%s\"} %llu\n", name, gn, (unsigned long long)x->count);
+    }
+}
+
+static const histo *latency_of(const graph_stats *g) { return &g->latency; }
+static const histo *ttft_of(const graph_stats *g) { return &g->ttft; }
+static const histo *itl_of(const graph_stats *g) { return &g->itl; }
+
+/* A summary family (sum and count) of every node, QUEUE picking the queue
+ * time rather than the execution time. */
+static void node_family(FILE *f, const metrics *m, const char *name, const char *help,
+                        bool queue)
+{
+    family(f, name, "summary", help);
+    for (size_t g = 0; g < m->n_graphs; g++) {
+        const graph *gr = &m->gs->graphs[g];
+        for (size_t e = 0; e < gr->n_entities; e++) {
+            const node_stats *n = &m->graphs[g].nodes[e];
+            if (gr->entities[e].kind != GRAPH_NODE)
+                continue;
+            fprintf(f, "%s_sum{graph=\"%s\",node=\"%s\"} %.6f\n", name, gr->name,
+                    gr->entities[e].name, (queue ? n->queue_us : n->exec_us) / 1e6);
+            fprintf(f, "%s_count{graph=\"%s\",node=\"%s\"} %llu\n", name, gr->name,
+                    gr->entities[e].name, (unsigned long long)n->count);
+        }
+    }
+}
+
+/* What one worker field is, for worker_family. */
+typedef enum wfield {
+    W_POOL_USED, W_POOL_FREE, W_FRAG, W_UP, W_RESTARTS, W_STAGED, W_SESSIONS, W_TP_STEPS
+} wfield;
+
+static void worker_family(FILE *f, const metrics_gauges *gg, const char *name, const char *type,
+                          const char *help, wfield which)
+{
+    family(f, name, type, help);
+    for (size_t w = 0; w < gg->n_workers; w++) {
+        const metrics_worker *wk = &gg->workers[w];
+        fprintf(f, "%s{worker=\"%s\"} ", name, wk->name);
+        switch (which) {
+        case W_POOL_USED: fprintf(f, "%llu\n", (unsigned long long)wk->pool_used); break;
+        case W_POOL_FREE: fprintf(f, "%llu\n", (unsigned long long)wk->pool_free); break;
+        case W_FRAG: fprintf(f, "%.4f\n", wk->fragmentation); break;
+        case W_UP: fprintf(f, "%d\n", wk->up); break;
+        case W_RESTARTS: fprintf(f, "%llu\n", (unsigned long long)wk->restarts); break;
+        case W_STAGED: fprintf(f, "%llu\n", (unsigned long long)wk->staged_bytes); break;
+        case W_SESSIONS: fprintf(f, "%u\n", wk->sessions); break;
+        case W_TP_STEPS: fprintf(f, "%llu\n", (unsigned long long)wk->tp_steps); break;
+        }
+    }
+}
+
 char *metrics_text(const metrics *m, const metrics_gauges *gg)
 {
     const graph_set *set = m->gs;
@@ -102,97 +201,66 @@ char *metrics_text(const metrics *m, const metrics_gauges *gg)
     FILE *f = open_memstream(&text, &len);
     if (!f)
         return NULL;
-    fprintf(f, "# HELP baton_requests_total Requests that ended, by graph and status.\n"
-               "# TYPE baton_requests_total counter\n");
+    family(f, "baton_requests_total", "counter", "Requests that ended, by graph and status.");
     for (size_t g = 0; g < m->n_graphs; g++)
         for (int k = 0; k < N_CODES; k++)
             if (m->graphs[g].by_code[k] || k == 0)
                 fprintf(f, "baton_requests_total{graph=\"%s\",code=\"%s\"} %llu\n",
                         set->graphs[g].name, bt_code_name((bt_code)k),
                         (unsigned long long)m->graphs[g].by_code[k]);
-    fprintf(f, "# HELP baton_requests_rejected_total Requests refused at the door, by status.\n"
-               "# TYPE baton_requests_rejected_total counter\n");
+    family(f, "baton_requests_rejected_total", "counter",
+           "Requests refused at the door, by status.");
     for (int k = 0; k < N_CODES; k++)
         if (m->rejected[k])
             fprintf(f, "baton_requests_rejected_total{code=\"%s\"} %llu\n",
                     bt_code_name((bt_code)k), (unsigned long long)m->rejected[k]);
-    fprintf(f, "# HELP baton_request_duration_seconds Time from acceptance to response.\n"
-               "# TYPE baton_request_duration_seconds histogram\n");
-    for (size_t g = 0; g < m->n_graphs; g++) {
-        const graph_stats *gs = &m->graphs[g];
-        uint64_t cum = 0;
-        for (int b = 0; b < N_BUCKETS; b++) {
-            cum += gs->buckets[b];
-            fprintf(f, "baton_request_duration_seconds_bucket{graph=\"%s\",le=\"%g\"} %llu\n",
-                    set->graphs[g].name, bucket_s[b], (unsigned long long)cum);
-        }
-        fprintf(f, "baton_request_duration_seconds_bucket{graph=\"%s\",le=\"+Inf\"} %llu\n",
-                set->graphs[g].name, (unsigned long long)gs->latency_count);
-        fprintf(f, "baton_request_duration_seconds_sum{graph=\"%s\"} %.6f\n",
-                set->graphs[g].name, gs->latency_sum_s);
-        fprintf(f, "baton_request_duration_seconds_count{graph=\"%s\"} %llu\n",
-                set->graphs[g].name, (unsigned long long)gs->latency_count);
-    }
-    fprintf(f, "# HELP baton_node_exec_seconds Node execution time on its worker.\n"
-               "# TYPE baton_node_exec_seconds summary\n");
-    for (size_t g = 0; g < m->n_graphs; g++) {
-        const graph *gr = &set->graphs[g];
-        for (size_t e = 0; e < gr->n_entities; e++) {
-            const node_stats *n = &m->graphs[g].nodes[e];
-            if (gr->entities[e].kind != GRAPH_NODE)
-                continue;
-            fprintf(f, "baton_node_exec_seconds_sum{graph=\"%s\",node=\"%s\"} %.6f\n", gr->name,
-                    gr->entities[e].name, n->exec_us / 1e6);
-            fprintf(f, "baton_node_exec_seconds_count{graph=\"%s\",node=\"%s\"} %llu\n",
-                    gr->name, gr->entities[e].name, (unsigned long long)n->count);
-            fprintf(f, "baton_node_queue_seconds_sum{graph=\"%s\",node=\"%s\"} %.6f\n",
-                    gr->name, gr->entities[e].name, n->queue_us / 1e6);
-        }
-    }
-    fprintf(f, "# HELP baton_inflight_requests Requests accepted and not yet answered.\n"
-               "# TYPE baton_inflight_requests gauge\nbaton_inflight_requests %zu\n",
-            gg->inflight);
-    fprintf(f, "# HELP baton_queue_depth Work waiting: requests placing inputs, and items "
-               "queued on workers.\n# TYPE baton_queue_depth gauge\n"
-               "baton_queue_depth{where=\"conductor\"} %zu\n", gg->placing);
-    fprintf(f, "# HELP baton_tensors_held Tensors the conductor tracks for live requests.\n"
-               "# TYPE baton_tensors_held gauge\nbaton_tensors_held %zu\n", gg->tensors_held);
-    fprintf(f, "# HELP baton_pool_bytes_used Bytes allocated in a worker's pool.\n"
-               "# TYPE baton_pool_bytes_used gauge\n");
-    for (size_t w = 0; w < gg->n_workers; w++) {
-        const metrics_worker *wk = &gg->workers[w];
-        fprintf(f, "baton_pool_bytes_used{worker=\"%s\"} %llu\n", wk->name,
-                (unsigned long long)wk->pool_used);
-        fprintf(f, "baton_pool_bytes_free{worker=\"%s\"} %llu\n", wk->name,
-                (unsigned long long)wk->pool_free);
-        fprintf(f, "baton_pool_fragmentation{worker=\"%s\"} %.4f\n", wk->name,
-                wk->fragmentation);
-        fprintf(f, "baton_queue_depth{where=\"%s\"} %u\n", wk->name, wk->queued);
-        fprintf(f, "baton_worker_up{worker=\"%s\"} %d\n", wk->name, wk->up);
-        fprintf(f, "baton_worker_restarts_total{worker=\"%s\"} %llu\n", wk->name,
-                (unsigned long long)wk->restarts);
-    }
-    fprintf(f, "# HELP baton_worker_staged_bytes_total Bytes a worker copied to assemble node "
-               "inputs: joins of chunks or fan-in parts, and values moved between host and GPU "
-               "memory or between GPUs.  An edge read in place adds nothing.  Starts at 0 "
-               "with each incarnation of the worker.\n"
-               "# TYPE baton_worker_staged_bytes_total counter\n");
+    histo_family(f, m, "baton_request_duration_seconds", "Time from acceptance to response.",
+                 latency_of);
+    family(f, "baton_tokens_generated_total", "counter",
+           "Values of new_token edges streamed to clients (one per generated token in an LLM "
+           "graph); requests that do not stream are not counted.");
+    for (size_t g = 0; g < m->n_graphs; g++)
+        fprintf(f, "baton_tokens_generated_total{graph=\"%s\"} %llu\n", set->graphs[g].name,
+                (unsigned long long)m->graphs[g].tokens);
+    histo_family(f, m, "baton_time_to_first_token_seconds",
+                 "Time from acceptance to a streaming request's first new_token value.",
+                 ttft_of);
+    histo_family(f, m, "baton_inter_token_latency_seconds",
+                 "Time between a streaming request's successive new_token values.", itl_of);
+    node_family(f, m, "baton_node_exec_seconds", "Node execution time on its worker.", false);
+    node_family(f, m, "baton_node_queue_seconds",
+                "Time a node's work waited on its worker before it ran.", true);
+    family(f, "baton_inflight_requests", "gauge", "Requests accepted and not yet answered.");
+    fprintf(f, "baton_inflight_requests %zu\n", gg->inflight);
+    family(f, "baton_queue_depth", "gauge",
+           "Work waiting: requests placing inputs, and items queued on workers.");
+    fprintf(f, "baton_queue_depth{where=\"conductor\"} %zu\n", gg->placing);
     for (size_t w = 0; w < gg->n_workers; w++)
-        fprintf(f, "baton_worker_staged_bytes_total{worker=\"%s\"} %llu\n",
-                gg->workers[w].name, (unsigned long long)gg->workers[w].staged_bytes);
-    fprintf(f, "# HELP baton_worker_sessions Per-request backend sessions (e.g. KV caches) "
-               "open on a worker.\n"
-               "# TYPE baton_worker_sessions gauge\n");
-    for (size_t w = 0; w < gg->n_workers; w++)
-        fprintf(f, "baton_worker_sessions{worker=\"%s\"} %u\n", gg->workers[w].name,
-                gg->workers[w].sessions);
-    fprintf(f, "# HELP baton_worker_tp_steps_total Steps of a tensor-parallel model's rank 0 "
-               "that a worker ran as one of the other ranks.  Starts at 0 with each "
-               "incarnation of the worker.\n"
-               "# TYPE baton_worker_tp_steps_total counter\n");
-    for (size_t w = 0; w < gg->n_workers; w++)
-        fprintf(f, "baton_worker_tp_steps_total{worker=\"%s\"} %llu\n", gg->workers[w].name,
-                (unsigned long long)gg->workers[w].tp_steps);
+        fprintf(f, "baton_queue_depth{where=\"%s\"} %u\n", gg->workers[w].name,
+                gg->workers[w].queued);
+    family(f, "baton_tensors_held", "gauge", "Tensors the conductor tracks for live requests.");
+    fprintf(f, "baton_tensors_held %zu\n", gg->tensors_held);
+    worker_family(f, gg, "baton_pool_bytes_used", "gauge", "Bytes allocated in a worker's pool.",
+                  W_POOL_USED);
+    worker_family(f, gg, "baton_pool_bytes_free", "gauge", "Bytes free in a worker's pool.",
+                  W_POOL_FREE);
+    worker_family(f, gg, "baton_pool_fragmentation", "gauge",
+                  "Share of a worker pool's free bytes outside its largest free block (0..1).",
+                  W_FRAG);
+    worker_family(f, gg, "baton_worker_up", "gauge",
+                  "1 when the worker is registered and every model it holds is loaded.", W_UP);
+    worker_family(f, gg, "baton_worker_restarts_total", "counter",
+                  "Times the conductor restarted the worker after losing it.", W_RESTARTS);
+    worker_family(f, gg, "baton_worker_staged_bytes_total", "counter",
+                  "Bytes a worker copied to assemble node inputs: joins of chunks or fan-in "
+                  "parts, and values moved between host and GPU memory or between GPUs.  An "
+                  "edge read in place adds nothing.  Starts at 0 with each incarnation of the "
+                  "worker.", W_STAGED);
+    worker_family(f, gg, "baton_worker_sessions", "gauge",
+                  "Per-request backend sessions (e.g. KV caches) open on a worker.", W_SESSIONS);
+    worker_family(f, gg, "baton_worker_tp_steps_total", "counter",
+                  "Steps of a tensor-parallel model's rank 0 that a worker ran as one of the "
+                  "other ranks.  Starts at 0 with each incarnation of the worker.", W_TP_STEPS);
     if (fclose(f) != 0) {
         free(text);
         return NULL;

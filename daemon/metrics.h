@@ -1,6 +1,8 @@
 /* The conductor's counters and their Prometheus text: requests by graph
  * and status, refusals at the door, latency histograms, per-node execution
- * and queue time.  Gauges (requests in flight, tensors held, the workers'
+ * and queue time, streamed tokens (count, time to the first, time between
+ * them).  Every family's lines come together under its HELP and TYPE, as
+ * the text format requires.  Gauges (requests in flight, tensors held, the workers'
  * pools and queues) belong to the modules that know them; the caller reads
  * them into a metrics_gauges when it asks for the text. */
 #ifndef BATON_DAEMON_METRICS_H
@@ -43,6 +45,11 @@ void metrics_destroy(metrics *m);
 void metrics_request_done(metrics *m, int graph, bt_code code, uint64_t latency_us);
 void metrics_node_done(metrics *m, int graph, int node, uint64_t queue_us, uint64_t exec_us);
 void metrics_rejected(metrics *m, bt_code code);
+/* A streamed new_token value of a request of GRAPH left for its client:
+ * FIRST says it is the request's first (SINCE_US is then the time since
+ * acceptance: time to first token), else SINCE_US is the time since the
+ * previous one (inter-token latency). */
+void metrics_token(metrics *m, int graph, bool first, uint64_t since_us);
 
 /* The Prometheus text (malloc'ed), or NULL when out of memory. */
 char *metrics_text(const metrics *m, const metrics_gauges *g);

@@ -370,6 +370,7 @@ static void send_response(outbound *ob, const out_msg *o, const out_client *to)
         fill_response(ob, o, to, &resp, &st, ts, tp, owned, tim, timp);
     }
     resp.total_us = bt_now_us() - to->start_us;
+    resp.seed = to->seed;
     Baton__V1__ServerMessage m = BATON__V1__SERVER_MESSAGE__INIT;
     m.msg_case = BATON__V1__SERVER_MESSAGE__MSG_RESPONSE;
     m.response = &resp;
@@ -405,6 +406,10 @@ bool out_flush(outbound *ob, out_queue *q, const out_client *to)
             responded = true;
         } else {
             send_chunk(ob, &q->v[sent], to);
+            uint64_t now = bt_now_us();
+            bool first = q->last_chunk_us == 0;
+            metrics_token(ob->m, to->graph, first, now - (first ? to->start_us : q->last_chunk_us));
+            q->last_chunk_us = now;
         }
         sent++;
     }

@@ -28,6 +28,7 @@ typedef struct out_queue {
     out_msg *v;                   /* owned */
     size_t n, cap;
     size_t fetches_pending;       /* tensor bytes asked of workers, not yet here */
+    uint64_t last_chunk_us;       /* monotonic us the last chunk left; 0: none yet */
 } out_queue;
 
 /* Whom a queue's messages are for. */
@@ -37,6 +38,7 @@ typedef struct out_client {
     const char *request_id;
     int graph;
     uint64_t start_us;            /* monotonic us at acceptance, for total_us */
+    uint64_t seed;                /* the request's sampling seed, reported in the response */
 } out_client;
 
 typedef struct outbound outbound;

@@ -231,7 +231,11 @@ static int spawn(supervisor *s, sup_worker *w)
     argv[i++] = inc;
     argv[i] = NULL;
     /* The conductor blocks its signals for the signalfd; a child must
-     * start with a clean mask and default dispositions. */
+     * start with a clean mask and default dispositions.  Each worker leads
+     * a process group of its own, so that a terminal's Ctrl-C (SIGINT to
+     * the foreground group) reaches the conductor alone, which drains and
+     * then stops the workers; a conductor that dies takes them with it
+     * through PR_SET_PDEATHSIG. */
     posix_spawnattr_t attr;
     posix_spawnattr_init(&attr);
     sigset_t none, all;
@@ -239,7 +243,9 @@ static int spawn(supervisor *s, sup_worker *w)
     sigfillset(&all);
     posix_spawnattr_setsigmask(&attr, &none);
     posix_spawnattr_setsigdefault(&attr, &all);
-    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+    posix_spawnattr_setpgroup(&attr, 0);
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF |
+                                         POSIX_SPAWN_SETPGROUP);
     pid_t pid;
     int rc = posix_spawn(&pid, s->worker_exe, NULL, &attr, argv, environ);
     posix_spawnattr_destroy(&attr);

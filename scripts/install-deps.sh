@@ -9,6 +9,7 @@ PKGS=(
   libzmq3-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler
   libyaml-dev libjemalloc-dev libcmocka-dev libopenblas-dev libsystemd-dev
   libmicrohttpd-dev libjansson-dev
+  prometheus               # promtool, which checks the /metrics text in the tests
   python3 python3-pip python3-zmq python3-protobuf python3-yaml
   curl unzip
 )

@@ -14,14 +14,35 @@ bash scripts/fetch-model.sh
 "$BUILD/batond" --check-config "$CONFIG" --quiet
 ENDPOINT=$(sed -n 's/^ *listen: *\([^ #]*\).*/\1/p' "$CONFIG" | head -n 1)
 ENDPOINT=${ENDPOINT:-ipc:///run/baton/baton.sock}
+HTTP=$(sed -n 's/^ *\(http\|metrics\)_listen: *\([^ #]*\).*/\2/p' "$CONFIG" | head -n 1)
 cat <<MSG
 
-Serving $CONFIG on $ENDPOINT (Ctrl-C to stop).  In another terminal:
+Serving $CONFIG on $ENDPOINT${HTTP:+ and http://$HTTP} (Ctrl-C to stop).  In another terminal:
 
   $BUILD/batonctl --endpoint $ENDPOINT health
+MSG
+# The suggestions name the config's own graphs: "chat" where there is one
+# (a text prompt), else the first graph.
+GRAPHS=$("$BUILD/batond" --check-config "$CONFIG" 2>/dev/null | sed -n 's/^graph \([^:]*\):.*/\1/p')
+if grep -qx chat <<<"$GRAPHS"; then
+  cat <<MSG
   $BUILD/batonctl --endpoint $ENDPOINT generate chat "What is the capital of France?"
   $BUILD/batonctl --endpoint $ENDPOINT inspect chat   # graph, partition, schedule
   /usr/bin/python3 client/python/example.py --endpoint $ENDPOINT   # the Python client
-
 MSG
+elif [ -n "$GRAPHS" ]; then
+  cat <<MSG
+  $BUILD/batonctl --endpoint $ENDPOINT inspect $(head -n 1 <<<"$GRAPHS")   # its inputs, graph, partition
+  $BUILD/batonctl --endpoint $ENDPOINT infer $(head -n 1 <<<"$GRAPHS") --input NAME=SPEC   # see batonctl --help
+MSG
+fi
+if [ -n "$HTTP" ] && grep -q '^openai:' "$CONFIG"; then
+  MODEL=$(sed -n '/^openai:/,$s/.*model: *\([^ ,}]*\).*/\1/p' "$CONFIG" | head -n 1)
+  cat <<MSG
+  curl -N http://$HTTP/v1/chat/completions -H 'Content-Type: application/json' \\
+    -d '{"model": "$MODEL", "stream": true, "messages": [{"role": "user", "content": "Hi!"}]}'
+  (or any OpenAI client with base_url http://$HTTP/v1)
+MSG
+fi
+echo
 exec "$BUILD/batond" --config "$CONFIG"

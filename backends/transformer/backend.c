@@ -1060,28 +1060,23 @@ static int emit(baton_model *m, baton_ctx *ctx, baton_item *it, int32_t t, const
 static int32_t *encode_text(baton_model *m, baton_ctx *ctx, baton_item *it, const char *text,
                             size_t len, size_t *n)
 {
-    char *rendered = NULL, msg[256];
-    const char *src = text;
-    if (m->chat) {
-        int r = tok_chat_render(m->vocab, NULL, text, len, &rendered);
-        if (r >= 0) {
-            src = rendered;
-            len = (size_t)r;
-        } else if (r != BT_ENOTEMPLATE) {
-            snprintf(msg, sizeof(msg), "node '%s': the chat template: %s", it->node_name,
-                     bt_strerror(r));
-            ctx->fail(ctx, it, BATON_STATUS_INTERNAL, msg);
-            return NULL;
-        }
+    char msg[256];
+    /* In the chat template only the template's markers are control tokens:
+     * a user who types <|im_end|> gets that text, not the token. */
+    bool chat = m->chat;
+    int need = chat ? tok_chat_encode(m->vocab, NULL, text, len, NULL, 0) : BT_ENOTEMPLATE;
+    if (need == BT_ENOTEMPLATE) {
+        chat = false;
+        need = tok_encode(m->vocab, text, len, false, NULL, 0);
+    } else if (need < 0) {
+        snprintf(msg, sizeof(msg), "node '%s': the chat template: %s", it->node_name,
+                 bt_strerror(need));
+        ctx->fail(ctx, it, BATON_STATUS_INTERNAL, msg);
+        return NULL;
     }
-    /* Control tokens are parsed only in the rendered template (where
-     * <|im_start|> must become its id); plain text is taken literally. */
-    bool special = rendered != NULL;
-    int need = tok_encode(m->vocab, src, len, special, NULL, 0);
     int32_t bos = m->add_bos ? tok_bos(m->vocab) : -1;
     int32_t *ids = need >= 0 ? malloc(((size_t)need + 1) * sizeof(*ids)) : NULL;
     if (!ids) {
-        free(rendered);
         snprintf(msg, sizeof(msg), "node '%s': cannot encode the prompt: %s", it->node_name,
                  need < 0 ? bt_strerror(need) : "out of memory");
         ctx->fail(ctx, it, BATON_STATUS_RESOURCE_EXHAUSTED, msg);
@@ -1090,8 +1085,10 @@ static int32_t *encode_text(baton_model *m, baton_ctx *ctx, baton_item *it, cons
     size_t at = 0;
     if (bos >= 0)
         ids[at++] = bos;
-    tok_encode(m->vocab, src, len, special, ids + at, (size_t)need);
-    free(rendered);
+    if (chat)
+        tok_chat_encode(m->vocab, NULL, text, len, ids + at, (size_t)need);
+    else
+        tok_encode(m->vocab, text, len, false, ids + at, (size_t)need);
     *n = at + (size_t)need;
     if (bos >= 0 && *n > 1 && ids[1] == bos)
         memmove(ids, ids + 1, --*n * sizeof(*ids));  /* the template began with it */

@@ -426,6 +426,49 @@ int tok_chat_render(const tok_vocab *v, const char *system, const char *user, si
     return (int)n;
 }
 
+/* The ids of a one-turn ChatML prompt, as tok_chat_render renders it, where
+ * only the template's own markers are control tokens: the user's text is
+ * encoded with special-token parsing off, so "<|im_end|>" typed by a user
+ * stays text and cannot end the turn or forge another.  The user's text is
+ * encoded on its own; a control token or a newline bounds it on each side,
+ * where the pre-tokenizer splits anyway, so ordinary text gets the ids of
+ * the rendered string. */
+int tok_chat_encode(const tok_vocab *v, const char *system, const char *user, size_t user_len,
+                    int32_t *ids, size_t cap)
+{
+    char *frame = NULL;
+    int n = tok_chat_render(v, system, "", 0, &frame);
+    if (n < 0)
+        return n;
+    static const char user_head[] = "<|im_start|>user\n";
+    const char *at = NULL;
+    for (const char *p = frame; (p = strstr(p, user_head)); p++)
+        at = p;
+    int rc = BT_EINTERNAL;
+    if (!at)
+        goto out;
+    size_t head = (size_t)(at - frame) + sizeof(user_head) - 1;
+    const char *parts[3] = {frame, user, frame + head};
+    size_t lens[3] = {head, user_len, (size_t)n - head};
+    bool special[3] = {true, false, true};
+    size_t total = 0;
+    for (int i = 0; i < 3; i++) {
+        if (!lens[i])
+            continue;
+        size_t room = total < cap ? cap - total : 0;
+        int k = tok_encode(v, parts[i], lens[i], special[i], room ? ids + total : NULL, room);
+        if (k < 0) {
+            rc = k;
+            goto out;
+        }
+        total += (size_t)k;
+    }
+    rc = total > INT_MAX ? BT_ERANGE : (int)total;
+out:
+    free(frame);
+    return rc;
+}
+
 /* ---- create ---- */
 
 static size_t table_size(size_t n)

@@ -91,4 +91,11 @@ size_t tok_utf8_complete(const char *buf, size_t len);
 int tok_chat_render(const tok_vocab *v, const char *system, const char *user, size_t user_len,
                     char **out);
 
+/* Encodes the prompt tok_chat_render renders, with special-token parsing on
+ * for the template's markers only, never for USER's text.  Writes the first
+ * min(CAP, n) ids to IDS (NULL when CAP is 0) and returns n, or a negative
+ * status (BT_ENOTEMPLATE as tok_chat_render).  No BOS is added. */
+int tok_chat_encode(const tok_vocab *v, const char *system, const char *user, size_t user_len,
+                    int32_t *ids, size_t cap);
+
 #endif

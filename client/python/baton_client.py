@@ -45,8 +45,17 @@ def _load_pb():
             sys.path.insert(0, os.path.abspath(p))
             break
     try:
+        import google.protobuf  # noqa: F401
+    except ImportError as e:
+        raise ImportError(
+            "the protobuf package is missing for %s: install Debian's python3-protobuf "
+            "(for /usr/bin/python3) or `pip install protobuf`" % sys.executable) from e
+    try:
         import baton_pb2
     except ImportError as e:
+        if getattr(e, "name", None) != "baton_pb2":
+            raise ImportError("baton_pb2 does not load with %s's protobuf: %s"
+                              % (sys.executable, e)) from e
         raise ImportError(
             "baton_pb2 not found: run `make` (it writes build/gen/python/baton_pb2.py) "
             "or set BATON_PROTO_PATH to the folder that holds it") from e
@@ -54,7 +63,11 @@ def _load_pb():
 
 
 pb = _load_pb()
-import zmq  # noqa: E402  (after the path set-up, so that a missing pb2 is reported first)
+try:
+    import zmq  # noqa: E402  (after the path set-up, so that a missing pb2 is reported first)
+except ImportError as _e:
+    raise ImportError("the zmq package is missing for %s: install Debian's python3-zmq "
+                      "(for /usr/bin/python3) or `pip install pyzmq`" % sys.executable) from _e
 
 try:
     import numpy as np

@@ -4,7 +4,8 @@
     /usr/bin/python3 client/python/example.py [--endpoint EP] [GRAPH [PROMPT]]
 
 GRAPH defaults to "chat" (config/examples/chat-cpu.yaml), PROMPT to a short
-question. /usr/bin/python3 because Debian's python3-zmq and python3-protobuf
+question, the endpoint to $BATON_ENDPOINT, else the one `make run` serves
+(ipc:///tmp/baton/baton.sock). /usr/bin/python3 because Debian's python3-zmq and python3-protobuf
 are installed for it (see baton_client's docstring); run `make` first so that
 build/gen/python/baton_pb2.py exists.
 """
@@ -14,12 +15,18 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import baton_client  # noqa: E402
+try:
+    import baton_client  # noqa: E402
+except ImportError as e:
+    sys.exit("example.py: %s" % e)
+
+MAKE_RUN_ENDPOINT = "ipc:///tmp/baton/baton.sock"  # config/examples/chat-cpu.yaml
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--endpoint", default=None, help="default: $BATON_ENDPOINT or the daemon's")
+    ap.add_argument("--endpoint", default=os.environ.get("BATON_ENDPOINT") or MAKE_RUN_ENDPOINT,
+                    help="default: $BATON_ENDPOINT, else %s (make run)" % MAKE_RUN_ENDPOINT)
     ap.add_argument("--input-name", default="prompt", help="the graph input that takes the text")
     ap.add_argument("--max-tokens", type=int, default=None,
                     help="cap the graph's decode_loop at this many iterations")
@@ -28,7 +35,12 @@ def main():
     args = ap.parse_args()
 
     with baton_client.Client(args.endpoint) as client:
-        health = client.health()
+        try:
+            health = client.health(timeout_ms=3000)
+        except baton_client.BatonError as e:
+            print("example.py: no answer from batond at %s (%s); is it running? `make run` "
+                  "starts it, --endpoint names another" % (args.endpoint, e), file=sys.stderr)
+            return 3
         if not health.ready:
             print("daemon not ready: %s" % health.message, file=sys.stderr)
             return 1

@@ -91,7 +91,7 @@ typedef struct baton_client_sampling {
     float temperature; /* 0: greedy; > 0 divides the logits */
     uint32_t top_k;    /* 0: no top-k cut */
     float top_p;       /* 0 or 1: no nucleus cut */
-    uint64_t seed;     /* 0: the daemon picks one */
+    uint64_t seed;     /* 0: the daemon draws one (reported in the response) */
 } baton_client_sampling;
 
 /* A tensor received from the daemon. Every pointer points into the event
@@ -144,6 +144,8 @@ typedef struct baton_client_event {
     const char *const *workers_ready;    /* health: n_workers_ready worker names */
     size_t n_workers_ready;
     const char *text;                    /* stats, inspect */
+    uint64_t seed;                       /* response: the sampling seed the request ran
+                                            with (the daemon's draw when it sent 0) */
 } baton_client_event;
 
 typedef struct baton_client baton_client;                 /* a connection (opaque) */

@@ -40,6 +40,7 @@ nosock=ipc:///tmp/baton-ctl-test-none-$$.sock
 expect_rc 0 "--help" "$CTL" --help;                  expect_out "usage: batonctl" "--help"
 expect_out "generate GRAPH TEXT" "--help lists generate"
 expect_rc 2 "no arguments" "$CTL"
+expect_rc 0 "--version" "$CTL" --version;            expect_out "batonctl 0." "--version"
 expect_rc 2 "unknown command" "$CTL" frobnicate;     expect_out "unknown command 'frobnicate'" "unknown command"
 expect_rc 2 "unknown option" "$CTL" --frob health
 expect_rc 2 "infer without graph" "$CTL" infer
@@ -55,6 +56,11 @@ expect_rc 2 "cancel without id" "$CTL" cancel
 expect_rc 3 "no daemon" "$CTL" --endpoint "$nosock" health; expect_out "cannot connect" "no daemon"
 expect_rc 3 "no daemon (env)" env BATON_ENDPOINT="$nosock" "$CTL" stats
 expect_rc 3 "no tcp daemon" "$CTL" --endpoint tcp://127.0.0.1:1 --timeout-ms 300 health
+# The Python example without a daemon: a clear message, exit 3, no traceback.
+expect_rc 3 "example.py without a daemon" env BATON_PROTO_PATH="$BUILD/gen/python" \
+  /usr/bin/python3 client/python/example.py --endpoint "$nosock"
+expect_out "no answer from batond at $nosock" "example.py without a daemon"
+if grep -q Traceback <<<"$out"; then bad "example.py without a daemon printed a traceback"; else ok; fi
 
 # ---- end to end against the fake server ---------------------------------
 export BATON_PROTO_PATH=$BUILD/gen/python
@@ -164,6 +170,9 @@ if [ -x "$BUILD/batond" ] && [ -x "$BUILD/baton-worker" ]; then
   # generate finds the graph's input (prompt) through inspect.
   expect_rc 0 "daemon: generate" "$CTL" "${E[@]}" generate say "Hello, world"
   expect_out "Hello, world" "daemon: generate"; expect_out "OK: " "daemon: generate summary"
+  # After --, a prompt that begins with - is text, not an option.
+  expect_rc 0 "daemon: generate -- -text" "$CTL" "${E[@]}" generate say -- "-not an option"
+  expect_out "-not an option" "daemon: generate after --"
   expect_rc 0 "daemon: generate --json" "$CTL" "${E[@]}" --json generate say "hé"
   expect_out '"seq":0,"value":{"name":"prompt","dtype":"u8","dims":[3],"modality":"text","text":"hé"}' \
     "daemon: generate --json"

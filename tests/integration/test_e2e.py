@@ -58,7 +58,7 @@ def as_i32(t):
 
 
 class Daemon:
-    def __init__(self, config_text, extra_env=None, wait=True):
+    def __init__(self, config_text, extra_env=None, wait=True, own_group=False):
         self.dir = tempfile.mkdtemp(prefix="baton-e2e-")
         self.port = free_port()
         text = config_text.replace("/tmp/baton-e2e", self.dir)
@@ -70,8 +70,11 @@ class Daemon:
         self.log = open(os.path.join(self.dir, "batond.log"), "w")
         env = dict(os.environ)
         env.update(extra_env or {})
+        # own_group: batond leads a process group, as a shell's foreground
+        # job does, so a test can signal the group as a terminal would.
         self.proc = subprocess.Popen([os.path.join(BUILD, "batond"), "--config", self.config],
-                                     stdout=self.log, stderr=subprocess.STDOUT, env=env)
+                                     stdout=self.log, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=own_group)
         self.ctx = zmq.Context.instance()
         if wait:
             self.wait_ready()
@@ -144,7 +147,8 @@ class Client:
         m.ParseFromString(self.sock.recv())
         return m
 
-    def request(self, graph, inputs, rid=None, stream=False, timeout_ms=0, max_iters=None):
+    def request(self, graph, inputs, rid=None, stream=False, timeout_ms=0, max_iters=None,
+                seed=None):
         self.n += 1
         rid = rid or "r%d-%d" % (os.getpid(), self.n)
         m = pb.ClientMessage()
@@ -161,6 +165,8 @@ class Client:
             t.data = data
         for k, v in (max_iters or {}).items():
             q.max_iters[k] = v
+        if seed is not None:
+            q.sampling.seed = seed
         self.send(m)
         return rid
 
@@ -584,11 +590,95 @@ def test_http_health(d, c):
         d3.stop()
 
 
+def test_terminal_ctrl_c_drains(d, c):
+    """Ctrl-C in a terminal signals the whole foreground process group: the
+    conductor must drain (the request in flight ends OK) and the workers
+    must not take the signal themselves (which would end it UNAVAILABLE)."""
+    with open(os.path.join(ROOT, "tests/integration/configs/e2e.yaml")) as f:
+        d2 = Daemon(f.read(), own_group=True)
+    c2 = d2.client()
+    try:
+        rid = c2.request("slow", X(1))
+        time.sleep(0.1)
+        os.killpg(d2.proc.pid, signal.SIGINT)
+        m = c2.recv(10)
+        while m is not None and not m.HasField("response"):
+            m = c2.recv(10)
+        assert m is not None and m.response.request_id == rid, m
+        assert m.response.status.code == pb.OK, m.response.status
+        assert d2.proc.wait(timeout=15) == 0, d2.tail()
+        # No worker died of the signal (that would be logged as a lost worker).
+        assert "lost" not in d2.tail() and "signal" not in d2.tail(), d2.tail()
+    finally:
+        c2.close()
+        d2.stop()
+
+
+def test_second_batond_refused(d, c):
+    """A second batond on the same config must refuse to start, not take
+    the first one's sockets (after which the first would serve nobody)."""
+    r = subprocess.run([os.path.join(BUILD, "batond"), "--config", d.config],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0, r
+    assert "another process serves it" in r.stdout + r.stderr, r.stdout + r.stderr
+    _, resp = c.infer("echo", X(3))
+    assert resp.status.code == pb.OK, resp.status
+
+
+def test_seed_drawn_and_reported(d, c):
+    """A request without a seed (or with 0) runs with one the daemon draws,
+    different each time, and the response reports it; a client's seed is
+    kept and reported as sent."""
+    seeds = []
+    for kw in ({}, {}, {"seed": 0}):
+        _, r = c.infer("echo", X(1), **kw)
+        assert r.status.code == pb.OK, r.status
+        seeds.append(r.seed)
+    assert all(seeds) and len(set(seeds)) == 3, seeds
+    _, r = c.infer("echo", X(1), seed=12345)
+    assert r.seed == 12345, r.seed
+
+
+def test_metrics_text_is_valid(d, c):
+    """/metrics passes promtool's check (every family has HELP and TYPE,
+    its lines together, histograms and summaries complete), and streamed
+    tokens are counted: 5 per streamed request of the count graph, one time
+    to first token and four inter-token gaps each."""
+    before = d.metric("baton_tokens_generated_total", 'graph="count"') or 0
+    ttft0 = d.metric("baton_time_to_first_token_seconds_count", 'graph="count"') or 0
+    itl0 = d.metric("baton_inter_token_latency_seconds_count", 'graph="count"') or 0
+    for _ in range(2):
+        _, r = c.infer("count", X(0), stream=True)
+        assert r.status.code == pb.OK, r.status
+    assert d.metric("baton_tokens_generated_total", 'graph="count"') == before + 10
+    assert d.metric("baton_time_to_first_token_seconds_count", 'graph="count"') == ttft0 + 2
+    assert d.metric("baton_inter_token_latency_seconds_count", 'graph="count"') == itl0 + 8
+    assert d.metric("baton_node_queue_seconds_count", 'graph="count",node="tick"') >= 10
+    text = d.metrics()
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is missing (Debian package prometheus; scripts/install-deps.sh)"
+    r = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 0, r.stdout + r.stderr
+    # Every sample belongs to the family announced last (lines grouped).
+    family = None
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            family = line.split()[2]
+        elif line and not line.startswith("#"):
+            name = re.match(r"[a-z_]+", line).group(0)
+            assert family and (name == family or
+                               re.fullmatch(re.escape(family) + r"_(bucket|sum|count)", name)), \
+                (family, line)
+
+
 TESTS = [test_echo, test_hop_across_workers, test_large_tensor_fetched, test_fanin_two_workers,
          test_loop_streams_tokens, test_loop_without_stream_joins, test_request_max_iters,
          test_stream_into_consumer, test_nested_loops, test_node_failure, test_deadline,
          test_cancel, test_duplicate_id, test_hostile_inputs, test_admission,
-         test_stats_and_metrics, test_metrics_listener_cannot_stall, test_http_health, test_load_many_sockets,
+         test_stats_and_metrics, test_metrics_listener_cannot_stall, test_http_health,
+         test_terminal_ctrl_c_drains, test_second_batond_refused, test_seed_drawn_and_reported,
+         test_metrics_text_is_valid, test_load_many_sockets,
          test_worker_killed_under_load]
 
 

@@ -104,6 +104,13 @@ static void test_chat_example_shape(void **state)
     assert_int_equal(cfg_load_file("config/examples/chat-cpu.yaml", d, &c), 0);
     assert_string_equal(c->file, "config/examples/chat-cpu.yaml");
     assert_string_equal(c->daemon.listen, "ipc:///tmp/baton/baton.sock");
+    assert_string_equal(c->daemon.http_listen, "127.0.0.1:8000");
+    assert_int_equal(c->n_openai, 1);
+    assert_string_equal(c->openai[0].model, "smollm2");
+    assert_string_equal(c->openai[0].graph, "chat");
+    assert_string_equal(c->openai[0].input, "prompt");
+    assert_string_equal(c->openai[0].output, "text");
+    assert_string_equal(c->openai[0].loop, "decode_loop");
 
     const cfg_model *m = cfg_model_find(c, "llm");
     assert_non_null(m);
@@ -183,7 +190,7 @@ static void test_defaults(void **state)
     assert_int_equal(c->version, 1);
     assert_string_equal(c->daemon.listen, "ipc:///run/baton/baton.sock");
     assert_string_equal(c->daemon.workers_endpoint, "ipc:///run/baton/workers.sock");
-    assert_null(c->daemon.metrics_listen);
+    assert_null(c->daemon.http_listen);
     assert_int_equal(c->daemon.max_inflight, 256);
     assert_int_equal(c->daemon.request_timeout_ms, 60000);
     assert_int_equal(c->daemon.drain_timeout_ms, 10000);
@@ -307,8 +314,8 @@ static void test_check_paths_warns(void **state)
     (void)state;
     cfg_config *c = load_ok("version: 1\n"
                             "daemon:\n"
-                            "  listen: ipc:///nonexistent-baton-dir/baton.sock\n"
-                            "  workers_endpoint: ipc:///tmp/workers.sock\n"
+                            "  listen: ipc:///etc/passwd/baton-dir/baton.sock\n"
+                            "  workers_endpoint: ipc:///tmp/baton-unit-new/a/workers.sock\n"
                             "workers: [{name: w, device: cpu}]\n"
                             "models:\n"
                             "  - name: llm\n"
@@ -323,9 +330,12 @@ static void test_check_paths_warns(void **state)
     assert_non_null(it);
     assert_int_equal(it->level, BT_DIAG_WARNING);
     assert_int_equal(it->line, 10);
-    it = bt_diag_find(d, "/nonexistent-baton-dir");
+    /* A folder under a file cannot be made; one batond can make (it
+     * makes its endpoints' folders) is not worth a warning. */
+    it = bt_diag_find(d, "/etc/passwd/baton-dir");
     assert_non_null(it);
     assert_int_equal(it->level, BT_DIAG_WARNING);
+    assert_null(bt_diag_find(d, "baton-unit-new"));
     bt_diag_destroy(d);
     cfg_config_destroy(c);
 }

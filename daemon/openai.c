@@ -1,0 +1,313 @@
+/* OpenAI's chat completions API (daemon/openai.h), with jansson. */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/status.h"
+#include "daemon/openai.h"
+
+/* The request fields understood; any other is refused (400), so that a
+ * client never believes a setting was honoured when it was not. */
+static const char *const chat_fields[] = {
+    "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
+    "top_k", "seed", "stream", "n", "user", "stop",
+};
+
+static int fail(char *err, size_t errlen, char *param, size_t paramlen, const char *p,
+                const char *fmt, const char *arg)
+{
+    snprintf(err, errlen, fmt, arg);
+    snprintf(param, paramlen, "%s", p);
+    return BT_EINVAL;
+}
+
+/* A number in [LO, HI] from V, or -1. */
+static int number_in(const json_t *v, double lo, double hi, double *out)
+{
+    if (!json_is_number(v))
+        return -1;
+    double x = json_number_value(v);
+    if (!(x >= lo && x <= hi))
+        return -1;
+    *out = x;
+    return 0;
+}
+
+static int parse_messages(const json_t *msgs, oa_chat *c, char *err, size_t errlen, char *param,
+                          size_t paramlen)
+{
+    if (!json_is_array(msgs) || json_array_size(msgs) == 0)
+        return fail(err, errlen, param, paramlen, "messages", "%s",
+                    "'messages' must be a non-empty array of {role, content}");
+    size_t i;
+    const json_t *m;
+    json_array_foreach(msgs, i, m) {
+        const json_t *role = json_object_get(m, "role"), *content = json_object_get(m, "content");
+        if (!json_is_object(m) || !json_is_string(role))
+            return fail(err, errlen, param, paramlen, "messages", "%s",
+                        "each message must be an object with a string 'role'");
+        const char *r = json_string_value(role);
+        if (strcmp(r, "user") != 0)
+            return fail(err, errlen, param, paramlen, "messages",
+                        "messages with role '%s' are not supported yet: this server takes one "
+                        "user message (the model's default system prompt is used)", r);
+        if (!json_is_string(content))
+            return fail(err, errlen, param, paramlen, "messages", "%s",
+                        "a message's 'content' must be a string");
+    }
+    if (json_array_size(msgs) != 1)
+        return fail(err, errlen, param, paramlen, "messages", "%s",
+                    "conversations of several turns are not supported yet: send one user "
+                    "message");
+    const json_t *content = json_object_get(json_array_get(msgs, 0), "content");
+    c->user = strndup(json_string_value(content), json_string_length(content));
+    return c->user ? 0 : BT_ENOMEM;
+}
+
+int oa_chat_parse(const char *body, size_t len, oa_chat *c, char *err, size_t errlen,
+                  char *param, size_t paramlen)
+{
+    memset(c, 0, sizeof(*c));
+    c->temperature = 1.0f;
+    c->top_p = 1.0f;
+    *param = 0;
+    json_error_t je;
+    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+    if (!root) {
+        snprintf(err, errlen, "the body is not valid JSON: %s (line %d, column %d)", je.text,
+                 je.line, je.column);
+        return BT_EINVAL;
+    }
+    int rc = BT_EINVAL;
+    if (!json_is_object(root)) {
+        rc = fail(err, errlen, param, paramlen, "", "%s", "the body must be a JSON object");
+        goto out;
+    }
+    const char *key;
+    json_t *v;
+    json_object_foreach(root, key, v) {
+        size_t k = 0;
+        while (k < sizeof(chat_fields) / sizeof(chat_fields[0]) && strcmp(key, chat_fields[k]))
+            k++;
+        if (k == sizeof(chat_fields) / sizeof(chat_fields[0])) {
+            rc = fail(err, errlen, param, paramlen, key, "unsupported parameter '%s'", key);
+            goto out;
+        }
+    }
+    const json_t *model = json_object_get(root, "model");
+    if (!json_is_string(model)) {
+        rc = fail(err, errlen, param, paramlen, "model", "%s", "'model' must be a string");
+        goto out;
+    }
+    if (!(c->model = strdup(json_string_value(model)))) {
+        rc = BT_ENOMEM;
+        goto out;
+    }
+    double x;
+    const json_t *f;
+    const char *mt = json_object_get(root, "max_completion_tokens") ? "max_completion_tokens"
+                                                                     : "max_tokens";
+    if ((f = json_object_get(root, mt)) && !json_is_null(f)) {
+        if (!json_is_integer(f) || number_in(f, 1, 1 << 20, &x)) {
+            rc = fail(err, errlen, param, paramlen, mt, "'%s' must be an integer >= 1", mt);
+            goto out;
+        }
+        c->max_tokens = (uint32_t)x;
+    }
+    if ((f = json_object_get(root, "temperature")) && !json_is_null(f)) {
+        if (number_in(f, 0, 2, &x)) {
+            rc = fail(err, errlen, param, paramlen, "temperature", "%s",
+                      "'temperature' must be a number from 0 to 2");
+            goto out;
+        }
+        c->temperature = (float)x;
+    }
+    if ((f = json_object_get(root, "top_p")) && !json_is_null(f)) {
+        if (number_in(f, 0, 1, &x) || x == 0) {
+            rc = fail(err, errlen, param, paramlen, "top_p", "%s",
+                      "'top_p' must be a number in (0, 1]");
+            goto out;
+        }
+        c->top_p = (float)x;
+    }
+    if ((f = json_object_get(root, "top_k")) && !json_is_null(f)) {
+        /* vLLM's convention: -1 (or 0) means no cut. */
+        if (!json_is_integer(f) || number_in(f, -1, 1 << 20, &x)) {
+            rc = fail(err, errlen, param, paramlen, "top_k", "%s",
+                      "'top_k' must be an integer >= -1 (-1 or 0: no cut)");
+            goto out;
+        }
+        c->top_k = x > 0 ? (uint32_t)x : 0;
+    }
+    if ((f = json_object_get(root, "seed")) && !json_is_null(f)) {
+        if (!json_is_integer(f)) {
+            rc = fail(err, errlen, param, paramlen, "seed", "%s", "'seed' must be an integer");
+            goto out;
+        }
+        c->seed = (uint64_t)json_integer_value(f);
+    }
+    if ((f = json_object_get(root, "stream")) && !json_is_null(f)) {
+        if (!json_is_boolean(f)) {
+            rc = fail(err, errlen, param, paramlen, "stream", "%s", "'stream' must be a boolean");
+            goto out;
+        }
+        c->stream = json_is_true(f);
+    }
+    if ((f = json_object_get(root, "n")) && !json_is_null(f) &&
+        !(json_is_integer(f) && json_integer_value(f) == 1)) {
+        rc = fail(err, errlen, param, paramlen, "n", "%s", "only n = 1 is supported");
+        goto out;
+    }
+    if ((f = json_object_get(root, "user")) && !json_is_null(f) && !json_is_string(f)) {
+        rc = fail(err, errlen, param, paramlen, "user", "%s", "'user' must be a string");
+        goto out;
+    }
+    if ((f = json_object_get(root, "stop")) && !json_is_null(f)) {
+        /* A string, or a list of up to OA_MAX_STOP non-empty strings. */
+        size_t n = json_is_array(f) ? json_array_size(f) : 1;
+        bool ok = json_is_string(f) || (json_is_array(f) && n <= OA_MAX_STOP);
+        for (size_t i = 0; ok && i < n; i++) {
+            const json_t *e = json_is_array(f) ? json_array_get(f, i) : f;
+            size_t sl = json_is_string(e) ? json_string_length(e) : 0;
+            ok = sl > 0 && sl <= OA_MAX_STOP_BYTES && !memchr(json_string_value(e), 0, sl);
+            if (ok && !(c->stop[c->n_stop++] = strndup(json_string_value(e), sl))) {
+                rc = BT_ENOMEM;
+                goto out;
+            }
+        }
+        if (!ok) {
+            rc = fail(err, errlen, param, paramlen, "stop",
+                      "'stop' must be a string or a list of up to %s non-empty strings "
+                      "(256 bytes each)", "4");
+            goto out;
+        }
+    }
+    rc = parse_messages(json_object_get(root, "messages"), c, err, errlen, param, paramlen);
+out:
+    json_decref(root);
+    if (rc)
+        oa_chat_free(c);
+    return rc;
+}
+
+void oa_chat_free(oa_chat *c)
+{
+    if (!c)
+        return;
+    free(c->model);
+    free(c->user);
+    c->model = c->user = NULL;
+    for (size_t i = 0; i < c->n_stop; i++)
+        free(c->stop[i]);
+    c->n_stop = 0;
+}
+
+/* ---- answers ---------------------------------------------------------------- */
+
+size_t oa_utf8_ready(const char *s, size_t len, bool final)
+{
+    if (final || len == 0)
+        return len;
+    /* Walk back over at most 3 continuation bytes to the last lead byte:
+     * if the character it starts is cut short, hold it back. */
+    size_t i = len, back = 0;
+    while (i > 0 && back < 4 && ((unsigned char)s[i - 1] & 0xC0) == 0x80)
+        i--, back++;
+    if (i == 0)
+        return len;
+    unsigned char lead = (unsigned char)s[i - 1];
+    size_t need = lead >= 0xF0 && lead < 0xF8 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
+    return back + 1 < need ? i - 1 : len;
+}
+
+/* TEXT as a JSON string; bytes that are not UTF-8 become U+FFFD. */
+static json_t *text_json(const char *text, size_t len)
+{
+    json_t *j = json_stringn(text, len);
+    if (j)
+        return j;
+    char *clean = malloc(len * 3 + 1);
+    if (!clean)
+        return NULL;
+    size_t o = 0;
+    for (size_t i = 0; i < len;) {
+        /* The longest prefix from I that is one valid character. */
+        size_t take = 0;
+        for (size_t n = 1; n <= 4 && i + n <= len && !take; n++) {
+            json_t *probe = json_stringn(text + i, n);
+            if (probe) {
+                take = n;
+                json_decref(probe);
+            }
+        }
+        if (take) {
+            memcpy(clean + o, text + i, take);
+            o += take, i += take;
+        } else {
+            memcpy(clean + o, "\xEF\xBF\xBD", 3);
+            o += 3, i++;
+        }
+    }
+    j = json_stringn(clean, o);
+    free(clean);
+    return j;
+}
+
+static char *dump(json_t *root)
+{
+    char *s = root ? json_dumps(root, JSON_COMPACT) : NULL;
+    json_decref(root);
+    return s;
+}
+
+char *oa_chat_response(const char *id, int64_t created, const char *model, const char *text,
+                       size_t len, const char *finish)
+{
+    json_t *msg = json_pack("{s:s, s:o}", "role", "assistant", "content", text_json(text, len));
+    json_t *choice = json_pack("{s:i, s:o, s:s, s:n}", "index", 0, "message", msg,
+                               "finish_reason", finish, "logprobs");
+    return dump(json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", id, "object", "chat.completion",
+                          "created", (json_int_t)created, "model", model, "choices", choice));
+}
+
+char *oa_chat_event(const char *id, int64_t created, const char *model, const char *text,
+                    size_t len, bool role_first, const char *finish)
+{
+    json_t *delta = json_object();
+    if (delta && role_first)
+        json_object_set_new(delta, "role", json_string("assistant"));
+    if (delta && (len || role_first))
+        json_object_set_new(delta, "content", text_json(text, len));
+    json_t *choice = json_pack("{s:i, s:o, s:o}", "index", 0, "delta", delta, "finish_reason",
+                               finish ? json_string(finish) : json_null());
+    char *js = dump(json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", id, "object",
+                              "chat.completion.chunk", "created", (json_int_t)created, "model",
+                              model, "choices", choice));
+    if (!js)
+        return NULL;
+    size_t n = strlen(js);
+    char *ev = malloc(n + 9);
+    if (ev)
+        snprintf(ev, n + 9, "data: %s\n\n", js);
+    free(js);
+    return ev;
+}
+
+char *oa_models(const char *const *names, size_t n, int64_t created)
+{
+    json_t *data = json_array();
+    for (size_t i = 0; data && i < n; i++)
+        json_array_append_new(data, json_pack("{s:s, s:s, s:I, s:s}", "id", names[i], "object",
+                                              "model", "created", (json_int_t)created,
+                                              "owned_by", "baton"));
+    return dump(json_pack("{s:s, s:o}", "object", "list", "data", data));
+}
+
+char *oa_error(const char *message, const char *type, const char *param)
+{
+    json_t *p = param && *param ? json_string(param) : json_null();
+    return dump(json_pack("{s:{s:o, s:s, s:o, s:n}}", "error", "message",
+                          text_json(message, strlen(message)), "type", type, "param", p,
+                          "code"));
+}

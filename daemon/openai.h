@@ -1,0 +1,57 @@
+/* OpenAI's chat completions API in baton's terms: parsing a request body
+ * (jansson) into what a native request needs, and writing the answers
+ * (whole, or as server-sent events).  No I/O here: gateway.c serves it. */
+#ifndef BATON_DAEMON_OPENAI_H
+#define BATON_DAEMON_OPENAI_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define OA_MAX_STOP 4            /* stop strings a request may give (OpenAI's limit) */
+#define OA_MAX_STOP_BYTES 256    /* bytes in one stop string */
+
+/* A chat completion request, checked. */
+typedef struct oa_chat {
+    char *model;            /* owned: the name the client asked for */
+    char *user;             /* owned: the user turn's text */
+    uint32_t max_tokens;    /* 0: not given (the graph's own cap) */
+    float temperature;      /* OpenAI's default is 1 */
+    float top_p;            /* 1: no cut */
+    uint32_t top_k;         /* 0: no cut (an extension, as vLLM's) */
+    uint64_t seed;          /* 0: not given */
+    bool stream;
+    char *stop[OA_MAX_STOP];  /* owned: strings the answer stops before (not included) */
+    size_t n_stop;
+} oa_chat;
+
+/* Parses BODY (LEN bytes).  0, or BT_EINVAL with ERR saying what is wrong
+ * and PARAM (may be "") naming the field, in OpenAI's terms. */
+int oa_chat_parse(const char *body, size_t len, oa_chat *out, char *err, size_t errlen,
+                  char *param, size_t paramlen);
+void oa_chat_free(oa_chat *c);
+
+/* The whole answer: {"id", "object": "chat.completion", "created", "model",
+ * "choices": [{"index": 0, "message": {"role": "assistant", "content":
+ * TEXT}, "finish_reason": FINISH}]}.  Malloc'd, or NULL. */
+char *oa_chat_response(const char *id, int64_t created, const char *model, const char *text,
+                       size_t len, const char *finish);
+
+/* One server-sent event of a stream: "data: {chunk}\n\n".  ROLE_FIRST puts
+ * the assistant role in the delta (the first event); FINISH (or NULL) ends
+ * the choice.  Malloc'd, or NULL. */
+char *oa_chat_event(const char *id, int64_t created, const char *model, const char *text,
+                    size_t len, bool role_first, const char *finish);
+
+/* The list of /v1/models for NAMES. Malloc'd, or NULL. */
+char *oa_models(const char *const *names, size_t n, int64_t created);
+
+/* How many of the LEN bytes at S to send now: up to the last whole UTF-8
+ * character, so that a character split over two tokens is sent whole with
+ * the second.  At the end (FINAL) everything. */
+size_t oa_utf8_ready(const char *s, size_t len, bool final);
+
+/* An error body: {"error": {"message", "type", "param", "code"}}. */
+char *oa_error(const char *message, const char *type, const char *param);
+
+#endif

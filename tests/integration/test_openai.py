@@ -1,0 +1,426 @@
+#!/usr/bin/env python3
+"""The OpenAI-compatible HTTP API, end to end: a real batond serving the
+default model (config/examples/chat-cpu.yaml with an `openai:` entry and an
+HTTP port), driven by clients baton did not write: the official `openai`
+package (installed from PyPI into a private venv under ~/.cache), curl, and
+raw sockets for what clients do wrong.
+
+Exit status: 0 when every check passed, 1 on a failure, 77 when the model
+file is absent (the caller reports SKIP).  When PyPI cannot be reached the
+`openai` package checks are reported as SKIP and the rest still runs."""
+import http.client
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BUILD = os.environ.get("BUILD", "build")
+if not os.path.isabs(BUILD):
+    BUILD = os.path.join(ROOT, BUILD)
+MODEL = os.path.join(ROOT, "models/smollm2-135m-instruct-q4_1.gguf")
+VENV = os.path.join(os.path.expanduser(os.environ.get("BATON_TEST_CACHE", "~/.cache/baton-test")),
+                    "openai-venv")
+
+failures = []
+
+
+def check(cond, what):
+    if cond:
+        print("ok   %s" % what, flush=True)
+    else:
+        print("FAIL %s" % what, flush=True)
+        failures.append(what)
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+class Server:
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="baton-openai-")
+        self.port = free_port()
+        with open(os.path.join(ROOT, "config/examples/chat-cpu.yaml")) as f:
+            text = f.read()
+        text = text.replace("/tmp/baton", self.dir)
+        text = text.replace("models/smollm2", os.path.join(ROOT, "models/smollm2"))
+        text = re.sub(r"(?m)^  log_level: .*$", "  log_level: warning", text)
+        # Under a sanitizer the model runs many times slower: 100 requests at
+        # once must not meet the deadline meant for a normal build.
+        text = re.sub(r"(?m)^  request_timeout_ms: .*$", "  request_timeout_ms: 600000", text)
+        text, n = re.subn(r"(?m)^  http_listen: .*$", "  http_listen: 127.0.0.1:%d" % self.port,
+                          text)
+        assert n == 1 and "\nopenai:" in text, "chat-cpu.yaml no longer serves the OpenAI API"
+        self.config = os.path.join(self.dir, "baton.yaml")
+        with open(self.config, "w") as f:
+            f.write(text)
+        self.log = open(os.path.join(self.dir, "batond.log"), "w")
+        self.proc = subprocess.Popen([os.path.join(BUILD, "batond"), "--config", self.config],
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+        self.base = "http://127.0.0.1:%d" % self.port
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                if self.get("/health")[0] == 200:
+                    return
+            except OSError:
+                pass
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        raise RuntimeError("batond not ready:\n" + self.tail())
+
+    def tail(self):
+        self.log.flush()
+        with open(os.path.join(self.dir, "batond.log")) as f:
+            return f.read()[-3000:]
+
+    def get(self, path):
+        try:
+            with urllib.request.urlopen(self.base + path, timeout=30) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+
+    def post(self, path, body, headers=None):
+        """(status, headers, body) of a POST of BODY (bytes) to PATH."""
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+        c.request("POST", path, body=body, headers=headers or {"Content-Type": "application/json"})
+        r = c.getresponse()
+        data = r.read()
+        c.close()
+        return r.status, r, data
+
+    def metric(self, name, labels=""):
+        """The sum of NAME's samples whose labels contain LABELS; a family
+        that is not there at all is an error (a misspelt name must fail)."""
+        text = self.get("/metrics")[1].decode()
+        total, seen = 0.0, False
+        for line in text.splitlines():
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                seen = True
+                if labels in line:
+                    total += float(line.rsplit(" ", 1)[1])
+        if not seen:
+            raise AssertionError("no metric %s in /metrics" % name)
+        return total
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def chat_body(content, **kw):
+    d = {"model": "smollm2", "messages": [{"role": "user", "content": content}]}
+    d.update(kw)
+    return json.dumps(d).encode()
+
+
+def sse_events(data):
+    """The JSON objects of a server-sent event stream, and whether it ended
+    with [DONE]."""
+    events, done = [], False
+    for block in data.decode().split("\n\n"):
+        if not block.strip() or block.startswith(":"):
+            continue                      # SSE comments: the server's keep-alives
+        assert block.startswith("data: "), block
+        payload = block[6:]
+        if payload == "[DONE]":
+            done = True
+        else:
+            events.append(json.loads(payload))
+    return events, done
+
+
+def openai_venv():
+    """The venv's python with the openai package, or None (PyPI unreachable)."""
+    py = os.path.join(VENV, "bin", "python")
+    if os.path.exists(py) and subprocess.run([py, "-c", "import openai"],
+                                             capture_output=True).returncode == 0:
+        return py
+    shutil.rmtree(VENV, ignore_errors=True)
+    os.makedirs(os.path.dirname(VENV), exist_ok=True)
+    r = subprocess.run([sys.executable, "-m", "venv", VENV], capture_output=True, text=True)
+    if r.returncode != 0:
+        print("  cannot make a venv: %s" % r.stderr.strip()[-300:])
+        return None
+    r = subprocess.run([py, "-m", "pip", "install", "-q", "--disable-pip-version-check", "openai"],
+                       capture_output=True, text=True, timeout=600)
+    if r.returncode != 0:
+        print("  pip install openai failed: %s" % r.stderr.strip()[-300:])
+        return None
+    return py
+
+
+OPENAI_SCRIPT = r'''
+import json, sys
+from openai import OpenAI, BadRequestError, NotFoundError
+c = OpenAI(base_url=sys.argv[1] + "/v1", api_key="none", max_retries=0)
+out = {}
+PROMPT = [{"role": "user", "content": "Write a long story about a river and a town."}]
+r = c.chat.completions.create(model="smollm2", max_tokens=8, temperature=0, messages=PROMPT)
+out["text"] = r.choices[0].message.content
+out["finish"] = r.choices[0].finish_reason
+out["id"] = r.id
+out["role"] = r.choices[0].message.role
+deltas, finishes = [], []
+for ch in c.chat.completions.create(model="smollm2", max_tokens=8, temperature=0, stream=True,
+                                    messages=PROMPT):
+    if ch.choices and ch.choices[0].delta.content:
+        deltas.append(ch.choices[0].delta.content)
+    if ch.choices and ch.choices[0].finish_reason:
+        finishes.append(ch.choices[0].finish_reason)
+out["stream_text"] = "".join(deltas)
+out["stream_deltas"] = len(deltas)
+out["stream_finishes"] = finishes
+out["models"] = [m.id for m in c.models.list()]
+try:
+    c.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
+    out["missing_model"] = "no error"
+except NotFoundError as e:
+    out["missing_model"] = e.status_code
+try:
+    c.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "x"}],
+                              presence_penalty=1.5)
+    out["unsupported"] = "no error"
+except BadRequestError as e:
+    out["unsupported"] = [e.status_code, e.body.get("param") if isinstance(e.body, dict) else None]
+print(json.dumps(out))
+'''
+
+
+def test_openai_package(s):
+    py = openai_venv()
+    if not py:
+        print("SKIP openai package checks: PyPI cannot be reached")
+        return
+    r = subprocess.run([py, "-c", OPENAI_SCRIPT, s.base], capture_output=True, text=True,
+                       timeout=300)
+    check(r.returncode == 0, "openai package ran (%s)" % r.stderr.strip()[-400:])
+    if r.returncode != 0:
+        return
+    out = json.loads(r.stdout)
+    print("  openai: %r" % out["text"])
+    check(isinstance(out["text"], str) and out["text"], "openai: a non-empty answer")
+    # A story does not end in 8 tokens; should the model end it anyway, the
+    # answer must say "stop" and both forms must agree.
+    check(out["finish"] in ("length", "stop") and out["role"] == "assistant" and
+          out["id"].startswith("chatcmpl-"), "openai: finish_reason, role, id (%r)" % out["finish"])
+    check(out["stream_text"] == out["text"],
+          "openai: the stream at temperature 0 gives the same text as the whole answer")
+    check(1 <= out["stream_deltas"] <= 8 and out["stream_finishes"] == [out["finish"]],
+          "openai: at most max_tokens deltas and the same finish_reason (%r)"
+          % out["stream_finishes"])
+    check(out["models"] == ["smollm2"], "openai: models.list")
+    check(out["missing_model"] == 404, "openai: an unknown model is NotFoundError")
+    check(out["unsupported"] == [400, "presence_penalty"],
+          "openai: an unsupported field is a 400 naming it")
+
+
+def test_curl_stream(s):
+    if not shutil.which("curl"):
+        print("SKIP curl checks: no curl")
+        return
+    r = subprocess.run(["curl", "-sN", "--max-time", "120", s.base + "/v1/chat/completions",
+                        "-H", "Content-Type: application/json",
+                        "-d", chat_body("Tell me a story", max_tokens=6, stream=True).decode()],
+                       capture_output=True, timeout=150)
+    events, done = sse_events(r.stdout)
+    check(r.returncode == 0 and done, "curl -N: the stream ends with data: [DONE]")
+    tokens = sum(1 for e in events if e["choices"][0]["delta"].get("content"))
+    check(1 <= tokens <= 6 and events[-1]["choices"][0]["finish_reason"] == "length",
+          "curl -N: at most 6 content events, then finish_reason length")
+    check(events[0]["choices"][0]["delta"].get("role") == "assistant" and
+          all(e["object"] == "chat.completion.chunk" for e in events),
+          "curl -N: the first delta carries the role; every event is a chunk")
+
+
+def test_disconnect_cancels(s):
+    before = s.metric("baton_requests_total", 'code="CANCELLED"')
+    sock = socket.create_connection(("127.0.0.1", s.port))
+    body = chat_body("Write a long essay about rivers", max_tokens=200, stream=True)
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                 b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    sock.settimeout(60)
+    got = b""
+    while b"data: {" not in got:
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        got += chunk
+    sock.close()
+    check(b"200 OK" in got, "disconnect: the stream had started")
+    deadline = time.time() + 30
+    while time.time() < deadline and s.metric("baton_requests_total", 'code="CANCELLED"') <= before:
+        time.sleep(0.2)
+    check(s.metric("baton_requests_total", 'code="CANCELLED"') == before + 1,
+          "disconnect: the request was cancelled")
+    deadline = time.time() + 10
+    while time.time() < deadline and (s.metric("baton_inflight_requests") or
+                                      s.metric("baton_pool_bytes_used")):
+        time.sleep(0.2)
+    check(s.metric("baton_inflight_requests") == 0 and s.metric("baton_pool_bytes_used") == 0,
+          "disconnect: nothing in flight, no tensor left in the pool")
+
+
+def test_many_streams(s, n=100):
+    results = [None] * n
+
+    def one(i):
+        try:
+            st, _, data = s.post("/v1/chat/completions",
+                                 chat_body("Count to %d" % i, max_tokens=4, stream=True))
+            events, done = sse_events(data)
+            errors = [e["error"]["message"] for e in events if "error" in e]
+            results[i] = (st, done, errors[0] if errors else
+                          events[-1]["choices"][0]["finish_reason"] if events else None)
+        except Exception as e:  # reported below
+            results[i] = repr(e)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    t0 = time.time()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    bad = [r for r in results if not (isinstance(r, tuple) and r[0] == 200 and r[1] and
+                                      r[2] in ("length", "stop"))]
+    print("  %d concurrent streams in %.1fs" % (n, time.time() - t0))
+    check(not bad, "%d concurrent streaming clients each get a whole stream (%s)" % (n, bad[:3]))
+
+
+def test_slow_reader(s):
+    """A client that reads a long stream slowly through a small socket
+    buffer gets it whole: events larger than what the server may write at a
+    time are split, never dropped."""
+    c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=300)
+    c.connect()
+    c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+    body = chat_body("Write a long story about a river and a town.", max_tokens=48, stream=True,
+                     temperature=0)
+    c.request("POST", "/v1/chat/completions", body=body,
+              headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    data = b""
+    while True:
+        piece = r.read(97)
+        if not piece:
+            break
+        data += piece
+        time.sleep(0.005)
+    c.close()
+    events, done = sse_events(data)
+    text = "".join(e["choices"][0]["delta"].get("content", "") for e in events)
+    whole = json.loads(s.post("/v1/chat/completions", chat_body(
+        "Write a long story about a river and a town.", max_tokens=48, temperature=0))[2])
+    check(r.status == 200 and done and text == whole["choices"][0]["message"]["content"],
+          "a slow reader gets the whole stream (%d bytes), equal to the whole answer" % len(data))
+
+
+def test_stop_strings(s):
+    """stop: the answer ends before the first stop string, even one that
+    spans two tokens, with finish_reason "stop", streamed or whole."""
+    prompt = "Write a long story about a river and a town."
+    st, _, data = s.post("/v1/chat/completions", chat_body(prompt, max_tokens=24, temperature=0,
+                                                           stream=True))
+    events, _ = sse_events(data)
+    deltas = [e["choices"][0]["delta"]["content"] for e in events
+              if e["choices"][0]["delta"].get("content")]
+    full = "".join(deltas)
+    # A stop string made of the end of one token and the start of the next.
+    k = next((i for i in range(3, len(deltas) - 1) if len(deltas[i]) >= 2 and
+              len(deltas[i + 1]) >= 2), None)
+    check(st == 200 and k is not None, "stop: a 24-token answer to cut (%r)" % deltas)
+    if k is None:
+        return
+    stop = deltas[k][-2:] + deltas[k + 1][:2]
+    want = full[:full.index(stop)]
+    st, _, data = s.post("/v1/chat/completions", chat_body(
+        prompt, max_tokens=24, temperature=0, stream=True, stop=["zqxj never", stop]))
+    events, done = sse_events(data)
+    got = "".join(e["choices"][0]["delta"].get("content", "") for e in events)
+    check(done and got == want and events[-1]["choices"][0]["finish_reason"] == "stop",
+          "stop, streamed: %r ends before %r (got %r)" % (want, stop, got))
+    st, _, data = s.post("/v1/chat/completions", chat_body(prompt, max_tokens=24, temperature=0,
+                                                           stop=stop))
+    ans = json.loads(data)["choices"][0]
+    check(ans["message"]["content"] == want and ans["finish_reason"] == "stop",
+          "stop, whole: %r" % ans)
+
+
+def test_bad_requests(s):
+    cases = [
+        (b'{"model": "smollm2", "messages": [', 400, None, "malformed JSON"),
+        (b'[1, 2]', 400, None, "not an object"),
+        (chat_body("x", max_tokens="ten"), 400, "max_tokens", "a string max_tokens"),
+        (chat_body("x", temperature=-1), 400, "temperature", "a negative temperature"),
+        (chat_body("x", stream="yes"), 400, "stream", "a string stream"),
+        (chat_body("x", n=2), 400, "n", "n = 2"),
+        (chat_body("x", logit_bias={"1": 2}), 400, "logit_bias", "an unsupported field"),
+        (chat_body("x", stop=["a", "b", "c", "d", "e"]), 400, "stop", "five stop strings"),
+        (json.dumps({"model": "smollm2", "messages": "hi"}).encode(), 400, "messages",
+         "messages not a list"),
+        (json.dumps({"model": 5, "messages": [{"role": "user", "content": "x"}]}).encode(), 400,
+         "model", "a number as model"),
+        (b'{"model": "smollm2", "messages": [{"role": "user", "content": "\xff\xfe"}]}', 400,
+         None, "invalid UTF-8"),
+        (b"x" * (2 << 20), 413, None, "a 2 MiB body"),
+    ]
+    for body, status, param, what in cases:
+        st, _, data = s.post("/v1/chat/completions", body)
+        ok = st == status
+        if ok and status == 400:
+            err = json.loads(data).get("error", {})
+            ok = isinstance(err.get("message"), str) and (param is None or err.get("param") == param)
+        check(ok, "bad request, %s: %d (%s)" % (what, st, data[:160]))
+    st, _, data = s.post("/v1/models", b"")
+    check(st == 405, "POST /v1/models is 405")
+    # The daemon still serves after all of that.
+    st, _, data = s.post("/v1/chat/completions", chat_body("Hi", max_tokens=2))
+    check(st == 200 and json.loads(data)["choices"][0]["finish_reason"] == "length",
+          "still serving after the bad requests")
+
+
+def main():
+    if not os.path.exists(MODEL):
+        print("SKIP test_openai.py: %s is absent (scripts/fetch-model.sh)" % MODEL)
+        return 77
+    s = Server()
+    try:
+        for t in (test_openai_package, test_curl_stream, test_disconnect_cancels, test_many_streams,
+                  test_slow_reader, test_stop_strings, test_bad_requests):
+            try:
+                t(s)
+            except Exception as e:
+                import traceback
+                traceback.print_exc()
+                check(False, "%s raised %r" % (t.__name__, e))
+    finally:
+        if failures:
+            print(s.tail())
+        s.stop()
+    print("openai: %d failed" % len(failures))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

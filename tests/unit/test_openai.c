@@ -1,0 +1,220 @@
+/* The OpenAI request parser and answer writers (daemon/openai.c): what is
+ * accepted and how each field lands, what is refused and which parameter
+ * the error names, UTF-8 held back at token boundaries, and answers that
+ * are valid JSON whatever bytes the model produced. */
+#include <jansson.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "common/status.h"
+#include "daemon/openai.h"
+
+static int parse(const char *body, oa_chat *c, char *param)
+{
+    char err[512];
+    return oa_chat_parse(body, strlen(body), c, err, sizeof(err), param, 64);
+}
+
+static void test_parse_fields(void **state)
+{
+    (void)state;
+    oa_chat c;
+    char param[64];
+    assert_int_equal(parse("{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": "
+                           "\"hi \\u00e9\"}], \"max_tokens\": 7, \"temperature\": 0.5, "
+                           "\"top_p\": 0.9, \"top_k\": 40, \"seed\": 12, \"stream\": true, "
+                           "\"n\": 1, \"user\": \"u\"}", &c, param), 0);
+    assert_string_equal(c.model, "m");
+    assert_string_equal(c.user, "hi \xc3\xa9");
+    assert_int_equal(c.max_tokens, 7);
+    assert_true(c.temperature == 0.5f && c.top_p == 0.9f);
+    assert_int_equal(c.top_k, 40);
+    assert_int_equal(c.seed, 12);
+    assert_true(c.stream);
+    oa_chat_free(&c);
+    /* Defaults: OpenAI's temperature 1, no cut, no cap; -1 top_k is no cut
+     * (vLLM's convention); max_completion_tokens is the newer name. */
+    assert_int_equal(parse("{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": "
+                           "\"\"}], \"top_k\": -1, \"max_completion_tokens\": 3}", &c, param), 0);
+    assert_true(c.temperature == 1.0f && c.top_p == 1.0f);
+    assert_int_equal(c.top_k, 0);
+    assert_int_equal(c.max_tokens, 3);
+    assert_false(c.stream);
+    assert_int_equal(c.n_stop, 0);
+    oa_chat_free(&c);
+    /* stop: one string, or a list of up to four. */
+    assert_int_equal(parse("{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": "
+                           "\"x\"}], \"stop\": \"\\n\\n\"}", &c, param), 0);
+    assert_int_equal(c.n_stop, 1);
+    assert_string_equal(c.stop[0], "\n\n");
+    oa_chat_free(&c);
+    assert_int_equal(parse("{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": "
+                           "\"x\"}], \"stop\": [\"a\", \"bc\", \"d\", \"\\u00e9\"]}", &c, param), 0);
+    assert_int_equal(c.n_stop, 4);
+    assert_string_equal(c.stop[1], "bc");
+    assert_string_equal(c.stop[3], "\xc3\xa9");
+    oa_chat_free(&c);
+    oa_chat_free(NULL);
+}
+
+static void test_parse_refusals(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *body, *param;
+    } cases[] = {
+        {"", ""},
+        {"{\"model\": \"m\", \"messages\": [", ""},
+        {"[]", ""},
+        {"{\"model\": \"m\", \"model\": \"n\", \"messages\": []}", ""},   /* duplicate key */
+        {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}", "model"},
+        {"{\"model\": 1, \"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}", "model"},
+        {"{\"model\": \"m\"}", "messages"},
+        {"{\"model\": \"m\", \"messages\": []}", "messages"},
+        {"{\"model\": \"m\", \"messages\": [1]}", "messages"},
+        {"{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": 5}]}", "messages"},
+        {"{\"model\": \"m\", \"messages\": [{\"role\": \"system\", \"content\": \"x\"}, "
+         "{\"role\": \"user\", \"content\": \"x\"}]}", "messages"},
+        {"{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}, "
+         "{\"role\": \"user\", \"content\": \"y\"}]}", "messages"},
+        {"{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+         "\"max_tokens\": 0}", "max_tokens"},
+        {"{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+         "\"max_tokens\": 2.5}", "max_tokens"},
+        {"{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+         "\"temperature\": 3}", "temperature"},
+        {"{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+         "\"temperature\": \"1\"}", "temperature"},
+        {"{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+         "\"top_p\": 0}", "top_p"},
+        {"{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+         "\"top_k\": -2}", "top_k"},
+        {"{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+         "\"seed\": \"1\"}", "seed"},
+        {"{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+         "\"stream\": 1}", "stream"},
+        {"{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+         "\"n\": 2}", "n"},
+        {"{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+         "\"stop\": [\"a\", \"b\", \"c\", \"d\", \"e\"]}", "stop"},
+        {"{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+         "\"stop\": \"\"}", "stop"},
+        {"{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+         "\"stop\": [\"a\", 3]}", "stop"},
+        {"{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+         "\"logprobs\": true}", "logprobs"},
+        {"{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"\xff\"}]}", ""},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        oa_chat c;
+        char param[64] = "unset", err[512] = "";
+        int rc = oa_chat_parse(cases[i].body, strlen(cases[i].body), &c, err, sizeof(err), param,
+                               sizeof(param));
+        if (rc != BT_EINVAL || strcmp(param, cases[i].param) != 0 || !err[0])
+            fail_msg("case %zu (%s): rc %d, param '%s', error '%s'", i, cases[i].body, rc, param,
+                     err);
+        assert_null(c.model);
+        assert_null(c.user);
+    }
+}
+
+static void test_utf8_ready(void **state)
+{
+    (void)state;
+    assert_int_equal(oa_utf8_ready("abc", 3, false), 3);
+    assert_int_equal(oa_utf8_ready("a\xc3", 2, false), 1);           /* é cut after its lead */
+    assert_int_equal(oa_utf8_ready("a\xc3\xa9", 3, false), 3);
+    assert_int_equal(oa_utf8_ready("\xe2\x82", 2, false), 0);        /* € cut */
+    assert_int_equal(oa_utf8_ready("\xe2\x82\xac", 3, false), 3);
+    assert_int_equal(oa_utf8_ready("x\xf0\x9f\x98", 4, false), 1);   /* an emoji cut */
+    assert_int_equal(oa_utf8_ready("x\xf0\x9f\x98\x80", 5, false), 5);
+    assert_int_equal(oa_utf8_ready("\xe2\x82", 2, true), 2);         /* the end: all */
+    assert_int_equal(oa_utf8_ready("\x80\x80\x80\x80\x80", 5, false), 5); /* not UTF-8 */
+    assert_int_equal(oa_utf8_ready("", 0, false), 0);
+}
+
+/* The JSON of an event, without its "data: " and blank line. */
+static json_t *event_json(const char *ev)
+{
+    assert_non_null(ev);
+    assert_memory_equal(ev, "data: ", 6);
+    size_t n = strlen(ev);
+    assert_true(n > 8 && ev[n - 1] == '\n' && ev[n - 2] == '\n');
+    json_t *j = json_loadb(ev + 6, n - 8, 0, NULL);
+    assert_non_null(j);
+    return j;
+}
+
+static void test_answers(void **state)
+{
+    (void)state;
+    char *ev = oa_chat_event("id1", 5, "m", "Hi \"there\"", 10, true, NULL);
+    json_t *j = event_json(ev);
+    json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
+    assert_string_equal(json_string_value(json_object_get(j, "object")), "chat.completion.chunk");
+    assert_string_equal(json_string_value(json_object_get(json_object_get(ch, "delta"), "role")),
+                        "assistant");
+    assert_string_equal(
+        json_string_value(json_object_get(json_object_get(ch, "delta"), "content")),
+        "Hi \"there\"");
+    assert_true(json_is_null(json_object_get(ch, "finish_reason")));
+    json_decref(j), free(ev);
+    /* The finish: an empty delta. */
+    ev = oa_chat_event("id1", 5, "m", "", 0, false, "length");
+    j = event_json(ev);
+    ch = json_array_get(json_object_get(j, "choices"), 0);
+    assert_int_equal(json_object_size(json_object_get(ch, "delta")), 0);
+    assert_string_equal(json_string_value(json_object_get(ch, "finish_reason")), "length");
+    json_decref(j), free(ev);
+    /* Bytes that are not UTF-8 become U+FFFD; the rest is kept. */
+    ev = oa_chat_event("id1", 5, "m", "a\xff" "b\xc3", 4, false, NULL);
+    j = event_json(ev);
+    ch = json_array_get(json_object_get(j, "choices"), 0);
+    assert_string_equal(
+        json_string_value(json_object_get(json_object_get(ch, "delta"), "content")),
+        "a\xef\xbf\xbd" "b\xef\xbf\xbd");
+    json_decref(j), free(ev);
+    char *r = oa_chat_response("id2", 7, "m", "Paris", 5, "stop");
+    j = json_loads(r, 0, NULL);
+    assert_non_null(j);
+    ch = json_array_get(json_object_get(j, "choices"), 0);
+    assert_string_equal(json_string_value(json_object_get(j, "object")), "chat.completion");
+    assert_int_equal(json_integer_value(json_object_get(j, "created")), 7);
+    assert_string_equal(
+        json_string_value(json_object_get(json_object_get(ch, "message"), "content")), "Paris");
+    assert_string_equal(json_string_value(json_object_get(ch, "finish_reason")), "stop");
+    json_decref(j), free(r);
+    r = oa_error("a \"quoted\" name", "invalid_request_error", "model");
+    j = json_loads(r, 0, NULL);
+    assert_non_null(j);
+    json_t *e = json_object_get(j, "error");
+    assert_string_equal(json_string_value(json_object_get(e, "message")), "a \"quoted\" name");
+    assert_string_equal(json_string_value(json_object_get(e, "param")), "model");
+    assert_true(json_is_null(json_object_get(e, "code")));
+    json_decref(j), free(r);
+    const char *names[] = {"a", "b"};
+    r = oa_models(names, 2, 1);
+    j = json_loads(r, 0, NULL);
+    assert_int_equal(json_array_size(json_object_get(j, "data")), 2);
+    assert_string_equal(
+        json_string_value(json_object_get(json_array_get(json_object_get(j, "data"), 1), "id")),
+        "b");
+    json_decref(j), free(r);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_parse_fields),
+        cmocka_unit_test(test_parse_refusals),
+        cmocka_unit_test(test_utf8_ready),
+        cmocka_unit_test(test_answers),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
