@@ -79,16 +79,16 @@ static enum MHD_Result reply(struct MHD_Connection *conn, unsigned status, const
 }
 
 /* An error in the shape OpenAI's API gives, so that its clients show it:
- * {"error": {"message": ..., "type": ..., "code": null}}.  MSG is plain
- * ASCII written by this file (no escaping needed). */
-static enum MHD_Result reply_error(struct MHD_Connection *conn, unsigned status, const char *type,
-                                   const char *msg)
+ * {"error": {"message", "type", "param", "code": null}}; PARAM may be NULL. */
+static enum MHD_Result reply_oa_error(struct MHD_Connection *conn, unsigned status,
+                                      const char *type, const char *msg, const char *param)
 {
-    char body[512];
-    int n = snprintf(body, sizeof(body),
-                     "{\"error\":{\"message\":\"%s\",\"type\":\"%s\",\"param\":null,"
-                     "\"code\":null}}\n", msg, type);
-    return reply(conn, status, "application/json", body, (size_t)n);
+    char *body = oa_error(msg, type, param);
+    if (!body)
+        return MHD_NO;
+    enum MHD_Result ok = reply(conn, status, "application/json", body, strlen(body));
+    free(body);
+    return ok;
 }
 
 /* ---- the conductor's answers ---------------------------------------------- */
@@ -133,8 +133,8 @@ static enum MHD_Result serve_metrics(gateway *g, struct MHD_Connection *conn)
     pthread_mutex_unlock(&g->admin_mu);
     if (rc != 0 || !ev || !ev->text) {
         baton_client_event_free(ev);
-        return reply_error(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable",
-                           "the conductor did not answer the stats request");
+        return reply_oa_error(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable",
+                              "the conductor did not answer the stats request", NULL);
     }
     enum MHD_Result ok = reply(conn, MHD_HTTP_OK, "text/plain; version=0.0.4; charset=utf-8",
                                ev->text, strlen(ev->text));
@@ -312,18 +312,6 @@ static unsigned http_status(int code)
     }
 }
 
-/* ---- replies in OpenAI's shape ---------------------------------------------- */
-
-static enum MHD_Result reply_oa_error(struct MHD_Connection *conn, unsigned status,
-                                      const char *type, const char *msg, const char *param)
-{
-    char *body = oa_error(msg, type, param);
-    if (!body)
-        return MHD_NO;
-    enum MHD_Result ok = reply(conn, status, "application/json", body, strlen(body));
-    free(body);
-    return ok;
-}
 
 static void chat_free(gw_chat *ch)
 {
@@ -624,20 +612,20 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     bool post = strcmp(method, MHD_HTTP_METHOD_POST) == 0;
     if (strcmp(url, "/v1/chat/completions") == 0) {
         if (!post)
-            return reply_error(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "invalid_request_error",
-                               "this path takes POST");
+            return reply_oa_error(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "invalid_request_error",
+                                  "this path takes POST", NULL);
         if (hc->too_big)
-            return reply_error(conn, MHD_HTTP_CONTENT_TOO_LARGE, "invalid_request_error",
-                               "the request body is too large");
+            return reply_oa_error(conn, MHD_HTTP_CONTENT_TOO_LARGE, "invalid_request_error",
+                                  "the request body is too large", NULL);
         return serve_chat(g, conn, hc);
     }
     bool health = strcmp(url, "/health") == 0, metrics = strcmp(url, "/metrics") == 0;
     bool models = strcmp(url, "/v1/models") == 0;
     if (!health && !metrics && !models)
-        return reply_error(conn, MHD_HTTP_NOT_FOUND, "not_found", "no such path");
+        return reply_oa_error(conn, MHD_HTTP_NOT_FOUND, "not_found", "no such path", NULL);
     if (!get)
-        return reply_error(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "invalid_request_error",
-                           "this path takes GET");
+        return reply_oa_error(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "invalid_request_error",
+                              "this path takes GET", NULL);
     return health ? serve_health(g, conn) : metrics ? serve_metrics(g, conn)
                                                     : serve_models(g, conn);
 }

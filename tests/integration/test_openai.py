@@ -333,7 +333,8 @@ def test_slow_reader(s):
     whole = json.loads(s.post("/v1/chat/completions", chat_body(
         "Write a long story about a river and a town.", max_tokens=48, temperature=0))[2])
     check(r.status == 200 and done and text == whole["choices"][0]["message"]["content"],
-          "a slow reader gets the whole stream (%d bytes), equal to the whole answer" % len(data))
+          "a slow reader gets the whole stream (%d bytes), equal to the whole answer (%r / %r)"
+          % (len(data), text, whole["choices"][0]["message"]["content"]))
 
 
 def test_stop_strings(s):
