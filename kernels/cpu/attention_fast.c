@@ -30,10 +30,9 @@
 /* Queries per prefill task: enough to amortize taking a task, few enough
  * that two threads share a short prompt evenly. */
 #define QUERY_BLOCK 16
-/* The split decode (k_attn_decode_mt): tasks wanted per thread, the fewest
- * keys in a part, and the most parts. */
-#define SPLIT_TASKS_PER_THREAD 4
-#define SPLIT_MIN_KEYS 256
+/* The split decode (k_attn_decode_mt): keys in a part, and the most parts
+ * of one sequence. */
+#define SPLIT_KEYS 256
 #define SPLIT_MAX 64
 
 /* Element I of a cache of f16 (F16) or f32, as a float. */
@@ -554,12 +553,25 @@ typedef struct attn_job {
     int blocks;                         /* query blocks per (sequence, head) */
     _Atomic int next;                   /* the next task */
     int err;                            /* -ENOMEM from a thread */
-    int splits;                         /* grouped decode: parts of the keys per (sequence,
-                                         * KV head), each a task; 1: no split */
+    int splits;                         /* grouped decode: the most parts of the keys of a
+                                         * (sequence, KV head), each a task (split_parts);
+                                         * 1: no split */
     float *part;                        /* splits > 1: per task, the group's outputs, then
                                          * their maxima and sums (PART_FLOATS); owned by
                                          * k_attn_decode_mt */
 } attn_job;
+
+/* Parts the keys of a sequence of CTX rows are split into: one below
+ * 2 * SPLIT_KEYS, else SPLIT_KEYS keys each (more, past SPLIT_MAX parts).
+ * It depends on the sequence alone, never on the batch or the threads, so
+ * a sequence's outputs are the same bits whatever runs beside it. */
+static int split_parts(int ctx)
+{
+    if (ctx < 2 * SPLIT_KEYS)
+        return 1;
+    int n = (ctx + SPLIT_KEYS - 1) / SPLIT_KEYS;
+    return n < SPLIT_MAX ? n : SPLIT_MAX;
+}
 
 /* Floats of one task's part in the split decode: G output rows of HD,
  * then G maxima and G sums. */
@@ -642,9 +654,12 @@ static void attn_group_part(void *arg, int ith, int nth)
             o = j->part + (size_t)task * PART_FLOATS(group, j->hd);
             ml = o + (size_t)group * j->hd;
         }
-        int ctx = j->ctx0[seq] + 1;
-        int c0 = (int)((int64_t)ctx * c / j->splits);
-        int c1 = (int)((int64_t)ctx * (c + 1) / j->splits);
+        int ctx = j->ctx0[seq] + 1, parts = split_parts(ctx);
+        int per = (ctx + parts - 1) / parts;
+        int c0 = c * per < ctx ? c * per : ctx;
+        int c1 = c0 + per < ctx ? c0 + per : ctx;
+        if (c >= parts)
+            c0 = c1 = ctx;
         if (j->ctx0[seq] < 0 || c1 <= c0) {
             /* No sequence (zeros, as the reference), or no key in this part
              * (a weight of zero in the merge). */
@@ -798,22 +813,18 @@ int k_attn_decode_mt(kth_pool *pool, float *out, const float *q, const float *k,
     bool grouped = have_avx2() && hd % 32 == 0 && n_head / n_kv <= 64;
     if (!grouped)
         return run_job(pool, &j, attn_part);
-    /* Few (sequence, KV head) tasks over several threads leave some idle
-     * (SmolLM2's 3 KV heads on 2 threads: one thread does two of them), and
-     * after a long context attention is a good part of a decode step.  Then
-     * each task's keys are split into parts of at least SPLIT_MIN_KEYS, so
-     * that the threads share them evenly; merge_parts weighs the parts'
-     * outputs by their softmax sums. */
-    int nth = pool ? kth_pool_size(pool) : 1, longest = 0;
-    for (int b = 0; b < batch; b++)
-        longest = lens[b] + 1 > longest ? lens[b] + 1 : longest;
+    /* A long sequence's keys are split into parts of SPLIT_KEYS, each a
+     * task, and merge_parts weighs the parts' outputs by their softmax sums.
+     * Few (sequence, KV head) tasks would leave threads idle (SmolLM2's 3
+     * KV heads on 2 threads: one thread does two of them), and after a long
+     * context attention is a good part of a decode step.  The parts depend
+     * on each sequence's length only (split_parts): choosing them by the
+     * batch or the threads would make a request's tokens depend on what
+     * else runs at the time. */
     int tasks = batch * n_kv;
-    if (nth > 1 && tasks < SPLIT_TASKS_PER_THREAD * nth && longest >= 2 * SPLIT_MIN_KEYS) {
-        int want = (SPLIT_TASKS_PER_THREAD * nth + tasks - 1) / tasks;
-        int most = longest / SPLIT_MIN_KEYS;
-        j.splits = want < most ? want : most;
-        if (j.splits > SPLIT_MAX)
-            j.splits = SPLIT_MAX;
+    for (int b = 0; b < batch; b++) {
+        int parts = split_parts(lens[b] + 1);
+        j.splits = parts > j.splits ? parts : j.splits;
     }
     if (j.splits > 1) {
         j.part = malloc((size_t)tasks * j.splits * PART_FLOATS(n_head / n_kv, hd) * sizeof(float));

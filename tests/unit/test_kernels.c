@@ -716,9 +716,10 @@ static void test_attention_fast_vs_ref(void **state)
 }
 
 /* The decode step that splits each (sequence, KV head) into parts of the
- * keys when there are few of them for the threads, then merges the parts:
- * a long sequence beside one so short that some of its parts hold no key,
- * an empty row, f32 and f16 caches, against the reference row by row. */
+ * keys of a long sequence, then merges the parts: a long sequence beside a
+ * short one and an empty row, f32 and f16 caches, against the reference
+ * row by row, and each row equal to the bit to its decode alone on one
+ * thread. */
 static void test_attention_split_decode(void **state)
 {
     (void)state;
@@ -768,6 +769,16 @@ static void test_attention_split_decode(void **state)
                               NKV, HD);
                 assert_close(got + b * qrow, ref, qrow, 2e-5f, 2e-5f, what);
                 free(ref);
+                /* The same bits alone, on one thread: a sequence's outputs
+                 * never depend on its batch or the threads.  The caches
+                 * already hold this step's row, written again unchanged. */
+                float *alone = poisoned(qrow);
+                int32_t len1[1] = {lens[b]};
+                assert_int_equal(k_attn_decode_mt(NULL, alone, q + b * qrow, k + b * row,
+                                                  v + b * row, &kcs[b], &vcs[b], dt, len1, 1, NH,
+                                                  NKV, HD), 0);
+                assert_memory_equal(alone, got + b * qrow, qrow * sizeof(float));
+                free(alone);
             }
             for (int b = 0; b < B; b++)
                 free(hist[b]), free(rk[b]), free(rv[b]), free(kcs[b]), free(vcs[b]);
