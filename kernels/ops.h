@@ -45,7 +45,7 @@ const char *kdtype_name(kdtype t);
  *   LAYERNORM    in {x [R, D], w [D], b [D] (optional)} out; attr {eps (f)}.
  *   ROPE         in {x [N, H*HD], pos [N] i32} out {[N, H*HD]};
  *                attr {H, HD, theta (f), mode (K_ROPE_NORMAL | K_ROPE_NEOX)}.
- *   ATTN_PREFILL in {q [N, H*HD], k [N, KV*HD], v, kc [B, C, KV, HD],
+ *   ATTN_PREFILL in {q [N, H*HD], k [N, KV*HD], v, kc [B, KV, C, HD],
  *                vc, pos [N] i32} out {o [N, H*HD], kc, vc}; attr {H, KV,
  *                HD}.  N/B tokens per sequence, sequence b starting at
  *                position pos[b * N/B].

@@ -8,6 +8,7 @@
 #include "kernels/optable.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -327,7 +328,7 @@ static int op_rope(const kx_op_ctx *c, int how)
 }
 
 /* The checks both attention ops share: attr {H, KV, HD}, q/k/v rows of N,
- * caches [B, C, KV, HD] f32 updated in place. */
+ * caches [B, KV, C, HD] f32 updated in place. */
 static int attn_check(const kx_op_ctx *c, int how, int64_t *h, int64_t *kv, int64_t *hd, int64_t *n)
 {
     int rc = io(c, 6, 6, 3);
@@ -346,7 +347,7 @@ static int attn_check(const kx_op_ctx *c, int how, int64_t *h, int64_t *kv, int6
     /* The CPU kernels also keep f16 caches; the GPU ones f32 only. */
     NEED(kc->dtype == KD_F32 || (!(how & CUDA) && kc->dtype == KD_F16));
     NEED(vc->dtype == kc->dtype && kc->ndim == 4 && vc->ndim == 4);
-    NEED(kc->shape[2] == *kv && kc->shape[3] == *hd && memcmp(kc->shape, vc->shape, sizeof(kc->shape)) == 0);
+    NEED(kc->shape[1] == *kv && kc->shape[3] == *hd && memcmp(kc->shape, vc->shape, sizeof(kc->shape)) == 0);
     NEED(c->op->out[1] == c->op->in[3] && c->op->out[2] == c->op->in[4]);
     NEED(in_val(c, 5)->dtype == KD_I32);
     return 0;
@@ -359,8 +360,8 @@ static int op_attn_prefill(const kx_op_ctx *c, int how)
     if (rc)
         return rc;
     const kg_value *kcv = in_val(c, 3);
-    int64_t b = kcv->shape[0], cap = kcv->shape[1];
-    NEED(n % b == 0 && elems_now(c, in_val(c, 5)) == n);
+    int64_t b = kcv->shape[0], cap = kcv->shape[2];
+    NEED(cap <= INT_MAX && n % b == 0 && elems_now(c, in_val(c, 5)) == n);
     if (!(how & RUN))
         return 0;
     int64_t t = n / b;
@@ -388,8 +389,8 @@ static int op_attn_prefill(const kx_op_ctx *c, int how)
                  cpu_opts(c)->pool, (float *)c->out[0] + s * t * h * hd,
                  (const float *)c->in[0] + s * t * h * hd, (const float *)c->in[1] + s * t * kv * hd,
                  (const float *)c->in[2] + s * t * kv * hd, (uint8_t *)c->out[1] + (size_t)s * cbytes,
-                 (uint8_t *)c->out[2] + (size_t)s * cbytes, cdt, (int)p0, (int)t, (int)h, (int)kv,
-                 (int)hd)))
+                 (uint8_t *)c->out[2] + (size_t)s * cbytes, cdt, (int)cap, (int)p0, (int)t, (int)h,
+                 (int)kv, (int)hd)))
             return rc;
     }
     return 0;
@@ -402,8 +403,8 @@ static int op_attn_decode(const kx_op_ctx *c, int how)
     if (rc)
         return rc;
     const kg_value *kcv = in_val(c, 3);
-    int64_t cap = kcv->shape[1];
-    NEED(kcv->shape[0] >= n && elems_now(c, in_val(c, 5)) == n);
+    int64_t cap = kcv->shape[2];
+    NEED(cap <= INT_MAX && kcv->shape[0] >= n && elems_now(c, in_val(c, 5)) == n);
     if (!(how & RUN))
         return 0;
     const int32_t *lens = c->in[5];
@@ -426,7 +427,7 @@ static int op_attn_decode(const kx_op_ctx *c, int how)
                                    (const float *)c->in[0] + s0 * h * hd,
                                    (const float *)c->in[1] + s0 * kv * hd,
                                    (const float *)c->in[2] + s0 * kv * hd, kcs, vcs, cdt,
-                                   lens + s0, (int)ns, (int)h, (int)kv, (int)hd)))
+                                   (int)cap, lens + s0, (int)ns, (int)h, (int)kv, (int)hd)))
             return rc;
     }
     return 0;

@@ -43,6 +43,7 @@
  * which takes it as its input `kv`: disaggregated serving).  The
  * finish signal is raised when the token ends generation (EOS, <|im_end|>)
  * or the session's cache is full. */
+#include <errno.h>
 #include <inttypes.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -748,8 +749,8 @@ static void session_close(baton_model *m, baton_session *s)
     free(s);
 }
 
-/* Layer L's K (KV 0) or V (KV 1) cache of executable X, [slots, max_seq,
- * row] in the cache's type. */
+/* Layer L's K (KV 0) or V (KV 1) cache of executable X, [slots, kv_heads,
+ * max_seq, head_dim] in the cache's type. */
 static uint8_t *cache(kx_exec *x, int l, int kv)
 {
     char name[32];
@@ -786,28 +787,63 @@ static int mcopy(const baton_model *m, void *dst, const void *src, size_t bytes)
 }
 
 /* Copies positions [0, LEN) of every layer between slot SLOT of executable X
- * and the flat buffer HOST ([layer][K, V][len][row]); TO_HOST picks the way.
- * HOST holds elements of the cache's type (an evicted session's copy), or
- * f32 when F32 (the `kv` tensor of a hand-off, whose type is fixed): an f16
- * cache is then widened or rounded on the way, on the host (f16 caches are
- * the CPU's only). */
+ * and the flat buffer HOST; TO_HOST picks the way.  A slot keeps each KV
+ * head's rows together ([kv_head][max_seq][head_dim], see k_attn_prefill).
+ * Without F32, HOST is an evicted session's copy in the cache's type, laid
+ * out as the slot is ([layer][K, V][kv_head][len][head_dim]): one copy per
+ * head.  With F32 it is the `kv` tensor of a hand-off, f32 [layer][K, V]
+ * [len][kv_head * head_dim] (a documented format, whatever the cache), in
+ * the worker's memory (device memory on a GPU): each (layer, K or V) goes
+ * through two host buffers, where its heads' rows are widened or rounded
+ * (f16 caches are the CPU's only) and moved into place. */
 static int copy_slot(baton_model *m, kx_exec *x, int slot, void *host, int len, bool to_host,
                      bool f32)
 {
-    size_t n = (size_t)len * m->row_floats;
-    bool cast = f32 && m->shape.cache != KD_F32;
-    size_t hrow = cast ? m->row_floats * sizeof(float) : m->row_bytes;
-    for (int l = 0; l < m->shape.layers; l++)
-        for (int kv = 0; kv < 2; kv++) {
+    int nkv = m->shape.kv_heads;
+    kdtype cdt = m->shape.cache;
+    size_t hd = (size_t)m->shape.head_dim, esz = kdtype_bytes(cdt, 1);
+    size_t block = (size_t)len * hd * esz, head = (size_t)m->max_seq * hd * esz;
+    size_t flat = (size_t)len * m->row_floats * sizeof(float);
+    uint8_t *tmp = NULL;
+    float *stage = NULL;
+    if (f32 && (!(tmp = malloc(block ? block : 1)) || !(stage = malloc(flat ? flat : 1)))) {
+        free(tmp);
+        return -ENOMEM;
+    }
+    int rc = 0;
+    for (int l = 0; l < m->shape.layers && !rc; l++)
+        for (int kv = 0; kv < 2 && !rc; kv++) {
             uint8_t *c = cache(x, l, kv) + (size_t)slot * (size_t)m->max_seq * m->row_bytes;
-            uint8_t *h = (uint8_t *)host + ((size_t)l * 2 + (size_t)kv) * (size_t)len * hrow;
-            int rc = !cast ? mcopy(m, to_host ? h : c, to_host ? c : h, (size_t)len * hrow)
-                     : to_host ? k_cast(h, KD_F32, c, m->shape.cache, n)
-                               : k_cast(c, m->shape.cache, h, KD_F32, n);
-            if (rc)
-                return rc;
+            size_t lk = (size_t)l * 2 + (size_t)kv;
+            if (!f32) {
+                for (int g = 0; g < nkv && !rc; g++) {
+                    uint8_t *h = (uint8_t *)host + (lk * (size_t)nkv + (size_t)g) * block;
+                    uint8_t *cg = c + (size_t)g * head;
+                    rc = mcopy(m, to_host ? h : cg, to_host ? cg : h, block);
+                }
+                continue;
+            }
+            uint8_t *h = (uint8_t *)host + lk * flat;
+            if (!to_host)
+                rc = mcopy(m, stage, h, flat);
+            for (int g = 0; g < nkv && !rc; g++) {
+                uint8_t *cg = c + (size_t)g * head;
+                if (to_host)
+                    rc = mcopy(m, tmp, cg, block);
+                for (int t = 0; t < len && !rc; t++) {
+                    float *st = stage + (size_t)t * m->row_floats + (size_t)g * hd;
+                    uint8_t *tt = tmp + (size_t)t * hd * esz;
+                    rc = to_host ? k_cast(st, KD_F32, tt, cdt, hd) : k_cast(tt, cdt, st, KD_F32, hd);
+                }
+                if (!to_host && !rc)
+                    rc = mcopy(m, cg, tmp, block);
+            }
+            if (to_host && !rc)
+                rc = mcopy(m, h, stage, flat);
         }
-    return 0;
+    free(tmp);
+    free(stage);
+    return rc;
 }
 
 /* Gives S a decode slot, evicting the least recently used session that is

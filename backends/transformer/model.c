@@ -119,8 +119,9 @@ static kg_graph *build(const ktf_shape *s, int batch, int seq, int ctx, bool pre
         int wg = wval(&b, NAME("blk.%d.ffn_gate"), F, H);
         int wu = wval(&b, NAME("blk.%d.ffn_up"), F, H);
         int wd = wval(&b, NAME("blk.%d.ffn_down"), H, F);
-        int kc = val(&b, NAME("k_cache.%d"), KG_HANDLE, s->cache, 4, batch, ctx, s->kv_heads, s->head_dim);
-        int vc = val(&b, NAME("v_cache.%d"), KG_HANDLE, s->cache, 4, batch, ctx, s->kv_heads, s->head_dim);
+        /* [sequence][KV head][position][dim]: see k_attn_prefill. */
+        int kc = val(&b, NAME("k_cache.%d"), KG_HANDLE, s->cache, 4, batch, s->kv_heads, ctx, s->head_dim);
+        int vc = val(&b, NAME("v_cache.%d"), KG_HANDLE, s->cache, 4, batch, s->kv_heads, ctx, s->head_dim);
 
         int xn = act(&b, NAME("blk.%d.xn"), N, H);
         int t[5] = {x, an};

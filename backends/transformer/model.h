@@ -44,7 +44,7 @@ ktf_shape ktf_shape_smollm2_135m(void);
  * (bucketed): compiled for SEQ tokens, run at any 1..SEQ (kx_extent_set).  Inputs: 0 tokens [B*SEQ] i32, 1 positions
  * [B*SEQ] i32, 2 last-token rows [B] i32.  Outputs: 0 logits of each
  * sequence's last token [B, vocab], 1 argmax [B] i32.  Handles k_cache.L and
- * v_cache.L [B, CTX, kv_heads, head_dim].  NULL on a bad shape or no memory. */
+ * v_cache.L [B, kv_heads, CTX, head_dim].  NULL on a bad shape or no memory. */
 kg_graph *ktf_build_prefill(const ktf_shape *s, int batch, int seq, int ctx);
 
 /* One decode step of up to BATCH sequences against KV caches of CTX
@@ -53,7 +53,7 @@ kg_graph *ktf_build_prefill(const ktf_shape *s, int batch, int seq, int ctx);
  * (kx_extent_set), row b using cache slot b, so a step of few sequences
  * does not pay for the others.  Inputs: 0 tokens [B] i32, 1 positions [B]
  * i32, 2 sequence lengths [B] i32 (negative: an unused row).  Outputs as
- * prefill; handles [BATCH, CTX, kv_heads, head_dim] whatever the extent. */
+ * prefill; handles [BATCH, kv_heads, CTX, head_dim] whatever the extent. */
 kg_graph *ktf_build_decode(const ktf_shape *s, int batch, int ctx);
 
 #endif

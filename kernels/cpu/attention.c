@@ -12,7 +12,7 @@
 #include "kernels/kernels.h"
 
 /* OUT[HD] = softmax(Q . K[j] * scale, j < CTX) . V[j]; K, V rows are ROW
- * floats apart (N_KV * HD). */
+ * floats apart (HD: one KV head's rows are contiguous). */
 static void attend_one(float *out, const float *q, const float *kc, const float *vc, int ctx,
                        size_t row, int hd, float *s)
 {
@@ -47,12 +47,21 @@ static float *scratch(float *stackbuf, size_t have, size_t need)
     return need <= have ? stackbuf : malloc(need * sizeof(float));
 }
 
-void k_attn_prefill(float *out, const float *q, const float *k, const float *v, float *kc,
-                    float *vc, int pos0, int n_tok, int n_head, int n_kv, int hd)
+/* N_TOK rows of SRC ([N_TOK][N_KV][HD]) into cache C ([N_KV][CAP][HD]) at
+ * position POS. */
+static void put_rows(float *c, int cap, int pos, const float *src, int n_tok, int n_kv, int hd)
 {
-    size_t row = (size_t)n_kv * hd;
-    memcpy(kc + (size_t)pos0 * row, k, (size_t)n_tok * row * sizeof(float));
-    memcpy(vc + (size_t)pos0 * row, v, (size_t)n_tok * row * sizeof(float));
+    for (int t = 0; t < n_tok; t++)
+        for (int g = 0; g < n_kv; g++)
+            memcpy(c + ((size_t)g * cap + (size_t)pos + t) * hd,
+                   src + ((size_t)t * n_kv + g) * hd, (size_t)hd * sizeof(float));
+}
+
+void k_attn_prefill(float *out, const float *q, const float *k, const float *v, float *kc,
+                    float *vc, int cap, int pos0, int n_tok, int n_head, int n_kv, int hd)
+{
+    put_rows(kc, cap, pos0, k, n_tok, n_kv, hd);
+    put_rows(vc, cap, pos0, v, n_tok, n_kv, hd);
     int group = n_head / n_kv;
     float buf[1024];
     float *s = scratch(buf, 1024, (size_t)pos0 + n_tok);
@@ -61,30 +70,30 @@ void k_attn_prefill(float *out, const float *q, const float *k, const float *v, 
     for (int t = 0; t < n_tok; t++)
         for (int h = 0; h < n_head; h++) {
             size_t qo = ((size_t)t * n_head + h) * hd;
-            size_t ko = (size_t)(h / group) * hd;
-            attend_one(out + qo, q + qo, kc + ko, vc + ko, pos0 + t + 1, row, hd, s);
+            size_t ko = (size_t)(h / group) * (size_t)cap * hd;
+            attend_one(out + qo, q + qo, kc + ko, vc + ko, pos0 + t + 1, (size_t)hd, hd, s);
         }
     if (s != buf)
         free(s);
 }
 
 void k_attn_decode(float *out, const float *q, const float *k, const float *v, float *const *kc,
-                   float *const *vc, const int32_t *lens, int batch, int n_head, int n_kv,
-                   int hd)
+                   float *const *vc, int cap, const int32_t *lens, int batch, int n_head,
+                   int n_kv, int hd)
 {
     size_t row = (size_t)n_kv * hd;
     int group = n_head / n_kv;
     for (int b = 0; b < batch; b++) {
-        memcpy(kc[b] + (size_t)lens[b] * row, k + b * row, row * sizeof(float));
-        memcpy(vc[b] + (size_t)lens[b] * row, v + b * row, row * sizeof(float));
+        put_rows(kc[b], cap, lens[b], k + b * row, 1, n_kv, hd);
+        put_rows(vc[b], cap, lens[b], v + b * row, 1, n_kv, hd);
         float buf[1024];
         float *s = scratch(buf, 1024, (size_t)lens[b] + 1);
         if (!s)
             abort();
         for (int h = 0; h < n_head; h++) {
             size_t qo = ((size_t)b * n_head + h) * hd;
-            size_t ko = (size_t)(h / group) * hd;
-            attend_one(out + qo, q + qo, kc[b] + ko, vc[b] + ko, lens[b] + 1, row, hd, s);
+            size_t ko = (size_t)(h / group) * (size_t)cap * hd;
+            attend_one(out + qo, q + qo, kc[b] + ko, vc[b] + ko, lens[b] + 1, (size_t)hd, hd, s);
         }
         if (s != buf)
             free(s);

@@ -339,8 +339,7 @@ AVX2 static int tiled_task(float *out, const float *q, size_t qrow, const uint8_
  * value row is widened once per 32 dims and added into up to three
  * queries' accumulators. */
 
-/* Rows ahead that the decode loops prefetch: the rows of one KV head are
- * ROW elements apart, a stride the hardware prefetcher follows late. */
+/* Rows ahead that the decode loops prefetch. */
 #define PREFETCH_ROWS 8
 
 /* O[r][I0, I0 + 32) = INV[r] * sum_j P[r][j] V[j][I0..], for NQ (1..3,
@@ -548,6 +547,7 @@ typedef struct attn_job {
     const int32_t *ctx0;                /* per sequence: rows before its first token; < 0: none */
     int n_seq, n_tok;
     int n_head, n_kv, hd;
+    size_t hstride;                     /* elements between KV heads in a cache: CAP * HD */
     bool f16;                           /* the caches hold f16, else f32 */
     bool fast;                          /* attend_avx2, else attend_scalar */
     int blocks;                         /* query blocks per (sequence, head) */
@@ -581,7 +581,7 @@ static void attn_part(void *arg, int ith, int nth)
 {
     (void)ith, (void)nth;
     attn_job *j = arg;
-    size_t row = (size_t)j->n_kv * j->hd, qrow = (size_t)j->n_head * j->hd;
+    size_t row = (size_t)j->hd, qrow = (size_t)j->n_head * j->hd;
     size_t esz = j->f16 ? 2 : 4;
     int group = j->n_head / j->n_kv, tasks = j->n_seq * j->n_head * j->blocks;
     float stack[SCORES_ON_STACK], *heap = NULL;
@@ -614,7 +614,7 @@ static void attn_part(void *arg, int ith, int nth)
             }
             s = heap;
         }
-        size_t koff = (size_t)(h / group) * (size_t)j->hd * esz;
+        size_t koff = (size_t)(h / group) * j->hstride * esz;
         const uint8_t *kc = (const uint8_t *)j->kc[seq] + koff;
         const uint8_t *vc = (const uint8_t *)j->vc[seq] + koff;
         for (int t = t0; t < t1; t++) {
@@ -637,7 +637,7 @@ static void attn_group_part(void *arg, int ith, int nth)
 {
     (void)ith, (void)nth;
     attn_job *j = arg;
-    size_t row = (size_t)j->n_kv * j->hd, qrow = (size_t)j->n_head * j->hd;
+    size_t row = (size_t)j->hd, qrow = (size_t)j->n_head * j->hd;
     size_t esz = j->f16 ? 2 : 4;
     int group = j->n_head / j->n_kv, tasks = j->n_seq * j->n_kv * j->splits;
     float *s = NULL;
@@ -678,7 +678,7 @@ static void attn_group_part(void *arg, int ith, int nth)
                 continue;
             }
         }
-        size_t koff = ((size_t)c0 * row + (size_t)g * (size_t)j->hd) * esz;
+        size_t koff = ((size_t)g * j->hstride + (size_t)c0 * row) * esz;
         attend_group(o, j->q + qo, group, (const uint8_t *)j->kc[seq] + koff,
                      (const uint8_t *)j->vc[seq] + koff, c1 - c0, row, j->hd, s, ml, j->f16);
     }
@@ -729,7 +729,7 @@ static void attn_tiled_part(void *arg, int ith, int nth)
 {
     (void)ith, (void)nth;
     attn_job *j = arg;
-    size_t row = (size_t)j->n_kv * j->hd, qrow = (size_t)j->n_head * j->hd;
+    size_t row = (size_t)j->hd, qrow = (size_t)j->n_head * j->hd;
     size_t esz = j->f16 ? 2 : 4;
     int group = j->n_head / j->n_kv, per = j->n_seq * j->n_kv, tasks = per * j->blocks;
     tile_ws w = {NULL, NULL, NULL, 0};
@@ -740,7 +740,7 @@ static void attn_tiled_part(void *arg, int ith, int nth)
         int blk = j->blocks - 1 - task / per;
         int sg = task % per, seq = sg / j->n_kv, g = sg % j->n_kv;
         int t0 = blk * TILED_BLOCK, t1 = t0 + TILED_BLOCK < j->n_tok ? t0 + TILED_BLOCK : j->n_tok;
-        size_t koff = (size_t)g * (size_t)j->hd * esz;
+        size_t koff = (size_t)g * j->hstride * esz;
         const uint8_t *kc = (const uint8_t *)j->kc[seq] + koff;
         const uint8_t *vc = (const uint8_t *)j->vc[seq] + koff;
         size_t base = (size_t)seq * j->n_tok * qrow;
@@ -760,26 +760,33 @@ static int run_job(kth_pool *pool, attn_job *j, kth_fn part)
     return j->err;
 }
 
-/* N rows of K (and V) into the cache at row AT, in its type. */
-static int put_rows(void *cache, kdtype dt, size_t at, const float *src, size_t n)
+/* N_TOK rows of K (or V), SRC [N_TOK][N_KV][HD], into CACHE [N_KV][CAP][HD]
+ * at position POS, in the cache's type. */
+static int put_rows(void *cache, kdtype dt, int cap, int pos, const float *src, int n_tok,
+                    int n_kv, int hd)
 {
-    if (dt == KD_F32) {
-        memcpy((float *)cache + at, src, n * sizeof(float));
-        return 0;
-    }
-    return k_cast((uint16_t *)cache + at, KD_F16, src, KD_F32, n);
+    for (int t = 0; t < n_tok; t++)
+        for (int g = 0; g < n_kv; g++) {
+            size_t at = ((size_t)g * cap + (size_t)pos + t) * hd;
+            const float *from = src + ((size_t)t * n_kv + g) * hd;
+            if (dt == KD_F32)
+                memcpy((float *)cache + at, from, (size_t)hd * sizeof(float));
+            else if (k_cast((uint16_t *)cache + at, KD_F16, from, KD_F32, (size_t)hd))
+                return -EINVAL;
+        }
+    return 0;
 }
 
 int k_attn_prefill_mt(kth_pool *pool, float *out, const float *q, const float *k, const float *v,
-                      void *kc, void *vc, kdtype cache_dt, int pos0, int n_tok, int n_head,
-                      int n_kv, int hd)
+                      void *kc, void *vc, kdtype cache_dt, int cap, int pos0, int n_tok,
+                      int n_head, int n_kv, int hd)
 {
-    if ((cache_dt != KD_F32 && cache_dt != KD_F16) || n_head % n_kv || hd < 1)
+    if ((cache_dt != KD_F32 && cache_dt != KD_F16) || n_head % n_kv || hd < 1 || pos0 < 0 ||
+        n_tok < 0 || pos0 > cap - n_tok)
         return -EINVAL;
-    size_t row = (size_t)n_kv * hd;
-    int rc = put_rows(kc, cache_dt, (size_t)pos0 * row, k, (size_t)n_tok * row);
+    int rc = put_rows(kc, cache_dt, cap, pos0, k, n_tok, n_kv, hd);
     if (!rc)
-        rc = put_rows(vc, cache_dt, (size_t)pos0 * row, v, (size_t)n_tok * row);
+        rc = put_rows(vc, cache_dt, cap, pos0, v, n_tok, n_kv, hd);
     if (rc)
         return rc;
     void *kcs[1] = {kc}, *vcs[1] = {vc};
@@ -787,14 +794,14 @@ int k_attn_prefill_mt(kth_pool *pool, float *out, const float *q, const float *k
     /* Enough queries per KV head make the tiles pay for their panels. */
     bool tiled = have_avx2() && hd % 16 == 0 && n_tok >= 8;
     int per = tiled ? TILED_BLOCK : QUERY_BLOCK;
-    attn_job j = {out, q, kcs, vcs, ctx0, 1, n_tok, n_head, n_kv, hd, cache_dt == KD_F16,
-                  have_avx2() && hd % 8 == 0, (n_tok + per - 1) / per, 0, 0};
+    attn_job j = {out, q, kcs, vcs, ctx0, 1, n_tok, n_head, n_kv, hd, (size_t)cap * hd,
+                  cache_dt == KD_F16, have_avx2() && hd % 8 == 0, (n_tok + per - 1) / per, 0, 0};
     return run_job(pool, &j, tiled ? attn_tiled_part : attn_part);
 }
 
 int k_attn_decode_mt(kth_pool *pool, float *out, const float *q, const float *k, const float *v,
-                     void *const *kc, void *const *vc, kdtype cache_dt, const int32_t *lens,
-                     int batch, int n_head, int n_kv, int hd)
+                     void *const *kc, void *const *vc, kdtype cache_dt, int cap,
+                     const int32_t *lens, int batch, int n_head, int n_kv, int hd)
 {
     if ((cache_dt != KD_F32 && cache_dt != KD_F16) || n_head % n_kv || hd < 1)
         return -EINVAL;
@@ -802,14 +809,16 @@ int k_attn_decode_mt(kth_pool *pool, float *out, const float *q, const float *k,
     for (int b = 0; b < batch; b++) {
         if (lens[b] < 0)
             continue;
-        int rc = put_rows(kc[b], cache_dt, (size_t)lens[b] * row, k + (size_t)b * row, row);
+        if (lens[b] >= cap)
+            return -EINVAL;
+        int rc = put_rows(kc[b], cache_dt, cap, lens[b], k + (size_t)b * row, 1, n_kv, hd);
         if (!rc)
-            rc = put_rows(vc[b], cache_dt, (size_t)lens[b] * row, v + (size_t)b * row, row);
+            rc = put_rows(vc[b], cache_dt, cap, lens[b], v + (size_t)b * row, 1, n_kv, hd);
         if (rc)
             return rc;
     }
-    attn_job j = {out, q, kc, vc, lens, batch, 1, n_head, n_kv, hd, cache_dt == KD_F16,
-                  have_avx2() && hd % 8 == 0, 1, 0, 0, 1, NULL};
+    attn_job j = {out, q, kc, vc, lens, batch, 1, n_head, n_kv, hd, (size_t)cap * hd,
+                  cache_dt == KD_F16, have_avx2() && hd % 8 == 0, 1, 0, 0, 1, NULL};
     bool grouped = have_avx2() && hd % 32 == 0 && n_head / n_kv <= 64;
     if (!grouped)
         return run_job(pool, &j, attn_part);

@@ -41,17 +41,20 @@ __device__ __forceinline__ bool len_ok(int len, int cap, int32_t *flag)
     return len >= 0;
 }
 
+/* Caches are [N_KV][CAP][HD] per sequence (kernels.h): element I of the
+ * step's row [N_KV][HD] goes to head I / HD, position LEN. */
 __global__ static void append_kernel(const float *k, const float *v, kv_at kc, kv_at vc,
-                                     const int32_t *lens, int row, int cap, int32_t *flag)
+                                     const int32_t *lens, int n_kv, int hd, int cap,
+                                     int32_t *flag)
 {
-    int b = blockIdx.x;
+    int b = blockIdx.x, row = n_kv * hd;
     if (!len_ok(lens[b], cap, flag))
         return;
-    size_t at = (size_t)lens[b] * row;
     float *kd = seq_cache(kc, b), *vd = seq_cache(vc, b);
     for (int i = threadIdx.x; i < row; i += blockDim.x) {
-        kd[at + i] = k[(size_t)b * row + i];
-        vd[at + i] = v[(size_t)b * row + i];
+        size_t at = ((size_t)(i / hd) * cap + (size_t)lens[b]) * hd + (size_t)(i % hd);
+        kd[at] = k[(size_t)b * row + i];
+        vd[at] = v[(size_t)b * row + i];
     }
 }
 
@@ -73,9 +76,9 @@ __global__ static void decode_kernel(float *out, const float *q, kv_at kc, kv_at
         return;
     }
     int ctx = lens[b] + 1;
-    int row = n_kv * hd;
-    const float *kb = seq_cache(kc, b) + (size_t)(h / (n_head / n_kv)) * hd;
-    const float *vb = seq_cache(vc, b) + (size_t)(h / (n_head / n_kv)) * hd;
+    int row = hd;
+    const float *kb = seq_cache(kc, b) + (size_t)(h / (n_head / n_kv)) * cap * hd;
+    const float *vb = seq_cache(vc, b) + (size_t)(h / (n_head / n_kv)) * cap * hd;
     const float *qh = q + ((size_t)b * n_head + h) * hd;
     float *qs = s + ctx;
     for (int i = threadIdx.x; i < hd; i += blockDim.x)
@@ -127,7 +130,7 @@ static int decode_launch(float *out, const float *q, const float *k, const float
         K_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           (int)shmem));
     }
-    append_kernel<<<batch, ATT_THREADS, 0, K_STREAM(stream)>>>(k, v, kc, vc, lens, n_kv * hd,
+    append_kernel<<<batch, ATT_THREADS, 0, K_STREAM(stream)>>>(k, v, kc, vc, lens, n_kv, hd,
                                                                max_ctx, flag);
     K_CUDA_LAUNCHED();
     decode_kernel<<<batch * n_head, ATT_THREADS, shmem, K_STREAM(stream)>>>(
@@ -170,8 +173,6 @@ extern "C" int k_cuda_attn_decode_strided(float *out, const float *q, const floa
 #define PRE_MAX_HD 256
 #define PRE_ACC (PRE_MAX_HD / PRE_THREADS) /* accumulators per thread */
 
-/* The N floats of K and V (N_TOK rows) to KC and VC, already offset to row
- * POS0 by the launcher. */
 /* The first position: POS0, or POS[0] read on the device (a captured graph
  * cannot bake in a host value that changes per run). */
 __device__ __forceinline__ int first_pos(int pos0, const int32_t *pos)
@@ -179,9 +180,11 @@ __device__ __forceinline__ int first_pos(int pos0, const int32_t *pos)
     return pos ? pos[0] : pos0;
 }
 
+/* The N floats of K and V (N_TOK rows of [N_KV][HD]) to KC and VC
+ * ([N_KV][CAP][HD]) from position POS0. */
 __global__ static void prefill_append_kernel(const float *k, const float *v, float *kc, float *vc,
                                              size_t n, int pos0, const int32_t *pos, int n_tok,
-                                             int cap, size_t row, int32_t *flag)
+                                             int cap, int n_kv, int hd, int32_t *flag)
 {
     int p0 = first_pos(pos0, pos);
     if (p0 < 0 || p0 > cap - n_tok) {
@@ -189,12 +192,12 @@ __global__ static void prefill_append_kernel(const float *k, const float *v, flo
             atomicExch(flag, ERANGE);
         return;
     }
-    kc += (size_t)p0 * row;
-    vc += (size_t)p0 * row;
-    size_t stride = (size_t)gridDim.x * blockDim.x;
+    size_t stride = (size_t)gridDim.x * blockDim.x, row = (size_t)n_kv * hd;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        kc[i] = k[i];
-        vc[i] = v[i];
+        size_t t = i / row, g = i % row / hd, d = i % hd;
+        size_t at = (g * cap + (size_t)p0 + t) * hd + d;
+        kc[at] = k[i];
+        vc[at] = v[i];
     }
 }
 
@@ -218,9 +221,9 @@ __global__ static void prefill_kernel(float *out, const float *q, const float *k
      * scheduled first, so the grid does not end on a tail of long blocks. */
     int t = n_tok - 1 - bid / n_head, h = bid % n_head;
     int ctx = pos0 + t + 1;
-    size_t row = (size_t)n_kv * hd;
-    const float *kb = kc + (size_t)(h / (n_head / n_kv)) * hd;
-    const float *vb = vc + (size_t)(h / (n_head / n_kv)) * hd;
+    size_t row = (size_t)hd;
+    const float *kb = kc + (size_t)(h / (n_head / n_kv)) * cap * hd;
+    const float *vb = vc + (size_t)(h / (n_head / n_kv)) * cap * hd;
     const float *qh = q + ((size_t)t * n_head + h) * hd;
     for (int i = tid; i < hd; i += PRE_THREADS)
         qs[i] = qh[i];
@@ -287,7 +290,7 @@ static int prefill_launch(float *out, const float *q, const float *k, const floa
         return 0;
     size_t row = (size_t)n_kv * hd, n = (size_t)n_tok * row;
     prefill_append_kernel<<<k_grid(n, ATT_THREADS), ATT_THREADS, 0, K_STREAM(stream)>>>(
-        k, v, kc, vc, n, pos0, pos, n_tok, cap, row, flag);
+        k, v, kc, vc, n, pos0, pos, n_tok, cap, n_kv, hd, flag);
     K_CUDA_LAUNCHED();
     prefill_kernel<<<n_tok * n_head, PRE_THREADS, 0, K_STREAM(stream)>>>(
         out, q, kc, vc, pos0, pos, cap, n_tok, n_head, n_kv, hd);
@@ -296,12 +299,13 @@ static int prefill_launch(float *out, const float *q, const float *k, const floa
 }
 
 extern "C" int k_cuda_attn_prefill(float *out, const float *q, const float *k, const float *v,
-                                   float *kc, float *vc, int pos0, int n_tok, int n_head,
+                                   float *kc, float *vc, int cap, int pos0, int n_tok, int n_head,
                                    int n_kv, int hd, void *stream)
 {
-    /* The caller vouches for the capacity: no bound but int range. */
-    return prefill_launch(out, q, k, v, kc, vc, pos0, NULL, INT_MAX, NULL, n_tok, n_head, n_kv,
-                          hd, stream);
+    if (pos0 > cap - n_tok)
+        return -EINVAL;
+    return prefill_launch(out, q, k, v, kc, vc, pos0, NULL, cap, NULL, n_tok, n_head, n_kv, hd,
+                          stream);
 }
 
 extern "C" int k_cuda_attn_prefill_at(float *out, const float *q, const float *k, const float *v,

@@ -438,7 +438,7 @@ static void check_decode(int batch, int n_head, int n_kv, int hd, int maxlen)
     }
     float *q = hrand(batch * qrow, 1), *k = hrand(batch * row, 1), *v = hrand(batch * row, 1);
     float *ref = malloc(batch * qrow * 4);
-    k_attn_decode(ref, q, k, v, kc, vc, lens, batch, n_head, n_kv, hd);
+    k_attn_decode(ref, q, k, v, kc, vc, cap, lens, batch, n_head, n_kv, hd);
     float *dq = dup_dev(q, batch * qrow * 4), *dk = dup_dev(k, batch * row * 4);
     float *dv = dup_dev(v, batch * row * 4), *dout = dev_poison(batch * qrow * 4);
     float **ddkc = dup_dev(dkc, batch * sizeof(float *)), **ddvc = dup_dev(dvc, batch * sizeof(float *));
@@ -488,10 +488,11 @@ static void check_attn_prefill(int pos0, int n_tok, int n_head, int n_kv, int hd
     float *dkc = dup_dev(kc, cap * row * 4), *dvc = dup_dev(vc, cap * row * 4);
     float *q = hrand(n_tok * qrow, 1), *k = hrand(n_tok * row, 1), *v = hrand(n_tok * row, 1);
     float *ref = malloc(n_tok * qrow * 4);
-    k_attn_prefill(ref, q, k, v, kc, vc, pos0, n_tok, n_head, n_kv, hd);
+    k_attn_prefill(ref, q, k, v, kc, vc, (int)cap, pos0, n_tok, n_head, n_kv, hd);
     float *dq = dup_dev(q, n_tok * qrow * 4), *dk = dup_dev(k, n_tok * row * 4);
     float *dv = dup_dev(v, n_tok * row * 4), *dout = dev_poison(n_tok * qrow * 4);
-    OK(k_cuda_attn_prefill(dout, dq, dk, dv, dkc, dvc, pos0, n_tok, n_head, n_kv, hd, NULL));
+    OK(k_cuda_attn_prefill(dout, dq, dk, dv, dkc, dvc, (int)cap, pos0, n_tok, n_head, n_kv, hd,
+                          NULL));
     float *got = back(dout, n_tok * qrow * 4);
     snprintf(name, sizeof(name), "attn_prefill %d+%d %d/%d hd=%d", pos0, n_tok, n_head, n_kv, hd);
     cmp(name, got, ref, n_tok * qrow, 1e-5f, 1e-4f);
@@ -748,7 +749,7 @@ static void bench(FILE *json, const char *devname)
         size_t per = (size_t)T * NKV * HD;
         TIME("attn_prefill 512 9/3x64", 4.0 * (2.0 * T * NH * HD + 6.0 * per),
              2.0 * NH * HD * T * (T + 1.0),
-             k_cuda_attn_prefill(c, b, b, b, a, a + per, 0, T, NH, NKV, HD, NULL));
+             k_cuda_attn_prefill(c, b, b, b, a, a + per, T, 0, T, NH, NKV, HD, NULL));
     }
     int mm_first = nrows;
     TIME("matmul 1x8192x8192x8192", 3.0 * 8192 * 8192 * 4, 2.0 * 8192 * 8192 * 8192,
@@ -850,14 +851,16 @@ int main(int argc, char **argv)
     check_attn_prefill(17, 7, 6, 2, 80);     /* a head dimension that is no power of two */
     check_attn_prefill(40, 33, 8, 2, 256);   /* the largest head dimension: two per thread */
     check_attn_prefill(20000, 7, 8, 2, 128); /* a context no shared memory could hold */
-    OK(k_cuda_attn_prefill(NULL, NULL, NULL, NULL, NULL, NULL, 0, 0, 9, 3, 64, NULL));
+    OK(k_cuda_attn_prefill(NULL, NULL, NULL, NULL, NULL, NULL, 0, 0, 0, 9, 3, 64, NULL));
     checks++;
-    if (k_cuda_attn_prefill(NULL, NULL, NULL, NULL, NULL, NULL, 0, 1, 9, 3, 512, NULL) != -EINVAL ||
-        k_cuda_attn_prefill(NULL, NULL, NULL, NULL, NULL, NULL, 0, 1, 8, 3, 64, NULL) != -EINVAL) {
+    if (k_cuda_attn_prefill(NULL, NULL, NULL, NULL, NULL, NULL, 1, 0, 1, 9, 3, 512, NULL) != -EINVAL ||
+        k_cuda_attn_prefill(NULL, NULL, NULL, NULL, NULL, NULL, 1, 0, 1, 8, 3, 64, NULL) != -EINVAL ||
+        /* Tokens past the capacity. */
+        k_cuda_attn_prefill(NULL, NULL, NULL, NULL, NULL, NULL, 4, 2, 3, 9, 3, 64, NULL) != -EINVAL) {
         printf("FAIL %-28s accepted a bad argument\n", "attn_prefill arguments");
         failures++;
     } else {
-        printf("ok   %-28s n_tok=0, hd=512, 8/3\n", "attn_prefill arguments");
+        printf("ok   %-28s n_tok=0, hd=512, 8/3, past the capacity\n", "attn_prefill arguments");
     }
     check_philox();
     check_allreduce();

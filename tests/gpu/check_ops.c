@@ -411,15 +411,15 @@ static void case_op(kop o, int trial, const kx_device *gpu)
         float *kc = own(c, xmalloc(cache * 4)), *vc = own(c, xmalloc(cache * 4));
         memcpy(kc, kc0, cache * 4), memcpy(vc, vc0, cache * 4);
         float *want = own(c, xmalloc((size_t)N * H * HD * 4));
-        k_attn_prefill(want, q, k, v, kc, vc, pos0, N, H, KV, HD);
+        k_attn_prefill(want, q, k, v, kc, vc, C, pos0, N, H, KV, HD);
         int32_t *pos = own(c, xmalloc(N * 4));
         for (int i = 0; i < N; i++)
             pos[i] = pos0 + i;
         int vq = val(c, "q", KG_INPUT, KD_F32, 2, N, (int64_t)H * HD, 0, 0);
         int vk = val(c, "k", KG_INPUT, KD_F32, 2, N, (int64_t)row, 0, 0);
         int vv = val(c, "v", KG_INPUT, KD_F32, 2, N, (int64_t)row, 0, 0);
-        int vkc = val(c, "kc", KG_HANDLE, KD_F32, 4, 1, C, KV, HD);
-        int vvc = val(c, "vc", KG_HANDLE, KD_F32, 4, 1, C, KV, HD);
+        int vkc = val(c, "kc", KG_HANDLE, KD_F32, 4, 1, KV, C, HD);
+        int vvc = val(c, "vc", KG_HANDLE, KD_F32, 4, 1, KV, C, HD);
         int vp = val(c, "pos", KG_INPUT, KD_I32, 1, N, 0, 0, 0);
         int vo = val(c, "o", KG_OUTPUT, KD_F32, 2, N, (int64_t)H * HD, 0, 0);
         int in[6] = {vq, vk, vv, vkc, vvc, vp}, out[3] = {vo, vkc, vvc};
@@ -452,14 +452,14 @@ static void case_op(kop o, int trial, const kx_device *gpu)
                 continue;
             }
             float *kb = kc + b * cache, *vb = vc + b * cache;
-            k_attn_decode(o_b, q + (size_t)b * H * HD, k + b * row, v + b * row, &kb, &vb,
+            k_attn_decode(o_b, q + (size_t)b * H * HD, k + b * row, v + b * row, &kb, &vb, C,
                           &lens[b], 1, H, KV, HD);
         }
         int vq = val(c, "q", KG_INPUT, KD_F32, 2, B, (int64_t)H * HD, 0, 0);
         int vk = val(c, "k", KG_INPUT, KD_F32, 2, B, (int64_t)row, 0, 0);
         int vv = val(c, "v", KG_INPUT, KD_F32, 2, B, (int64_t)row, 0, 0);
-        int vkc = val(c, "kc", KG_HANDLE, KD_F32, 4, B, C, KV, HD);
-        int vvc = val(c, "vc", KG_HANDLE, KD_F32, 4, B, C, KV, HD);
+        int vkc = val(c, "kc", KG_HANDLE, KD_F32, 4, B, KV, C, HD);
+        int vvc = val(c, "vc", KG_HANDLE, KD_F32, 4, B, KV, C, HD);
         int vl = val(c, "lens", KG_INPUT, KD_I32, 1, B, 0, 0, 0);
         int vo = val(c, "o", KG_OUTPUT, KD_F32, 2, B, (int64_t)H * HD, 0, 0);
         int in[6] = {vq, vk, vv, vkc, vvc, vl}, out[3] = {vo, vkc, vvc};

@@ -632,6 +632,30 @@ static void round_f16(float *x, size_t n)
         x[i] = k_f16_to_f32(k_f32_to_f16(x[i]));
 }
 
+/* N_TOK rows of SRC ([N_TOK][N_KV][HD], f32) into cache C of type DT at
+ * positions [POS, POS + N_TOK), in the caches' layout ([N_KV][CAP][HD]); and
+ * the way back, into DST as f32 rows. */
+static void cache_put(void *c, kdtype dt, int cap, int pos, const float *src, int n_tok,
+                      int n_kv, int hd)
+{
+    size_t esz = kdtype_bytes(dt, 1);
+    for (int t = 0; t < n_tok; t++)
+        for (int g = 0; g < n_kv; g++)
+            assert_int_equal(k_cast((uint8_t *)c + (((size_t)g * cap + pos + t) * hd) * esz, dt,
+                                    src + ((size_t)t * n_kv + g) * hd, KD_F32, (size_t)hd), 0);
+}
+
+static void cache_get(float *dst, const void *c, kdtype dt, int cap, int pos, int n_tok,
+                      int n_kv, int hd)
+{
+    size_t esz = kdtype_bytes(dt, 1);
+    for (int t = 0; t < n_tok; t++)
+        for (int g = 0; g < n_kv; g++)
+            assert_int_equal(k_cast(dst + ((size_t)t * n_kv + g) * hd, KD_F32,
+                                    (const uint8_t *)c + (((size_t)g * cap + pos + t) * hd) * esz,
+                                    dt, (size_t)hd), 0);
+}
+
 /* k_attn_prefill_mt and k_attn_decode_mt against the references, with no
  * pool and pools of 2 and 3 threads, on f32 and f16 caches, for head sizes
  * that take the vector path (64, 16) and one that does not (20), prompts
@@ -663,21 +687,21 @@ static void test_attention_fast_vs_ref(void **state)
                     round_f16(k, T * row), round_f16(v, T * row);
                     round_f16(hk, P0 * row), round_f16(hv, P0 * row);
                 }
-                memcpy(rk, hk, P0 * row * sizeof(float));
-                memcpy(rv, hv, P0 * row * sizeof(float));
-                assert_int_equal(k_cast(ck, dt, hk, KD_F32, P0 * row), 0);
-                assert_int_equal(k_cast(cv, dt, hv, KD_F32, P0 * row), 0);
+                cache_put(rk, KD_F32, CAP, 0, hk, P0, NKV, HD);
+                cache_put(rv, KD_F32, CAP, 0, hv, P0, NKV, HD);
+                cache_put(ck, dt, CAP, 0, hk, P0, NKV, HD);
+                cache_put(cv, dt, CAP, 0, hv, P0, NKV, HD);
                 float *ref = poisoned(T * qrow), *got = poisoned(T * qrow);
-                k_attn_prefill(ref, q, k, v, rk, rv, P0, T, NH, NKV, HD);
-                assert_int_equal(k_attn_prefill_mt(pool, got, q, k, v, ck, cv, dt, P0, T, NH,
-                                                   NKV, HD), 0);
+                k_attn_prefill(ref, q, k, v, rk, rv, CAP, P0, T, NH, NKV, HD);
+                assert_int_equal(k_attn_prefill_mt(pool, got, q, k, v, ck, cv, dt, CAP, P0, T,
+                                                   NH, NKV, HD), 0);
                 char what[96];
                 snprintf(what, sizeof(what), "prefill %zu %s, %d threads", sh, f16 ? "f16" : "f32",
                          nth);
                 assert_close(got, ref, T * qrow, 2e-5f, 2e-5f, what);
                 /* The chunk's K and V are in the cache, in its type. */
                 float *back = malloc(T * row * sizeof(float));
-                assert_int_equal(k_cast(back, KD_F32, (uint8_t *)ck + P0 * row * esz, dt, T * row), 0);
+                cache_get(back, ck, dt, CAP, P0, T, NKV, HD);
                 assert_memory_equal(back, k, T * row * sizeof(float));
                 /* One decode step on top, in a batch whose middle row is
                  * empty (length -1): zeros there, the same as the reference
@@ -694,19 +718,23 @@ static void test_attention_fast_vs_ref(void **state)
                 float *dref = poisoned(qrow), *dgot = poisoned(3 * qrow);
                 float *rkp[1] = {rk}, *rvp[1] = {rv};
                 int32_t rlen[1] = {P0 + T};
-                k_attn_decode(dref, dq, dk, dv, rkp, rvp, rlen, 1, NH, NKV, HD);
-                assert_int_equal(k_attn_decode_mt(pool, dgot, dq, dk, dv, kcs, vcs, dt, lens, 3,
-                                                  NH, NKV, HD), 0);
+                k_attn_decode(dref, dq, dk, dv, rkp, rvp, CAP, rlen, 1, NH, NKV, HD);
+                assert_int_equal(k_attn_decode_mt(pool, dgot, dq, dk, dv, kcs, vcs, dt, CAP, lens,
+                                                  3, NH, NKV, HD), 0);
                 snprintf(what, sizeof(what), "decode %zu %s, %d threads", sh, f16 ? "f16" : "f32",
                          nth);
                 assert_close(dgot, dref, qrow, 2e-5f, 2e-5f, what);
                 for (size_t i = 0; i < qrow; i++)
                     assert_true(dgot[qrow + i] == 0.0f);
                 float *dref2 = poisoned(qrow);
-                k_attn_decode(dref2, dq + 2 * qrow, dk, dv, rkp, rvp, rlen, 1, NH, NKV, HD);
+                k_attn_decode(dref2, dq + 2 * qrow, dk, dv, rkp, rvp, CAP, rlen, 1, NH, NKV, HD);
                 assert_close(dgot + 2 * qrow, dref2, qrow, 2e-5f, 2e-5f, what);
-                assert_int_equal(k_attn_decode_mt(pool, dgot, dq, dk, dv, kcs, vcs, KD_BF16, lens,
-                                                  3, NH, NKV, HD), -EINVAL);
+                assert_int_equal(k_attn_decode_mt(pool, dgot, dq, dk, dv, kcs, vcs, KD_BF16, CAP,
+                                                  lens, 3, NH, NKV, HD), -EINVAL);
+                /* A length the caches cannot take is refused, not written. */
+                int32_t full[1] = {CAP};
+                assert_int_equal(k_attn_decode_mt(pool, dgot, dq, dk, dv, kcs, vcs, dt, CAP, full,
+                                                  1, NH, NKV, HD), -EINVAL);
                 free(q), free(k), free(v), free(hk), free(hv), free(rk), free(rv), free(ck);
                 free(cv), free(ref), free(got), free(back), free(dq), free(dk), free(dv);
                 free(dref), free(dgot), free(dref2);
@@ -723,7 +751,7 @@ static void test_attention_fast_vs_ref(void **state)
 static void test_attention_split_decode(void **state)
 {
     (void)state;
-    enum { NH = 4, NKV = 1, HD = 64, B = 3 };
+    enum { NH = 4, NKV = 2, HD = 64, B = 3, CAPR = 1501 };
     const int32_t lens[B] = {1500, 1, -1};
     size_t row = (size_t)NKV * HD, qrow = (size_t)NH * HD;
     for (int nth = 2; nth <= 3; nth++) {
@@ -738,22 +766,22 @@ static void test_attention_split_decode(void **state)
             if (f16)
                 round_f16(k, B * row), round_f16(v, B * row);
             for (int b = 0; b < B; b++) {
-                size_t cap = (size_t)(lens[b] + 1) * row;
+                size_t cap = (size_t)CAPR * row;
                 hist[b] = rnd(2 * cap + 1, 1);
                 if (f16)
                     round_f16(hist[b], 2 * cap);
                 rk[b] = poisoned(cap), rv[b] = poisoned(cap);
                 if (lens[b] < 0)
                     continue;
-                memcpy(rk[b], hist[b], (size_t)lens[b] * row * sizeof(float));
-                memcpy(rv[b], hist[b] + cap, (size_t)lens[b] * row * sizeof(float));
+                cache_put(rk[b], KD_F32, CAPR, 0, hist[b], lens[b], NKV, HD);
+                cache_put(rv[b], KD_F32, CAPR, 0, hist[b] + cap, lens[b], NKV, HD);
                 kcs[b] = malloc(cap * esz), vcs[b] = malloc(cap * esz);
-                assert_int_equal(k_cast(kcs[b], dt, rk[b], KD_F32, (size_t)lens[b] * row), 0);
-                assert_int_equal(k_cast(vcs[b], dt, rv[b], KD_F32, (size_t)lens[b] * row), 0);
+                cache_put(kcs[b], dt, CAPR, 0, hist[b], lens[b], NKV, HD);
+                cache_put(vcs[b], dt, CAPR, 0, hist[b] + cap, lens[b], NKV, HD);
             }
             float *got = poisoned(B * qrow);
-            assert_int_equal(k_attn_decode_mt(pool, got, q, k, v, kcs, vcs, dt, lens, B, NH, NKV,
-                                              HD), 0);
+            assert_int_equal(k_attn_decode_mt(pool, got, q, k, v, kcs, vcs, dt, CAPR, lens, B, NH,
+                                              NKV, HD), 0);
             for (int b = 0; b < B; b++) {
                 char what[64];
                 snprintf(what, sizeof(what), "split decode row %d %s, %d threads", b,
@@ -765,8 +793,8 @@ static void test_attention_split_decode(void **state)
                 }
                 float *ref = poisoned(qrow), *rkp[1] = {rk[b]}, *rvp[1] = {rv[b]};
                 int32_t rlen[1] = {lens[b]};
-                k_attn_decode(ref, q + b * qrow, k + b * row, v + b * row, rkp, rvp, rlen, 1, NH,
-                              NKV, HD);
+                k_attn_decode(ref, q + b * qrow, k + b * row, v + b * row, rkp, rvp, CAPR, rlen, 1,
+                              NH, NKV, HD);
                 assert_close(got + b * qrow, ref, qrow, 2e-5f, 2e-5f, what);
                 free(ref);
                 /* The same bits alone, on one thread: a sequence's outputs
@@ -775,8 +803,8 @@ static void test_attention_split_decode(void **state)
                 float *alone = poisoned(qrow);
                 int32_t len1[1] = {lens[b]};
                 assert_int_equal(k_attn_decode_mt(NULL, alone, q + b * qrow, k + b * row,
-                                                  v + b * row, &kcs[b], &vcs[b], dt, len1, 1, NH,
-                                                  NKV, HD), 0);
+                                                  v + b * row, &kcs[b], &vcs[b], dt, CAPR, len1, 1,
+                                                  NH, NKV, HD), 0);
                 assert_memory_equal(alone, got + b * qrow, qrow * sizeof(float));
                 free(alone);
             }
@@ -811,26 +839,29 @@ static void test_attention_decode_vs_prefill(void **state)
         memcpy(hist_v[b] + lens[b] * row, v + b * row, row * sizeof(float));
         kc[b] = poisoned(CAP * row);
         vc[b] = poisoned(CAP * row);
-        memcpy(kc[b], hist_k[b], lens[b] * row * sizeof(float));
-        memcpy(vc[b], hist_v[b], lens[b] * row * sizeof(float));
+        cache_put(kc[b], KD_F32, CAP, 0, hist_k[b], lens[b], NKV, HD);
+        cache_put(vc[b], KD_F32, CAP, 0, hist_v[b], lens[b], NKV, HD);
     }
     float *out = poisoned(B * qrow);
-    k_attn_decode(out, q, k, v, kc, vc, lens, B, NH, NKV, HD);
+    k_attn_decode(out, q, k, v, kc, vc, CAP, lens, B, NH, NKV, HD);
     for (int b = 0; b < B; b++) {
         int T = lens[b] + 1;
         float *pk = poisoned(CAP * row), *pv = poisoned(CAP * row);
         float *po = poisoned((size_t)T * qrow), *po2 = poisoned((size_t)T * qrow);
-        k_attn_prefill(po, hist_q[b], hist_k[b], hist_v[b], pk, pv, 0, T, NH, NKV, HD);
+        k_attn_prefill(po, hist_q[b], hist_k[b], hist_v[b], pk, pv, CAP, 0, T, NH, NKV, HD);
         assert_close(out + b * qrow, po + (T - 1) * qrow, qrow, 1e-6f, 1e-5f,
                      "decode vs prefill last row");
-        assert_close(kc[b], pk, (size_t)T * row, 0, 0, "decode cache vs prefill cache");
-        assert_close(vc[b], pv, (size_t)T * row, 0, 0, "decode cache vs prefill cache");
+        for (int g = 0; g < NKV; g++) {
+            size_t at = (size_t)g * CAP * HD;
+            assert_close(kc[b] + at, pk + at, (size_t)T * HD, 0, 0, "decode cache vs prefill cache");
+            assert_close(vc[b] + at, pv + at, (size_t)T * HD, 0, 0, "decode cache vs prefill cache");
+        }
         /* Two chunks: the first h tokens, then the rest. */
         int h = T / 2;
         float *ck = poisoned(CAP * row), *cv = poisoned(CAP * row);
-        k_attn_prefill(po2, hist_q[b], hist_k[b], hist_v[b], ck, cv, 0, h, NH, NKV, HD);
+        k_attn_prefill(po2, hist_q[b], hist_k[b], hist_v[b], ck, cv, CAP, 0, h, NH, NKV, HD);
         k_attn_prefill(po2 + h * qrow, hist_q[b] + h * qrow, hist_k[b] + h * row,
-                       hist_v[b] + h * row, ck, cv, h, T - h, NH, NKV, HD);
+                       hist_v[b] + h * row, ck, cv, CAP, h, T - h, NH, NKV, HD);
         assert_close(po2, po, (size_t)T * qrow, 1e-6f, 1e-5f, "chunked prefill");
         if (T == 1) /* one key: the output is its value, per group */
             for (int hh = 0; hh < NH; hh++)
