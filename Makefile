@@ -312,9 +312,11 @@ asan-test: deps model
 run: deps all
 	@bash scripts/run.sh $(BATOND)
 
-# Installs the programs, the client library (static, shared, pkg-config
-# `baton-client`), the public headers, the examples, the Python client and
-# the systemd units (copy them to /etc/systemd/system to use them).
+# Installs the programs, the client library (shared: pkg-config
+# `baton-client`; linked in: `baton-client-static`), the public headers,
+# the examples, the Python client and the systemd units (copy them to
+# /etc/systemd/system to use them); docs/operations.md.
+BATON_VERSION := $(shell sed -n 's/^\#define BATON_VERSION "\(.*\)"/\1/p' include/baton/version.h)
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/include/baton \
 		$(DESTDIR)$(PREFIX)/lib/pkgconfig \
@@ -324,13 +326,18 @@ install: all
 	install -m 0644 $(CLIENT_LIB) $(DESTDIR)$(PREFIX)/lib/
 	install -m 0755 $(CLIENT_SO) $(DESTDIR)$(PREFIX)/lib/
 	ln -sf libbatonclient.so.0 $(DESTDIR)$(PREFIX)/lib/libbatonclient.so
-	printf 'prefix=%s\nlibdir=$${prefix}/lib\nincludedir=$${prefix}/include\n\nName: baton-client\nDescription: C client library of the baton serving daemon\nVersion: 0.1.0\nRequires.private: libzmq libprotobuf-c\nLibs: -L$${libdir} -lbatonclient\nCflags: -I$${includedir}\n' \
-		'$(PREFIX)' > $(DESTDIR)$(PREFIX)/lib/pkgconfig/baton-client.pc
+	printf 'prefix=%s\nlibdir=$${prefix}/lib\nincludedir=$${prefix}/include\n\nName: baton-client\nDescription: C client library of the baton serving daemon\nVersion: %s\nRequires.private: libzmq libprotobuf-c\nLibs: -L$${libdir} -lbatonclient\nCflags: -I$${includedir}\n' \
+		'$(PREFIX)' '$(BATON_VERSION)' > $(DESTDIR)$(PREFIX)/lib/pkgconfig/baton-client.pc
+	printf 'prefix=%s\nlibdir=$${prefix}/lib\nincludedir=$${prefix}/include\n\nName: baton-client-static\nDescription: C client library of the baton serving daemon, linked in (libbatonclient.a)\nVersion: %s\nRequires: libzmq libprotobuf-c\nLibs: -L$${libdir} -l:libbatonclient.a\nCflags: -I$${includedir}\n' \
+		'$(PREFIX)' '$(BATON_VERSION)' > $(DESTDIR)$(PREFIX)/lib/pkgconfig/baton-client-static.pc
 	install -m 0644 include/baton/*.h $(DESTDIR)$(PREFIX)/include/baton/
 	install -m 0644 config/examples/*.yaml $(DESTDIR)$(PREFIX)/share/baton/examples/
 	install -m 0644 scripts/systemd/*.service $(DESTDIR)$(PREFIX)/share/baton/systemd/
 	install -m 0644 client/python/baton_client.py $(PY_PB2) $(DESTDIR)$(PREFIX)/share/baton/python/
 	install -m 0644 README.md $(DESTDIR)$(PREFIX)/share/baton/
+	@# The dynamic linker's cache learns of the new libbatonclient.so.0
+	@# (a real install by root only; a DESTDIR tree is not this system's).
+	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" = 0 ] && command -v ldconfig >/dev/null; then ldconfig; fi
 
 clean:
 	rm -rf build
