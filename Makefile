@@ -312,25 +312,49 @@ asan-test: deps model
 run: deps all
 	@bash scripts/run.sh $(BATOND)
 
-# Installs the programs, the client library (static, shared, pkg-config
-# `baton-client`), the public headers, the examples, the Python client and
-# the systemd units (copy them to /etc/systemd/system to use them).
+# Installs the programs, the client library (shared: pkg-config
+# `baton-client`; linked in: `baton-client-static`), the public headers,
+# the examples, the Python client, and for systemd: the units (into
+# SYSTEMDUNITDIR, their /usr/local paths made $(PREFIX)), the `baton` user
+# (a sysusers.d file) and a first /etc/baton/baton.yaml, never replacing
+# one that is there (docs/operations.md).  systemd reads units and
+# sysusers.d files under /usr/local/lib and /usr/lib: with another PREFIX,
+# point SYSTEMDUNITDIR and SYSUSERSDIR at one of those.
+SYSCONFDIR ?= /etc
+SYSTEMDUNITDIR ?= $(PREFIX)/lib/systemd/system
+SYSUSERSDIR ?= $(PREFIX)/lib/sysusers.d
+BATON_VERSION := $(shell sed -n 's/^\#define BATON_VERSION "\(.*\)"/\1/p' include/baton/version.h)
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/include/baton \
 		$(DESTDIR)$(PREFIX)/lib/pkgconfig \
-		$(DESTDIR)$(PREFIX)/share/baton/examples $(DESTDIR)$(PREFIX)/share/baton/systemd \
-		$(DESTDIR)$(PREFIX)/share/baton/python
+		$(DESTDIR)$(PREFIX)/share/baton/examples $(DESTDIR)$(PREFIX)/share/baton/python \
+		$(DESTDIR)$(SYSTEMDUNITDIR) $(DESTDIR)$(SYSUSERSDIR) $(DESTDIR)$(SYSCONFDIR)/baton
 	install -m 0755 $(PROGRAMS) $(DESTDIR)$(PREFIX)/bin/
 	install -m 0644 $(CLIENT_LIB) $(DESTDIR)$(PREFIX)/lib/
 	install -m 0755 $(CLIENT_SO) $(DESTDIR)$(PREFIX)/lib/
 	ln -sf libbatonclient.so.0 $(DESTDIR)$(PREFIX)/lib/libbatonclient.so
-	printf 'prefix=%s\nlibdir=$${prefix}/lib\nincludedir=$${prefix}/include\n\nName: baton-client\nDescription: C client library of the baton serving daemon\nVersion: 0.1.0\nRequires.private: libzmq libprotobuf-c\nLibs: -L$${libdir} -lbatonclient\nCflags: -I$${includedir}\n' \
-		'$(PREFIX)' > $(DESTDIR)$(PREFIX)/lib/pkgconfig/baton-client.pc
+	printf 'prefix=%s\nlibdir=$${prefix}/lib\nincludedir=$${prefix}/include\n\nName: baton-client\nDescription: C client library of the baton serving daemon\nVersion: %s\nRequires.private: libzmq libprotobuf-c\nLibs: -L$${libdir} -lbatonclient\nCflags: -I$${includedir}\n' \
+		'$(PREFIX)' '$(BATON_VERSION)' > $(DESTDIR)$(PREFIX)/lib/pkgconfig/baton-client.pc
+	printf 'prefix=%s\nlibdir=$${prefix}/lib\nincludedir=$${prefix}/include\n\nName: baton-client-static\nDescription: C client library of the baton serving daemon, linked in (libbatonclient.a)\nVersion: %s\nRequires: libzmq libprotobuf-c\nLibs: -L$${libdir} -l:libbatonclient.a\nCflags: -I$${includedir}\n' \
+		'$(PREFIX)' '$(BATON_VERSION)' > $(DESTDIR)$(PREFIX)/lib/pkgconfig/baton-client-static.pc
 	install -m 0644 include/baton/*.h $(DESTDIR)$(PREFIX)/include/baton/
 	install -m 0644 config/examples/*.yaml $(DESTDIR)$(PREFIX)/share/baton/examples/
-	install -m 0644 scripts/systemd/*.service $(DESTDIR)$(PREFIX)/share/baton/systemd/
+	for u in scripts/systemd/*.service; do \
+		sed 's|/usr/local/|$(PREFIX)/|g' $$u > $(DESTDIR)$(SYSTEMDUNITDIR)/$${u##*/} && \
+		chmod 0644 $(DESTDIR)$(SYSTEMDUNITDIR)/$${u##*/} || exit 1; \
+	done
+	install -m 0644 scripts/systemd/baton.sysusers $(DESTDIR)$(SYSUSERSDIR)/baton.conf
+	@if [ -e $(DESTDIR)$(SYSCONFDIR)/baton/baton.yaml ]; then \
+		echo "install: keeping $(DESTDIR)$(SYSCONFDIR)/baton/baton.yaml (the example is $(PREFIX)/share/baton/examples/chat-cpu-system.yaml)"; \
+	else \
+		echo "install -m 0644 config/examples/chat-cpu-system.yaml $(DESTDIR)$(SYSCONFDIR)/baton/baton.yaml"; \
+		install -m 0644 config/examples/chat-cpu-system.yaml $(DESTDIR)$(SYSCONFDIR)/baton/baton.yaml; \
+	fi
 	install -m 0644 client/python/baton_client.py $(PY_PB2) $(DESTDIR)$(PREFIX)/share/baton/python/
 	install -m 0644 README.md $(DESTDIR)$(PREFIX)/share/baton/
+	@# The dynamic linker's cache learns of the new libbatonclient.so.0
+	@# (a real install by root only; a DESTDIR tree is not this system's).
+	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" = 0 ] && command -v ldconfig >/dev/null; then ldconfig; fi
 
 clean:
 	rm -rf build

@@ -2,17 +2,29 @@
 # Installs every Debian package that building, testing and `make run` need.
 # Idempotent: when every package is already present it returns at once, so
 # `make test` and `make run` can call it every time without paying for apt.
+#
+# --build leaves out what only the tests use (the image builds of
+# Dockerfile.cpu and Dockerfile run `make` and `make install`, never `make
+# test`).
 set -euo pipefail
 
 PKGS=(
   build-essential pkg-config git ca-certificates
   libzmq3-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler
-  libyaml-dev libjemalloc-dev libcmocka-dev libopenblas-dev libsystemd-dev
+  libyaml-dev libjemalloc-dev libopenblas-dev libsystemd-dev
   libmicrohttpd-dev libjansson-dev
-  prometheus               # promtool, which checks the /metrics text in the tests
   python3 python3-pip python3-zmq python3-protobuf python3-yaml
   curl unzip
 )
+TEST_PKGS=(
+  libcmocka-dev
+  prometheus               # promtool, which checks the /metrics text in the tests
+)
+case "${1:-}" in
+  --build) ;;
+  "") PKGS+=("${TEST_PKGS[@]}") ;;
+  *) echo "usage: install-deps.sh [--build]" >&2; exit 2 ;;
+esac
 
 missing=()
 for p in "${PKGS[@]}"; do

@@ -82,5 +82,15 @@ if [ $rc -eq 0 ]; then ok
 elif [ $rc -eq 77 ]; then skip=$((skip + 1)); echo "SKIP test_openai.py (no model)"
 else bad "test_openai.py (see above)"; fi
 
+# make install, libbatonclient through pkg-config, the systemd units and
+# the Docker images' build steps, each against a temporary DESTDIR
+# (docs/operations.md); exit 77 is a skip, with the reason printed.
+for t in test_install.sh test_systemd.sh test_docker.sh; do
+  BUILD="$BUILD" bash "tests/integration/$t"; rc=$?
+  if [ $rc -eq 0 ]; then ok
+  elif [ $rc -eq 77 ]; then skip=$((skip + 1)); echo "SKIP $t (reason above)"
+  else bad "$t (see above)"; fi
+done
+
 echo "integration: ${pass} passed, ${fail} failed, ${skip} skipped"
 [ "$fail" -eq 0 ]
