@@ -28,9 +28,10 @@ static const char usage_text[] =
     "\n"
     "commands:\n"
     "  infer GRAPH [--input NAME=SPEC]... [REQUEST OPTIONS]   run a graph once\n"
-    "  generate GRAPH TEXT [--input-name NAME] [REQUEST OPTIONS]\n"
+    "  generate GRAPH TEXT [--input-name NAME] [--system TEXT] [REQUEST OPTIONS]\n"
     "                      send TEXT as the graph's first input (or NAME), print the\n"
-    "                      streamed text as it arrives, then a summary on stderr\n"
+    "                      streamed text as it arrives, then a summary on stderr;\n"
+    "                      with --system, TEXT and the system prompt go as messages\n"
     "  health              liveness and readiness (exit 1 when not ready)\n"
     "  stats               metrics (Prometheus text)\n"
     "  inspect [GRAPH]     graph, partition and schedule\n"
@@ -65,7 +66,8 @@ static const char usage_text[] =
     "\n"
     "--json objects: {\"type\":\"chunk\",\"request_id\",\"seq\",\"value\":TENSOR},\n"
     "{\"type\":\"response\",\"request_id\",\"status\",\"code\",\"message\",\"outputs\":[TENSOR],\n"
-    "\"timings\":[...],\"total_us\",\"seed\"}, {\"type\":\"health\"|\"stats\"|\"inspect\",...}; TENSOR is\n"
+    "\"timings\":[...],\"total_us\",\"seed\",\"usage\",\"loop_ends\"},\n"
+    "{\"type\":\"health\"|\"stats\"|\"inspect\",...}; TENSOR is\n"
     "{\"name\",\"dtype\",\"dims\",\"modality\",\"values\":[...]}, or for text modality\n"
     "{...,\"text\":\"...\"} (plus \"values\" when the bytes are not valid UTF-8).\n"
     "\n"
@@ -81,6 +83,7 @@ typedef struct ctl_opts {
     bool timings;
     bool request_opts; /* an option only infer/generate take was seen */
     const char *input_name;
+    const char *system;  /* generate --system: the system turn */
     const char *request_id;
     baton_client_sampling sampling;
     bool have_sampling;
@@ -206,6 +209,8 @@ static int parse_args(int argc, char **argv, ctl_opts *o)
                 o->caps[o->n_caps++] = val;
             } else if (!strcmp(name, "--input-name")) {
                 o->input_name = val;
+            } else if (!strcmp(name, "--system")) {
+                o->system = val;
             } else if (!strcmp(name, "--request-id")) {
                 o->request_id = val;
             } else if (!strcmp(name, "--temperature")) {
@@ -488,7 +493,16 @@ static int cmd_run(const ctl_opts *o, bool generate)
             status = conn_error(o, rc);
             goto out;
         }
-        if (baton_client_request_add_text(r, name, o->pos[2]) != 0) {
+        if (o->system) {
+            /* A system turn and the user's: a conversation the model's
+             * template renders, not text. */
+            if (baton_client_request_add_message(r, "system", o->system) != 0 ||
+                baton_client_request_add_message(r, "user", o->pos[2]) != 0 ||
+                baton_client_request_set_messages_input(r, name) != 0) {
+                status = usage_error("%s", "out of memory");
+                goto out;
+            }
+        } else if (baton_client_request_add_text(r, name, o->pos[2]) != 0) {
             status = usage_error("input '%s' is empty or given twice", name);
             goto out;
         }
@@ -570,10 +584,19 @@ static int cmd_run(const ctl_opts *o, bool generate)
             if (o->timings)
                 ctl_print_timings(ev);
             if (ev->code == BATON_CLIENT_CODE_OK) {
-                if (!o->json)
-                    fprintf(stderr, "OK: %.1f ms, %zu chunk%s, %zu node run%s, seed %" PRIu64 "\n",
+                if (!o->json) {
+                    fprintf(stderr, "OK: %.1f ms, %zu chunk%s, %zu node run%s, seed %" PRIu64,
                             (double)ev->total_us / 1000, chunks, chunks == 1 ? "" : "s",
                             ev->n_timings, ev->n_timings == 1 ? "" : "s", ev->seed);
+                    if (ev->prompt_tokens || ev->completion_tokens)
+                        fprintf(stderr, ", tokens %u prompt + %u generated", ev->prompt_tokens,
+                                ev->completion_tokens);
+                    for (size_t i = 0; i < ev->n_loop_ends; i++)
+                        fprintf(stderr, ", %s ended by %s", ev->loop_ends[i].loop,
+                                ev->loop_ends[i].how == BATON_CLIENT_LOOP_MAX_ITERS
+                                    ? "max_iters" : "its finish signal");
+                    fputc('\n', stderr);
+                }
                 status = 0;
             } else {
                 fprintf(stderr, "batonctl: %s: %s\n", baton_client_code_name(ev->code),
@@ -673,8 +696,8 @@ int main(int argc, char **argv)
         fputs(usage_text, stdout);
     } else if (o.request_opts && !run) {
         status = usage_error("%s takes no request options (--input, --stream, ...)", cmd);
-    } else if (o.input_name && strcmp(cmd, "generate")) {
-        status = usage_error("%s", "--input-name is for generate");
+    } else if ((o.input_name || o.system) && strcmp(cmd, "generate")) {
+        status = usage_error("%s", "--input-name and --system are for generate");
     } else if (run) {
         status = cmd_run(&o, cmd[0] == 'g');
     } else if (!strcmp(cmd, "health")) {

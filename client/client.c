@@ -29,6 +29,7 @@ typedef struct event_box {
     Baton__V1__ServerMessage *msg; /* owned: the unpacked frame */
     baton_client_tensor *outputs;  /* owned: views of msg's outputs */
     baton_client_timing *timings;  /* owned: views of msg's timings */
+    baton_client_loop_end *loop_ends; /* owned: views of msg's loop ends */
     struct event_box *next;        /* in the handle's pending queue */
 } event_box;
 
@@ -344,6 +345,14 @@ void baton_client_request_destroy(baton_client_request *r)
         free(r->req.max_iters[i]);
     }
     free(r->req.max_iters);
+    for (size_t i = 0; i < r->req.n_messages; i++) {
+        free(r->req.messages[i]->role);
+        free(r->req.messages[i]->content);
+        free(r->req.messages[i]);
+    }
+    free(r->req.messages);
+    if (r->req.messages_input != protobuf_c_empty_string)
+        free(r->req.messages_input);
     free(r);
 }
 
@@ -455,6 +464,44 @@ int baton_client_request_set_max_iters(baton_client_request *r, const char *loop
     return 0;
 }
 
+int baton_client_request_add_message(baton_client_request *r, const char *role,
+                                     const char *content)
+{
+    if (!role || !content ||
+        (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant")))
+        return BATON_CLIENT_EINVAL;
+    Baton__V1__ChatMessage **grown =
+        realloc(r->req.messages, (r->req.n_messages + 1) * sizeof *r->req.messages);
+    if (!grown)
+        return BATON_CLIENT_ENOMEM;
+    r->req.messages = grown;
+    Baton__V1__ChatMessage *m = malloc(sizeof *m);
+    if (!m)
+        return BATON_CLIENT_ENOMEM;
+    baton__v1__chat_message__init(m);
+    m->role = strdup(role);
+    m->content = strdup(content);
+    if (!m->role || !m->content) {
+        free(m->role);
+        free(m->content);
+        free(m);
+        return BATON_CLIENT_ENOMEM;
+    }
+    r->req.messages[r->req.n_messages++] = m;
+    return 0;
+}
+
+int baton_client_request_set_messages_input(baton_client_request *r, const char *name)
+{
+    char *copy = (char *)protobuf_c_empty_string;
+    if (name && *name && !(copy = strdup(name)))
+        return BATON_CLIENT_ENOMEM;
+    if (r->req.messages_input != protobuf_c_empty_string)
+        free(r->req.messages_input);
+    r->req.messages_input = copy;
+    return 0;
+}
+
 /* ---- sending --------------------------------------------------------------- */
 
 static int send_message(baton_client *c, const Baton__V1__ClientMessage *m)
@@ -507,6 +554,7 @@ void baton_client_event_free(baton_client_event *ev)
         baton__v1__server_message__free_unpacked(b->msg, NULL);
     free(b->outputs);
     free(b->timings);
+    free(b->loop_ends);
     free(b);
 }
 
@@ -540,6 +588,25 @@ static int decode_response(event_box *b, const Baton__V1__InferResponse *r)
     ev->message = r->status ? str_or_empty(r->status->message) : "";
     ev->total_us = r->total_us;
     ev->seed = r->seed;
+    if (r->usage) {
+        ev->prompt_tokens = r->usage->prompt_tokens;
+        ev->completion_tokens = r->usage->completion_tokens;
+    }
+    if (r->n_loop_ends) {
+        b->loop_ends = calloc(r->n_loop_ends, sizeof *b->loop_ends);
+        if (!b->loop_ends)
+            return BATON_CLIENT_ENOMEM;
+        for (size_t i = 0; i < r->n_loop_ends; i++) {
+            const Baton__V1__InferResponse__LoopEndsEntry *e = r->loop_ends[i];
+            if (!e)
+                return BATON_CLIENT_EPROTO;
+            /* A value a newer daemon added passes through as its number. */
+            b->loop_ends[i] = (baton_client_loop_end){str_or_empty(e->key),
+                                                      (baton_client_loop_end_kind)e->value};
+        }
+        ev->loop_ends = b->loop_ends;
+        ev->n_loop_ends = r->n_loop_ends;
+    }
     if (r->n_outputs) {
         b->outputs = calloc(r->n_outputs, sizeof *b->outputs);
         if (!b->outputs)

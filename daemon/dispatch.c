@@ -176,6 +176,7 @@ static const char *fill_inputs(dispatcher *d, dispatch_msg *m, const rt_action *
                 if (!ct)
                     return "a dispatch names a tensor the conductor does not know";
                 tt_fill_ref(ct, &m->refs[ri]);
+                iv->chat |= ct->chat;
                 m->refp[ri] = &m->refs[ri];
                 ri++;
                 tp->n_chunks++;
@@ -597,7 +598,8 @@ void disp_done(dispatcher *d, int w, const Baton__V1__Done *m)
         rt_node_failed(d->rt, m->request_key, (int)m->node, &it, (bt_code)m->status->code,
                        m->status->message ? m->status->message : "");
     } else {
-        rt_node_done(d->rt, m->request_key, (int)m->node, &it, outs, n, m->finish);
+        rt_usage usage = {m->prompt_tokens, m->generated_tokens};
+        rt_node_done(d->rt, m->request_key, (int)m->node, &it, outs, n, m->finish, &usage);
     }
     if (outs != stack)
         free(outs);

@@ -5,6 +5,8 @@
 
 #include "daemon/door.h"
 
+#include "common/utf8.h"
+
 static size_t dtype_size(Baton__V1__DType t)
 {
     switch (t) {
@@ -57,8 +59,87 @@ static bool check_tensor(const Baton__V1__Tensor *t, char *why, size_t len)
     return true;
 }
 
+/* Bytes of a turn's record: role and content, each after its u32 length. */
+static void put_field(uint8_t **at, const char *s, size_t n)
+{
+    uint8_t *p = *at;
+    for (int b = 0; b < 4; b++)
+        p[b] = (uint8_t)(n >> (8 * b));
+    memcpy(p + 4, s, n);
+    *at = p + 4 + n;
+}
+
+/* The messages: roles system, user or assistant, UTF-8, into the one graph
+ * input that takes them (messages_input, or the graph's only input), which
+ * the request must not also give as a tensor.  Encodes them as the backend
+ * ABI reads a conversation (baton_chat_next) and fills P->chat. */
+static bt_code check_messages(const Baton__V1__InferRequest *q, door_pass *p, char *why,
+                              size_t len)
+{
+    const graph *g = p->g;
+    p->chat_input = -1;
+    const char *target = q->messages_input ? q->messages_input : "";
+    if (!q->n_messages) {
+        if (*target) {
+            snprintf(why, len, "messages_input is '%s' but the request has no messages", target);
+            return BT_CODE_INVALID_ARGUMENT;
+        }
+        return BT_CODE_OK;
+    }
+    int k = -1;
+    if (*target) {
+        if ((k = graph_input_index(g, target)) < 0) {
+            snprintf(why, len, "messages_input: graph '%s' has no input named '%s'", g->name,
+                     target);
+            return BT_CODE_INVALID_ARGUMENT;
+        }
+    } else if (g->n_inputs == 1) {
+        k = 0;
+    } else {
+        snprintf(why, len, "graph '%s' has %zu inputs: say which takes the messages "
+                 "(messages_input)", g->name, g->n_inputs);
+        return BT_CODE_INVALID_ARGUMENT;
+    }
+    size_t bytes = 0;
+    for (size_t i = 0; i < q->n_messages; i++) {
+        const Baton__V1__ChatMessage *m = q->messages[i];
+        const char *role = m->role ? m->role : "", *content = m->content ? m->content : "";
+        if (strcmp(role, "system") != 0 && strcmp(role, "user") != 0 &&
+            strcmp(role, "assistant") != 0) {
+            snprintf(why, len, "messages[%zu] has role '%.32s'; the roles are system, user and "
+                     "assistant", i, bt_utf8_valid(role, strlen(role)) ? role : "(not UTF-8)");
+            return BT_CODE_INVALID_ARGUMENT;
+        }
+        if (!bt_utf8_valid(content, strlen(content))) {
+            snprintf(why, len, "messages[%zu]: the content is not valid UTF-8", i);
+            return BT_CODE_INVALID_ARGUMENT;
+        }
+        bytes += 8 + strlen(role) + strlen(content);
+    }
+    if (!(p->chat_bytes = malloc(bytes ? bytes : 1))) {
+        snprintf(why, len, "out of memory");
+        return BT_CODE_RESOURCE_EXHAUSTED;
+    }
+    uint8_t *at = p->chat_bytes;
+    for (size_t i = 0; i < q->n_messages; i++) {
+        const Baton__V1__ChatMessage *m = q->messages[i];
+        put_field(&at, m->role, strlen(m->role));
+        put_field(&at, m->content ? m->content : "", m->content ? strlen(m->content) : 0);
+    }
+    baton__v1__tensor__init(&p->chat);
+    p->chat.name = (char *)g->inputs[k];
+    p->chat.dtype = BATON__V1__DTYPE__U8;
+    p->chat_len = (int64_t)bytes;
+    p->chat.n_dims = 1;
+    p->chat.dims = &p->chat_len;
+    p->chat.data.data = p->chat_bytes;
+    p->chat.data.len = bytes;
+    p->chat_input = k;
+    return BT_CODE_OK;
+}
+
 /* Every input: declared, given once, well-formed; then every declared
- * input given.  Fills P->by_input. */
+ * input given (the messages' one by them).  Fills P->by_input. */
 static bt_code check_inputs(const Baton__V1__InferRequest *q, door_pass *p, char *why,
                             size_t len)
 {
@@ -78,8 +159,17 @@ static bt_code check_inputs(const Baton__V1__InferRequest *q, door_pass *p, char
         if (!check_tensor(t, why, len))
             return BT_CODE_INVALID_ARGUMENT;
     }
-    for (size_t i = 0; i < q->n_inputs; i++)
-        p->by_input[graph_input_index(g, q->inputs[i]->name)] = q->inputs[i];
+    for (size_t i = 0; i < q->n_inputs; i++) {
+        int k = graph_input_index(g, q->inputs[i]->name);
+        if (k == p->chat_input) {
+            snprintf(why, len, "input '%s' is given both as a tensor and as the messages",
+                     q->inputs[i]->name);
+            return BT_CODE_INVALID_ARGUMENT;
+        }
+        p->by_input[k] = q->inputs[i];
+    }
+    if (p->chat_input >= 0)
+        p->by_input[p->chat_input] = &p->chat;
     for (size_t k = 0; k < g->n_inputs; k++)
         if (!p->by_input[k]) {
             snprintf(why, len, "graph '%s' needs input '%s', which the request does not give",
@@ -116,6 +206,7 @@ bt_code door_check_infer(const graph_set *gs, const Baton__V1__InferRequest *q, 
 {
     memset(p, 0, sizeof(*p));
     p->request_id = "";
+    p->chat_input = -1;
     const char *rid = q->request_id ? q->request_id : "";
     if (!*rid) {
         snprintf(why, len, "request_id is empty");
@@ -138,7 +229,9 @@ bt_code door_check_infer(const graph_set *gs, const Baton__V1__InferRequest *q, 
         snprintf(why, len, "out of memory");
         return BT_CODE_RESOURCE_EXHAUSTED;
     }
-    bt_code code = check_inputs(q, p, why, len);
+    bt_code code = check_messages(q, p, why, len);
+    if (code == BT_CODE_OK)
+        code = check_inputs(q, p, why, len);
     if (code == BT_CODE_OK)
         code = check_max_iters(q, p, why, len);
     return code;
@@ -148,6 +241,8 @@ void door_pass_free(door_pass *p)
 {
     free(p->by_input);
     free(p->caps);
+    free(p->chat_bytes);
     p->by_input = NULL;
     p->caps = NULL;
+    p->chat_bytes = NULL;
 }

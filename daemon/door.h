@@ -24,6 +24,11 @@ typedef struct door_pass {
     const graph *g;
     const Baton__V1__Tensor **by_input; /* per graph input, borrowed from the request; owned array */
     uint32_t *caps;               /* per entity: the request's max_iters, 0: none; owned */
+    int chat_input;               /* the graph input that takes the messages; -1: none */
+    Baton__V1__Tensor chat;       /* that input's value: the messages encoded (by_input
+                                   * points here) */
+    uint8_t *chat_bytes;          /* its data; owned */
+    int64_t chat_len;             /* its one dim: the bytes */
 } door_pass;
 
 /* Checks Q against GS.  Returns BT_CODE_OK with P filled, or the code to

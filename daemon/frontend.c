@@ -38,6 +38,7 @@ typedef struct front_request {
     disp_params params;           /* params.request_id borrowed from request_id */
     uint32_t *max_iters;          /* per entity, 0: the config's; owned */
     rt_tensor *inputs;            /* per graph input, once placed; owned */
+    int chat_input;               /* the graph input that holds the messages; -1: none */
     uint32_t puts_pending;        /* Placed replies the start waits for */
     out_queue out;                /* client messages, in order */
 } front_request;
@@ -332,8 +333,11 @@ void front_placed(frontend *f, int w, const Baton__V1__Placed *m)
         return;
     }
     rt_tensor t = {0, 0};
-    if (ok && m->ref && tt_add(f->tt, w, m->ref))
+    ctensor *ct = ok && m->ref ? tt_add(f->tt, w, m->ref) : NULL;
+    if (ct) {
         t = (rt_tensor){m->ref->id, (int32_t)m->ref->owner};
+        ct->chat = r && (int)k == r->chat_input;
+    }
     if (!r || r->phase != PHASE_PLACING) {
         if (t.id) {
             tt_release(f->tt, t);
@@ -375,10 +379,12 @@ static bool place_input(frontend *f, front_request *r, size_t k, int w,
         ref.n_dims = v->n_dims;
         ref.dims = v->dims;
         ref.nbytes = v->data.len;
-        if (!tt_add(f->tt, w, &ref)) {
+        ctensor *ct = tt_add(f->tt, w, &ref);
+        if (!ct) {
             end_placing(f, r, BT_CODE_RESOURCE_EXHAUSTED, "out of memory");
             return false;
         }
+        ct->chat = (int)k == r->chat_input;
         r->inputs[k] = (rt_tensor){put.tensor_id, w};
     }
     Baton__V1__ConductorMessage m = BATON__V1__CONDUCTOR_MESSAGE__INIT;
@@ -464,6 +470,7 @@ static front_request *request_create(frame *dr, const graph *g, const Baton__V1_
     r->key = ++f->next_key;
     r->hkey = hash_client(dr->id, dr->idlen, dr->rid);
     r->graph = (int)g->index;
+    r->chat_input = -1;
     r->stream = q->stream;
     r->start_us = bt_now_us();
     uint32_t timeout = q->timeout_ms ? q->timeout_ms : f->limits.request_timeout_ms;
@@ -523,8 +530,10 @@ static void handle_infer(frame *dr, const Baton__V1__InferRequest *q)
     } else if (admit(dr)) {
         front_request *r = request_create(dr, p.g, q, p.caps);
         p.caps = NULL; /* the request's now, or freed */
-        if (r)
+        if (r) {
+            r->chat_input = p.chat_input;
             place_inputs(dr->f, r, p.by_input);
+        }
     }
     door_pass_free(&p);
 }

@@ -191,7 +191,8 @@ typedef struct gw_chat {
     int code;                    /* the response's code */
     char message[512];           /* the response's message */
     const char *finish;          /* "stop" or "length" once ended OK */
-    bool sent_role, sent_finish, sent_done;
+    uint32_t prompt_tokens;      /* the response's usage: the prompt's tokens */
+    bool sent_role, sent_finish, sent_usage, sent_done;
     char *out;                   /* owned: the stream's next bytes, not yet taken by MHD */
     size_t out_len, out_at;      /* bytes in OUT, and how many MHD has taken */
 } gw_chat;
@@ -291,10 +292,18 @@ static int chat_step(gw_chat *ch, int timeout_ms)
         ch->ended = true;
         ch->code = ev->code;
         snprintf(ch->message, sizeof(ch->message), "%s", ev->message);
+        ch->prompt_tokens = ev->prompt_tokens;
         if (ch->finish && ch->code == BATON_CLIENT_CODE_CANCELLED)
             ch->code = BATON_CLIENT_CODE_OK;      /* our own cancel at max_tokens */
-        if (!ch->finish)
+        if (!ch->finish) {
+            /* The model's end of turn, unless the loop that carries the
+             * text ran out of iterations (the graph's max_iters). */
             ch->finish = "stop";
+            for (size_t i = 0; ch->model->loop && i < ev->n_loop_ends; i++)
+                if (strcmp(ev->loop_ends[i].loop, ch->model->loop) == 0 &&
+                    ev->loop_ends[i].how == BATON_CLIENT_LOOP_MAX_ITERS)
+                    ch->finish = "length";
+        }
     }
     baton_client_event_free(ev);
     return 0;
@@ -395,6 +404,12 @@ static int next_event(gw_chat *ch)
             free(err);
             return set_out(ch, ev);
         }
+        if (ch->ended && ch->req.include_usage && ch->code == BATON_CLIENT_CODE_OK &&
+            !ch->sent_usage) {
+            ch->sent_usage = true;
+            oa_usage u = {ch->prompt_tokens, ch->tokens};
+            return set_out(ch, oa_chat_usage_event(ch->id, ch->created, ch->req.model, &u));
+        }
         if (ch->ended) {
             ch->sent_done = true;
             return set_out(ch, strdup("data: [DONE]\n\n"));
@@ -473,8 +488,10 @@ static enum MHD_Result serve_chat(gateway *g, struct MHD_Connection *conn, const
     baton_client_sampling sp = {ch->req.temperature, ch->req.top_k, ch->req.top_p,
                                 ch->req.seed};
     rc = baton_client_request_create(ch->model->graph, ch->id, &r);
+    for (size_t i = 0; rc == 0 && i < ch->req.n_msgs; i++)
+        rc = baton_client_request_add_message(r, ch->req.msgs[i].role, ch->req.msgs[i].content);
     if (rc == 0)
-        rc = baton_client_request_add_text(r, ch->model->input, ch->req.user);
+        rc = baton_client_request_set_messages_input(r, ch->model->input);
     if (rc == 0)
         rc = baton_client_request_set_sampling(r, &sp);
     if (rc == 0 && ch->req.max_tokens && ch->model->loop)
@@ -524,8 +541,9 @@ static enum MHD_Result serve_chat(gateway *g, struct MHD_Connection *conn, const
     if (ch->code != BATON_CLIENT_CODE_OK) {
         ok = reply_oa_error(conn, http_status(ch->code), "server_error", ch->message, NULL);
     } else {
+        oa_usage u = {ch->prompt_tokens, ch->tokens};
         char *body = oa_chat_response(ch->id, ch->created, ch->req.model, ch->text ? ch->text : "",
-                                      ch->len, ch->finish);
+                                      ch->len, ch->finish, &u);
         ok = body ? reply(conn, MHD_HTTP_OK, "application/json", body, strlen(body)) : MHD_NO;
         free(body);
     }

@@ -11,7 +11,7 @@
  * client never believes a setting was honoured when it was not. */
 static const char *const chat_fields[] = {
     "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
-    "top_k", "seed", "stream", "n", "user", "stop",
+    "top_k", "seed", "stream", "n", "user", "stop", "stream_options",
 };
 
 static int fail(char *err, size_t errlen, char *param, size_t paramlen, const char *p,
@@ -34,12 +34,62 @@ static int number_in(const json_t *v, double lo, double hi, double *out)
     return 0;
 }
 
+/* A message's role as the model's template names it: OpenAI's "developer"
+ * is the newer name of "system".  NULL for a role this server cannot
+ * render (tool and function turns need tool calling). */
+static const char *role_of(const char *r)
+{
+    if (!strcmp(r, "system") || !strcmp(r, "developer"))
+        return "system";
+    if (!strcmp(r, "user"))
+        return "user";
+    if (!strcmp(r, "assistant"))
+        return "assistant";
+    return NULL;
+}
+
+/* A message's content: a string, or an array of parts of which only
+ * {"type": "text", "text": ...} are taken, joined in order.  Malloc'd, or
+ * NULL with *WHAT set. */
+static char *content_of(const json_t *content, const char **what)
+{
+    if (json_is_string(content))
+        return strndup(json_string_value(content), json_string_length(content));
+    *what = "a message's 'content' must be a string or an array of text parts";
+    if (!json_is_array(content))
+        return NULL;
+    size_t i, n = 0;
+    const json_t *part;
+    json_array_foreach(content, i, part) {
+        const json_t *type = json_object_get(part, "type"), *text = json_object_get(part, "text");
+        if (!json_is_string(type) || strcmp(json_string_value(type), "text") != 0 ||
+            !json_is_string(text)) {
+            *what = "only text parts ({\"type\": \"text\", \"text\": ...}) are supported in "
+                    "a message's content";
+            return NULL;
+        }
+        n += json_string_length(text);
+    }
+    char *s = malloc(n + 1), *at = s;
+    if (!s)
+        return NULL;
+    json_array_foreach(content, i, part) {
+        const json_t *text = json_object_get(part, "text");
+        memcpy(at, json_string_value(text), json_string_length(text));
+        at += json_string_length(text);
+    }
+    *at = '\0';
+    return s;
+}
+
 static int parse_messages(const json_t *msgs, oa_chat *c, char *err, size_t errlen, char *param,
                           size_t paramlen)
 {
     if (!json_is_array(msgs) || json_array_size(msgs) == 0)
         return fail(err, errlen, param, paramlen, "messages", "%s",
                     "'messages' must be a non-empty array of {role, content}");
+    if (!(c->msgs = calloc(json_array_size(msgs), sizeof(*c->msgs))))
+        return BT_ENOMEM;
     size_t i;
     const json_t *m;
     json_array_foreach(msgs, i, m) {
@@ -47,22 +97,19 @@ static int parse_messages(const json_t *msgs, oa_chat *c, char *err, size_t errl
         if (!json_is_object(m) || !json_is_string(role))
             return fail(err, errlen, param, paramlen, "messages", "%s",
                         "each message must be an object with a string 'role'");
-        const char *r = json_string_value(role);
-        if (strcmp(r, "user") != 0)
+        const char *r = role_of(json_string_value(role));
+        if (!r)
             return fail(err, errlen, param, paramlen, "messages",
-                        "messages with role '%s' are not supported yet: this server takes one "
-                        "user message (the model's default system prompt is used)", r);
-        if (!json_is_string(content))
-            return fail(err, errlen, param, paramlen, "messages", "%s",
-                        "a message's 'content' must be a string");
+                        "messages with role '%s' are not supported: the roles are system "
+                        "(or developer), user and assistant",
+                        json_string_value(role));
+        const char *what = "out of memory";
+        char *text = content_of(content, &what);
+        if (!text)
+            return fail(err, errlen, param, paramlen, "messages", "%s", what);
+        c->msgs[c->n_msgs++] = (oa_msg){r, text};
     }
-    if (json_array_size(msgs) != 1)
-        return fail(err, errlen, param, paramlen, "messages", "%s",
-                    "conversations of several turns are not supported yet: send one user "
-                    "message");
-    const json_t *content = json_object_get(json_array_get(msgs, 0), "content");
-    c->user = strndup(json_string_value(content), json_string_length(content));
-    return c->user ? 0 : BT_ENOMEM;
+    return 0;
 }
 
 int oa_chat_parse(const char *body, size_t len, oa_chat *c, char *err, size_t errlen,
@@ -154,6 +201,22 @@ int oa_chat_parse(const char *body, size_t len, oa_chat *c, char *err, size_t er
         }
         c->stream = json_is_true(f);
     }
+    if ((f = json_object_get(root, "stream_options")) && !json_is_null(f)) {
+        /* {"include_usage": bool}: a last event with the usage, streams only. */
+        const json_t *iu = json_object_get(f, "include_usage");
+        if (!json_is_object(f) || json_object_size(f) != (iu ? 1u : 0u) ||
+            (iu && !json_is_boolean(iu))) {
+            rc = fail(err, errlen, param, paramlen, "stream_options", "%s",
+                      "'stream_options' takes only {\"include_usage\": true or false}");
+            goto out;
+        }
+        if (!c->stream) {
+            rc = fail(err, errlen, param, paramlen, "stream_options", "%s",
+                      "'stream_options' is for streams (stream: true)");
+            goto out;
+        }
+        c->include_usage = json_is_true(iu);
+    }
     if ((f = json_object_get(root, "n")) && !json_is_null(f) &&
         !(json_is_integer(f) && json_integer_value(f) == 1)) {
         rc = fail(err, errlen, param, paramlen, "n", "%s", "only n = 1 is supported");
@@ -196,8 +259,12 @@ void oa_chat_free(oa_chat *c)
     if (!c)
         return;
     free(c->model);
-    free(c->user);
-    c->model = c->user = NULL;
+    c->model = NULL;
+    for (size_t i = 0; i < c->n_msgs; i++)
+        free(c->msgs[i].content);
+    free(c->msgs);
+    c->msgs = NULL;
+    c->n_msgs = 0;
     for (size_t i = 0; i < c->n_stop; i++)
         free(c->stop[i]);
     c->n_stop = 0;
@@ -261,14 +328,43 @@ static char *dump(json_t *root)
     return s;
 }
 
+static json_t *usage_json(const oa_usage *u)
+{
+    return json_pack("{s:I, s:I, s:I}", "prompt_tokens", (json_int_t)u->prompt,
+                     "completion_tokens", (json_int_t)u->completion, "total_tokens",
+                     (json_int_t)u->prompt + (json_int_t)u->completion);
+}
+
 char *oa_chat_response(const char *id, int64_t created, const char *model, const char *text,
-                       size_t len, const char *finish)
+                       size_t len, const char *finish, const oa_usage *usage)
 {
     json_t *msg = json_pack("{s:s, s:o}", "role", "assistant", "content", text_json(text, len));
     json_t *choice = json_pack("{s:i, s:o, s:s, s:n}", "index", 0, "message", msg,
                                "finish_reason", finish, "logprobs");
-    return dump(json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", id, "object", "chat.completion",
-                          "created", (json_int_t)created, "model", model, "choices", choice));
+    return dump(json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", id, "object",
+                          "chat.completion", "created", (json_int_t)created, "model", model,
+                          "choices", choice, "usage", usage_json(usage)));
+}
+
+/* "data: JS\n\n" for the JSON text JS (freed).  Malloc'd, or NULL. */
+static char *sse(char *js)
+{
+    if (!js)
+        return NULL;
+    size_t n = strlen(js);
+    char *ev = malloc(n + 9);
+    if (ev)
+        snprintf(ev, n + 9, "data: %s\n\n", js);
+    free(js);
+    return ev;
+}
+
+char *oa_chat_usage_event(const char *id, int64_t created, const char *model,
+                          const oa_usage *usage)
+{
+    return sse(dump(json_pack("{s:s, s:s, s:I, s:s, s:[], s:o}", "id", id, "object",
+                              "chat.completion.chunk", "created", (json_int_t)created, "model",
+                              model, "choices", "usage", usage_json(usage))));
 }
 
 char *oa_chat_event(const char *id, int64_t created, const char *model, const char *text,
@@ -281,17 +377,9 @@ char *oa_chat_event(const char *id, int64_t created, const char *model, const ch
         json_object_set_new(delta, "content", text_json(text, len));
     json_t *choice = json_pack("{s:i, s:o, s:o}", "index", 0, "delta", delta, "finish_reason",
                                finish ? json_string(finish) : json_null());
-    char *js = dump(json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", id, "object",
+    return sse(dump(json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", id, "object",
                               "chat.completion.chunk", "created", (json_int_t)created, "model",
-                              model, "choices", choice));
-    if (!js)
-        return NULL;
-    size_t n = strlen(js);
-    char *ev = malloc(n + 9);
-    if (ev)
-        snprintf(ev, n + 9, "data: %s\n\n", js);
-    free(js);
-    return ev;
+                              model, "choices", choice)));
 }
 
 char *oa_models(const char *const *names, size_t n, int64_t created)

@@ -12,15 +12,23 @@
 #define OA_MAX_STOP_BYTES 256    /* bytes in one stop string */
 
 /* A chat completion request, checked. */
+/* One turn of the conversation. */
+typedef struct oa_msg {
+    const char *role;       /* "system", "user" or "assistant" (static strings) */
+    char *content;          /* owned: the turn's text */
+} oa_msg;
+
 typedef struct oa_chat {
     char *model;            /* owned: the name the client asked for */
-    char *user;             /* owned: the user turn's text */
+    oa_msg *msgs;           /* owned: the conversation, in order */
+    size_t n_msgs;
     uint32_t max_tokens;    /* 0: not given (the graph's own cap) */
     float temperature;      /* OpenAI's default is 1 */
     float top_p;            /* 1: no cut */
     uint32_t top_k;         /* 0: no cut (an extension, as vLLM's) */
     uint64_t seed;          /* 0: not given */
     bool stream;
+    bool include_usage;     /* stream_options.include_usage: a last event with the usage */
     char *stop[OA_MAX_STOP];  /* owned: strings the answer stops before (not included) */
     size_t n_stop;
 } oa_chat;
@@ -31,11 +39,23 @@ int oa_chat_parse(const char *body, size_t len, oa_chat *out, char *err, size_t 
                   char *param, size_t paramlen);
 void oa_chat_free(oa_chat *c);
 
+/* Tokens of an answer. */
+typedef struct oa_usage {
+    uint32_t prompt;        /* the prompt's tokens, as the model counted them */
+    uint32_t completion;    /* tokens of the output stream taken (at most max_tokens) */
+} oa_usage;
+
 /* The whole answer: {"id", "object": "chat.completion", "created", "model",
  * "choices": [{"index": 0, "message": {"role": "assistant", "content":
- * TEXT}, "finish_reason": FINISH}]}.  Malloc'd, or NULL. */
+ * TEXT}, "finish_reason": FINISH}], "usage": {"prompt_tokens",
+ * "completion_tokens", "total_tokens"}}.  Malloc'd, or NULL. */
 char *oa_chat_response(const char *id, int64_t created, const char *model, const char *text,
-                       size_t len, const char *finish);
+                       size_t len, const char *finish, const oa_usage *usage);
+
+/* The last event of a stream that asked for it (stream_options
+ * include_usage): a chunk with no choices and the usage. */
+char *oa_chat_usage_event(const char *id, int64_t created, const char *model,
+                          const oa_usage *usage);
 
 /* One server-sent event of a stream: "data: {chunk}\n\n".  ROLE_FIRST puts
  * the assistant role in the delta (the first event); FINISH (or NULL) ends

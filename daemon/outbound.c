@@ -40,6 +40,8 @@ struct out_msg {
     size_t n_outs;
     disp_timing *timings;         /* response: owned copy */
     size_t n_timings;
+    rt_usage usage;               /* response: the tokens counted */
+    uint8_t *loop_ends;           /* response: per entity, rt_loop_end or 0; owned */
 };
 
 struct outbound {
@@ -127,6 +129,7 @@ static void msg_free(out_msg *o)
     free(o->out_modalities);
     free(o->out_parts);
     free(o->timings);
+    free(o->loop_ends);
 }
 
 void out_queue_free(out_queue *q)
@@ -213,6 +216,10 @@ void out_queue_response(outbound *ob, out_queue *q, const rt_action *a,
         memcpy(o->timings, timings, n_timings * sizeof(*timings));
         o->n_timings = n_timings;
     }
+    o->usage = a->u.response.usage;
+    size_t ne = a->graph >= 0 ? ob->gs->graphs[a->graph].n_entities : 0;
+    if (a->u.response.loop_ends && ne && (o->loop_ends = malloc(ne)))
+        memcpy(o->loop_ends, a->u.response.loop_ends, ne);
     size_t total = 0, n = a->u.response.n_outputs;
     for (size_t i = 0; i < n; i++)
         total += a->u.response.outputs[i].value.n;
@@ -371,6 +378,36 @@ static void send_response(outbound *ob, const out_msg *o, const out_client *to)
     }
     resp.total_us = bt_now_us() - to->start_us;
     resp.seed = to->seed;
+    /* Token counts, when a node counted any; how each loop that ran ended. */
+    Baton__V1__Usage usage = BATON__V1__USAGE__INIT;
+    if (o->usage.prompt || o->usage.generated) {
+        usage.prompt_tokens = o->usage.prompt;
+        usage.completion_tokens = o->usage.generated;
+        usage.total_tokens = o->usage.prompt > UINT32_MAX - o->usage.generated
+                                 ? UINT32_MAX : o->usage.prompt + o->usage.generated;
+        resp.usage = &usage;
+    }
+    const graph *g = to->graph >= 0 ? &ob->gs->graphs[to->graph] : NULL;
+    size_t n_ends = 0;
+    for (size_t e = 0; g && o->loop_ends && e < g->n_entities; e++)
+        n_ends += o->loop_ends[e] != 0;
+    Baton__V1__InferResponse__LoopEndsEntry *ends = calloc(n_ends + 1, sizeof(*ends));
+    Baton__V1__InferResponse__LoopEndsEntry **endp = calloc(n_ends + 1, sizeof(*endp));
+    if (ends && endp && n_ends) {
+        for (size_t e = 0, k = 0; e < g->n_entities; e++) {
+            if (!o->loop_ends[e])
+                continue;
+            baton__v1__infer_response__loop_ends_entry__init(&ends[k]);
+            ends[k].key = (char *)g->entities[e].name;
+            ends[k].value = o->loop_ends[e] == RT_LOOP_FINISH
+                                ? BATON__V1__LOOP_END__LOOP_END_FINISH
+                                : BATON__V1__LOOP_END__LOOP_END_MAX_ITERS;
+            endp[k] = &ends[k];
+            k++;
+        }
+        resp.loop_ends = endp;
+        resp.n_loop_ends = n_ends;
+    }
     Baton__V1__ServerMessage m = BATON__V1__SERVER_MESSAGE__INIT;
     m.msg_case = BATON__V1__SERVER_MESSAGE__MSG_RESPONSE;
     m.response = &resp;
@@ -386,6 +423,8 @@ static void send_response(outbound *ob, const out_msg *o, const out_client *to)
     free(owned);
     free(tim);
     free(timp);
+    free(ends);
+    free(endp);
 }
 
 static bool msg_ready(const out_msg *o)

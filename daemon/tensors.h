@@ -7,6 +7,7 @@
 #ifndef BATON_DAEMON_TENSORS_H
 #define BATON_DAEMON_TENSORS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -25,6 +26,7 @@ typedef struct ctensor {
     int64_t dims[TT_MAX_DIMS];
     uint8_t *data;                /* inline copy (client-bound, <= 64 KiB), or NULL; owned */
     size_t ndata;
+    bool chat;                    /* a request's messages (InputValue.chat) */
 } ctensor;
 
 typedef struct tensor_table tensor_table;

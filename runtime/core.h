@@ -59,6 +59,7 @@ typedef struct pend {
     rt_value_out *outs;        /* DONE: owned copy */
     uint32_t n_outs;
     bool finish;               /* DONE */
+    rt_usage usage;            /* DONE */
     int value;                 /* CHUNK */
     rt_tensor tensor;          /* CHUNK */
     bool final;                /* CHUNK */
@@ -86,6 +87,7 @@ typedef struct loop_state {
     uint32_t max;              /* effective max_iters for this request */
     bool done;                 /* the live instance has ended */
     bool finish;               /* a finish signal was raised in iteration cur */
+    uint8_t ended;             /* rt_loop_end of the last instance that ended; 0: none */
 } loop_state;
 
 /* The open production of a value: what it has emitted in the current
@@ -133,6 +135,7 @@ typedef struct rt_request {
     size_t cap_outs;
     tref *tensors;             /* open addressing on (worker, id) */
     uint32_t cap_tensors, n_tensors;
+    rt_usage usage;            /* summed over the kept completions */
     bool ended;
 } rt_request;
 

@@ -29,8 +29,14 @@ static bool value_needs_tensor(const graph *g, const graph_value *gv)
     return false;
 }
 
+static uint32_t add_sat(uint32_t a, uint32_t b)
+{
+    return a > UINT32_MAX - b ? UINT32_MAX : a + b;
+}
+
 static void process_done(rt_runtime *rt, rt_request *r, int node, const rt_iter *v,
-                         const rt_value_out *outs, size_t n_outs, bool finish)
+                         const rt_value_out *outs, size_t n_outs, bool finish,
+                         const rt_usage *usage)
 {
     const graph *g = r->g;
     const graph_entity *en = &g->entities[node];
@@ -40,6 +46,10 @@ static void process_done(rt_runtime *rt, rt_request *r, int node, const rt_iter 
     assert(s && s->state == SLOT_RUNNING);
     bool final_exec = !n->consumes_stream || s->stream_final_running;
     tvec_clear(rt, r, &s->stream_running);
+    if (usage) {
+        r->usage.prompt = add_sat(r->usage.prompt, usage->prompt);
+        r->usage.generated = add_sat(r->usage.generated, usage->generated);
+    }
 
     /* An output tensor of the last dispatch closes its value at once; the
      * loop below closes the values that came without one. */
@@ -86,7 +96,7 @@ static void process_done(rt_runtime *rt, rt_request *r, int node, const rt_iter 
 }
 
 void prog_node_done(rt_runtime *rt, rt_request *r, int node, const rt_iter *v,
-                    const rt_value_out *outs, size_t n_outs, bool finish)
+                    const rt_value_out *outs, size_t n_outs, bool finish, const rt_usage *usage)
 {
     /* A temporary hold on every tensor of the event: whatever no consumer
      * takes is released when the hold goes. */
@@ -96,9 +106,11 @@ void prog_node_done(rt_runtime *rt, rt_request *r, int node, const rt_iter *v,
     rtc_current_iter(r, node, &cur);
     slot *s = rtc_slot_find(r, node, v);
     if (s && s->state == SLOT_RUNNING && rtc_iter_eq(&cur, v)) {
-        process_done(rt, r, node, v, outs, n_outs, finish);
+        process_done(rt, r, node, v, outs, n_outs, finish, usage);
     } else if (spec_in_window(r, node, v) && !rtc_iter_eq(&cur, v)) {
         pend p = {.kind = PEND_DONE, .iter = *v, .finish = finish};
+        if (usage)
+            p.usage = *usage;
         p.outs = malloc((n_outs + 1) * sizeof(*p.outs));
         if (p.outs) {
             if (n_outs)
@@ -169,7 +181,7 @@ void prog_replay(rt_runtime *rt, rt_request *r, int node, const rt_iter *v)
         ns->n_pend--;
         switch (p.kind) {
         case PEND_DONE:
-            prog_node_done(rt, r, node, v, p.outs, p.n_outs, p.finish);
+            prog_node_done(rt, r, node, v, p.outs, p.n_outs, p.finish, &p.usage);
             for (uint32_t k = 0; k < p.n_outs; k++)
                 rtc_unref(rt, r, p.outs[k].tensor);
             break;
@@ -276,6 +288,7 @@ static void loop_check(rt_runtime *rt, rt_request *r, int loop)
         }
     }
     if (ls->finish || ls->cur + 1 >= ls->max) {
+        ls->ended = ls->finish ? RT_LOOP_FINISH : RT_LOOP_MAX_ITERS;
         loop_end(rt, r, loop);
         return;
     }
@@ -337,6 +350,11 @@ void prog_end(rt_runtime *rt, rt_request *r, bt_code code, const char *fmt, ...)
             a->u.response.message[len] = 0;
         }
         free(msg);
+        a->u.response.usage = r->usage;
+        a->u.response.loop_ends = rtc_alloc(rt, r->g->n_entities + 1);
+        for (size_t e = 0; a->u.response.loop_ends && e < r->g->n_entities; e++)
+            a->u.response.loop_ends[e] =
+                r->g->entities[e].kind == GRAPH_LOOP ? r->loops[e].ended : 0;
         /* Outputs only on success: a failed request's partial values would
          * mislead more than help. */
         if (code == BT_CODE_OK && r->n_outs) {

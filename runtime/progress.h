@@ -10,11 +10,12 @@
 
 #include "runtime/core.h"
 
-/* (NODE, V) completed with OUTS; FINISH raises its loop's finish signal.
- * An event for an iteration inside the node's speculation window that the
- * loop has not reached is buffered; any other unexpected one is ignored. */
+/* (NODE, V) completed with OUTS; FINISH raises its loop's finish signal,
+ * USAGE (may be NULL) adds to the request's token counts.  An event for an
+ * iteration inside the node's speculation window that the loop has not
+ * reached is buffered; any other unexpected one is ignored. */
 void prog_node_done(rt_runtime *rt, rt_request *r, int node, const rt_iter *v,
-                    const rt_value_out *outs, size_t n_outs, bool finish);
+                    const rt_value_out *outs, size_t n_outs, bool finish, const rt_usage *usage);
 void prog_node_chunk(rt_runtime *rt, rt_request *r, int node, const rt_iter *v, int value,
                      rt_tensor t, bool final);
 void prog_node_failed(rt_runtime *rt, rt_request *r, int node, const rt_iter *v,

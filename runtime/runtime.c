@@ -138,7 +138,7 @@ static void after_event(rt_runtime *rt)
 }
 
 int rt_node_done(rt_runtime *rt, uint64_t req, int node, const rt_iter *iter,
-                 const rt_value_out *outs, size_t n_outs, bool finish)
+                 const rt_value_out *outs, size_t n_outs, bool finish, const rt_usage *usage)
 {
     int rc;
     rt_tensor stack[16] = {{0, 0}};
@@ -165,7 +165,7 @@ int rt_node_done(rt_runtime *rt, uint64_t req, int node, const rt_iter *iter,
         }
     }
     if (r)
-        prog_node_done(rt, r, node, iter, outs, n_outs, finish);
+        prog_node_done(rt, r, node, iter, outs, n_outs, finish, usage);
     if (ts != stack)
         free(ts);
     after_event(rt);

@@ -73,6 +73,19 @@ typedef struct rt_output {
     rt_tlist value;
 } rt_output;
 
+/* Tokens a request's nodes counted (a node's prefill reads its prompt and
+ * samples a token; each decode step samples one). */
+typedef struct rt_usage {
+    uint32_t prompt;
+    uint32_t generated;
+} rt_usage;
+
+/* How a loop ended. */
+typedef enum rt_loop_end {
+    RT_LOOP_FINISH = 1,        /* a node of its body raised the finish signal */
+    RT_LOOP_MAX_ITERS = 2,     /* it ran its max_iters iterations */
+} rt_loop_end;
+
 typedef struct rt_action {
     rt_action_kind kind;
     uint64_t req;         /* the request's key (0 for RELEASE of a stray tensor) */
@@ -109,6 +122,10 @@ typedef struct rt_action {
             char *message;        /* owned by the queue; "" on success */
             rt_output *outputs;
             uint32_t n_outputs;
+            rt_usage usage;       /* what the kept completions counted */
+            uint8_t *loop_ends;   /* per entity: how a loop's last instance ended
+                                   * (rt_loop_end; 0: it did not end); owned by the
+                                   * queue, NULL when out of memory */
         } response;
     } u;
 } rt_action;
@@ -138,11 +155,12 @@ int rt_request_start(rt_runtime *rt, uint64_t req, int graph, const rt_tensor *i
                      bool stream, const uint32_t *max_iters);
 
 /* A node finished (node, iter): OUTS are its outputs; FINISH raises the
- * finish signal of its innermost loop.  A completion the runtime no longer
- * expects (a dropped speculative iteration, an ended request) is ignored
- * and its tensors are released. */
+ * finish signal of its innermost loop; USAGE (may be NULL) the tokens it
+ * counted, added to the request's once the completion is kept.  A
+ * completion the runtime no longer expects (a dropped speculative
+ * iteration, an ended request) is ignored and its tensors are released. */
 int rt_node_done(rt_runtime *rt, uint64_t req, int node, const rt_iter *iter,
-                 const rt_value_out *outs, size_t n_outs, bool finish);
+                 const rt_value_out *outs, size_t n_outs, bool finish, const rt_usage *usage);
 
 /* A node emitted a chunk of VALUE while running (node, iter); TENSOR id 0
  * is an empty chunk.  FINAL closes the value's stream for this execution. */

@@ -221,6 +221,20 @@ static void ctx_finish(baton_ctx *ctx, baton_item *item)
     ((wk_item *)item)->finish = true;
 }
 
+static uint32_t add_sat(uint32_t a, uint32_t b)
+{
+    return a > UINT32_MAX - b ? UINT32_MAX : a + b;
+}
+
+static void ctx_count_tokens(baton_ctx *ctx, baton_item *item, uint32_t prompt,
+                             uint32_t generated)
+{
+    (void)ctx;
+    wk_item *it = (wk_item *)item;
+    it->prompt_tokens = add_sat(it->prompt_tokens, prompt);
+    it->generated_tokens = add_sat(it->generated_tokens, generated);
+}
+
 static void ctx_fail(baton_ctx *ctx, baton_item *item, baton_status code, const char *message)
 {
     (void)ctx;
@@ -271,6 +285,7 @@ void wk_ctx_init(baton_ctx *ctx, wk_worker *w, void *stream)
                        .sleep_ms = ctx_sleep_ms,
                        .read = ctx_read,
                        .write = ctx_write,
+                       .count_tokens = ctx_count_tokens,
                        .threads = w->opt.threads,
                        .device = w->opt.device,
                        .stream = stream,

@@ -181,6 +181,7 @@ int wk_tp_lead(wk_worker *w, baton_ctx *ctx, wk_model *m, const uint64_t *closed
             ti_in->name = (char *)in->name;
             ti_in->stream = in->stream != 0;
             ti_in->final = in->final != 0;
+            ti_in->chat = in->chat != 0;
             v->dtype = (Baton__V1__DType)in->tensor.dtype;
             v->dims = &t.dims[kd];
             v->n_dims = in->tensor.ndim;
@@ -487,6 +488,14 @@ static void mirror_finish(baton_ctx *ctx, baton_item *item)
     (void)ctx, (void)item;
 }
 
+/* The leader counts the request's tokens; a follower's counts are the same
+ * and go nowhere. */
+static void mirror_count_tokens(baton_ctx *ctx, baton_item *item, uint32_t prompt,
+                                uint32_t generated)
+{
+    (void)ctx, (void)item, (void)prompt, (void)generated;
+}
+
 /* Cancellation is the leader's: a follower that stopped an item early
  * would leave the collectives of the ranks unequal. */
 static baton_status mirror_cancelled(baton_ctx *ctx, const baton_item *item)
@@ -619,7 +628,7 @@ static void item_build(tp_mirror *mr, wk_model *m, const Baton__V1__TpStep *st,
         if (v->data.len && wk_device_copy(mr->w->dev, mr->ctx.stream, t->t.data, v->data.data,
                                           v->data.len, err, sizeof(err)) != 0)
             wk_tp_broken(m->name, err);
-        it->inputs[k] = (baton_input){in->name, t->t, in->stream, in->final};
+        it->inputs[k] = (baton_input){in->name, t->t, in->stream, in->final, in->chat};
         b->n_inputs = (uint32_t)k + 1;
     }
     session_attach(mr, m, it);
@@ -666,6 +675,7 @@ void wk_tp_follow(wk_worker *w, wk_model *m, void *stream, wk_tp_step *steps)
                          .sleep_ms = mirror_sleep_ms,
                          .read = mirror_read,
                          .write = mirror_write,
+                         .count_tokens = mirror_count_tokens,
                          .threads = w->opt.threads,
                          .device = w->opt.device,
                          .stream = stream,

@@ -198,6 +198,8 @@ void wk_send_done(wk_worker *w, wk_item *it)
     done.exec_us = it->end_ns > it->start_ns ? (it->end_ns - it->start_ns) / 1000u : 0;
     done.dispatch_id = d->dispatch_id;
     done.speculative = it->speculative;
+    done.prompt_tokens = it->prompt_tokens;
+    done.generated_tokens = it->generated_tokens;
     done.batch_size = it->batch_size;
     Baton__V1__WorkerMessage m = BATON__V1__WORKER_MESSAGE__INIT;
     m.msg_case = BATON__V1__WORKER_MESSAGE__MSG_DONE;

@@ -157,6 +157,8 @@ struct wk_item {
     char *message;
     bool finish;
     uint32_t batch_size;
+    uint32_t prompt_tokens;       /* what the backend counted (count_tokens) */
+    uint32_t generated_tokens;
     wk_item *prev, *next;         /* [L] in its queue */
     wk_item *req_prev, *req_next; /* [L] in req->items */
 };

@@ -1026,6 +1026,15 @@ static int32_t pick_token(const baton_model *m, const baton_item *it, const floa
     return t;
 }
 
+/* Counts tokens for the request's usage (baton_ctx.count_tokens; a ctx of
+ * an older worker or a test may have none). */
+static void count_tokens(baton_ctx *ctx, baton_item *it, size_t prompt, uint32_t generated)
+{
+    if (ctx->count_tokens)
+        ctx->count_tokens(ctx, it, prompt > UINT32_MAX ? UINT32_MAX : (uint32_t)prompt,
+                          generated);
+}
+
 /* Sets ITEM's outputs for the new token T (LOGITS its row; KV the cache a
  * prefill hands off, or NULL).  Returns 0, or -1 after failing the item. */
 static int emit(baton_model *m, baton_ctx *ctx, baton_item *it, int32_t t, const float *logits,
@@ -1131,8 +1140,63 @@ static int32_t *encode_text(baton_model *m, baton_ctx *ctx, baton_item *it, cons
     return ids;
 }
 
+/* The token ids of a conversation (a request's messages: BYTES[0, LEN) as
+ * baton_chat_next reads them), rendered with the model's chat template
+ * whatever option chat_template says, a BOS first when the file asks for
+ * one.  Malloc'd; NULL after failing the item. */
+static int32_t *encode_conv(baton_model *m, baton_ctx *ctx, baton_item *it,
+                            const uint8_t *bytes, size_t len, size_t *n)
+{
+    char msg[256];
+    size_t cap = 8, count = 0;
+    uint64_t at = 0;
+    baton_chat_turn turn;
+    tok_turn *turns = malloc(cap * sizeof(*turns));
+    int32_t *ids = NULL;
+    int rc = 0;
+    while (turns && (rc = baton_chat_next(bytes, len, &at, &turn)) == 1) {
+        if (count == cap) {
+            tok_turn *g = realloc(turns, 2 * cap * sizeof(*turns));
+            if (!g)
+                break;
+            turns = g, cap *= 2;
+        }
+        turns[count++] = (tok_turn){turn.role, turn.role_len, turn.content, turn.content_len};
+    }
+    if (!turns || rc == 1) {
+        ctx->fail(ctx, it, BATON_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        goto out;
+    }
+    int need = rc < 0 ? BT_EINVAL : tok_conv_encode(m->vocab, turns, count, NULL, 0);
+    if (need < 0) {
+        snprintf(msg, sizeof(msg), "node '%s', input '%s': %s", it->node_name,
+                 it->inputs[0].name,
+                 need == BT_ENOTEMPLATE ? "the model has no ChatML chat template, so it cannot "
+                                          "take messages: send the prompt as text"
+                                        : "the messages are malformed (no turn, or a role "
+                                          "other than system, user and assistant)");
+        ctx->fail(ctx, it, BATON_STATUS_INVALID_ARGUMENT, msg);
+        goto out;
+    }
+    int32_t bos = m->add_bos ? tok_bos(m->vocab) : -1;
+    if (!(ids = malloc(((size_t)need + 1) * sizeof(*ids)))) {
+        ctx->fail(ctx, it, BATON_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        goto out;
+    }
+    size_t first = bos >= 0 ? 1 : 0;
+    ids[0] = bos;
+    tok_conv_encode(m->vocab, turns, count, ids + first, (size_t)need);
+    *n = first + (size_t)need;
+    if (bos >= 0 && *n > 1 && ids[1] == bos)
+        memmove(ids, ids + 1, --*n * sizeof(*ids));  /* the template began with it */
+out:
+    free(turns);
+    return ids;
+}
+
 /* Reads the token ids of ITEM's first input into a malloc'd array (text
- * too when TEXT_OK); fails the item and returns NULL on a bad input. */
+ * or a conversation too when TEXT_OK); fails the item and returns NULL on a
+ * bad input. */
 static int32_t *read_ids(baton_model *m, baton_ctx *ctx, baton_item *it, bool text_ok,
                          size_t *n)
 {
@@ -1144,7 +1208,13 @@ static int32_t *read_ids(baton_model *m, baton_ctx *ctx, baton_item *it, bool te
     const baton_tensor *t = &it->inputs[0].tensor;
     size_t count = t->dtype == BATON_DTYPE_I32 ? t->nbytes / 4
                    : t->dtype == BATON_DTYPE_I64 ? t->nbytes / 8 : 0;
-    if (t->dtype == BATON_DTYPE_U8 && text_ok && m->vocab && t->nbytes > 0) {
+    if (it->inputs[0].chat && !(t->dtype == BATON_DTYPE_U8 && text_ok && m->vocab)) {
+        snprintf(msg, sizeof(msg), "node '%s', input '%s': messages, which %s", it->node_name,
+                 it->inputs[0].name, !text_ok ? "a decode step does not take (want a token id)"
+                                              : "a model without a tokenizer cannot take");
+        goto bad;
+    }
+    if (t->dtype == BATON_DTYPE_U8 && text_ok && m->vocab && (t->nbytes > 0 || it->inputs[0].chat)) {
         /* The prompt comes to the host whatever memory it is in: the
          * tokenizer runs here. */
         char *text = malloc(t->nbytes);
@@ -1154,7 +1224,9 @@ static int32_t *read_ids(baton_model *m, baton_ctx *ctx, baton_item *it, bool te
             free(text);
             return NULL;
         }
-        int32_t *ids = encode_text(m, ctx, it, text, t->nbytes, n);
+        int32_t *ids = it->inputs[0].chat
+                           ? encode_conv(m, ctx, it, (const uint8_t *)text, t->nbytes, n)
+                           : encode_text(m, ctx, it, text, t->nbytes, n);
         free(text);
         if (ids && *n == 0) {
             free(ids);
@@ -1357,7 +1429,8 @@ static void prefill_one(baton_model *m, baton_ctx *ctx, baton_item *it)
     } else {
         t = pick_token(m, it, logits, *(const int32_t *)kx_output(m->prefill, 1, NULL), (int)n);
     }
-    emit(m, ctx, it, t, logits, kv);
+    if (emit(m, ctx, it, t, logits, kv) == 0)
+        count_tokens(ctx, it, n, 1);
 out:
     free(ids);
 }
@@ -1473,8 +1546,10 @@ static void decode_batch(baton_model *m, baton_ctx *ctx, baton_item *const *item
         s->len++;
         const float *row = logits ? logits + (size_t)s->slot * (size_t)m->shape.vocab : NULL;
         int32_t t = m->dev ? argmax[s->slot] : pick_token(m, it, row, argmax[s->slot], s->len);
-        if (emit(m, ctx, it, t, row, NULL) == 0 &&
-            (is_end(m, t) || s->len >= m->max_seq))
+        if (emit(m, ctx, it, t, row, NULL) != 0)
+            continue;
+        count_tokens(ctx, it, 0, 1);
+        if (is_end(m, t) || s->len >= m->max_seq)
             ctx->finish(ctx, it);
     }
 out:

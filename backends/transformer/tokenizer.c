@@ -391,82 +391,154 @@ static char *template_default_system(const char *t)
     return NULL;
 }
 
+/* Whether ROLE[LEN] is a role a ChatML turn may have. */
+static bool role_ok(const char *role, size_t len)
+{
+    static const char *const roles[] = {"system", "user", "assistant"};
+    for (size_t k = 0; k < sizeof(roles) / sizeof(roles[0]); k++)
+        if (len == strlen(roles[k]) && memcmp(role, roles[k], len) == 0)
+            return true;
+    return false;
+}
+
+/* The pieces of a rendered conversation, in order, each with whether the
+ * tokenizer may parse special tokens in it: the template's markers and its
+ * default system text may, the turns' texts never.  FN is called once per
+ * non-empty piece; its first nonzero result stops the walk and is returned. */
+typedef int (*piece_fn)(void *arg, const char *s, size_t len, bool special);
+
+static int conv_walk(const tok_vocab *v, const tok_turn *turns, size_t n, piece_fn fn, void *arg)
+{
+    static const char nl_end[] = "<|im_end|>\n", gen[] = "<|im_start|>assistant\n";
+    static const char sys_head[] = "<|im_start|>system\n";
+    if (!v || !turns || !n)
+        return BT_EINVAL;
+    if (!v->tmpl || !strstr(v->tmpl, IM_START))
+        return BT_ENOTEMPLATE;
+    for (size_t i = 0; i < n; i++)
+        if (!turns[i].role || !role_ok(turns[i].role, turns[i].role_len) ||
+            (!turns[i].text && turns[i].len))
+            return BT_EINVAL;
+    int rc = 0;
+    bool sys_first = turns[0].role_len == 6 && memcmp(turns[0].role, "system", 6) == 0;
+    if (!sys_first && v->default_system) {
+        const char *d = v->default_system;
+        if ((rc = fn(arg, sys_head, sizeof(sys_head) - 1, true)) ||
+            (rc = fn(arg, d, strlen(d), true)) ||
+            (rc = fn(arg, nl_end, sizeof(nl_end) - 1, true)))
+            return rc;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const tok_turn *t = &turns[i];
+        if ((rc = fn(arg, IM_START, sizeof(IM_START) - 1, true)) ||
+            (rc = fn(arg, t->role, t->role_len, true)) || (rc = fn(arg, "\n", 1, true)) ||
+            (t->len && (rc = fn(arg, t->text, t->len, false))) ||
+            (rc = fn(arg, nl_end, sizeof(nl_end) - 1, true)))
+            return rc;
+    }
+    return fn(arg, gen, sizeof(gen) - 1, true);
+}
+
+/* The rendered string, grown piece by piece. */
+typedef struct render_buf {
+    char *s;
+    size_t len, cap;
+} render_buf;
+
+static int render_piece(void *arg, const char *s, size_t len, bool special)
+{
+    (void)special;
+    render_buf *b = arg;
+    if (len > INT_MAX - b->len)
+        return BT_ERANGE;
+    if (b->len + len + 1 > b->cap) {
+        size_t cap = (b->len + len + 1) * 2;
+        char *n = realloc(b->s, cap);
+        if (!n)
+            return BT_ENOMEM;
+        b->s = n, b->cap = cap;
+    }
+    memcpy(b->s + b->len, s, len);
+    b->len += len;
+    b->s[b->len] = '\0';
+    return 0;
+}
+
+int tok_conv_render(const tok_vocab *v, const tok_turn *turns, size_t n, char **out)
+{
+    if (!out)
+        return BT_EINVAL;
+    *out = NULL;
+    render_buf b = {NULL, 0, 0};
+    int rc = conv_walk(v, turns, n, render_piece, &b);
+    if (rc) {
+        free(b.s);
+        return rc;
+    }
+    *out = b.s;
+    return (int)b.len;
+}
+
+/* Ids of the pieces, the first CAP of them written. */
+typedef struct encode_buf {
+    const tok_vocab *v;
+    int32_t *ids;
+    size_t cap, total;
+} encode_buf;
+
+static int encode_piece(void *arg, const char *s, size_t len, bool special)
+{
+    encode_buf *e = arg;
+    size_t room = e->total < e->cap ? e->cap - e->total : 0;
+    int k = tok_encode(e->v, s, len, special, room ? e->ids + e->total : NULL, room);
+    if (k < 0)
+        return k;
+    e->total += (size_t)k;
+    return e->total > INT_MAX ? BT_ERANGE : 0;
+}
+
+int tok_conv_encode(const tok_vocab *v, const tok_turn *turns, size_t n, int32_t *ids,
+                    size_t cap)
+{
+    encode_buf e = {v, ids, cap, 0};
+    int rc = conv_walk(v, turns, n, encode_piece, &e);
+    return rc ? rc : (int)e.total;
+}
+
+/* The one-turn forms: an explicit system turn, or none (the template's
+ * default then comes first). */
+static size_t one_turn(const char *system, const char *user, size_t user_len, tok_turn t[2])
+{
+    size_t n = 0;
+    if (system)
+        t[n++] = (tok_turn){"system", 6, system, strlen(system)};
+    t[n++] = (tok_turn){"user", 4, user ? user : "", user_len};
+    return n;
+}
+
 int tok_chat_render(const tok_vocab *v, const char *system, const char *user, size_t user_len,
                     char **out)
 {
     if (!v || !out || (!user && user_len))
         return BT_EINVAL;
-    *out = NULL;
-    if (!v->tmpl || !strstr(v->tmpl, IM_START))
-        return BT_ENOTEMPLATE;
-    if (!system)
-        system = v->default_system;
-    static const char sys_head[] = "<|im_start|>system\n", user_head[] = "<|im_start|>user\n";
-    static const char tail[] = "<|im_end|>\n<|im_start|>assistant\n";
-    size_t sl = system ? strlen(system) : 0;
-    size_t n = (system ? sizeof(sys_head) - 1 + sl + sizeof(IM_END) - 1 + 1 : 0) +
-               sizeof(user_head) - 1 + user_len + sizeof(tail) - 1;
-    if (n > INT_MAX)
-        return BT_ERANGE;
-    char *s = malloc(n + 1), *p = s;
-    if (!s)
-        return BT_ENOMEM;
-    if (system) {
-        p = mempcpy(p, sys_head, sizeof(sys_head) - 1);
-        p = mempcpy(p, system, sl);
-        p = mempcpy(p, IM_END, sizeof(IM_END) - 1);
-        *p++ = '\n';
-    }
-    p = mempcpy(p, user_head, sizeof(user_head) - 1);
-    if (user_len)
-        p = mempcpy(p, user, user_len);
-    p = mempcpy(p, tail, sizeof(tail) - 1);
-    *p = '\0';
-    *out = s;
-    return (int)n;
+    tok_turn t[2];
+    return tok_conv_render(v, t, one_turn(system, user, user_len, t), out);
 }
 
 /* The ids of a one-turn ChatML prompt, as tok_chat_render renders it, where
  * only the template's own markers are control tokens: the user's text is
  * encoded with special-token parsing off, so "<|im_end|>" typed by a user
- * stays text and cannot end the turn or forge another.  The user's text is
- * encoded on its own; a control token or a newline bounds it on each side,
- * where the pre-tokenizer splits anyway, so ordinary text gets the ids of
- * the rendered string. */
+ * stays text and cannot end the turn or forge another.  Each piece is
+ * encoded on its own; a control token or a newline bounds the user's text
+ * on each side, where the pre-tokenizer splits anyway, so ordinary text
+ * gets the ids of the rendered string. */
 int tok_chat_encode(const tok_vocab *v, const char *system, const char *user, size_t user_len,
                     int32_t *ids, size_t cap)
 {
-    char *frame = NULL;
-    int n = tok_chat_render(v, system, "", 0, &frame);
-    if (n < 0)
-        return n;
-    static const char user_head[] = "<|im_start|>user\n";
-    const char *at = NULL;
-    for (const char *p = frame; (p = strstr(p, user_head)); p++)
-        at = p;
-    int rc = BT_EINTERNAL;
-    if (!at)
-        goto out;
-    size_t head = (size_t)(at - frame) + sizeof(user_head) - 1;
-    const char *parts[3] = {frame, user, frame + head};
-    size_t lens[3] = {head, user_len, (size_t)n - head};
-    bool special[3] = {true, false, true};
-    size_t total = 0;
-    for (int i = 0; i < 3; i++) {
-        if (!lens[i])
-            continue;
-        size_t room = total < cap ? cap - total : 0;
-        int k = tok_encode(v, parts[i], lens[i], special[i], room ? ids + total : NULL, room);
-        if (k < 0) {
-            rc = k;
-            goto out;
-        }
-        total += (size_t)k;
-    }
-    rc = total > INT_MAX ? BT_ERANGE : (int)total;
-out:
-    free(frame);
-    return rc;
+    if (!v || (!user && user_len))
+        return BT_EINVAL;
+    tok_turn t[2];
+    return tok_conv_encode(v, t, one_turn(system, user, user_len, t), ids, cap);
 }
 
 /* ---- create ---- */

@@ -98,4 +98,26 @@ int tok_chat_render(const tok_vocab *v, const char *system, const char *user, si
 int tok_chat_encode(const tok_vocab *v, const char *system, const char *user, size_t user_len,
                     int32_t *ids, size_t cap);
 
+/* One turn of a conversation: ROLE is "system", "user" or "assistant". */
+typedef struct tok_turn {
+    const char *role;
+    size_t role_len;
+    const char *text;
+    size_t len;
+} tok_turn;
+
+/* Renders a ChatML conversation of N >= 1 turns as the ChatML templates
+ * (SmolLM2, Qwen2) do: the template's default system turn first when the
+ * first turn is not a system turn and the template has one, then each turn
+ * as "<|im_start|>ROLE\nTEXT<|im_end|>\n", then the generation prompt
+ * "<|im_start|>assistant\n".  *OUT as tok_chat_render; BT_EINVAL for
+ * another role or no turn. */
+int tok_conv_render(const tok_vocab *v, const tok_turn *turns, size_t n, char **out);
+
+/* The ids of what tok_conv_render renders, where only the template's
+ * markers are control tokens: every turn's text is encoded with
+ * special-token parsing off.  IDS, CAP and the result as tok_chat_encode. */
+int tok_conv_encode(const tok_vocab *v, const tok_turn *turns, size_t n, int32_t *ids,
+                    size_t cap);
+
 #endif

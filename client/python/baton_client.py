@@ -243,6 +243,14 @@ class Response:
         self.timings = [Timing(t.node, t.iteration, t.worker, t.queue_us, t.exec_us)
                         for t in m.timings]
         self.total_us = m.total_us
+        self.seed = m.seed
+        # Tokens as the model counted them ({} when no node counted any), and
+        # how each loop ended: "finish" (end of turn) or "max_iters".
+        self.usage = ({"prompt_tokens": m.usage.prompt_tokens,
+                       "completion_tokens": m.usage.completion_tokens,
+                       "total_tokens": m.usage.total_tokens} if m.HasField("usage") else {})
+        self.loop_ends = {k: {pb.LOOP_END_FINISH: "finish", pb.LOOP_END_MAX_ITERS: "max_iters"}
+                          .get(v, "unknown") for k, v in m.loop_ends.items()}
         self.chunks = []  # filled by Client.infer(stream=True)
 
     @property
@@ -333,10 +341,13 @@ class Client:
             raise ConnectError("cannot connect to %s" % self.endpoint) from None
 
     def send(self, graph, inputs=None, stream=False, timeout_ms=0, sampling=None,
-             max_iters=None, request_id=None):
+             max_iters=None, request_id=None, messages=None, messages_input=None):
         """Sends an InferRequest and returns its request_id at once; answers
         come from recv(). SAMPLING: a dict with temperature, top_k, top_p, seed.
-        MAX_ITERS: a dict loop name -> cap."""
+        MAX_ITERS: a dict loop name -> cap. MESSAGES: a conversation, a list of
+        {"role": "system" | "user" | "assistant", "content": str} (or (role,
+        content) pairs), given to graph input MESSAGES_INPUT (default: the
+        graph's only input) instead of a tensor."""
         msg = pb.ClientMessage()
         req = msg.infer
         req.request_id = request_id or "%s-%d" % (self._id_prefix, next(self._ids))
@@ -351,6 +362,11 @@ class Client:
                 setattr(req.sampling, k, v)
         for loop, n in (max_iters or {}).items():
             req.max_iters[loop] = int(n)
+        for m in messages or []:
+            role, content = (m["role"], m["content"]) if isinstance(m, dict) else m
+            req.messages.add(role=role, content=content)
+        if messages_input:
+            req.messages_input = messages_input
         self._send(msg)
         return req.request_id
 
@@ -423,13 +439,14 @@ class Client:
             self._pending.append(obj)
 
     def stream(self, graph, inputs=None, timeout_ms=0, sampling=None, max_iters=None,
-               request_id=None, wait_ms=None):
+               request_id=None, wait_ms=None, messages=None, messages_input=None):
         """Runs GRAPH with stream set and yields its Chunks as they arrive,
         then its Response (always last). WAIT_MS bounds the whole wait
         (default: TIMEOUT_MS + 2 s when a timeout is set, else no bound: the
         daemon's deadline ends every request). Leaving the loop early cancels
         the request."""
-        rid = self.send(graph, inputs, True, timeout_ms, sampling, max_iters, request_id)
+        rid = self.send(graph, inputs, True, timeout_ms, sampling, max_iters, request_id,
+                        messages, messages_input)
         if wait_ms is None and timeout_ms:
             wait_ms = timeout_ms + 2000
         deadline = self._deadline(wait_ms)
@@ -454,10 +471,12 @@ class Client:
             pass
 
     def infer(self, graph, inputs=None, stream=False, timeout_ms=0, sampling=None,
-              max_iters=None, request_id=None, wait_ms=None):
+              max_iters=None, request_id=None, wait_ms=None, messages=None,
+              messages_input=None):
         """Runs GRAPH once and returns its Response (chunks, if STREAM, in
         .chunks). Check .ok or call .raise_for_status()."""
-        rid = self.send(graph, inputs, stream, timeout_ms, sampling, max_iters, request_id)
+        rid = self.send(graph, inputs, stream, timeout_ms, sampling, max_iters, request_id,
+                        messages, messages_input)
         if wait_ms is None and timeout_ms:
             wait_ms = timeout_ms + 2000
         deadline = self._deadline(wait_ms)

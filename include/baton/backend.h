@@ -1,4 +1,4 @@
-/* baton backend ABI, version 2.
+/* baton backend ABI, version 4.
  *
  * A backend runs the nodes of one kind of model on a worker.  The built-in
  * backends (echo, add, counter, chunks, sleep, fail; later transformer) and
@@ -39,8 +39,9 @@ extern "C" {
 /* Version 2 added the device profile and stream counts to
  * baton_load_params and the model_describe slot.  Version 3 added GPU
  * workers: tensor data may be device memory, so baton_ctx gained read,
- * write, device and stream. */
-#define BATON_BACKEND_ABI_VERSION 3u
+ * write, device and stream.  Version 4 added conversations
+ * (baton_input.chat) and token counts (baton_ctx.count_tokens). */
+#define BATON_BACKEND_ABI_VERSION 4u
 
 /* The symbol every plugin exports. */
 #define BATON_BACKEND_ENTRY_SYMBOL "baton_backend_entry"
@@ -115,7 +116,46 @@ typedef struct baton_input {
     baton_tensor tensor;
     int stream;                     /* 1: this is the node's stream input */
     int final;                      /* stream input: its final chunk is among these */
+    int chat;                       /* 1: TENSOR is a conversation (a request's messages),
+                                     * U8 bytes read with baton_chat_next; a backend that
+                                     * takes text but no conversations should refuse it */
 } baton_input;
+
+/* One turn of a conversation input. */
+typedef struct baton_chat_turn {
+    const char *role;               /* "system", "user" or "assistant"; not NUL-terminated */
+    uint32_t role_len;
+    const char *content;            /* UTF-8, not NUL-terminated */
+    uint32_t content_len;
+} baton_chat_turn;
+
+/* The turn at *AT of the conversation DATA[0, LEN): the bytes hold, per turn,
+ * the role's length (u32, little-endian), the role, the content's length
+ * (u32, little-endian) and the content.  Advances *AT; returns 1 for a
+ * turn, 0 at the end, -1 when the bytes are malformed (the conductor writes
+ * only well-formed ones). */
+static inline int baton_chat_next(const uint8_t *data, uint64_t len, uint64_t *at,
+                                  baton_chat_turn *turn)
+{
+    uint32_t n[2];
+    const uint8_t *p[2];
+    if (*at == len)
+        return 0;
+    for (int k = 0; k < 2; k++) {
+        if (len - *at < 4)
+            return -1;
+        n[k] = (uint32_t)data[*at] | (uint32_t)data[*at + 1] << 8 |
+               (uint32_t)data[*at + 2] << 16 | (uint32_t)data[*at + 3] << 24;
+        *at += 4;
+        if (len - *at < n[k])
+            return -1;
+        p[k] = data + *at;
+        *at += n[k];
+    }
+    turn->role = (const char *)p[0], turn->role_len = n[0];
+    turn->content = (const char *)p[1], turn->content_len = n[1];
+    return 1;
+}
 
 /* One output an item must produce. */
 typedef struct baton_output {
@@ -219,6 +259,13 @@ struct baton_ctx {
      * come from alloc (inputs are read-only).  Returns 0 or -1 as read. */
     int (*write)(baton_ctx *ctx, baton_item *item, baton_tensor *tensor, uint64_t offset,
                  const void *src, uint64_t n);
+
+    /* Counts tokens for ITEM's request: PROMPT tokens read (a prefill's
+     * prompt) and GENERATED tokens produced (one per sampled token).  The
+     * counts add up over calls and over the request's items, and come back
+     * to the client as the response's usage; a backend without tokens never
+     * calls it. */
+    void (*count_tokens)(baton_ctx *ctx, baton_item *item, uint32_t prompt, uint32_t generated);
 
     uint32_t threads;               /* CPU threads one kernel may use (worker `threads`) */
     const char *device;             /* where tensor data lives: "cpu" or "cuda:N" */

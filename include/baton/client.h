@@ -115,6 +115,17 @@ typedef struct baton_client_timing {
     uint64_t exec_us;   /* microseconds of execution */
 } baton_client_timing;
 
+/* How a loop of a finished request ended (proto enum LoopEnd). */
+typedef enum baton_client_loop_end_kind {
+    BATON_CLIENT_LOOP_FINISH = 1,        /* a node raised the finish signal (EOS) */
+    BATON_CLIENT_LOOP_MAX_ITERS = 2,     /* it ran max_iters iterations */
+} baton_client_loop_end_kind;
+
+typedef struct baton_client_loop_end {
+    const char *loop;                    /* loop name */
+    baton_client_loop_end_kind how;
+} baton_client_loop_end;
+
 /* What a received frame was. */
 typedef enum baton_client_event_kind {
     BATON_CLIENT_EVENT_CHUNK = 1,    /* a streamed value: request_id, seq, value */
@@ -146,6 +157,10 @@ typedef struct baton_client_event {
     const char *text;                    /* stats, inspect */
     uint64_t seed;                       /* response: the sampling seed the request ran
                                             with (the daemon's draw when it sent 0) */
+    uint32_t prompt_tokens;              /* response: usage, as the model counted it */
+    uint32_t completion_tokens;          /* (both 0 when no node counted tokens) */
+    const baton_client_loop_end *loop_ends; /* response: n_loop_ends loops that ended */
+    size_t n_loop_ends;
 } baton_client_event;
 
 typedef struct baton_client baton_client;                 /* a connection (opaque) */
@@ -216,6 +231,19 @@ int baton_client_request_add_input(baton_client_request *r, const char *name,
 /* Adds the NUL-terminated UTF-8 string TEXT as a U8 tensor of dims
  * [strlen(TEXT)], the way the daemon takes text. Errors as add_input. */
 int baton_client_request_add_text(baton_client_request *r, const char *name, const char *text);
+
+/* Appends a turn to the request's conversation: ROLE "system", "user" or
+ * "assistant", CONTENT UTF-8 (both copied).  The daemon gives the turns to
+ * one graph input instead of a tensor (set_messages_input; by default the
+ * graph's only input), and a model with a chat template renders them, the
+ * turns' text never parsed for special tokens.  BATON_CLIENT_EINVAL: another
+ * role, or a NULL argument. */
+int baton_client_request_add_message(baton_client_request *r, const char *role,
+                                     const char *content);
+
+/* Names the graph input that takes the messages (copied; NULL or "": the
+ * graph's only input). */
+int baton_client_request_set_messages_input(baton_client_request *r, const char *name);
 
 /* Asks for InferChunk events for the graph's new_token edges (default off:
  * those values arrive joined in the response's outputs). */

@@ -96,6 +96,19 @@ def main():
                                             if req.timeout_ms else None)
                 elif req.graph == "garbage":
                     sock.send_multipart([peer, b"\xff\xff\xff"])
+                elif req.graph == "usage":
+                    m = pb.ServerMessage()
+                    r = m.response
+                    r.request_id = req.request_id
+                    r.usage.prompt_tokens, r.usage.completion_tokens = 7, 3
+                    r.usage.total_tokens = 10
+                    r.loop_ends["decode_loop"] = pb.LOOP_END_MAX_ITERS
+                    send(sock, peer, m)
+                elif req.graph == "conversation":
+                    # Says back what arrived: each turn, then the input.
+                    respond(sock, peer, req.request_id, pb.OK,
+                            "|".join("%s:%s" % (m.role, m.content) for m in req.messages) +
+                            "@" + req.messages_input)
                 else:
                     echo(sock, peer, req)
             elif kind == "cancel" and msg.cancel.request_id in held:

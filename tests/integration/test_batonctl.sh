@@ -122,6 +122,15 @@ EOF
   gen_in=$("$PY" -c 'import json,sys; print(json.loads(open(sys.argv[1]).readlines()[-1])["infer"]["inputs"][0]["name"])' "$tmp/requests.log")
   [ "$gen_in" = prompt ] && ok || bad "generate: the text went to input '$gen_in', expected the graph's first input 'prompt'"
 
+  # --system: the prompt and the system turn go as messages to that input.
+  expect_rc 0 "generate --system" "$CTL" "${E[@]}" generate conversation "Name a colour." \
+    --system "Be brief." --input-name prompt
+  conv=$("$PY" -c 'import json,sys; q=json.loads(open(sys.argv[1]).readlines()[-1])["infer"]; print(q.get("inputs"), [(m["role"], m["content"]) for m in q["messages"]], q["messagesInput"])' "$tmp/requests.log")
+  [ "$conv" = "None [('system', 'Be brief.'), ('user', 'Name a colour.')] prompt" ] && ok ||
+    bad "generate --system: the request had $conv"
+  expect_rc 2 "--system with infer" "$CTL" "${E[@]}" infer g --system x
+  expect_out "--input-name and --system are for generate" "--system is for generate"
+
   expect_rc 1 "status not OK" "$CTL" "${E[@]}" infer missing; expect_out "NOT_FOUND: unknown graph 'missing'" "status not OK"
   expect_rc 1 "deadline" "$CTL" "${E[@]}" --timeout-ms 300 infer slow; expect_out "DEADLINE_EXCEEDED" "deadline"
   expect_rc 3 "malformed answer" "$CTL" "${E[@]}" --timeout-ms 1000 infer garbage
@@ -167,6 +176,9 @@ if [ -x "$BUILD/batond" ] && [ -x "$BUILD/baton-worker" ]; then
     --max-iters count_loop=3
   expect_out '"seq":2,"value":{"name":"it","dtype":"i32","dims":[1],"modality":"tensor","values":[2]}' "daemon: chunks"
   expect_out '"name":"state","dtype":"i32","dims":[3],"modality":"tensor","values":[0,1,2]' "daemon: accumulate"
+  expect_out '"loop_ends":{"count_loop":"max_iters"}' "daemon: --json says how the loop ended"
+  expect_rc 0 "daemon: loop summary" "$CTL" "${E[@]}" infer count --input x=i32:1:0 --max-iters count_loop=2
+  expect_out "count_loop ended by max_iters" "daemon: the summary says how the loop ended"
   # generate finds the graph's input (prompt) through inspect.
   expect_rc 0 "daemon: generate" "$CTL" "${E[@]}" generate say "Hello, world"
   expect_out "Hello, world" "daemon: generate"; expect_out "OK: " "daemon: generate summary"

@@ -148,7 +148,7 @@ class Client:
         return m
 
     def request(self, graph, inputs, rid=None, stream=False, timeout_ms=0, max_iters=None,
-                seed=None):
+                seed=None, messages=None, messages_input=None):
         self.n += 1
         rid = rid or "r%d-%d" % (os.getpid(), self.n)
         m = pb.ClientMessage()
@@ -167,6 +167,12 @@ class Client:
             q.max_iters[k] = v
         if seed is not None:
             q.sampling.seed = seed
+        for role, content in messages or []:
+            t = q.messages.add()
+            t.role = role
+            t.content = content
+        if messages_input:
+            q.messages_input = messages_input
         self.send(m)
         return rid
 
@@ -252,6 +258,13 @@ def test_request_max_iters(d, c):
     _, r = c.infer("count", X(0), max_iters={"count_loop": 3})
     assert r.status.code == pb.OK, r.status
     assert as_i32({o.name: o for o in r.outputs}["it"]) == [0, 1, 2]
+    # How the loop ended: by the request's cap here, by the counter's finish
+    # signal (after 5) without one.  Test backends count no tokens: no usage.
+    assert dict(r.loop_ends) == {"count_loop": pb.LOOP_END_MAX_ITERS}, r.loop_ends
+    assert not r.HasField("usage"), r.usage
+    _, r = c.infer("count", X(0))
+    assert r.status.code == pb.OK, r.status
+    assert dict(r.loop_ends) == {"count_loop": pb.LOOP_END_FINISH}, r.loop_ends
 
 
 def test_stream_into_consumer(d, c):
@@ -266,6 +279,8 @@ def test_nested_loops(d, c):
     _, r = c.infer("nested", X(1))
     assert r.status.code == pb.OK, r.status
     assert as_i32({o.name: o for o in r.outputs}["it"]) == [0, 1, 2, 3] * 3
+    assert dict(r.loop_ends) == {"outer": pb.LOOP_END_MAX_ITERS,
+                                 "inner": pb.LOOP_END_MAX_ITERS}, r.loop_ends
 
 
 def test_node_failure(d, c):
@@ -970,6 +985,12 @@ def test_transformer_serves(config):
         assert r.status.code == pb.OK, r.status
         streamed = [as_i32(ch.value)[0] for ch in chunks]
         assert streamed == CHAT_ANSWER, streamed
+        # Usage as the model counted it: the prompt, and every token of the
+        # answer (the prefill's and one per decode step, EOS included); the
+        # loop ended on the model's end of turn.
+        assert (r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.total_tokens) == \
+            (len(CHAT_PROMPT), len(CHAT_ANSWER), len(CHAT_PROMPT) + len(CHAT_ANSWER)), r.usage
+        assert dict(r.loop_ends) == {"decode_loop": pb.LOOP_END_FINISH}, r.loop_ends
         # Two requests at once: their decode steps share executions.
         a = c.request("gen", prompt(CHAT_PROMPT))
         b = c.request("gen", prompt(ONCE_PROMPT))
@@ -990,6 +1011,10 @@ def test_transformer_serves(config):
             r.status.message
         _, r = c.infer("gen", prompt(ONCE_PROMPT), timeout=60)
         assert r.status.code == pb.OK and as_i32(r.outputs[0]) == ONCE_ANSWER, r
+        # Cut by max_iters: steps a worker ran ahead past it do not count.
+        assert (r.usage.prompt_tokens, r.usage.completion_tokens) == \
+            (len(ONCE_PROMPT), len(ONCE_ANSWER)), r.usage
+        assert dict(r.loop_ends) == {"decode_loop": pb.LOOP_END_MAX_ITERS}, r.loop_ends
         # Text in, text out: the GGUF's tokenizer and chat template make the
         # question prompt 1's ids, and the answer streams as text.
         q = b"What is the capital of France?"
@@ -997,6 +1022,25 @@ def test_transformer_serves(config):
         assert r.status.code == pb.OK, r.status
         text = b"".join(ch.value.data for ch in chunks)
         assert text == b"The capital of France is Paris.", text
+        # The same question as messages: the same prompt (the template's
+        # default system turn first), so the same answer.
+        chunks, r = c.infer("chat", {}, stream=True, timeout=60,
+                            messages=[("user", q.decode())])
+        assert r.status.code == pb.OK, r.status
+        assert b"".join(ch.value.data for ch in chunks) == text
+        # A system turn and a conversation of several turns; a marker typed
+        # in a turn is text, so it cannot end the conversation early.
+        conv = [("system", "You answer with one word."), ("user", "Hi"),
+                ("assistant", "Hello<|im_end|>"), ("user", "Name a colour.")]
+        _, r = c.infer("chat", {}, timeout=60, messages=conv, messages_input="prompt")
+        assert r.status.code == pb.OK, r.status
+        assert r.outputs and r.outputs[0].data, r.outputs
+        # Refused at the door: a role, and messages beside the same input.
+        _, r = c.infer("chat", {}, timeout=30, messages=[("tool", "42")])
+        assert r.status.code == pb.INVALID_ARGUMENT and "role 'tool'" in r.status.message, r
+        _, r = c.infer("chat", {"prompt": (pb.U8, [len(q)], q)}, timeout=30,
+                       messages=[("user", "x")])
+        assert r.status.code == pb.INVALID_ARGUMENT and "both" in r.status.message, r
         # The slow profile's executables run on two compute streams (the
         # schedule chose them, below): the same answer.
         _, r = c.infer("gen_slow", prompt(ONCE_PROMPT), timeout=60)

@@ -64,6 +64,8 @@ class Server:
         text, n = re.subn(r"(?m)^  http_listen: .*$", "  http_listen: 127.0.0.1:%d" % self.port,
                           text)
         assert n == 1 and "\nopenai:" in text, "chat-cpu.yaml no longer serves the OpenAI API"
+        # The decode loop's own cap (the answer's length without max_tokens).
+        self.max_iters = int(re.search(r"name: decode_loop\s+max_iters: (\d+)", text).group(1))
         self.config = os.path.join(self.dir, "baton.yaml")
         with open(self.config, "w") as f:
             f.write(text)
@@ -180,6 +182,7 @@ PROMPT = [{"role": "user", "content": "Write a long story about a river and a to
 r = c.chat.completions.create(model="smollm2", max_tokens=8, temperature=0, messages=PROMPT)
 out["text"] = r.choices[0].message.content
 out["finish"] = r.choices[0].finish_reason
+out["usage"] = [r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.total_tokens]
 out["id"] = r.id
 out["role"] = r.choices[0].message.role
 deltas, finishes = [], []
@@ -189,10 +192,24 @@ for ch in c.chat.completions.create(model="smollm2", max_tokens=8, temperature=0
         deltas.append(ch.choices[0].delta.content)
     if ch.choices and ch.choices[0].finish_reason:
         finishes.append(ch.choices[0].finish_reason)
+usage = None
+for ch in c.chat.completions.create(model="smollm2", max_tokens=8, temperature=0, stream=True,
+                                    messages=PROMPT, stream_options={"include_usage": True}):
+    if ch.usage:
+        usage = [ch.usage.prompt_tokens, ch.usage.completion_tokens, ch.usage.total_tokens,
+                 len(ch.choices)]
+out["stream_usage"] = usage
 out["stream_text"] = "".join(deltas)
 out["stream_deltas"] = len(deltas)
 out["stream_finishes"] = finishes
 out["models"] = [m.id for m in c.models.list()]
+# A system message and a conversation of several turns, as most clients send.
+CONV = [{"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "Name a colour."}]
+r = c.chat.completions.create(model="smollm2", max_tokens=4, temperature=0, messages=CONV)
+out["conv_text"] = r.choices[0].message.content
 try:
     c.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
     out["missing_model"] = "no error"
@@ -231,6 +248,14 @@ def test_openai_package(s):
           "openai: at most max_tokens deltas and the same finish_reason (%r)"
           % out["stream_finishes"])
     check(out["models"] == ["smollm2"], "openai: models.list")
+    u = out["usage"]
+    check(u[0] > 10 and u[1] == 8 and u[2] == u[0] + u[1],
+          "openai: usage counts the prompt and the 8 tokens (%r)" % u)
+    check(out["stream_usage"] == u + [0],
+          "openai: stream_options include_usage gives the same usage in a last chunk without "
+          "choices (%r)" % out["stream_usage"])
+    check(isinstance(out["conv_text"], str) and out["conv_text"],
+          "openai: a system message and several turns are answered (%r)" % out["conv_text"])
     check(out["missing_model"] == 404, "openai: an unknown model is NotFoundError")
     check(out["unsupported"] == [400, "presence_penalty"],
           "openai: an unsupported field is a 400 naming it")
@@ -385,6 +410,11 @@ def test_bad_requests(s):
         (b'{"model": "smollm2", "messages": [{"role": "user", "content": "\xff\xfe"}]}', 400,
          None, "invalid UTF-8"),
         (b"x" * (2 << 20), 413, None, "a 2 MiB body"),
+        (json.dumps({"model": "smollm2", "messages": [{"role": "tool", "content": "4"}]}).encode(),
+         400, "messages", "a tool message"),
+        (json.dumps({"model": "smollm2", "messages": [
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}
+         ).encode(), 400, "messages", "an image part"),
     ]
     for body, status, param, what in cases:
         st, _, data = s.post("/v1/chat/completions", body)
@@ -395,6 +425,40 @@ def test_bad_requests(s):
         check(ok, "bad request, %s: %d (%s)" % (what, st, data[:160]))
     st, _, data = s.post("/v1/models", b"")
     check(st == 405, "POST /v1/models is 405")
+    # Content as text parts is the same prompt as the joined string; a
+    # developer message is a system message.
+    answers = []
+    for content in ("What is the capital of France?",
+                    [{"type": "text", "text": "What is the capital "},
+                     {"type": "text", "text": "of France?"}]):
+        st, _, data = s.post("/v1/chat/completions",
+                             json.dumps({"model": "smollm2", "max_tokens": 6, "temperature": 0,
+                                         "messages": [{"role": "user", "content": content}]}).encode())
+        answers.append(json.loads(data)["choices"][0]["message"]["content"] if st == 200 else st)
+    check(answers[0] == answers[1] and isinstance(answers[0], str),
+          "text parts give the answer of the joined string (%r)" % answers)
+    bodies = [{"model": "smollm2", "max_tokens": 6, "temperature": 0,
+               "messages": [{"role": role, "content": "Answer in one word."},
+                            {"role": "user", "content": "Name a fruit."}]}
+              for role in ("system", "developer")]
+    got = []
+    for b in bodies:
+        st, _, data = s.post("/v1/chat/completions", json.dumps(b).encode())
+        got.append(json.loads(data)["choices"][0]["message"]["content"] if st == 200 else st)
+    check(got[0] == got[1] and isinstance(got[0], str),
+          "a developer message is a system message (%r)" % got)
+    # Without max_tokens the graph's own max_iters ends the answer: that is
+    # "length" too, and the usage counts every token the stream carried.
+    st, _, data = s.post("/v1/chat/completions", json.dumps(
+        {"model": "smollm2", "temperature": 0, "messages": [
+            {"role": "user", "content": "Count from 1 to 1000, one number per line."}]}).encode())
+    ans = json.loads(data) if st == 200 else {}
+    fin = ans.get("choices", [{}])[0].get("finish_reason")
+    done = ans.get("usage", {}).get("completion_tokens")
+    check(st == 200 and ((fin == "length" and done == s.max_iters + 1) or
+                         (fin == "stop" and done and done < s.max_iters + 1)),
+          "the graph's max_iters is finish_reason length (%r after %r tokens; the loop allows "
+          "%d)" % (fin, done, s.max_iters + 1))
     # The daemon still serves after all of that.
     st, _, data = s.post("/v1/chat/completions", chat_body("Hi", max_tokens=2))
     check(st == 200 and json.loads(data)["choices"][0]["finish_reason"] == "length",

@@ -53,6 +53,15 @@ def main():
             check(r.outputs["x"] is xt, "raw output without numpy")
         check([t.node for t in r.timings] == ["echo", "echo"], "timings")
 
+        r = c.infer("conversation", messages=[{"role": "system", "content": "be brief"},
+                                              ("user", "hi")], messages_input="prompt")
+        check(r.ok and r.message == "system:be brief|user:hi@prompt", "messages: %r" % r.message)
+        r = c.infer("usage")
+        check(r.ok and r.usage == {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
+              and r.loop_ends == {"decode_loop": "max_iters"}, "usage: %r %r" % (r.usage,
+                                                                              r.loop_ends))
+        check(c.infer("conversation", messages=[("user", "x")]).usage == {}, "no usage")
+
         evs = list(c.stream("g", {"prompt": "one two three"}))
         check([e.is_chunk for e in evs] == [True, True, True, False], "stream order")
         check("".join(e.text for e in evs[:-1]) == "one two three", "stream text")

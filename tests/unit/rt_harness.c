@@ -488,7 +488,7 @@ void h_complete_skip(harness *h, h_dispatch *dp, bool finish, const char *skip)
     if (getenv("BATON_TRACE"))
         fprintf(stderr, "event done req %llu %s%s%s%s\n", (unsigned long long)d.req, en->name, it,
                 finish ? " finish" : "", d.virtual_ ? " (worker ran ahead)" : "");
-    rt_node_done(h->rt, d.req, d.node, &d.iter, outs, n, finish);
+    rt_node_done(h->rt, d.req, d.node, &d.iter, outs, n, finish, NULL);
     h_pump(h);
     /* Play the worker's side of a speculation window. */
     c = chain_of(d.req, d.node);

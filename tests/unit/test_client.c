@@ -275,6 +275,10 @@ static void test_infer_roundtrip(void **state)
     assert_int_equal(baton_client_request_set_max_iters(r, "decode_loop", 9), 0);
     assert_int_equal(baton_client_request_set_max_iters(r, "outer", 2), 0);
     assert_int_equal(baton_client_request_set_max_iters(r, "decode_loop", 5), 0); /* replaces */
+    assert_int_equal(baton_client_request_add_message(r, "system", "be brief"), 0);
+    assert_int_equal(baton_client_request_add_message(r, "user", "hi"), 0);
+    assert_int_equal(baton_client_request_set_messages_input(r, "old"), 0);
+    assert_int_equal(baton_client_request_set_messages_input(r, "chat_in"), 0); /* replaces */
     assert_int_equal(baton_client_send(c, r), 0);
     baton_client_request_destroy(r); /* the request is not needed after sending */
 
@@ -316,6 +320,12 @@ static void test_infer_roundtrip(void **state)
     const Baton__V1__InferRequest *q = s->got[0]->infer;
     assert_string_equal(q->request_id, "req-1");
     assert_string_equal(q->graph, "chat");
+    assert_int_equal(q->n_messages, 2);
+    assert_string_equal(q->messages[0]->role, "system");
+    assert_string_equal(q->messages[0]->content, "be brief");
+    assert_string_equal(q->messages[1]->role, "user");
+    assert_string_equal(q->messages[1]->content, "hi");
+    assert_string_equal(q->messages_input, "chat_in");
     assert_int_equal(q->n_inputs, 2);
     assert_string_equal(q->inputs[0]->name, "x");
     assert_int_equal(q->inputs[0]->dtype, BATON__V1__DTYPE__I32);
@@ -711,6 +721,11 @@ static void test_request_validation(void **state)
     assert_int_equal(baton_client_request_add_text(r, "t", ""), 0);
     assert_int_equal(baton_client_request_set_max_iters(r, "loop", 0), BATON_CLIENT_EINVAL);
     assert_int_equal(baton_client_request_set_max_iters(r, "", 3), BATON_CLIENT_EINVAL);
+    assert_int_equal(baton_client_request_add_message(r, "tool", "42"), BATON_CLIENT_EINVAL);
+    assert_int_equal(baton_client_request_add_message(r, "user", NULL), BATON_CLIENT_EINVAL);
+    assert_int_equal(baton_client_request_add_message(r, "assistant", ""), 0);
+    assert_int_equal(baton_client_request_set_messages_input(r, "p"), 0);
+    assert_int_equal(baton_client_request_set_messages_input(r, NULL), 0); /* back to "" */
     baton_client_sampling bad = {-1.0f, 0, 0.5f, 0};
     assert_int_equal(baton_client_request_set_sampling(r, &bad), BATON_CLIENT_EINVAL);
     bad.temperature = 1.0f;

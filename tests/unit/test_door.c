@@ -15,6 +15,8 @@
 #include "config/config.h"
 #include "config/graph.h"
 #include "daemon/door.h"
+#include "baton/backend.h"
+#include "common/utf8.h"
 
 static const char *yaml =
     "version: 1\n"
@@ -211,6 +213,88 @@ static void test_max_iters(void **state)
     assert_string_equal(f->why, "graph 'g' has no input named 'z'");
 }
 
+/* Messages: to the named input (or the only one), encoded as the backend
+ * ABI reads them; roles, UTF-8, a conflicting tensor and a graph of two
+ * inputs without a name are refused. */
+static void test_messages(void **state)
+{
+    fixture *f = *state;
+    Baton__V1__ChatMessage m[2], *mp[2] = {&m[0], &m[1]};
+    baton__v1__chat_message__init(&m[0]);
+    baton__v1__chat_message__init(&m[1]);
+    m[0].role = "system", m[0].content = "be brief";
+    m[1].role = "user", m[1].content = "h\xc3\xa9llo";
+    f->q.n_messages = 2;
+    f->q.messages = mp;
+    f->inputs[0] = &f->tb;
+    f->q.n_inputs = 1;
+    assert_int_equal(check(f), BT_CODE_INVALID_ARGUMENT);
+    assert_string_equal(f->why, "graph 'g' has 2 inputs: say which takes the messages "
+                                "(messages_input)");
+    f->q.messages_input = "a";
+    assert_int_equal(check(f), BT_CODE_OK);
+    assert_int_equal(f->p.chat_input, 0);
+    const Baton__V1__Tensor *t = f->p.by_input[0];
+    assert_ptr_equal(t, &f->p.chat);
+    assert_string_equal(t->name, "a");
+    assert_int_equal(t->dtype, BATON__V1__DTYPE__U8);
+    assert_int_equal(t->n_dims, 1);
+    assert_int_equal(t->dims[0], (int64_t)t->data.len);
+    const uint8_t want[] = "\x06\0\0\0system\x08\0\0\0be brief\x04\0\0\0user\x06\0\0\0h\xc3\xa9llo";
+    assert_int_equal(t->data.len, sizeof(want) - 1);
+    assert_memory_equal(t->data.data, want, sizeof(want) - 1);
+    /* The ABI's reader gives the turns back. */
+    uint64_t at = 0;
+    baton_chat_turn turn;
+    assert_int_equal(baton_chat_next(t->data.data, t->data.len, &at, &turn), 1);
+    assert_int_equal(turn.role_len, 6);
+    assert_memory_equal(turn.content, "be brief", 8);
+    assert_int_equal(baton_chat_next(t->data.data, t->data.len, &at, &turn), 1);
+    assert_int_equal(turn.content_len, 6);
+    assert_int_equal(baton_chat_next(t->data.data, t->data.len, &at, &turn), 0);
+    at = 0;
+    assert_int_equal(baton_chat_next(t->data.data, t->data.len - 1, &at, &turn), 1);
+    assert_int_equal(baton_chat_next(t->data.data, t->data.len - 1, &at, &turn), -1);
+    /* The same input twice; a role, UTF-8 and an input the graph lacks. */
+    f->inputs[0] = &f->ta;
+    assert_int_equal(check(f), BT_CODE_INVALID_ARGUMENT);
+    assert_string_equal(f->why, "input 'a' is given both as a tensor and as the messages");
+    f->inputs[0] = &f->tb;
+    m[1].role = "tool";
+    assert_int_equal(check(f), BT_CODE_INVALID_ARGUMENT);
+    assert_string_equal(f->why, "messages[1] has role 'tool'; the roles are system, user and "
+                                "assistant");
+    m[1].role = "user";
+    m[1].content = "bad \xc0\xaf";
+    assert_int_equal(check(f), BT_CODE_INVALID_ARGUMENT);
+    assert_string_equal(f->why, "messages[1]: the content is not valid UTF-8");
+    m[1].content = "ok";
+    f->q.messages_input = "zz";
+    assert_int_equal(check(f), BT_CODE_INVALID_ARGUMENT);
+    assert_string_equal(f->why, "messages_input: graph 'g' has no input named 'zz'");
+    f->q.n_messages = 0;
+    f->q.messages_input = "a";
+    assert_int_equal(check(f), BT_CODE_INVALID_ARGUMENT);
+    assert_string_equal(f->why, "messages_input is 'a' but the request has no messages");
+}
+
+/* bt_utf8_valid on the edges of RFC 3629. */
+static void test_utf8(void **state)
+{
+    (void)state;
+    static const char *const good[] = {"", "abc", "\xc2\x80", "\xdf\xbf", "\xe0\xa0\x80",
+                                       "\xed\x9f\xbf", "\xee\x80\x80", "\xf0\x90\x80\x80",
+                                       "\xf4\x8f\xbf\xbf", "\xf0\x9f\x98\x80"};
+    static const char *const bad[] = {"\x80", "\xc0\xaf", "\xc1\xbf", "\xc2", "\xe0\x80\x80",
+                                      "\xed\xa0\x80", "\xf0\x80\x80\x80", "\xf4\x90\x80\x80",
+                                      "\xf5\x80\x80\x80", "\xff", "\xe2\x82", "a\xe2\x82(b"};
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++)
+        assert_true(bt_utf8_valid(good[i], strlen(good[i])));
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        assert_false(bt_utf8_valid(bad[i], strlen(bad[i])));
+    assert_true(bt_utf8_valid("a\0b", 3));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -220,6 +304,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_inputs, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tensors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_max_iters, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_messages, setup, teardown),
+        cmocka_unit_test(test_utf8),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

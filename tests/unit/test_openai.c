@@ -31,7 +31,9 @@ static void test_parse_fields(void **state)
                            "\"top_p\": 0.9, \"top_k\": 40, \"seed\": 12, \"stream\": true, "
                            "\"n\": 1, \"user\": \"u\"}", &c, param), 0);
     assert_string_equal(c.model, "m");
-    assert_string_equal(c.user, "hi \xc3\xa9");
+    assert_int_equal(c.n_msgs, 1);
+    assert_string_equal(c.msgs[0].role, "user");
+    assert_string_equal(c.msgs[0].content, "hi \xc3\xa9");
     assert_int_equal(c.max_tokens, 7);
     assert_true(c.temperature == 0.5f && c.top_p == 0.9f);
     assert_int_equal(c.top_k, 40);
@@ -60,6 +62,24 @@ static void test_parse_fields(void **state)
     assert_string_equal(c.stop[1], "bc");
     assert_string_equal(c.stop[3], "\xc3\xa9");
     oa_chat_free(&c);
+    /* A conversation: developer is system, text parts are joined, and
+     * include_usage is taken for a stream. */
+    assert_int_equal(parse("{\"model\": \"m\", \"stream\": true, \"stream_options\": "
+                           "{\"include_usage\": true}, \"messages\": ["
+                           "{\"role\": \"developer\", \"content\": \"be brief\"}, "
+                           "{\"role\": \"user\", \"content\": [{\"type\": \"text\", "
+                           "\"text\": \"a\"}, {\"type\": \"text\", \"text\": \"b\"}]}, "
+                           "{\"role\": \"assistant\", \"content\": \"c\"}, "
+                           "{\"role\": \"user\", \"content\": \"\"}]}", &c, param), 0);
+    assert_int_equal(c.n_msgs, 4);
+    assert_string_equal(c.msgs[0].role, "system");
+    assert_string_equal(c.msgs[0].content, "be brief");
+    assert_string_equal(c.msgs[1].role, "user");
+    assert_string_equal(c.msgs[1].content, "ab");
+    assert_string_equal(c.msgs[2].role, "assistant");
+    assert_string_equal(c.msgs[3].content, "");
+    assert_true(c.include_usage);
+    oa_chat_free(&c);
     oa_chat_free(NULL);
 }
 
@@ -79,10 +99,16 @@ static void test_parse_refusals(void **state)
         {"{\"model\": \"m\", \"messages\": []}", "messages"},
         {"{\"model\": \"m\", \"messages\": [1]}", "messages"},
         {"{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": 5}]}", "messages"},
-        {"{\"model\": \"m\", \"messages\": [{\"role\": \"system\", \"content\": \"x\"}, "
-         "{\"role\": \"user\", \"content\": \"x\"}]}", "messages"},
-        {"{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}, "
-         "{\"role\": \"user\", \"content\": \"y\"}]}", "messages"},
+        {"{\"model\": \"m\", \"messages\": [{\"role\": \"tool\", \"content\": \"x\"}]}",
+         "messages"},
+        {"{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": "
+         "[{\"type\": \"image_url\", \"image_url\": {\"url\": \"x\"}}]}]}", "messages"},
+        {"{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": [5]}]}",
+         "messages"},
+        {"{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+         "\"stream_options\": {\"include_usage\": true}}", "stream_options"},
+        {"{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+         "\"stream\": true, \"stream_options\": {\"other\": 1}}", "stream_options"},
         {"{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
          "\"max_tokens\": 0}", "max_tokens"},
         {"{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
@@ -120,7 +146,7 @@ static void test_parse_refusals(void **state)
             fail_msg("case %zu (%s): rc %d, param '%s', error '%s'", i, cases[i].body, rc, param,
                      err);
         assert_null(c.model);
-        assert_null(c.user);
+        assert_null(c.msgs);
     }
 }
 
@@ -180,7 +206,8 @@ static void test_answers(void **state)
         json_string_value(json_object_get(json_object_get(ch, "delta"), "content")),
         "a\xef\xbf\xbd" "b\xef\xbf\xbd");
     json_decref(j), free(ev);
-    char *r = oa_chat_response("id2", 7, "m", "Paris", 5, "stop");
+    oa_usage u = {12, 5};
+    char *r = oa_chat_response("id2", 7, "m", "Paris", 5, "stop", &u);
     j = json_loads(r, 0, NULL);
     assert_non_null(j);
     ch = json_array_get(json_object_get(j, "choices"), 0);
@@ -189,7 +216,18 @@ static void test_answers(void **state)
     assert_string_equal(
         json_string_value(json_object_get(json_object_get(ch, "message"), "content")), "Paris");
     assert_string_equal(json_string_value(json_object_get(ch, "finish_reason")), "stop");
+    json_t *us = json_object_get(j, "usage");
+    assert_int_equal(json_integer_value(json_object_get(us, "prompt_tokens")), 12);
+    assert_int_equal(json_integer_value(json_object_get(us, "completion_tokens")), 5);
+    assert_int_equal(json_integer_value(json_object_get(us, "total_tokens")), 17);
     json_decref(j), free(r);
+    /* A stream's usage event: no choices. */
+    ev = oa_chat_usage_event("id1", 5, "m", &u);
+    j = event_json(ev);
+    assert_int_equal(json_array_size(json_object_get(j, "choices")), 0);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(j, "usage"),
+                                                        "total_tokens")), 17);
+    json_decref(j), free(ev);
     r = oa_error("a \"quoted\" name", "invalid_request_error", "model");
     j = json_loads(r, 0, NULL);
     assert_non_null(j);

@@ -500,7 +500,7 @@ static void test_speculation_rolled_back_by_finish(void **state)
         {h_value(h, "dec", "tok"), h_tensor_new(h, 0, "dec@4.tok")},
         {h_value(h, "dec", "t2"), h_tensor_new(h, 0, "dec@4.t2")},
     };
-    rt_node_done(h->rt, 1, h_node(h, "dec"), &it[4], late, 2, false);
+    rt_node_done(h->rt, 1, h_node(h, "dec"), &it[4], late, 2, false, NULL);
     h_pump(h);
     assert_true(released(h, "dec@4.tok"));
     assert_string_equal(h->chunks,
@@ -627,12 +627,12 @@ static void test_duplicate_and_stray(void **state)
     h->tensors[h->n_tensors - 1].released = true;
     rt_value_out o = {h_value(h, "a", "y"), h_tensor_new(h, 0, "stray")};
     rt_iter i0 = I0;
-    assert_int_equal(rt_node_done(h->rt, 99, h_node(h, "a"), &i0, &o, 1, false), BT_ENOENT);
+    assert_int_equal(rt_node_done(h->rt, 99, h_node(h, "a"), &i0, &o, 1, false, NULL), BT_ENOENT);
     h_pump(h);
     assert_true(released(h, "stray"));
     /* A completion of a node that is not running is stray too. */
     rt_value_out o2 = {h_value(h, "c", "out"), h_tensor_new(h, 0, "early")};
-    assert_int_equal(rt_node_done(h->rt, 1, h_node(h, "c"), &i0, &o2, 1, false), 0);
+    assert_int_equal(rt_node_done(h->rt, 1, h_node(h, "c"), &i0, &o2, 1, false, NULL), 0);
     h_pump(h);
     assert_true(released(h, "early"));
     assert_null(h_response_of(h, 1));

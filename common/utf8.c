@@ -1,0 +1,41 @@
+/* UTF-8 validation (common/utf8.h), by the table of well-formed byte
+ * sequences in Unicode's chapter 3 (Table 3-7). */
+#include "common/utf8.h"
+
+#include <stdint.h>
+
+bool bt_utf8_valid(const char *s, size_t len)
+{
+    const uint8_t *p = (const uint8_t *)s, *end = p + len;
+    while (p < end) {
+        uint8_t c = *p++;
+        if (c < 0x80)
+            continue;
+        int more;
+        uint8_t lo = 0x80, hi = 0xBF;  /* the range of the second byte */
+        if (c >= 0xC2 && c <= 0xDF)
+            more = 1;
+        else if (c >= 0xE0 && c <= 0xEF) {
+            more = 2;
+            if (c == 0xE0)
+                lo = 0xA0;             /* overlong below U+0800 */
+            else if (c == 0xED)
+                hi = 0x9F;             /* surrogates */
+        } else if (c >= 0xF0 && c <= 0xF4) {
+            more = 3;
+            if (c == 0xF0)
+                lo = 0x90;             /* overlong below U+10000 */
+            else if (c == 0xF4)
+                hi = 0x8F;             /* past U+10FFFF */
+        } else {
+            return false;              /* a continuation byte, C0, C1 or F5..FF first */
+        }
+        if (end - p < more || *p < lo || *p > hi)
+            return false;
+        p++;
+        for (int k = 1; k < more; k++, p++)
+            if (*p < 0x80 || *p > 0xBF)
+                return false;
+    }
+    return true;
+}
