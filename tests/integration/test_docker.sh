@@ -30,9 +30,6 @@ cd "$(dirname "$0")/../.." || exit 1
 BUILD=${BUILD:-build}
 . tests/integration/lib_install.sh
 
-fails=0
-fail() { fails=$((fails + 1)); echo "FAIL: $*"; }
-pass() { echo "ok   $*"; }
 CONF=config/examples/chat-cpu-docker.yaml
 
 # ---- 1. the Dockerfiles -------------------------------------------------------
@@ -143,15 +140,15 @@ for line in out.splitlines():
     for p in prov.split(","):
         if p.strip():
             provides.setdefault(re.sub(r"[ (:].*", "", p.strip()), []).append(name)
-seen, todo = set(), list(sys.argv[1:])
-while todo:
-    p = todo.pop()
+seen, queue = set(), list(sys.argv[1:])
+while queue:
+    p = queue.pop()
     if p in seen:
         continue
     seen.add(p)
     for alts in deps.get(p, []):
         for a in alts:
-            todo.extend([a] if a in deps else provides.get(a, []))
+            queue.extend([a] if a in deps else provides.get(a, []))
 print("\n".join(sorted(seen)))
 EOF
 )

@@ -15,10 +15,6 @@ cd "$(dirname "$0")/../.." || exit 1
 BUILD=${BUILD:-build}
 . tests/integration/lib_install.sh
 
-fails=0
-fail() { fails=$((fails + 1)); echo "FAIL: $*"; }
-pass() { echo "ok   $*"; }
-
 tmp=$(mktemp -d /tmp/baton-install-test.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 root=$tmp/root

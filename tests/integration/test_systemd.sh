@@ -23,10 +23,6 @@ if ! command -v systemd-analyze >/dev/null; then
   exit 77
 fi
 
-fails=0
-fail() { fails=$((fails + 1)); echo "FAIL: $*"; }
-pass() { echo "ok   $*"; }
-
 tmp=$(mktemp -d /tmp/baton-systemd-test.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 root=$tmp/root
