@@ -177,9 +177,12 @@ void k_attn_decode(float *out, const float *q, const float *k, const float *v, f
 
 /* The same two on the threads of POOL (NULL or held elsewhere: the
  * caller's thread), vectorized with AVX2 where the CPU has it and HD is a
- * multiple of 8, over caches of CACHE_DT: KD_F32, or KD_F16 (K and V are
- * rounded to f16 as they are written, and widened as they are read).  In
- * the decode form a negative LENS[b] marks a row without a sequence: its
+ * multiple of 8, over caches of CACHE_DT: KD_F32, KD_F16 (K and V are
+ * rounded to f16 as they are written, and widened as they are read), or
+ * KD_Q8_0 for HD a multiple of 32 (quantized in blocks of 32 as they are
+ * written, as k_quantize does: a row of a head is HD / 32 blocks, and a
+ * cache takes kdtype_bytes(KD_Q8_0, N_KV * CAP * HD) bytes).  In the
+ * decode form a negative LENS[b] marks a row without a sequence: its
  * output is zeros and its cache untouched.  0, -EINVAL for a bad type or
  * head count or a position past CAP, or -ENOMEM when a thread had no memory
  * for a long context's scores. */

@@ -328,7 +328,8 @@ static int op_rope(const kx_op_ctx *c, int how)
 }
 
 /* The checks both attention ops share: attr {H, KV, HD}, q/k/v rows of N,
- * caches [B, KV, C, HD] f32 updated in place. */
+ * caches [B, KV, C, HD] updated in place (f32; on the CPU also f16 or
+ * q8_0). */
 static int attn_check(const kx_op_ctx *c, int how, int64_t *h, int64_t *kv, int64_t *hd, int64_t *n)
 {
     int rc = io(c, 6, 6, 3);
@@ -344,8 +345,10 @@ static int attn_check(const kx_op_ctx *c, int how, int64_t *h, int64_t *kv, int6
     NEED(last_dim_now(c, q) == *h * *hd && last_dim_now(c, k) == *kv * *hd && last_dim_now(c, v) == *kv * *hd);
     NEED(rows_now(c, k) == *n && rows_now(c, v) == *n && rows_now(c, o) == *n &&
          last_dim_now(c, o) == *h * *hd);
-    /* The CPU kernels also keep f16 caches; the GPU ones f32 only. */
-    NEED(kc->dtype == KD_F32 || (!(how & CUDA) && kc->dtype == KD_F16));
+    /* The CPU kernels also keep f16 and q8_0 caches (q8_0 in whole blocks
+     * per head); the GPU ones f32 only. */
+    NEED(kc->dtype == KD_F32 ||
+         (!(how & CUDA) && (kc->dtype == KD_F16 || (kc->dtype == KD_Q8_0 && *hd % 32 == 0))));
     NEED(vc->dtype == kc->dtype && kc->ndim == 4 && vc->ndim == 4);
     NEED(kc->shape[1] == *kv && kc->shape[3] == *hd && memcmp(kc->shape, vc->shape, sizeof(kc->shape)) == 0);
     NEED(c->op->out[1] == c->op->in[3] && c->op->out[2] == c->op->in[4]);
@@ -380,7 +383,7 @@ static int op_attn_prefill(const kx_op_ctx *c, int how)
 #endif
     ON_GPU(how, 0);
     kdtype cdt = kcv->dtype;
-    size_t cbytes = cache * kdtype_bytes(cdt, 1);
+    size_t cbytes = kdtype_bytes(cdt, cache);
     for (int64_t s = 0; s < b && t; s++) {
         int64_t p0 = pos[s * t];
         if (p0 < 0 || p0 + t > cap)
@@ -413,7 +416,7 @@ static int op_attn_decode(const kx_op_ctx *c, int how)
                                            c->out[2], cache, lens, (int)n, (int)h, (int)kv, (int)hd,
                                            (int)cap, c->flag, c->queue));
     kdtype cdt = kcv->dtype;
-    size_t cbytes = cache * kdtype_bytes(cdt, 1);
+    size_t cbytes = kdtype_bytes(cdt, cache);
     void *kcs[64], *vcs[64];
     for (int64_t s0 = 0; s0 < n; s0 += 64) {
         int64_t ns = n - s0 < 64 ? n - s0 : 64;

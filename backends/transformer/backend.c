@@ -84,7 +84,7 @@ struct baton_model {
     uint64_t clock;             /* decode steps so far: the LRU clock */
     uint64_t batch_id;          /* marks the sessions of the current batch */
     size_t row_floats;          /* elements of one cached position of one layer: K or V */
-    size_t row_bytes;           /* their bytes in the cache (f16 or f32: shape.cache) */
+    size_t row_bytes;           /* their bytes in the cache (f32, f16 or q8_0: shape.cache) */
     uint64_t weight_bytes;      /* bytes of the mapped tensors in use */
     char *report;               /* model_describe's text; owned */
     const kx_device *dev;       /* NULL: the CPU; else the GPU the executables run on */
@@ -576,18 +576,22 @@ static baton_status model_load(const baton_load_params *p, baton_model **out, ch
         return BATON_STATUS_INVALID_ARGUMENT;
     /* auto: f16 on the CPU (half the memory, and half the bytes a decode
      * step at a long context reads); f32 on a GPU, whose kernels take no
-     * other. */
+     * other.  q8_0 (CPU only) halves them again, for a small change in the
+     * logits: an opt-in, as llama.cpp's -ctk/-ctv q8_0. */
     const char *kv = baton_load_option(p, "kv_dtype");
-    if (kv && strcmp(kv, "f32") != 0 && strcmp(kv, "f16") != 0 && strcmp(kv, "auto") != 0) {
-        snprintf(err, errlen, "option kv_dtype = '%s': use auto, f16 or f32", kv);
+    if (kv && strcmp(kv, "f32") != 0 && strcmp(kv, "f16") != 0 && strcmp(kv, "q8_0") != 0 &&
+        strcmp(kv, "auto") != 0) {
+        snprintf(err, errlen, "option kv_dtype = '%s': use auto, f16, q8_0 or f32", kv);
         return BATON_STATUS_INVALID_ARGUMENT;
     }
-    if (dev && kv && strcmp(kv, "f16") == 0) {
-        snprintf(err, errlen, "option kv_dtype = 'f16': the GPU kernels keep the KV cache in "
-                 "f32 (use f32 or auto)");
+    if (dev && kv && (strcmp(kv, "f16") == 0 || strcmp(kv, "q8_0") == 0)) {
+        snprintf(err, errlen, "option kv_dtype = '%s': the GPU kernels keep the KV cache in "
+                 "f32 (use f32 or auto)", kv);
         return BATON_STATUS_INVALID_ARGUMENT;
     }
-    kdtype kv_dt = dev || (kv && strcmp(kv, "f32") == 0) ? KD_F32 : KD_F16;
+    kdtype kv_dt = dev || (kv && strcmp(kv, "f32") == 0) ? KD_F32
+                   : kv && strcmp(kv, "q8_0") == 0     ? KD_Q8_0
+                                                       : KD_F16;
     baton_model *m = calloc(1, sizeof(*m));
     if (!m) {
         snprintf(err, errlen, "out of memory");
@@ -635,7 +639,13 @@ static baton_status model_load(const baton_load_params *p, baton_model **out, ch
     m->slots = (int)(p->max_batch ? p->max_batch : 1);
     m->row_floats = (size_t)m->shape.kv_heads * (size_t)m->shape.head_dim;
     m->shape.cache = kv_dt;
-    m->row_bytes = m->row_floats * kdtype_bytes(kv_dt, 1);
+    m->row_bytes = kdtype_bytes(kv_dt, m->row_floats);
+    if (kv_dt == KD_Q8_0 && m->shape.head_dim % 32) {
+        snprintf(err, errlen, "option kv_dtype = 'q8_0': it needs a head size that is a multiple "
+                 "of 32, and %s's is %d", path, m->shape.head_dim);
+        st = BATON_STATUS_INVALID_ARGUMENT;
+        goto err;
+    }
     m->eos = (int32_t)eos;
     uint32_t fe;
     m->file_eos = gguf_get_u32(m->file, "tokenizer.ggml.eos_token_id", &fe) == 0 ? (int32_t)fe : -1;
@@ -794,15 +804,15 @@ static int mcopy(const baton_model *m, void *dst, const void *src, size_t bytes)
  * head.  With F32 it is the `kv` tensor of a hand-off, f32 [layer][K, V]
  * [len][kv_head * head_dim] (a documented format, whatever the cache), in
  * the worker's memory (device memory on a GPU): each (layer, K or V) goes
- * through two host buffers, where its heads' rows are widened or rounded
- * (f16 caches are the CPU's only) and moved into place. */
+ * through two host buffers, where its heads' rows are widened, rounded or
+ * quantized (f16 and q8_0 caches are the CPU's only) and moved into place. */
 static int copy_slot(baton_model *m, kx_exec *x, int slot, void *host, int len, bool to_host,
                      bool f32)
 {
     int nkv = m->shape.kv_heads;
     kdtype cdt = m->shape.cache;
-    size_t hd = (size_t)m->shape.head_dim, esz = kdtype_bytes(cdt, 1);
-    size_t block = (size_t)len * hd * esz, head = (size_t)m->max_seq * hd * esz;
+    size_t hd = (size_t)m->shape.head_dim, rb = kdtype_bytes(cdt, hd); /* bytes of a head's row */
+    size_t block = (size_t)len * rb, head = (size_t)m->max_seq * rb;
     size_t flat = (size_t)len * m->row_floats * sizeof(float);
     uint8_t *tmp = NULL;
     float *stage = NULL;
@@ -832,8 +842,10 @@ static int copy_slot(baton_model *m, kx_exec *x, int slot, void *host, int len, 
                     rc = mcopy(m, tmp, cg, block);
                 for (int t = 0; t < len && !rc; t++) {
                     float *st = stage + (size_t)t * m->row_floats + (size_t)g * hd;
-                    uint8_t *tt = tmp + (size_t)t * hd * esz;
-                    rc = to_host ? k_cast(st, KD_F32, tt, cdt, hd) : k_cast(tt, cdt, st, KD_F32, hd);
+                    uint8_t *tt = tmp + (size_t)t * rb;
+                    rc = to_host        ? k_widen(st, cdt, tt, hd)
+                         : cdt == KD_Q8_0 ? k_quantize(tt, cdt, st, hd)
+                                          : k_cast(tt, cdt, st, KD_F32, hd);
                 }
                 if (!to_host && !rc)
                     rc = mcopy(m, cg, tmp, block);

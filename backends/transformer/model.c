@@ -142,8 +142,8 @@ static kg_graph *build(const ktf_shape *s, int batch, int seq, int ctx, bool pre
         int aout[3] = {at, kc, vc};
         double span = prefill ? (seq + 1) / 2.0 : (double)ctx;  /* keys per query, causal mean */
         double aflops = 4.0 * (double)N * s->heads * span * s->head_dim;
-        double cache_rw = 2.0 * (double)batch * (prefill ? seq : ctx) * (double)KV *
-                          (double)kdtype_bytes(s->cache, 1);
+        double cache_rw = 2.0 * (double)batch * (prefill ? seq : ctx) *
+                          (double)kdtype_bytes(s->cache, (size_t)KV);
         double abytes = (double)(b.g->values[qr].bytes + b.g->values[kr].bytes +
                                  b.g->values[v].bytes + b.g->values[at].bytes) + cache_rw;
         if (!b.fail && kg_op_add(b.g, prefill ? KOP_ATTN_PREFILL : KOP_ATTN_DECODE, ain, 6, aout,

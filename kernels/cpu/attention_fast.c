@@ -8,9 +8,11 @@
  * the causal mask the last queries of a prompt attend to many more keys
  * than the first, so equal counts of queries are unequal work.
  *
- * The cache holds f32 or f16 (half the memory and half the bytes a long
- * context's decode step reads); f16 is widened as it is read, and new rows
- * are rounded to nearest even as they are written, as k_cast does.
+ * The cache holds f32, f16 (half the memory and half the bytes a long
+ * context's decode step reads) or q8_0 (about half of f16 again); f16 and
+ * q8_0 are widened as they are read, and new rows are rounded to nearest
+ * even as k_cast does, or quantized as k_quantize does, as they are
+ * written.
  *
  * Scratch is one score row per query, on the stack up to SCORES_ON_STACK
  * keys and on the heap beyond: memory grows with the context, never with
@@ -35,10 +37,35 @@
 #define SPLIT_KEYS 256
 #define SPLIT_MAX 64
 
-/* Element I of a cache of f16 (F16) or f32, as a float. */
-static inline float cache_at(const void *c, size_t i, bool f16)
+/* The element types of a cache.  Q8 is ggml's q8_0: blocks of 32
+ * elements, each an f16 scale and 32 int8 (34 bytes), a row of a head
+ * holding HD / 32 blocks; it needs HD a multiple of 32, so that element i
+ * of a cache is in its block i / 32 whatever the row. */
+typedef enum kv_fmt { KV_F32, KV_F16, KV_Q8 } kv_fmt;
+
+/* Bytes of the first N elements of a cache (N a multiple of 32 for Q8). */
+static inline size_t kv_bytes(size_t n, kv_fmt fmt)
 {
-    return f16 ? k_f16_to_f32(((const uint16_t *)c)[i]) : ((const float *)c)[i];
+    return fmt == KV_Q8 ? n / 32 * 34 : n * (fmt == KV_F16 ? 2 : 4);
+}
+
+/* The f16 scale of the Q8 block at B (its first two bytes; a block may
+ * start at any even offset, so they are copied, not dereferenced). */
+static inline uint16_t q8_scale(const uint8_t *b)
+{
+    uint16_t d;
+    memcpy(&d, b, 2);
+    return d;
+}
+
+/* Element I of a cache, as a float. */
+static inline float cache_at(const void *c, size_t i, kv_fmt fmt)
+{
+    if (fmt == KV_Q8) {
+        const uint8_t *b = (const uint8_t *)c + (i >> 5) * 34;
+        return k_f16_to_f32(q8_scale(b)) * (float)(int8_t)b[2 + (i & 31)];
+    }
+    return fmt == KV_F16 ? k_f16_to_f32(((const uint16_t *)c)[i]) : ((const float *)c)[i];
 }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -113,10 +140,21 @@ AVX2 static float softmax_row(float *s, int n, int pad, float *max)
     return sum + hsum8(vsum);
 }
 
-/* Eight cache elements from element I of P (f32, or f16 widened by F16C). */
-AVX2 static inline __m256 load8(const void *p, size_t i, bool f16)
+/* Eight int8 at P as floats. */
+AVX2 static inline __m256 widen_i8(const uint8_t *p)
 {
-    if (f16)
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+
+/* Eight cache elements from element I of P (I a multiple of 8): f32, f16
+ * widened by F16C, or q8 times its block's scale. */
+AVX2 static inline __m256 load8(const void *p, size_t i, kv_fmt fmt)
+{
+    if (fmt == KV_Q8) {
+        const uint8_t *b = (const uint8_t *)p + (i >> 5) * 34;
+        return _mm256_mul_ps(widen_i8(b + 2 + (i & 31)), _mm256_set1_ps(_cvtsh_ss(q8_scale(b))));
+    }
+    if (fmt == KV_F16)
         return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
     return _mm256_loadu_ps((const float *)p + i);
 }
@@ -127,7 +165,7 @@ AVX2 static inline __m256 load8(const void *p, size_t i, bool f16)
  * scratch. */
 AVX2 static inline __attribute__((always_inline)) void
 attend(float *out, const float *q, const void *kc, const void *vc, int ctx, size_t row, int hd,
-       float *s, bool f16)
+       float *s, kv_fmt fmt)
 {
     float scale = 1.0f / sqrtf((float)hd);
     int j = 0;
@@ -137,8 +175,8 @@ attend(float *out, const float *q, const void *kc, const void *vc, int ctx, size
         __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
         for (int i = 0; i < hd; i += 8) {
             __m256 qv = _mm256_loadu_ps(q + i);
-            a0 = _mm256_fmadd_ps(qv, load8(kc, k0 + (size_t)i, f16), a0);
-            a1 = _mm256_fmadd_ps(qv, load8(kc, k1 + (size_t)i, f16), a1);
+            a0 = _mm256_fmadd_ps(qv, load8(kc, k0 + (size_t)i, fmt), a0);
+            a1 = _mm256_fmadd_ps(qv, load8(kc, k1 + (size_t)i, fmt), a1);
         }
         s[j] = hsum8(a0) * scale;
         s[j + 1] = hsum8(a1) * scale;
@@ -147,7 +185,7 @@ attend(float *out, const float *q, const void *kc, const void *vc, int ctx, size
         size_t k0 = (size_t)j * row;
         __m256 a0 = _mm256_setzero_ps();
         for (int i = 0; i < hd; i += 8)
-            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load8(kc, k0 + (size_t)i, f16), a0);
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load8(kc, k0 + (size_t)i, fmt), a0);
         s[j] = hsum8(a0) * scale;
     }
     float inv = 1.0f / softmax_row(s, ctx, ctx, NULL);
@@ -160,10 +198,10 @@ attend(float *out, const float *q, const void *kc, const void *vc, int ctx, size
             for (j = 0; j < ctx; j++) {
                 size_t vj = (size_t)j * row + (size_t)i0;
                 __m256 p = _mm256_set1_ps(s[j]);
-                a0 = _mm256_fmadd_ps(p, load8(vc, vj, f16), a0);
-                a1 = _mm256_fmadd_ps(p, load8(vc, vj + 8, f16), a1);
-                a2 = _mm256_fmadd_ps(p, load8(vc, vj + 16, f16), a2);
-                a3 = _mm256_fmadd_ps(p, load8(vc, vj + 24, f16), a3);
+                a0 = _mm256_fmadd_ps(p, load8(vc, vj, fmt), a0);
+                a1 = _mm256_fmadd_ps(p, load8(vc, vj + 8, fmt), a1);
+                a2 = _mm256_fmadd_ps(p, load8(vc, vj + 16, fmt), a2);
+                a3 = _mm256_fmadd_ps(p, load8(vc, vj + 24, fmt), a3);
             }
             _mm256_storeu_ps(out + i0, _mm256_mul_ps(a0, vinv));
             _mm256_storeu_ps(out + i0 + 8, _mm256_mul_ps(a1, vinv));
@@ -175,7 +213,7 @@ attend(float *out, const float *q, const void *kc, const void *vc, int ctx, size
         for (int i = i0; i < hd; i += 8) {
             a0 = _mm256_setzero_ps();
             for (j = 0; j < ctx; j++)
-                a0 = _mm256_fmadd_ps(_mm256_set1_ps(s[j]), load8(vc, (size_t)j * row + (size_t)i, f16),
+                a0 = _mm256_fmadd_ps(_mm256_set1_ps(s[j]), load8(vc, (size_t)j * row + (size_t)i, fmt),
                                      a0);
             _mm256_storeu_ps(out + i, _mm256_mul_ps(a0, vinv));
         }
@@ -183,12 +221,14 @@ attend(float *out, const float *q, const void *kc, const void *vc, int ctx, size
 }
 
 AVX2 static void attend_avx2(float *out, const float *q, const void *kc, const void *vc, int ctx,
-                             size_t row, int hd, float *s, bool f16)
+                             size_t row, int hd, float *s, kv_fmt fmt)
 {
-    if (f16)
-        attend(out, q, kc, vc, ctx, row, hd, s, true);
+    if (fmt == KV_Q8)
+        attend(out, q, kc, vc, ctx, row, hd, s, KV_Q8);
+    else if (fmt == KV_F16)
+        attend(out, q, kc, vc, ctx, row, hd, s, KV_F16);
     else
-        attend(out, q, kc, vc, ctx, row, hd, s, false);
+        attend(out, q, kc, vc, ctx, row, hd, s, KV_F32);
 }
 
 /* ---- prefill in tiles ---------------------------------------------------------- */
@@ -289,7 +329,7 @@ static int tile_ws_reserve(tile_ws *w, size_t keys, int hd)
  * (KC, VC: its rows for head G, ROW elements apart) held CTX0 rows before
  * this chunk; token t sees CTX0 + t + 1 rows. */
 AVX2 static int tiled_task(float *out, const float *q, size_t qrow, const uint8_t *kc,
-                           const uint8_t *vc, size_t row, bool f16, int ctx0, int t0, int t1,
+                           const uint8_t *vc, size_t row, kv_fmt fmt, int ctx0, int t0, int t1,
                            int g, int group, int hd, tile_ws *w)
 {
     int nk = ctx0 + t1;
@@ -300,8 +340,8 @@ AVX2 static int tiled_task(float *out, const float *q, size_t qrow, const uint8_
      * zero, so that a 16-key tile may read them. */
     for (int j = 0; j < nk; j++)
         for (int i = 0; i < hd; i += 8) {
-            __m256 kv = load8(kc, (size_t)j * row + (size_t)i, f16);
-            _mm256_storeu_ps(w->vp + (size_t)j * hd + i, load8(vc, (size_t)j * row + (size_t)i, f16));
+            __m256 kv = load8(kc, (size_t)j * row + (size_t)i, fmt);
+            _mm256_storeu_ps(w->vp + (size_t)j * hd + i, load8(vc, (size_t)j * row + (size_t)i, fmt));
             float tmp[8];
             _mm256_storeu_ps(tmp, kv);
             for (int e = 0; e < 8; e++)
@@ -346,26 +386,38 @@ AVX2 static int tiled_task(float *out, const float *q, size_t qrow, const uint8_
  * a constant after inlining) queries. */
 AVX2 static inline __attribute__((always_inline)) void
 pv_group(float *const *o, const float *const *p, const float *inv, const void *vc, size_t row,
-         int ctx, int i0, bool f16, const int nq)
+         int ctx, int i0, kv_fmt fmt, const int nq)
 {
     __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;
     __m256 a10 = a00, a11 = a00, a12 = a00, a13 = a00;
     __m256 a20 = a00, a21 = a00, a22 = a00, a23 = a00;
     for (int j = 0; j < ctx; j++) {
         size_t at = (size_t)j * row + (size_t)i0;
-        _mm_prefetch((const char *)vc + (at + PREFETCH_ROWS * row) * (f16 ? 2 : 4), _MM_HINT_T0);
-        __m256 v0 = load8(vc, at, f16), v1 = load8(vc, at + 8, f16);
-        __m256 v2 = load8(vc, at + 16, f16), v3 = load8(vc, at + 24, f16), b;
-        b = _mm256_broadcast_ss(p[0] + j);
+        _mm_prefetch((const char *)vc + kv_bytes(at + PREFETCH_ROWS * row, fmt), _MM_HINT_T0);
+        __m256 v0, v1, v2, v3, b;
+        /* A q8 row's 32 dims here are one block (I0 is a multiple of 32):
+         * its scale goes into the weights, once per query, rather than
+         * into every element. */
+        float d = 1.0f;
+        if (fmt == KV_Q8) {
+            const uint8_t *blk = (const uint8_t *)vc + kv_bytes(at, KV_Q8);
+            d = _cvtsh_ss(q8_scale(blk));
+            v0 = widen_i8(blk + 2), v1 = widen_i8(blk + 10);
+            v2 = widen_i8(blk + 18), v3 = widen_i8(blk + 26);
+        } else {
+            v0 = load8(vc, at, fmt), v1 = load8(vc, at + 8, fmt);
+            v2 = load8(vc, at + 16, fmt), v3 = load8(vc, at + 24, fmt);
+        }
+        b = _mm256_set1_ps(p[0][j] * d);
         a00 = _mm256_fmadd_ps(b, v0, a00), a01 = _mm256_fmadd_ps(b, v1, a01);
         a02 = _mm256_fmadd_ps(b, v2, a02), a03 = _mm256_fmadd_ps(b, v3, a03);
         if (nq > 1) {
-            b = _mm256_broadcast_ss(p[1] + j);
+            b = _mm256_set1_ps(p[1][j] * d);
             a10 = _mm256_fmadd_ps(b, v0, a10), a11 = _mm256_fmadd_ps(b, v1, a11);
             a12 = _mm256_fmadd_ps(b, v2, a12), a13 = _mm256_fmadd_ps(b, v3, a13);
         }
         if (nq > 2) {
-            b = _mm256_broadcast_ss(p[2] + j);
+            b = _mm256_set1_ps(p[2][j] * d);
             a20 = _mm256_fmadd_ps(b, v0, a20), a21 = _mm256_fmadd_ps(b, v1, a21);
             a22 = _mm256_fmadd_ps(b, v2, a22), a23 = _mm256_fmadd_ps(b, v3, a23);
         }
@@ -386,20 +438,19 @@ pv_group(float *const *o, const float *const *p, const float *inv, const void *v
  * caller (attend_group). */
 AVX2 static inline __attribute__((always_inline)) void
 attend_group_t(float *out, const float *q, int g, const void *kc, const void *vc, int ctx,
-               size_t row, int hd, float *s, float *ml, bool f16)
+               size_t row, int hd, float *s, float *ml, kv_fmt fmt)
 {
     float scale = 1.0f / sqrtf((float)hd);
-    size_t esz = f16 ? 2 : 4;
     if (hd == 64) {
         /* The common head size: a key row lives in eight registers while
          * every query of the group is dotted with it. */
         for (int j = 0; j < ctx; j++) {
             size_t at = (size_t)j * row;
-            _mm_prefetch((const char *)kc + (at + PREFETCH_ROWS * row) * esz, _MM_HINT_T0);
-            __m256 k0 = load8(kc, at, f16), k1 = load8(kc, at + 8, f16);
-            __m256 k2 = load8(kc, at + 16, f16), k3 = load8(kc, at + 24, f16);
-            __m256 k4 = load8(kc, at + 32, f16), k5 = load8(kc, at + 40, f16);
-            __m256 k6 = load8(kc, at + 48, f16), k7 = load8(kc, at + 56, f16);
+            _mm_prefetch((const char *)kc + kv_bytes(at + PREFETCH_ROWS * row, fmt), _MM_HINT_T0);
+            __m256 k0 = load8(kc, at, fmt), k1 = load8(kc, at + 8, fmt);
+            __m256 k2 = load8(kc, at + 16, fmt), k3 = load8(kc, at + 24, fmt);
+            __m256 k4 = load8(kc, at + 32, fmt), k5 = load8(kc, at + 40, fmt);
+            __m256 k6 = load8(kc, at + 48, fmt), k7 = load8(kc, at + 56, fmt);
             for (int r = 0; r < g; r++) {
                 const float *qr = q + (size_t)r * 64;
                 __m256 a0 = _mm256_mul_ps(_mm256_loadu_ps(qr), k0);
@@ -416,15 +467,15 @@ attend_group_t(float *out, const float *q, int g, const void *kc, const void *vc
     } else {
         for (int j = 0; j < ctx; j++) {
             size_t at = (size_t)j * row;
-            _mm_prefetch((const char *)kc + (at + PREFETCH_ROWS * row) * esz, _MM_HINT_T0);
+            _mm_prefetch((const char *)kc + kv_bytes(at + PREFETCH_ROWS * row, fmt), _MM_HINT_T0);
             for (int r = 0; r < g; r++) {
                 const float *qr = q + (size_t)r * hd;
                 __m256 a0 = _mm256_setzero_ps(), a1 = a0;
                 for (int i = 0; i < hd; i += 16) {
-                    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qr + i), load8(kc, at + (size_t)i, f16),
+                    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qr + i), load8(kc, at + (size_t)i, fmt),
                                          a0);
                     a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qr + i + 8),
-                                         load8(kc, at + (size_t)i + 8, f16), a1);
+                                         load8(kc, at + (size_t)i + 8, fmt), a1);
                 }
                 s[(size_t)r * ctx + (size_t)j] = hsum8(_mm256_add_ps(a0, a1)) * scale;
             }
@@ -447,22 +498,24 @@ attend_group_t(float *out, const float *q, int g, const void *kc, const void *vc
         }
         for (int i0 = 0; i0 < hd; i0 += 32) {
             if (nq == 3)
-                pv_group(o, p, inv + r0, vc, row, ctx, i0, f16, 3);
+                pv_group(o, p, inv + r0, vc, row, ctx, i0, fmt, 3);
             else if (nq == 2)
-                pv_group(o, p, inv + r0, vc, row, ctx, i0, f16, 2);
+                pv_group(o, p, inv + r0, vc, row, ctx, i0, fmt, 2);
             else
-                pv_group(o, p, inv + r0, vc, row, ctx, i0, f16, 1);
+                pv_group(o, p, inv + r0, vc, row, ctx, i0, fmt, 1);
         }
     }
 }
 
 AVX2 static void attend_group(float *out, const float *q, int g, const void *kc, const void *vc,
-                              int ctx, size_t row, int hd, float *s, float *ml, bool f16)
+                              int ctx, size_t row, int hd, float *s, float *ml, kv_fmt fmt)
 {
-    if (f16)
-        attend_group_t(out, q, g, kc, vc, ctx, row, hd, s, ml, true);
+    if (fmt == KV_Q8)
+        attend_group_t(out, q, g, kc, vc, ctx, row, hd, s, ml, KV_Q8);
+    else if (fmt == KV_F16)
+        attend_group_t(out, q, g, kc, vc, ctx, row, hd, s, ml, KV_F16);
     else
-        attend_group_t(out, q, g, kc, vc, ctx, row, hd, s, ml, false);
+        attend_group_t(out, q, g, kc, vc, ctx, row, hd, s, ml, KV_F32);
 }
 
 static int have_avx2(void)
@@ -478,9 +531,9 @@ static int have_avx2(void)
 }
 
 static void attend_avx2(float *out, const float *q, const void *kc, const void *vc, int ctx,
-                        size_t row, int hd, float *s, bool f16)
+                        size_t row, int hd, float *s, kv_fmt fmt)
 {
-    (void)out, (void)q, (void)kc, (void)vc, (void)ctx, (void)row, (void)hd, (void)s, (void)f16;
+    (void)out, (void)q, (void)kc, (void)vc, (void)ctx, (void)row, (void)hd, (void)s, (void)fmt;
     abort(); /* have_avx2() is 0: never called */
 }
 
@@ -490,18 +543,18 @@ typedef struct tile_ws {
 } tile_ws;
 
 static void attend_group(float *out, const float *q, int g, const void *kc, const void *vc,
-                         int ctx, size_t row, int hd, float *s, float *ml, bool f16)
+                         int ctx, size_t row, int hd, float *s, float *ml, kv_fmt fmt)
 {
     (void)out, (void)q, (void)g, (void)kc, (void)vc, (void)ctx, (void)row, (void)hd, (void)s;
-    (void)ml, (void)f16;
+    (void)ml, (void)fmt;
     abort(); /* have_avx2() is 0: never called */
 }
 
 static int tiled_task(float *out, const float *q, size_t qrow, const uint8_t *kc,
-                      const uint8_t *vc, size_t row, bool f16, int ctx0, int t0, int t1, int g,
+                      const uint8_t *vc, size_t row, kv_fmt fmt, int ctx0, int t0, int t1, int g,
                       int group, int hd, tile_ws *w)
 {
-    (void)out, (void)q, (void)qrow, (void)kc, (void)vc, (void)row, (void)f16, (void)ctx0;
+    (void)out, (void)q, (void)qrow, (void)kc, (void)vc, (void)row, (void)fmt, (void)ctx0;
     (void)t0, (void)t1, (void)g, (void)group, (void)hd, (void)w;
     abort(); /* have_avx2() is 0: never called */
 }
@@ -511,14 +564,14 @@ static int tiled_task(float *out, const float *q, size_t qrow, const uint8_t *kc
 /* The portable version of attend: the reference's order of operations
  * (attention.c), reading the cache in either type. */
 static void attend_scalar(float *out, const float *q, const void *kc, const void *vc, int ctx,
-                          size_t row, int hd, float *s, bool f16)
+                          size_t row, int hd, float *s, kv_fmt fmt)
 {
     float scale = 1.0f / sqrtf((float)hd);
     float m = -INFINITY;
     for (int j = 0; j < ctx; j++) {
         float d = 0;
         for (int i = 0; i < hd; i++)
-            d += q[i] * cache_at(kc, (size_t)j * row + (size_t)i, f16);
+            d += q[i] * cache_at(kc, (size_t)j * row + (size_t)i, fmt);
         s[j] = d * scale;
         m = s[j] > m ? s[j] : m;
     }
@@ -533,7 +586,7 @@ static void attend_scalar(float *out, const float *q, const void *kc, const void
     for (int j = 0; j < ctx; j++) {
         float p = s[j] * inv;
         for (int i = 0; i < hd; i++)
-            out[i] += p * cache_at(vc, (size_t)j * row + (size_t)i, f16);
+            out[i] += p * cache_at(vc, (size_t)j * row + (size_t)i, fmt);
     }
 }
 
@@ -548,7 +601,7 @@ typedef struct attn_job {
     int n_seq, n_tok;
     int n_head, n_kv, hd;
     size_t hstride;                     /* elements between KV heads in a cache: CAP * HD */
-    bool f16;                           /* the caches hold f16, else f32 */
+    kv_fmt fmt;                         /* the caches' element type */
     bool fast;                          /* attend_avx2, else attend_scalar */
     int blocks;                         /* query blocks per (sequence, head) */
     _Atomic int next;                   /* the next task */
@@ -582,7 +635,6 @@ static void attn_part(void *arg, int ith, int nth)
     (void)ith, (void)nth;
     attn_job *j = arg;
     size_t row = (size_t)j->hd, qrow = (size_t)j->n_head * j->hd;
-    size_t esz = j->f16 ? 2 : 4;
     int group = j->n_head / j->n_kv, tasks = j->n_seq * j->n_head * j->blocks;
     float stack[SCORES_ON_STACK], *heap = NULL;
     size_t heap_n = 0;
@@ -614,16 +666,16 @@ static void attn_part(void *arg, int ith, int nth)
             }
             s = heap;
         }
-        size_t koff = (size_t)(h / group) * j->hstride * esz;
+        size_t koff = kv_bytes((size_t)(h / group) * j->hstride, j->fmt);
         const uint8_t *kc = (const uint8_t *)j->kc[seq] + koff;
         const uint8_t *vc = (const uint8_t *)j->vc[seq] + koff;
         for (int t = t0; t < t1; t++) {
             size_t qo = ((size_t)seq * j->n_tok + (size_t)t) * qrow + (size_t)h * j->hd;
             int ctx = j->ctx0[seq] + t + 1;
             if (j->fast)
-                attend_avx2(j->out + qo, j->q + qo, kc, vc, ctx, row, j->hd, s, j->f16);
+                attend_avx2(j->out + qo, j->q + qo, kc, vc, ctx, row, j->hd, s, j->fmt);
             else
-                attend_scalar(j->out + qo, j->q + qo, kc, vc, ctx, row, j->hd, s, j->f16);
+                attend_scalar(j->out + qo, j->q + qo, kc, vc, ctx, row, j->hd, s, j->fmt);
         }
     }
     free(heap);
@@ -638,7 +690,6 @@ static void attn_group_part(void *arg, int ith, int nth)
     (void)ith, (void)nth;
     attn_job *j = arg;
     size_t row = (size_t)j->hd, qrow = (size_t)j->n_head * j->hd;
-    size_t esz = j->f16 ? 2 : 4;
     int group = j->n_head / j->n_kv, tasks = j->n_seq * j->n_kv * j->splits;
     float *s = NULL;
     size_t cap = 0;
@@ -678,9 +729,9 @@ static void attn_group_part(void *arg, int ith, int nth)
                 continue;
             }
         }
-        size_t koff = ((size_t)g * j->hstride + (size_t)c0 * row) * esz;
+        size_t koff = kv_bytes((size_t)g * j->hstride + (size_t)c0 * row, j->fmt);
         attend_group(o, j->q + qo, group, (const uint8_t *)j->kc[seq] + koff,
-                     (const uint8_t *)j->vc[seq] + koff, c1 - c0, row, j->hd, s, ml, j->f16);
+                     (const uint8_t *)j->vc[seq] + koff, c1 - c0, row, j->hd, s, ml, j->fmt);
     }
     free(s);
 }
@@ -730,7 +781,6 @@ static void attn_tiled_part(void *arg, int ith, int nth)
     (void)ith, (void)nth;
     attn_job *j = arg;
     size_t row = (size_t)j->hd, qrow = (size_t)j->n_head * j->hd;
-    size_t esz = j->f16 ? 2 : 4;
     int group = j->n_head / j->n_kv, per = j->n_seq * j->n_kv, tasks = per * j->blocks;
     tile_ws w = {NULL, NULL, NULL, 0};
     for (;;) {
@@ -740,11 +790,11 @@ static void attn_tiled_part(void *arg, int ith, int nth)
         int blk = j->blocks - 1 - task / per;
         int sg = task % per, seq = sg / j->n_kv, g = sg % j->n_kv;
         int t0 = blk * TILED_BLOCK, t1 = t0 + TILED_BLOCK < j->n_tok ? t0 + TILED_BLOCK : j->n_tok;
-        size_t koff = (size_t)g * j->hstride * esz;
+        size_t koff = kv_bytes((size_t)g * j->hstride, j->fmt);
         const uint8_t *kc = (const uint8_t *)j->kc[seq] + koff;
         const uint8_t *vc = (const uint8_t *)j->vc[seq] + koff;
         size_t base = (size_t)seq * j->n_tok * qrow;
-        if (tiled_task(j->out + base, j->q + base, qrow, kc, vc, row, j->f16, j->ctx0[seq], t0,
+        if (tiled_task(j->out + base, j->q + base, qrow, kc, vc, row, j->fmt, j->ctx0[seq], t0,
                        t1, g, group, j->hd, &w))
             j->err = -ENOMEM;
     }
@@ -760,6 +810,19 @@ static int run_job(kth_pool *pool, attn_job *j, kth_fn part)
     return j->err;
 }
 
+/* Whether the kernels keep caches of DT for heads of HD: f32 and f16 for
+ * any head size, q8_0 for a multiple of 32 (a row of a head is whole
+ * blocks). */
+static bool cache_type_ok(kdtype dt, int hd)
+{
+    return hd >= 1 && (dt == KD_F32 || dt == KD_F16 || (dt == KD_Q8_0 && hd % 32 == 0));
+}
+
+static kv_fmt fmt_of(kdtype dt)
+{
+    return dt == KD_Q8_0 ? KV_Q8 : dt == KD_F16 ? KV_F16 : KV_F32;
+}
+
 /* N_TOK rows of K (or V), SRC [N_TOK][N_KV][HD], into CACHE [N_KV][CAP][HD]
  * at position POS, in the cache's type. */
 static int put_rows(void *cache, kdtype dt, int cap, int pos, const float *src, int n_tok,
@@ -768,10 +831,11 @@ static int put_rows(void *cache, kdtype dt, int cap, int pos, const float *src, 
     for (int t = 0; t < n_tok; t++)
         for (int g = 0; g < n_kv; g++) {
             size_t at = ((size_t)g * cap + (size_t)pos + t) * hd;
+            uint8_t *to = (uint8_t *)cache + kdtype_bytes(dt, at);
             const float *from = src + ((size_t)t * n_kv + g) * hd;
-            if (dt == KD_F32)
-                memcpy((float *)cache + at, from, (size_t)hd * sizeof(float));
-            else if (k_cast((uint16_t *)cache + at, KD_F16, from, KD_F32, (size_t)hd))
+            int rc = dt == KD_Q8_0 ? k_quantize(to, KD_Q8_0, from, (size_t)hd)
+                                   : k_cast(to, dt, from, KD_F32, (size_t)hd);
+            if (rc)
                 return -EINVAL;
         }
     return 0;
@@ -781,8 +845,8 @@ int k_attn_prefill_mt(kth_pool *pool, float *out, const float *q, const float *k
                       void *kc, void *vc, kdtype cache_dt, int cap, int pos0, int n_tok,
                       int n_head, int n_kv, int hd)
 {
-    if ((cache_dt != KD_F32 && cache_dt != KD_F16) || n_head % n_kv || hd < 1 || pos0 < 0 ||
-        n_tok < 0 || pos0 > cap - n_tok)
+    if (!cache_type_ok(cache_dt, hd) || n_head % n_kv || pos0 < 0 || n_tok < 0 ||
+        pos0 > cap - n_tok)
         return -EINVAL;
     int rc = put_rows(kc, cache_dt, cap, pos0, k, n_tok, n_kv, hd);
     if (!rc)
@@ -795,7 +859,7 @@ int k_attn_prefill_mt(kth_pool *pool, float *out, const float *q, const float *k
     bool tiled = have_avx2() && hd % 16 == 0 && n_tok >= 8;
     int per = tiled ? TILED_BLOCK : QUERY_BLOCK;
     attn_job j = {out, q, kcs, vcs, ctx0, 1, n_tok, n_head, n_kv, hd, (size_t)cap * hd,
-                  cache_dt == KD_F16, have_avx2() && hd % 8 == 0, (n_tok + per - 1) / per, 0, 0};
+                  fmt_of(cache_dt), have_avx2() && hd % 8 == 0, (n_tok + per - 1) / per, 0, 0};
     return run_job(pool, &j, tiled ? attn_tiled_part : attn_part);
 }
 
@@ -803,7 +867,7 @@ int k_attn_decode_mt(kth_pool *pool, float *out, const float *q, const float *k,
                      void *const *kc, void *const *vc, kdtype cache_dt, int cap,
                      const int32_t *lens, int batch, int n_head, int n_kv, int hd)
 {
-    if ((cache_dt != KD_F32 && cache_dt != KD_F16) || n_head % n_kv || hd < 1)
+    if (!cache_type_ok(cache_dt, hd) || n_head % n_kv)
         return -EINVAL;
     size_t row = (size_t)n_kv * hd;
     for (int b = 0; b < batch; b++) {
@@ -818,7 +882,7 @@ int k_attn_decode_mt(kth_pool *pool, float *out, const float *q, const float *k,
             return rc;
     }
     attn_job j = {out, q, kc, vc, lens, batch, 1, n_head, n_kv, hd, (size_t)cap * hd,
-                  cache_dt == KD_F16, have_avx2() && hd % 8 == 0, 1, 0, 0, 1, NULL};
+                  fmt_of(cache_dt), have_avx2() && hd % 8 == 0, 1, 0, 0, 1, NULL};
     bool grouped = have_avx2() && hd % 32 == 0 && n_head / n_kv <= 64;
     if (!grouped)
         return run_job(pool, &j, attn_part);

@@ -38,7 +38,10 @@
  *     -ntg 64 -npl 4,16, its S_TG (the batched decode phase alone).
  *  4. Decode tok/s after a 2048-token prompt and after an 8-token one, 64
  *     tokens each (mem), and the ratio of the two: what a long context costs
- *     a decode step.  llama.cpp: llama-bench -p 0 -n 64 -d 0,2048.
+ *     a decode step.  llama.cpp: llama-bench -p 0 -n 64 -d 0,2048.  baton's
+ *     cache is q8_0, as in chat-cpu.yaml; llama.cpp's is its default, f16.
+ *     The same two on mem16, whose cache is f16 (baton only), right after
+ *     them.
  *  5. Resident memory: the peak resident set (VmHWM) of the worker mem after
  *     row 4, a model holding one sequence of max_seq 4096 positions, against
  *     the peak resident set (wait4's ru_maxrss) of llama-batched-bench -c
@@ -46,7 +49,7 @@
  *     doing the same work, each process with the model mapped from the same
  *     file.  That is the fairest pair at hand: the same context size and the
  *     same requests, each side with its own KV layout (llama.cpp: f16,
- *     allocated and cleared in full at start; baton: f16, pages touched as
+ *     allocated and cleared in full at start; baton: q8_0, pages touched as
  *     positions are written).  batond's own memory is printed beside it.
  *
  * Every row runs 3 rounds; in each, baton and llama.cpp take turns, the
@@ -106,6 +109,8 @@ enum {
     R_AGG0 = R_PP0 + N_PP,    /* R_AGG0 + i: conc[i] requests */
     R_DEC_SHORT = R_AGG0 + N_CONC,
     R_DEC_LONG,
+    R_DEC_SHORT16,            /* row 4 with an f16 KV cache (baton only) */
+    R_DEC_LONG16,
     R_MEM,
     N_ROWS
 };
@@ -348,7 +353,7 @@ typedef struct gen_req {
 typedef struct baton_side {
     bench_daemon d;
     baton_client *client;
-    pid_t t1, t2, mem;       /* the workers */
+    pid_t t1, t2, mem, mem16; /* the workers */
     int seq;                 /* request ids */
 } baton_side;
 
@@ -521,9 +526,9 @@ static long status_kb(pid_t pid, const char *key)
  * spend while llama.cpp runs should be nothing. */
 static uint64_t baton_cpu_ns(const baton_side *b)
 {
-    pid_t p[4] = {b->d.pid, b->t1, b->t2, b->mem};
+    pid_t p[5] = {b->d.pid, b->t1, b->t2, b->mem, b->mem16};
     uint64_t s = 0;
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 5; i++) {
         bench_cpu c;
         bench_cpu_read(p[i], &c);
         s += c.cpu_ns;
@@ -675,6 +680,19 @@ static int baton_row45(bench *B)
     B->mem_rss_kb = status_kb(B->b.mem, "VmRSS:");
     B->mem_anon_kb = status_kb(B->b.mem, "RssAnon:");
     B->mem_file_kb = status_kb(B->b.mem, "RssFile:");
+    /* The same two requests on mem16, whose cache is f16. */
+    rc = one_request(B, "gen_mem16", B->short_prompts, SHORT_PROMPT, B->p.n_gen, &g);
+    if (rc == 0)
+        add_baton(B, R_DEC_SHORT16, decode_rate(&g));
+    gen_free(&g, 1);
+    if (rc)
+        return -1;
+    rc = one_request(B, "gen_mem16", B->long_prompt, B->p.depth, B->p.n_gen, &g);
+    if (rc == 0)
+        add_baton(B, R_DEC_LONG16, decode_rate(&g));
+    gen_free(&g, 1);
+    if (rc)
+        return -1;
     B->conductor_hwm_kb = status_kb(B->b.d.pid, "VmHWM:");
     return 0;
 }
@@ -933,6 +951,10 @@ static int baton_warmup(bench *B)
         rc = one_request(B, "gen_mem", B->long_prompt, B->p.pp[N_PP - 2], 4, &g[0]);
         gen_free(g, 1);
     }
+    if (rc == 0) {
+        rc = one_request(B, "gen_mem16", B->long_prompt, B->p.pp[N_PP - 2], 4, &g[0]);
+        gen_free(g, 1);
+    }
     return rc;
 }
 
@@ -1017,6 +1039,8 @@ static void print_table(const bench *B)
                rows_ratio(B, R_DEC_LONG, R_DEC_SHORT, true), B->p.depth);
     else
         printf(", llama.cpp skipped\n");
+    printf("decode after %d / after %d tokens of context, f16 KV cache: baton %.2fx\n",
+           B->p.depth, SHORT_PROMPT, rows_ratio(B, R_DEC_LONG16, R_DEC_SHORT16, false));
     printf("decode scaling, 2 threads / 1 thread: baton %.2fx", rows_ratio(B, R_DEC_T2, R_DEC_T1,
                                                                           false));
     if (B->L.ok)
@@ -1024,7 +1048,7 @@ static void print_table(const bench *B)
     else
         printf("\n");
     const row *m = &B->rows[R_MEM];
-    printf("memory: baton's worker (one sequence, max_seq %d, f16 KV cache) now %.1f MiB "
+    printf("memory: baton's worker (one sequence, max_seq %d, q8_0 KV cache) now %.1f MiB "
            "resident (%.1f anonymous,\n  %.1f file-backed: the model file and libraries); its "
            "conductor batond %.1f MiB at peak, not counted in the row",
            CTX_SIZE, B->mem_rss_kb / 1024.0, B->mem_anon_kb / 1024.0, B->mem_file_kb / 1024.0,
@@ -1102,11 +1126,13 @@ static void write_json(const bench *B, const bench_opts *o)
     }
     fprintf(f, "},\n  \"ratios\": {\"baton_prefill_%d_over_%d\": %.3f, "
             "\"llama_cpp_prefill_%d_over_%d\": %.3f, \"baton_decode_long_over_short\": %.3f, "
-            "\"llama_cpp_decode_long_over_short\": %.3f},\n",
+            "\"llama_cpp_decode_long_over_short\": %.3f, "
+            "\"baton_decode_long_over_short_f16_cache\": %.3f},\n",
             B->p.pp[2], B->p.pp[1], rows_ratio(B, R_PP0 + 2, R_PP0 + 1, false), B->p.pp[2],
             B->p.pp[1], rows_ratio(B, R_PP0 + 2, R_PP0 + 1, true),
             rows_ratio(B, R_DEC_LONG, R_DEC_SHORT, false),
-            rows_ratio(B, R_DEC_LONG, R_DEC_SHORT, true));
+            rows_ratio(B, R_DEC_LONG, R_DEC_SHORT, true),
+            rows_ratio(B, R_DEC_LONG16, R_DEC_SHORT16, false));
     fprintf(f, "  \"memory_kib\": {\"baton_worker_rss\": %ld, \"baton_worker_anon\": %ld, "
             "\"baton_worker_file\": %ld, \"baton_conductor_hwm\": %ld, "
             "\"llama_bench_at_depth_maxrss\": %ld},\n",
@@ -1158,6 +1184,10 @@ int main(int argc, char **argv)
             "4. decode tok/s, short context (%d)", SHORT_PROMPT);
     set_row(&B.rows[R_DEC_LONG], "decode_long_context", "tok/s",
             "4. decode tok/s after a %d-token context", B.p.depth);
+    set_row(&B.rows[R_DEC_SHORT16], "decode_short_context_f16_cache", "tok/s",
+            "4. ...short context (%d), f16 KV cache", SHORT_PROMPT);
+    set_row(&B.rows[R_DEC_LONG16], "decode_long_context_f16_cache", "tok/s",
+            "4. ...after %d tokens, f16 KV cache", B.p.depth);
     set_row(&B.rows[R_MEM], "peak_rss_mib", "MiB", "5. peak resident MiB, context %d", CTX_SIZE);
 
     if (access(MODEL_PATH, R_OK) != 0) {
@@ -1192,8 +1222,9 @@ int main(int argc, char **argv)
     B.b.t1 = bench_child_named(B.b.d.pid, "t1");
     B.b.t2 = bench_child_named(B.b.d.pid, "t2");
     B.b.mem = bench_child_named(B.b.d.pid, "mem");
-    if (!B.b.t1 || !B.b.t2 || !B.b.mem) {
-        fprintf(stderr, "bench_model: cannot find batond's workers t1, t2, mem\n");
+    B.b.mem16 = bench_child_named(B.b.d.pid, "mem16");
+    if (!B.b.t1 || !B.b.t2 || !B.b.mem || !B.b.mem16) {
+        fprintf(stderr, "bench_model: cannot find batond's workers t1, t2, mem, mem16\n");
         goto out;
     }
     fprintf(stderr, "bench_model: warming baton up...\n");

@@ -632,36 +632,54 @@ static void round_f16(float *x, size_t n)
         x[i] = k_f16_to_f32(k_f32_to_f16(x[i]));
 }
 
+/* Rounds N floats (a multiple of 32) to what a cache of DT holds: f16, or
+ * q8_0 (each block of 32 quantized and widened back); f32 as they are. */
+static void round_to(kdtype dt, float *x, size_t n)
+{
+    if (dt == KD_F16) {
+        round_f16(x, n);
+    } else if (dt == KD_Q8_0) {
+        uint8_t blk[34];
+        for (size_t i = 0; i + 32 <= n; i += 32) {
+            assert_int_equal(k_quantize(blk, KD_Q8_0, x + i, 32), 0);
+            assert_int_equal(k_dequantize(x + i, KD_Q8_0, blk, 32), 0);
+        }
+    }
+}
+
 /* N_TOK rows of SRC ([N_TOK][N_KV][HD], f32) into cache C of type DT at
  * positions [POS, POS + N_TOK), in the caches' layout ([N_KV][CAP][HD]); and
  * the way back, into DST as f32 rows. */
 static void cache_put(void *c, kdtype dt, int cap, int pos, const float *src, int n_tok,
                       int n_kv, int hd)
 {
-    size_t esz = kdtype_bytes(dt, 1);
     for (int t = 0; t < n_tok; t++)
-        for (int g = 0; g < n_kv; g++)
-            assert_int_equal(k_cast((uint8_t *)c + (((size_t)g * cap + pos + t) * hd) * esz, dt,
-                                    src + ((size_t)t * n_kv + g) * hd, KD_F32, (size_t)hd), 0);
+        for (int g = 0; g < n_kv; g++) {
+            uint8_t *to = (uint8_t *)c + kdtype_bytes(dt, ((size_t)g * cap + pos + t) * hd);
+            const float *from = src + ((size_t)t * n_kv + g) * hd;
+            assert_int_equal(dt == KD_Q8_0 ? k_quantize(to, dt, from, (size_t)hd)
+                                           : k_cast(to, dt, from, KD_F32, (size_t)hd), 0);
+        }
 }
 
 static void cache_get(float *dst, const void *c, kdtype dt, int cap, int pos, int n_tok,
                       int n_kv, int hd)
 {
-    size_t esz = kdtype_bytes(dt, 1);
     for (int t = 0; t < n_tok; t++)
         for (int g = 0; g < n_kv; g++)
-            assert_int_equal(k_cast(dst + ((size_t)t * n_kv + g) * hd, KD_F32,
-                                    (const uint8_t *)c + (((size_t)g * cap + pos + t) * hd) * esz,
-                                    dt, (size_t)hd), 0);
+            assert_int_equal(k_widen(dst + ((size_t)t * n_kv + g) * hd, dt,
+                                     (const uint8_t *)c +
+                                         kdtype_bytes(dt, ((size_t)g * cap + pos + t) * hd),
+                                     (size_t)hd), 0);
 }
 
 /* k_attn_prefill_mt and k_attn_decode_mt against the references, with no
- * pool and pools of 2 and 3 threads, on f32 and f16 caches, for head sizes
- * that take the vector path (64, 16) and one that does not (20), prompts
- * not a multiple of the query block, a cache already holding positions,
- * and contexts past the scores' stack buffer (5000).  For f16 the reference
- * runs on K and V rounded to f16, which is what the cache holds. */
+ * pool and pools of 2 and 3 threads, on f32, f16 and q8_0 caches, for head
+ * sizes that take the vector path (64, 16) and one that does not (20),
+ * prompts not a multiple of the query block, a cache already holding
+ * positions, and contexts past the scores' stack buffer (5000).  For f16
+ * and q8_0 the reference runs on K and V rounded to what the cache holds;
+ * q8_0 with a head size that is not whole blocks is refused. */
 static void test_attention_fast_vs_ref(void **state)
 {
     (void)state;
@@ -673,20 +691,28 @@ static void test_attention_fast_vs_ref(void **state)
         if (nth > 1)
             assert_int_equal(kth_pool_create(nth, &pool), 0);
         for (size_t sh = 0; sh < sizeof(shapes) / sizeof(shapes[0]); sh++)
-            for (int f16 = 0; f16 <= 1; f16++) {
+            for (int ty = 0; ty < 3; ty++) {
                 int NH = shapes[sh][0], NKV = shapes[sh][1], HD = shapes[sh][2];
                 int P0 = shapes[sh][3], T = shapes[sh][4], CAP = P0 + T + 1;
-                size_t row = (size_t)NKV * HD, qrow = (size_t)NH * HD, esz = f16 ? 2 : 4;
-                kdtype dt = f16 ? KD_F16 : KD_F32;
+                size_t row = (size_t)NKV * HD, qrow = (size_t)NH * HD;
+                const kdtype types[3] = {KD_F32, KD_F16, KD_Q8_0};
+                kdtype dt = types[ty];
                 float *q = rnd(T * qrow, 2), *k = rnd(T * row, 1), *v = rnd(T * row, 1);
+                if (dt == KD_Q8_0 && HD % 32) {
+                    float *o = poisoned(T * qrow);
+                    void *c = malloc(CAP * row * 4);
+                    assert_int_equal(k_attn_prefill_mt(pool, o, q, k, v, c, c, dt, CAP, 0, T, NH,
+                                                       NKV, HD), -EINVAL);
+                    free(q), free(k), free(v), free(o), free(c);
+                    continue;
+                }
                 float *hk = rnd((size_t)P0 * row + 1, 1), *hv = rnd((size_t)P0 * row + 1, 1);
                 /* The reference's caches: history then this chunk, f32. */
                 float *rk = poisoned(CAP * row), *rv = poisoned(CAP * row);
-                void *ck = malloc(CAP * row * esz), *cv = malloc(CAP * row * esz);
-                if (f16) {
-                    round_f16(k, T * row), round_f16(v, T * row);
-                    round_f16(hk, P0 * row), round_f16(hv, P0 * row);
-                }
+                void *ck = malloc(kdtype_bytes(dt, CAP * row));
+                void *cv = malloc(kdtype_bytes(dt, CAP * row));
+                round_to(dt, k, T * row), round_to(dt, v, T * row);
+                round_to(dt, hk, P0 * row), round_to(dt, hv, P0 * row);
                 cache_put(rk, KD_F32, CAP, 0, hk, P0, NKV, HD);
                 cache_put(rv, KD_F32, CAP, 0, hv, P0, NKV, HD);
                 cache_put(ck, dt, CAP, 0, hk, P0, NKV, HD);
@@ -696,7 +722,7 @@ static void test_attention_fast_vs_ref(void **state)
                 assert_int_equal(k_attn_prefill_mt(pool, got, q, k, v, ck, cv, dt, CAP, P0, T,
                                                    NH, NKV, HD), 0);
                 char what[96];
-                snprintf(what, sizeof(what), "prefill %zu %s, %d threads", sh, f16 ? "f16" : "f32",
+                snprintf(what, sizeof(what), "prefill %zu %s, %d threads", sh, kdtype_name(dt),
                          nth);
                 assert_close(got, ref, T * qrow, 2e-5f, 2e-5f, what);
                 /* The chunk's K and V are in the cache, in its type. */
@@ -707,8 +733,7 @@ static void test_attention_fast_vs_ref(void **state)
                  * empty (length -1): zeros there, the same as the reference
                  * elsewhere. */
                 float *dq = rnd(3 * qrow, 2), *dk = rnd(3 * row, 1), *dv = rnd(3 * row, 1);
-                if (f16)
-                    round_f16(dk, 3 * row), round_f16(dv, 3 * row);
+                round_to(dt, dk, 3 * row), round_to(dt, dv, 3 * row);
                 int32_t lens[3] = {P0 + T, -1, P0 + T};
                 void *kcs[3] = {ck, NULL, ck}, *vcs[3] = {cv, NULL, cv};
                 /* Rows 0 and 2 share a cache: give row 2 row 0's token so
@@ -721,7 +746,7 @@ static void test_attention_fast_vs_ref(void **state)
                 k_attn_decode(dref, dq, dk, dv, rkp, rvp, CAP, rlen, 1, NH, NKV, HD);
                 assert_int_equal(k_attn_decode_mt(pool, dgot, dq, dk, dv, kcs, vcs, dt, CAP, lens,
                                                   3, NH, NKV, HD), 0);
-                snprintf(what, sizeof(what), "decode %zu %s, %d threads", sh, f16 ? "f16" : "f32",
+                snprintf(what, sizeof(what), "decode %zu %s, %d threads", sh, kdtype_name(dt),
                          nth);
                 assert_close(dgot, dref, qrow, 2e-5f, 2e-5f, what);
                 for (size_t i = 0; i < qrow; i++)
@@ -745,7 +770,7 @@ static void test_attention_fast_vs_ref(void **state)
 
 /* The decode step that splits each (sequence, KV head) into parts of the
  * keys of a long sequence, then merges the parts: a long sequence beside a
- * short one and an empty row, f32 and f16 caches, against the reference
+ * short one and an empty row, f32, f16 and q8_0 caches, against the reference
  * row by row, and each row equal to the bit to its decode alone on one
  * thread. */
 static void test_attention_split_decode(void **state)
@@ -757,25 +782,23 @@ static void test_attention_split_decode(void **state)
     for (int nth = 2; nth <= 3; nth++) {
         kth_pool *pool = NULL;
         assert_int_equal(kth_pool_create(nth, &pool), 0);
-        for (int f16 = 0; f16 <= 1; f16++) {
-            kdtype dt = f16 ? KD_F16 : KD_F32;
-            size_t esz = f16 ? 2 : 4;
+        for (int ty = 0; ty < 3; ty++) {
+            const kdtype types[3] = {KD_F32, KD_F16, KD_Q8_0};
+            kdtype dt = types[ty];
             float *q = rnd(B * qrow, 2), *k = rnd(B * row, 1), *v = rnd(B * row, 1);
             float *hist[B], *rk[B], *rv[B];
             void *kcs[B] = {NULL}, *vcs[B] = {NULL};
-            if (f16)
-                round_f16(k, B * row), round_f16(v, B * row);
+            round_to(dt, k, B * row), round_to(dt, v, B * row);
             for (int b = 0; b < B; b++) {
                 size_t cap = (size_t)CAPR * row;
                 hist[b] = rnd(2 * cap + 1, 1);
-                if (f16)
-                    round_f16(hist[b], 2 * cap);
+                round_to(dt, hist[b], 2 * cap);
                 rk[b] = poisoned(cap), rv[b] = poisoned(cap);
                 if (lens[b] < 0)
                     continue;
                 cache_put(rk[b], KD_F32, CAPR, 0, hist[b], lens[b], NKV, HD);
                 cache_put(rv[b], KD_F32, CAPR, 0, hist[b] + cap, lens[b], NKV, HD);
-                kcs[b] = malloc(cap * esz), vcs[b] = malloc(cap * esz);
+                kcs[b] = malloc(kdtype_bytes(dt, cap)), vcs[b] = malloc(kdtype_bytes(dt, cap));
                 cache_put(kcs[b], dt, CAPR, 0, hist[b], lens[b], NKV, HD);
                 cache_put(vcs[b], dt, CAPR, 0, hist[b] + cap, lens[b], NKV, HD);
             }
@@ -785,7 +808,7 @@ static void test_attention_split_decode(void **state)
             for (int b = 0; b < B; b++) {
                 char what[64];
                 snprintf(what, sizeof(what), "split decode row %d %s, %d threads", b,
-                         f16 ? "f16" : "f32", nth);
+                         kdtype_name(dt), nth);
                 if (lens[b] < 0) {
                     for (size_t i = 0; i < qrow; i++)
                         assert_true(got[b * qrow + i] == 0.0f);

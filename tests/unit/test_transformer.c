@@ -379,20 +379,15 @@ static void test_prefill_and_greedy_match_reference(void **state)
  * activations the same way. */
 #define Q8_GAP 0.5f
 
-/* With the defaults, 8-bit activations and an f16 cache (two threads), greedy decoding of
- * each reference prompt follows the reference's tokens until a step where
- * the reference's top-two gap is under Q8_GAP; the gaps are those of the
- * f32 run, which equals the reference token for token. */
-static void test_q8_activations_track_reference(void **state)
+/* Greedy decoding of each reference prompt by a model loaded with the
+ * options Q8 (8-bit activations or an 8-bit cache) follows the
+ * reference's tokens until a step where the reference's top-two gap is
+ * under Q8_GAP; the gaps are those of the f32 run, which equals the
+ * reference token for token.  WHAT names the 8-bit part in messages. */
+static void track_reference(const char *const *q8, const char *what)
 {
-    (void)state;
-    if (!have_model())
-        skip();
-    if (strcmp(test_device(), "cpu") != 0)
-        skip(); /* the GPU kernels take f32 activations only */
-    static const char *const f32[] = {"eos", "49151", "activations", "f32", NULL};
-    static const char *const q8[] = {"eos", "49151", "activations", "q8", "kv_dtype", "f16",
-                                     "threads", "2", NULL};
+    static const char *const f32[] = {"eos", "49151", "activations", "f32", "kv_dtype", "f32",
+                                      NULL};
     baton_model *mf = load(1, f32), *mq = load(1, q8);
     int matched = 0, total = 0;
     float worst = 0;
@@ -427,8 +422,8 @@ static void test_q8_activations_track_reference(void **state)
                 matched++;
             } else {
                 if (gap >= Q8_GAP)
-                    fail_msg("prompt %d step %d: 8-bit activations chose %d over %d, where the "
-                             "reference leads by %.3f", p + 1, step, tq, tf, (double)gap);
+                    fail_msg("prompt %d step %d: %s chose %d over %d, where the reference "
+                             "leads by %.3f", p + 1, step, what, tq, tf, (double)gap);
                 diverged = true; /* the contexts differ from here on */
             }
             int32_t inf = tf, inq = tq;
@@ -439,12 +434,38 @@ static void test_q8_activations_track_reference(void **state)
         B->session_close(mf, rf.s);
         B->session_close(mq, rq.s);
     }
-    print_message("8-bit activations: %d of %d greedy tokens as the reference before any "
-                  "divergence; largest move of the reference token's logit %.3f\n", matched,
-                  total, (double)worst);
+    print_message("%s: %d of %d greedy tokens as the reference before any divergence; "
+                  "largest move of the reference token's logit %.3f\n", what, matched, total,
+                  (double)worst);
     assert_true(matched > 0);
     B->model_unload(mf);
     B->model_unload(mq);
+}
+
+/* The defaults: 8-bit activations and an f16 cache (two threads). */
+static void test_q8_activations_track_reference(void **state)
+{
+    (void)state;
+    if (!have_model())
+        skip();
+    if (strcmp(test_device(), "cpu") != 0)
+        skip(); /* the GPU kernels take f32 activations only */
+    static const char *const q8[] = {"eos", "49151", "activations", "q8", "kv_dtype", "f16",
+                                     "threads", "2", NULL};
+    track_reference(q8, "8-bit activations");
+}
+
+/* A q8_0 cache with f32 activations: the cache's rounding alone. */
+static void test_q8_cache_tracks_reference(void **state)
+{
+    (void)state;
+    if (!have_model())
+        skip();
+    if (strcmp(test_device(), "cpu") != 0)
+        skip(); /* the GPU kernels keep an f32 cache only */
+    static const char *const q8[] = {"eos", "49151", "activations", "f32", "kv_dtype", "q8_0",
+                                     "threads", "2", NULL};
+    track_reference(q8, "a q8_0 KV cache");
 }
 
 #define TP_STEPS 8
@@ -630,24 +651,97 @@ static void test_eviction_keeps_caches(void **state)
                          REF[p].greedy[k + 1]);
 }
 
-/* The same with an f16 cache (which the reference does not model): evicted
- * and restored caches give exactly the tokens of a run with a slot for
- * every session, so the f16 copies out and back are lossless. */
-static void test_eviction_keeps_f16_caches(void **state)
+/* The same with f16 and q8_0 caches (which the reference does not model):
+ * evicted and restored caches give exactly the tokens of a run with a slot
+ * for every session, so the copies out and back are lossless. */
+static void test_eviction_keeps_narrow_caches(void **state)
 {
     (void)state;
     if (!have_model())
         skip();
     if (strcmp(test_device(), "cpu") != 0)
         skip(); /* the GPU kernels keep f32 caches only */
-    int32_t evicted[MAXP][TURN_STEPS], resident[MAXP][TURN_STEPS];
-    run_turns(2, "f16", evicted);
-    run_turns(3, "f16", resident);
-    for (int p = 0; p < MAXP; p++)
-        for (int k = 0; k < 6; k++)
-            if (evicted[p][k] != resident[p][k])
-                fail_msg("prompt %d step %d: token %d evicted, %d resident", p + 1, k + 1,
-                         evicted[p][k], resident[p][k]);
+    static const char *const types[] = {"f16", "q8_0"};
+    for (int t = 0; t < 2; t++) {
+        int32_t evicted[MAXP][TURN_STEPS], resident[MAXP][TURN_STEPS];
+        run_turns(2, types[t], evicted);
+        run_turns(3, types[t], resident);
+        for (int p = 0; p < MAXP; p++)
+            for (int k = 0; k < 6; k++)
+                if (evicted[p][k] != resident[p][k])
+                    fail_msg("%s: prompt %d step %d: token %d evicted, %d resident", types[t],
+                             p + 1, k + 1, evicted[p][k], resident[p][k]);
+    }
+}
+
+/* A prefill's cache handed off as the `kv` tensor (f32) from a q8_0 cache
+ * into another model's q8_0 cache: the blocks leave widened and come back
+ * quantized to the same blocks, so the receiving decode gives the tokens
+ * the prefill's own model gives when it decodes the same prompt. */
+static void test_handoff_q8_cache(void **state)
+{
+    (void)state;
+    if (!have_model())
+        skip();
+    if (strcmp(test_device(), "cpu") != 0)
+        skip(); /* the GPU kernels keep f32 caches only */
+    static const char *const q8[] = {"activations", "f32", "kv_dtype", "q8_0", NULL};
+    baton_model *ma = load(1, q8), *mb = load(1, q8);
+    const ref_prompt *ref = &REF[1];
+    fake f = {0};
+    fake_reset(&f);
+    enum { STEPS = 6 };
+    /* The prefill's model decodes the prompt itself. */
+    req ra, *pa = &ra;
+    req_open(ma, &ra);
+    req_item(&ra, "prefill", ref->ids, ref->n);
+    int32_t own[STEPS + 1];
+    run(ma, &f, &pa, 1, &own[0]);
+    for (int k = 1; k <= STEPS; k++) {
+        int32_t in = own[k - 1];
+        req_item(&ra, "decode", &in, 1);
+        run(ma, &f, &pa, 1, &own[k]);
+    }
+    B->session_close(ma, ra.s);
+    /* Another session of it prefills with the cache as an output... */
+    req rh, *ph = &rh;
+    req_open(ma, &rh);
+    req_item(&rh, "prefill", ref->ids, ref->n);
+    rh.outs[1] = (baton_output){"kv", 0, 0};
+    int32_t first;
+    run(ma, &f, &ph, 1, &first);
+    assert_int_equal(first, own[0]);
+    const baton_tensor *kv = f.res[0].out[1];
+    assert_non_null(kv);
+    assert_int_equal(kv->dims[2], ref->n);
+    size_t bytes = kv->nbytes;
+    float *copy = malloc(bytes);
+    assert_non_null(copy);
+    memcpy(copy, kv->data, bytes);
+    /* ...and the second model decodes from it. */
+    req rd, *pd = &rd;
+    req_open(mb, &rd);
+    int32_t tok = first;
+    baton_input ins[2];
+    for (int k = 1; k <= STEPS; k++) {
+        int32_t in = tok;
+        req_item(&rd, "decode", &in, 1);
+        ins[0] = rd.in;
+        ins[0].name = "token";
+        ins[1] = (baton_input){"kv", {BATON_DTYPE_F32, 4, {0}, copy, bytes, 0}, 0, 0};
+        memcpy(ins[1].tensor.dims, kv->dims, sizeof(kv->dims));
+        rd.item.inputs = ins;
+        rd.item.n_inputs = k == 1 ? 2 : 1;
+        run(mb, &f, &pd, 1, &tok);
+        if (tok != own[k])
+            fail_msg("step %d: %d after the hand-off, %d without", k, tok, own[k]);
+    }
+    fake_reset(&f);
+    free(copy);
+    B->session_close(ma, rh.s);
+    B->session_close(mb, rd.s);
+    B->model_unload(ma);
+    B->model_unload(mb);
 }
 
 /* With the GGUF's EOS (id 2), prompt 1's answer ends after "Paris.": the
@@ -858,7 +952,7 @@ static void test_bad_loads(void **state)
     assert_non_null(strstr(err, "max_seq = 'lots'"));
     static const char *const kv8[] = {"path", MODEL, "kv_dtype", "q8", NULL};
     load_fails(kv8, err, sizeof(err));
-    assert_non_null(strstr(err, "kv_dtype = 'q8'"));
+    assert_non_null(strstr(err, "kv_dtype = 'q8': use auto, f16, q8_0 or f32"));
     static const char *const act[] = {"path", MODEL, "activations", "i4", NULL};
     load_fails(act, err, sizeof(err));
     assert_non_null(strstr(err, "activations = 'i4'"));
@@ -917,9 +1011,11 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_prefill_and_greedy_match_reference),
         cmocka_unit_test(test_q8_activations_track_reference),
+        cmocka_unit_test(test_q8_cache_tracks_reference),
         cmocka_unit_test(test_batched_decode_matches_reference),
         cmocka_unit_test(test_eviction_keeps_caches),
-        cmocka_unit_test(test_eviction_keeps_f16_caches),
+        cmocka_unit_test(test_eviction_keeps_narrow_caches),
+        cmocka_unit_test(test_handoff_q8_cache),
         cmocka_unit_test(test_eos_finishes),
         cmocka_unit_test(test_sampling_reproducible),
         cmocka_unit_test(test_bad_inputs),
