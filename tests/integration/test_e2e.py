@@ -303,8 +303,17 @@ def test_cancel(d, c):
     m = pb.ClientMessage()
     m.cancel.request_id = rid
     c.send(m)
+    # The cancel's own answer comes first: it found the request.
+    a = c.recv()
+    assert a is not None and a.HasField("cancel"), a
+    assert a.cancel.request_id == rid and a.cancel.status.code == pb.OK, a.cancel
     _, r = c.wait(rid)
     assert r.status.code == pb.CANCELLED, r.status
+    # Once it has ended, its id is unknown.
+    c.send(m)
+    a = c.recv()
+    assert a is not None and a.HasField("cancel"), a
+    assert a.cancel.status.code == pb.NOT_FOUND and rid in a.cancel.status.message, a.cancel
 
 
 def test_duplicate_id(d, c):
@@ -394,10 +403,14 @@ def test_hostile_inputs(d, c):
     c.sock.send_multipart([b"", X(3)["x"][2]])
     r = c.recv(5)
     assert r is not None and r.response.status.code == pb.INVALID_ARGUMENT
-    # A cancel for an unknown id is ignored: no answer.
+    # A cancel for an unknown id is answered NOT_FOUND, and nothing else.
     m = pb.ClientMessage()
     m.cancel.request_id = "never-seen"
     c.send(m)
+    r = c.recv(5)
+    assert r is not None and r.HasField("cancel"), r
+    assert r.cancel.request_id == "never-seen" and r.cancel.status.code == pb.NOT_FOUND, r
+    assert "no request 'never-seen' is in flight" in r.cancel.status.message, r
     assert c.recv(0.2) is None
     # Still serving.
     _, r = c.infer("echo", X(42))
