@@ -229,17 +229,18 @@ static bt_code check_raw_inputs(const Baton__V1__InferRequest *q, door_pass *p, 
     return BT_CODE_OK;
 }
 
-/* Whether the graph sends a text stream called NAME to the client: a
- * new_token edge to the client with modality text. */
-static bool is_text_stream(const graph *g, const char *name)
+/* The graph's name of its text stream called NAME (a new_token edge to the
+ * client with modality text), or NULL.  The graph's string outlives the
+ * request's, which goes with its frame. */
+static const char *is_text_stream(const graph *g, const char *name)
 {
     for (size_t i = 0; i < g->n_edges; i++) {
         const graph_edge *e = &g->edges[i];
         if (e->consumer < 0 && e->new_token && e->modality && strcmp(e->modality, "text") == 0 &&
             strcmp(g->values[e->value].name, name) == 0)
-            return true;
+            return g->values[e->value].name;
     }
-    return false;
+    return NULL;
 }
 
 /* The text stream of text_output, or the graph's only one.  NULL with WHY
@@ -247,8 +248,9 @@ static bool is_text_stream(const graph *g, const char *name)
 static const char *text_stream(const graph *g, const char *named, char *why, size_t len)
 {
     if (*named) {
-        if (is_text_stream(g, named))
-            return named;
+        const char *found = is_text_stream(g, named);
+        if (found)
+            return found;
         snprintf(why, len, "text_output: graph '%s' has no text stream named '%.64s' (an "
                  "output with to: client, new_token: true, modality: text)", g->name,
                  bt_utf8_valid(named, strlen(named)) ? named : "(not UTF-8)");

@@ -148,7 +148,8 @@ class Client:
         return m
 
     def request(self, graph, inputs, rid=None, stream=False, timeout_ms=0, max_iters=None,
-                seed=None, messages=None, messages_input=None):
+                seed=None, messages=None, messages_input=None, stop=(), max_tokens=0,
+                text_output="", raw_inputs=()):
         self.n += 1
         rid = rid or "r%d-%d" % (os.getpid(), self.n)
         m = pb.ClientMessage()
@@ -173,6 +174,10 @@ class Client:
             t.content = content
         if messages_input:
             q.messages_input = messages_input
+        q.stop.extend(stop)
+        q.max_tokens = max_tokens
+        q.text_output = text_output
+        q.raw_inputs.extend(raw_inputs)
         self.send(m)
         return rid
 
@@ -1086,6 +1091,107 @@ def test_transformer_serves(config):
         d.stop()
 
 
+def test_chat_text_limits(config):
+    """The default chat graph (config/examples/chat-cpu.yaml) on the real
+    model: the text stream has no empty last chunk; a stop string that spans
+    tokens, or is the very start, ends the text before it and the request
+    OK with finish_reason STOP; max_tokens ends it after that many tokens
+    with LENGTH; the usage counts up to the token that ended it, streamed
+    or not; raw text skips the chat template; bad limits are refused at the
+    door; nothing is left held."""
+    model = os.path.join(ROOT, "models/smollm2-135m-instruct-q4_1.gguf")
+    if not os.path.exists(model):
+        print("skip test_chat_text_limits: %s is absent (scripts/fetch-model.sh)" % model)
+        return
+    with open(os.path.join(ROOT, "config/examples/chat-cpu.yaml")) as f:
+        text = f.read()
+    text = text.replace("/tmp/baton/", "/tmp/baton-e2e/").replace("127.0.0.1:8000",
+                                                                  "127.0.0.1:19464")
+    text = text.replace("path: models/smollm2-135m-instruct-q4_1.gguf", "path: " + model)
+    d = Daemon(text)
+    c = d.client()
+    q = b"Name the capital of France in one word."
+    prompt = {"prompt": (pb.U8, [len(q)], q)}
+    try:
+        # Greedy: "L'Étoile." in 6 pieces (the É a piece of its own) and
+        # the end of turn, whose empty text is not sent.
+        answer = [b"L", b"'", "\u00c9".encode(), b"to", b"ile", b"."]
+        chunks, r = c.infer("chat", prompt, stream=True, timeout=60)
+        assert r.status.code == pb.OK, r.status
+        assert [ch.value.data for ch in chunks] == answer, chunks
+        assert [ch.seq for ch in chunks] == list(range(6))
+        assert r.finish_reason == pb.FINISH_REASON_UNSPECIFIED, r.finish_reason
+        assert r.usage.completion_tokens == 7, r.usage  # the end of turn counts
+        assert dict(r.loop_ends) == {"decode_loop": pb.LOOP_END_FINISH}, r.loop_ends
+        # A stop string across three tokens ("É", "to", "ile"): the text ends
+        # before it, and only what could begin it was held back meanwhile.
+        for stream in (True, False):
+            chunks, r = c.infer("chat", prompt, stream=stream, timeout=60,
+                                stop=["\u00c9toi", "never"])
+            assert r.status.code == pb.OK, r.status
+            assert r.finish_reason == pb.FINISH_REASON_STOP, r
+            got = b"".join(ch.value.data for ch in chunks) if stream else \
+                {o.name: o for o in r.outputs}["text"].data
+            assert got == b"L'", (stream, got)
+            assert not stream or [ch.value.data for ch in chunks] == [b"L", b"'"], chunks
+            assert r.usage.completion_tokens == 5, r.usage  # up to "ile"
+            assert r.usage.prompt_tokens > 0, r.usage
+        # A stop string that is the very start: nothing is said.
+        chunks, r = c.infer("chat", prompt, stream=True, timeout=60, stop=["L'"])
+        assert r.status.code == pb.OK and r.finish_reason == pb.FINISH_REASON_STOP, r
+        assert chunks == [] and r.usage.completion_tokens == 2, (chunks, r.usage)
+        # max_tokens: exactly that many tokens of text, streamed or joined.
+        for stream in (True, False):
+            chunks, r = c.infer("chat", prompt, stream=stream, timeout=60, max_tokens=3,
+                                text_output="text")
+            assert r.status.code == pb.OK and r.finish_reason == pb.FINISH_REASON_LENGTH, r
+            got = b"".join(ch.value.data for ch in chunks) if stream else \
+                {o.name: o for o in r.outputs}["text"].data
+            assert got == b"".join(answer[:3]), (stream, got)
+            assert r.usage.completion_tokens == 3, r.usage
+        # The stop string wins over max_tokens in the same token.
+        _, r = c.infer("chat", prompt, timeout=60, max_tokens=5, stop=["ile"])
+        assert r.finish_reason == pb.FINISH_REASON_STOP, r
+        assert r.outputs[0].data == b"".join(answer[:4]), r.outputs
+        # Raw text: the question without the chat template (and its system
+        # prompt) is a few tokens, and the model goes on from it.
+        _, r = c.infer("chat", prompt, timeout=60, raw_inputs=["prompt"], max_tokens=4)
+        assert r.status.code == pb.OK, r.status
+        assert r.usage.prompt_tokens < 14, r.usage
+        assert r.outputs[0].data != b"".join(answer[:4]), r.outputs
+        # Refused at the door, each with its field named; the daemon serves on.
+        for kw, what in (({"stop": ["x"] * 17}, "stop has 17 strings"),
+                         ({"stop": [""]}, "stop[0] is 0 bytes"),
+                         ({"stop": ["y" * 257]}, "stop[0] is 257 bytes"),
+                         ({"max_tokens": 2, "text_output": "token"},
+                          "text_output: graph 'chat' has no text stream named 'token'"),
+                         ({"text_output": "text"}, "text_output is 'text' but"),
+                         ({"raw_inputs": ["nope"]}, "raw_inputs[0]: graph 'chat' has no input")):
+            _, r = c.infer("chat", prompt, timeout=30, **kw)
+            assert r.status.code == pb.INVALID_ARGUMENT and what in r.status.message, (kw, r)
+        # A stop string that is not UTF-8 (sent as raw bytes: protobuf's
+        # Python runtime would refuse to encode it).
+        ir = pb.InferRequest(request_id="bad-utf8", graph="chat")
+        ir.inputs.add(name="prompt", dtype=pb.U8, dims=[len(q)], data=q)
+        body = ir.SerializeToString() + b"\x52\x02\xc3\x28"  # field 10 (stop): c3 28
+        assert len(body) < 128
+        c.sock.send(b"\x0a" + bytes([len(body)]) + body)  # ClientMessage.infer
+        _, r = c.wait("bad-utf8")
+        assert r.status.code == pb.INVALID_ARGUMENT and "stop[0] is not valid UTF-8" in \
+            r.status.message, r
+        _, r = c.infer("chat", prompt, timeout=60, max_tokens=1)
+        assert r.status.code == pb.OK and r.outputs[0].data == b"L", r
+        # Nothing of the ended requests is left in the conductor.
+        deadline = time.time() + 5
+        while d.metric("baton_tensors_held", "") not in (0, None) and time.time() < deadline:
+            time.sleep(0.1)
+        held = re.search(r"^baton_tensors_held (\d+)$", d.metrics(), re.M)
+        assert held and held.group(1) == "0", d.metrics()
+    finally:
+        c.close()
+        d.stop()
+
+
 def main():
     with open(os.path.join(ROOT, "tests/integration/configs/e2e.yaml")) as f:
         config = f.read()
@@ -1110,7 +1216,7 @@ def main():
     finally:
         d.stop()
     for t in (test_sigterm_drain, test_sd_notify, test_sighup_reload, test_external_worker,
-              test_transformer_serves):
+              test_transformer_serves, test_chat_text_limits):
         if only and t.__name__ not in only:
             continue
         try:

@@ -387,9 +387,11 @@ static void test_text_limits(void **state)
     assert_int_equal(check(f), BT_CODE_INVALID_ARGUMENT);
     assert_string_equal(f->why, "graph 't' has several text streams ('text', 'notes'): say "
                                 "which stop and max_tokens apply to (text_output)");
-    f->q.text_output = "notes";
+    char notes[] = "notes"; /* the request's string goes with its frame */
+    f->q.text_output = notes;
     assert_int_equal(check(f), BT_CODE_OK);
     assert_string_equal(f->p.text_output, "notes");
+    assert_ptr_not_equal(f->p.text_output, notes);
     f->q.text_output = "last";
     assert_int_equal(check(f), BT_CODE_INVALID_ARGUMENT);
     /* A graph without one. */
