@@ -28,15 +28,17 @@ static const char usage_text[] =
     "\n"
     "commands:\n"
     "  infer GRAPH [--input NAME=SPEC]... [REQUEST OPTIONS]   run a graph once\n"
-    "  generate GRAPH TEXT [--input-name NAME] [--system TEXT] [REQUEST OPTIONS]\n"
+    "  generate GRAPH TEXT [--input-name NAME] [--system TEXT] [--raw] [REQUEST OPTIONS]\n"
     "                      send TEXT as the graph's first input (or NAME), print the\n"
     "                      streamed text as it arrives, then a summary on stderr;\n"
-    "                      with --system, TEXT and the system prompt go as messages\n"
+    "                      with --system, TEXT and the system prompt go as messages;\n"
+    "                      with --raw, TEXT reaches the model without its chat template\n"
     "  health              liveness and readiness (exit 1 when not ready)\n"
     "  stats               metrics (Prometheus text)\n"
     "  inspect [GRAPH]     graph, partition and schedule\n"
     "  cancel ID           ask the daemon to end request ID (of any connection,\n"
     "                      when only one has a request of that id in flight);\n"
+    "                      exit 1 when no such request is in flight.\n"
     "                      Ctrl-C during infer/generate cancels that request\n"
     "\n"
     "global options:\n"
@@ -60,13 +62,18 @@ static const char usage_text[] =
     "                      e.g. x=i32:2,3:1,2,3,4,5,6  x=f32::1.5  prompt=text:hello\n"
     "  --stream            ask for streamed chunks (generate always streams)\n"
     "  --max-iters LOOP=N  cap loop LOOP at N iterations (repeatable)\n"
+    "  --stop STR          end the text stream before STR (repeatable, at most 16)\n"
+    "  --max-tokens N      end the text stream after N tokens\n"
+    "  --text-output NAME  the text stream --stop and --max-tokens apply to (default:\n"
+    "                      the graph's only one)\n"
     "  --temperature T  --top-k K  --top-p P  --seed S    sampling\n"
     "  --request-id ID     use ID instead of a generated one\n"
     "  --timings           print per-node timings on stderr\n"
     "\n"
     "--json objects: {\"type\":\"chunk\",\"request_id\",\"seq\",\"value\":TENSOR},\n"
     "{\"type\":\"response\",\"request_id\",\"status\",\"code\",\"message\",\"outputs\":[TENSOR],\n"
-    "\"timings\":[...],\"total_us\",\"seed\",\"usage\",\"loop_ends\"},\n"
+    "\"timings\":[...],\"total_us\",\"seed\",\"usage\",\"loop_ends\",\"finish_reason\"},\n"
+    "{\"type\":\"cancel\",\"request_id\",\"status\",\"code\",\"message\"},\n"
     "{\"type\":\"health\"|\"stats\"|\"inspect\",...}; TENSOR is\n"
     "{\"name\",\"dtype\",\"dims\",\"modality\",\"values\":[...]}, or for text modality\n"
     "{...,\"text\":\"...\"} (plus \"values\" when the bytes are not valid UTF-8).\n"
@@ -81,6 +88,7 @@ typedef struct ctl_opts {
     int timeout_ms;  /* -1: not given */
     bool stream;
     bool timings;
+    bool raw;          /* generate --raw: no chat template */
     bool request_opts; /* an option only infer/generate take was seen */
     const char *input_name;
     const char *system;  /* generate --system: the system turn */
@@ -91,6 +99,10 @@ typedef struct ctl_opts {
     size_t n_inputs;
     const char **caps; /* --max-iters specs */
     size_t n_caps;
+    const char **stops; /* --stop strings */
+    size_t n_stops;
+    uint32_t max_tokens; /* --max-tokens; 0: none */
+    const char *text_output;
     const char **pos; /* positional arguments */
     size_t n_pos;
 } ctl_opts;
@@ -172,9 +184,9 @@ static int parse_args(int argc, char **argv, ctl_opts *o)
             return usage_error("unknown option %s", a);
         memcpy(name, a, n);
         name[n] = 0;
-        static const char *const flags[] = {"--json", "--stream", "--timings"};
+        static const char *const flags[] = {"--json", "--stream", "--timings", "--raw"};
         bool is_flag = false;
-        for (size_t k = 0; k < 3; k++)
+        for (size_t k = 0; k < 4; k++)
             is_flag |= !strcmp(name, flags[k]);
         if (is_flag) {
             if (eq)
@@ -203,6 +215,18 @@ static int parse_args(int argc, char **argv, ctl_opts *o)
                 o->stream = true;
             } else if (!strcmp(name, "--timings")) {
                 o->timings = true;
+            } else if (!strcmp(name, "--raw")) {
+                o->raw = true;
+            } else if (!strcmp(name, "--stop")) {
+                if (!*val)
+                    return usage_error("%s", "--stop: a stop string cannot be empty");
+                o->stops[o->n_stops++] = val;
+            } else if (!strcmp(name, "--max-tokens")) {
+                if (!parse_u64(val, UINT32_MAX, &u) || u == 0)
+                    return usage_error("--max-tokens: '%s' is not a count >= 1", val);
+                o->max_tokens = (uint32_t)u;
+            } else if (!strcmp(name, "--text-output")) {
+                o->text_output = val;
             } else if (!strcmp(name, "--input")) {
                 o->inputs[o->n_inputs++] = val;
             } else if (!strcmp(name, "--max-iters")) {
@@ -484,6 +508,11 @@ static int cmd_run(const ctl_opts *o, bool generate)
     }
     if (o->have_sampling)
         baton_client_request_set_sampling(r, &o->sampling);
+    for (size_t i = 0; i < o->n_stops; i++)
+        baton_client_request_add_stop(r, o->stops[i]);
+    baton_client_request_set_max_tokens(r, o->max_tokens);
+    if (o->text_output)
+        baton_client_request_set_text_output(r, o->text_output);
     if ((status = connect_daemon(o, &c)) != 0)
         goto out;
     if (generate) {
@@ -504,6 +533,10 @@ static int cmd_run(const ctl_opts *o, bool generate)
             }
         } else if (baton_client_request_add_text(r, name, o->pos[2]) != 0) {
             status = usage_error("input '%s' is empty or given twice", name);
+            goto out;
+        }
+        if (o->raw && baton_client_request_add_raw_input(r, name) != 0) {
+            status = usage_error("%s", "out of memory");
             goto out;
         }
     }
@@ -545,7 +578,10 @@ static int cmd_run(const ctl_opts *o, bool generate)
             status = conn_error(o, rc);
             goto out;
         }
-        if (strcmp(ev->request_id, rid)) { /* not ours: a stray answer */
+        if (strcmp(ev->request_id, rid) || (ev->kind != BATON_CLIENT_EVENT_CHUNK &&
+                                            ev->kind != BATON_CLIENT_EVENT_RESPONSE)) {
+            /* Not ours (a stray answer), or the answer to our own cancel:
+             * the response that ends the request is what counts. */
             baton_client_event_free(ev);
             continue;
         }
@@ -595,6 +631,10 @@ static int cmd_run(const ctl_opts *o, bool generate)
                         fprintf(stderr, ", %s ended by %s", ev->loop_ends[i].loop,
                                 ev->loop_ends[i].how == BATON_CLIENT_LOOP_MAX_ITERS
                                     ? "max_iters" : "its finish signal");
+                    if (ev->finish_reason == BATON_CLIENT_FINISH_STOP)
+                        fprintf(stderr, ", text ended by a stop string");
+                    else if (ev->finish_reason == BATON_CLIENT_FINISH_LENGTH)
+                        fprintf(stderr, ", text ended by max-tokens");
                     fputc('\n', stderr);
                 }
                 status = 0;
@@ -665,19 +705,38 @@ static int cmd_cancel(const ctl_opts *o)
         return usage_error("%s", "cancel takes one request ID");
     if ((rc = connect_daemon(o, &c)) != 0)
         return rc;
-    rc = baton_client_cancel(c, o->pos[1]);
-    baton_client_destroy(c); /* waits (briefly) for the frame to leave */
-    return rc ? conn_error(o, rc) : 0;
+    baton_client_event *ev;
+    rc = baton_client_cancel_wait(c, o->pos[1], o->timeout_ms >= 0 ? o->timeout_ms : 5000, &ev);
+    if (rc != 0) {
+        rc = conn_error(o, rc);
+        baton_client_destroy(c);
+        return rc;
+    }
+    int status = 0;
+    if (o->json) {
+        ctl_print_json(stdout, ev);
+    } else if (ev->code == BATON_CLIENT_CODE_OK) {
+        fprintf(stderr, "batonctl: request %s is being cancelled\n", ev->request_id);
+    }
+    if (ev->code != BATON_CLIENT_CODE_OK) {
+        if (!o->json)
+            fprintf(stderr, "batonctl: %s: %s\n", baton_client_code_name(ev->code), ev->message);
+        status = EXIT_STATUS;
+    }
+    baton_client_event_free(ev);
+    baton_client_destroy(c);
+    return status;
 }
 
 int main(int argc, char **argv)
 {
-    /* Each argument is at most one input, cap or positional: argc bounds
+    /* Each argument is at most one input, cap, stop or positional: argc bounds
      * the arrays, so parsing needs no growth. */
-    const char **slots = calloc(3 * (size_t)argc, sizeof *slots);
+    const char **slots = calloc(4 * (size_t)argc, sizeof *slots);
     if (!slots)
         return EXIT_CONN;
-    ctl_opts o = {.timeout_ms = -1, .inputs = slots, .caps = slots + argc, .pos = slots + 2 * argc};
+    ctl_opts o = {.timeout_ms = -1, .inputs = slots, .caps = slots + argc, .pos = slots + 2 * argc,
+                  .stops = slots + 3 * argc};
     int status = parse_args(argc, argv, &o);
     if (status)
         goto out;
@@ -696,8 +755,10 @@ int main(int argc, char **argv)
         fputs(usage_text, stdout);
     } else if (o.request_opts && !run) {
         status = usage_error("%s takes no request options (--input, --stream, ...)", cmd);
-    } else if ((o.input_name || o.system) && strcmp(cmd, "generate")) {
-        status = usage_error("%s", "--input-name and --system are for generate");
+    } else if ((o.input_name || o.system || o.raw) && strcmp(cmd, "generate")) {
+        status = usage_error("%s", "--input-name, --system and --raw are for generate");
+    } else if (o.raw && o.system) {
+        status = usage_error("%s", "--raw sends TEXT as it is: it does not go with --system");
     } else if (run) {
         status = cmd_run(&o, cmd[0] == 'g');
     } else if (!strcmp(cmd, "health")) {

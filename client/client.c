@@ -353,6 +353,14 @@ void baton_client_request_destroy(baton_client_request *r)
     free(r->req.messages);
     if (r->req.messages_input != protobuf_c_empty_string)
         free(r->req.messages_input);
+    for (size_t i = 0; i < r->req.n_stop; i++)
+        free(r->req.stop[i]);
+    free(r->req.stop);
+    for (size_t i = 0; i < r->req.n_raw_inputs; i++)
+        free(r->req.raw_inputs[i]);
+    free(r->req.raw_inputs);
+    if (r->req.text_output != protobuf_c_empty_string)
+        free(r->req.text_output);
     free(r);
 }
 
@@ -502,6 +510,47 @@ int baton_client_request_set_messages_input(baton_client_request *r, const char 
     return 0;
 }
 
+/* Appends a copy of S to the string list *V of *N. */
+static int strs_add(char ***v, size_t *n, const char *s)
+{
+    if (!s || !*s)
+        return BATON_CLIENT_EINVAL;
+    char **grown = realloc(*v, (*n + 1) * sizeof **v);
+    if (!grown)
+        return BATON_CLIENT_ENOMEM;
+    *v = grown;
+    if (!(grown[*n] = strdup(s)))
+        return BATON_CLIENT_ENOMEM;
+    (*n)++;
+    return 0;
+}
+
+int baton_client_request_add_stop(baton_client_request *r, const char *stop)
+{
+    return strs_add(&r->req.stop, &r->req.n_stop, stop);
+}
+
+void baton_client_request_set_max_tokens(baton_client_request *r, uint32_t max_tokens)
+{
+    r->req.max_tokens = max_tokens;
+}
+
+int baton_client_request_set_text_output(baton_client_request *r, const char *name)
+{
+    char *copy = (char *)protobuf_c_empty_string;
+    if (name && *name && !(copy = strdup(name)))
+        return BATON_CLIENT_ENOMEM;
+    if (r->req.text_output != protobuf_c_empty_string)
+        free(r->req.text_output);
+    r->req.text_output = copy;
+    return 0;
+}
+
+int baton_client_request_add_raw_input(baton_client_request *r, const char *name)
+{
+    return strs_add(&r->req.raw_inputs, &r->req.n_raw_inputs, name);
+}
+
 /* ---- sending --------------------------------------------------------------- */
 
 static int send_message(baton_client *c, const Baton__V1__ClientMessage *m)
@@ -541,6 +590,23 @@ int baton_client_cancel(baton_client *c, const char *request_id)
     m.msg_case = BATON__V1__CLIENT_MESSAGE__MSG_CANCEL;
     m.cancel = &cr;
     return send_message(c, &m);
+}
+
+static int probe(baton_client *c, const Baton__V1__ClientMessage *m,
+                 baton_client_event_kind want, const char *rid, int timeout_ms,
+                 baton_client_event **out);
+
+int baton_client_cancel_wait(baton_client *c, const char *request_id, int timeout_ms,
+                             baton_client_event **out)
+{
+    if (!request_id || !*request_id)
+        return BATON_CLIENT_EINVAL;
+    Baton__V1__CancelRequest cr = BATON__V1__CANCEL_REQUEST__INIT;
+    Baton__V1__ClientMessage m = BATON__V1__CLIENT_MESSAGE__INIT;
+    cr.request_id = (char *)request_id;
+    m.msg_case = BATON__V1__CLIENT_MESSAGE__MSG_CANCEL;
+    m.cancel = &cr;
+    return probe(c, &m, BATON_CLIENT_EVENT_CANCEL, request_id, timeout_ms, out);
 }
 
 /* ---- receiving ------------------------------------------------------------- */
@@ -588,6 +654,8 @@ static int decode_response(event_box *b, const Baton__V1__InferResponse *r)
     ev->message = r->status ? str_or_empty(r->status->message) : "";
     ev->total_us = r->total_us;
     ev->seed = r->seed;
+    /* A value a newer daemon added passes through as its number. */
+    ev->finish_reason = (baton_client_finish_reason)r->finish_reason;
     if (r->usage) {
         ev->prompt_tokens = r->usage->prompt_tokens;
         ev->completion_tokens = r->usage->completion_tokens;
@@ -664,6 +732,15 @@ static int decode_frame(const void *data, size_t len, event_box **out)
         rc = decode_response(b, m->response);
         if (rc != 0)
             goto err;
+        break;
+    case BATON__V1__SERVER_MESSAGE__MSG_CANCEL:
+        if (!m->cancel)
+            goto err;
+        ev->kind = BATON_CLIENT_EVENT_CANCEL;
+        ev->request_id = str_or_empty(m->cancel->request_id);
+        ev->code = m->cancel->status ? (baton_client_code)m->cancel->status->code
+                                     : BATON_CLIENT_CODE_OK;
+        ev->message = m->cancel->status ? str_or_empty(m->cancel->status->message) : "";
         break;
     case BATON__V1__SERVER_MESSAGE__MSG_HEALTH:
         if (!m->health)
@@ -778,10 +855,12 @@ int baton_client_recv(baton_client *c, int timeout_ms, baton_client_event **out)
     }
 }
 
-/* Sends M, then waits for the answer of kind WANT; events of requests in
- * flight that come first are queued for baton_client_recv. */
+/* Sends M, then waits for the answer of kind WANT (about request RID, when
+ * not NULL); events of requests in flight that come first are queued for
+ * baton_client_recv. */
 static int probe(baton_client *c, const Baton__V1__ClientMessage *m,
-                 baton_client_event_kind want, int timeout_ms, baton_client_event **out)
+                 baton_client_event_kind want, const char *rid, int timeout_ms,
+                 baton_client_event **out)
 {
     int p = probe_of(want);
     int rc = send_message(c, m);
@@ -794,12 +873,13 @@ static int probe(baton_client *c, const Baton__V1__ClientMessage *m,
         if (rc == BATON_CLIENT_EPROTO)
             return rc; /* that frame may have been the answer: owe nothing */
         if (rc != 0) {
-            c->stale[p]++; /* the answer is still due: drop it when it comes */
+            if (p >= 0)
+                c->stale[p]++; /* the answer is still due: drop it when it comes */
             return rc;
         }
         if (drop_if_stale(c, b))
             continue;
-        if (b->ev.kind == want) {
+        if (b->ev.kind == want && (!rid || !strcmp(b->ev.request_id, rid))) {
             *out = &b->ev;
             return 0;
         }
@@ -817,7 +897,7 @@ int baton_client_health(baton_client *c, int timeout_ms, baton_client_event **ou
     Baton__V1__ClientMessage m = BATON__V1__CLIENT_MESSAGE__INIT;
     m.msg_case = BATON__V1__CLIENT_MESSAGE__MSG_HEALTH;
     m.health = &h;
-    return probe(c, &m, BATON_CLIENT_EVENT_HEALTH, timeout_ms, out);
+    return probe(c, &m, BATON_CLIENT_EVENT_HEALTH, NULL, timeout_ms, out);
 }
 
 int baton_client_stats(baton_client *c, int timeout_ms, baton_client_event **out)
@@ -826,7 +906,7 @@ int baton_client_stats(baton_client *c, int timeout_ms, baton_client_event **out
     Baton__V1__ClientMessage m = BATON__V1__CLIENT_MESSAGE__INIT;
     m.msg_case = BATON__V1__CLIENT_MESSAGE__MSG_STATS;
     m.stats = &s;
-    return probe(c, &m, BATON_CLIENT_EVENT_STATS, timeout_ms, out);
+    return probe(c, &m, BATON_CLIENT_EVENT_STATS, NULL, timeout_ms, out);
 }
 
 int baton_client_inspect(baton_client *c, const char *graph, int timeout_ms,
@@ -838,5 +918,5 @@ int baton_client_inspect(baton_client *c, const char *graph, int timeout_ms,
         ir.graph = (char *)graph;
     m.msg_case = BATON__V1__CLIENT_MESSAGE__MSG_INSPECT;
     m.inspect = &ir;
-    return probe(c, &m, BATON_CLIENT_EVENT_INSPECT, timeout_ms, out);
+    return probe(c, &m, BATON_CLIENT_EVENT_INSPECT, NULL, timeout_ms, out);
 }

@@ -278,7 +278,17 @@ void ctl_print_json(FILE *out, const baton_client_event *ev)
                                      : ev->loop_ends[i].how == BATON_CLIENT_LOOP_MAX_ITERS
                                          ? "max_iters" : "unknown");
         }
-        fprintf(out, "}");
+        fprintf(out, "},\"finish_reason\":\"%s\"",
+                ev->finish_reason == BATON_CLIENT_FINISH_STOP     ? "stop"
+                : ev->finish_reason == BATON_CLIENT_FINISH_LENGTH ? "length"
+                : ev->finish_reason == BATON_CLIENT_FINISH_NONE   ? "" : "unknown");
+        break;
+    case BATON_CLIENT_EVENT_CANCEL:
+        fputs("{\"type\":\"cancel\",\"request_id\":", out);
+        json_cstr(out, ev->request_id);
+        fprintf(out, ",\"status\":\"%s\",\"code\":%d,\"message\":",
+                baton_client_code_name(ev->code), (int)ev->code);
+        json_cstr(out, ev->message);
         break;
     case BATON_CLIENT_EVENT_HEALTH:
         fprintf(out, "{\"type\":\"health\",\"live\":%s,\"ready\":%s,\"workers_ready\":[",

@@ -42,6 +42,7 @@ struct dispatcher {
     u64map requests;              /* request key -> disp_request (owned) */
     uint64_t next_dispatch;       /* Dispatch ids, for the workers' logs */
     bool in_burst;                /* reading worker messages: batch Releases and Extends */
+    bool acting;                  /* in run_actions: a hook's event queues more actions */
     pending_extend *extends;      /* see extend_later */
     size_t n_extends, cap_extends;
     ended_request *ended;         /* see run_actions */
@@ -177,6 +178,7 @@ static const char *fill_inputs(dispatcher *d, dispatch_msg *m, const rt_action *
                     return "a dispatch names a tensor the conductor does not know";
                 tt_fill_ref(ct, &m->refs[ri]);
                 iv->chat |= ct->chat;
+                iv->raw |= ct->raw;
                 m->refp[ri] = &m->refs[ri];
                 ri++;
                 tp->n_chunks++;
@@ -408,6 +410,7 @@ static void respond(dispatcher *d, const rt_action *a)
 /* Carries out the runtime's queued actions, in order. */
 static void run_actions(dispatcher *d)
 {
+    d->acting = true;
     for (size_t i = 0;; i++) {
         size_t n;
         const rt_action *as = rt_actions(d->rt, &n);
@@ -440,6 +443,7 @@ static void run_actions(dispatcher *d)
         }
     }
     rt_actions_clear(d->rt);
+    d->acting = false;
     /* Sessions close after the responses went out: the client need not
      * wait for it, and the Fetches the responses wait on are already out,
      * ahead of any SessionClose or Release of the same tensors. */
@@ -491,6 +495,16 @@ void disp_abort(dispatcher *d, uint64_t req, bt_code code, const char *message)
 {
     rt_abort(d->rt, req, code, message);
     run_actions(d);
+}
+
+void disp_stop(dispatcher *d, uint64_t req)
+{
+    rt_stop(d->rt, req);
+    /* From a CHUNK hook the loop that called it carries out the actions
+     * this queued, in order after the chunk; running them here would
+     * clear the queue under it. */
+    if (!d->acting)
+        run_actions(d);
 }
 
 void disp_end_all(dispatcher *d, bt_code code, const char *message)

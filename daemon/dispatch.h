@@ -69,6 +69,10 @@ int disp_start(dispatcher *d, uint64_t req, int gi, const rt_tensor *inputs, boo
 void disp_cancel(dispatcher *d, uint64_t req);
 void disp_deadline(dispatcher *d, uint64_t req);
 void disp_abort(dispatcher *d, uint64_t req, bt_code code, const char *message);
+/* Ends REQ as done (rt_stop): its text reached a stop string or
+ * max_tokens.  May be called from a disp_hooks.chunk hook; the response
+ * then comes after the hook returns.  Unknown keys are ignored. */
+void disp_stop(dispatcher *d, uint64_t req);
 /* Ends every running request (shutdown). */
 void disp_end_all(dispatcher *d, bt_code code, const char *message);
 /* Worker W was lost: ends the requests that use it. */

@@ -201,6 +201,116 @@ static bt_code check_max_iters(const Baton__V1__InferRequest *q, door_pass *p, c
     return BT_CODE_OK;
 }
 
+/* raw_inputs: inputs of the graph, each once, none the messages' (a
+ * conversation is always rendered with the template).  Fills P->raw. */
+static bt_code check_raw_inputs(const Baton__V1__InferRequest *q, door_pass *p, char *why,
+                                size_t len)
+{
+    const graph *g = p->g;
+    for (size_t i = 0; i < q->n_raw_inputs; i++) {
+        const char *name = q->raw_inputs[i] ? q->raw_inputs[i] : "";
+        int k = graph_input_index(g, name);
+        if (k < 0) {
+            snprintf(why, len, "raw_inputs[%zu]: graph '%s' has no input named '%.64s'", i,
+                     g->name, bt_utf8_valid(name, strlen(name)) ? name : "(not UTF-8)");
+            return BT_CODE_INVALID_ARGUMENT;
+        }
+        if (k == p->chat_input) {
+            snprintf(why, len, "raw_inputs[%zu]: input '%s' takes the messages, which are "
+                     "always rendered with the chat template", i, name);
+            return BT_CODE_INVALID_ARGUMENT;
+        }
+        if (p->raw[k]) {
+            snprintf(why, len, "raw_inputs[%zu]: input '%s' is named twice", i, name);
+            return BT_CODE_INVALID_ARGUMENT;
+        }
+        p->raw[k] = 1;
+    }
+    return BT_CODE_OK;
+}
+
+/* The graph's name of its text stream called NAME (a new_token edge to the
+ * client with modality text), or NULL.  The graph's string outlives the
+ * request's, which goes with its frame. */
+static const char *is_text_stream(const graph *g, const char *name)
+{
+    for (size_t i = 0; i < g->n_edges; i++) {
+        const graph_edge *e = &g->edges[i];
+        if (e->consumer < 0 && e->new_token && e->modality && strcmp(e->modality, "text") == 0 &&
+            strcmp(g->values[e->value].name, name) == 0)
+            return g->values[e->value].name;
+    }
+    return NULL;
+}
+
+/* The text stream of text_output, or the graph's only one.  NULL with WHY
+ * set when there is none (or several and none named). */
+static const char *text_stream(const graph *g, const char *named, char *why, size_t len)
+{
+    if (*named) {
+        const char *found = is_text_stream(g, named);
+        if (found)
+            return found;
+        snprintf(why, len, "text_output: graph '%s' has no text stream named '%.64s' (an "
+                 "output with to: client, new_token: true, modality: text)", g->name,
+                 bt_utf8_valid(named, strlen(named)) ? named : "(not UTF-8)");
+        return NULL;
+    }
+    const char *found = NULL;
+    for (size_t i = 0; i < g->n_edges; i++) {
+        const graph_edge *e = &g->edges[i];
+        const char *name = g->values[e->value].name;
+        if (!is_text_stream(g, name) || (found && strcmp(found, name) == 0))
+            continue;
+        if (found) {
+            snprintf(why, len, "graph '%s' has several text streams ('%s', '%s'): say which "
+                     "stop and max_tokens apply to (text_output)", g->name, found, name);
+            return NULL;
+        }
+        found = name;
+    }
+    if (!found)
+        snprintf(why, len, "stop and max_tokens apply to a text stream, and graph '%s' has "
+                 "none (an output with to: client, new_token: true, modality: text)", g->name);
+    return found;
+}
+
+/* stop, max_tokens and text_output.  Fills P->text_output when asked. */
+static bt_code check_text_limits(const Baton__V1__InferRequest *q, door_pass *p, char *why,
+                                 size_t len)
+{
+    const char *named = q->text_output ? q->text_output : "";
+    if (!q->n_stop && !q->max_tokens) {
+        if (*named) {
+            snprintf(why, len, "text_output is '%.64s' but the request has neither stop nor "
+                     "max_tokens", bt_utf8_valid(named, strlen(named)) ? named : "(not UTF-8)");
+            return BT_CODE_INVALID_ARGUMENT;
+        }
+        return BT_CODE_OK;
+    }
+    if (q->n_stop > TL_MAX_STOP) {
+        snprintf(why, len, "stop has %zu strings; at most %d are allowed", q->n_stop,
+                 TL_MAX_STOP);
+        return BT_CODE_INVALID_ARGUMENT;
+    }
+    for (size_t i = 0; i < q->n_stop; i++) {
+        const char *s = q->stop[i] ? q->stop[i] : "";
+        size_t n = strlen(s);
+        if (n == 0 || n > TL_MAX_STOP_BYTES) {
+            snprintf(why, len, "stop[%zu] is %zu bytes; a stop string has 1 to %d", i, n,
+                     TL_MAX_STOP_BYTES);
+            return BT_CODE_INVALID_ARGUMENT;
+        }
+        if (!bt_utf8_valid(s, n)) {
+            snprintf(why, len, "stop[%zu] is not valid UTF-8", i);
+            return BT_CODE_INVALID_ARGUMENT;
+        }
+    }
+    if (!(p->text_output = text_stream(p->g, named, why, len)))
+        return BT_CODE_INVALID_ARGUMENT;
+    return BT_CODE_OK;
+}
+
 bt_code door_check_infer(const graph_set *gs, const Baton__V1__InferRequest *q, door_pass *p,
                          char *why, size_t len)
 {
@@ -225,7 +335,8 @@ bt_code door_check_infer(const graph_set *gs, const Baton__V1__InferRequest *q, 
     }
     p->by_input = calloc(p->g->n_inputs + 1, sizeof(*p->by_input));
     p->caps = calloc(p->g->n_entities + 1, sizeof(*p->caps));
-    if (!p->by_input || !p->caps) {
+    p->raw = calloc(p->g->n_inputs + 1, 1);
+    if (!p->by_input || !p->caps || !p->raw) {
         snprintf(why, len, "out of memory");
         return BT_CODE_RESOURCE_EXHAUSTED;
     }
@@ -234,6 +345,10 @@ bt_code door_check_infer(const graph_set *gs, const Baton__V1__InferRequest *q, 
         code = check_inputs(q, p, why, len);
     if (code == BT_CODE_OK)
         code = check_max_iters(q, p, why, len);
+    if (code == BT_CODE_OK)
+        code = check_raw_inputs(q, p, why, len);
+    if (code == BT_CODE_OK)
+        code = check_text_limits(q, p, why, len);
     return code;
 }
 
@@ -242,6 +357,8 @@ void door_pass_free(door_pass *p)
     free(p->by_input);
     free(p->caps);
     free(p->chat_bytes);
+    free(p->raw);
+    p->raw = NULL;
     p->by_input = NULL;
     p->caps = NULL;
     p->chat_bytes = NULL;

@@ -1,8 +1,11 @@
 /* The checks at the door of an InferRequest that depend only on the
- * request and the graphs: request_id, graph, inputs (declared, given once,
- * a valid dtype, dims that are not negative and do not overflow, a byte
- * length that matches; every declared input given), and max_iters (loops of
- * the graph, at least 1).  They run in that order and the first failure
+ * request and the graphs: request_id, graph, messages, inputs (declared,
+ * given once, a valid dtype, dims that are not negative and do not
+ * overflow, a byte length that matches; every declared input given),
+ * max_iters (loops of the graph, at least 1), raw_inputs (inputs of the
+ * graph, not the messages'), and the text limits (stop strings: at most
+ * TL_MAX_STOP, each 1 to TL_MAX_STOP_BYTES bytes of UTF-8; text_output: a
+ * text stream of the graph).  They run in that order and the first failure
  * answers.  What depends on the daemon's state (a duplicate in flight,
  * draining, max_inflight) is the frontend's. */
 #ifndef BATON_DAEMON_DOOR_H
@@ -13,6 +16,7 @@
 
 #include "common/status.h"
 #include "config/graph.h"
+#include "daemon/textlimit.h"
 #include "proto/baton.pb-c.h"
 
 #define DOOR_REQUEST_ID_MAX 256   /* bytes */
@@ -29,6 +33,10 @@ typedef struct door_pass {
                                    * points here) */
     uint8_t *chat_bytes;          /* its data; owned */
     int64_t chat_len;             /* its one dim: the bytes */
+    uint8_t *raw;                 /* per graph input: 1 when its text skips the chat
+                                   * template (raw_inputs); owned */
+    const char *text_output;      /* the text stream that stop and max_tokens apply to
+                                   * (borrowed from the graph); NULL: neither was asked */
 } door_pass;
 
 /* Checks Q against GS.  Returns BT_CODE_OK with P filled, or the code to

@@ -10,6 +10,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/u64map.h"
+#include "common/utf8.h"
 #include "common/vec.h"
 #include "daemon/deadlines.h"
 #include "daemon/door.h"
@@ -39,6 +40,7 @@ typedef struct front_request {
     uint32_t *max_iters;          /* per entity, 0: the config's; owned */
     rt_tensor *inputs;            /* per graph input, once placed; owned */
     int chat_input;               /* the graph input that holds the messages; -1: none */
+    uint8_t *raw;                 /* per graph input: text without the chat template; owned */
     uint32_t puts_pending;        /* Placed replies the start waits for */
     out_queue out;                /* client messages, in order */
 } front_request;
@@ -91,9 +93,10 @@ static front_request *find_request(frontend *f, const uint8_t *identity, size_t 
 /* The one in-flight request with this id on any connection, or NULL when
  * there is none or several.  Lets an operator's `batonctl cancel ID` (its
  * own connection) stop a request another client sent. */
-static front_request *find_unique(frontend *f, const char *request_id)
+static front_request *find_unique(frontend *f, const char *request_id, bool *ambiguous)
 {
     front_request *found = NULL;
+    *ambiguous = false;
     size_t pos = 0;
     uint64_t key;
     void *val;
@@ -101,8 +104,10 @@ static front_request *find_unique(frontend *f, const char *request_id)
         front_request *r = val;
         if (strcmp(r->request_id, request_id) != 0)
             continue;
-        if (found)
+        if (found) {
+            *ambiguous = true;
             return NULL;
+        }
         found = r;
     }
     return found;
@@ -137,6 +142,7 @@ static void request_free(frontend *f, front_request *r)
             }
     }
     out_queue_free(&r->out);
+    free(r->raw);
     free(r->inputs);
     free(r->max_iters);
     free(r->identity);
@@ -169,12 +175,24 @@ size_t front_placing(const frontend *f)
 
 /* ---- results ----------------------------------------------------------- */
 
+/* Sends what R has ready.  R may be freed on return. */
 static void flush(frontend *f, front_request *r)
 {
     out_client to = {r->identity, r->identity_len, r->request_id, r->graph, r->start_us,
                      r->params.seed};
-    if (out_flush(f->out, &r->out, &to))
+    if (out_flush(f->out, &r->out, &to)) {
         request_free(f, r);
+        return;
+    }
+    /* Its text reached a stop string or max_tokens: the rest of its work
+     * goes as on a cancel, and it ends OK.  Called from the dispatcher's
+     * chunk hook, the response follows once the hook returns; else it
+     * comes now, and may free R. */
+    if (r->out.stop_pending) {
+        r->out.stop_pending = false;
+        if (r->phase == PHASE_RUNNING)
+            disp_stop(f->disp, r->key);
+    }
 }
 
 void front_on_chunk(frontend *f, uint64_t req, const rt_action *a)
@@ -290,8 +308,10 @@ static void start(frontend *f, front_request *r)
     /* Running from here on: the dispatcher may end it before it returns
      * (a node that fails at once), and the response then frees it. */
     set_phase(f, r, PHASE_RUNNING);
-    int rc = disp_start(f->disp, r->key, r->graph, r->inputs, r->stream, r->max_iters,
-                        &r->params);
+    /* A text limit needs every value as it comes: the runtime streams, and
+     * the outbound queue keeps them for a client that asked for no stream. */
+    int rc = disp_start(f->disp, r->key, r->graph, r->inputs, r->stream || r->out.limit,
+                        r->max_iters, &r->params);
     if (rc != 0) {
         set_phase(f, r, PHASE_PLACING);
         end_placing(f, r, bt_err_to_code(rc), bt_strerror(rc));
@@ -337,6 +357,7 @@ void front_placed(frontend *f, int w, const Baton__V1__Placed *m)
     if (ct) {
         t = (rt_tensor){m->ref->id, (int32_t)m->ref->owner};
         ct->chat = r && (int)k == r->chat_input;
+        ct->raw = r && r->raw[k];
     }
     if (!r || r->phase != PHASE_PLACING) {
         if (t.id) {
@@ -385,6 +406,7 @@ static bool place_input(frontend *f, front_request *r, size_t k, int w,
             return false;
         }
         ct->chat = (int)k == r->chat_input;
+        ct->raw = r->raw[k];
         r->inputs[k] = (rt_tensor){put.tensor_id, w};
     }
     Baton__V1__ConductorMessage m = BATON__V1__CONDUCTOR_MESSAGE__INIT;
@@ -532,21 +554,57 @@ static void handle_infer(frame *dr, const Baton__V1__InferRequest *q)
         p.caps = NULL; /* the request's now, or freed */
         if (r) {
             r->chat_input = p.chat_input;
-            place_inputs(dr->f, r, p.by_input);
+            r->raw = p.raw;
+            p.raw = NULL;
+            int rc = p.text_output ? out_queue_limit(&r->out, p.g, p.text_output,
+                                                     (const char *const *)q->stop, q->n_stop,
+                                                     q->max_tokens, q->stream)
+                                   : 0;
+            if (rc != 0)
+                end_placing(dr->f, r, bt_err_to_code(rc), bt_strerror(rc));
+            else
+                place_inputs(dr->f, r, p.by_input);
         }
     }
     door_pass_free(&p);
+}
+
+/* Answers a cancel: whether it found a request to end. */
+static void cancel_answer(frame *dr, const char *rid, bt_code code, const char *message)
+{
+    Baton__V1__Status st = BATON__V1__STATUS__INIT;
+    st.code = (Baton__V1__Code)code;
+    st.message = (char *)message;
+    Baton__V1__CancelResponse cr = BATON__V1__CANCEL_RESPONSE__INIT;
+    cr.request_id = (char *)rid;
+    cr.status = &st;
+    Baton__V1__ServerMessage m = BATON__V1__SERVER_MESSAGE__INIT;
+    m.msg_case = BATON__V1__SERVER_MESSAGE__MSG_CANCEL;
+    m.cancel = &cr;
+    out_send(dr->f->out, dr->id, dr->idlen, &m);
 }
 
 static void handle_cancel(frame *dr, const Baton__V1__CancelRequest *q)
 {
     frontend *f = dr->f;
     const char *rid = q->request_id ? q->request_id : "";
+    char msg[384];
     front_request *r = find_request(f, dr->id, dr->idlen, rid);
+    bool ambiguous = false;
     if (!r)
-        r = find_unique(f, rid);
-    if (!r)
-        return; /* unknown (or ambiguous across connections): ignored */
+        r = find_unique(f, rid, &ambiguous);
+    /* The answer goes first: the request's own end may be sent to this
+     * same connection while it is being ended. */
+    if (!r || r->phase == PHASE_FLUSHING) {
+        bool valid = bt_utf8_valid(rid, strlen(rid));
+        snprintf(msg, sizeof(msg), ambiguous ? "request '%.256s' is in flight on several "
+                 "connections; cancel it from the one that sent it"
+                 : "no request '%.256s' is in flight (unknown, or already ended)",
+                 valid ? rid : "(not UTF-8)");
+        cancel_answer(dr, rid, ambiguous ? BT_CODE_FAILED_PRECONDITION : BT_CODE_NOT_FOUND, msg);
+        return;
+    }
+    cancel_answer(dr, rid, BT_CODE_OK, "");
     if (r->phase == PHASE_PLACING)
         end_placing(f, r, BT_CODE_CANCELLED, "cancelled by the client");
     else if (r->phase == PHASE_RUNNING)

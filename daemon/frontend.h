@@ -2,14 +2,16 @@
  * in flight and their deadlines.
  *
  * Every frame on the client ROUTER is checked at the door in a fixed order
- * (size, parse, request_id, graph, inputs: name, duplicate, dtype, dims,
- * overflow, byte length, missing; max_iters keys and values; an id already
- * in flight on the connection; draining or not ready; max_inflight), and
- * the first failing check answers at once.  An accepted request first
- * places its inputs (one Put per graph input, to the worker of its first
- * consumer), then runs in the dispatcher, and gets exactly one terminal
- * InferResponse through its outbound queue.  Health, Stats and Inspect
- * concern the whole daemon: they go to front_hooks.admin. */
+ * (size, parse, then daemon/door.h's: request_id, graph, messages, inputs,
+ * max_iters, raw_inputs, text limits; then an id already in flight on the
+ * connection; draining or not ready; max_inflight), and the first failing
+ * check answers at once.  An accepted request first places its inputs (one
+ * Put per graph input, to the worker of its first consumer), then runs in
+ * the dispatcher, and gets exactly one terminal InferResponse through its
+ * outbound queue; when its text reaches a stop string or max_tokens, it is
+ * stopped there (disp_stop).  A cancel is answered at once with a
+ * CancelResponse.  Health, Stats and Inspect concern the whole daemon:
+ * they go to front_hooks.admin. */
 #ifndef BATON_DAEMON_FRONTEND_H
 #define BATON_DAEMON_FRONTEND_H
 

@@ -13,6 +13,8 @@
  *   GET /v1/models              the model names of the config's `openai:`
  *   POST /v1/chat/completions   OpenAI's chat completions, whole or streamed
  *                               as server-sent events (daemon/openai.h)
+ *   POST /v1/completions        OpenAI's (legacy) completions, the same way;
+ *                               the prompt reaches the model as raw text
  * Anything else is 404, a wrong method 405, each with a JSON error body in
  * OpenAI's shape. */
 #ifndef BATON_DAEMON_GATEWAY_H

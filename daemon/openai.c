@@ -1,4 +1,5 @@
-/* OpenAI's chat completions API (daemon/openai.h), with jansson. */
+/* OpenAI's chat completions and completions APIs (daemon/openai.h), with
+ * jansson. */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,7 +12,11 @@
  * client never believes a setting was honoured when it was not. */
 static const char *const chat_fields[] = {
     "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
-    "top_k", "seed", "stream", "n", "user", "stop", "stream_options",
+    "top_k", "seed", "stream", "n", "user", "stop", "stream_options", NULL,
+};
+static const char *const completion_fields[] = {
+    "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stream", "n",
+    "user", "stop", "stream_options", "echo", "logprobs", NULL,
 };
 
 static int fail(char *err, size_t errlen, char *param, size_t paramlen, const char *p,
@@ -112,9 +117,40 @@ static int parse_messages(const json_t *msgs, oa_chat *c, char *err, size_t errl
     return 0;
 }
 
-int oa_chat_parse(const char *body, size_t len, oa_chat *c, char *err, size_t errlen,
-                  char *param, size_t paramlen)
+/* A completion's prompt: one string.  OpenAI also takes a list of
+ * strings (several completions) or of token ids, which this server does
+ * not: refused, not guessed at. */
+static int parse_prompt(const json_t *root, oa_chat *c, char *err, size_t errlen, char *param,
+                        size_t paramlen)
 {
+    const json_t *p = json_object_get(root, "prompt");
+    if (!json_is_string(p))
+        return fail(err, errlen, param, paramlen, "prompt", "%s",
+                    json_is_array(p) ? "'prompt' must be one string: lists of prompts and "
+                                       "token ids are not supported"
+                                     : "'prompt' must be a string");
+    size_t n = json_string_length(p);
+    if (n == 0 || memchr(json_string_value(p), 0, n))
+        return fail(err, errlen, param, paramlen, "prompt", "%s",
+                    "'prompt' must be a non-empty string without NUL characters");
+    if (!(c->prompt = strndup(json_string_value(p), n)))
+        return BT_ENOMEM;
+    /* echo (the prompt repeated in the answer) and logprobs are not
+     * served: only their "off" values are taken. */
+    const json_t *f = json_object_get(root, "echo");
+    if (f && !json_is_null(f) && !json_is_false(f))
+        return fail(err, errlen, param, paramlen, "echo", "%s", "only echo = false is supported");
+    f = json_object_get(root, "logprobs");
+    if (f && !json_is_null(f))
+        return fail(err, errlen, param, paramlen, "logprobs", "%s",
+                    "logprobs are not supported: only null");
+    return 0;
+}
+
+static int parse(const char *body, size_t len, oa_chat *c, bool completion, char *err,
+                 size_t errlen, char *param, size_t paramlen)
+{
+    const char *const *fields = completion ? completion_fields : chat_fields;
     memset(c, 0, sizeof(*c));
     c->temperature = 1.0f;
     c->top_p = 1.0f;
@@ -135,9 +171,9 @@ int oa_chat_parse(const char *body, size_t len, oa_chat *c, char *err, size_t er
     json_t *v;
     json_object_foreach(root, key, v) {
         size_t k = 0;
-        while (k < sizeof(chat_fields) / sizeof(chat_fields[0]) && strcmp(key, chat_fields[k]))
+        while (fields[k] && strcmp(key, fields[k]))
             k++;
-        if (k == sizeof(chat_fields) / sizeof(chat_fields[0])) {
+        if (!fields[k]) {
             rc = fail(err, errlen, param, paramlen, key, "unsupported parameter '%s'", key);
             goto out;
         }
@@ -155,6 +191,8 @@ int oa_chat_parse(const char *body, size_t len, oa_chat *c, char *err, size_t er
     const json_t *f;
     const char *mt = json_object_get(root, "max_completion_tokens") ? "max_completion_tokens"
                                                                      : "max_tokens";
+    if (completion)
+        c->max_tokens = OA_COMPLETION_MAX_TOKENS;
     if ((f = json_object_get(root, mt)) && !json_is_null(f)) {
         if (!json_is_integer(f) || number_in(f, 1, 1 << 20, &x)) {
             rc = fail(err, errlen, param, paramlen, mt, "'%s' must be an integer >= 1", mt);
@@ -246,12 +284,26 @@ int oa_chat_parse(const char *body, size_t len, oa_chat *c, char *err, size_t er
             goto out;
         }
     }
-    rc = parse_messages(json_object_get(root, "messages"), c, err, errlen, param, paramlen);
+    rc = completion ? parse_prompt(root, c, err, errlen, param, paramlen)
+                    : parse_messages(json_object_get(root, "messages"), c, err, errlen, param,
+                                     paramlen);
 out:
     json_decref(root);
     if (rc)
         oa_chat_free(c);
     return rc;
+}
+
+int oa_chat_parse(const char *body, size_t len, oa_chat *c, char *err, size_t errlen,
+                  char *param, size_t paramlen)
+{
+    return parse(body, len, c, false, err, errlen, param, paramlen);
+}
+
+int oa_completion_parse(const char *body, size_t len, oa_chat *c, char *err, size_t errlen,
+                        char *param, size_t paramlen)
+{
+    return parse(body, len, c, true, err, errlen, param, paramlen);
 }
 
 void oa_chat_free(oa_chat *c)
@@ -265,6 +317,8 @@ void oa_chat_free(oa_chat *c)
     free(c->msgs);
     c->msgs = NULL;
     c->n_msgs = 0;
+    free(c->prompt);
+    c->prompt = NULL;
     for (size_t i = 0; i < c->n_stop; i++)
         free(c->stop[i]);
     c->n_stop = 0;
@@ -380,6 +434,38 @@ char *oa_chat_event(const char *id, int64_t created, const char *model, const ch
     return sse(dump(json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", id, "object",
                               "chat.completion.chunk", "created", (json_int_t)created, "model",
                               model, "choices", choice)));
+}
+
+static json_t *completion_choice(const char *text, size_t len, const char *finish)
+{
+    return json_pack("{s:o, s:i, s:n, s:o}", "text", text_json(text, len), "index", 0,
+                     "logprobs", "finish_reason", finish ? json_string(finish) : json_null());
+}
+
+char *oa_completion_response(const char *id, int64_t created, const char *model,
+                             const char *text, size_t len, const char *finish,
+                             const oa_usage *usage)
+{
+    return dump(json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", id, "object",
+                          "text_completion", "created", (json_int_t)created, "model", model,
+                          "choices", completion_choice(text, len, finish), "usage",
+                          usage_json(usage)));
+}
+
+char *oa_completion_event(const char *id, int64_t created, const char *model, const char *text,
+                          size_t len, const char *finish)
+{
+    return sse(dump(json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", id, "object",
+                              "text_completion", "created", (json_int_t)created, "model", model,
+                              "choices", completion_choice(text, len, finish))));
+}
+
+char *oa_completion_usage_event(const char *id, int64_t created, const char *model,
+                                const oa_usage *usage)
+{
+    return sse(dump(json_pack("{s:s, s:s, s:I, s:s, s:[], s:o}", "id", id, "object",
+                              "text_completion", "created", (json_int_t)created, "model", model,
+                              "choices", "usage", usage_json(usage))));
 }
 
 char *oa_models(const char *const *names, size_t n, int64_t created)

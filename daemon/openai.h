@@ -1,6 +1,7 @@
-/* OpenAI's chat completions API in baton's terms: parsing a request body
- * (jansson) into what a native request needs, and writing the answers
- * (whole, or as server-sent events).  No I/O here: gateway.c serves it. */
+/* OpenAI's chat completions and (legacy) completions APIs in baton's
+ * terms: parsing a request body (jansson) into what a native request needs,
+ * and writing the answers (whole, or as server-sent events).  No I/O here:
+ * gateway.c serves it. */
 #ifndef BATON_DAEMON_OPENAI_H
 #define BATON_DAEMON_OPENAI_H
 
@@ -10,18 +11,20 @@
 
 #define OA_MAX_STOP 4            /* stop strings a request may give (OpenAI's limit) */
 #define OA_MAX_STOP_BYTES 256    /* bytes in one stop string */
+#define OA_COMPLETION_MAX_TOKENS 16 /* a completion's max_tokens when not given (OpenAI's) */
 
-/* A chat completion request, checked. */
 /* One turn of the conversation. */
 typedef struct oa_msg {
     const char *role;       /* "system", "user" or "assistant" (static strings) */
     char *content;          /* owned: the turn's text */
 } oa_msg;
 
+/* A chat completion or completion request, checked. */
 typedef struct oa_chat {
     char *model;            /* owned: the name the client asked for */
-    oa_msg *msgs;           /* owned: the conversation, in order */
+    oa_msg *msgs;           /* owned: the conversation, in order (chat) */
     size_t n_msgs;
+    char *prompt;           /* owned: the text to go on from (completion); NULL for a chat */
     uint32_t max_tokens;    /* 0: not given (the graph's own cap) */
     float temperature;      /* OpenAI's default is 1 */
     float top_p;            /* 1: no cut */
@@ -37,6 +40,11 @@ typedef struct oa_chat {
  * and PARAM (may be "") naming the field, in OpenAI's terms. */
 int oa_chat_parse(const char *body, size_t len, oa_chat *out, char *err, size_t errlen,
                   char *param, size_t paramlen);
+/* The same for POST /v1/completions: prompt (one string), max_tokens
+ * (default OA_COMPLETION_MAX_TOKENS), the sampling fields, stop, stream,
+ * stream_options, n (1), user; echo only false, logprobs only null. */
+int oa_completion_parse(const char *body, size_t len, oa_chat *out, char *err, size_t errlen,
+                        char *param, size_t paramlen);
 void oa_chat_free(oa_chat *c);
 
 /* Tokens of an answer. */
@@ -56,6 +64,20 @@ char *oa_chat_response(const char *id, int64_t created, const char *model, const
  * include_usage): a chunk with no choices and the usage. */
 char *oa_chat_usage_event(const char *id, int64_t created, const char *model,
                           const oa_usage *usage);
+
+/* A completion's whole answer: {"id", "object": "text_completion",
+ * "created", "model", "choices": [{"text", "index": 0, "logprobs": null,
+ * "finish_reason"}], "usage"}.  Malloc'd, or NULL. */
+char *oa_completion_response(const char *id, int64_t created, const char *model,
+                             const char *text, size_t len, const char *finish,
+                             const oa_usage *usage);
+/* One event of a completion's stream: "data: {...}\n\n", the same object
+ * with the text so far's next piece and FINISH (or null). */
+char *oa_completion_event(const char *id, int64_t created, const char *model, const char *text,
+                          size_t len, const char *finish);
+/* Its usage event: "choices": [] and the usage. */
+char *oa_completion_usage_event(const char *id, int64_t created, const char *model,
+                                const oa_usage *usage);
 
 /* One server-sent event of a stream: "data: {chunk}\n\n".  ROLE_FIRST puts
  * the assistant role in the delta (the first event); FINISH (or NULL) ends

@@ -26,7 +26,6 @@ typedef struct out_bytes {
 /* A message to the client, held until every tensor it carries has bytes. */
 struct out_msg {
     bool response;                /* else a chunk */
-    uint64_t seq;                 /* chunk */
     char *name;                   /* chunk: value name; owned */
     char *modality;               /* chunk; owned */
     bt_code code;                 /* response */
@@ -40,8 +39,17 @@ struct out_msg {
     size_t n_outs;
     disp_timing *timings;         /* response: owned copy */
     size_t n_timings;
-    rt_usage usage;               /* response: the tokens counted */
+    rt_usage usage;               /* the tokens counted: the response's, or a chunk's so far */
     uint8_t *loop_ends;           /* response: per entity, rt_loop_end or 0; owned */
+};
+
+/* The streamed values of one name, kept for the response of a client that
+ * asked for no stream (out_queue.keep). */
+struct out_kept {
+    const char *name;             /* borrowed from the graph */
+    const char *modality;
+    out_bytes *parts;             /* owned, in order */
+    size_t n, cap;
 };
 
 struct outbound {
@@ -137,7 +145,50 @@ void out_queue_free(out_queue *q)
     for (size_t i = 0; i < q->n; i++)
         msg_free(&q->v[i]);
     free(q->v);
+    if (q->limit)
+        tl_free(q->limit);
+    free(q->limit);
+    for (size_t i = 0; i < q->n_kept; i++) {
+        for (size_t k = 0; k < q->kept[i].n; k++)
+            free(q->kept[i].parts[k].data);
+        free(q->kept[i].parts);
+    }
+    free(q->kept);
     memset(q, 0, sizeof(*q));
+}
+
+int out_queue_limit(out_queue *q, const graph *g, const char *text_output,
+                    const char *const *stop, size_t n_stop, uint32_t max_tokens, bool stream)
+{
+    if (!(q->limit = malloc(sizeof(*q->limit))))
+        return BT_ENOMEM;
+    int rc = tl_init(q->limit, stop, n_stop, max_tokens);
+    if (rc != 0) {
+        free(q->limit);
+        q->limit = NULL;
+        return rc;
+    }
+    q->limit_name = text_output;
+    q->keep = !stream;
+    if (stream)
+        return 0;
+    /* Every new_token value the client gets, in the graph's order: one
+     * that produced nothing still appears, as the runtime would send it. */
+    if (!(q->kept = calloc(g->n_edges + 1, sizeof(*q->kept))))
+        return BT_ENOMEM;
+    for (size_t i = 0; i < g->n_edges; i++) {
+        const graph_edge *e = &g->edges[i];
+        const char *name = g->values[e->value].name;
+        bool seen = false;
+        for (size_t k = 0; k < q->n_kept && !seen; k++)
+            seen = strcmp(q->kept[k].name, name) == 0;
+        if (e->consumer >= 0 || !e->new_token || seen)
+            continue;
+        q->kept[q->n_kept].name = name;
+        q->kept[q->n_kept].modality = e->modality ? e->modality : "";
+        q->n_kept++;
+    }
+    return 0;
 }
 
 static out_msg *queue_push(out_queue *q)
@@ -191,7 +242,7 @@ void out_queue_chunk(outbound *ob, out_queue *q, const rt_action *a)
     out_msg *o = queue_push(q);
     if (!o)
         return;
-    o->seq = a->u.chunk.seq;
+    o->usage = a->u.chunk.usage;
     o->name = strdup(a->u.chunk.name);
     o->modality = strdup(a->u.chunk.modality);
     o->bytes = calloc(1, sizeof(*o->bytes));
@@ -299,25 +350,22 @@ static bool join_output(const out_bytes *parts, size_t n, Baton__V1__Tensor *t, 
     return true;
 }
 
-static void send_chunk(outbound *ob, const out_msg *o, const out_client *to)
+static void send_chunk(outbound *ob, const char *name, const char *modality,
+                       const out_bytes *b, const out_client *to, uint64_t seq)
 {
     Baton__V1__Tensor t = BATON__V1__TENSOR__INIT;
     uint8_t *owned = NULL;
-    join_output(o->bytes, o->n_bytes, &t, &owned);
-    t.name = o->name;
-    t.modality = o->modality;
+    join_output(b, 1, &t, &owned);
+    t.name = (char *)name;
+    t.modality = (char *)modality;
     Baton__V1__InferChunk ch = BATON__V1__INFER_CHUNK__INIT;
     ch.request_id = (char *)to->request_id;
-    ch.seq = o->seq;
+    ch.seq = seq;
     ch.value = &t;
     Baton__V1__ServerMessage m = BATON__V1__SERVER_MESSAGE__INIT;
     m.msg_case = BATON__V1__SERVER_MESSAGE__MSG_CHUNK;
     m.chunk = &ch;
     out_send(ob, to->identity, to->identity_len, &m);
-    if (owned) {
-        free(owned);
-        free(t.dims);
-    }
 }
 
 /* Fills RESP's outputs and timings from O; arrays come from the caller.
@@ -357,7 +405,29 @@ static void fill_response(outbound *ob, const out_msg *o, const out_client *to,
     resp->timings = timp;
 }
 
-static void send_response(outbound *ob, const out_msg *o, const out_client *to)
+/* Adds the values Q kept (a client that asked for no stream) to RESP's
+ * outputs, at TS[AT...]. */
+static void add_kept(const out_queue *q, Baton__V1__InferResponse *resp, Baton__V1__Status *st,
+                     Baton__V1__Tensor *ts, Baton__V1__Tensor **tp, uint8_t **owned, size_t at)
+{
+    for (size_t i = 0; i < q->n_kept; i++, at++) {
+        baton__v1__tensor__init(&ts[at]);
+        if (!join_output(q->kept[i].parts, q->kept[i].n, &ts[at], &owned[at])) {
+            st->code = BATON__V1__CODE__INTERNAL;
+            st->message = "the parts of a client output disagree on dtype or shape";
+            resp->n_outputs = 0;
+            return;
+        }
+        ts[at].name = (char *)q->kept[i].name;
+        ts[at].modality = (char *)q->kept[i].modality;
+        tp[at] = &ts[at];
+    }
+    resp->n_outputs = at;
+    resp->outputs = tp;
+}
+
+static void send_response(outbound *ob, const out_queue *q, const out_msg *o,
+                          const out_client *to)
 {
     Baton__V1__Status st = BATON__V1__STATUS__INIT;
     st.code = (Baton__V1__Code)o->code;
@@ -365,9 +435,10 @@ static void send_response(outbound *ob, const out_msg *o, const out_client *to)
     Baton__V1__InferResponse resp = BATON__V1__INFER_RESPONSE__INIT;
     resp.request_id = (char *)to->request_id;
     resp.status = &st;
-    Baton__V1__Tensor *ts = calloc(o->n_outs + 1, sizeof(*ts));
-    Baton__V1__Tensor **tp = calloc(o->n_outs + 1, sizeof(*tp));
-    uint8_t **owned = calloc(o->n_outs + 1, sizeof(*owned));
+    size_t n_outs = o->n_outs + q->n_kept;
+    Baton__V1__Tensor *ts = calloc(n_outs + 1, sizeof(*ts));
+    Baton__V1__Tensor **tp = calloc(n_outs + 1, sizeof(*tp));
+    uint8_t **owned = calloc(n_outs + 1, sizeof(*owned));
     Baton__V1__NodeTiming *tim = calloc(o->n_timings + 1, sizeof(*tim));
     Baton__V1__NodeTiming **timp = calloc(o->n_timings + 1, sizeof(*timp));
     if (!ts || !tp || !owned || !tim || !timp) {
@@ -375,16 +446,28 @@ static void send_response(outbound *ob, const out_msg *o, const out_client *to)
         st.message = "out of memory building the response";
     } else {
         fill_response(ob, o, to, &resp, &st, ts, tp, owned, tim, timp);
+        if (st.code == BATON__V1__CODE__OK && q->keep)
+            add_kept(q, &resp, &st, ts, tp, owned, o->n_outs);
     }
     resp.total_us = bt_now_us() - to->start_us;
     resp.seed = to->seed;
+    /* The text limit that ended the request: the response says which, and
+     * counts the tokens up to the one that ended the text (the runtime may
+     * have kept a step or two more before the stop reached it). */
+    rt_usage u = o->usage;
+    if (q->end != TL_RUNNING) {
+        u = q->end_usage;
+        if (st.code == BATON__V1__CODE__OK)
+            resp.finish_reason = q->end == TL_STOP ? BATON__V1__FINISH_REASON__FINISH_REASON_STOP
+                                                   : BATON__V1__FINISH_REASON__FINISH_REASON_LENGTH;
+    }
     /* Token counts, when a node counted any; how each loop that ran ended. */
     Baton__V1__Usage usage = BATON__V1__USAGE__INIT;
-    if (o->usage.prompt || o->usage.generated) {
-        usage.prompt_tokens = o->usage.prompt;
-        usage.completion_tokens = o->usage.generated;
-        usage.total_tokens = o->usage.prompt > UINT32_MAX - o->usage.generated
-                                 ? UINT32_MAX : o->usage.prompt + o->usage.generated;
+    if (u.prompt || u.generated) {
+        usage.prompt_tokens = u.prompt;
+        usage.completion_tokens = u.generated;
+        usage.total_tokens = u.prompt > UINT32_MAX - u.generated ? UINT32_MAX
+                                                                  : u.prompt + u.generated;
         resp.usage = &usage;
     }
     const graph *g = to->graph >= 0 ? &ob->gs->graphs[to->graph] : NULL;
@@ -413,7 +496,7 @@ static void send_response(outbound *ob, const out_msg *o, const out_client *to)
     m.response = &resp;
     out_send(ob, to->identity, to->identity_len, &m);
     metrics_request_done(ob->m, to->graph, (bt_code)st.code, resp.total_us);
-    for (size_t i = 0; owned && i < o->n_outs; i++)
+    for (size_t i = 0; owned && i < n_outs; i++)
         if (owned[i]) {
             free(owned[i]);
             free(ts[i].dims);
@@ -435,20 +518,91 @@ static bool msg_ready(const out_msg *o)
     return true;
 }
 
+/* Makes B hold the N bytes at P (which may point into B's own): text, U8
+ * of one dim. */
+static void set_text(out_bytes *b, const uint8_t *p, size_t n)
+{
+    uint8_t *d = malloc(n ? n : 1);
+    if (d && n)
+        memcpy(d, p, n);
+    free(b->data);
+    b->data = d;
+    b->ndata = d ? n : 0;
+    b->dtype = BATON__V1__DTYPE__U8;
+    b->ndim = 1;
+    b->dims[0] = (int64_t)b->ndata;
+    b->ready = true;
+}
+
+/* The bytes of chunk O that go to the client, after the text limit had its
+ * say; NULL when nothing goes (an empty value, or text after its end). */
+static out_bytes *chunk_bytes(out_queue *q, out_msg *o)
+{
+    out_bytes *b = o->n_bytes ? &o->bytes[0] : NULL;
+    if (q->limit && strcmp(o->name, q->limit_name) == 0) {
+        if (q->end != TL_RUNNING || !b || !b->ndata)
+            return NULL;
+        const uint8_t *p;
+        size_t n;
+        tl_end end = tl_feed(q->limit, b->data, b->ndata, &p, &n);
+        set_text(b, p, n);
+        if (end != TL_RUNNING) {
+            q->end = end;
+            q->stop_pending = true;
+            q->end_usage = o->usage;
+        }
+    }
+    return b && b->ndata ? b : NULL;
+}
+
+/* Sends the value B of NAME, or keeps it for the response (taking its
+ * bytes). */
+static void emit(outbound *ob, out_queue *q, const char *name, const char *modality,
+                 out_bytes *b, const out_client *to)
+{
+    if (q->keep) {
+        for (size_t i = 0; i < q->n_kept; i++) {
+            out_kept *k = &q->kept[i];
+            if (strcmp(k->name, name) != 0 || BT_RESERVE(k->parts, k->n, k->cap, 16) < 0)
+                continue;
+            k->parts[k->n++] = *b;
+            b->data = NULL;
+            b->ndata = 0;
+            break;
+        }
+        return;
+    }
+    send_chunk(ob, name, modality, b, to, q->next_seq++);
+    uint64_t now = bt_now_us();
+    bool first = q->last_chunk_us == 0;
+    metrics_token(ob->m, to->graph, first, now - (first ? to->start_us : q->last_chunk_us));
+    q->last_chunk_us = now;
+}
+
 bool out_flush(outbound *ob, out_queue *q, const out_client *to)
 {
     size_t sent = 0;
     bool responded = false;
     while (sent < q->n && msg_ready(&q->v[sent])) {
-        if (q->v[sent].response) {
-            send_response(ob, &q->v[sent], to);
+        out_msg *o = &q->v[sent];
+        if (o->response) {
+            /* The text held back for a stop string that never came. */
+            const uint8_t *p;
+            size_t n = 0;
+            if (q->limit)
+                tl_flush(q->limit, &p, &n);
+            if (n) {
+                out_bytes b = {0};
+                set_text(&b, p, n);
+                emit(ob, q, q->limit_name, "text", &b, to);
+                free(b.data);
+            }
+            send_response(ob, q, o, to);
             responded = true;
         } else {
-            send_chunk(ob, &q->v[sent], to);
-            uint64_t now = bt_now_us();
-            bool first = q->last_chunk_us == 0;
-            metrics_token(ob->m, to->graph, first, now - (first ? to->start_us : q->last_chunk_us));
-            q->last_chunk_us = now;
+            out_bytes *b = chunk_bytes(q, o);
+            if (b)
+                emit(ob, q, o->name, o->modality, b, to);
         }
         sent++;
     }

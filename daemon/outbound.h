@@ -4,7 +4,16 @@
  * bytes: inline in the worker's report when small, else fetched from the
  * worker that holds it (a Fetch sent before that batch's Release, which the
  * worker answers first because one ZeroMQ pair keeps order).  Messages of
- * one request therefore leave in order even when an early one waits. */
+ * one request therefore leave in order even when an early one waits.
+ *
+ * Streamed values are numbered here, as they leave: a value with no bytes
+ * (the end-of-turn token's empty text) is not sent, and a request's text
+ * limit (stop strings, max_tokens: daemon/textlimit.h) may hold bytes
+ * back or end the text.  This is the one place that sees every value's
+ * bytes in order, whether they came inline or were fetched.  When the
+ * client asked for no stream but for a text limit, the runtime streams
+ * anyway and the values are kept here and joined into the response's
+ * outputs, as the runtime would have. */
 #ifndef BATON_DAEMON_OUTBOUND_H
 #define BATON_DAEMON_OUTBOUND_H
 
@@ -18,10 +27,12 @@
 #include "daemon/metrics.h"
 #include "daemon/supervisor.h"
 #include "daemon/tensors.h"
+#include "daemon/textlimit.h"
 #include "proto/baton.pb-c.h"
 #include "runtime/runtime.h"
 
 typedef struct out_msg out_msg;
+typedef struct out_kept out_kept;
 
 /* The client messages of one request, in order. */
 typedef struct out_queue {
@@ -29,6 +40,15 @@ typedef struct out_queue {
     size_t n, cap;
     size_t fetches_pending;       /* tensor bytes asked of workers, not yet here */
     uint64_t last_chunk_us;       /* monotonic us the last chunk left; 0: none yet */
+    uint64_t next_seq;            /* seq of the next chunk sent */
+    tl_limit *limit;              /* the request's text limit; owned, NULL: none */
+    const char *limit_name;       /* the text stream it applies to; borrowed from the graph */
+    tl_end end;                   /* how the limit ended the text, or TL_RUNNING */
+    bool stop_pending;            /* it did, and the request is still to be stopped */
+    rt_usage end_usage;           /* the request's tokens when it did */
+    bool keep;                    /* the client asked for no stream: keep the values */
+    out_kept *kept;               /* owned: per new_token value name, what came */
+    size_t n_kept;
 } out_queue;
 
 /* Whom a queue's messages are for. */
@@ -58,13 +78,23 @@ void out_reject(outbound *o, const uint8_t *identity, size_t identity_len,
                 const char *request_id, bt_code code, const char *fmt, ...)
     __attribute__((format(printf, 6, 7)));
 
+/* Gives Q the text limit of a request of graph G: stop strings and
+ * max_tokens on its text stream TEXT_OUTPUT (as the door checked them).
+ * STREAM is what the client asked: false makes Q keep the streamed values
+ * for the response (the runtime must then stream them).  0, BT_EINVAL or
+ * BT_ENOMEM. */
+int out_queue_limit(out_queue *q, const graph *g, const char *text_output,
+                    const char *const *stop, size_t n_stop, uint32_t max_tokens, bool stream);
+
 /* Queues the CHUNK or the RESPONSE action A, capturing its tensors' bytes
  * now or asking their workers for them. */
 void out_queue_chunk(outbound *o, out_queue *q, const rt_action *a);
 void out_queue_response(outbound *o, out_queue *q, const rt_action *a,
                         const disp_timing *timings, size_t n_timings);
 /* Sends the messages at the head of Q whose bytes are all here.  Returns
- * true once the response has gone (Q is then empty). */
+ * true once the response has gone (Q is then empty).  When the text limit
+ * ended the text, Q->stop_pending is set: the caller stops the request
+ * (disp_stop) and clears it. */
 bool out_flush(outbound *o, out_queue *q, const out_client *to);
 /* The bytes of tensor KEY (tt_key) arrived: fills every part waiting for
  * them.  True when Q had one. */

@@ -27,6 +27,7 @@ typedef struct ctensor {
     uint8_t *data;                /* inline copy (client-bound, <= 64 KiB), or NULL; owned */
     size_t ndata;
     bool chat;                    /* a request's messages (InputValue.chat) */
+    bool raw;                     /* text without the chat template (InputValue.raw) */
 } ctensor;
 
 typedef struct tensor_table tensor_table;

@@ -126,6 +126,7 @@ static void send_chunk(rt_runtime *rt, rt_request *r, const graph_value *gv,
     a->u.chunk.tensor = t;
     a->u.chunk.node = gv->producer;
     a->u.chunk.iter = *p;
+    a->u.chunk.usage = r->usage;
 }
 
 void reg_emit(rt_runtime *rt, rt_request *r, int vi, const rt_iter *p, rt_tensor t, bool final)

@@ -230,6 +230,11 @@ int rt_deadline(rt_runtime *rt, uint64_t req)
     return end_one(rt, req, BT_CODE_DEADLINE_EXCEEDED, "deadline exceeded");
 }
 
+int rt_stop(rt_runtime *rt, uint64_t req)
+{
+    return end_one(rt, req, BT_CODE_OK, "");
+}
+
 static bool request_uses_worker(rt_runtime *rt, rt_request *r, int worker)
 {
     if (rt->gx[r->graph_index].uses_worker[worker])

@@ -116,6 +116,8 @@ typedef struct rt_action {
             rt_tensor tensor;     /* id 0: an empty chunk */
             int node;             /* producing entity */
             rt_iter iter;
+            rt_usage usage;       /* the request's tokens so far, this one's included:
+                                   * what the response says if the request ends here */
         } chunk;
         struct {
             bt_code code;
@@ -178,6 +180,10 @@ int rt_cancel(rt_runtime *rt, uint64_t req);
  * the request started).  BT_ENOENT for an unknown key. */
 int rt_abort(rt_runtime *rt, uint64_t req, bt_code code, const char *message);
 int rt_deadline(rt_runtime *rt, uint64_t req);
+/* Ends REQ as done (OK), with the outputs it has, dropping its remaining
+ * work as a cancel does: the client has every value it wants (its text hit
+ * a stop string or max_tokens).  BT_ENOENT for an unknown key. */
+int rt_stop(rt_runtime *rt, uint64_t req);
 
 /* Ends with UNAVAILABLE every request that uses WORKER.  Tensors owned by
  * that worker are forgotten, not released: its pool is gone. */

@@ -136,6 +136,7 @@ static int prepare_input(wk_worker *w, wk_item *it, uint32_t k, wk_join_job **jo
     in->stream = iv->stream;
     in->final = iv->stream ? iv->final : 1;
     in->chat = iv->chat;
+    in->raw = iv->raw;
     size_t n_chunks = 0;
     bool overridden = it->overrides && it->overrides[k];
     for (size_t p = 0; p < iv->n_parts; p++) {

@@ -182,6 +182,7 @@ int wk_tp_lead(wk_worker *w, baton_ctx *ctx, wk_model *m, const uint64_t *closed
             ti_in->stream = in->stream != 0;
             ti_in->final = in->final != 0;
             ti_in->chat = in->chat != 0;
+            ti_in->raw = in->raw != 0;
             v->dtype = (Baton__V1__DType)in->tensor.dtype;
             v->dims = &t.dims[kd];
             v->n_dims = in->tensor.ndim;
@@ -628,7 +629,8 @@ static void item_build(tp_mirror *mr, wk_model *m, const Baton__V1__TpStep *st,
         if (v->data.len && wk_device_copy(mr->w->dev, mr->ctx.stream, t->t.data, v->data.data,
                                           v->data.len, err, sizeof(err)) != 0)
             wk_tp_broken(m->name, err);
-        it->inputs[k] = (baton_input){in->name, t->t, in->stream, in->final, in->chat};
+        it->inputs[k] = (baton_input){in->name, t->t, in->stream, in->final, in->chat,
+                                      in->raw};
         b->n_inputs = (uint32_t)k + 1;
     }
     session_attach(mr, m, it);

@@ -35,7 +35,8 @@
  * Nodes.  mode `prefill` takes its first input: I32 or I64 token ids (any
  * dims, flattened) or U8 UTF-8 text, which the file's tokenizer encodes
  * (backends/transformer/tokenizer.c) inside the chat template it carries (option
- * chat_template).  mode `decode` takes one token id.  Outputs are chosen
+ * chat_template; not when the input is raw, baton_input.raw: a completion's
+ * prompt).  mode `decode` takes one token id.  Outputs are chosen
  * by name: `token` (I32 [1], the next token), `text` (U8: the bytes the
  * token adds to the answer, whole UTF-8 characters only, nothing for an
  * end-of-generation token), `logits` (F32 [vocab], before sampling), and
@@ -1111,16 +1112,17 @@ static int emit(baton_model *m, baton_ctx *ctx, baton_item *it, int32_t t, const
 }
 
 /* The token ids of a text prompt (LEN bytes of UTF-8): wrapped in the chat
- * template when the model has one and option chat_template is on, a BOS
- * first when the file asks for one.  Malloc'd; NULL with *N = 0 after
- * failing the item. */
+ * template when the model has one, option chat_template is on and the
+ * input is not raw (a completion's prompt), a BOS first when the file asks
+ * for one.  Malloc'd; NULL with *N = 0 after failing the item. */
 static int32_t *encode_text(baton_model *m, baton_ctx *ctx, baton_item *it, const char *text,
                             size_t len, size_t *n)
 {
     char msg[256];
     /* In the chat template only the template's markers are control tokens:
-     * a user who types <|im_end|> gets that text, not the token. */
-    bool chat = m->chat;
+     * a user who types <|im_end|> gets that text, not the token.  Raw text
+     * is encoded the same way, special-token parsing off. */
+    bool chat = m->chat && !it->inputs[0].raw;
     int need = chat ? tok_chat_encode(m->vocab, NULL, text, len, NULL, 0) : BT_ENOTEMPLATE;
     if (need == BT_ENOTEMPLATE) {
         chat = false;

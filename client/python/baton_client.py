@@ -117,6 +117,11 @@ class StatusError(BatonError):
 
 Timing = namedtuple("Timing", "node iteration worker queue_us exec_us")
 Health = namedtuple("Health", "live ready workers_ready message")
+# The answer to a cancel: found is true when a request of that id was in
+# flight and is being ended (its own Response follows); status is "OK",
+# "NOT_FOUND" (nothing of that id in flight) or "FAILED_PRECONDITION" (in
+# flight on several other connections: ambiguous).
+CancelResult = namedtuple("CancelResult", "request_id found status message")
 
 
 def code_name(code):
@@ -251,6 +256,10 @@ class Response:
                        "total_tokens": m.usage.total_tokens} if m.HasField("usage") else {})
         self.loop_ends = {k: {pb.LOOP_END_FINISH: "finish", pb.LOOP_END_MAX_ITERS: "max_iters"}
                           .get(v, "unknown") for k, v in m.loop_ends.items()}
+        # What ended the text early: "stop" (a stop string), "length"
+        # (max_tokens), or None (the graph ran to its end; see loop_ends).
+        self.finish_reason = {pb.FINISH_REASON_STOP: "stop",
+                              pb.FINISH_REASON_LENGTH: "length"}.get(m.finish_reason)
         self.chunks = []  # filled by Client.infer(stream=True)
 
     @property
@@ -341,13 +350,19 @@ class Client:
             raise ConnectError("cannot connect to %s" % self.endpoint) from None
 
     def send(self, graph, inputs=None, stream=False, timeout_ms=0, sampling=None,
-             max_iters=None, request_id=None, messages=None, messages_input=None):
+             max_iters=None, request_id=None, messages=None, messages_input=None,
+             stop=None, max_tokens=None, text_output=None, raw_inputs=None):
         """Sends an InferRequest and returns its request_id at once; answers
         come from recv(). SAMPLING: a dict with temperature, top_k, top_p, seed.
         MAX_ITERS: a dict loop name -> cap. MESSAGES: a conversation, a list of
         {"role": "system" | "user" | "assistant", "content": str} (or (role,
         content) pairs), given to graph input MESSAGES_INPUT (default: the
-        graph's only input) instead of a tensor."""
+        graph's only input) instead of a tensor. STOP: a str or a list of up
+        to 16: the text stream ends before the first one (Response
+        .finish_reason "stop"); MAX_TOKENS: it ends after that many tokens
+        ("length"); TEXT_OUTPUT: the text stream they apply to (default: the
+        graph's only one). RAW_INPUTS: names of graph inputs whose text the
+        model takes as it is, without its chat template."""
         msg = pb.ClientMessage()
         req = msg.infer
         req.request_id = request_id or "%s-%d" % (self._id_prefix, next(self._ids))
@@ -367,14 +382,36 @@ class Client:
             req.messages.add(role=role, content=content)
         if messages_input:
             req.messages_input = messages_input
+        req.stop.extend([stop] if isinstance(stop, str) else list(stop or []))
+        req.max_tokens = int(max_tokens or 0)
+        if text_output:
+            req.text_output = text_output
+        req.raw_inputs.extend(raw_inputs or [])
         self._send(msg)
         return req.request_id
 
-    def cancel(self, request_id):
-        """Asks the daemon to end REQUEST_ID; its terminal response says CANCELLED."""
+    def cancel(self, request_id, timeout_ms=5000):
+        """Asks the daemon to end REQUEST_ID (of this connection, else the one
+        other connection's request of that id) and returns its answer, a
+        CancelResult; the request's own Response (CANCELLED unless it had
+        already ended) follows. TIMEOUT_MS None: do not wait (returns None).
+        Raises Timeout."""
         msg = pb.ClientMessage()
         msg.cancel.request_id = request_id
         self._send(msg)
+        if timeout_ms is None:
+            return None
+        deadline = self._deadline(timeout_ms)
+        while True:
+            kind, obj = self._recv_one(deadline)
+            if kind == "cancel" and obj.request_id == request_id:
+                return obj
+            if kind in _PROBES:
+                if self._stale[kind]:
+                    self._stale[kind] -= 1
+                continue
+            if kind != "cancel":
+                self._pending.append(obj)
 
     # ---- receiving -----------------------------------------------------------
 
@@ -402,6 +439,10 @@ class Client:
                 return kind, Health(h.live, h.ready, list(h.workers_ready), h.message)
             if kind in ("stats", "inspect"):
                 return kind, getattr(m, kind).text
+            if kind == "cancel":
+                st = m.cancel.status
+                return kind, CancelResult(m.cancel.request_id, st.code == pb.OK,
+                                          code_name(st.code), st.message)
             raise ProtocolError("a ServerMessage with nothing set")
 
     @staticmethod
@@ -421,6 +462,8 @@ class Client:
                 if self._stale[kind]:
                     self._stale[kind] -= 1
                 continue
+            if kind == "cancel":
+                continue  # the answer to a cancel that did not wait for it
             return obj
 
     def _wait_for(self, request_id, deadline):
@@ -434,19 +477,22 @@ class Client:
                 if self._stale[kind]:
                     self._stale[kind] -= 1
                 continue
+            if kind == "cancel":
+                continue  # the answer to a cancel that did not wait for it
             if obj.request_id == request_id:
                 return obj
             self._pending.append(obj)
 
     def stream(self, graph, inputs=None, timeout_ms=0, sampling=None, max_iters=None,
-               request_id=None, wait_ms=None, messages=None, messages_input=None):
+               request_id=None, wait_ms=None, messages=None, messages_input=None, **limits):
         """Runs GRAPH with stream set and yields its Chunks as they arrive,
         then its Response (always last). WAIT_MS bounds the whole wait
         (default: TIMEOUT_MS + 2 s when a timeout is set, else no bound: the
         daemon's deadline ends every request). Leaving the loop early cancels
-        the request."""
+        the request. LIMITS: stop, max_tokens, text_output, raw_inputs, as for
+        send()."""
         rid = self.send(graph, inputs, True, timeout_ms, sampling, max_iters, request_id,
-                        messages, messages_input)
+                        messages, messages_input, **limits)
         if wait_ms is None and timeout_ms:
             wait_ms = timeout_ms + 2000
         deadline = self._deadline(wait_ms)
@@ -463,7 +509,7 @@ class Client:
     def _drop(self, rid):
         """Cancels RID and discards its remaining events (best effort)."""
         try:
-            self.cancel(rid)
+            self.cancel(rid, timeout_ms=None)
             deadline = self._deadline(5000)
             while self._wait_for(rid, deadline).is_chunk:
                 pass
@@ -472,11 +518,12 @@ class Client:
 
     def infer(self, graph, inputs=None, stream=False, timeout_ms=0, sampling=None,
               max_iters=None, request_id=None, wait_ms=None, messages=None,
-              messages_input=None):
+              messages_input=None, **limits):
         """Runs GRAPH once and returns its Response (chunks, if STREAM, in
-        .chunks). Check .ok or call .raise_for_status()."""
+        .chunks). Check .ok or call .raise_for_status(). LIMITS: stop,
+        max_tokens, text_output, raw_inputs, as for send()."""
         rid = self.send(graph, inputs, stream, timeout_ms, sampling, max_iters, request_id,
-                        messages, messages_input)
+                        messages, messages_input, **limits)
         if wait_ms is None and timeout_ms:
             wait_ms = timeout_ms + 2000
         deadline = self._deadline(wait_ms)
@@ -509,7 +556,8 @@ class Client:
                     if self._stale[k]:
                         self._stale[k] -= 1
                     continue
-                self._pending.append(obj)
+                if k != "cancel":
+                    self._pending.append(obj)
         except Timeout:
             self._stale[kind] += 1
             raise

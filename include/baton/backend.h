@@ -40,8 +40,9 @@ extern "C" {
  * baton_load_params and the model_describe slot.  Version 3 added GPU
  * workers: tensor data may be device memory, so baton_ctx gained read,
  * write, device and stream.  Version 4 added conversations
- * (baton_input.chat) and token counts (baton_ctx.count_tokens). */
-#define BATON_BACKEND_ABI_VERSION 4u
+ * (baton_input.chat) and token counts (baton_ctx.count_tokens).  Version 5
+ * added raw text (baton_input.raw). */
+#define BATON_BACKEND_ABI_VERSION 5u
 
 /* The symbol every plugin exports. */
 #define BATON_BACKEND_ENTRY_SYMBOL "baton_backend_entry"
@@ -119,6 +120,9 @@ typedef struct baton_input {
     int chat;                       /* 1: TENSOR is a conversation (a request's messages),
                                      * U8 bytes read with baton_chat_next; a backend that
                                      * takes text but no conversations should refuse it */
+    int raw;                        /* 1: TENSOR is text for the model as it is: a backend
+                                     * that wraps text prompts in a chat template must not
+                                     * (the request's raw_inputs; a completion, not a chat) */
 } baton_input;
 
 /* One turn of a conversation input. */

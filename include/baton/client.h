@@ -126,6 +126,15 @@ typedef struct baton_client_loop_end {
     baton_client_loop_end_kind how;
 } baton_client_loop_end;
 
+/* What ended an OK request's text before its graph did (proto enum
+ * FinishReason). */
+typedef enum baton_client_finish_reason {
+    BATON_CLIENT_FINISH_NONE = 0,        /* neither: the graph ran to its end (loop_ends
+                                            says how its loops did), or it failed */
+    BATON_CLIENT_FINISH_STOP = 1,        /* a stop string (add_stop) */
+    BATON_CLIENT_FINISH_LENGTH = 2,      /* max_tokens (set_max_tokens) */
+} baton_client_finish_reason;
+
 /* What a received frame was. */
 typedef enum baton_client_event_kind {
     BATON_CLIENT_EVENT_CHUNK = 1,    /* a streamed value: request_id, seq, value */
@@ -133,7 +142,10 @@ typedef enum baton_client_event_kind {
                                         outputs, timings, total_us */
     BATON_CLIENT_EVENT_HEALTH = 3,   /* live, ready, workers_ready, message */
     BATON_CLIENT_EVENT_STATS = 4,    /* text (Prometheus text format) */
-    BATON_CLIENT_EVENT_INSPECT = 5   /* text (graph, partition, schedule) */
+    BATON_CLIENT_EVENT_INSPECT = 5,  /* text (graph, partition, schedule) */
+    BATON_CLIENT_EVENT_CANCEL = 6    /* the answer to a cancel: request_id, code (OK: found
+                                        and being ended; NOT_FOUND: no such request in
+                                        flight; FAILED_PRECONDITION: ambiguous), message */
 } baton_client_event_kind;
 
 /* One decoded ServerMessage. Only the fields its kind names are meaningful;
@@ -161,6 +173,8 @@ typedef struct baton_client_event {
     uint32_t completion_tokens;          /* (both 0 when no node counted tokens) */
     const baton_client_loop_end *loop_ends; /* response: n_loop_ends loops that ended */
     size_t n_loop_ends;
+    baton_client_finish_reason finish_reason; /* response: a stop string or max_tokens
+                                                 ended the text (OK responses only) */
 } baton_client_event;
 
 typedef struct baton_client baton_client;                 /* a connection (opaque) */
@@ -263,6 +277,28 @@ int baton_client_request_set_sampling(baton_client_request *r, const baton_clien
 int baton_client_request_set_max_iters(baton_client_request *r, const char *loop,
                                        uint32_t max_iters);
 
+/* Adds a stop string (copied): the text stream's text ends before the first
+ * stop string found in it, even one that spans several tokens, and the
+ * rest of the request is dropped; the response is OK with finish_reason
+ * BATON_CLIENT_FINISH_STOP.  The daemon takes at most 16, each 1 to 256
+ * bytes of UTF-8.  BATON_CLIENT_EINVAL: NULL or empty. */
+int baton_client_request_add_stop(baton_client_request *r, const char *stop);
+
+/* Caps the text stream at MAX_TOKENS non-empty values (tokens); then the
+ * rest of the request is dropped and the response is OK with finish_reason
+ * BATON_CLIENT_FINISH_LENGTH.  0: no cap (the default). */
+void baton_client_request_set_max_tokens(baton_client_request *r, uint32_t max_tokens);
+
+/* Names the text stream that stop strings and max_tokens apply to (copied;
+ * NULL or "": the graph's only one, an output with to: client, new_token:
+ * true, modality: text). */
+int baton_client_request_set_text_output(baton_client_request *r, const char *name);
+
+/* Marks graph input NAME (copied) as raw text: the model takes it as it
+ * is, without its chat template (a completion rather than a chat turn).
+ * BATON_CLIENT_EINVAL: NULL or empty. */
+int baton_client_request_add_raw_input(baton_client_request *r, const char *name);
+
 /* ---- Talking to the daemon ----------------------------------------------- */
 
 /* Sends R. Several requests may be in flight on one handle; their events
@@ -270,10 +306,19 @@ int baton_client_request_set_max_iters(baton_client_request *r, const char *loop
  * BATON_CLIENT_ECONNECT: no connection within the connect timeout. */
 int baton_client_send(baton_client *c, const baton_client_request *r);
 
-/* Asks the daemon to end the in-flight request REQUEST_ID of this handle.
- * There is no answer of its own: the request's terminal response (CANCELLED
- * unless it had already ended) is. */
+/* Asks the daemon to end the in-flight request REQUEST_ID of this handle
+ * (or, when this handle has none, the one other connection's request of that
+ * id).  The daemon answers with an event of kind CANCEL, which
+ * baton_client_recv returns like any other; the request's own terminal
+ * response (CANCELLED unless it had already ended) follows on its
+ * connection. */
 int baton_client_cancel(baton_client *c, const char *request_id);
+
+/* As baton_client_cancel, then waits up to TIMEOUT_MS (-1: forever) for
+ * the CANCEL event that answers it, returned in *OUT; other events that
+ * arrive meanwhile are kept, in order, for baton_client_recv. */
+int baton_client_cancel_wait(baton_client *c, const char *request_id, int timeout_ms,
+                             baton_client_event **out);
 
 /* Receives the next event: a chunk or response of a request in flight, in
  * the order the daemon sent them. TIMEOUT_MS: -1 waits forever, 0 only

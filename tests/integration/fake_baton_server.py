@@ -7,7 +7,10 @@ daemon: a ROUTER that answers the client protocol with canned behaviour.
 Every ClientMessage received is appended to LOGFILE as one JSON line, so a
 test can check what the client put on the wire. Graphs:
   missing  -> NOT_FOUND
-  slow     -> held until cancelled (CANCELLED) or past timeout_ms (DEADLINE_EXCEEDED)
+  limits   -> OK, finish_reason STOP, the message saying back stop, max_tokens,
+              text_output and raw_inputs
+  slow     -> held until cancelled (CANCELLED) or past timeout_ms (DEADLINE_EXCEEDED);
+              a cancel is answered at once (NOT_FOUND for an id not held)
   garbage  -> a frame that is not a ServerMessage, then nothing
   other    -> echo: with stream, each U8 input is sent as text chunks (one per
               word) and left out of the response; every other input comes back
@@ -104,6 +107,15 @@ def main():
                     r.usage.total_tokens = 10
                     r.loop_ends["decode_loop"] = pb.LOOP_END_MAX_ITERS
                     send(sock, peer, m)
+                elif req.graph == "limits":
+                    # Says back the text limits it got; ends as by a stop string.
+                    m = pb.ServerMessage()
+                    r = m.response
+                    r.request_id = req.request_id
+                    r.status.message = "stop=%r max_tokens=%d text_output=%s raw_inputs=%r" % (
+                        list(req.stop), req.max_tokens, req.text_output, list(req.raw_inputs))
+                    r.finish_reason = pb.FINISH_REASON_STOP
+                    send(sock, peer, m)
                 elif req.graph == "conversation":
                     # Says back what arrived: each turn, then the input.
                     respond(sock, peer, req.request_id, pb.OK,
@@ -111,9 +123,19 @@ def main():
                             "@" + req.messages_input)
                 else:
                     echo(sock, peer, req)
-            elif kind == "cancel" and msg.cancel.request_id in held:
-                peer, _ = held.pop(msg.cancel.request_id)
-                respond(sock, peer, msg.cancel.request_id, pb.CANCELLED, "cancelled by the client")
+            elif kind == "cancel":
+                # Answered at once, as batond does; a held request then ends.
+                rid = msg.cancel.request_id
+                m = pb.ServerMessage()
+                m.cancel.request_id = rid
+                if rid in held:
+                    send(sock, peer, m)
+                    held_peer, _ = held.pop(rid)
+                    respond(sock, held_peer, rid, pb.CANCELLED, "cancelled by the client")
+                else:
+                    m.cancel.status.code = pb.NOT_FOUND
+                    m.cancel.status.message = "no request '%s' is in flight" % rid
+                    send(sock, peer, m)
             elif kind == "health":
                 m = pb.ServerMessage()
                 m.health.live = m.health.ready = True

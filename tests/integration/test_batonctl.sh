@@ -53,6 +53,10 @@ expect_rc 2 "top-p > 1" "$CTL" --endpoint "$nosock" infer g --top-p 2
 expect_rc 2 "request option on health" "$CTL" health --stream
 expect_rc 2 "--timeout-ms not a number" "$CTL" --timeout-ms soon health
 expect_rc 2 "cancel without id" "$CTL" cancel
+expect_rc 2 "--max-tokens 0" "$CTL" --endpoint "$nosock" generate chat hi --max-tokens 0
+expect_rc 2 "--stop empty" "$CTL" --endpoint "$nosock" generate chat hi --stop ""
+expect_out "a stop string cannot be empty" "--stop empty"
+expect_rc 2 "--raw with infer" "$CTL" --endpoint "$nosock" infer g --raw
 expect_rc 3 "no daemon" "$CTL" --endpoint "$nosock" health; expect_out "cannot connect" "no daemon"
 expect_rc 3 "no daemon (env)" env BATON_ENDPOINT="$nosock" "$CTL" stats
 expect_rc 3 "no tcp daemon" "$CTL" --endpoint tcp://127.0.0.1:1 --timeout-ms 300 health
@@ -129,13 +133,21 @@ EOF
   [ "$conv" = "None [('system', 'Be brief.'), ('user', 'Name a colour.')] prompt" ] && ok ||
     bad "generate --system: the request had $conv"
   expect_rc 2 "--system with infer" "$CTL" "${E[@]}" infer g --system x
-  expect_out "--input-name and --system are for generate" "--system is for generate"
+  expect_out "--input-name, --system and --raw are for generate" "--system is for generate"
 
   expect_rc 1 "status not OK" "$CTL" "${E[@]}" infer missing; expect_out "NOT_FOUND: unknown graph 'missing'" "status not OK"
   expect_rc 1 "deadline" "$CTL" "${E[@]}" --timeout-ms 300 infer slow; expect_out "DEADLINE_EXCEEDED" "deadline"
   expect_rc 3 "malformed answer" "$CTL" "${E[@]}" --timeout-ms 1000 infer garbage
   expect_out "malformed message" "malformed answer"
-  expect_rc 0 "cancel" "$CTL" "${E[@]}" cancel some-id
+  # A cancel of an id nothing has in flight: said, and exit 1.
+  expect_rc 1 "cancel unknown" "$CTL" "${E[@]}" cancel some-id
+  expect_out "NOT_FOUND: no request 'some-id' is in flight" "cancel unknown"
+  # Stop strings, max_tokens, the text output and raw text go on the wire.
+  expect_rc 0 "generate --stop" "$CTL" "${E[@]}" generate chat "a b" --stop "User:" \
+    --stop END --max-tokens 7 --text-output text --raw --request-id stop-1
+  limits=$("$PY" -c 'import json,sys; q=json.loads(open(sys.argv[1]).readlines()[-1])["infer"]; print(q["stop"], q["maxTokens"], q["textOutput"], q["rawInputs"])' "$tmp/requests.log")
+  [ "$limits" = "['User:', 'END'] 7 text ['prompt']" ] && ok ||
+    bad "generate --stop/--max-tokens/--text-output/--raw: the request had $limits"
 
   # Ctrl-C during infer cancels the request and waits for its CANCELLED.
   seen=$(grep -c '"graph": *"slow"' "$tmp/requests.log" 2>/dev/null)
@@ -188,6 +200,21 @@ if [ -x "$BUILD/batond" ] && [ -x "$BUILD/baton-worker" ]; then
   expect_rc 0 "daemon: generate --json" "$CTL" "${E[@]}" --json generate say "hé"
   expect_out '"seq":0,"value":{"name":"prompt","dtype":"u8","dims":[3],"modality":"text","text":"hé"}' \
     "daemon: generate --json"
+  # A stop string ends the text before it, and the rest of the request;
+  # max-tokens caps it; both say so.  Streamed (generate) and joined (infer).
+  expect_rc 0 "daemon: generate --stop" "$CTL" "${E[@]}" generate say "Hello, world" --stop ", w"
+  expect_out "Hello" "daemon: generate --stop"; expect_out "text ended by a stop string" "daemon: --stop summary"
+  if grep -q "world" <<<"$out"; then bad "daemon: generate --stop sent the text after the stop"; else ok; fi
+  expect_rc 0 "daemon: infer --stop" "$CTL" "${E[@]}" --json infer say --input prompt=text:"Hello, world" --stop ", w"
+  expect_out '"text":"Hello"' "daemon: infer --stop joins the text up to the stop"
+  expect_out '"finish_reason":"stop"' "daemon: infer --stop finish reason"
+  expect_rc 0 "daemon: generate --max-tokens" "$CTL" "${E[@]}" generate say "Hello, world" --max-tokens 1
+  expect_out "text ended by max-tokens" "daemon: --max-tokens summary"
+  expect_rc 1 "daemon: --stop on a graph without text" "$CTL" "${E[@]}" infer hop --input x=i32:1 --stop x
+  expect_out "INVALID_ARGUMENT: stop and max_tokens apply to a text stream, and graph 'hop' has none" \
+    "daemon: --stop on a graph without text"
+  expect_rc 1 "daemon: cancel unknown" "$CTL" "${E[@]}" cancel nosuch-id
+  expect_out "NOT_FOUND: no request 'nosuch-id' is in flight" "daemon: cancel unknown"
   expect_rc 1 "daemon: unknown graph" "$CTL" "${E[@]}" infer nosuch; expect_out "NOT_FOUND" "daemon: unknown graph"
   expect_rc 1 "daemon: node failure" "$CTL" "${E[@]}" infer broken --input x=i32:1
   expect_out "INTERNAL: node 'boom' failed: injected failure" "daemon: node failure"
@@ -205,6 +232,18 @@ if [ -x "$BUILD/batond" ] && [ -x "$BUILD/baton-worker" ]; then
   wait "$ctl"; rc=$?
   if [ $rc -eq 1 ] && grep -q "CANCELLED" "$tmp/int.out"; then ok
   else bad "batonctl: daemon: Ctrl-C: exit $rc"; cat "$tmp/int.out"; fi
+  # batonctl cancel from another connection ends a request in flight.
+  "$CTL" "${E[@]}" --timeout-ms 30000 infer slow --input x=i32:1 --request-id slow-op >"$tmp/op.out" 2>&1 &
+  ctl=$!
+  for _ in $(seq 1 100); do
+    "$CTL" "${E[@]}" stats 2>/dev/null | grep -q '^baton_inflight_requests [1-9]' && break
+    sleep 0.05
+  done
+  expect_rc 0 "daemon: cancel" "$CTL" "${E[@]}" cancel slow-op
+  expect_out "request slow-op is being cancelled" "daemon: cancel"
+  wait "$ctl"; rc=$?
+  if [ $rc -eq 1 ] && grep -q "CANCELLED" "$tmp/op.out"; then ok
+  else bad "batonctl: daemon: cancelled request: exit $rc"; cat "$tmp/op.out"; fi
   kill -TERM "$daemon" 2>/dev/null; wait "$daemon" 2>/dev/null
   rm -rf "$tmp"
 else

@@ -148,7 +148,8 @@ class Client:
         return m
 
     def request(self, graph, inputs, rid=None, stream=False, timeout_ms=0, max_iters=None,
-                seed=None, messages=None, messages_input=None):
+                seed=None, messages=None, messages_input=None, stop=(), max_tokens=0,
+                text_output="", raw_inputs=()):
         self.n += 1
         rid = rid or "r%d-%d" % (os.getpid(), self.n)
         m = pb.ClientMessage()
@@ -173,6 +174,10 @@ class Client:
             t.content = content
         if messages_input:
             q.messages_input = messages_input
+        q.stop.extend(stop)
+        q.max_tokens = max_tokens
+        q.text_output = text_output
+        q.raw_inputs.extend(raw_inputs)
         self.send(m)
         return rid
 
@@ -303,8 +308,17 @@ def test_cancel(d, c):
     m = pb.ClientMessage()
     m.cancel.request_id = rid
     c.send(m)
+    # The cancel's own answer comes first: it found the request.
+    a = c.recv()
+    assert a is not None and a.HasField("cancel"), a
+    assert a.cancel.request_id == rid and a.cancel.status.code == pb.OK, a.cancel
     _, r = c.wait(rid)
     assert r.status.code == pb.CANCELLED, r.status
+    # Once it has ended, its id is unknown.
+    c.send(m)
+    a = c.recv()
+    assert a is not None and a.HasField("cancel"), a
+    assert a.cancel.status.code == pb.NOT_FOUND and rid in a.cancel.status.message, a.cancel
 
 
 def test_duplicate_id(d, c):
@@ -394,10 +408,14 @@ def test_hostile_inputs(d, c):
     c.sock.send_multipart([b"", X(3)["x"][2]])
     r = c.recv(5)
     assert r is not None and r.response.status.code == pb.INVALID_ARGUMENT
-    # A cancel for an unknown id is ignored: no answer.
+    # A cancel for an unknown id is answered NOT_FOUND, and nothing else.
     m = pb.ClientMessage()
     m.cancel.request_id = "never-seen"
     c.send(m)
+    r = c.recv(5)
+    assert r is not None and r.HasField("cancel"), r
+    assert r.cancel.request_id == "never-seen" and r.cancel.status.code == pb.NOT_FOUND, r
+    assert "no request 'never-seen' is in flight" in r.cancel.status.message, r
     assert c.recv(0.2) is None
     # Still serving.
     _, r = c.infer("echo", X(42))
@@ -1073,6 +1091,125 @@ def test_transformer_serves(config):
         d.stop()
 
 
+def test_chat_text_limits(config):
+    """The default chat graph (config/examples/chat-cpu.yaml) on the real
+    model: the text stream has no empty last chunk; a stop string that spans
+    tokens, or is the very start, ends the text before it and the request
+    OK with finish_reason STOP; max_tokens ends it after that many tokens
+    with LENGTH; the usage counts up to the token that ended it, streamed
+    or not; raw text skips the chat template; bad limits are refused at the
+    door; nothing is left held.  The answer itself is the model's greedy
+    one on this build (a sanitizer build's kernels may round differently),
+    so the limits are checked against what they must make of it."""
+    model = os.path.join(ROOT, "models/smollm2-135m-instruct-q4_1.gguf")
+    if not os.path.exists(model):
+        print("skip test_chat_text_limits: %s is absent (scripts/fetch-model.sh)" % model)
+        return
+    with open(os.path.join(ROOT, "config/examples/chat-cpu.yaml")) as f:
+        text = f.read()
+    text = text.replace("/tmp/baton/", "/tmp/baton-e2e/").replace("127.0.0.1:8000",
+                                                                  "127.0.0.1:19464")
+    text = text.replace("path: models/smollm2-135m-instruct-q4_1.gguf", "path: " + model)
+    d = Daemon(text)
+    c = d.client()
+    q = b"Name the capital of France in one word."
+    prompt = {"prompt": (pb.U8, [len(q)], q)}
+    try:
+        # The greedy answer, whole: its pieces (the end-of-turn token's empty
+        # text is not sent) and its tokens.  The limits below are checked
+        # against what they must make of it, as the conductor defines them.
+        chunks, r = c.infer("chat", prompt, stream=True, timeout=60)
+        assert r.status.code == pb.OK, r.status
+        pieces = [ch.value.data for ch in chunks]
+        assert len(pieces) >= 4 and all(pieces), chunks
+        assert [ch.seq for ch in chunks] == list(range(len(pieces)))
+        assert r.finish_reason == pb.FINISH_REASON_UNSPECIFIED, r.finish_reason
+        ended = dict(r.loop_ends).get("decode_loop")
+        assert r.usage.completion_tokens == len(pieces) + (ended == pb.LOOP_END_FINISH), \
+            (r.usage, r.loop_ends)  # the end of turn counts, though it has no text
+        whole = b"".join(pieces)
+
+        def expect(stop=(), max_tokens=0):
+            """(text, finish, completion tokens) that STOP and MAX_TOKENS make of
+            the answer: the text before the first stop string, or the first
+            MAX_TOKENS pieces."""
+            text = b""
+            for k, piece in enumerate(pieces, 1):
+                text += piece
+                hits = [text.find(x.encode()) for x in stop if x.encode() in text]
+                if hits:
+                    return text[:min(hits)], pb.FINISH_REASON_STOP, k
+                if k == max_tokens:
+                    return text, pb.FINISH_REASON_LENGTH, k
+            return text, pb.FINISH_REASON_UNSPECIFIED, r.usage.completion_tokens
+
+        def run(stream, **kw):
+            chunks, got = c.infer("chat", prompt, stream=stream, timeout=60, **kw)
+            assert got.status.code == pb.OK, got.status
+            assert all(ch.value.data for ch in chunks), chunks
+            assert [ch.seq for ch in chunks] == list(range(len(chunks)))
+            text = b"".join(ch.value.data for ch in chunks) if stream else \
+                {o.name: o for o in got.outputs}["text"].data
+            return text, got.finish_reason, got.usage.completion_tokens
+
+        text = [p.decode() for p in pieces]  # whole characters per piece
+        cases = [
+            # A stop string across three tokens: the end of one, the next
+            # whole, the start of the one after.
+            {"stop": [text[1][-1] + text[2] + text[3][:1], "zqxj never"]},
+            # One that is the very start: no text at all.
+            {"stop": [text[0] + text[1][:1]]},
+            # max_tokens, named output or not.
+            {"max_tokens": 3, "text_output": "text"},
+            {"max_tokens": 1},
+            # The stop string wins in the token that reaches max_tokens.
+            {"stop": [text[3]], "max_tokens": 4},
+        ]
+        for kw in cases:
+            want = expect(kw.get("stop", ()), kw.get("max_tokens", 0))
+            assert want[1] != pb.FINISH_REASON_UNSPECIFIED, (kw, want)
+            for stream in (True, False):
+                got = run(stream, **kw)
+                assert got == want, (kw, stream, got, want, whole)
+        assert expect([text[0] + text[1][:1]])[0] == b""
+        # Raw text: the question without the chat template (and its system
+        # prompt) is a few tokens, and the model goes on from it.
+        _, r = c.infer("chat", prompt, timeout=60, raw_inputs=["prompt"], max_tokens=4)
+        assert r.status.code == pb.OK, r.status
+        assert r.usage.prompt_tokens < 14, r.usage
+        # Refused at the door, each with its field named; the daemon serves on.
+        for kw, what in (({"stop": ["x"] * 17}, "stop has 17 strings"),
+                         ({"stop": [""]}, "stop[0] is 0 bytes"),
+                         ({"stop": ["y" * 257]}, "stop[0] is 257 bytes"),
+                         ({"max_tokens": 2, "text_output": "token"},
+                          "text_output: graph 'chat' has no text stream named 'token'"),
+                         ({"text_output": "text"}, "text_output is 'text' but"),
+                         ({"raw_inputs": ["nope"]}, "raw_inputs[0]: graph 'chat' has no input")):
+            _, r = c.infer("chat", prompt, timeout=30, **kw)
+            assert r.status.code == pb.INVALID_ARGUMENT and what in r.status.message, (kw, r)
+        # A stop string that is not UTF-8 (sent as raw bytes: protobuf's
+        # Python runtime would refuse to encode it).
+        ir = pb.InferRequest(request_id="bad-utf8", graph="chat")
+        ir.inputs.add(name="prompt", dtype=pb.U8, dims=[len(q)], data=q)
+        body = ir.SerializeToString() + b"\x52\x02\xc3\x28"  # field 10 (stop): c3 28
+        assert len(body) < 128
+        c.sock.send(b"\x0a" + bytes([len(body)]) + body)  # ClientMessage.infer
+        _, r = c.wait("bad-utf8")
+        assert r.status.code == pb.INVALID_ARGUMENT and "stop[0] is not valid UTF-8" in \
+            r.status.message, r
+        _, r = c.infer("chat", prompt, timeout=60, max_tokens=1)
+        assert r.status.code == pb.OK and r.outputs[0].data == pieces[0], r
+        # Nothing of the ended requests is left in the conductor.
+        deadline = time.time() + 5
+        while d.metric("baton_tensors_held", "") not in (0, None) and time.time() < deadline:
+            time.sleep(0.1)
+        held = re.search(r"^baton_tensors_held (\d+)$", d.metrics(), re.M)
+        assert held and held.group(1) == "0", d.metrics()
+    finally:
+        c.close()
+        d.stop()
+
+
 def main():
     with open(os.path.join(ROOT, "tests/integration/configs/e2e.yaml")) as f:
         config = f.read()
@@ -1097,7 +1234,7 @@ def main():
     finally:
         d.stop()
     for t in (test_sigterm_drain, test_sd_notify, test_sighup_reload, test_external_worker,
-              test_transformer_serves):
+              test_transformer_serves, test_chat_text_limits):
         if only and t.__name__ not in only:
             continue
         try:

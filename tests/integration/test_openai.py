@@ -224,6 +224,32 @@ try:
     out["unsupported"] = "no error"
 except BadRequestError as e:
     out["unsupported"] = [e.status_code, e.body.get("param") if isinstance(e.body, dict) else None]
+# The legacy completions: raw text in, its continuation out.
+TEXT = "Once upon a time, in a small town by a river,"
+r = c.completions.create(model="smollm2", prompt=TEXT, max_tokens=8, temperature=0)
+out["cmpl"] = [r.object, r.id, r.choices[0].text, r.choices[0].finish_reason,
+               r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.total_tokens]
+pieces, finishes = [], []
+for ch in c.completions.create(model="smollm2", prompt=TEXT, max_tokens=8, temperature=0,
+                               stream=True):
+    if ch.choices:
+        pieces.append(ch.choices[0].text)
+        if ch.choices[0].finish_reason:
+            finishes.append(ch.choices[0].finish_reason)
+out["cmpl_stream"] = ["".join(pieces), finishes]
+stop = r.choices[0].text[3:6] if len(r.choices[0].text) >= 6 else None
+if stop:
+    r2 = c.completions.create(model="smollm2", prompt=TEXT, max_tokens=8, temperature=0,
+                              stop=[stop])
+    out["cmpl_stop"] = [stop, r2.choices[0].text, r2.choices[0].finish_reason]
+for kw in ({"prompt": [1, 2, 3]}, {"prompt": ["a", "b"]}, {"prompt": "x", "echo": True},
+           {"prompt": "x", "logprobs": 2}):
+    try:
+        c.completions.create(model="smollm2", **kw)
+        out.setdefault("cmpl_bad", []).append("no error")
+    except BadRequestError as e:
+        out.setdefault("cmpl_bad", []).append(
+            [e.status_code, e.body.get("param") if isinstance(e.body, dict) else None])
 print(json.dumps(out))
 '''
 
@@ -262,6 +288,23 @@ def test_openai_package(s):
     check(out["missing_model"] == 404, "openai: an unknown model is NotFoundError")
     check(out["unsupported"] == [400, "presence_penalty"],
           "openai: an unsupported field is a 400 naming it")
+    obj, cid, text, fin, pt, ct, tt = out["cmpl"]
+    print("  openai completions: %r" % text)
+    check(obj == "text_completion" and cid.startswith("cmpl-") and text and fin == "length",
+          "openai completions: a text_completion cut at max_tokens (%r)" % out["cmpl"])
+    # The prompt reached the model raw: a dozen tokens, not the chat
+    # template's system turn and markers around them.
+    check(0 < pt < 20 and ct == 8 and tt == pt + ct,
+          "openai completions: usage of the raw prompt and 8 tokens (%r)" % out["cmpl"])
+    check(out["cmpl_stream"] == [text, ["length"]],
+          "openai completions: the stream gives the same text (%r)" % out["cmpl_stream"])
+    if "cmpl_stop" in out:
+        stop, got, fin = out["cmpl_stop"]
+        check(got == text[:text.index(stop)] and fin == "stop",
+              "openai completions: stop (%r)" % out["cmpl_stop"])
+    check(out["cmpl_bad"] == [[400, "prompt"], [400, "prompt"], [400, "echo"], [400, "logprobs"]],
+          "openai completions: token ids, several prompts, echo and logprobs are 400s (%r)"
+          % out["cmpl_bad"])
 
 
 def test_curl_stream(s):
@@ -280,6 +323,54 @@ def test_curl_stream(s):
     check(events[0]["choices"][0]["delta"].get("role") == "assistant" and
           all(e["object"] == "chat.completion.chunk" for e in events),
           "curl -N: the first delta carries the role; every event is a chunk")
+
+
+def test_curl_completions(s):
+    """POST /v1/completions with curl, whole and streamed: OpenAI's shapes,
+    the raw prompt (no chat template), stop and max_tokens."""
+    if not shutil.which("curl"):
+        print("SKIP curl checks: no curl")
+        return
+    body = {"model": "smollm2", "prompt": "The first three letters are A, B,", "max_tokens": 5,
+            "temperature": 0}
+
+    def curl(extra):
+        r = subprocess.run(["curl", "-sN", "--max-time", "120", s.base + "/v1/completions",
+                            "-H", "Content-Type: application/json",
+                            "-d", json.dumps(dict(body, **extra))],
+                           capture_output=True, timeout=150)
+        return r.returncode, r.stdout
+
+    rc, data = curl({})
+    ans = json.loads(data) if rc == 0 else {}
+    ch = ans.get("choices", [{}])[0]
+    check(ans.get("object") == "text_completion" and ans.get("id", "").startswith("cmpl-") and
+          isinstance(ch.get("text"), str) and ch.get("finish_reason") == "length" and
+          ch.get("logprobs", 0) is None and ch.get("index") == 0,
+          "curl completions: a text_completion (%r)" % data[:300])
+    u = ans.get("usage", {})
+    check(0 < u.get("prompt_tokens", 0) < 20 and u.get("completion_tokens") == 5,
+          "curl completions: the raw prompt's tokens, 5 generated (%r)" % u)
+    rc, data = curl({"stream": True, "stream_options": {"include_usage": True}})
+    events, done = sse_events(data)
+    text = "".join(e["choices"][0]["text"] for e in events if e["choices"])
+    check(rc == 0 and done and all(e["object"] == "text_completion" for e in events) and
+          text == ch.get("text") and events[-2]["choices"][0]["finish_reason"] == "length" and
+          events[-1]["choices"] == [] and events[-1]["usage"] == u,
+          "curl completions, streamed: the same text, finish, usage, [DONE] (%r)" % data[-400:])
+    if len(ch.get("text", "")) >= 3:
+        stop = ch["text"][1:3]
+        rc, data = curl({"stop": stop})
+        got = json.loads(data)["choices"][0] if rc == 0 else {}
+        check(got.get("text") == ch["text"][:1] and got.get("finish_reason") == "stop",
+              "curl completions: stop %r (%r)" % (stop, got))
+    # The chat endpoint renders the chat template around the same text:
+    # many more prompt tokens.
+    st, _, data = s.post("/v1/chat/completions", chat_body(body["prompt"], max_tokens=1))
+    chat_prompt = json.loads(data)["usage"]["prompt_tokens"] if st == 200 else 0
+    check(chat_prompt > u.get("prompt_tokens", 0) + 10,
+          "the chat template is applied to chats only (%d vs %r prompt tokens)"
+          % (chat_prompt, u.get("prompt_tokens")))
 
 
 def test_disconnect_cancels(s):
@@ -336,10 +427,21 @@ def test_many_streams(s, n=100):
     check(not bad, "%d concurrent streaming clients each get a whole stream (%s)" % (n, bad[:3]))
 
 
+def wait_idle(s, timeout=20):
+    """Waits until the worker holds no session: the steps a stopped request
+    had run ahead are over (the count comes with the worker's heartbeat)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and s.metric("baton_worker_sessions"):
+        time.sleep(0.2)
+
+
 def test_slow_reader(s):
     """A client that reads a long stream slowly through a small socket
     buffer gets it whole: events larger than what the server may write at a
-    time are split, never dropped."""
+    time are split, never dropped.  Both requests start on an idle worker:
+    a decode step batched with another request's may round differently, and a
+    greedy answer may then part from the solo one after a few dozen tokens."""
+    wait_idle(s)
     c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=300)
     c.connect()
     c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
@@ -358,6 +460,7 @@ def test_slow_reader(s):
     c.close()
     events, done = sse_events(data)
     text = "".join(e["choices"][0]["delta"].get("content", "") for e in events)
+    wait_idle(s)
     whole = json.loads(s.post("/v1/chat/completions", chat_body(
         "Write a long story about a river and a town.", max_tokens=48, temperature=0))[2])
     check(r.status == 200 and done and text == whole["choices"][0]["message"]["content"],
@@ -428,6 +531,25 @@ def test_bad_requests(s):
         check(ok, "bad request, %s: %d (%s)" % (what, st, data[:160]))
     st, _, data = s.post("/v1/models", b"")
     check(st == 405, "POST /v1/models is 405")
+    for body, param, what in (
+            ({"prompt": [1, 2, 3]}, "prompt", "token ids as the prompt"),
+            ({"prompt": ["a", "b"]}, "prompt", "several prompts"),
+            ({"prompt": ""}, "prompt", "an empty prompt"),
+            ({}, "prompt", "no prompt"),
+            ({"prompt": "x", "echo": True}, "echo", "echo"),
+            ({"prompt": "x", "logprobs": 1}, "logprobs", "logprobs"),
+            ({"prompt": "x", "n": 2}, "n", "n = 2"),
+            ({"prompt": "x", "suffix": "y"}, "suffix", "suffix"),
+            ({"messages": [{"role": "user", "content": "x"}]}, "messages", "messages"),
+            ({"prompt": "x", "max_completion_tokens": 3}, "max_completion_tokens",
+             "max_completion_tokens")):
+        st, _, data = s.post("/v1/completions", json.dumps(dict({"model": "smollm2"},
+                                                                 **body)).encode())
+        err = json.loads(data).get("error", {}) if st == 400 else {}
+        check(st == 400 and isinstance(err.get("message"), str) and err.get("param") == param,
+              "bad completion, %s: %d (%s)" % (what, st, data[:160]))
+    st, data = s.get("/v1/completions")
+    check(st == 405, "GET /v1/completions is 405")
     # Content as text parts is the same prompt as the joined string; a
     # developer message is a system message.
     answers = []
@@ -473,8 +595,9 @@ def main():
         return 77
     s = Server()
     try:
-        for t in (test_openai_package, test_curl_stream, test_disconnect_cancels, test_many_streams,
-                  test_slow_reader, test_stop_strings, test_bad_requests):
+        for t in (test_openai_package, test_curl_stream, test_curl_completions,
+                  test_disconnect_cancels, test_many_streams, test_slow_reader, test_stop_strings,
+                  test_bad_requests):
             try:
                 t(s)
             except Exception as e:

@@ -76,13 +76,28 @@ def main():
         # Two in flight: the slow one is cancelled while the echo one completes.
         slow = c.send("slow", {})
         fast = c.send("g", {"prompt": "hi"})
-        c.cancel(slow)
+        a = c.cancel(slow)
+        check(a.found and a.status == "OK" and a.request_id == slow, "cancel answer: %r" % (a,))
         got = {}
         while len(got) < 2:
             ev = c.recv(5000)
             if not ev.is_chunk:
                 got[ev.request_id] = ev.status
         check(got == {slow: "CANCELLED", fast: "OK"}, "cancel with two in flight: %r" % got)
+
+        a = c.cancel("nobody")
+        check(not a.found and a.status == "NOT_FOUND" and "nobody" in a.message,
+              "cancel of an unknown id: %r" % (a,))
+        # Stop strings, max_tokens, the text output and raw inputs on the wire
+        # (the fake server says back what it got), and the finish reason.
+        r = c.infer("limits", {"prompt": "x"}, stop=["\n\nUser:", "END"], max_tokens=5,
+                    text_output="text", raw_inputs=["prompt"])
+        check(r.ok and r.message == "stop=['\\n\\nUser:', 'END'] max_tokens=5 text_output=text "
+              "raw_inputs=['prompt']", "limits on the wire: %r" % r.message)
+        check(r.finish_reason == "stop", "finish_reason: %r" % r.finish_reason)
+        r = c.infer("limits", {"prompt": "x"}, stop="one")
+        check(r.message.startswith("stop=['one'] max_tokens=0"), "one stop string: %r" % r.message)
+        check(c.infer("g", {"prompt": "a"}).finish_reason is None, "no finish reason")
 
         check(raises(bc.Timeout, lambda: c.infer("slow", {}, wait_ms=200)), "timeout")
         check(raises(bc.ProtocolError, lambda: c.infer("garbage", {}, wait_ms=2000)),

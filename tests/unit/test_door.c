@@ -33,7 +33,22 @@ static const char *yaml =
     "            max_iters: 4\n"
     "            body:\n"
     "              node: {name: n1, model: m, inputs: [y], outputs: [{name: y, to: n1}]}\n"
-    "            outputs: [{name: y, to: client}]\n";
+    "            outputs: [{name: y, to: client}]\n"
+    "  - name: t\n"
+    "    inputs: [p]\n"
+    "    body:\n"
+    "      node:\n"
+    "        name: n2\n"
+    "        model: m\n"
+    "        inputs: [p]\n"
+    "        outputs: [{name: text, to: client, new_token: true, modality: text},\n"
+    "                  {name: notes, to: client, new_token: true, modality: text},\n"
+    "                  {name: ids, to: client, new_token: true}, {name: last, to: client}]\n"
+    "  - name: one\n"
+    "    inputs: [p]\n"
+    "    body:\n"
+    "      node: {name: n3, model: m, inputs: [p], outputs: [{name: ids, to: client, new_token: "
+    "true}, {name: text, to: client, new_token: true, modality: text}]}\n";
 
 typedef struct fixture {
     cfg_config *cfg;
@@ -278,6 +293,118 @@ static void test_messages(void **state)
     assert_string_equal(f->why, "messages_input is 'a' but the request has no messages");
 }
 
+/* raw_inputs: inputs of the graph, once each, not the messages'. */
+static void test_raw_inputs(void **state)
+{
+    fixture *f = *state;
+    char *raw[2] = {"b", "a"};
+    f->q.n_raw_inputs = 1;
+    f->q.raw_inputs = raw;
+    assert_int_equal(check(f), BT_CODE_OK);
+    assert_int_equal(f->p.raw[0], 0);
+    assert_int_equal(f->p.raw[1], 1);
+    raw[0] = "zz";
+    assert_int_equal(check(f), BT_CODE_INVALID_ARGUMENT);
+    assert_string_equal(f->why, "raw_inputs[0]: graph 'g' has no input named 'zz'");
+    raw[0] = "a";
+    f->q.n_raw_inputs = 2;
+    assert_int_equal(check(f), BT_CODE_INVALID_ARGUMENT);
+    assert_string_equal(f->why, "raw_inputs[1]: input 'a' is named twice");
+    Baton__V1__ChatMessage m, *mp[1] = {&m};
+    baton__v1__chat_message__init(&m);
+    m.role = "user", m.content = "hi";
+    f->q.n_messages = 1;
+    f->q.messages = mp;
+    f->q.messages_input = "a";
+    f->inputs[0] = &f->tb;
+    f->q.n_inputs = 1;
+    f->q.n_raw_inputs = 1;
+    assert_int_equal(check(f), BT_CODE_INVALID_ARGUMENT);
+    assert_string_equal(f->why, "raw_inputs[0]: input 'a' takes the messages, which are always "
+                                "rendered with the chat template");
+}
+
+/* stop, max_tokens and text_output: how many stop strings, how long, UTF-8,
+ * and a text stream of the graph (named, or the only one). */
+static void test_text_limits(void **state)
+{
+    fixture *f = *state;
+    uint8_t text[2] = {'h', 'i'};
+    int64_t dim = 2;
+    Baton__V1__Tensor tp = BATON__V1__TENSOR__INIT, *tpp[1] = {&tp};
+    tp.name = "p";
+    tp.dtype = BATON__V1__DTYPE__U8;
+    tp.n_dims = 1;
+    tp.dims = &dim;
+    tp.data.data = text;
+    tp.data.len = 2;
+    f->q.graph = "one";
+    f->q.inputs = tpp;
+    f->q.n_inputs = 1;
+    char *stop[TL_MAX_STOP + 1];
+    for (size_t i = 0; i <= TL_MAX_STOP; i++)
+        stop[i] = "\n\n";
+    f->q.stop = stop;
+    f->q.n_stop = 2;
+    assert_int_equal(check(f), BT_CODE_OK);
+    assert_string_equal(f->p.text_output, "text"); /* the only text stream; ids is not text */
+    f->q.n_stop = 0;
+    assert_int_equal(check(f), BT_CODE_OK);
+    assert_null(f->p.text_output); /* nothing asked */
+    f->q.max_tokens = 5;
+    assert_int_equal(check(f), BT_CODE_OK);
+    assert_string_equal(f->p.text_output, "text");
+    f->q.max_tokens = 0;
+    f->q.text_output = "text";
+    assert_int_equal(check(f), BT_CODE_INVALID_ARGUMENT);
+    assert_string_equal(f->why, "text_output is 'text' but the request has neither stop nor "
+                                "max_tokens");
+    f->q.text_output = "";
+    f->q.n_stop = TL_MAX_STOP + 1;
+    assert_int_equal(check(f), BT_CODE_INVALID_ARGUMENT);
+    assert_string_equal(f->why, "stop has 17 strings; at most 16 are allowed");
+    f->q.n_stop = 2;
+    stop[1] = "";
+    assert_int_equal(check(f), BT_CODE_INVALID_ARGUMENT);
+    assert_string_equal(f->why, "stop[1] is 0 bytes; a stop string has 1 to 256");
+    char big[TL_MAX_STOP_BYTES + 2];
+    memset(big, 'x', sizeof(big) - 1);
+    big[sizeof(big) - 1] = 0;
+    stop[1] = big;
+    assert_int_equal(check(f), BT_CODE_INVALID_ARGUMENT);
+    assert_string_equal(f->why, "stop[1] is 257 bytes; a stop string has 1 to 256");
+    stop[1] = "\xc3(";
+    assert_int_equal(check(f), BT_CODE_INVALID_ARGUMENT);
+    assert_string_equal(f->why, "stop[1] is not valid UTF-8");
+    stop[1] = "\xc3\xa9";
+    f->q.text_output = "ids";
+    assert_int_equal(check(f), BT_CODE_INVALID_ARGUMENT);
+    assert_string_equal(f->why, "text_output: graph 'one' has no text stream named 'ids' (an "
+                                "output with to: client, new_token: true, modality: text)");
+    /* Several text streams: name one. */
+    f->q.graph = "t";
+    f->q.text_output = "";
+    assert_int_equal(check(f), BT_CODE_INVALID_ARGUMENT);
+    assert_string_equal(f->why, "graph 't' has several text streams ('text', 'notes'): say "
+                                "which stop and max_tokens apply to (text_output)");
+    char notes[] = "notes"; /* the request's string goes with its frame */
+    f->q.text_output = notes;
+    assert_int_equal(check(f), BT_CODE_OK);
+    assert_string_equal(f->p.text_output, "notes");
+    assert_ptr_not_equal(f->p.text_output, notes);
+    f->q.text_output = "last";
+    assert_int_equal(check(f), BT_CODE_INVALID_ARGUMENT);
+    /* A graph without one. */
+    f->q.graph = "g";
+    f->q.text_output = "";
+    f->q.inputs = f->inputs;
+    f->q.n_inputs = 2;
+    assert_int_equal(check(f), BT_CODE_INVALID_ARGUMENT);
+    assert_string_equal(f->why, "stop and max_tokens apply to a text stream, and graph 'g' has "
+                                "none (an output with to: client, new_token: true, modality: "
+                                "text)");
+}
+
 /* bt_utf8_valid on the edges of RFC 3629. */
 static void test_utf8(void **state)
 {
@@ -305,6 +432,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_tensors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_max_iters, setup, teardown),
         cmocka_unit_test_setup_teardown(test_messages, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_raw_inputs, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_text_limits, setup, teardown),
         cmocka_unit_test(test_utf8),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

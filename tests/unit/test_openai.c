@@ -246,9 +246,75 @@ static void test_answers(void **state)
     json_decref(j), free(r);
 }
 
+/* POST /v1/completions: the prompt (one string), OpenAI's default of 16
+ * tokens, echo and logprobs only off, and chat-only fields refused; the
+ * answers are text_completion objects. */
+static void test_completions(void **state)
+{
+    (void)state;
+    oa_chat c;
+    char err[512], param[64];
+#define CPARSE(b) oa_completion_parse(b, strlen(b), &c, err, sizeof(err), param, sizeof(param))
+    assert_int_equal(CPARSE("{\"model\": \"m\", \"prompt\": \"Once upon\", \"stop\": [\"x\"], "
+                            "\"echo\": false, \"logprobs\": null, \"temperature\": 0}"), 0);
+    assert_string_equal(c.prompt, "Once upon");
+    assert_int_equal(c.n_msgs, 0);
+    assert_int_equal(c.max_tokens, OA_COMPLETION_MAX_TOKENS);
+    assert_int_equal(c.n_stop, 1);
+    oa_chat_free(&c);
+    assert_int_equal(CPARSE("{\"model\": \"m\", \"prompt\": \"a\", \"max_tokens\": 3}"), 0);
+    assert_int_equal(c.max_tokens, 3);
+    oa_chat_free(&c);
+    static const struct {
+        const char *body, *param;
+    } bad[] = {
+        {"{\"model\": \"m\", \"prompt\": [1, 2]}", "prompt"},
+        {"{\"model\": \"m\", \"prompt\": [\"a\", \"b\"]}", "prompt"},
+        {"{\"model\": \"m\", \"prompt\": \"\"}", "prompt"},
+        {"{\"model\": \"m\"}", "prompt"},
+        {"{\"model\": \"m\", \"prompt\": \"a\", \"echo\": true}", "echo"},
+        {"{\"model\": \"m\", \"prompt\": \"a\", \"logprobs\": 0}", "logprobs"},
+        {"{\"model\": \"m\", \"prompt\": \"a\", \"messages\": []}", "messages"},
+        {"{\"model\": \"m\", \"prompt\": \"a\", \"suffix\": \"b\"}", "suffix"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        assert_int_equal(CPARSE(bad[i].body), BT_EINVAL);
+        assert_string_equal(param, bad[i].param);
+    }
+    /* A chat takes no prompt. */
+    assert_int_equal(oa_chat_parse("{\"model\": \"m\", \"prompt\": \"a\"}", 29, &c, err,
+                                   sizeof(err), param, sizeof(param)), BT_EINVAL);
+    assert_string_equal(param, "prompt");
+#undef CPARSE
+    oa_usage u = {3, 2};
+    char *r = oa_completion_response("cmpl-1", 7, "m", "Paris", 5, "length", &u);
+    json_t *j = json_loads(r, 0, NULL);
+    assert_non_null(j);
+    json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
+    assert_string_equal(json_string_value(json_object_get(j, "object")), "text_completion");
+    assert_string_equal(json_string_value(json_object_get(ch, "text")), "Paris");
+    assert_string_equal(json_string_value(json_object_get(ch, "finish_reason")), "length");
+    assert_true(json_is_null(json_object_get(ch, "logprobs")));
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(j, "usage"),
+                                                        "total_tokens")), 5);
+    json_decref(j), free(r);
+    char *ev = oa_completion_event("cmpl-1", 7, "m", "Pa", 2, NULL);
+    j = event_json(ev);
+    ch = json_array_get(json_object_get(j, "choices"), 0);
+    assert_string_equal(json_string_value(json_object_get(j, "object")), "text_completion");
+    assert_string_equal(json_string_value(json_object_get(ch, "text")), "Pa");
+    assert_true(json_is_null(json_object_get(ch, "finish_reason")));
+    json_decref(j), free(ev);
+    ev = oa_completion_usage_event("cmpl-1", 7, "m", &u);
+    j = event_json(ev);
+    assert_int_equal(json_array_size(json_object_get(j, "choices")), 0);
+    json_decref(j), free(ev);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_completions),
         cmocka_unit_test(test_parse_fields),
         cmocka_unit_test(test_parse_refusals),
         cmocka_unit_test(test_utf8_ready),

@@ -556,6 +556,30 @@ static void test_cancel_mid_loop(void **state)
     finish_ok(h);
 }
 
+/* A stop (the client's text is complete) ends the request OK with the
+ * values it has, drops its work like a cancel and holds no tensor. */
+static void test_stop_mid_loop(void **state)
+{
+    (void)state;
+    harness *h = h_create(spec_yaml, 4);
+    h_start(h, 1, false, NULL, 0);
+    h_complete(h, h_find(h, 1, "pre", &I0), false);
+    rt_iter i0 = IT1(0), i1 = IT1(1);
+    h_complete(h, h_find(h, 1, "dec", &i0), false);
+    h_complete(h, h_find(h, 1, "det", &i0), false);
+    h_complete(h, h_find(h, 1, "dec", &i1), false); /* run ahead */
+    assert_int_equal(rt_stop(h->rt, 1), 0);
+    h_pump(h);
+    const h_response *r = h_response_of(h, 1);
+    assert_non_null(r);
+    assert_int_equal(r->code, BT_CODE_OK);
+    assert_string_equal(r->outputs, "text=pre.text,det@0.text");
+    assert_int_equal(rt_tensors_held(h->rt), 0);
+    assert_int_equal(rt_stop(h->rt, 1), BT_ENOENT); /* ended: once only */
+    h->n_inflight = 0;
+    finish_ok(h);
+}
+
 static void test_deadline(void **state)
 {
     (void)state;
@@ -725,6 +749,7 @@ int main(void)
         cmocka_unit_test(test_speculation_rolled_back_by_finish),
         cmocka_unit_test(test_speculation_to_max_iters),
         cmocka_unit_test(test_cancel_mid_loop),
+        cmocka_unit_test(test_stop_mid_loop),
         cmocka_unit_test(test_deadline),
         cmocka_unit_test(test_worker_lost),
         cmocka_unit_test(test_node_failure),
