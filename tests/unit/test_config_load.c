@@ -122,9 +122,9 @@ static void test_chat_example_shape(void **state)
     assert_non_null(o);
     assert_int_equal(o->type, BT_OPT_PATH);
     assert_string_equal(o->v.s, "models/smollm2-135m-instruct-q4_1.gguf");
-    /* Declared defaults are filled in. */
+    /* The file's own options, then declared defaults filled in. */
     assert_int_equal(cfg_model_option(m, "max_seq")->v.i, 2048);
-    assert_string_equal(cfg_model_option(m, "kv_dtype")->v.s, "auto");
+    assert_string_equal(cfg_model_option(m, "kv_dtype")->v.s, "q8_0");
     assert_int_equal(cfg_model_option(m, "prefill_chunk")->v.i, 256);
     assert_true(cfg_model_option(m, "chat_template")->v.b);
     assert_int_equal(cfg_model_option(m, "eos")->v.i, -1);
