@@ -389,7 +389,15 @@ static bool place_input(frontend *f, front_request *r, size_t k, int w,
     Baton__V1__Put put = BATON__V1__PUT__INIT;
     put.request_key = r->key;
     put.put_id = r->key * MAX_GRAPH_INPUTS + k;
-    put.value = (Baton__V1__Tensor *)v;
+    /* The fields the door checked, and nothing else: unknown fields of the
+     * client's tensor stay at the door. */
+    Baton__V1__Tensor value = BATON__V1__TENSOR__INIT;
+    value.name = v->name;
+    value.dtype = v->dtype;
+    value.n_dims = v->n_dims;
+    value.dims = v->dims;
+    value.data = v->data;
+    put.value = &value;
     bool early = f->input_local[r->graph][k];
     if (early) {
         put.tensor_id = (UINT64_C(1) << 63) | ++f->next_put_tensor;
@@ -597,10 +605,10 @@ static void handle_cancel(frame *dr, const Baton__V1__CancelRequest *q)
      * same connection while it is being ended. */
     if (!r || r->phase == PHASE_FLUSHING) {
         bool valid = bt_utf8_valid(rid, strlen(rid));
-        snprintf(msg, sizeof(msg), ambiguous ? "request '%.256s' is in flight on several "
+        snprintf(msg, sizeof(msg), ambiguous ? "request '%.*s' is in flight on several "
                  "connections; cancel it from the one that sent it"
-                 : "no request '%.256s' is in flight (unknown, or already ended)",
-                 valid ? rid : "(not UTF-8)");
+                 : "no request '%.*s' is in flight (unknown, or already ended)",
+                 valid ? bt_utf8_prefix(rid, 256) : 11, valid ? rid : "(not UTF-8)");
         cancel_answer(dr, rid, ambiguous ? BT_CODE_FAILED_PRECONDITION : BT_CODE_NOT_FOUND, msg);
         return;
     }
@@ -632,6 +640,27 @@ static void handle_message(frame *dr, const Baton__V1__ClientMessage *cm)
     }
 }
 
+/* Answers a frame that parsed but failed door_check_wire, in the kind of
+ * answer its message expects, under its request_id unless that is among
+ * the bad strings (or too long to be one). */
+static void refuse_wire(frame *dr, const Baton__V1__ClientMessage *cm, bool id_bad,
+                        const char *why)
+{
+    const char *rid = "";
+    if (cm->msg_case == BATON__V1__CLIENT_MESSAGE__MSG_INFER && cm->infer->request_id)
+        rid = cm->infer->request_id;
+    else if (cm->msg_case == BATON__V1__CLIENT_MESSAGE__MSG_CANCEL && cm->cancel->request_id)
+        rid = cm->cancel->request_id;
+    if (id_bad || strlen(rid) > DOOR_REQUEST_ID_MAX)
+        rid = "";
+    if (cm->msg_case == BATON__V1__CLIENT_MESSAGE__MSG_CANCEL) {
+        cancel_answer(dr, rid, BT_CODE_INVALID_ARGUMENT, why);
+        return;
+    }
+    dr->rid = rid;
+    REFUSE(dr, BT_CODE_INVALID_ARGUMENT, "%s", why);
+}
+
 /* Checks the size of one frame, parses it and handles it. */
 static void handle_frame(frontend *f, zmq_msg_t *ident, zmq_msg_t *part, int frames)
 {
@@ -648,9 +677,13 @@ static void handle_frame(frontend *f, zmq_msg_t *ident, zmq_msg_t *part, int fra
         return;
     }
     Baton__V1__ClientMessage *cm = baton__v1__client_message__unpack(NULL, n, zmq_msg_data(part));
+    char why[384];
+    bool id_bad = false;
     if (!cm)
         REFUSE(&dr, BT_CODE_INVALID_ARGUMENT,
                "the frame does not parse as a ClientMessage (%zu bytes)", n);
+    else if (door_check_wire(zmq_msg_data(part), n, &id_bad, why, sizeof(why)) != BT_CODE_OK)
+        refuse_wire(&dr, cm, id_bad, why);
     else
         handle_message(&dr, cm);
     baton__v1__client_message__free_unpacked(cm, NULL);

@@ -2,7 +2,9 @@
  * in flight and their deadlines.
  *
  * Every frame on the client ROUTER is checked at the door in a fixed order
- * (size, parse, then daemon/door.h's: request_id, graph, messages, inputs,
+ * (size, parse, the wire check of daemon/door.h: no field numbered 0, no
+ * string with a NUL byte or invalid UTF-8; then door.h's request checks:
+ * request_id, graph, messages, inputs,
  * max_iters, raw_inputs, text limits; then an id already in flight on the
  * connection; draining or not ready; max_inflight), and the first failing
  * check answers at once.  An accepted request first places its inputs (one

@@ -8,6 +8,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/utf8.h"
 #include "common/vec.h"
 #include "daemon/outbound.h"
 
@@ -104,6 +105,11 @@ void out_reject(outbound *o, const uint8_t *identity, size_t identity_len,
     va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
+    /* A long name cut by this buffer (or by the caller's) must not leave
+     * half a character: the client's protobuf runtime would refuse the
+     * whole reply. */
+    size_t n = strlen(msg);
+    msg[bt_utf8_cut(msg, n)] = '\0';
     Baton__V1__Status st = BATON__V1__STATUS__INIT;
     st.code = (Baton__V1__Code)code;
     st.message = msg;

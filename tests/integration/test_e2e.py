@@ -386,7 +386,7 @@ def bad_cases():
         ("max_iters zero", req(graph="count", max_iters={"count_loop": 0}), INV),
         ("oversized frame", b"\x0a" + b"\x00" * (1 << 20), pb.RESOURCE_EXHAUSTED),
         ("unicode graph name", req(graph="\u00e9cho"), NF),
-        ("nul in request_id", req(rid="a\x00b"), None),
+        ("nul in request_id", req(rid="a\x00b"), INV),
         ("huge dims count", req(inputs=[("x", I32, [1] * 64, i32(1))]), INV),
         ("input with empty name", req(inputs=[("", I32, [1], i32(1))]), INV),
         ("bool with wrong size", req(inputs=[("x", pb.BOOL, [3], b"\x01")]), INV),
@@ -421,6 +421,85 @@ def test_hostile_inputs(d, c):
     _, r = c.infer("echo", X(42))
     assert r.status.code == pb.OK and as_i32(r.outputs[0]) == [42]
     assert c.health().ready
+
+
+def varint(n):
+    out = b""
+    while True:
+        b = n & 0x7f
+        n >>= 7
+        if n:
+            out += bytes([b | 0x80])
+        else:
+            return out + bytes([b])
+
+
+def ld(number, data):
+    """A length-delimited field."""
+    return varint(number << 3 | 2) + varint(len(data)) + data
+
+
+def infer_frame(rid=b"w1", graph=b"echo", name=b"x", tensor_extra=b"", extra=b""):
+    """An InferRequest frame with raw bytes where protobuf's Python runtime
+    would refuse to write them."""
+    t = ld(1, name) + b"\x10" + bytes([I32]) + ld(3, b"\x01") + ld(4, i32(5)) + tensor_extra
+    q = ld(1, rid) + ld(2, graph) + ld(3, t) + extra
+    return ld(1, q)
+
+
+def test_strict_door(d, c):
+    """What protobuf-c lets through is refused at the door, with a reply the
+    client's own protobuf runtime can read (recv parses every reply)."""
+    def ask(frame):
+        c.sock.send(frame)
+        r = c.recv(5)
+        assert r is not None and r.HasField("response"), frame
+        return r.response
+    # A field numbered 0 (the overlong varint 80 00) in a tensor: refused
+    # at the door, not passed on to a worker that cannot parse it.
+    r = ask(infer_frame(rid=b"w-tag0", tensor_extra=b"\x80\x00\x00"))
+    assert r.request_id == "w-tag0" and r.status.code == pb.INVALID_ARGUMENT, r
+    assert "numbered 0" in r.status.message and "infer.inputs[0]" in r.status.message, r
+    # Another unknown field is dropped at the door: the request runs.
+    r = ask(infer_frame(rid=b"w-unknown", tensor_extra=b"\x98\x06\x07"))
+    assert r.request_id == "w-unknown" and r.status.code == pb.OK, r
+    assert as_i32(r.outputs[0]) == [5], r
+    # Invalid UTF-8 anywhere: refused, and never echoed.
+    for rid, graph, name, where, code_rid in (
+            (b"w-g", b"ech\xc3", b"x", "infer.graph is not valid UTF-8", "w-g"),
+            (b"w-n", b"echo", b"x\xff", "infer.inputs[0].name is not valid UTF-8", "w-n"),
+            (b"w\xed\xa0\x80", b"echo", b"x", "infer.request_id is not valid UTF-8", "")):
+        r = ask(infer_frame(rid=rid, graph=graph, name=name))
+        assert r.status.code == pb.INVALID_ARGUMENT and r.status.message == where, r
+        assert r.request_id == code_rid, r
+    r = ask(infer_frame(rid=b"w-stop", extra=ld(10, b"\xc3\x28")))
+    assert r.status.code == pb.INVALID_ARGUMENT and "infer.stop[0]" in r.status.message, r
+    # Ids with a NUL: two different ids, both refused, neither cut to "a".
+    for rid in (b"a\x00b", b"a\x00c"):
+        r = ask(infer_frame(rid=rid))
+        assert r.status.code == pb.INVALID_ARGUMENT, r
+        assert r.status.message == "infer.request_id holds a NUL byte", r
+        assert r.request_id == "", r
+    r = ask(infer_frame(rid=b"w-nul-input", name=b"x\x00y"))
+    assert r.status.code == pb.INVALID_ARGUMENT and r.request_id == "w-nul-input", r
+    # A cancel whose id holds a NUL gets a CancelResponse that says so.
+    c.sock.send(ld(2, ld(1, b"a\x00b")))
+    r = c.recv(5)
+    assert r is not None and r.HasField("cancel"), r
+    assert r.cancel.status.code == pb.INVALID_ARGUMENT and r.cancel.request_id == "", r
+    # A long name of two-byte characters, cut by the message buffer, is cut
+    # between characters.
+    for pad in ("", "a"):
+        r = ask(infer_frame(rid=b"w-long", graph=(pad + "\u00e9" * 400).encode()))
+        assert r.status.code == pb.NOT_FOUND and r.status.message.startswith("no graph named"), r
+    m = pb.ClientMessage()
+    m.cancel.request_id = "b" + "\u00e9" * 200
+    c.send(m)
+    r = c.recv(5)
+    assert r is not None and r.cancel.status.code == pb.NOT_FOUND, r
+    # Still serving.
+    _, r = c.infer("echo", X(42))
+    assert r.status.code == pb.OK and as_i32(r.outputs[0]) == [42]
 
 
 def test_stats_and_metrics(d, c):
@@ -708,7 +787,7 @@ def test_metrics_text_is_valid(d, c):
 TESTS = [test_echo, test_hop_across_workers, test_large_tensor_fetched, test_fanin_two_workers,
          test_loop_streams_tokens, test_loop_without_stream_joins, test_request_max_iters,
          test_stream_into_consumer, test_nested_loops, test_node_failure, test_deadline,
-         test_cancel, test_duplicate_id, test_hostile_inputs, test_admission,
+         test_cancel, test_duplicate_id, test_hostile_inputs, test_strict_door, test_admission,
          test_stats_and_metrics, test_metrics_listener_cannot_stall, test_http_health,
          test_terminal_ctrl_c_drains, test_second_batond_refused, test_seed_drawn_and_reported,
          test_metrics_text_is_valid, test_load_many_sockets,
