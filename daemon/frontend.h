@@ -34,6 +34,12 @@ typedef struct front_limits {
     uint32_t max_inflight;        /* requests accepted at once */
     uint32_t request_timeout_ms;  /* deadline of a request that names none */
     uint64_t max_message_bytes;   /* larger frames are refused */
+    uint32_t max_request_timeout_ms; /* a request's timeout_ms is clamped to it */
+    uint32_t client_max_inflight; /* requests one connection may have accepted at once */
+    uint64_t client_max_reply_bytes; /* unread replies past which a connection's new
+                                   * requests are refused (twice this: it is dropped) */
+    uint32_t client_stall_timeout_ms; /* a connection whose held replies make no progress
+                                   * this long is dropped, its requests cancelled */
 } front_limits;
 
 /* Whether new requests are let in. */
