@@ -159,8 +159,12 @@ PY_PB2 := $(BUILD)/gen/python/baton_pb2.py
 
 UNIT_SRCS := $(wildcard tests/unit/test_*.c)
 UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
-UNIT_HELPERS := $(filter-out tests/unit/test_%.c,$(wildcard tests/unit/*.c))
+UNIT_HELPERS := $(filter-out tests/unit/test_%.c tests/unit/failalloc.c,$(wildcard tests/unit/*.c))
 UNIT_HELPER_OBJS := $(UNIT_HELPERS:%.c=$(BUILD)/obj/%.o)
+# Unit tests that fail allocations on demand (tests/unit/failalloc.h): the
+# linker routes the allocation calls of the baton code through its wrappers.
+FAILALLOC_TESTS := $(BUILD)/tests/test_alloc_fail
+FAILALLOC_WRAP := $(foreach f,malloc calloc realloc strdup strndup aligned_alloc posix_memalign free,-Wl,--wrap=$(f))
 
 .SECONDARY:
 .PHONY: all test asan-test run install clean deps model unit integration check-includes
@@ -282,6 +286,9 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(UNIT_HELPER_OBJS) $(ALL_LIBS) | 
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(NCCL_LIBS) $(OPENBLAS_LIBS) -ldl $(CMOCKA_LIBS)
+
+$(FAILALLOC_TESTS): $(BUILD)/obj/tests/unit/failalloc.o
+$(FAILALLOC_TESTS): private LDFLAGS += $(FAILALLOC_WRAP)
 
 unit: $(UNIT_BINS)
 	@BUILD=$(BUILD) bash tests/run-unit.sh $(UNIT_BINS)

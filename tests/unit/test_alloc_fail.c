@@ -1,0 +1,153 @@
+/* Allocation failures along a request's path: each test drives one piece
+ * of it with the Nth allocation failing, for every N until a run needs no
+ * more allocations than it made, and checks that the piece fails cleanly
+ * (an error, no crash; the ASan build also checks that nothing leaks).
+ * The allocator is tests/unit/failalloc.h. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "proto/baton.pb-c.h"
+#include "tests/unit/failalloc.h"
+#include "worker/worker_internal.h"
+
+/* Each test runs its piece with the Nth allocation failing for N = 1, 2,
+ * ... and stops after the first run in which no allocation failed, that
+ * is the run that made fewer than N allocations. */
+
+/* --- worker: run-ahead chains -------------------------------------------- */
+
+/* A worker with nothing but the state the chain code touches. */
+typedef struct chain_fixture {
+    wk_worker w;
+    wk_model model;
+    wk_request *req;
+    wk_dispatch *disp;
+    wk_chain *chain;
+} chain_fixture;
+
+static wk_dispatch *make_dispatch(uint32_t upto)
+{
+    uint32_t iter[1] = {3};
+    Baton__V1__Dispatch d = BATON__V1__DISPATCH__INIT;
+    d.request_key = 7;
+    d.request_id = "r7";
+    d.node_name = "step";
+    d.model = "m";
+    d.mode = "decode";
+    d.n_iteration = 1;
+    d.iteration = iter;
+    d.speculate_upto = upto;
+    d.dispatch_id = 11;
+    Baton__V1__ConductorMessage m = BATON__V1__CONDUCTOR_MESSAGE__INIT;
+    m.msg_case = BATON__V1__CONDUCTOR_MESSAGE__MSG_DISPATCH;
+    m.dispatch = &d;
+    size_t n = baton__v1__conductor_message__get_packed_size(&m);
+    uint8_t *buf = malloc(n);
+    assert_non_null(buf);
+    baton__v1__conductor_message__pack(&m, buf);
+    wk_dispatch *disp = calloc(1, sizeof(*disp));
+    assert_non_null(disp);
+    disp->msg = baton__v1__conductor_message__unpack(NULL, n, buf);
+    assert_non_null(disp->msg);
+    free(buf);
+    disp->d = disp->msg->dispatch;
+    disp->refs = 1;
+    return disp;
+}
+
+static void chain_setup(chain_fixture *f)
+{
+    memset(f, 0, sizeof(*f));
+    pthread_mutex_init(&f->w.lock, NULL);
+    pthread_cond_init(&f->w.work, NULL);
+    u64map_init(&f->w.requests);
+    f->model.name = "m";
+    f->w.models = &f->model;
+    f->req = wk_request_get(&f->w, 7, true);
+    assert_non_null(f->req);
+    f->disp = make_dispatch(3);
+    f->chain = wk_chain_open(&f->w, f->req, f->disp);
+    assert_non_null(f->chain);
+    /* The dispatch is the chain's now. */
+    wk_dispatch_unref(f->disp);
+    /* Iteration 3 completed; the window reaches 3, so nothing runs ahead
+     * until an Extend widens it. */
+    f->chain->have_last = true;
+    f->chain->last = 3;
+}
+
+/* Takes down whatever the run left: queued items, chains, the request. */
+static void chain_teardown(chain_fixture *f)
+{
+    wk_request *req = wk_request_get(&f->w, 7, false);
+    if (req) {
+        for (wk_item *it = req->items, *nx; it; it = nx) {
+            nx = it->req_next;
+            wk_executor_dequeue(&f->w, it);
+            if (it->chain)
+                it->chain->pending = false;
+            wk_item_destroy(&f->w, it);
+        }
+        wk_chain_close_all(&f->w, req);
+        wk_request_gc(&f->w, req);
+    }
+    assert_null(wk_request_get(&f->w, 7, false));
+    for (wk_queue *q = f->model.queues, *nx; q; q = nx) {
+        nx = q->next;
+        free(q->mode);
+        free(q);
+    }
+    u64map_free(&f->w.requests);
+    pthread_cond_destroy(&f->w.work);
+    pthread_mutex_destroy(&f->w.lock);
+}
+
+/* An Extend whose run-ahead item cannot be allocated stops the chain (the
+ * conductor dispatches the iteration itself) and must not touch the chain
+ * it just freed; one that can be allocated queues iteration 4. */
+static void test_chain_extend(void **state)
+{
+    (void)state;
+    Baton__V1__Extend e = BATON__V1__EXTEND__INIT;
+    e.request_key = 7;
+    e.node = 0;
+    e.graph = 0;
+    e.upto = 5;
+    e.dispatch_id = 11;
+    long n = 0;
+    for (bool failed = true; failed;) {
+        chain_fixture f;
+        chain_setup(&f);
+        fa_fail_nth(++n);
+        wk_chain_extend(&f.w, &e);
+        failed = fa_failed();
+        fa_off();
+        if (failed) {
+            /* Nothing queued, and the chain is gone. */
+            assert_int_equal(f.w.n_queued, 0);
+            assert_null(f.req->chains);
+        } else {
+            assert_int_equal(f.w.n_queued, 1);
+            assert_non_null(f.req->items);
+            assert_int_equal(f.req->items->iter[0], 4);
+        }
+        chain_teardown(&f);
+    }
+    /* The item, its queue and the queue's mode at least. */
+    assert_true(n > 3);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_chain_extend),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
