@@ -440,6 +440,21 @@ static bool ipc_in_use(const char *endpoint)
     return used;
 }
 
+/* Sets one option of the socket for ENDPOINT.  Each option is part of the
+ * daemon's promises (no dropped reply, a worker's reconnect taken over, a
+ * bound frame size), so a socket without one must not serve: the error
+ * names the option and the endpoint. */
+static int set_sockopt(void *sock, const char *endpoint, int option, const char *name,
+                       const void *value, size_t len)
+{
+    if (zmq_setsockopt(sock, option, value, len) == 0)
+        return 0;
+    bt_error("cannot set %s on the socket of %s: %s", name, endpoint, zmq_strerror(errno));
+    return BT_EIO;
+}
+#define SET_SOCKOPT(sock, endpoint, option, value)                                             \
+    set_sockopt(sock, endpoint, option, #option, &(value), sizeof(value))
+
 static int bind_router(conductor *c, void **sock, const char *endpoint, bool mandatory)
 {
     if (ipc_in_use(endpoint)) {
@@ -453,16 +468,16 @@ static int bind_router(conductor *c, void **sock, const char *endpoint, bool man
     int zero = 0, one = 1;
     /* No high-water mark: a dropped reply would break "one terminal
      * response per request"; memory is bounded by max_inflight instead. */
-    zmq_setsockopt(*sock, ZMQ_SNDHWM, &zero, sizeof(zero));
-    zmq_setsockopt(*sock, ZMQ_RCVHWM, &zero, sizeof(zero));
-    zmq_setsockopt(*sock, ZMQ_LINGER, &zero, sizeof(zero));
-    if (mandatory) {
-        zmq_setsockopt(*sock, ZMQ_ROUTER_MANDATORY, &one, sizeof(one));
-        /* A restarted worker reconnects under its old routing id, possibly
-         * before the dead connection is noticed: let the new one take over
-         * rather than be refused. */
-        zmq_setsockopt(*sock, ZMQ_ROUTER_HANDOVER, &one, sizeof(one));
-    }
+    if (SET_SOCKOPT(*sock, endpoint, ZMQ_SNDHWM, zero) < 0 ||
+        SET_SOCKOPT(*sock, endpoint, ZMQ_RCVHWM, zero) < 0 ||
+        SET_SOCKOPT(*sock, endpoint, ZMQ_LINGER, zero) < 0)
+        return BT_EIO;
+    /* A restarted worker reconnects under its old routing id, possibly
+     * before the dead connection is noticed: HANDOVER lets the new one take
+     * over rather than be refused. */
+    if (mandatory && (SET_SOCKOPT(*sock, endpoint, ZMQ_ROUTER_MANDATORY, one) < 0 ||
+                      SET_SOCKOPT(*sock, endpoint, ZMQ_ROUTER_HANDOVER, one) < 0))
+        return BT_EIO;
     ensure_ipc_dir(endpoint);
     if (zmq_bind(*sock, endpoint) < 0) {
         bt_error("cannot bind %s: %s", endpoint, zmq_strerror(errno));
@@ -487,8 +502,7 @@ static int bind_sockets(conductor *c)
      * at the door replies RESOURCE_EXHAUSTED); beyond it ZeroMQ drops the
      * connection rather than let one frame take the conductor's memory. */
     int64_t hard = (int64_t)c->cfg->daemon.max_message_bytes * 2 + 65536;
-    zmq_setsockopt(c->front_sock, ZMQ_MAXMSGSIZE, &hard, sizeof(hard));
-    return 0;
+    return SET_SOCKOPT(c->front_sock, c->cfg->daemon.listen, ZMQ_MAXMSGSIZE, hard);
 }
 
 /* Creates the modules bottom-up and connects their hooks to this file. */
