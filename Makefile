@@ -295,7 +295,15 @@ $(BUILD)/tests/test_conductor_sockopt: private LDFLAGS += -Wl,--wrap=zmq_setsock
 unit: $(UNIT_BINS)
 	@BUILD=$(BUILD) bash tests/run-unit.sh $(UNIT_BINS)
 
-integration: $(PROGRAMS)
+# batond with a zmq_poll that fails on demand (tests/integration/pollfail.c),
+# for tests/integration/test_loop_failure.sh; never installed.
+POLLFAIL_BATOND := $(BUILD)/tests/batond-pollfail
+$(POLLFAIL_BATOND): $(BUILD)/obj/daemon/main_batond.o $(BUILD)/obj/tests/integration/pollfail.o $(BATOND_LIBS)
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(LDFLAGS) -Wl,--wrap=zmq_poll -o $@ $^ $(LDLIBS) $(JEMALLOC_LIBS)
+
+integration: $(PROGRAMS) $(POLLFAIL_BATOND)
 	@BUILD=$(BUILD) bash tests/integration/run.sh
 
 # The tests of the transformer backend run the default model against an

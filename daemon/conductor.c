@@ -608,7 +608,15 @@ int conductor_run(conductor *c)
             c->cfg->daemon.workers_endpoint);
     sup_start(c->sup);
     bool notified = false;
-    while (!c->done && evloop_run_once(c->loop, 1000) >= 0) {
+    while (!c->done) {
+        int rc = evloop_run_once(c->loop, 1000);
+        if (rc < 0) {
+            /* A loop that cannot poll serves nobody: the error must reach
+             * the exit status, so that systemd (Restart=on-failure) or
+             * whatever runs batond starts it again. */
+            bt_error("the event loop failed (%s): stopping", zmq_strerror(errno));
+            return rc;
+        }
         if (c->ready && !notified) {
             sd_notify(0, "READY=1\nSTATUS=serving");
             notified = true;

@@ -75,6 +75,9 @@ if nm "$BUILD/baton-worker" | grep -q ' baton_client_'; then bad "baton-worker l
 # End to end: real batond and baton-worker processes over real sockets.
 if BUILD="$BUILD" /usr/bin/python3 tests/integration/test_e2e.py; then ok; else bad "test_e2e.py (see above)"; fi
 
+# A failed event loop makes batond exit non-zero.
+if BUILD="$BUILD" bash tests/integration/test_loop_failure.sh; then ok; else bad "test_loop_failure.sh (see above)"; fi
+
 # The OpenAI-compatible HTTP API with the default model, through the openai
 # package, curl and raw sockets; exit 77 when the model is absent.
 BUILD="$BUILD" /usr/bin/python3 tests/integration/test_openai.py; rc=$?
