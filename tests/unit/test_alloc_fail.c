@@ -3,6 +3,7 @@
  * more allocations than it made, and checks that the piece fails cleanly
  * (an error, no crash; the ASan build also checks that nothing leaks).
  * The allocator is tests/unit/failalloc.h. */
+#include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,6 +14,11 @@
 
 #include <cmocka.h>
 
+#include "common/status.h"
+#include "kernels/exec.h"
+#include "kernels/graph.h"
+#include "kernels/kernels.h"
+#include "kernels/optable.h"
 #include "proto/baton.pb-c.h"
 #include "tests/unit/failalloc.h"
 #include "worker/worker_internal.h"
@@ -144,10 +150,108 @@ static void test_chain_extend(void **state)
     assert_true(n > 3);
 }
 
+/* --- kernels: the CPU kernels that allocate scratch ----------------------- */
+
+/* Each kernel that needs memory for its scratch returns -ENOMEM without it
+ * (it used to abort the worker) and 0 with it. */
+static void test_kernels_out_of_memory(void **state)
+{
+    (void)state;
+    enum { V = 200, HD = 2048, NH = 1, NKV = 1, AHD = 8, CAP = 1100 };
+    float *logits = calloc(V, sizeof(float));
+    float *x = calloc(HD, sizeof(float));
+    float *q = calloc(AHD, sizeof(float)), *k = calloc(AHD, sizeof(float));
+    float *v = calloc(AHD, sizeof(float)), *o = calloc(AHD, sizeof(float));
+    float *kc = calloc((size_t)CAP * AHD, sizeof(float));
+    float *vc = calloc((size_t)CAP * AHD, sizeof(float));
+    assert_true(logits && x && q && k && v && o && kc && vc);
+    for (int i = 0; i < V; i++)
+        logits[i] = (float)(i % 17);
+    int32_t pos = 5, lens = CAP - 2, tok = -1;
+    for (int kernel = 0; kernel < 4; kernel++) {
+        long n = 0;
+        for (bool failed = true; failed;) {
+            fa_fail_nth(++n);
+            int rc = 0;
+            switch (kernel) {
+            case 0: /* a top_k over 64 sorts all candidates */
+                rc = k_sample(&tok, logits, 1, V, 1.0f, 100, 0.9f, 1, 2);
+                break;
+            case 1: /* a head of over 1024 dims */
+                rc = k_rope(x, &pos, 1, 1, HD, 10000.0f, K_ROPE_NORMAL);
+                break;
+            case 2: /* a context of over 1024 positions */
+                rc = k_attn_prefill(o, q, k, v, kc, vc, CAP, CAP - 2, 1, NH, NKV, AHD);
+                break;
+            case 3:
+                rc = k_attn_decode(o, q, k, v, &kc, &vc, CAP, &lens, 1, NH, NKV, AHD);
+                break;
+            }
+            failed = fa_failed();
+            fa_off();
+            assert_int_equal(rc, failed ? -ENOMEM : 0);
+        }
+    }
+    assert_true(tok >= 0 && tok < V);
+    free(logits), free(x), free(q), free(k), free(v), free(o), free(kc), free(vc);
+}
+
+/* The sampling op of an executable graph: with any of its allocations
+ * failing, the run fails with BT_EOP and the op's status -ENOMEM. */
+static void test_optable_sample_out_of_memory(void **state)
+{
+    (void)state;
+    enum { R = 2, V = 200 };
+    kg_graph *g = kg_create();
+    assert_non_null(g);
+    int64_t l_s[2] = {R, V}, p_s[2] = {R, 3}, r_s[2] = {R, 2}, o_s[1] = {R};
+    int lg = kg_value_add(g, "logits", KG_INPUT, KD_F32, 2, l_s);
+    int pr = kg_value_add(g, "params", KG_INPUT, KD_F32, 2, p_s);
+    int rn = kg_value_add(g, "rng", KG_INPUT, KD_I64, 2, r_s);
+    int out = kg_value_add(g, "token", KG_OUTPUT, KD_I32, 1, o_s);
+    int in[3] = {lg, pr, rn};
+    assert_true(kg_op_add(g, KOP_SAMPLE, in, 3, &out, 1, NULL, 0, -1, -1) >= 0);
+    char err[256];
+    assert_int_equal(kt_cpu_check(g, err, sizeof(err)), 0);
+    kx_op_table t;
+    kt_cpu_ops(&t);
+    kx_options opts = {.n_compute = 1};
+    kx_exec *x = NULL;
+    assert_int_equal(kx_compile(g, &t, &opts, &x), 0);
+    kg_destroy(g);
+    float logits[R * V], params[3 * R] = {1.0f, 100, 0.9f, 0.7f, 0, 1.0f};
+    int64_t rng[2 * R] = {1, 2, 3, 4};
+    for (int i = 0; i < R * V; i++)
+        logits[i] = (float)(i % 13);
+    assert_int_equal(kx_input_bind(x, 0, logits, sizeof(logits)), 0);
+    assert_int_equal(kx_input_bind(x, 1, params, sizeof(params)), 0);
+    assert_int_equal(kx_input_bind(x, 2, rng, sizeof(rng)), 0);
+    long n = 0;
+    for (bool failed = true; failed;) {
+        fa_fail_nth(++n);
+        int rc = kx_run(x);
+        failed = fa_failed();
+        fa_off();
+        if (!failed) {
+            assert_int_equal(rc, 0);
+            break;
+        }
+        assert_int_equal(rc, BT_EOP);
+        int st = 0;
+        assert_int_equal(kx_op_error(x, &st), 0);
+        assert_int_equal(st, -ENOMEM);
+    }
+    /* The executable still runs after the failures. */
+    assert_int_equal(kx_run(x), 0);
+    kx_destroy(x);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chain_extend),
+        cmocka_unit_test(test_kernels_out_of_memory),
+        cmocka_unit_test(test_optable_sample_out_of_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
