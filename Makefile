@@ -313,18 +313,25 @@ integration: $(PROGRAMS) $(POLLFAIL_BATOND)
 model:
 	@bash scripts/fetch-model.sh || echo "warning: the default model could not be fetched; the tests that need it will skip" >&2
 
+# Each suite's runner appends its pass/fail/skip counts to TEST_COUNTS;
+# tests/summary.sh prints the totals at the end, also after a failure.
+TEST_COUNTS_FILE = $(abspath $(BUILD))/test-counts
 test: deps model
 	@$(MAKE) --no-print-directory all $(UNIT_BINS)
-	@$(MAKE) --no-print-directory unit integration emu-test
+	@rm -f $(TEST_COUNTS_FILE); \
+	TEST_COUNTS=$(TEST_COUNTS_FILE) $(MAKE) --no-print-directory unit integration emu-test; rc=$$?; \
+	bash tests/summary.sh $(TEST_COUNTS_FILE); exit $$rc
 
 # Under ASan the emulated checks run once (one seed), and of the
 # transformer's tests on cuda:0 only the load, and of the GPU worker tests
 # all but the chat graph: they are slow there.
 asan-test: deps model
-	@$(MAKE) --no-print-directory BUILD=build/asan SAN=1 all unit integration
-	@CUDAEMU_SEEDS=1 CUDAEMU_TF_TESTS=test_describe \
+	@rm -f build/asan/test-counts; mkdir -p build/asan; \
+	TEST_COUNTS=$(abspath build/asan)/test-counts $(MAKE) --no-print-directory BUILD=build/asan SAN=1 all unit integration && \
+	TEST_COUNTS=$(abspath build/asan)/test-counts CUDAEMU_SEEDS=1 CUDAEMU_TF_TESTS=test_describe \
 	  CUDAEMU_GPU_WORKER_TESTS="test_ipc_in_place test_across_gpus test_mixed_cpu_gpu test_loop_and_streams test_loop_reads_staged_once test_gpu_worker_killed test_check_config test_device_lost test_tp_group" \
-	  $(MAKE) --no-print-directory SAN=1 emu-test
+	  $(MAKE) --no-print-directory SAN=1 emu-test; rc=$$?; \
+	bash tests/summary.sh build/asan/test-counts; exit $$rc
 
 run: deps all
 	@bash scripts/run.sh $(BATOND)

@@ -24,6 +24,8 @@
 
 #include <cmocka.h>
 
+#include "tests/unit/skip.h"
+
 #include "backends/transformer/transformer.h"
 #ifdef BATON_CUDA
 #include "kernels/kernels.h"
@@ -208,7 +210,7 @@ static bool have_model(void)
 {
     if (access(MODEL, R_OK) == 0)
         return true;
-    print_message("skipped: %s is absent (scripts/fetch-model.sh fetches it)\n", MODEL);
+    skip_without_model(MODEL); /* does not return */
     return false;
 }
 
@@ -449,7 +451,7 @@ static void test_q8_activations_track_reference(void **state)
     if (!have_model())
         skip();
     if (strcmp(test_device(), "cpu") != 0)
-        skip(); /* the GPU kernels take f32 activations only */
+        skip_because("the GPU kernels take f32 activations only");
     static const char *const q8[] = {"eos", "49151", "activations", "q8", "kv_dtype", "f16",
                                      "threads", "2", NULL};
     track_reference(q8, "8-bit activations");
@@ -462,7 +464,7 @@ static void test_q8_cache_tracks_reference(void **state)
     if (!have_model())
         skip();
     if (strcmp(test_device(), "cpu") != 0)
-        skip(); /* the GPU kernels keep an f32 cache only */
+        skip_because("the GPU kernels keep an f32 cache only");
     static const char *const q8[] = {"eos", "49151", "activations", "f32", "kv_dtype", "q8_0",
                                      "threads", "2", NULL};
     track_reference(q8, "a q8_0 KV cache");
@@ -521,7 +523,7 @@ static void test_tensor_parallel_matches_reference(void **state)
 {
     (void)state;
     if (!have_model() || strncmp(test_device(), "cuda:", 5) != 0)
-        skip();
+        skip_because("tensor parallelism needs GPUs (TF_TEST_DEVICE=cuda:N)");
 #ifdef BATON_CUDA
     unsigned char id[K_CUDA_COMM_ID_BYTES];
     assert_int_equal(k_cuda_comm_unique_id(id, sizeof(id)), 0);
@@ -544,7 +546,7 @@ static void test_tensor_parallel_matches_reference(void **state)
             fail_msg("tp 2, step %d: token %d, reference %d", step, tok[step],
                      REF[0].greedy[step]);
 #else
-    skip();
+    skip_because("a build without CUDA");
 #endif
 }
 
@@ -660,7 +662,7 @@ static void test_eviction_keeps_narrow_caches(void **state)
     if (!have_model())
         skip();
     if (strcmp(test_device(), "cpu") != 0)
-        skip(); /* the GPU kernels keep f32 caches only */
+        skip_because("the GPU kernels keep f32 caches only");
     static const char *const types[] = {"f16", "q8_0"};
     for (int t = 0; t < 2; t++) {
         int32_t evicted[MAXP][TURN_STEPS], resident[MAXP][TURN_STEPS];
@@ -684,7 +686,7 @@ static void test_handoff_q8_cache(void **state)
     if (!have_model())
         skip();
     if (strcmp(test_device(), "cpu") != 0)
-        skip(); /* the GPU kernels keep f32 caches only */
+        skip_because("the GPU kernels keep f32 caches only");
     static const char *const q8[] = {"activations", "f32", "kv_dtype", "q8_0", NULL};
     baton_model *ma = load(1, q8), *mb = load(1, q8);
     const ref_prompt *ref = &REF[1];
