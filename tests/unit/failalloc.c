@@ -30,6 +30,7 @@ static atomic_bool armed;
 static atomic_long counted;
 static long fail_at;
 static atomic_bool has_failed;
+static atomic_int held;
 
 void fa_fail_nth(long n)
 {
@@ -55,10 +56,15 @@ bool fa_failed(void)
     return atomic_load(&has_failed);
 }
 
+void fa_hold(bool on)
+{
+    atomic_fetch_add(&held, on ? 1 : -1);
+}
+
 /* True when this allocation is the one to fail. */
 static bool should_fail(void)
 {
-    if (!atomic_load(&armed))
+    if (!atomic_load(&armed) || atomic_load(&held) > 0)
         return false;
     long k = atomic_fetch_add(&counted, 1) + 1;
     if (fail_at == 0 || k != fail_at)

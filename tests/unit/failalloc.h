@@ -24,5 +24,9 @@ void fa_off(void);
 long fa_count(void);
 /* Whether the allocation chosen by fa_fail_nth has been failed. */
 bool fa_failed(void);
+/* While held (ON true; calls nest), allocations are neither counted nor
+ * failed: for test scaffolding that plays the world around the code under
+ * test (tests/unit/rt_harness.c holds them around its own). */
+void fa_hold(bool on);
 
 #endif

@@ -14,13 +14,18 @@
 
 #include <cmocka.h>
 
+#include "common/diag.h"
 #include "common/status.h"
+#include "config/config.h"
+#include "config/graph.h"
+#include "daemon/door.h"
 #include "kernels/exec.h"
 #include "kernels/graph.h"
 #include "kernels/kernels.h"
 #include "kernels/optable.h"
 #include "proto/baton.pb-c.h"
 #include "tests/unit/failalloc.h"
+#include "tests/unit/rt_harness.h"
 #include "worker/worker_internal.h"
 
 /* Each test runs its piece with the Nth allocation failing for N = 1, 2,
@@ -246,12 +251,123 @@ static void test_optable_sample_out_of_memory(void **state)
     kx_destroy(x);
 }
 
+/* --- conductor: the door and the runtime's graph walk -------------------- */
+
+static const char *graph_yaml =
+    "version: 1\n"
+    "workers: [{name: w0, device: cpu}, {name: w1, device: cpu}]\n"
+    "models: [{name: m, backend: echo, worker: w0}, {name: m1, backend: echo, worker: w1}]\n"
+    "graphs:\n"
+    "  - name: g\n"
+    "    inputs: [a, b]\n"
+    "    body:\n"
+    "      sequential:\n"
+    "        - node: {name: n0, model: m, inputs: [a, b], outputs: [{name: y, to: n1}]}\n"
+    "        - loop:\n"
+    "            name: loop1\n"
+    "            max_iters: 3\n"
+    "            body:\n"
+    "              node: {name: n1, model: m1, inputs: [y], outputs: [{name: y, to: n1}]}\n"
+    "            outputs: [{name: y, to: client}]\n";
+
+/* The checks at the door of a request with two inputs and a loop cap: a
+ * failed allocation is refused with an error and a reason, never OK. */
+static void test_door(void **state)
+{
+    (void)state;
+    cfg_config *cfg = NULL;
+    graph_set *gs = NULL;
+    bt_diag *d = bt_diag_create("alloc.yaml");
+    assert_non_null(d);
+    int rc = cfg_load_string(graph_yaml, strlen(graph_yaml), "alloc.yaml", d, &cfg);
+    if (rc == 0)
+        rc = graph_set_build(cfg, d, &gs);
+    bt_diag_print(d, stderr);
+    bt_diag_destroy(d);
+    assert_int_equal(rc, 0);
+    int32_t a[2] = {1, 2}, b[3] = {3, 4, 5};
+    int64_t da[1] = {2}, db[1] = {3};
+    Baton__V1__Tensor ta = BATON__V1__TENSOR__INIT, tb = BATON__V1__TENSOR__INIT;
+    ta.name = "a", ta.dtype = BATON__V1__DTYPE__I32, ta.n_dims = 1, ta.dims = da;
+    ta.data.len = sizeof(a), ta.data.data = (uint8_t *)a;
+    tb.name = "b", tb.dtype = BATON__V1__DTYPE__I32, tb.n_dims = 1, tb.dims = db;
+    tb.data.len = sizeof(b), tb.data.data = (uint8_t *)b;
+    Baton__V1__Tensor *inputs[2] = {&tb, &ta};
+    Baton__V1__InferRequest__MaxItersEntry mi = BATON__V1__INFER_REQUEST__MAX_ITERS_ENTRY__INIT;
+    Baton__V1__InferRequest__MaxItersEntry *mip[1] = {&mi};
+    mi.key = "loop1", mi.value = 2;
+    Baton__V1__InferRequest q = BATON__V1__INFER_REQUEST__INIT;
+    q.request_id = "r1", q.graph = "g", q.n_inputs = 2, q.inputs = inputs;
+    q.n_max_iters = 1, q.max_iters = mip;
+    long n = 0;
+    for (bool failed = true; failed;) {
+        door_pass p;
+        memset(&p, 0, sizeof(p));
+        char why[512] = "";
+        fa_fail_nth(++n);
+        bt_code code = door_check_infer(gs, &q, &p, why, sizeof(why));
+        failed = fa_failed();
+        fa_off();
+        if (failed) {
+            if (code == BT_CODE_OK || !why[0])
+                fail_msg("allocation %ld failed, yet the door answered %d (%s)", n, code, why);
+        } else {
+            assert_int_equal(code, BT_CODE_OK);
+        }
+        door_pass_free(&p);
+    }
+    assert_true(n > 1);
+    graph_set_destroy(gs);
+    cfg_config_destroy(cfg);
+}
+
+/* A request through the runtime: its start, two nodes on two workers and
+ * a loop of three iterations, every dispatch completed as a worker would.
+ * With any allocation of the runtime failing, the request still ends with
+ * exactly one response (an error when it could not go on) and every
+ * tensor is released once: the harness checks both after each event. */
+static void test_runtime_walk(void **state)
+{
+    (void)state;
+    long n = 0;
+    for (bool failed = true; failed;) {
+        harness *h = h_create(graph_yaml, 2);
+        fa_fail_nth(++n);
+        int rc = h_start(h, 1, false, NULL, 0);
+        for (int step = 0; rc == 0 && h->n_inflight > 0 && step < 64; step++)
+            h_complete(h, &h->inflight[0], false);
+        failed = fa_failed();
+        fa_off();
+        /* Whatever is left in flight is abandoned: the request ends. */
+        if (rc == 0 && h->n_inflight > 0)
+            rt_end_all(h->rt, BT_CODE_UNAVAILABLE, "test ends");
+        h_pump(h);
+        if (h->failure[0])
+            fail_msg("allocation %ld failed: %s", n, h->failure);
+        const h_response *r = h_response_of(h, 1);
+        if (rc == 0) {
+            if (!r)
+                fail_msg("allocation %ld failed: request 1 has no response", n);
+            assert_int_equal(r->count, 1);
+            if (!failed)
+                assert_int_equal(r->code, BT_CODE_OK);
+        } else {
+            assert_true(failed);
+        }
+        assert_int_equal(rt_tensors_held(h->rt), 0);
+        h_destroy(h);
+    }
+    assert_true(n > 3);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chain_extend),
         cmocka_unit_test(test_kernels_out_of_memory),
         cmocka_unit_test(test_optable_sample_out_of_memory),
+        cmocka_unit_test(test_door),
+        cmocka_unit_test(test_runtime_walk),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
