@@ -333,6 +333,14 @@ asan-test: deps model
 	  $(MAKE) --no-print-directory SAN=1 emu-test; rc=$$?; \
 	bash tests/summary.sh build/asan/test-counts; exit $$rc
 
+# Mixed requests from many clients, worker SIGKILL/SIGSTOP, a slow reader
+# and connection churn against real processes for MINUTES minutes
+# (tests/soak/soak.py); not part of `make test`.
+MINUTES ?= 10
+.PHONY: soak
+soak: $(PROGRAMS) $(PY_PB2)
+	@BUILD=$(BUILD) /usr/bin/python3 tests/soak/soak.py --minutes $(MINUTES)
+
 run: deps all
 	@bash scripts/run.sh $(BATOND)
 
