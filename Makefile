@@ -163,7 +163,7 @@ UNIT_HELPERS := $(filter-out tests/unit/test_%.c tests/unit/failalloc.c,$(wildca
 UNIT_HELPER_OBJS := $(UNIT_HELPERS:%.c=$(BUILD)/obj/%.o)
 # Unit tests that fail allocations on demand (tests/unit/failalloc.h): the
 # linker routes the allocation calls of the baton code through its wrappers.
-FAILALLOC_TESTS := $(BUILD)/tests/test_alloc_fail
+FAILALLOC_TESTS := $(BUILD)/tests/test_alloc_fail $(BUILD)/tests/test_transformer
 FAILALLOC_WRAP := $(foreach f,malloc calloc realloc strdup strndup aligned_alloc posix_memalign free,-Wl,--wrap=$(f))
 
 .SECONDARY:

@@ -24,6 +24,7 @@
 
 #include <cmocka.h>
 
+#include "tests/unit/failalloc.h"
 #include "tests/unit/skip.h"
 
 #include "backends/transformer/transformer.h"
@@ -138,14 +139,21 @@ static baton_tensor *f_alloc(baton_ctx *c, baton_item *it, baton_dtype dt, uint3
     (void)it;
     fake *f = (fake *)c;
     assert_true(f->n_allocs < 64);
+    /* Out of memory, it answers NULL as the worker's ctx does when its
+     * pool is full (test_out_of_memory_ends_item makes that happen). */
     baton_tensor *t = calloc(1, sizeof(*t));
+    if (!t)
+        return NULL;
     t->dtype = dt;
     t->ndim = nd;
     uint64_t n = baton_dtype_size(dt);
     for (uint32_t i = 0; i < nd; i++)
         n *= (uint64_t)(t->dims[i] = dims[i]);
     t->nbytes = n;
-    t->data = calloc(1, n ? n : 1);
+    if (!(t->data = calloc(1, n ? n : 1))) {
+        free(t);
+        return NULL;
+    }
     f->allocs[f->n_allocs++] = t;
     return t;
 }
@@ -835,6 +843,54 @@ static void test_sampling_reproducible(void **state)
     }
 }
 
+/* Decode steps with host sampling (a top_k of 100 sorts its candidates)
+ * while each allocation of the step fails in turn: an item that met a
+ * failure ends RESOURCE_EXHAUSTED, never INTERNAL and never by a crash, and
+ * the model serves the next step.  CPU only: on a GPU the step's memory is
+ * the device's. */
+static void test_out_of_memory_ends_item(void **state)
+{
+    (void)state;
+    if (!have_model())
+        skip();
+    if (strcmp(test_device(), "cpu") != 0)
+        skip_because("allocation failures are injected on the CPU only");
+    baton_model *m = load(1, NO_EOS);
+    fake f = {0};
+    fake_reset(&f);
+    req r, *rp = &r;
+    req_open(m, &r);
+    req_item(&r, "prefill", REF[1].ids, REF[1].n);
+    int32_t tok;
+    run(m, &f, &rp, 1, &tok);
+    long n = 0;
+    for (bool failed = true; failed;) {
+        int32_t in = tok;
+        req_item(&r, "decode", &in, 1);
+        r.item.sampling = (baton_sampling){0.8f, 100, 0.95f, 3};
+        fake_reset(&f);
+        baton_item *items[1] = {&r.item};
+        f.items[0] = &r.item;
+        fa_fail_nth(++n);
+        B->execute(m, &f.ctx, items, 1);
+        failed = fa_failed();
+        fa_off();
+        if (failed) {
+            if (f.res[0].code != BATON_STATUS_RESOURCE_EXHAUSTED)
+                fail_msg("allocation %ld of a decode step failed: code %d '%s', want "
+                         "RESOURCE_EXHAUSTED", n, f.res[0].code, f.res[0].message);
+        } else {
+            if (f.res[0].code != BATON_STATUS_OK)
+                fail_msg("decode: code %d '%s'", f.res[0].code, f.res[0].message);
+            tok = *(const int32_t *)f.res[0].out[0]->data;
+        }
+    }
+    assert_true(n > 2);
+    fake_reset(&f);
+    B->session_close(m, r.s);
+    B->model_unload(m);
+}
+
 /* Runs one item expected to fail with CODE and a message containing WANT. */
 static void expect_item_fails(baton_model *m, req *r, baton_status code, const char *want)
 {
@@ -1019,6 +1075,7 @@ int main(void)
         cmocka_unit_test(test_eviction_keeps_narrow_caches),
         cmocka_unit_test(test_handoff_q8_cache),
         cmocka_unit_test(test_eos_finishes),
+        cmocka_unit_test(test_out_of_memory_ends_item),
         cmocka_unit_test(test_sampling_reproducible),
         cmocka_unit_test(test_bad_inputs),
         cmocka_unit_test(test_text_prompt),
