@@ -159,8 +159,12 @@ PY_PB2 := $(BUILD)/gen/python/baton_pb2.py
 
 UNIT_SRCS := $(wildcard tests/unit/test_*.c)
 UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
-UNIT_HELPERS := $(filter-out tests/unit/test_%.c,$(wildcard tests/unit/*.c))
+UNIT_HELPERS := $(filter-out tests/unit/test_%.c tests/unit/failalloc.c,$(wildcard tests/unit/*.c))
 UNIT_HELPER_OBJS := $(UNIT_HELPERS:%.c=$(BUILD)/obj/%.o)
+# Unit tests that fail allocations on demand (tests/unit/failalloc.h): the
+# linker routes the allocation calls of the baton code through its wrappers.
+FAILALLOC_TESTS := $(BUILD)/tests/test_alloc_fail $(BUILD)/tests/test_transformer
+FAILALLOC_WRAP := $(foreach f,malloc calloc realloc strdup strndup aligned_alloc posix_memalign free,-Wl,--wrap=$(f))
 
 .SECONDARY:
 .PHONY: all test asan-test run install clean deps model unit integration check-includes
@@ -283,10 +287,23 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(UNIT_HELPER_OBJS) $(ALL_LIBS) | 
 	@echo "  LD      $@"
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(NCCL_LIBS) $(OPENBLAS_LIBS) -ldl $(CMOCKA_LIBS)
 
+$(FAILALLOC_TESTS): $(BUILD)/obj/tests/unit/failalloc.o
+$(FAILALLOC_TESTS): private LDFLAGS += $(FAILALLOC_WRAP)
+# This one fails the conductor's zmq_setsockopt calls in turn.
+$(BUILD)/tests/test_conductor_sockopt: private LDFLAGS += -Wl,--wrap=zmq_setsockopt
+
 unit: $(UNIT_BINS)
 	@BUILD=$(BUILD) bash tests/run-unit.sh $(UNIT_BINS)
 
-integration: $(PROGRAMS)
+# batond with a zmq_poll that fails on demand (tests/integration/pollfail.c),
+# for tests/integration/test_loop_failure.sh; never installed.
+POLLFAIL_BATOND := $(BUILD)/tests/batond-pollfail
+$(POLLFAIL_BATOND): $(BUILD)/obj/daemon/main_batond.o $(BUILD)/obj/tests/integration/pollfail.o $(BATOND_LIBS)
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(LDFLAGS) -Wl,--wrap=zmq_poll -o $@ $^ $(LDLIBS) $(JEMALLOC_LIBS)
+
+integration: $(PROGRAMS) $(POLLFAIL_BATOND)
 	@BUILD=$(BUILD) bash tests/integration/run.sh
 
 # The tests of the transformer backend run the default model against an
@@ -296,18 +313,33 @@ integration: $(PROGRAMS)
 model:
 	@bash scripts/fetch-model.sh || echo "warning: the default model could not be fetched; the tests that need it will skip" >&2
 
+# Each suite's runner appends its pass/fail/skip counts to TEST_COUNTS;
+# tests/summary.sh prints the totals at the end, also after a failure.
+TEST_COUNTS_FILE = $(abspath $(BUILD))/test-counts
 test: deps model
 	@$(MAKE) --no-print-directory all $(UNIT_BINS)
-	@$(MAKE) --no-print-directory unit integration emu-test
+	@rm -f $(TEST_COUNTS_FILE); \
+	TEST_COUNTS=$(TEST_COUNTS_FILE) $(MAKE) --no-print-directory unit integration emu-test; rc=$$?; \
+	bash tests/summary.sh $(TEST_COUNTS_FILE); exit $$rc
 
 # Under ASan the emulated checks run once (one seed), and of the
 # transformer's tests on cuda:0 only the load, and of the GPU worker tests
 # all but the chat graph: they are slow there.
 asan-test: deps model
-	@$(MAKE) --no-print-directory BUILD=build/asan SAN=1 all unit integration
-	@CUDAEMU_SEEDS=1 CUDAEMU_TF_TESTS=test_describe \
+	@rm -f build/asan/test-counts; mkdir -p build/asan; \
+	TEST_COUNTS=$(abspath build/asan)/test-counts $(MAKE) --no-print-directory BUILD=build/asan SAN=1 all unit integration && \
+	TEST_COUNTS=$(abspath build/asan)/test-counts CUDAEMU_SEEDS=1 CUDAEMU_TF_TESTS=test_describe \
 	  CUDAEMU_GPU_WORKER_TESTS="test_ipc_in_place test_across_gpus test_mixed_cpu_gpu test_loop_and_streams test_loop_reads_staged_once test_gpu_worker_killed test_check_config test_device_lost test_tp_group" \
-	  $(MAKE) --no-print-directory SAN=1 emu-test
+	  $(MAKE) --no-print-directory SAN=1 emu-test; rc=$$?; \
+	bash tests/summary.sh build/asan/test-counts; exit $$rc
+
+# Mixed requests from many clients, worker SIGKILL/SIGSTOP, a slow reader
+# and connection churn against real processes for MINUTES minutes
+# (tests/soak/soak.py); not part of `make test`.
+MINUTES ?= 10
+.PHONY: soak
+soak: $(PROGRAMS) $(PY_PB2)
+	@BUILD=$(BUILD) /usr/bin/python3 tests/soak/soak.py --minutes $(MINUTES)
 
 run: deps all
 	@bash scripts/run.sh $(BATOND)

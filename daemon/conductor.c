@@ -449,6 +449,21 @@ static bool ipc_in_use(const char *endpoint)
     return used;
 }
 
+/* Sets one option of the socket for ENDPOINT.  Each option is part of the
+ * daemon's promises (no dropped reply, a worker's reconnect taken over, a
+ * bound frame size), so a socket without one must not serve: the error
+ * names the option and the endpoint. */
+static int set_sockopt(void *sock, const char *endpoint, int option, const char *name,
+                       const void *value, size_t len)
+{
+    if (zmq_setsockopt(sock, option, value, len) == 0)
+        return 0;
+    bt_error("cannot set %s on the socket of %s: %s", name, endpoint, zmq_strerror(errno));
+    return BT_EIO;
+}
+#define SET_SOCKOPT(sock, endpoint, option, value)                                             \
+    set_sockopt(sock, endpoint, option, #option, &(value), sizeof(value))
+
 static int bind_router(conductor *c, void **sock, const char *endpoint, bool workers)
 {
     if (ipc_in_use(endpoint)) {
@@ -459,23 +474,23 @@ static int bind_router(conductor *c, void **sock, const char *endpoint, bool wor
     *sock = zmq_socket(c->zctx, ZMQ_ROUTER);
     if (!*sock)
         return BT_EIO;
-    int zero = 0, one = 1, client_hwm = CLIENT_SNDHWM;
+    int zero = 0, one = 1, hwm = workers ? 0 : CLIENT_SNDHWM;
     /* A ROUTER drops what goes past a high-water mark, which would break
      * "one terminal response per request".  Towards workers there is none.
      * Towards clients there is one, but the socket is ROUTER_MANDATORY: a
      * full pipe refuses the reply (EAGAIN) rather than drop it, and the
      * reply waits in that client's bounded backlog (daemon/clients.h), so
      * a client that does not read cannot make the daemon grow. */
-    zmq_setsockopt(*sock, ZMQ_SNDHWM, workers ? &zero : &client_hwm, sizeof(int));
-    zmq_setsockopt(*sock, ZMQ_RCVHWM, &zero, sizeof(zero));
-    zmq_setsockopt(*sock, ZMQ_LINGER, &zero, sizeof(zero));
-    zmq_setsockopt(*sock, ZMQ_ROUTER_MANDATORY, &one, sizeof(one));
-    if (workers) {
-        /* A restarted worker reconnects under its old routing id, possibly
-         * before the dead connection is noticed: let the new one take over
-         * rather than be refused. */
-        zmq_setsockopt(*sock, ZMQ_ROUTER_HANDOVER, &one, sizeof(one));
-    }
+    if (SET_SOCKOPT(*sock, endpoint, ZMQ_SNDHWM, hwm) < 0 ||
+        SET_SOCKOPT(*sock, endpoint, ZMQ_RCVHWM, zero) < 0 ||
+        SET_SOCKOPT(*sock, endpoint, ZMQ_LINGER, zero) < 0 ||
+        SET_SOCKOPT(*sock, endpoint, ZMQ_ROUTER_MANDATORY, one) < 0)
+        return BT_EIO;
+    /* A restarted worker reconnects under its old routing id, possibly
+     * before the dead connection is noticed: HANDOVER lets the new one take
+     * over rather than be refused. */
+    if (workers && SET_SOCKOPT(*sock, endpoint, ZMQ_ROUTER_HANDOVER, one) < 0)
+        return BT_EIO;
     ensure_ipc_dir(endpoint);
     if (zmq_bind(*sock, endpoint) < 0) {
         bt_error("cannot bind %s: %s", endpoint, zmq_strerror(errno));
@@ -500,8 +515,7 @@ static int bind_sockets(conductor *c)
      * at the door replies RESOURCE_EXHAUSTED); beyond it ZeroMQ drops the
      * connection rather than let one frame take the conductor's memory. */
     int64_t hard = (int64_t)c->cfg->daemon.max_message_bytes * 2 + 65536;
-    zmq_setsockopt(c->front_sock, ZMQ_MAXMSGSIZE, &hard, sizeof(hard));
-    return 0;
+    return SET_SOCKOPT(c->front_sock, c->cfg->daemon.listen, ZMQ_MAXMSGSIZE, hard);
 }
 
 /* Creates the modules bottom-up and connects their hooks to this file. */
@@ -607,7 +621,15 @@ int conductor_run(conductor *c)
             c->cfg->daemon.workers_endpoint);
     sup_start(c->sup);
     bool notified = false;
-    while (!c->done && evloop_run_once(c->loop, 1000) >= 0) {
+    while (!c->done) {
+        int rc = evloop_run_once(c->loop, 1000);
+        if (rc < 0) {
+            /* A loop that cannot poll serves nobody: the error must reach
+             * the exit status, so that systemd (Restart=on-failure) or
+             * whatever runs batond starts it again. */
+            bt_error("the event loop failed (%s): stopping", zmq_strerror(errno));
+            return rc;
+        }
         if (c->ready && !notified) {
             sd_notify(0, "READY=1\nSTATUS=serving");
             notified = true;

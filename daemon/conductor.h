@@ -27,7 +27,8 @@ typedef struct conductor conductor;
 /* Loads and builds CONFIG_PATH (its diagnostics go to stderr), binds the
  * sockets and sets up signals.  0, or a negative bt_err. */
 int conductor_create(const char *config_path, conductor **out);
-/* Spawns the workers and serves until a SIGTERM/SIGINT drain ends.  0. */
+/* Spawns the workers and serves until a SIGTERM/SIGINT drain ends: 0; or
+ * until its event loop fails: a negative bt_err (batond then exits 1). */
 int conductor_run(conductor *c);
 void conductor_destroy(conductor *c);
 

@@ -664,9 +664,10 @@ static int listen_on(const char *hostport, int *rc)
     }
     int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, 0);
     int one = 1;
-    if (fd >= 0)
-        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (fd < 0 || bind(fd, ai->ai_addr, ai->ai_addrlen) < 0 || listen(fd, 128) < 0) {
+    /* Without SO_REUSEADDR a restart within TIME_WAIT could not bind: fail
+     * now, saying so, rather than later and by surprise. */
+    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0 ||
+        bind(fd, ai->ai_addr, ai->ai_addrlen) < 0 || listen(fd, 128) < 0) {
         bt_error("http listen '%s': %s", hostport, strerror(errno));
         if (fd >= 0)
             close(fd);

@@ -143,8 +143,9 @@ void k_layernorm(float *out, const float *x, const float *w, const float *b, int
  * weights.  K_ROPE_NEOX rotates (x[i], x[i + HEAD_DIM/2]): rotate-half
  * itself, for weights that were not permuted (GPT-NeoX, Qwen2 GGUF). */
 enum { K_ROPE_NORMAL = 0, K_ROPE_NEOX = 1 };
-void k_rope(float *x, const int32_t *pos, int n_tok, int n_head, int head_dim, float theta,
-            int mode);
+/* 0, or -ENOMEM (a head of over 1024 dims needs memory for its angles). */
+int k_rope(float *x, const int32_t *pos, int n_tok, int n_head, int head_dim, float theta,
+           int mode);
 
 /* Per row of N: numerically stable softmax (max subtracted). */
 void k_softmax(float *out, const float *x, int rows, int n);
@@ -163,17 +164,19 @@ void k_argmax(int32_t *out, const float *x, int rows, int n);
  * cache already holds POS0 tokens.  Q [N_TOK, N_HEAD, HD]; K, V [N_TOK,
  * N_KV, HD] are written into KC/VC at rows POS0.. before attending; query t
  * sees cache rows 0..POS0+t.  Query head h reads KV head h / (N_HEAD/N_KV).
- * OUT [N_TOK, N_HEAD, HD].  Scale 1/sqrt(HD). */
-void k_attn_prefill(float *out, const float *q, const float *k, const float *v, float *kc,
-                    float *vc, int cap, int pos0, int n_tok, int n_head, int n_kv, int hd);
+ * OUT [N_TOK, N_HEAD, HD].  Scale 1/sqrt(HD).  0, or -ENOMEM when a context
+ * of over 1024 positions finds no memory for its scores. */
+int k_attn_prefill(float *out, const float *q, const float *k, const float *v, float *kc,
+                   float *vc, int cap, int pos0, int n_tok, int n_head, int n_kv, int hd);
 
 /* One query per sequence for a BATCH of sequences of different lengths, each
  * with its own cache: Q [BATCH, N_HEAD, HD]; K, V [BATCH, N_KV, HD] go to row
  * LENS[b] of KC[b]/VC[b], then query b attends over rows 0..LENS[b].  The
- * caller advances LENS afterwards.  OUT [BATCH, N_HEAD, HD]. */
-void k_attn_decode(float *out, const float *q, const float *k, const float *v, float *const *kc,
-                   float *const *vc, int cap, const int32_t *lens, int batch, int n_head,
-                   int n_kv, int hd);
+ * caller advances LENS afterwards.  OUT [BATCH, N_HEAD, HD].  0, or -ENOMEM
+ * as k_attn_prefill. */
+int k_attn_decode(float *out, const float *q, const float *k, const float *v, float *const *kc,
+                  float *const *vc, int cap, const int32_t *lens, int batch, int n_head,
+                  int n_kv, int hd);
 
 /* The same two on the threads of POOL (NULL or held elsewhere: the
  * caller's thread), vectorized with AVX2 where the CPU has it and HD is a
@@ -207,9 +210,11 @@ int k_attn_decode_mt(kth_pool *pool, float *out, const float *q, const float *k,
  *   mass reaches TOP_P (>= 1: all); u = k_philox_uniform(SEED, counter)
  *   times that prefix's mass; the first candidate whose running sum exceeds u.
  * The same rule runs on the GPU, so one (seed, counter) samples alike on both
- * (up to last-ulp differences of expf). */
-void k_sample(int32_t *out, const float *logits, int rows, int n, float temperature, int top_k,
-              float top_p, uint64_t seed, uint64_t counter);
+ * (up to last-ulp differences of expf).  0, or -ENOMEM when a TOP_K over 64
+ * finds no memory for its candidates (rows before the failing one are
+ * written). */
+int k_sample(int32_t *out, const float *logits, int rows, int n, float temperature, int top_k,
+             float top_p, uint64_t seed, uint64_t counter);
 
 /* ---- CUDA launchers (kernels/cuda/, only with BATON_CUDA) ------------------------ */
 

@@ -323,8 +323,7 @@ static int op_rope(const kx_op_ctx *c, int how)
     ON_GPU(how, -ENOSYS);
     if (c->out[0] != c->in[0])
         memcpy(c->out[0], c->in[0], (size_t)(n * h * hd) * sizeof(float));
-    k_rope(c->out[0], c->in[1], (int)n, (int)h, (int)hd, (float)theta, (int)mode);
-    return 0;
+    return k_rope(c->out[0], c->in[1], (int)n, (int)h, (int)hd, (float)theta, (int)mode);
 }
 
 /* The checks both attention ops share: attr {H, KV, HD}, q/k/v rows of N,
@@ -478,8 +477,10 @@ static int op_sample(const kx_op_ctx *c, int how)
     const float *pp = c->in[1];
     const int64_t *gg = c->in[2];
     for (int64_t i = 0; i < r; i++)
-        k_sample((int32_t *)c->out[0] + i, (const float *)c->in[0] + i * n, 1, (int)n, pp[3 * i],
-                 (int)pp[3 * i + 1], pp[3 * i + 2], (uint64_t)gg[2 * i], (uint64_t)gg[2 * i + 1]);
+        if ((rc = k_sample((int32_t *)c->out[0] + i, (const float *)c->in[0] + i * n, 1, (int)n,
+                           pp[3 * i], (int)pp[3 * i + 1], pp[3 * i + 2], (uint64_t)gg[2 * i],
+                           (uint64_t)gg[2 * i + 1])) != 0)
+            return rc;
     return 0;
 }
 

@@ -261,7 +261,7 @@ static void build_dispatch(rt_runtime *rt, rt_request *r, int node, slot *s, con
     rt_input *ins = rtc_alloc(rt, (n->n_inputs + 1) * sizeof(*ins));
     a->u.dispatch.inputs = ins;
     if (!ins)
-        return;
+        goto err;
     for (size_t k = 0; k < n->n_inputs; k++) {
         const graph_input *in = &n->inputs[k];
         rt_input *di = &ins[k];
@@ -269,14 +269,14 @@ static void build_dispatch(rt_runtime *rt, rt_request *r, int node, slot *s, con
         di->input = (uint32_t)k;
         di->parts = rtc_alloc(rt, (in->n_edges + 1) * sizeof(*di->parts));
         if (!di->parts)
-            return;
+            goto err;
         if (in->graph_input >= 0) {
             /* Actions outlive the request when it ends in the same batch:
              * copy, never point into request state. */
             di->n_parts = 1;
             di->parts[0].t = rtc_alloc(rt, sizeof(rt_tensor));
             if (!di->parts[0].t)
-                return;
+                goto err;
             di->parts[0].n = 1;
             di->parts[0].t[0] = r->inputs.t[in->graph_input];
             continue;
@@ -310,7 +310,17 @@ static void build_dispatch(rt_runtime *rt, rt_request *r, int node, slot *s, con
                           &s->parts[rt->gx[r->graph_index].edge_pos[ei]]);
         }
     }
+    if (rt->oom)
+        goto err;
     a->u.dispatch.spec_upto = spec_grant(rt, r, node, v);
+    return;
+err:
+    /* A dispatch missing some of its inputs must not reach a worker (the
+     * conductor would read the inputs it lacks): it is taken back.  The
+     * failed allocation set rt->oom, so the event ends every request with
+     * RESOURCE_EXHAUSTED (after_event). */
+    assert(rt->oom && a == &rt->actions[rt->n_actions - 1]);
+    rt->n_actions--;
 }
 
 void reg_try_dispatch(rt_runtime *rt, rt_request *r, int node, const rt_iter *v)

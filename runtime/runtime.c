@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "common/vec.h"
 #include "runtime/core.h"
 #include "runtime/progress.h"
 #include "runtime/registry.h"
@@ -75,6 +76,11 @@ int rt_request_start(rt_runtime *rt, uint64_t req, int graph_index, const rt_ten
     if (u64map_get(&rt->requests, req))
         return BT_EEXIST;
     const graph *g = &rt->gs->graphs[graph_index];
+    /* Room in the list of retired requests for every live one and this:
+     * retiring a request (rtc_request_retire) then never allocates, so an
+     * allocation failing mid-event cannot lose a request's memory. */
+    if (BT_RESERVE(rt->dead, rt->requests.n + rt->n_dead, rt->cap_dead, 8) < 0)
+        return BT_ENOMEM;
     rt_request *r = rtc_request_new(rt, req, graph_index, stream, max_iters);
     if (!r)
         return BT_ENOMEM;

@@ -260,7 +260,10 @@ void wk_chain_extend(wk_worker *w, const Baton__V1__Extend *e)
     wk_request *req = wk_request_get(w, e->request_key, false);
     if (!req)
         return;
-    for (wk_chain *c = req->chains; c; c = c->next) {
+    /* chain_try_next stops and frees the chain when its next item cannot be
+     * allocated, so the successor is taken first. */
+    for (wk_chain *c = req->chains, *nx; c; c = nx) {
+        nx = c->next;
         if (c->graph != e->graph || c->node != e->node || !c->active)
             continue;
         if (e->dispatch_id && c->disp->d->dispatch_id != e->dispatch_id)

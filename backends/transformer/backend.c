@@ -967,7 +967,8 @@ static bool device_samples(const baton_item *it)
  * ARGMAX are the executable's outputs in device memory; ITEM[r] is row
  * r's item (NULL: unused) and POS[r] its RNG counter.  The logits come to
  * the host (m->host_logits, *HOST set) only when a row needs them there:
- * host sampling, or a `logits` output.  0 or BT_EDEVICE. */
+ * host sampling, or a `logits` output.  0, BT_EDEVICE, or -ENOMEM when
+ * host sampling had no memory. */
 static int gpu_tokens(baton_model *m, const float *logits, const int32_t *argmax, int rows,
                       baton_item *const *item, const int *pos, int32_t *tok, bool *host)
 {
@@ -1018,25 +1019,28 @@ static int gpu_tokens(baton_model *m, const float *logits, const int32_t *argmax
         if (!item[r] || item[r]->sampling.temperature <= 0 || device_samples(item[r]))
             continue;
         const baton_sampling *sp = &item[r]->sampling;
-        k_sample(&tok[r], m->host_logits + (size_t)r * V, 1, (int)V, sp->temperature,
-                 (int)sp->top_k, sp->top_p > 0 ? sp->top_p : 1.0f, sp->seed, (uint64_t)pos[r]);
+        int rc = k_sample(&tok[r], m->host_logits + (size_t)r * V, 1, (int)V, sp->temperature,
+                          (int)sp->top_k, sp->top_p > 0 ? sp->top_p : 1.0f, sp->seed,
+                          (uint64_t)pos[r]);
+        if (rc)
+            return rc;
     }
     return 0;
 }
 
-/* The next token from LOGITS [vocab] under the item's sampling parameters;
- * the RNG counter is the token's position, so a request samples alike
- * however its steps were batched. */
-static int32_t pick_token(const baton_model *m, const baton_item *it, const float *logits,
-                          int32_t argmax, int position)
+/* The next token from LOGITS [vocab] under the item's sampling parameters
+ * into *T; the RNG counter is the token's position, so a request samples
+ * alike however its steps were batched.  0, or -ENOMEM. */
+static int pick_token(const baton_model *m, const baton_item *it, const float *logits,
+                      int32_t argmax, int position, int32_t *t)
 {
     const baton_sampling *sp = &it->sampling;
-    if (sp->temperature <= 0)
-        return argmax;
-    int32_t t;
-    k_sample(&t, logits, 1, m->shape.vocab, sp->temperature, (int)sp->top_k,
-             sp->top_p > 0 ? sp->top_p : 1.0f, sp->seed, (uint64_t)position);
-    return t;
+    if (sp->temperature <= 0) {
+        *t = argmax;
+        return 0;
+    }
+    return k_sample(t, logits, 1, m->shape.vocab, sp->temperature, (int)sp->top_k,
+                    sp->top_p > 0 ? sp->top_p : 1.0f, sp->seed, (uint64_t)position);
 }
 
 /* Counts tokens for the request's usage (baton_ctx.count_tokens; a ctx of
@@ -1304,6 +1308,15 @@ static void fail_run(const kx_exec *x, int rc, baton_ctx *ctx, baton_item *it)
 {
     int st = 0, op = kx_op_error(x, &st);
     char msg[256];
+    /* Memory running out (in an op, or sampling on the host) is the
+     * world's doing, not a fault of the model: the request may be tried
+     * again, and the worker serves on. */
+    if (rc == -ENOMEM || rc == BT_ENOMEM || st == -ENOMEM || st == BT_ENOMEM) {
+        snprintf(msg, sizeof(msg), "node '%s': out of memory%s", it->node_name,
+                 op >= 0 ? " in the graph" : " sampling a token");
+        ctx->fail(ctx, it, BATON_STATUS_RESOURCE_EXHAUSTED, msg);
+        return;
+    }
     snprintf(msg, sizeof(msg), "node '%s': the graph failed at op %d: %s (status %d)",
              it->node_name, op, bt_strerror(rc), st);
     ctx->fail(ctx, it, BATON_STATUS_INTERNAL, msg);
@@ -1435,13 +1448,19 @@ static void prefill_one(baton_model *m, baton_ctx *ctx, baton_item *it)
     if (m->dev) {
         bool host;
         int p = (int)n;
-        if (gpu_tokens(m, logits, kx_output(m->prefill, 1, NULL), 1, &it, &p, &t, &host)) {
-            fail_run(m->prefill, BT_EDEVICE, ctx, it);
+        int rc = gpu_tokens(m, logits, kx_output(m->prefill, 1, NULL), 1, &it, &p, &t, &host);
+        if (rc) {
+            fail_run(m->prefill, rc, ctx, it);
             goto out;
         }
         logits = host ? m->host_logits : NULL;
     } else {
-        t = pick_token(m, it, logits, *(const int32_t *)kx_output(m->prefill, 1, NULL), (int)n);
+        int rc = pick_token(m, it, logits, *(const int32_t *)kx_output(m->prefill, 1, NULL),
+                            (int)n, &t);
+        if (rc) {
+            fail_run(m->prefill, rc, ctx, it);
+            goto out;
+        }
     }
     if (emit(m, ctx, it, t, logits, kv) == 0)
         count_tokens(ctx, it, n, 1);
@@ -1540,9 +1559,10 @@ static void decode_batch(baton_model *m, baton_ctx *ctx, baton_item *const *item
                 row_item[s->slot] = items[i];
                 row_pos[s->slot] = s->len + 1;
             }
-        if (!row_item || !row_pos ||
-            gpu_tokens(m, logits, argmax, rows, row_item, row_pos, m->host_argmax, &host))
-            rc = BT_EDEVICE;
+        if (!row_item || !row_pos)
+            rc = -ENOMEM;
+        else
+            rc = gpu_tokens(m, logits, argmax, rows, row_item, row_pos, m->host_argmax, &host);
         free(row_item);
         free(row_pos);
         logits = host ? m->host_logits : NULL;
@@ -1559,7 +1579,12 @@ static void decode_batch(baton_model *m, baton_ctx *ctx, baton_item *const *item
         }
         s->len++;
         const float *row = logits ? logits + (size_t)s->slot * (size_t)m->shape.vocab : NULL;
-        int32_t t = m->dev ? argmax[s->slot] : pick_token(m, it, row, argmax[s->slot], s->len);
+        int32_t t = argmax[s->slot];
+        int prc = m->dev ? 0 : pick_token(m, it, row, argmax[s->slot], s->len, &t);
+        if (prc) {
+            fail_run(m->decode, prc, ctx, it);
+            continue;
+        }
         if (emit(m, ctx, it, t, row, NULL) != 0)
             continue;
         count_tokens(ctx, it, 0, 1);

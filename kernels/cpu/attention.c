@@ -5,6 +5,7 @@
  *
  * Scores of one query live in a scratch array on the stack for short
  * contexts and on the heap beyond, rather than a fixed maximum context. */
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,8 +58,8 @@ static void put_rows(float *c, int cap, int pos, const float *src, int n_tok, in
                    src + ((size_t)t * n_kv + g) * hd, (size_t)hd * sizeof(float));
 }
 
-void k_attn_prefill(float *out, const float *q, const float *k, const float *v, float *kc,
-                    float *vc, int cap, int pos0, int n_tok, int n_head, int n_kv, int hd)
+int k_attn_prefill(float *out, const float *q, const float *k, const float *v, float *kc,
+                   float *vc, int cap, int pos0, int n_tok, int n_head, int n_kv, int hd)
 {
     put_rows(kc, cap, pos0, k, n_tok, n_kv, hd);
     put_rows(vc, cap, pos0, v, n_tok, n_kv, hd);
@@ -66,7 +67,7 @@ void k_attn_prefill(float *out, const float *q, const float *k, const float *v, 
     float buf[1024];
     float *s = scratch(buf, 1024, (size_t)pos0 + n_tok);
     if (!s)
-        abort(); /* out of memory for one score row: nothing sensible to return */
+        return -ENOMEM; /* the caches are written; the caller fails the run */
     for (int t = 0; t < n_tok; t++)
         for (int h = 0; h < n_head; h++) {
             size_t qo = ((size_t)t * n_head + h) * hd;
@@ -75,11 +76,12 @@ void k_attn_prefill(float *out, const float *q, const float *k, const float *v, 
         }
     if (s != buf)
         free(s);
+    return 0;
 }
 
-void k_attn_decode(float *out, const float *q, const float *k, const float *v, float *const *kc,
-                   float *const *vc, int cap, const int32_t *lens, int batch, int n_head,
-                   int n_kv, int hd)
+int k_attn_decode(float *out, const float *q, const float *k, const float *v, float *const *kc,
+                  float *const *vc, int cap, const int32_t *lens, int batch, int n_head,
+                  int n_kv, int hd)
 {
     size_t row = (size_t)n_kv * hd;
     int group = n_head / n_kv;
@@ -89,7 +91,7 @@ void k_attn_decode(float *out, const float *q, const float *k, const float *v, f
         float buf[1024];
         float *s = scratch(buf, 1024, (size_t)lens[b] + 1);
         if (!s)
-            abort();
+            return -ENOMEM;
         for (int h = 0; h < n_head; h++) {
             size_t qo = ((size_t)b * n_head + h) * hd;
             size_t ko = (size_t)(h / group) * (size_t)cap * hd;
@@ -98,4 +100,5 @@ void k_attn_decode(float *out, const float *q, const float *k, const float *v, f
         if (s != buf)
             free(s);
     }
+    return 0;
 }

@@ -2,6 +2,7 @@
  * KOP_LAYERNORM, KOP_ROPE, KOP_SOFTMAX, KOP_ARGMAX).  Sums are accumulated
  * in double: these are the references the CUDA kernels are checked against,
  * so they should be the more accurate side. */
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 
@@ -42,8 +43,8 @@ void k_layernorm(float *out, const float *x, const float *w, const float *b, int
     }
 }
 
-void k_rope(float *x, const int32_t *pos, int n_tok, int n_head, int head_dim, float theta,
-            int mode)
+int k_rope(float *x, const int32_t *pos, int n_tok, int n_head, int head_dim, float theta,
+           int mode)
 {
     int half = head_dim / 2;
     /* The angles depend on the token and the pair, not the head: computed
@@ -52,8 +53,14 @@ void k_rope(float *x, const int32_t *pos, int n_tok, int n_head, int head_dim, f
     float cs[512], sn[512];
     float *c = half <= 512 ? cs : malloc((size_t)half * sizeof(float));
     float *sv = half <= 512 ? sn : malloc((size_t)half * sizeof(float));
-    if (!c || !sv)
-        abort(); /* a head of over 1024 dims and no memory for its angles */
+    if (!c || !sv) {
+        /* A head of over 1024 dims and no memory for its angles. */
+        if (c != cs)
+            free(c);
+        if (sv != sn)
+            free(sv);
+        return -ENOMEM;
+    }
     for (int t = 0; t < n_tok; t++) {
         for (int i = 0; i < half; i++) {
             /* Angles in double: positions reach 10^5, where an f32 angle
@@ -77,6 +84,7 @@ void k_rope(float *x, const int32_t *pos, int n_tok, int n_head, int head_dim, f
         free(c);
     if (sv != sn)
         free(sv);
+    return 0;
 }
 
 void k_softmax(float *out, const float *x, int rows, int n)

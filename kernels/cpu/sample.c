@@ -6,6 +6,7 @@
  * Candidates are chosen by a partial selection (repeated scans for small k,
  * a full sort otherwise): for the k of 1..64 that serving uses, k scans of
  * the vocabulary beat an O(n log n) sort of 49152 logits. */
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 
@@ -29,8 +30,8 @@ static int cand_cmp(const void *pa, const void *pb)
 }
 
 
-/* The K best of X[N] in order into C. */
-static void select_top(cand *c, const float *x, int n, int k)
+/* The K best of X[N] in order into C.  0, or -ENOMEM. */
+static int select_top(cand *c, const float *x, int n, int k)
 {
     if (k <= 64) {
         for (int s = 0; s < k; s++) {
@@ -45,11 +46,11 @@ static void select_top(cand *c, const float *x, int n, int k)
             c[s].logit = x[best];
             c[s].idx = best;
         }
-        return;
+        return 0;
     }
     cand *all = malloc((size_t)n * sizeof(*all));
     if (!all)
-        abort();
+        return -ENOMEM;
     for (int i = 0; i < n; i++) {
         all[i].logit = x[i];
         all[i].idx = i;
@@ -58,36 +59,40 @@ static void select_top(cand *c, const float *x, int n, int k)
     for (int i = 0; i < k; i++)
         c[i] = all[i];
     free(all);
+    return 0;
 }
 
-static int32_t sample_row(const float *x, int n, float temp, int top_k, float top_p,
-                          uint64_t seed, uint64_t counter)
+/* The token of one row into *OUT: 0, or -ENOMEM with *OUT untouched. */
+static int sample_row(int32_t *out, const float *x, int n, float temp, int top_k, float top_p,
+                      uint64_t seed, uint64_t counter)
 {
     if (temp <= 0) {
         int32_t best = 0;
         for (int i = 1; i < n; i++)
             if (k_logit_better(x[i], i, x[best], best))
                 best = i;
-        return best;
+        *out = best;
+        return 0;
     }
     int k = top_k <= 0 || top_k > n ? n : top_k;
     cand cbuf[64] = {{0}}; /* select_top fills K >= 1 of them; zeroed for the compiler */
     cand *c = k <= 64 ? cbuf : malloc((size_t)k * sizeof(*c));
-    if (!c)
-        abort();
-    select_top(c, x, n, k);
+    float *p = NULL;
+    int rc = -ENOMEM;
+    if (!c || (rc = select_top(c, x, n, k)) != 0)
+        goto err;
     if (c[0].logit != c[0].logit) {
         /* Every logit is NaN: the order's first, index 0. */
-        int32_t tok = c[0].idx;
+        *out = c[0].idx;
         if (c != cbuf)
             free(c);
-        return tok;
+        return 0;
     }
     /* Probabilities, unnormalized: exp((l - lmax) / T), summed in order. */
     float total = 0;
-    float *p = malloc((size_t)k * sizeof(float));
-    if (!p)
-        abort();
+    rc = -ENOMEM;
+    if (!(p = malloc((size_t)k * sizeof(float))))
+        goto err;
     for (int i = 0; i < k; i++) {
         p[i] = K_CAND_WEIGHT(c[i].logit, c[0].logit, temp);
         total += p[i];
@@ -119,13 +124,22 @@ static int32_t sample_row(const float *x, int n, float temp, int top_k, float to
     free(p);
     if (c != cbuf)
         free(c);
-    return tok;
+    *out = tok;
+    return 0;
+err:
+    if (c != cbuf)
+        free(c);
+    return rc;
 }
 
-void k_sample(int32_t *out, const float *logits, int rows, int n, float temperature, int top_k,
-              float top_p, uint64_t seed, uint64_t counter)
+int k_sample(int32_t *out, const float *logits, int rows, int n, float temperature, int top_k,
+             float top_p, uint64_t seed, uint64_t counter)
 {
-    for (int r = 0; r < rows; r++)
-        out[r] = sample_row(logits + (size_t)r * n, n, temperature, top_k, top_p, seed,
+    for (int r = 0; r < rows; r++) {
+        int rc = sample_row(&out[r], logits + (size_t)r * n, n, temperature, top_k, top_p, seed,
                             counter + (uint64_t)r);
+        if (rc)
+            return rc;
+    }
+    return 0;
 }

@@ -17,7 +17,7 @@ BUILD=${BUILD:-build}
 CTL=$BUILD/batonctl
 PY=/usr/bin/python3
 if ! declare -F ok >/dev/null; then
-  ctl_standalone=1; pass=0; fail=0
+  ctl_standalone=1; pass=0; fail=0; skip=0
   ok()  { pass=$((pass + 1)); }
   bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
 else
@@ -70,8 +70,10 @@ if grep -q Traceback <<<"$out"; then bad "example.py without a daemon printed a 
 export BATON_PROTO_PATH=$BUILD/gen/python
 if [ ! -f "$BATON_PROTO_PATH/baton_pb2.py" ]; then
   echo "SKIP: batonctl end-to-end checks: $BATON_PROTO_PATH/baton_pb2.py not built (make all)"
+  skip=$((skip + 1))
 elif ! "$PY" -c 'import zmq, google.protobuf' 2>/dev/null; then
   echo "SKIP: batonctl end-to-end checks: $PY lacks zmq or protobuf (apt-get install python3-zmq python3-protobuf)"
+  skip=$((skip + 1))
 else
   tmp=$(mktemp -d /tmp/baton-ctl-test.XXXXXX)
   ep=ipc://$tmp/baton.sock
@@ -248,9 +250,10 @@ if [ -x "$BUILD/batond" ] && [ -x "$BUILD/baton-worker" ]; then
   rm -rf "$tmp"
 else
   echo "SKIP: batonctl against batond: $BUILD/batond or $BUILD/baton-worker not built"
+  skip=$((skip + 1))
 fi
 
 if [ "$ctl_standalone" = 1 ]; then
-  echo "integration: ${pass} passed, ${fail} failed"
+  echo "integration: ${pass} passed, ${fail} failed, ${skip} skipped"
   [ "$fail" -eq 0 ]
 fi

@@ -89,6 +89,10 @@ else fail "$CONF departs from chat-cpu.yaml:"; echo "$out"; fi
 
 if [ ! -f models/smollm2-135m-instruct-q4_1.gguf ]; then
   [ $fails -eq 0 ] || { echo "test_docker: $fails failed"; exit 1; }
+  if [ "${BATON_CI:-}" = 1 ]; then
+    echo "FAIL test_docker.sh: no model in models/, and with BATON_CI=1 the model tests must run"
+    exit 1
+  fi
   echo "SKIP test_docker.sh (stage, runtime, serving): no model in models/ (scripts/fetch-model.sh)"
   exit 77
 fi

@@ -7,6 +7,32 @@
 
 #include "common/diag.h"
 
+/* Allocation failures that a test injects (tests/unit/failalloc.h) are
+ * meant for the runtime, not for the harness playing the workers: when
+ * failalloc.o is linked in, the harness holds them off around its own
+ * allocations.  Weak, so that the other tests link without it. */
+void fa_hold(bool on) __attribute__((weak));
+
+static void *h_calloc(size_t n, size_t size)
+{
+    if (fa_hold)
+        fa_hold(true);
+    void *p = calloc(n, size);
+    if (fa_hold)
+        fa_hold(false);
+    return p;
+}
+
+static void *h_realloc(void *old, size_t size)
+{
+    if (fa_hold)
+        fa_hold(true);
+    void *p = realloc(old, size);
+    if (fa_hold)
+        fa_hold(false);
+    return p;
+}
+
 typedef struct h_round {
     uint64_t req;
     int node;
@@ -42,7 +68,7 @@ static void failf(harness *h, const char *fmt, ...)
 
 harness *h_create(const char *yaml, uint32_t window)
 {
-    harness *h = calloc(1, sizeof(*h));
+    harness *h = h_calloc(1, sizeof(*h));
     if (!h)
         abort();
     bt_diag *d = bt_diag_create("test.yaml");
@@ -114,7 +140,7 @@ rt_tensor h_tensor_new(harness *h, int worker, const char *label)
 {
     if (h->n_tensors == h->cap_tensors) {
         h->cap_tensors = h->cap_tensors ? h->cap_tensors * 2 : 256;
-        h->tensors = realloc(h->tensors, h->cap_tensors * sizeof(*h->tensors));
+        h->tensors = h_realloc(h->tensors, h->cap_tensors * sizeof(*h->tensors));
         if (!h->tensors)
             abort();
     }
@@ -151,7 +177,7 @@ static h_dispatch *push_inflight(harness *h)
 {
     if (h->n_inflight == h->cap_inflight) {
         h->cap_inflight = h->cap_inflight ? h->cap_inflight * 2 : 64;
-        h->inflight = realloc(h->inflight, h->cap_inflight * sizeof(*h->inflight));
+        h->inflight = h_realloc(h->inflight, h->cap_inflight * sizeof(*h->inflight));
         if (!h->inflight)
             abort();
     }
@@ -240,7 +266,7 @@ static h_response *response_slot(harness *h, uint64_t req)
             return &h->responses[i];
     if (h->n_responses == h->cap_responses) {
         h->cap_responses = h->cap_responses ? h->cap_responses * 2 : 16;
-        h->responses = realloc(h->responses, h->cap_responses * sizeof(*h->responses));
+        h->responses = h_realloc(h->responses, h->cap_responses * sizeof(*h->responses));
         if (!h->responses)
             abort();
     }
@@ -396,7 +422,7 @@ int h_start(harness *h, uint64_t req, bool stream, const char *max_iters_loop, u
     }
     uint32_t *mi = NULL;
     if (max_iters_loop) {
-        mi = calloc(h->g->n_entities, sizeof(*mi));
+        mi = h_calloc(h->g->n_entities, sizeof(*mi));
         mi[h_node(h, max_iters_loop)] = cap;
     }
     int rc = rt_request_start(h->rt, req, 0, ins, stream, mi);

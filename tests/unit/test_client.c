@@ -13,6 +13,8 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+
+#include "tests/unit/skip.h"
 #include <pthread.h>
 #include <zmq.h>
 
@@ -664,10 +666,8 @@ static void script_health_once(server *s)
 static void test_curve(void **state)
 {
     (void)state;
-    if (!zmq_has("curve")) {
-        printf("libzmq has no CURVE support: skipped\n");
-        return;
-    }
+    if (!zmq_has("curve"))
+        skip_because("libzmq has no CURVE support");
     server *s = server_start(script_health_once, true);
     baton_client_options o = {.server_public_key = s->curve_public};
     baton_client *c;

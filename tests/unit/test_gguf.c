@@ -18,6 +18,8 @@
 
 #include <cmocka.h>
 
+#include "tests/unit/skip.h"
+
 #include "backends/transformer/gguf.h"
 
 #define REAL_MODEL "models/smollm2-135m-instruct-q4_1.gguf"
@@ -748,10 +750,8 @@ static void test_random_corruption(void **state)
 static void test_real_model(void **state)
 {
     (void)state;
-    if (access(REAL_MODEL, R_OK) != 0) {
-        print_message("skipped: " REAL_MODEL " absent\n");
-        return;
-    }
+    if (access(REAL_MODEL, R_OK) != 0)
+        skip_without_model(REAL_MODEL);
     char err[512];
     gguf_file *f = NULL;
     int rc = gguf_open(REAL_MODEL, &f, err, sizeof(err));

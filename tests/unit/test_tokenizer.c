@@ -22,6 +22,8 @@
 
 #include <cmocka.h>
 
+#include "tests/unit/skip.h"
+
 #include "backends/transformer/gguf.h"
 #include "backends/transformer/tokenizer.h"
 
@@ -486,7 +488,7 @@ static bool have_model(void)
 {
     if (access(REAL_MODEL, R_OK) == 0)
         return true;
-    print_message("skipped: " REAL_MODEL " absent (scripts/fetch-model.sh fetches it)\n");
+    skip_without_model(REAL_MODEL); /* does not return */
     return false;
 }
 

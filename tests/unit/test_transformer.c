@@ -24,6 +24,9 @@
 
 #include <cmocka.h>
 
+#include "tests/unit/failalloc.h"
+#include "tests/unit/skip.h"
+
 #include "backends/transformer/transformer.h"
 #ifdef BATON_CUDA
 #include "kernels/kernels.h"
@@ -136,14 +139,21 @@ static baton_tensor *f_alloc(baton_ctx *c, baton_item *it, baton_dtype dt, uint3
     (void)it;
     fake *f = (fake *)c;
     assert_true(f->n_allocs < 64);
+    /* Out of memory, it answers NULL as the worker's ctx does when its
+     * pool is full (test_out_of_memory_ends_item makes that happen). */
     baton_tensor *t = calloc(1, sizeof(*t));
+    if (!t)
+        return NULL;
     t->dtype = dt;
     t->ndim = nd;
     uint64_t n = baton_dtype_size(dt);
     for (uint32_t i = 0; i < nd; i++)
         n *= (uint64_t)(t->dims[i] = dims[i]);
     t->nbytes = n;
-    t->data = calloc(1, n ? n : 1);
+    if (!(t->data = calloc(1, n ? n : 1))) {
+        free(t);
+        return NULL;
+    }
     f->allocs[f->n_allocs++] = t;
     return t;
 }
@@ -208,7 +218,7 @@ static bool have_model(void)
 {
     if (access(MODEL, R_OK) == 0)
         return true;
-    print_message("skipped: %s is absent (scripts/fetch-model.sh fetches it)\n", MODEL);
+    skip_without_model(MODEL); /* does not return */
     return false;
 }
 
@@ -449,7 +459,7 @@ static void test_q8_activations_track_reference(void **state)
     if (!have_model())
         skip();
     if (strcmp(test_device(), "cpu") != 0)
-        skip(); /* the GPU kernels take f32 activations only */
+        skip_because("the GPU kernels take f32 activations only");
     static const char *const q8[] = {"eos", "49151", "activations", "q8", "kv_dtype", "f16",
                                      "threads", "2", NULL};
     track_reference(q8, "8-bit activations");
@@ -462,7 +472,7 @@ static void test_q8_cache_tracks_reference(void **state)
     if (!have_model())
         skip();
     if (strcmp(test_device(), "cpu") != 0)
-        skip(); /* the GPU kernels keep an f32 cache only */
+        skip_because("the GPU kernels keep an f32 cache only");
     static const char *const q8[] = {"eos", "49151", "activations", "f32", "kv_dtype", "q8_0",
                                      "threads", "2", NULL};
     track_reference(q8, "a q8_0 KV cache");
@@ -521,7 +531,7 @@ static void test_tensor_parallel_matches_reference(void **state)
 {
     (void)state;
     if (!have_model() || strncmp(test_device(), "cuda:", 5) != 0)
-        skip();
+        skip_because("tensor parallelism needs GPUs (TF_TEST_DEVICE=cuda:N)");
 #ifdef BATON_CUDA
     unsigned char id[K_CUDA_COMM_ID_BYTES];
     assert_int_equal(k_cuda_comm_unique_id(id, sizeof(id)), 0);
@@ -544,7 +554,7 @@ static void test_tensor_parallel_matches_reference(void **state)
             fail_msg("tp 2, step %d: token %d, reference %d", step, tok[step],
                      REF[0].greedy[step]);
 #else
-    skip();
+    skip_because("a build without CUDA");
 #endif
 }
 
@@ -660,7 +670,7 @@ static void test_eviction_keeps_narrow_caches(void **state)
     if (!have_model())
         skip();
     if (strcmp(test_device(), "cpu") != 0)
-        skip(); /* the GPU kernels keep f32 caches only */
+        skip_because("the GPU kernels keep f32 caches only");
     static const char *const types[] = {"f16", "q8_0"};
     for (int t = 0; t < 2; t++) {
         int32_t evicted[MAXP][TURN_STEPS], resident[MAXP][TURN_STEPS];
@@ -684,7 +694,7 @@ static void test_handoff_q8_cache(void **state)
     if (!have_model())
         skip();
     if (strcmp(test_device(), "cpu") != 0)
-        skip(); /* the GPU kernels keep f32 caches only */
+        skip_because("the GPU kernels keep f32 caches only");
     static const char *const q8[] = {"activations", "f32", "kv_dtype", "q8_0", NULL};
     baton_model *ma = load(1, q8), *mb = load(1, q8);
     const ref_prompt *ref = &REF[1];
@@ -831,6 +841,54 @@ static void test_sampling_reproducible(void **state)
         B->model_unload(m);
         assert_memory_equal(seq[0], cpu, sizeof(cpu));
     }
+}
+
+/* Decode steps with host sampling (a top_k of 100 sorts its candidates)
+ * while each allocation of the step fails in turn: an item that met a
+ * failure ends RESOURCE_EXHAUSTED, never INTERNAL and never by a crash, and
+ * the model serves the next step.  CPU only: on a GPU the step's memory is
+ * the device's. */
+static void test_out_of_memory_ends_item(void **state)
+{
+    (void)state;
+    if (!have_model())
+        skip();
+    if (strcmp(test_device(), "cpu") != 0)
+        skip_because("allocation failures are injected on the CPU only");
+    baton_model *m = load(1, NO_EOS);
+    fake f = {0};
+    fake_reset(&f);
+    req r, *rp = &r;
+    req_open(m, &r);
+    req_item(&r, "prefill", REF[1].ids, REF[1].n);
+    int32_t tok;
+    run(m, &f, &rp, 1, &tok);
+    long n = 0;
+    for (bool failed = true; failed;) {
+        int32_t in = tok;
+        req_item(&r, "decode", &in, 1);
+        r.item.sampling = (baton_sampling){0.8f, 100, 0.95f, 3};
+        fake_reset(&f);
+        baton_item *items[1] = {&r.item};
+        f.items[0] = &r.item;
+        fa_fail_nth(++n);
+        B->execute(m, &f.ctx, items, 1);
+        failed = fa_failed();
+        fa_off();
+        if (failed) {
+            if (f.res[0].code != BATON_STATUS_RESOURCE_EXHAUSTED)
+                fail_msg("allocation %ld of a decode step failed: code %d '%s', want "
+                         "RESOURCE_EXHAUSTED", n, f.res[0].code, f.res[0].message);
+        } else {
+            if (f.res[0].code != BATON_STATUS_OK)
+                fail_msg("decode: code %d '%s'", f.res[0].code, f.res[0].message);
+            tok = *(const int32_t *)f.res[0].out[0]->data;
+        }
+    }
+    assert_true(n > 2);
+    fake_reset(&f);
+    B->session_close(m, r.s);
+    B->model_unload(m);
 }
 
 /* Runs one item expected to fail with CODE and a message containing WANT. */
@@ -1017,6 +1075,7 @@ int main(void)
         cmocka_unit_test(test_eviction_keeps_narrow_caches),
         cmocka_unit_test(test_handoff_q8_cache),
         cmocka_unit_test(test_eos_finishes),
+        cmocka_unit_test(test_out_of_memory_ends_item),
         cmocka_unit_test(test_sampling_reproducible),
         cmocka_unit_test(test_bad_inputs),
         cmocka_unit_test(test_text_prompt),

@@ -1,0 +1,34 @@
+/* Skipping a unit test for a missing prerequisite, one way everywhere: a
+ * line starting with "SKIP:" says why, and CMocka counts the test as
+ * skipped, not passed (tests/run-unit.sh adds skips up apart).  Include it
+ * after <cmocka.h>; only a test function may skip.
+ *
+ * A missing model is no reason to skip in CI: .ci/run fetches the model and
+ * sets BATON_CI=1, and there skip_without_model fails the test instead. */
+#ifndef BATON_TESTS_SKIP_H
+#define BATON_TESTS_SKIP_H
+
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+static inline bool bt_test_in_ci(void)
+{
+    const char *ci = getenv("BATON_CI");
+    return ci && strcmp(ci, "1") == 0;
+}
+
+#define skip_because(fmt, ...)                                                                 \
+    do {                                                                                       \
+        print_message("SKIP: " fmt "\n", ##__VA_ARGS__);                                       \
+        skip();                                                                                \
+    } while (0)
+
+#define skip_without_model(path)                                                               \
+    do {                                                                                       \
+        if (bt_test_in_ci())                                                                   \
+            fail_msg("%s is absent, and with BATON_CI=1 the model tests must run", path);     \
+        skip_because("%s is absent (scripts/fetch-model.sh fetches it)", path);                \
+    } while (0)
+
+#endif
