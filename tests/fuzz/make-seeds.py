@@ -169,25 +169,28 @@ def encode(message, text):
 
 
 def frame_seeds():
+    """tests/fuzz/frames.txt: "=== TARGET FILE" starts a seed, "--- MESSAGE"
+    one frame of it (protobuf text until the next marker).  Each frame is
+    written as a 16-bit little-endian length and its bytes, the framing
+    fuzz_door and fuzz_worker read."""
     path = os.path.join(ROOT, "tests", "fuzz", "frames.txt")
-    if not os.path.exists(path):
-        return
-    target = message = None
-    name = None
-    body = []
-    def flush():
-        if name:
-            put(target, name, encode(message, "\n".join(body)))
+    seeds = []
     with open(path) as f:
         for line in f:
             line = line.rstrip("\n")
             if line.startswith("=== "):
-                flush()
-                target, message, name = line[4:].split()
-                body = []
-            elif not line.startswith("#"):
-                body.append(line)
-    flush()
+                target, name = line[4:].split()
+                seeds.append((target, name, []))
+            elif line.startswith("--- "):
+                seeds[-1][2].append((line[4:].strip(), []))
+            elif not line.startswith("#") and seeds and seeds[-1][2]:
+                seeds[-1][2][-1][1].append(line)
+    for target, name, frames in seeds:
+        out = b""
+        for message, body in frames:
+            b = encode(message, "\n".join(body))
+            out += struct.pack("<H", len(b)) + b
+        put(target, name, out)
 
 
 def main():
