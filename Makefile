@@ -458,13 +458,14 @@ $(LLAMACPP_BINS): $(BUILD)/llamacpp/%: $(BUILD)/obj/tests/llamacpp/%.o \
 llamacpp-check: model $(LLAMACPP_BINS)
 	@BUILD=$(BUILD) CC="$(CC)" bash tests/llamacpp/run.sh; rc=$$?; [ $$rc -eq 77 ] && rc=0; exit $$rc
 
-# Fuzzing (tests/fuzz/README in tests/README.md): each tests/fuzz/fuzz_*.c is
+# Fuzzing (tests/README.md): each tests/fuzz/fuzz_*.c is
 # a libFuzzer target linking baton's own archives, all built by clang with
 # ASan, UBSan and coverage into FUZZ_BUILD (CUDA off, libc malloc).
 # `make fuzz` builds them and runs each for FUZZ_SECONDS over a copy of its
 # seed corpus (tests/fuzz/corpus/NAME/, grown in FUZZ_BUILD/corpus/NAME);
 # `make fuzz-replay` runs each once over its committed corpus, which is how
-# a crash found once stays fixed.
+# a crash found once stays fixed.  fuzz_tokenizer reads the default model,
+# hence `model` first.
 FUZZ_BUILD ?= build/fuzz
 FUZZ_SECONDS ?= 60
 FUZZ_CC ?= clang
@@ -484,7 +485,7 @@ $(BUILD)/fuzz/%: $(BUILD)/obj/tests/fuzz/%.o $(FUZZ_HELPER_OBJS) $(ALL_LIBS)
 fuzz-bins: $(FUZZ_BINS)
 fuzz-build:
 	@$(FUZZ_MAKE) fuzz-bins
-fuzz-replay: fuzz-build
+fuzz-replay: model fuzz-build
 	@bash tests/fuzz/run.sh replay $(FUZZ_BUILD) $(FUZZ_NAMES)
-fuzz: fuzz-build
+fuzz: model fuzz-build
 	@bash tests/fuzz/run.sh fuzz $(FUZZ_BUILD) $(FUZZ_NAMES) -- $(FUZZ_SECONDS)
