@@ -426,7 +426,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         abort();
     }
     bt_diag_destroy(diag);
-    bt_log_set_level(bt_log_level_parse("error"));
+    /* Refusals are what the fuzzer makes most: quiet unless asked. */
+    bt_log_set_level(getenv("BATON_FUZZ_VERBOSE") ? BT_LOG_DEBUG : (bt_log_level)(BT_LOG_ERROR - 1));
     H.zctx = zmq_ctx_new();
     CHECK(H.zctx);
     H.back = router("inproc://fuzz-door-workers", true);
