@@ -9,7 +9,9 @@
  * merging, so such a byte survives inside a merged token), for any bytes:
  * valid UTF-8 by the byte-level alphabet, invalid bytes because each is
  * taken as a character of its own.  So the decoded text must be the input
- * with only such bytes deleted, and exactly the input when it holds none. */
+ * with only such bytes deleted, and exactly the input when it holds none.
+ * With BATON_FUZZ_VERBOSE set in the environment the bytes without a token
+ * are listed at the start. */
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -55,6 +57,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
             exit(1);
         }
         missing[b] = n == 0;
+        if (missing[b] && getenv("BATON_FUZZ_VERBOSE"))
+            fprintf(stderr, "fuzz_tokenizer: byte 0x%02x has no token\n", b);
     }
     return 0;
 }
