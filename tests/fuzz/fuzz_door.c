@@ -13,7 +13,10 @@
  * The input is a sequence of frames, each a 16-bit little-endian length
  * and that many bytes; what remains after the last whole frame is one
  * more frame.  So one input can start a request and cancel it, or repeat
- * an id while the first is in flight.
+ * an id while the first is in flight.  A length of 0xfffe is no frame but
+ * a tick: the frames so far are read, and then every deadline has passed
+ * (front_tick far in the future) while their Puts and Dispatches are still
+ * unanswered, so that the worker's answers arrive for requests that ended.
  *
  * Asserted after each input, beyond the sanitizers: every frame that asks
  * for an InferResponse (an InferRequest, a frame that does not parse, an
@@ -29,6 +32,7 @@
 #include <string.h>
 #include <zmq.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "config/config.h"
@@ -600,6 +604,9 @@ static void collect(expect *e)
     CHECK(e->cancels == 0);
 }
 
+/* The length that stands for a tick instead of a frame. */
+#define TICK 0xfffe
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     expect e = {0};
@@ -608,6 +615,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     while (at < size && frames < 64) {
         size_t len = size - at;
         const uint8_t *p = data + at;
+        if (len >= 2 && (data[at] | data[at + 1] << 8) == TICK) {
+            front_on_readable(NULL, H.f);
+            front_tick(H.f, bt_now_ms() + 1000000000ull);
+            at += 2;
+            continue;
+        }
         if (len >= 2 && (size_t)(data[at] | data[at + 1] << 8) <= len - 2) {
             len = (size_t)(data[at] | data[at + 1] << 8);
             p = data + at + 2;
