@@ -5,7 +5,8 @@
  * the test backends loaded through Load frames (echo, counter, chunks, add,
  * fail).  The input is a sequence of frames, each a 16-bit little-endian
  * length and that many bytes (what remains after the last whole frame is
- * one more); a Load of another backend is skipped, each other frame handed to the worker's frame handler
+ * one more); a Load of another backend and a TpStep are skipped (see
+ * note_keys), each other frame handed to the worker's frame handler
  * (wk_handle_frame) as its I/O thread would, and the events its lane
  * posts are answered (wk_drain_events) between frames.
  *
@@ -171,9 +172,11 @@ static void add_key(keys *ks, uint64_t k)
     ks->k[ks->n++] = k;
 }
 
-/* Notes the request keys frame P[N] names.  False for a Load of anything
- * but a test backend, which the harness does not hand to the worker: the
- * transformer would read model files and a plugin dlopen any path. */
+/* Notes the request keys frame P[N] names.  False for what the harness
+ * does not hand to the worker: a Load of anything but a test backend (the
+ * transformer would read model files and a plugin dlopen any path) and a
+ * TpStep (no model here is a tensor-parallel follower, which needs NCCL,
+ * and a step for any other model exits the process on purpose). */
 static bool note_keys(keys *ks, const uint8_t *p, size_t n)
 {
     Baton__V1__ConductorMessage *m = baton__v1__conductor_message__unpack(NULL, n, p);
@@ -191,10 +194,9 @@ static bool note_keys(keys *ks, const uint8_t *p, size_t n)
     case BATON__V1__CONDUCTOR_MESSAGE__MSG_EXTEND: add_key(ks, m->extend->request_key); break;
     case BATON__V1__CONDUCTOR_MESSAGE__MSG_DROP: add_key(ks, m->drop->request_key); break;
     case BATON__V1__CONDUCTOR_MESSAGE__MSG_TP_STEP:
-        for (size_t i = 0; i < m->tp_step->n_items; i++)
-            add_key(ks, m->tp_step->items[i]->request_key);
-        for (size_t i = 0; i < m->tp_step->n_close_keys; i++)
-            add_key(ks, m->tp_step->close_keys[i]);
+        /* A step for a model this worker does not follow ends the process
+         * (wk_tp_broken): by design, so that its group restarts. */
+        ok = false;
         break;
     default: break;
     }

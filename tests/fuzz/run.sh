@@ -44,7 +44,7 @@ for name in "${names[@]}"; do
       "$build/fuzz/$name.log"
     if [ $ok -ne 0 ]; then
       tail -n 60 "$build/fuzz/$name.log" >&2
-      echo "fuzz: $name failed; inputs in $build/crashes/$name/, log $build/fuzz/$name.log" >&2
+      echo "fuzz: $name failed (exit $ok); inputs in $build/crashes/$name/, log $build/fuzz/$name.log" >&2
     fi
   fi
   if [ $ok -eq 0 ]; then pass=$((pass + 1)); else fail=$((fail + 1)); failed+=("$name"); fi
