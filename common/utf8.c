@@ -3,6 +3,7 @@
 #include "common/utf8.h"
 
 #include <stdint.h>
+#include <string.h>
 
 bool bt_utf8_valid(const char *s, size_t len)
 {
@@ -38,4 +39,25 @@ bool bt_utf8_valid(const char *s, size_t len)
                 return false;
     }
     return true;
+}
+
+size_t bt_utf8_cut(const char *s, size_t len)
+{
+    const uint8_t *p = (const uint8_t *)s;
+    /* The start of the last character: back over at most three
+     * continuation bytes. */
+    size_t i = len;
+    while (i > 0 && len - i < 4 && (p[i - 1] & 0xC0) == 0x80)
+        i--;
+    if (i == 0)
+        return len;
+    uint8_t c = p[i - 1];
+    size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+    /* A lead byte whose character has fewer bytes here than it needs. */
+    return c >= 0xC0 && len - (i - 1) < need ? i - 1 : len;
+}
+
+int bt_utf8_prefix(const char *s, size_t max)
+{
+    return (int)bt_utf8_cut(s, strnlen(s, max));
 }

@@ -9,4 +9,14 @@
  * surrogates, nothing past U+10FFFF).  NUL bytes are valid characters. */
 bool bt_utf8_valid(const char *s, size_t len);
 
+/* The length of the longest prefix of S[0, LEN) that does not end inside a
+ * multi-byte character: LEN, or less when the last character was cut (by
+ * a fixed-size buffer, say).  Only the tail is looked at, so a prefix of
+ * valid UTF-8 stays valid. */
+size_t bt_utf8_cut(const char *s, size_t len);
+
+/* For "%.*s": the bytes of the C string S to print when at most MAX may
+ * be, cut on a character boundary. */
+int bt_utf8_prefix(const char *s, size_t max);
+
 #endif

@@ -36,6 +36,14 @@ typedef struct cfg_daemon {
     uint32_t drain_timeout_ms;  /* default 10000 */
     uint64_t max_message_bytes; /* default 64 MiB */
     uint32_t speculation_window;/* iterations; default 8 */
+    uint32_t max_request_timeout_ms; /* a request's timeout_ms is clamped to it; default 600000 */
+    uint32_t client_max_inflight;    /* requests one client connection may have accepted at
+                                      * once; default 64 */
+    uint64_t client_max_reply_bytes; /* reply bytes held for one connection that does not
+                                      * read; past it its new requests are refused; default
+                                      * 64 MiB */
+    uint32_t client_stall_timeout_ms;/* a connection that reads none of its held replies this
+                                      * long is dropped; default 30000 */
     char *log_level;            /* error|warning|info|debug; default info */
     cfg_pos pos;
 } cfg_daemon;

@@ -81,7 +81,8 @@ static void load_daemon(cfg__loader *l, const yt_node *v)
         "listen",           "workers_endpoint",  "metrics_listen",
         "max_inflight",     "request_timeout_ms", "drain_timeout_ms",
         "max_message_bytes", "speculation_window", "log_level",
-        "http_listen",
+        "http_listen",      "max_request_timeout_ms", "client_max_inflight",
+        "client_max_reply_bytes", "client_stall_timeout_ms",
     };
     static const char *const levels[] = {"error", "warning", "info", "debug"};
     const yt_node *f[N_OF(keys)];
@@ -121,6 +122,20 @@ static void load_daemon(cfg__loader *l, const yt_node *v)
         yt_u32(f[7], "speculation_window", 0, 4096, &dm->speculation_window, l->diag);
     if (f[8] && cfg__str(l, f[8], "log_level", &dm->log_level))
         check_choice(l, f[8], "log_level", dm->log_level, levels, N_OF(levels));
+    if (f[10])
+        yt_u32(f[10], "max_request_timeout_ms", 1, UINT32_MAX, &dm->max_request_timeout_ms,
+               l->diag);
+    if (f[11])
+        yt_u32(f[11], "client_max_inflight", 1, 1u << 20, &dm->client_max_inflight, l->diag);
+    if (f[12]) {
+        /* Below 64 KiB one streamed answer would not fit. */
+        int64_t x;
+        if (yt_int(f[12], "client_max_reply_bytes", 65536, INT64_C(1) << 40, &x, l->diag))
+            dm->client_max_reply_bytes = (uint64_t)x;
+    }
+    if (f[13])
+        yt_u32(f[13], "client_stall_timeout_ms", 1, UINT32_MAX, &dm->client_stall_timeout_ms,
+               l->diag);
 }
 
 /* ---- device profiles ---- */
@@ -459,6 +474,10 @@ static cfg_config *config_create(const char *name)
     d->drain_timeout_ms = 10000;
     d->max_message_bytes = UINT64_C(64) << 20;
     d->speculation_window = 8;
+    d->max_request_timeout_ms = 600000;
+    d->client_max_inflight = 64;
+    d->client_max_reply_bytes = UINT64_C(64) << 20;
+    d->client_stall_timeout_ms = 30000;
     if (!c->file || !d->listen || !d->workers_endpoint || !d->log_level) {
         cfg_config_destroy(c);
         return NULL;

@@ -37,6 +37,8 @@
 
 #define TICK_MS 10
 #define STOP_GRACE_MS 3000
+/* Replies ZeroMQ queues for one client before they wait in its backlog. */
+#define CLIENT_SNDHWM 64
 
 struct conductor {
     char *config_path;            /* absolute; owned */
@@ -80,8 +82,10 @@ static void update_admission(conductor *c)
 
 static void apply_limits(conductor *c, const cfg_config *cfg)
 {
-    front_limits l = {cfg->daemon.max_inflight, cfg->daemon.request_timeout_ms,
-                      cfg->daemon.max_message_bytes};
+    const cfg_daemon *d = &cfg->daemon;
+    front_limits l = {d->max_inflight, d->request_timeout_ms, d->max_message_bytes,
+                      d->max_request_timeout_ms, d->client_max_inflight,
+                      d->client_max_reply_bytes, d->client_stall_timeout_ms};
     if (c->front)
         front_set_limits(c->front, &l);
     c->drain_timeout_ms = cfg->daemon.drain_timeout_ms;
@@ -95,10 +99,15 @@ static void reload(conductor *c)
     if (d && cfg_load_file(c->config_path, d, &cfg) == 0) {
         apply_limits(c, cfg);
         bt_info("reloaded %s: log level, max_inflight %u, request_timeout_ms %u, "
-                "drain_timeout_ms %u, max_message_bytes %llu (graph and worker changes "
-                "need a restart)", c->config_path, cfg->daemon.max_inflight,
-                cfg->daemon.request_timeout_ms, cfg->daemon.drain_timeout_ms,
-                (unsigned long long)cfg->daemon.max_message_bytes);
+                "drain_timeout_ms %u, max_message_bytes %llu, max_request_timeout_ms %u, "
+                "client_max_inflight %u, client_max_reply_bytes %llu, "
+                "client_stall_timeout_ms %u (graph and worker changes need a restart)",
+                c->config_path, cfg->daemon.max_inflight, cfg->daemon.request_timeout_ms,
+                cfg->daemon.drain_timeout_ms,
+                (unsigned long long)cfg->daemon.max_message_bytes,
+                cfg->daemon.max_request_timeout_ms, cfg->daemon.client_max_inflight,
+                (unsigned long long)cfg->daemon.client_max_reply_bytes,
+                cfg->daemon.client_stall_timeout_ms);
     } else if (d) {
         bt_diag_sort(d);
         bt_diag_print(d, stderr);
@@ -219,7 +228,7 @@ static char *stats_text(conductor *c)
                                  wk->staged_bytes, wk->sessions, wk->tp_steps};
     }
     metrics_gauges g = {front_inflight(c->front), front_placing(c->front),
-                        disp_tensors_held(c->disp), ws, nw};
+                        disp_tensors_held(c->disp), out_clients(c->out)->backlog_bytes, ws, nw};
     char *text = metrics_text(c->m, &g);
     free(ws);
     return text;
@@ -440,7 +449,7 @@ static bool ipc_in_use(const char *endpoint)
     return used;
 }
 
-static int bind_router(conductor *c, void **sock, const char *endpoint, bool mandatory)
+static int bind_router(conductor *c, void **sock, const char *endpoint, bool workers)
 {
     if (ipc_in_use(endpoint)) {
         bt_error("cannot bind %s: another process serves it (is another batond running on "
@@ -450,14 +459,18 @@ static int bind_router(conductor *c, void **sock, const char *endpoint, bool man
     *sock = zmq_socket(c->zctx, ZMQ_ROUTER);
     if (!*sock)
         return BT_EIO;
-    int zero = 0, one = 1;
-    /* No high-water mark: a dropped reply would break "one terminal
-     * response per request"; memory is bounded by max_inflight instead. */
-    zmq_setsockopt(*sock, ZMQ_SNDHWM, &zero, sizeof(zero));
+    int zero = 0, one = 1, client_hwm = CLIENT_SNDHWM;
+    /* A ROUTER drops what goes past a high-water mark, which would break
+     * "one terminal response per request".  Towards workers there is none.
+     * Towards clients there is one, but the socket is ROUTER_MANDATORY: a
+     * full pipe refuses the reply (EAGAIN) rather than drop it, and the
+     * reply waits in that client's bounded backlog (daemon/clients.h), so
+     * a client that does not read cannot make the daemon grow. */
+    zmq_setsockopt(*sock, ZMQ_SNDHWM, workers ? &zero : &client_hwm, sizeof(int));
     zmq_setsockopt(*sock, ZMQ_RCVHWM, &zero, sizeof(zero));
     zmq_setsockopt(*sock, ZMQ_LINGER, &zero, sizeof(zero));
-    if (mandatory) {
-        zmq_setsockopt(*sock, ZMQ_ROUTER_MANDATORY, &one, sizeof(one));
+    zmq_setsockopt(*sock, ZMQ_ROUTER_MANDATORY, &one, sizeof(one));
+    if (workers) {
         /* A restarted worker reconnects under its old routing id, possibly
          * before the dead connection is noticed: let the new one take over
          * rather than be refused. */
@@ -512,7 +525,7 @@ static int create_modules(conductor *c)
         return rc;
     if (!(c->out = out_create(c->front_sock, c->gs, c->sup, c->tt, c->m)))
         return BT_ENOMEM;
-    front_options fo = {c->gs, c->front_sock, c->out, c->sup, c->tt, c->disp, {0, 0, 0}};
+    front_options fo = {c->gs, c->front_sock, c->out, c->sup, c->tt, c->disp, {0}};
     if ((rc = front_create(&fo, &fh, &c->front)) < 0)
         return rc;
     apply_limits(c, c->cfg);

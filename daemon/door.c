@@ -5,7 +5,103 @@
 
 #include "daemon/door.h"
 
+#include "common/pbwire.h"
 #include "common/utf8.h"
+
+/* ---- the wire ----------------------------------------------------------- */
+
+#define WIRE_DEPTH 8              /* the client schema nests less deep than this */
+
+/* Where the walk is: one step per message entered. */
+typedef struct wire_step {
+    const char *name;             /* the field's name */
+    long index;                   /* its occurrence in a repeated field; -1: not repeated */
+} wire_step;
+
+typedef struct wire_walk {
+    wire_step path[WIRE_DEPTH];
+    int depth;
+    bool failed;                  /* WHY holds the first failure */
+    bool id_bad;
+    char *why;
+    size_t len;
+} wire_walk;
+
+/* Writes the path of field NAME (INDEX) of the current message into BUF:
+ * "infer.inputs[1].name"; with NAME NULL, the current message's. */
+static void wire_path(const wire_walk *w, const char *name, long index, char *buf, size_t n)
+{
+    size_t off = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < w->depth + (name != NULL) && off < n; i++) {
+        const wire_step *s = i < w->depth ? &w->path[i] : &(wire_step){name, index};
+        off += (size_t)snprintf(buf + off, n - off, s->index >= 0 ? "%s%s[%ld]" : "%s%s",
+                                i ? "." : "", s->name, s->index);
+    }
+}
+
+/* Records a failure at field NAME (INDEX) of the current message: the first
+ * one is the answer. */
+static void wire_fail(wire_walk *w, const char *name, long index, const char *what)
+{
+    if (w->depth == 1 && name && strcmp(name, "request_id") == 0)
+        w->id_bad = true;
+    if (w->failed)
+        return;
+    w->failed = true;
+    char path[160];
+    wire_path(w, name, index, path, sizeof(path));
+    if (!name)
+        snprintf(w->why, w->len, "%s (in %s)", what, w->depth ? path : "the ClientMessage");
+    else
+        snprintf(w->why, w->len, "%s %s", path, what);
+}
+
+static void wire_message(wire_walk *w, const ProtobufCMessageDescriptor *d, const uint8_t *p,
+                         size_t n)
+{
+    uint32_t seen[64] = {0};      /* occurrences per field, for the index in a path */
+    pbw_reader r = pbw_init(p, n);
+    pbw_field f;
+    int rc;
+    while ((rc = pbw_next(&r, &f)) > 0) {
+        if (f.number == 0) {
+            wire_fail(w, NULL, -1, "a field is numbered 0, which protobuf does not allow");
+            continue;
+        }
+        const ProtobufCFieldDescriptor *fd =
+            f.number <= UINT32_MAX ? protobuf_c_message_descriptor_get_field(d, (unsigned)f.number)
+                                   : NULL;
+        if (!fd || f.wire != PBW_BYTES)
+            continue; /* unknown fields are not read further, nor passed on */
+        size_t k = (size_t)(fd - d->fields);
+        long index = fd->label == PROTOBUF_C_LABEL_REPEATED ? (long)(k < 64 ? seen[k] : 0) : -1;
+        if (k < 64)
+            seen[k]++;
+        if (fd->type == PROTOBUF_C_TYPE_STRING) {
+            if (memchr(f.data, 0, f.len))
+                wire_fail(w, fd->name, index, "holds a NUL byte");
+            else if (!bt_utf8_valid((const char *)f.data, f.len))
+                wire_fail(w, fd->name, index, "is not valid UTF-8");
+        } else if (fd->type == PROTOBUF_C_TYPE_MESSAGE && w->depth < WIRE_DEPTH) {
+            w->path[w->depth++] = (wire_step){fd->name, index};
+            wire_message(w, fd->descriptor, f.data, f.len);
+            w->depth--;
+        }
+    }
+    if (rc < 0)
+        wire_fail(w, NULL, -1, "the bytes do not parse as protobuf");
+}
+
+bt_code door_check_wire(const uint8_t *frame, size_t n, bool *id_bad, char *why, size_t len)
+{
+    wire_walk w = {.why = why, .len = len};
+    wire_message(&w, &baton__v1__client_message__descriptor, frame, n);
+    *id_bad = w.id_bad;
+    return w.failed ? BT_CODE_INVALID_ARGUMENT : BT_CODE_OK;
+}
+
+/* ---- the request ------------------------------------------------------- */
 
 static size_t dtype_size(Baton__V1__DType t)
 {
@@ -106,8 +202,10 @@ static bt_code check_messages(const Baton__V1__InferRequest *q, door_pass *p, ch
         const char *role = m->role ? m->role : "", *content = m->content ? m->content : "";
         if (strcmp(role, "system") != 0 && strcmp(role, "user") != 0 &&
             strcmp(role, "assistant") != 0) {
-            snprintf(why, len, "messages[%zu] has role '%.32s'; the roles are system, user and "
-                     "assistant", i, bt_utf8_valid(role, strlen(role)) ? role : "(not UTF-8)");
+            bool valid = bt_utf8_valid(role, strlen(role));
+            snprintf(why, len, "messages[%zu] has role '%.*s'; the roles are system, user and "
+                     "assistant", i, valid ? bt_utf8_prefix(role, 32) : 11,
+                     valid ? role : "(not UTF-8)");
             return BT_CODE_INVALID_ARGUMENT;
         }
         if (!bt_utf8_valid(content, strlen(content))) {
@@ -211,8 +309,9 @@ static bt_code check_raw_inputs(const Baton__V1__InferRequest *q, door_pass *p, 
         const char *name = q->raw_inputs[i] ? q->raw_inputs[i] : "";
         int k = graph_input_index(g, name);
         if (k < 0) {
-            snprintf(why, len, "raw_inputs[%zu]: graph '%s' has no input named '%.64s'", i,
-                     g->name, bt_utf8_valid(name, strlen(name)) ? name : "(not UTF-8)");
+            bool valid = bt_utf8_valid(name, strlen(name));
+            snprintf(why, len, "raw_inputs[%zu]: graph '%s' has no input named '%.*s'", i,
+                     g->name, valid ? bt_utf8_prefix(name, 64) : 11, valid ? name : "(not UTF-8)");
             return BT_CODE_INVALID_ARGUMENT;
         }
         if (k == p->chat_input) {
@@ -251,9 +350,10 @@ static const char *text_stream(const graph *g, const char *named, char *why, siz
         const char *found = is_text_stream(g, named);
         if (found)
             return found;
-        snprintf(why, len, "text_output: graph '%s' has no text stream named '%.64s' (an "
+        bool valid = bt_utf8_valid(named, strlen(named));
+        snprintf(why, len, "text_output: graph '%s' has no text stream named '%.*s' (an "
                  "output with to: client, new_token: true, modality: text)", g->name,
-                 bt_utf8_valid(named, strlen(named)) ? named : "(not UTF-8)");
+                 valid ? bt_utf8_prefix(named, 64) : 11, valid ? named : "(not UTF-8)");
         return NULL;
     }
     const char *found = NULL;
@@ -282,8 +382,10 @@ static bt_code check_text_limits(const Baton__V1__InferRequest *q, door_pass *p,
     const char *named = q->text_output ? q->text_output : "";
     if (!q->n_stop && !q->max_tokens) {
         if (*named) {
-            snprintf(why, len, "text_output is '%.64s' but the request has neither stop nor "
-                     "max_tokens", bt_utf8_valid(named, strlen(named)) ? named : "(not UTF-8)");
+            bool valid = bt_utf8_valid(named, strlen(named));
+            snprintf(why, len, "text_output is '%.*s' but the request has neither stop nor "
+                     "max_tokens", valid ? bt_utf8_prefix(named, 64) : 11,
+                     valid ? named : "(not UTF-8)");
             return BT_CODE_INVALID_ARGUMENT;
         }
         return BT_CODE_OK;

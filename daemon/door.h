@@ -11,6 +11,7 @@
 #ifndef BATON_DAEMON_DOOR_H
 #define BATON_DAEMON_DOOR_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -21,6 +22,18 @@
 
 #define DOOR_REQUEST_ID_MAX 256   /* bytes */
 #define DOOR_MAX_DIMS 8
+
+/* Checks what the generated parser lets through in a client frame that it
+ * parsed: a field numbered 0 (protobuf forbids it, and a re-packed copy
+ * would not parse again), and every string field, at any depth (ids,
+ * names, map keys, message text), for NUL bytes (the parser hands strings
+ * over as C strings, so "a\0b" would become "a") and invalid UTF-8 (the
+ * client's runtime would refuse any reply that echoed it).  It reads the
+ * wire, where each string's length is known.  Returns BT_CODE_OK, or
+ * BT_CODE_INVALID_ARGUMENT with WHY naming the first bad field by its
+ * path (never its bytes).  *ID_BAD tells whether the request_id of the
+ * infer or cancel is among the bad strings (then no answer may carry it). */
+bt_code door_check_wire(const uint8_t *frame, size_t n, bool *id_bad, char *why, size_t len);
 
 /* A request that passed. */
 typedef struct door_pass {

@@ -42,6 +42,8 @@ typedef struct front_request {
     int chat_input;               /* the graph input that holds the messages; -1: none */
     uint8_t *raw;                 /* per graph input: text without the chat template; owned */
     uint32_t puts_pending;        /* Placed replies the start waits for */
+    bool counted;                 /* in its client's inflight (cl_client) */
+    bool discard;                 /* its client was dropped: answer nothing, count nothing */
     out_queue out;                /* client messages, in order */
 } front_request;
 
@@ -57,6 +59,7 @@ struct frontend {
     front_admission admission;
     u64map requests;              /* key -> front_request (owned) */
     u64map by_client;             /* hkey -> front_request (chained by hnext) */
+    cl_table *clients;            /* per connection: requests, unread replies (outbound's) */
     size_t n_placing;             /* requests in PHASE_PLACING */
     dl_heap deadlines;
     uint64_t next_key;
@@ -126,6 +129,13 @@ static void request_free(frontend *f, front_request *r)
     if (u64map_get(&f->requests, r->key) == r) {
         u64map_del(&f->requests, r->key);
         f->n_placing -= r->phase == PHASE_PLACING;
+        /* A dropped client's requests were uncounted when it was. */
+        cl_client *c = r->discard || !r->counted
+                           ? NULL : cl_find(f->clients, r->identity, r->identity_len);
+        if (c) {
+            cl_inflight_sub(f->clients, c);
+            cl_release_if_idle(f->clients, c, bt_now_ms(), CL_REFUSED_KEEP_MS);
+        }
     }
     /* Unlink from its hash chain. */
     front_request *head = u64map_get(&f->by_client, r->hkey);
@@ -179,7 +189,7 @@ size_t front_placing(const frontend *f)
 static void flush(frontend *f, front_request *r)
 {
     out_client to = {r->identity, r->identity_len, r->request_id, r->graph, r->start_us,
-                     r->params.seed};
+                     r->params.seed, r->discard};
     if (out_flush(f->out, &r->out, &to)) {
         request_free(f, r);
         return;
@@ -276,7 +286,8 @@ static void release_inputs(frontend *f, front_request *r)
 static void end_placing(frontend *f, front_request *r, bt_code code, const char *message)
 {
     release_inputs(f, r);
-    out_reject(f->out, r->identity, r->identity_len, r->request_id, code, "%s", message);
+    if (!r->discard)
+        out_reject(f->out, r->identity, r->identity_len, r->request_id, code, "%s", message);
     request_free(f, r);
 }
 
@@ -389,7 +400,15 @@ static bool place_input(frontend *f, front_request *r, size_t k, int w,
     Baton__V1__Put put = BATON__V1__PUT__INIT;
     put.request_key = r->key;
     put.put_id = r->key * MAX_GRAPH_INPUTS + k;
-    put.value = (Baton__V1__Tensor *)v;
+    /* The fields the door checked, and nothing else: unknown fields of the
+     * client's tensor stay at the door. */
+    Baton__V1__Tensor value = BATON__V1__TENSOR__INIT;
+    value.name = v->name;
+    value.dtype = v->dtype;
+    value.n_dims = v->n_dims;
+    value.dims = v->dims;
+    value.data = v->data;
+    put.value = &value;
     bool early = f->input_local[r->graph][k];
     if (early) {
         put.tensor_id = (UINT64_C(1) << 63) | ++f->next_put_tensor;
@@ -449,8 +468,74 @@ typedef struct frame {
 #define REFUSE(fr, code, ...) \
     out_reject((fr)->f->out, (fr)->id, (fr)->idlen, (fr)->rid, (code), __VA_ARGS__)
 
+/* The connections that share max_inflight now: those with requests in
+ * flight, and those refused for want of room a moment ago (they are
+ * waiting to get in), C among them. */
+static size_t sharers(frontend *f, const cl_client *c, uint64_t now)
+{
+    size_t n = f->clients->busy + (c->inflight == 0);
+    size_t k;
+    cl_client **v = cl_list(f->clients, &k);
+    for (size_t i = 0; i < k; i++)
+        n += v[i] != c && !v[i]->inflight && v[i]->refused_ms &&
+             v[i]->refused_ms + CL_REFUSED_KEEP_MS >= now;
+    free(v);
+    return n;
+}
+
+/* Admission of the connection's share: its replies read, its own cap,
+ * room under max_inflight, and no more than its fair share of it while
+ * others want some too (so that one busy connection cannot starve
+ * another: when a slot frees, the connection under its share gets it, and
+ * the busy one is refused).  False when refused. */
+static bool admit_client(frame *dr)
+{
+    frontend *f = dr->f;
+    const front_limits *lim = &f->limits;
+    cl_client *c = cl_get(f->clients, dr->id, dr->idlen);
+    uint64_t now = bt_now_ms();
+    if (!c) {
+        REFUSE(dr, BT_CODE_RESOURCE_EXHAUSTED, "out of memory");
+        return false;
+    }
+    if (c->backlog_bytes > lim->client_max_reply_bytes) {
+        REFUSE(dr, BT_CODE_RESOURCE_EXHAUSTED,
+               "this connection has not read %llu bytes of replies, more than "
+               "client_max_reply_bytes (%llu): read them before sending more requests",
+               (unsigned long long)c->backlog_bytes,
+               (unsigned long long)lim->client_max_reply_bytes);
+        return false;
+    }
+    if (c->inflight >= lim->client_max_inflight) {
+        REFUSE(dr, BT_CODE_RESOURCE_EXHAUSTED,
+               "this connection has %u requests in flight, the limit per connection "
+               "(client_max_inflight)", c->inflight);
+        return false;
+    }
+    if (f->requests.n >= lim->max_inflight) {
+        c->refused_ms = now;
+        REFUSE(dr, BT_CODE_RESOURCE_EXHAUSTED,
+               "%u requests are in flight, the limit (max_inflight)", lim->max_inflight);
+        return false;
+    }
+    /* The share matters only when the slots run short. */
+    if (f->requests.n * 2 >= lim->max_inflight) {
+        size_t n = sharers(f, c, now);
+        size_t share = (lim->max_inflight + n - 1) / n;
+        if (c->inflight >= share) {
+            c->refused_ms = now;
+            REFUSE(dr, BT_CODE_RESOURCE_EXHAUSTED,
+                   "this connection has %u requests in flight, its share of max_inflight (%u) "
+                   "while %zu connections want it", c->inflight, lim->max_inflight, n);
+            return false;
+        }
+    }
+    return true;
+}
+
 /* Admission: not a duplicate on this connection, the daemon open, room
- * under max_inflight.  False when refused. */
+ * under max_inflight and within the connection's share.  False when
+ * refused. */
 static bool admit(frame *dr)
 {
     frontend *f = dr->f;
@@ -468,12 +553,7 @@ static bool admit(frame *dr)
                "not ready: waiting for workers to register and load their models");
         return false;
     }
-    if (f->requests.n >= f->limits.max_inflight) {
-        REFUSE(dr, BT_CODE_RESOURCE_EXHAUSTED,
-               "%u requests are in flight, the limit (max_inflight)", f->limits.max_inflight);
-        return false;
-    }
-    return true;
+    return admit_client(dr);
 }
 
 /* A new request in the tables with its deadline, taking CAPS.  NULL (and
@@ -495,7 +575,10 @@ static front_request *request_create(frame *dr, const graph *g, const Baton__V1_
     r->chat_input = -1;
     r->stream = q->stream;
     r->start_us = bt_now_us();
+    /* Clamped: a request holds its slot until its deadline at worst. */
     uint32_t timeout = q->timeout_ms ? q->timeout_ms : f->limits.request_timeout_ms;
+    if (timeout > f->limits.max_request_timeout_ms)
+        timeout = f->limits.max_request_timeout_ms;
     r->deadline_ms = bt_now_ms() + timeout;
     r->params.request_id = r->request_id;
     r->params.deadline_ms = r->deadline_ms;
@@ -524,6 +607,10 @@ static front_request *request_create(frame *dr, const graph *g, const Baton__V1_
     }
     r->max_iters = caps;
     f->n_placing++; /* PHASE_PLACING is 0 */
+    /* admit_client made the record; it lives while a request counts in it. */
+    cl_client *c = cl_get(f->clients, dr->id, dr->idlen);
+    if ((r->counted = c != NULL))
+        cl_inflight_add(f->clients, c);
     /* Lazy deletion: an entry of a request that ended is skipped when due;
      * one that cannot be added only costs the deadline, never the request. */
     if (dl_push(&f->deadlines, r->deadline_ms, r->key) < 0)
@@ -597,10 +684,10 @@ static void handle_cancel(frame *dr, const Baton__V1__CancelRequest *q)
      * same connection while it is being ended. */
     if (!r || r->phase == PHASE_FLUSHING) {
         bool valid = bt_utf8_valid(rid, strlen(rid));
-        snprintf(msg, sizeof(msg), ambiguous ? "request '%.256s' is in flight on several "
+        snprintf(msg, sizeof(msg), ambiguous ? "request '%.*s' is in flight on several "
                  "connections; cancel it from the one that sent it"
-                 : "no request '%.256s' is in flight (unknown, or already ended)",
-                 valid ? rid : "(not UTF-8)");
+                 : "no request '%.*s' is in flight (unknown, or already ended)",
+                 valid ? bt_utf8_prefix(rid, 256) : 11, valid ? rid : "(not UTF-8)");
         cancel_answer(dr, rid, ambiguous ? BT_CODE_FAILED_PRECONDITION : BT_CODE_NOT_FOUND, msg);
         return;
     }
@@ -632,6 +719,27 @@ static void handle_message(frame *dr, const Baton__V1__ClientMessage *cm)
     }
 }
 
+/* Answers a frame that parsed but failed door_check_wire, in the kind of
+ * answer its message expects, under its request_id unless that is among
+ * the bad strings (or too long to be one). */
+static void refuse_wire(frame *dr, const Baton__V1__ClientMessage *cm, bool id_bad,
+                        const char *why)
+{
+    const char *rid = "";
+    if (cm->msg_case == BATON__V1__CLIENT_MESSAGE__MSG_INFER && cm->infer->request_id)
+        rid = cm->infer->request_id;
+    else if (cm->msg_case == BATON__V1__CLIENT_MESSAGE__MSG_CANCEL && cm->cancel->request_id)
+        rid = cm->cancel->request_id;
+    if (id_bad || strlen(rid) > DOOR_REQUEST_ID_MAX)
+        rid = "";
+    if (cm->msg_case == BATON__V1__CLIENT_MESSAGE__MSG_CANCEL) {
+        cancel_answer(dr, rid, BT_CODE_INVALID_ARGUMENT, why);
+        return;
+    }
+    dr->rid = rid;
+    REFUSE(dr, BT_CODE_INVALID_ARGUMENT, "%s", why);
+}
+
 /* Checks the size of one frame, parses it and handles it. */
 static void handle_frame(frontend *f, zmq_msg_t *ident, zmq_msg_t *part, int frames)
 {
@@ -648,9 +756,13 @@ static void handle_frame(frontend *f, zmq_msg_t *ident, zmq_msg_t *part, int fra
         return;
     }
     Baton__V1__ClientMessage *cm = baton__v1__client_message__unpack(NULL, n, zmq_msg_data(part));
+    char why[384];
+    bool id_bad = false;
     if (!cm)
         REFUSE(&dr, BT_CODE_INVALID_ARGUMENT,
                "the frame does not parse as a ClientMessage (%zu bytes)", n);
+    else if (door_check_wire(zmq_msg_data(part), n, &id_bad, why, sizeof(why)) != BT_CODE_OK)
+        refuse_wire(&dr, cm, id_bad, why);
     else
         handle_message(&dr, cm);
     baton__v1__client_message__free_unpacked(cm, NULL);
@@ -693,8 +805,66 @@ static bool deadline_live(void *arg, uint64_t key, uint64_t at_ms)
     return r && r->deadline_ms == at_ms;
 }
 
+/* Drops client C, which left its replies unread too long or too many: its
+ * requests are cancelled and answer nothing, its backlog goes. */
+static void drop_client(frontend *f, cl_client *c, uint64_t now_ms)
+{
+    bt_warn("dropping a client connection: %llu bytes of replies unread for %llu ms "
+            "(client_max_reply_bytes %llu, client_stall_timeout_ms %u); cancelling its %u "
+            "requests", (unsigned long long)c->backlog_bytes,
+            (unsigned long long)(now_ms - c->stalled_since_ms),
+            (unsigned long long)f->limits.client_max_reply_bytes,
+            f->limits.client_stall_timeout_ms, c->inflight);
+    uint64_t *keys;
+    size_t nk = collect_keys(f, &keys);
+    uint64_t *mine = malloc((nk + 1) * sizeof(*mine));
+    size_t n = 0;
+    for (size_t i = 0; mine && i < nk; i++) {
+        front_request *r = u64map_get(&f->requests, keys[i]);
+        if (r && !r->discard && r->identity_len == c->identity_len &&
+            memcmp(r->identity, c->identity, c->identity_len) == 0) {
+            r->discard = true;
+            mine[n++] = keys[i];
+        }
+    }
+    free(keys);
+    out_drop_client(f->out, c);
+    for (size_t i = 0; i < n; i++) {
+        front_request *r = u64map_get(&f->requests, mine[i]);
+        if (!r)
+            continue;
+        if (r->phase == PHASE_PLACING)
+            end_placing(f, r, BT_CODE_CANCELLED, "the client was dropped");
+        else if (r->phase == PHASE_RUNNING)
+            disp_cancel(f->disp, r->key);
+        else
+            request_free(f, r);
+    }
+    free(mine);
+}
+
+/* Clients whose backlog made no progress for client_stall_timeout_ms, or
+ * grew past twice client_max_reply_bytes (refusals of a client that sends
+ * and never reads), are dropped. */
+static void check_clients(frontend *f, uint64_t now_ms)
+{
+    if (!f->clients->backlog_bytes)
+        return;
+    size_t n;
+    cl_client **v = cl_list(f->clients, &n);
+    for (size_t i = 0; i < n; i++) {
+        cl_client *c = v[i];
+        if (c->n_backlog && (now_ms - c->stalled_since_ms >= f->limits.client_stall_timeout_ms ||
+                             c->backlog_bytes > 2 * f->limits.client_max_reply_bytes))
+            drop_client(f, c, now_ms);
+    }
+    free(v);
+}
+
 void front_tick(frontend *f, uint64_t now_ms)
 {
+    out_tick(f->out, now_ms);
+    check_clients(f, now_ms);
     dl_compact(&f->deadlines, f->requests.n, deadline_live, f);
     dl_entry e;
     while (dl_pop_due(&f->deadlines, now_ms, &e)) {
@@ -767,6 +937,7 @@ int front_create(const front_options *opt, const front_hooks *hooks, frontend **
     f->disp = opt->disp;
     f->limits = opt->limits;
     f->hooks = *hooks;
+    f->clients = out_clients(opt->out);
     u64map_init(&f->requests);
     u64map_init(&f->by_client);
     dl_init(&f->deadlines);

@@ -2,10 +2,15 @@
  * in flight and their deadlines.
  *
  * Every frame on the client ROUTER is checked at the door in a fixed order
- * (size, parse, then daemon/door.h's: request_id, graph, messages, inputs,
- * max_iters, raw_inputs, text limits; then an id already in flight on the
- * connection; draining or not ready; max_inflight), and the first failing
- * check answers at once.  An accepted request first places its inputs (one
+ * (size, parse, the wire check of daemon/door.h: no field numbered 0, no
+ * string with a NUL byte or invalid UTF-8; then door.h's request checks:
+ * request_id, graph, messages, inputs, max_iters, raw_inputs, text
+ * limits; then an id already in flight on the connection; draining or not ready; the connection's unread replies
+ * (client_max_reply_bytes), its client_max_inflight, max_inflight, and its
+ * fair share of max_inflight), and the first failing check answers at
+ * once.  The connections themselves are daemon/clients.h's: the tick
+ * drops one whose replies stay unread (its requests are cancelled and
+ * answer nothing).  An accepted request first places its inputs (one
  * Put per graph input, to the worker of its first consumer), then runs in
  * the dispatcher, and gets exactly one terminal InferResponse through its
  * outbound queue; when its text reaches a stop string or max_tokens, it is
@@ -32,6 +37,12 @@ typedef struct front_limits {
     uint32_t max_inflight;        /* requests accepted at once */
     uint32_t request_timeout_ms;  /* deadline of a request that names none */
     uint64_t max_message_bytes;   /* larger frames are refused */
+    uint32_t max_request_timeout_ms; /* a request's timeout_ms is clamped to it */
+    uint32_t client_max_inflight; /* requests one connection may have accepted at once */
+    uint64_t client_max_reply_bytes; /* unread replies past which a connection's new
+                                   * requests are refused (twice this: it is dropped) */
+    uint32_t client_stall_timeout_ms; /* a connection whose held replies make no progress
+                                   * this long is dropped, its requests cancelled */
 } front_limits;
 
 /* Whether new requests are let in. */

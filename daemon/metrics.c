@@ -50,6 +50,7 @@ struct metrics {
     graph_stats *graphs;         /* per graph */
     size_t n_graphs;
     uint64_t rejected[N_CODES];  /* refusals at the door, by code */
+    uint64_t clients_dropped;    /* connections dropped for not reading */
 };
 
 metrics *metrics_create(const graph_set *gs)
@@ -109,6 +110,12 @@ void metrics_node_done(metrics *m, int gi, int node, uint64_t queue_us, uint64_t
     n->count++;
     n->exec_us += exec_us;
     n->queue_us += queue_us;
+}
+
+void metrics_client_dropped(metrics *m)
+{
+    if (m)
+        m->clients_dropped++;
 }
 
 void metrics_rejected(metrics *m, bt_code code)
@@ -240,6 +247,14 @@ char *metrics_text(const metrics *m, const metrics_gauges *gg)
                 gg->workers[w].queued);
     family(f, "baton_tensors_held", "gauge", "Tensors the conductor tracks for live requests.");
     fprintf(f, "baton_tensors_held %zu\n", gg->tensors_held);
+    family(f, "baton_client_backlog_bytes", "gauge",
+           "Reply bytes held for client connections that have not read them yet.");
+    fprintf(f, "baton_client_backlog_bytes %llu\n", (unsigned long long)gg->client_backlog_bytes);
+    family(f, "baton_clients_dropped_total", "counter",
+           "Client connections dropped for leaving their replies unread past "
+           "client_stall_timeout_ms (or twice client_max_reply_bytes); their requests were "
+           "cancelled.");
+    fprintf(f, "baton_clients_dropped_total %llu\n", (unsigned long long)m->clients_dropped);
     worker_family(f, gg, "baton_pool_bytes_used", "gauge", "Bytes allocated in a worker's pool.",
                   W_POOL_USED);
     worker_family(f, gg, "baton_pool_bytes_free", "gauge", "Bytes free in a worker's pool.",

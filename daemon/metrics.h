@@ -34,6 +34,7 @@ typedef struct metrics_gauges {
     size_t inflight;              /* requests accepted, not yet answered */
     size_t placing;               /* of which still placing inputs */
     size_t tensors_held;          /* tensor references the runtime holds */
+    uint64_t client_backlog_bytes; /* replies held for clients that do not read */
     const metrics_worker *workers;
     size_t n_workers;
 } metrics_gauges;
@@ -45,6 +46,8 @@ void metrics_destroy(metrics *m);
 void metrics_request_done(metrics *m, int graph, bt_code code, uint64_t latency_us);
 void metrics_node_done(metrics *m, int graph, int node, uint64_t queue_us, uint64_t exec_us);
 void metrics_rejected(metrics *m, bt_code code);
+/* A client connection was dropped for not reading its replies. */
+void metrics_client_dropped(metrics *m);
 /* A streamed new_token value of a request of GRAPH left for its client:
  * FIRST says it is the request's first (SINCE_US is then the time since
  * acceptance: time to first token), else SINCE_US is the time since the

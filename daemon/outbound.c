@@ -8,6 +8,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/utf8.h"
 #include "common/vec.h"
 #include "daemon/outbound.h"
 
@@ -58,6 +59,7 @@ struct outbound {
     supervisor *sup;              /* borrowed: Fetches go through it */
     tensor_table *tt;             /* borrowed */
     metrics *m;                   /* borrowed */
+    cl_table clients;             /* the backlogs of clients that do not read */
 };
 
 outbound *out_create(void *socket, const graph_set *gs, supervisor *sup, tensor_table *tt,
@@ -71,29 +73,92 @@ outbound *out_create(void *socket, const graph_set *gs, supervisor *sup, tensor_
     o->sup = sup;
     o->tt = tt;
     o->m = m;
+    cl_init(&o->clients);
     return o;
 }
 
 void out_destroy(outbound *o)
 {
+    if (!o)
+        return;
+    cl_free(&o->clients);
     free(o);
+}
+
+cl_table *out_clients(outbound *o)
+{
+    return &o->clients;
+}
+
+void out_drop_client(outbound *o, cl_client *c)
+{
+    metrics_client_dropped(o->m);
+    cl_remove(&o->clients, c);
+}
+
+/* Hands F to ZeroMQ for the client IDENTITY: 0, or the errno: EAGAIN when
+ * the client's pipe is full (the ROUTER is ROUTER_MANDATORY with a finite
+ * high-water mark), EHOSTUNREACH when the client went away. */
+static int send_frame(outbound *o, const uint8_t *identity, size_t identity_len,
+                      const cl_frame *f)
+{
+    /* A ROUTER takes a message whole or not at all: once the identity
+     * frame is taken, the body is too. */
+    if (zmq_send(o->socket, identity, identity_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+        zmq_send(o->socket, f->data, f->len, ZMQ_DONTWAIT) < 0)
+        return errno ? errno : EIO;
+    return 0;
 }
 
 void out_send(outbound *o, const uint8_t *identity, size_t identity_len,
               const Baton__V1__ServerMessage *m)
 {
     size_t n = baton__v1__server_message__get_packed_size(m);
-    uint8_t *buf = malloc(n ? n : 1);
-    if (!buf) {
+    cl_frame *f = malloc(sizeof(*f) + (n ? n : 1));
+    if (!f) {
         bt_error("out of memory sending a %zu-byte reply", n);
         return;
     }
-    baton__v1__server_message__pack(m, buf);
-    /* A client that went away simply loses the reply: ROUTER drops it. */
-    if (zmq_send(o->socket, identity, identity_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
-        zmq_send(o->socket, buf, n, ZMQ_DONTWAIT) < 0)
-        bt_debug("reply to a client dropped: %s", zmq_strerror(errno));
-    free(buf);
+    f->len = n;
+    baton__v1__server_message__pack(m, f->data);
+    uint64_t now = bt_now_ms();
+    /* Behind what already waits, to keep each client's order. */
+    cl_client *c = cl_find(&o->clients, identity, identity_len);
+    if (c && c->n_backlog) {
+        cl_backlog_push(&o->clients, c, f, now);
+        return;
+    }
+    int err = send_frame(o, identity, identity_len, f);
+    if (err == EAGAIN && (c = cl_get(&o->clients, identity, identity_len))) {
+        cl_backlog_push(&o->clients, c, f, now);
+        return;
+    }
+    /* A client that went away simply loses the reply. */
+    if (err)
+        bt_debug("reply to a client dropped: %s", zmq_strerror(err));
+    free(f);
+}
+
+void out_tick(outbound *o, uint64_t now_ms)
+{
+    /* Nothing waits, and every client left has requests in flight. */
+    if (!o->clients.backlog_bytes && o->clients.n == o->clients.busy)
+        return;
+    size_t n;
+    cl_client **v = cl_list(&o->clients, &n);
+    for (size_t i = 0; i < n; i++) {
+        cl_client *c = v[i];
+        int err = 0;
+        while (c->head && (err = send_frame(o, c->identity, c->identity_len, c->head)) == 0)
+            free(cl_backlog_pop(&o->clients, c, now_ms));
+        if (err && err != EAGAIN) {
+            bt_debug("%zu replies to a client dropped: %s", c->n_backlog, zmq_strerror(err));
+            while (c->head)
+                free(cl_backlog_pop(&o->clients, c, now_ms));
+        }
+        cl_release_if_idle(&o->clients, c, now_ms, CL_REFUSED_KEEP_MS);
+    }
+    free(v);
 }
 
 void out_reject(outbound *o, const uint8_t *identity, size_t identity_len,
@@ -104,6 +169,11 @@ void out_reject(outbound *o, const uint8_t *identity, size_t identity_len,
     va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
+    /* A long name cut by this buffer (or by the caller's) must not leave
+     * half a character: the client's protobuf runtime would refuse the
+     * whole reply. */
+    size_t n = strlen(msg);
+    msg[bt_utf8_cut(msg, n)] = '\0';
     Baton__V1__Status st = BATON__V1__STATUS__INIT;
     st.code = (Baton__V1__Code)code;
     st.message = msg;
@@ -365,7 +435,8 @@ static void send_chunk(outbound *ob, const char *name, const char *modality,
     Baton__V1__ServerMessage m = BATON__V1__SERVER_MESSAGE__INIT;
     m.msg_case = BATON__V1__SERVER_MESSAGE__MSG_CHUNK;
     m.chunk = &ch;
-    out_send(ob, to->identity, to->identity_len, &m);
+    if (!to->discard)
+        out_send(ob, to->identity, to->identity_len, &m);
 }
 
 /* Fills RESP's outputs and timings from O; arrays come from the caller.
@@ -494,7 +565,8 @@ static void send_response(outbound *ob, const out_queue *q, const out_msg *o,
     Baton__V1__ServerMessage m = BATON__V1__SERVER_MESSAGE__INIT;
     m.msg_case = BATON__V1__SERVER_MESSAGE__MSG_RESPONSE;
     m.response = &resp;
-    out_send(ob, to->identity, to->identity_len, &m);
+    if (!to->discard)
+        out_send(ob, to->identity, to->identity_len, &m);
     metrics_request_done(ob->m, to->graph, (bt_code)st.code, resp.total_us);
     for (size_t i = 0; owned && i < n_outs; i++)
         if (owned[i]) {

@@ -23,6 +23,7 @@
 
 #include "common/status.h"
 #include "config/graph.h"
+#include "daemon/clients.h"
 #include "daemon/dispatch.h"
 #include "daemon/metrics.h"
 #include "daemon/supervisor.h"
@@ -59,6 +60,7 @@ typedef struct out_client {
     int graph;
     uint64_t start_us;            /* monotonic us at acceptance, for total_us */
     uint64_t seed;                /* the request's sampling seed, reported in the response */
+    bool discard;                 /* the client was dropped: build nothing, send nothing */
 } out_client;
 
 typedef struct outbound outbound;
@@ -69,9 +71,18 @@ outbound *out_create(void *socket, const graph_set *gs, supervisor *sup, tensor_
 void out_destroy(outbound *o);
 
 /* Sends one ServerMessage to the client IDENTITY; a client that went away
- * loses it (ROUTER drops it). */
+ * loses it.  A client whose pipe is full (it does not read) gets it later:
+ * the message waits in its backlog (daemon/clients.h), after any earlier
+ * one. */
 void out_send(outbound *o, const uint8_t *identity, size_t identity_len,
               const Baton__V1__ServerMessage *m);
+/* Sends what the backlogs hold, as far as ZeroMQ takes it; a client that
+ * went away loses its backlog. */
+void out_tick(outbound *o, uint64_t now_ms);
+/* The client table (borrowed; the frontend counts requests in it). */
+cl_table *out_clients(outbound *o);
+/* Drops client C (its backlog with it) and counts it in the metrics. */
+void out_drop_client(outbound *o, cl_client *c);
 /* Refuses a request: sends a terminal InferResponse with CODE and a
  * message (at most 511 bytes) that says what was wrong, and counts it. */
 void out_reject(outbound *o, const uint8_t *identity, size_t identity_len,

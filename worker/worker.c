@@ -18,6 +18,7 @@
 
 #include "worker/join.h"
 #include "common/log.h"
+#include "common/pbwire.h"
 #include "worker/worker_internal.h"
 
 #define HEARTBEAT_NS 1000000000ull
@@ -676,12 +677,95 @@ static void send_heartbeat(wk_worker *w)
     wk_send(w, &m);
 }
 
+/* The fields of a Put or a Dispatch that name its request, read from a
+ * frame that does not parse as a whole. */
+typedef struct salvaged {
+    uint64_t member;              /* ConductorMessage field: 2 Dispatch, 9 Put; 0: neither */
+    uint64_t request_key, put_id, dispatch_id;
+    uint32_t graph, node;
+    uint32_t iteration[16];
+    size_t n_iteration;
+} salvaged;
+
+static void salvage_fields(salvaged *sv, const pbw_field *top)
+{
+    pbw_reader r = pbw_init(top->data, top->len);
+    pbw_field f;
+    bool put = sv->member == 9;
+    while (pbw_next(&r, &f) > 0) {
+        if (f.number == 1 && f.wire == PBW_VARINT)
+            sv->request_key = f.value;
+        else if (put && f.number == 2 && f.wire == PBW_VARINT)
+            sv->put_id = f.value;
+        else if (!put && f.number == 3 && f.wire == PBW_VARINT)
+            sv->graph = (uint32_t)f.value;
+        else if (!put && f.number == 4 && f.wire == PBW_VARINT)
+            sv->node = (uint32_t)f.value;
+        else if (!put && f.number == 13 && f.wire == PBW_VARINT)
+            sv->dispatch_id = f.value;
+        else if (!put && f.number == 8 && f.wire == PBW_VARINT && sv->n_iteration < 16)
+            sv->iteration[sv->n_iteration++] = (uint32_t)f.value;
+        else if (!put && f.number == 8 && f.wire == PBW_BYTES) {
+            const uint8_t *p = f.data, *end = f.data + f.len;
+            uint64_t v;
+            while (p < end && sv->n_iteration < 16 && pbw_varint(&p, end, &v) == 0)
+                sv->iteration[sv->n_iteration++] = (uint32_t)v;
+        }
+    }
+}
+
+/* A frame from the conductor that does not parse: when it is a Put or a
+ * Dispatch whose request can still be read from it, that request fails at
+ * once (a refused Placed, a failed Done), rather than wait for an answer
+ * that would never come. */
+static void salvage_frame(wk_worker *w, const void *data, size_t len)
+{
+    salvaged sv = {0};
+    pbw_reader r = pbw_init(data, len);
+    pbw_field f;
+    while (pbw_next(&r, &f) > 0)
+        if ((f.number == 2 || f.number == 9) && f.wire == PBW_BYTES) {
+            sv.member = f.number;
+            salvage_fields(&sv, &f);
+        }
+    if (!sv.member || !sv.request_key) {
+        bt_warn("dropped a frame of %zu bytes from the conductor that does not parse", len);
+        return;
+    }
+    char why[160];
+    snprintf(why, sizeof(why), "worker %s could not parse the %s of %zu bytes the conductor "
+             "sent for this request", w->opt.name, sv.member == 9 ? "Put" : "Dispatch", len);
+    Baton__V1__Status st = BATON__V1__STATUS__INIT;
+    st.code = BATON__V1__CODE__INTERNAL;
+    st.message = why;
+    if (sv.member == 9) {
+        Baton__V1__Put p = BATON__V1__PUT__INIT;
+        p.request_key = sv.request_key;
+        p.put_id = sv.put_id;
+        send_placed(w, &p, NULL, BATON_STATUS_INTERNAL, why);
+        return;
+    }
+    Baton__V1__Done d = BATON__V1__DONE__INIT;
+    d.request_key = sv.request_key;
+    d.graph = sv.graph;
+    d.node = sv.node;
+    d.iteration = sv.iteration;
+    d.n_iteration = sv.n_iteration;
+    d.dispatch_id = sv.dispatch_id;
+    d.status = &st;
+    Baton__V1__WorkerMessage m = BATON__V1__WORKER_MESSAGE__INIT;
+    m.msg_case = BATON__V1__WORKER_MESSAGE__MSG_DONE;
+    m.done = &d;
+    bt_warn("%s", why);
+    wk_send(w, &m);
+}
+
 void wk_handle_frame(wk_worker *w, const void *data, size_t len)
 {
     Baton__V1__ConductorMessage *msg =
         baton__v1__conductor_message__unpack(NULL, len, (const uint8_t *)data);
     if (!msg) {
-        bt_warn("dropped a frame of %zu bytes from the conductor that does not parse", len);
+        salvage_frame(w, data, len);
         return;
     }
     switch (msg->msg_case) {

@@ -19,9 +19,10 @@
  * unanswered, so that the worker's answers arrive for requests that ended.
  *
  * Asserted after each input, beyond the sanitizers: every frame that asks
- * for an InferResponse (an InferRequest, a frame that does not parse, an
- * empty ClientMessage) got exactly one, under the id the door answers with
- * (the request_id when it is valid, else ""); every CancelRequest got one
+ * for an InferResponse (an InferRequest, a frame that does not parse or
+ * that the wire check refuses, an empty ClientMessage) got exactly one,
+ * under the id the door answers with (the request_id when it is valid,
+ * else ""); every CancelRequest got one
  * CancelResponse; every chunk belongs to a request sent; and nothing is
  * left in flight or placing.  With BATON_FUZZ_VERBOSE set in the
  * environment each InferResponse's status is printed. */
@@ -452,8 +453,10 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     CHECK((H.out = out_create(H.front, H.gs, H.sup, H.tt, H.m)));
     front_options fo = {H.gs, H.front, H.out, H.sup, H.tt, H.disp, {0, 0, 0}};
     CHECK(front_create(&fo, &fh, &H.f) == 0);
-    front_limits lim = {H.cfg->daemon.max_inflight, H.cfg->daemon.request_timeout_ms,
-                        H.cfg->daemon.max_message_bytes};
+    const cfg_daemon *d = &H.cfg->daemon;
+    front_limits lim = {d->max_inflight, d->request_timeout_ms, d->max_message_bytes,
+                        d->max_request_timeout_ms, d->client_max_inflight,
+                        d->client_max_reply_bytes, d->client_stall_timeout_ms};
     front_set_limits(H.f, &lim);
     front_set_admission(H.f, FRONT_NOT_READY);
 
@@ -523,6 +526,23 @@ static void send_frame(expect *e, const uint8_t *p, size_t n)
     Baton__V1__ClientMessage *cm = baton__v1__client_message__unpack(NULL, n, p);
     if (!cm) {
         (*owed(e, ""))++;
+        return;
+    }
+    /* A frame the wire check refuses is answered at once: a cancel by a
+     * CancelResponse, anything else by an InferResponse, under the
+     * request_id unless that is among the bad strings or too long. */
+    bool id_bad = false;
+    char why[384];
+    if (door_check_wire(p, n, &id_bad, why, sizeof(why)) != BT_CODE_OK) {
+        if (cm->msg_case == BATON__V1__CLIENT_MESSAGE__MSG_CANCEL) {
+            e->cancels++;
+        } else {
+            const char *rid = cm->msg_case == BATON__V1__CLIENT_MESSAGE__MSG_INFER &&
+                                      cm->infer->request_id
+                                  ? cm->infer->request_id : "";
+            (*owed(e, id_bad || strlen(rid) > DOOR_REQUEST_ID_MAX ? "" : rid))++;
+        }
+        baton__v1__client_message__free_unpacked(cm, NULL);
         return;
     }
     switch (cm->msg_case) {

@@ -386,7 +386,7 @@ def bad_cases():
         ("max_iters zero", req(graph="count", max_iters={"count_loop": 0}), INV),
         ("oversized frame", b"\x0a" + b"\x00" * (1 << 20), pb.RESOURCE_EXHAUSTED),
         ("unicode graph name", req(graph="\u00e9cho"), NF),
-        ("nul in request_id", req(rid="a\x00b"), None),
+        ("nul in request_id", req(rid="a\x00b"), INV),
         ("huge dims count", req(inputs=[("x", I32, [1] * 64, i32(1))]), INV),
         ("input with empty name", req(inputs=[("", I32, [1], i32(1))]), INV),
         ("bool with wrong size", req(inputs=[("x", pb.BOOL, [3], b"\x01")]), INV),
@@ -421,6 +421,85 @@ def test_hostile_inputs(d, c):
     _, r = c.infer("echo", X(42))
     assert r.status.code == pb.OK and as_i32(r.outputs[0]) == [42]
     assert c.health().ready
+
+
+def varint(n):
+    out = b""
+    while True:
+        b = n & 0x7f
+        n >>= 7
+        if n:
+            out += bytes([b | 0x80])
+        else:
+            return out + bytes([b])
+
+
+def ld(number, data):
+    """A length-delimited field."""
+    return varint(number << 3 | 2) + varint(len(data)) + data
+
+
+def infer_frame(rid=b"w1", graph=b"echo", name=b"x", tensor_extra=b"", extra=b""):
+    """An InferRequest frame with raw bytes where protobuf's Python runtime
+    would refuse to write them."""
+    t = ld(1, name) + b"\x10" + bytes([I32]) + ld(3, b"\x01") + ld(4, i32(5)) + tensor_extra
+    q = ld(1, rid) + ld(2, graph) + ld(3, t) + extra
+    return ld(1, q)
+
+
+def test_strict_door(d, c):
+    """What protobuf-c lets through is refused at the door, with a reply the
+    client's own protobuf runtime can read (recv parses every reply)."""
+    def ask(frame):
+        c.sock.send(frame)
+        r = c.recv(5)
+        assert r is not None and r.HasField("response"), frame
+        return r.response
+    # A field numbered 0 (the overlong varint 80 00) in a tensor: refused
+    # at the door, not passed on to a worker that cannot parse it.
+    r = ask(infer_frame(rid=b"w-tag0", tensor_extra=b"\x80\x00\x00"))
+    assert r.request_id == "w-tag0" and r.status.code == pb.INVALID_ARGUMENT, r
+    assert "numbered 0" in r.status.message and "infer.inputs[0]" in r.status.message, r
+    # Another unknown field is dropped at the door: the request runs.
+    r = ask(infer_frame(rid=b"w-unknown", tensor_extra=b"\x98\x06\x07"))
+    assert r.request_id == "w-unknown" and r.status.code == pb.OK, r
+    assert as_i32(r.outputs[0]) == [5], r
+    # Invalid UTF-8 anywhere: refused, and never echoed.
+    for rid, graph, name, where, code_rid in (
+            (b"w-g", b"ech\xc3", b"x", "infer.graph is not valid UTF-8", "w-g"),
+            (b"w-n", b"echo", b"x\xff", "infer.inputs[0].name is not valid UTF-8", "w-n"),
+            (b"w\xed\xa0\x80", b"echo", b"x", "infer.request_id is not valid UTF-8", "")):
+        r = ask(infer_frame(rid=rid, graph=graph, name=name))
+        assert r.status.code == pb.INVALID_ARGUMENT and r.status.message == where, r
+        assert r.request_id == code_rid, r
+    r = ask(infer_frame(rid=b"w-stop", extra=ld(10, b"\xc3\x28")))
+    assert r.status.code == pb.INVALID_ARGUMENT and "infer.stop[0]" in r.status.message, r
+    # Ids with a NUL: two different ids, both refused, neither cut to "a".
+    for rid in (b"a\x00b", b"a\x00c"):
+        r = ask(infer_frame(rid=rid))
+        assert r.status.code == pb.INVALID_ARGUMENT, r
+        assert r.status.message == "infer.request_id holds a NUL byte", r
+        assert r.request_id == "", r
+    r = ask(infer_frame(rid=b"w-nul-input", name=b"x\x00y"))
+    assert r.status.code == pb.INVALID_ARGUMENT and r.request_id == "w-nul-input", r
+    # A cancel whose id holds a NUL gets a CancelResponse that says so.
+    c.sock.send(ld(2, ld(1, b"a\x00b")))
+    r = c.recv(5)
+    assert r is not None and r.HasField("cancel"), r
+    assert r.cancel.status.code == pb.INVALID_ARGUMENT and r.cancel.request_id == "", r
+    # A long name of two-byte characters, cut by the message buffer, is cut
+    # between characters.
+    for pad in ("", "a"):
+        r = ask(infer_frame(rid=b"w-long", graph=(pad + "\u00e9" * 400).encode()))
+        assert r.status.code == pb.NOT_FOUND and r.status.message.startswith("no graph named"), r
+    m = pb.ClientMessage()
+    m.cancel.request_id = "b" + "\u00e9" * 200
+    c.send(m)
+    r = c.recv(5)
+    assert r is not None and r.cancel.status.code == pb.NOT_FOUND, r
+    # Still serving.
+    _, r = c.infer("echo", X(42))
+    assert r.status.code == pb.OK and as_i32(r.outputs[0]) == [42]
 
 
 def test_stats_and_metrics(d, c):
@@ -708,7 +787,7 @@ def test_metrics_text_is_valid(d, c):
 TESTS = [test_echo, test_hop_across_workers, test_large_tensor_fetched, test_fanin_two_workers,
          test_loop_streams_tokens, test_loop_without_stream_joins, test_request_max_iters,
          test_stream_into_consumer, test_nested_loops, test_node_failure, test_deadline,
-         test_cancel, test_duplicate_id, test_hostile_inputs, test_admission,
+         test_cancel, test_duplicate_id, test_hostile_inputs, test_strict_door, test_admission,
          test_stats_and_metrics, test_metrics_listener_cannot_stall, test_http_health,
          test_terminal_ctrl_c_drains, test_second_batond_refused, test_seed_drawn_and_reported,
          test_metrics_text_is_valid, test_load_many_sockets,
@@ -1210,6 +1289,164 @@ def test_chat_text_limits(config):
         d.stop()
 
 
+def rss_kib(pid):
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def wait_metric(d, name, pred, timeout=30.0):
+    """Polls /metrics until PRED holds for NAME's value (an event, awaited up
+    to TIMEOUT; what is asserted is the value, never the time)."""
+    deadline = time.time() + timeout
+    v = None
+    while time.time() < deadline:
+        m = re.search(r"^%s (\S+)$" % re.escape(name), d.metrics(), re.M)
+        v = float(m.group(1)) if m else None
+        if v is not None and pred(v):
+            return v
+        time.sleep(0.1)
+    return v
+
+
+BOUNDS = """  client_max_inflight: 16
+  client_max_reply_bytes: 1048576
+  client_stall_timeout_ms: 3000
+"""
+
+
+def test_client_that_never_reads(config):
+    """A client sends thousands of requests with 16 KiB answers and reads
+    none, beside a client that reads: batond's memory stays bounded, the
+    reader gets every answer, and the non-reader is dropped and counted."""
+    # Under AddressSanitizer freed memory waits in a quarantine (256 MiB by
+    # default) and counts in the RSS; a small one keeps the bound about
+    # batond's own memory.  Other builds ignore the variable.
+    asan = os.environ.get("ASAN_OPTIONS", "")
+    d = Daemon(config.replace("  log_level: warning\n", "  log_level: warning\n" + BOUNDS),
+               extra_env={"ASAN_OPTIONS": (asan + ":" if asan else "") + "quarantine_size_mb=4"})
+    c = d.client()
+    hog = d.ctx.socket(zmq.DEALER)
+    hog.setsockopt(zmq.LINGER, 0)
+    hog.setsockopt(zmq.RCVHWM, 1)
+    hog.setsockopt(zmq.RCVBUF, 4096)
+    hog.connect(d.endpoint)
+    try:
+        big = {"x": (I32, [4096], i32(*range(4096)))}  # 16 KiB each way
+        for _ in range(20):
+            _, r = c.infer("echo", big)
+            assert r.status.code == pb.OK
+        base = rss_kib(d.proc.pid)
+        results = {"ok": 0, "other": [], "sent": 0}
+        stop = threading.Event()
+
+        def reader():
+            cl = d.client()
+            try:
+                while not stop.is_set() or results["sent"] < 200:
+                    _, r = cl.infer("echo", X(results["sent"]), timeout=30)
+                    results["sent"] += 1
+                    if r.status.code == pb.OK and as_i32(r.outputs[0]) == [results["sent"] - 1]:
+                        results["ok"] += 1
+                    else:
+                        results["other"].append(r.status)
+            finally:
+                cl.close()
+
+        t = threading.Thread(target=reader)
+        t.start()
+        peak = base
+        n_hog = 6000
+        try:
+            for i in range(n_hog):
+                m = pb.ClientMessage()
+                q = m.infer
+                q.request_id = "hog-%d" % i
+                q.graph = "echo"
+                q.inputs.add(name="x", dtype=I32, dims=[4096], data=big["x"][2])
+                hog.send(m.SerializeToString())
+                if i % 200 == 0:
+                    peak = max(peak, rss_kib(d.proc.pid))
+        finally:
+            stop.set()
+        t.join()
+        peak = max(peak, rss_kib(d.proc.pid))
+        # 6000 unread answers of 16 KiB are 94 MiB; what batond may hold is
+        # two client_max_reply_bytes of backlog and 64 replies in ZeroMQ's
+        # pipe, so the bound leaves room for the allocator's slack only.
+        assert (peak - base) < 48 * 1024, (base, peak)
+        assert results["ok"] == results["sent"] and results["sent"] >= 200, results
+        assert not results["other"], results["other"][:3]
+        dropped = wait_metric(d, "baton_clients_dropped_total", lambda v: v >= 1)
+        assert dropped is not None and dropped >= 1, d.metrics()
+        held = wait_metric(d, "baton_tensors_held", lambda v: v == 0)
+        assert held == 0, d.metrics()
+        text = d.metrics()
+        assert re.search(r'^baton_requests_rejected_total\{code="RESOURCE_EXHAUSTED"\} [1-9]',
+                         text, re.M), text
+        # Still serving, the reader as before.
+        _, r = c.infer("echo", X(7))
+        assert r.status.code == pb.OK and as_i32(r.outputs[0]) == [7]
+    finally:
+        hog.close()
+        c.close()
+        d.stop()
+
+
+def test_fair_admission(config):
+    """A connection with a request in flight keeps its share of max_inflight
+    (64) against one that asks for every slot: the greedy one gets 32, and
+    the first still gets in."""
+    d = Daemon(config)
+    c = d.client()
+    hog = d.client()
+    try:
+        first = c.request("slower", X(0))
+        assert wait_metric(d, "baton_inflight_requests", lambda v: v >= 1) >= 1
+        for i in range(64):
+            hog.request("slower", X(i), rid="hog-%d" % i)
+        refused = []
+        while len(refused) < 32:
+            m = hog.recv(10)
+            assert m is not None and m.HasField("response"), "hog: %d refusals" % len(refused)
+            refused.append(m.response)
+        assert all(r.status.code == pb.RESOURCE_EXHAUSTED and "share" in r.status.message
+                   for r in refused), refused[:2]
+        assert hog.recv(0.2) is None  # its 32 others run
+        # The first connection is under its share: it gets in at once.
+        for i in range(10):
+            _, r = c.infer("echo", X(i))
+            assert r.status.code == pb.OK and as_i32(r.outputs[0]) == [i], r
+        _, r = c.wait(first, timeout=30)
+        assert r.status.code == pb.OK, r
+        ok = 0
+        while ok < 32:
+            m = hog.recv(30)
+            assert m is not None and m.response.status.code == pb.OK, m
+            ok += 1
+    finally:
+        hog.close()
+        c.close()
+        d.stop()
+
+
+def test_timeout_clamped(config):
+    """A timeout_ms above max_request_timeout_ms is clamped to it."""
+    d = Daemon(config.replace("  log_level: warning\n",
+                              "  log_level: warning\n  max_request_timeout_ms: 100\n"))
+    c = d.client()
+    try:
+        _, r = c.infer("slow", X(1), timeout_ms=2**32 - 1)
+        assert r.status.code == pb.DEADLINE_EXCEEDED, r
+        _, r = c.infer("echo", X(2), timeout_ms=2**32 - 1)
+        assert r.status.code == pb.OK, r
+    finally:
+        c.close()
+        d.stop()
+
+
 def main():
     with open(os.path.join(ROOT, "tests/integration/configs/e2e.yaml")) as f:
         config = f.read()
@@ -1234,7 +1471,8 @@ def main():
     finally:
         d.stop()
     for t in (test_sigterm_drain, test_sd_notify, test_sighup_reload, test_external_worker,
-              test_transformer_serves, test_chat_text_limits):
+              test_transformer_serves, test_chat_text_limits, test_client_that_never_reads,
+              test_fair_admission, test_timeout_clamped):
         if only and t.__name__ not in only:
             continue
         try:

@@ -122,9 +122,9 @@ static void test_chat_example_shape(void **state)
     assert_non_null(o);
     assert_int_equal(o->type, BT_OPT_PATH);
     assert_string_equal(o->v.s, "models/smollm2-135m-instruct-q4_1.gguf");
-    /* Declared defaults are filled in. */
+    /* The file's own options, then declared defaults filled in. */
     assert_int_equal(cfg_model_option(m, "max_seq")->v.i, 2048);
-    assert_string_equal(cfg_model_option(m, "kv_dtype")->v.s, "auto");
+    assert_string_equal(cfg_model_option(m, "kv_dtype")->v.s, "q8_0");
     assert_int_equal(cfg_model_option(m, "prefill_chunk")->v.i, 256);
     assert_true(cfg_model_option(m, "chat_template")->v.b);
     assert_int_equal(cfg_model_option(m, "eos")->v.i, -1);
@@ -196,6 +196,10 @@ static void test_defaults(void **state)
     assert_int_equal(c->daemon.drain_timeout_ms, 10000);
     assert_int_equal(c->daemon.max_message_bytes, 67108864);
     assert_int_equal(c->daemon.speculation_window, 8);
+    assert_int_equal(c->daemon.max_request_timeout_ms, 600000);
+    assert_int_equal(c->daemon.client_max_inflight, 64);
+    assert_int_equal(c->daemon.client_max_reply_bytes, 67108864);
+    assert_int_equal(c->daemon.client_stall_timeout_ms, 30000);
     assert_string_equal(c->daemon.log_level, "info");
 
     const cfg_worker *w = cfg_worker_find(c, "cpu0");
@@ -418,6 +422,22 @@ static void test_int_trailing_junk_and_range(void **state)
     expect_error("version: 1\ndaemon: {request_timeout_ms: 99999999999999999999}\n", 2,
                  "request_timeout_ms must be at most");
     expect_error("version: 1\ndaemon: {max_inflight: 0}\n", 2, "max_inflight must be at least 1");
+    /* The per-client bounds and the timeout cap. */
+    expect_error("version: 1\ndaemon: {client_max_inflight: 0}\n", 2,
+                 "client_max_inflight must be at least 1");
+    expect_error("version: 1\ndaemon: {client_max_reply_bytes: 1000}\n", 2,
+                 "client_max_reply_bytes must be at least 65536");
+    expect_error("version: 1\ndaemon: {client_stall_timeout_ms: 0}\n", 2,
+                 "client_stall_timeout_ms must be at least 1");
+    expect_error("version: 1\ndaemon: {max_request_timeout_ms: 0}\n", 2,
+                 "max_request_timeout_ms must be at least 1");
+    cfg_config *c = load_ok("version: 1\ndaemon: {client_max_inflight: 4, client_max_reply_bytes: "
+                            "1048576, client_stall_timeout_ms: 500, max_request_timeout_ms: 9}\n");
+    assert_int_equal(c->daemon.client_max_inflight, 4);
+    assert_int_equal(c->daemon.client_max_reply_bytes, 1048576);
+    assert_int_equal(c->daemon.client_stall_timeout_ms, 500);
+    assert_int_equal(c->daemon.max_request_timeout_ms, 9);
+    cfg_config_destroy(c);
 }
 
 static void test_wrong_bool(void **state)

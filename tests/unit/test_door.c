@@ -422,6 +422,183 @@ static void test_utf8(void **state)
     assert_true(bt_utf8_valid("a\0b", 3));
 }
 
+/* bt_utf8_cut and bt_utf8_prefix: never half a character. */
+static void test_utf8_cut(void **state)
+{
+    (void)state;
+    assert_int_equal(bt_utf8_cut("", 0), 0);
+    assert_int_equal(bt_utf8_cut("abc", 3), 3);
+    assert_int_equal(bt_utf8_cut("a\xc3\xa9", 3), 3);        /* a whole é */
+    assert_int_equal(bt_utf8_cut("a\xc3\xa9", 2), 1);        /* half of it */
+    assert_int_equal(bt_utf8_cut("\xf0\x9f\x98\x80", 3), 0);
+    assert_int_equal(bt_utf8_cut("\xf0\x9f\x98\x80", 4), 4);
+    assert_int_equal(bt_utf8_cut("x\xe2\x82\xac", 2), 1);
+    assert_int_equal(bt_utf8_prefix("a\xc3\xa9\xc3\xa9", 4), 3);
+    assert_int_equal(bt_utf8_prefix("ab", 64), 2);
+    /* Every prefix of a valid string, cut, is valid. */
+    const char *s = "a\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80z";
+    for (size_t n = 0; n <= strlen(s); n++)
+        assert_true(bt_utf8_valid(s, bt_utf8_cut(s, n)));
+}
+
+/* ---- the wire check ---------------------------------------------------- */
+
+typedef struct bytes {
+    uint8_t b[1024];
+    size_t n;
+} bytes;
+
+static void put(bytes *o, const void *p, size_t n)
+{
+    assert_true(o->n + n <= sizeof(o->b));
+    memcpy(o->b + o->n, p, n);
+    o->n += n;
+}
+
+/* A length-delimited field (lengths under 128). */
+static void field(bytes *o, unsigned number, const void *p, size_t n)
+{
+    assert_true(n < 128 && number < 16);
+    uint8_t h[2] = {(uint8_t)(number << 3 | 2), (uint8_t)n};
+    put(o, h, 2);
+    put(o, p, n);
+}
+
+/* A ClientMessage whose infer holds BODY. */
+static bytes infer_frame(const bytes *body)
+{
+    bytes f = {.n = 0};
+    field(&f, 1, body->b, body->n);
+    return f;
+}
+
+/* A tensor {name, dtype I32, dims [1], 4 bytes} followed by EXTRA bytes. */
+static bytes tensor(const char *name, size_t name_len, const void *extra, size_t n_extra)
+{
+    bytes t = {.n = 0};
+    field(&t, 1, name, name_len);
+    put(&t, "\x10\x04\x1a\x01\x01", 5);   /* dtype I32, dims [1] (packed) */
+    field(&t, 4, "\x01\x00\x00\x00", 4);
+    put(&t, extra, n_extra);
+    return t;
+}
+
+static bt_code wire(const bytes *frame, bool *id_bad, char *why)
+{
+    why[0] = 0;
+    return door_check_wire(frame->b, frame->n, id_bad, why, 512);
+}
+
+static void test_wire(void **state)
+{
+    (void)state;
+    char why[512];
+    bool id_bad;
+    /* A clean request, with an unknown field (99, varint) in its tensor:
+     * it passes, and the field is not the door's to keep. */
+    bytes t = tensor("x", 1, "\x98\x06\x07", 3);
+    bytes q = {.n = 0};
+    field(&q, 1, "r1", 2);
+    field(&q, 2, "g", 1);
+    field(&q, 3, t.b, t.n);
+    bytes f = infer_frame(&q);
+    Baton__V1__ClientMessage *cm = baton__v1__client_message__unpack(NULL, f.n, f.b);
+    assert_non_null(cm);
+    baton__v1__client_message__free_unpacked(cm, NULL);
+    assert_int_equal(wire(&f, &id_bad, why), BT_CODE_OK);
+
+    /* A field numbered 0, as the overlong varint 80 00, which protobuf-c
+     * accepts: refused, naming where. */
+    t = tensor("x", 1, "\x80\x00\x00", 3);
+    q.n = 0;
+    field(&q, 1, "r1", 2);
+    field(&q, 3, t.b, t.n);
+    f = infer_frame(&q);
+    cm = baton__v1__client_message__unpack(NULL, f.n, f.b);
+    assert_non_null(cm); /* what the door must catch itself */
+    baton__v1__client_message__free_unpacked(cm, NULL);
+    assert_int_equal(wire(&f, &id_bad, why), BT_CODE_INVALID_ARGUMENT);
+    assert_string_equal(why, "a field is numbered 0, which protobuf does not allow "
+                        "(in infer.inputs[0])");
+    assert_false(id_bad);
+
+    /* A NUL in request_id: refused, and the id is not to be echoed. */
+    q.n = 0;
+    field(&q, 1, "a\0b", 3);
+    field(&q, 2, "g", 1);
+    f = infer_frame(&q);
+    assert_int_equal(wire(&f, &id_bad, why), BT_CODE_INVALID_ARGUMENT);
+    assert_string_equal(why, "infer.request_id holds a NUL byte");
+    assert_true(id_bad);
+
+    /* Invalid UTF-8 in the graph name: refused; the id is fine. */
+    q.n = 0;
+    field(&q, 1, "r1", 2);
+    field(&q, 2, "g\xc3(", 3);
+    f = infer_frame(&q);
+    assert_int_equal(wire(&f, &id_bad, why), BT_CODE_INVALID_ARGUMENT);
+    assert_string_equal(why, "infer.graph is not valid UTF-8");
+    assert_false(id_bad);
+    assert_null(strchr(why, '\xc3'));
+
+    /* The second input's name, a map key, a chat message's content, a
+     * stop string: each named by its path. */
+    bytes t0 = tensor("x", 1, "", 0), t1 = tensor("y\xff", 2, "", 0);
+    q.n = 0;
+    field(&q, 3, t0.b, t0.n);
+    field(&q, 3, t1.b, t1.n);
+    field(&q, 1, "r1", 2);
+    f = infer_frame(&q);
+    assert_int_equal(wire(&f, &id_bad, why), BT_CODE_INVALID_ARGUMENT);
+    assert_string_equal(why, "infer.inputs[1].name is not valid UTF-8");
+    bytes e = {.n = 0};
+    field(&e, 1, "lo\0op", 5);
+    put(&e, "\x10\x02", 2);
+    q.n = 0;
+    field(&q, 1, "r1", 2);
+    field(&q, 7, e.b, e.n);
+    f = infer_frame(&q);
+    assert_int_equal(wire(&f, &id_bad, why), BT_CODE_INVALID_ARGUMENT);
+    assert_string_equal(why, "infer.max_iters[0].key holds a NUL byte");
+    bytes m = {.n = 0};
+    field(&m, 1, "user", 4);
+    field(&m, 2, "\xed\xa0\x80", 3); /* a surrogate */
+    q.n = 0;
+    field(&q, 8, m.b, m.n);
+    field(&q, 10, "ok", 2);
+    field(&q, 10, "n\0", 2);
+    f = infer_frame(&q);
+    assert_int_equal(wire(&f, &id_bad, why), BT_CODE_INVALID_ARGUMENT);
+    assert_string_equal(why, "infer.messages[0].content is not valid UTF-8");
+
+    /* The first failure answers, but a bad request_id later on the wire
+     * is still known to be bad. */
+    q.n = 0;
+    field(&q, 2, "\xff", 1);
+    field(&q, 1, "a\0c", 3);
+    f = infer_frame(&q);
+    assert_int_equal(wire(&f, &id_bad, why), BT_CODE_INVALID_ARGUMENT);
+    assert_string_equal(why, "infer.graph is not valid UTF-8");
+    assert_true(id_bad);
+
+    /* A cancel's id; an inspect's graph. */
+    f.n = 0;
+    field(&f, 1, "\0", 1);
+    bytes c = f;
+    f.n = 0;
+    field(&f, 2, c.b, c.n);
+    assert_int_equal(wire(&f, &id_bad, why), BT_CODE_INVALID_ARGUMENT);
+    assert_string_equal(why, "cancel.request_id holds a NUL byte");
+    assert_true(id_bad);
+    c.n = 0;
+    field(&c, 1, "\xc0\xaf", 2);
+    f.n = 0;
+    field(&f, 5, c.b, c.n);
+    assert_int_equal(wire(&f, &id_bad, why), BT_CODE_INVALID_ARGUMENT);
+    assert_string_equal(why, "inspect.graph is not valid UTF-8");
+    assert_false(id_bad);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -435,6 +612,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_raw_inputs, setup, teardown),
         cmocka_unit_test_setup_teardown(test_text_limits, setup, teardown),
         cmocka_unit_test(test_utf8),
+        cmocka_unit_test(test_utf8_cut),
+        cmocka_unit_test(test_wire),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -241,6 +241,14 @@ static void c_send(conductor *c, Baton__V1__ConductorMessage *m)
     free(buf);
 }
 
+/* Sends bytes as they are: a frame the worker's parser refuses. */
+static void c_send_raw(conductor *c, const uint8_t *buf, size_t n)
+{
+    const char *to = c->w[c->to].name;
+    assert_int_equal(zmq_send(c->router, to, strlen(to), ZMQ_SNDMORE), (int)strlen(to));
+    assert_int_equal(zmq_send(c->router, buf, n, 0), (int)n);
+}
+
 /* --- message builders ---------------------------------------------------- */
 
 static void send_load(conductor *c, const char *model, const char *backend, const char *key,
@@ -806,6 +814,26 @@ static void test_drop_and_sigterm(void **state)
     send_simple(&c, BATON__V1__CONDUCTOR_MESSAGE__MSG_PUT, &bp);
     pl = c_expect(&c, BATON__V1__WORKER_MESSAGE__MSG_PLACED, 5000)->placed;
     assert_int_equal(pl->status->code, BATON__V1__CODE__INVALID_ARGUMENT);
+
+    /* A Put that does not parse (a field numbered 0 in its tensor) fails
+     * its request at once: a Placed that says so, with the Put's ids. */
+    uint8_t put_bad[] = {0x4a, 12, 0x08, 3, 0x10, 78, 0x1a, 6, 0x10, 4, 0x2a, 0, 0x00, 0x00};
+    c_send_raw(&c, put_bad, sizeof(put_bad));
+    pl = c_expect(&c, BATON__V1__WORKER_MESSAGE__MSG_PLACED, 5000)->placed;
+    assert_int_equal(pl->request_key, 3);
+    assert_int_equal(pl->put_id, 78);
+    assert_int_equal(pl->status->code, BATON__V1__CODE__INTERNAL);
+    assert_non_null(strstr(pl->status->message, "could not parse the Put"));
+    /* So does a Dispatch: a failed Done for its node, iteration and id. */
+    uint8_t disp_bad[] = {0x12, 15, 0x08, 4, 0x18, 0, 0x20, 2, 0x42, 1, 7, 0x68, 91, 0x00, 0x00,
+                          0x28, 1};
+    disp_bad[1] = (uint8_t)(sizeof(disp_bad) - 2);
+    c_send_raw(&c, disp_bad, sizeof(disp_bad));
+    done = expect_done(&c, 4, 2, BATON__V1__CODE__INTERNAL);
+    assert_int_equal(done->dispatch_id, 91);
+    assert_int_equal(done->n_iteration, 1);
+    assert_int_equal(done->iteration[0], 7);
+    assert_non_null(strstr(done->status->message, "could not parse the Dispatch"));
 
     kill(c.w[0].pid, SIGTERM);
     assert_int_equal(c_wait_exit(&c, 0, 3000), 0);

@@ -1,0 +1,159 @@
+/* The client connections (daemon/clients.h). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/clients.h"
+
+static uint64_t hash_identity(const uint8_t *id, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ULL; /* FNV-1a */
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ id[i]) * 0x100000001b3ULL;
+    return h == 0 || h == UINT64_MAX ? 1 : h;
+}
+
+void cl_init(cl_table *t)
+{
+    memset(t, 0, sizeof(*t));
+    u64map_init(&t->by_hash);
+}
+
+static void drop_backlog(cl_table *t, cl_client *c)
+{
+    for (cl_frame *f = c->head, *next; f; f = next) {
+        next = f->next;
+        free(f);
+    }
+    t->backlog_bytes -= c->backlog_bytes;
+    c->head = c->tail = NULL;
+    c->n_backlog = 0;
+    c->backlog_bytes = 0;
+    c->stalled_since_ms = 0;
+}
+
+cl_client *cl_find(const cl_table *t, const uint8_t *id, size_t len)
+{
+    for (cl_client *c = u64map_get(&t->by_hash, hash_identity(id, len)); c; c = c->next)
+        if (c->identity_len == len && memcmp(c->identity, id, len) == 0)
+            return c;
+    return NULL;
+}
+
+cl_client *cl_get(cl_table *t, const uint8_t *id, size_t len)
+{
+    cl_client *c = cl_find(t, id, len);
+    if (c)
+        return c;
+    c = calloc(1, sizeof(*c));
+    if (!c || !(c->identity = malloc(len ? len : 1)))
+        goto err;
+    memcpy(c->identity, id, len);
+    c->identity_len = len;
+    c->hkey = hash_identity(id, len);
+    c->next = u64map_get(&t->by_hash, c->hkey);
+    if (u64map_put(&t->by_hash, c->hkey, c) < 0)
+        goto err;
+    t->n++;
+    return c;
+err:
+    if (c)
+        free(c->identity);
+    free(c);
+    return NULL;
+}
+
+void cl_remove(cl_table *t, cl_client *c)
+{
+    cl_client *head = u64map_get(&t->by_hash, c->hkey);
+    if (head == c) {
+        if (c->next)
+            u64map_put(&t->by_hash, c->hkey, c->next);
+        else
+            u64map_del(&t->by_hash, c->hkey);
+    } else {
+        for (cl_client *p = head; p; p = p->next)
+            if (p->next == c) {
+                p->next = c->next;
+                break;
+            }
+    }
+    drop_backlog(t, c);
+    t->busy -= c->inflight > 0;
+    t->n--;
+    free(c->identity);
+    free(c);
+}
+
+void cl_release_if_idle(cl_table *t, cl_client *c, uint64_t now_ms, uint64_t keep_ms)
+{
+    if (c && !c->inflight && !c->n_backlog && (!c->refused_ms || c->refused_ms + keep_ms < now_ms))
+        cl_remove(t, c);
+}
+
+void cl_inflight_add(cl_table *t, cl_client *c)
+{
+    t->busy += c->inflight == 0;
+    c->inflight++;
+}
+
+void cl_inflight_sub(cl_table *t, cl_client *c)
+{
+    if (!c->inflight)
+        return;
+    c->inflight--;
+    t->busy -= c->inflight == 0;
+}
+
+void cl_backlog_push(cl_table *t, cl_client *c, cl_frame *f, uint64_t now_ms)
+{
+    f->next = NULL;
+    if (c->tail)
+        c->tail->next = f;
+    else
+        c->head = f;
+    c->tail = f;
+    c->n_backlog++;
+    c->backlog_bytes += f->len;
+    t->backlog_bytes += f->len;
+    if (!c->stalled_since_ms)
+        c->stalled_since_ms = now_ms;
+}
+
+cl_frame *cl_backlog_pop(cl_table *t, cl_client *c, uint64_t now_ms)
+{
+    cl_frame *f = c->head;
+    if (!f)
+        return NULL;
+    c->head = f->next;
+    if (!c->head)
+        c->tail = NULL;
+    c->n_backlog--;
+    c->backlog_bytes -= f->len;
+    t->backlog_bytes -= f->len;
+    /* Progress: the stall is counted again from now, or ends. */
+    c->stalled_since_ms = c->head ? now_ms : 0;
+    return f;
+}
+
+cl_client **cl_list(const cl_table *t, size_t *n)
+{
+    *n = 0;
+    cl_client **v = t->n ? malloc(t->n * sizeof(*v)) : NULL;
+    size_t pos = 0;
+    uint64_t key;
+    void *val;
+    while (v && u64map_next(&t->by_hash, &pos, &key, &val))
+        for (cl_client *c = val; c && *n < t->n; c = c->next)
+            v[(*n)++] = c;
+    return v;
+}
+
+void cl_free(cl_table *t)
+{
+    size_t n;
+    cl_client **v = cl_list(t, &n);
+    for (size_t i = 0; i < n; i++)
+        cl_remove(t, v[i]);
+    free(v);
+    u64map_free(&t->by_hash);
+}
