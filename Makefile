@@ -484,7 +484,7 @@ $(BUILD)/fuzz/%: $(BUILD)/obj/tests/fuzz/%.o $(FUZZ_HELPER_OBJS) $(ALL_LIBS)
 .PHONY: fuzz fuzz-build fuzz-bins fuzz-replay
 fuzz-bins: $(FUZZ_BINS)
 fuzz-build:
-	@$(FUZZ_MAKE) fuzz-bins
+	+@$(FUZZ_MAKE) fuzz-bins
 fuzz-replay: model fuzz-build
 	@bash tests/fuzz/run.sh replay $(FUZZ_BUILD) $(FUZZ_NAMES)
 fuzz: model fuzz-build
