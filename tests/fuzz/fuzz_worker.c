@@ -40,7 +40,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 #define CHECK(c) do { if (!(c)) { fprintf(stderr, "fuzz_worker: %s failed at line %d\n", #c, __LINE__); abort(); } } while (0)
 
 static void *zctx, *router;
-static char endpoint[128], run_id[64];
+static char endpoint[128], run_id[64], sock_dir[64];
+
+/* The socket's folder goes when the fuzzer exits. */
+static void remove_sock_dir(void)
+{
+    char path[128];
+    snprintf(path, sizeof(path), "%s/workers.sock", sock_dir);
+    unlink(path);
+    rmdir(sock_dir);
+}
 
 static const struct { const char *model, *backend, *opt, *val; } MODELS[] = {
     {"echo", "echo", NULL, NULL},
@@ -58,9 +67,10 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     /* Refusals are what the fuzzer makes most: quiet unless asked. */
     bt_log_set_level(getenv("BATON_FUZZ_VERBOSE") ? BT_LOG_DEBUG : (bt_log_level)(BT_LOG_ERROR - 1));
     snprintf(run_id, sizeof(run_id), "fuzz%d", (int)getpid());
-    char dir[] = "/tmp/baton-fuzz-worker-XXXXXX";
-    CHECK(mkdtemp(dir));
-    snprintf(endpoint, sizeof(endpoint), "ipc://%s/workers.sock", dir);
+    snprintf(sock_dir, sizeof(sock_dir), "/tmp/baton-fuzz-worker-XXXXXX");
+    CHECK(mkdtemp(sock_dir));
+    atexit(remove_sock_dir);
+    snprintf(endpoint, sizeof(endpoint), "ipc://%s/workers.sock", sock_dir);
     CHECK((zctx = zmq_ctx_new()));
     CHECK((router = zmq_socket(zctx, ZMQ_ROUTER)));
     int zero = 0;
