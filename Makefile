@@ -10,6 +10,9 @@
 #   make emu-test   its tests: the CUDA code run on the CPU by cudaemu
 #   make llamacpp-check  tokenizer and greedy decoding side by side with
 #                   llama.cpp (tests/llamacpp/; not part of `make test`)
+#   make fuzz       libFuzzer targets (tests/fuzz/), built by clang in build/fuzz,
+#                   each run FUZZ_SECONDS (60); make fuzz-replay runs each once
+#                   over its corpus
 
 PREFIX ?= /usr/local
 # V=1 shows full compiler command lines.
@@ -36,6 +39,11 @@ LDLIBS += $(PKG_LIBS) -lm -lpthread
 ifeq ($(SAN),1)
 CFLAGS += -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
 LDFLAGS += -fsanitize=address,undefined
+endif
+# FUZZ=1 (set by `make fuzz`, with clang and SAN=1): every object gets
+# libFuzzer's coverage instrumentation, without libFuzzer's main.
+ifeq ($(FUZZ),1)
+CFLAGS += -fsanitize=fuzzer-no-link
 endif
 
 PROTO_C := $(BUILD)/gen/proto/baton.pb-c.c
@@ -481,3 +489,35 @@ $(LLAMACPP_BINS): $(BUILD)/llamacpp/%: $(BUILD)/obj/tests/llamacpp/%.o \
 .PHONY: llamacpp-check
 llamacpp-check: model $(LLAMACPP_BINS)
 	@BUILD=$(BUILD) CC="$(CC)" bash tests/llamacpp/run.sh; rc=$$?; [ $$rc -eq 77 ] && rc=0; exit $$rc
+
+# Fuzzing (tests/README.md): each tests/fuzz/fuzz_*.c is
+# a libFuzzer target linking baton's own archives, all built by clang with
+# ASan, UBSan and coverage into FUZZ_BUILD (CUDA off, libc malloc).
+# `make fuzz` builds them and runs each for FUZZ_SECONDS over a copy of its
+# seed corpus (tests/fuzz/corpus/NAME/, grown in FUZZ_BUILD/corpus/NAME);
+# `make fuzz-replay` runs each once over its committed corpus, which is how
+# a crash found once stays fixed.  fuzz_tokenizer reads the default model,
+# hence `model` first.
+FUZZ_BUILD ?= build/fuzz
+FUZZ_SECONDS ?= 60
+FUZZ_CC ?= clang
+FUZZ_MAINS := $(wildcard tests/fuzz/fuzz_*.c)
+FUZZ_NAMES := $(FUZZ_MAINS:tests/fuzz/%.c=%)
+FUZZ_BINS := $(FUZZ_MAINS:tests/fuzz/%.c=$(BUILD)/fuzz/%)
+FUZZ_HELPERS := $(filter-out tests/fuzz/fuzz_%.c,$(wildcard tests/fuzz/*.c))
+FUZZ_HELPER_OBJS := $(FUZZ_HELPERS:%.c=$(BUILD)/obj/%.o)
+FUZZ_MAKE = $(MAKE) --no-print-directory BUILD=$(FUZZ_BUILD) CC=$(FUZZ_CC) SAN=1 FUZZ=1 CUDA=0
+
+$(BUILD)/fuzz/%: $(BUILD)/obj/tests/fuzz/%.o $(FUZZ_HELPER_OBJS) $(ALL_LIBS)
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(LDFLAGS) -fsanitize=fuzzer -o $@ $^ $(LDLIBS) $(OPENBLAS_LIBS) -ldl
+
+.PHONY: fuzz fuzz-build fuzz-bins fuzz-replay
+fuzz-bins: $(FUZZ_BINS)
+fuzz-build:
+	+@$(FUZZ_MAKE) fuzz-bins
+fuzz-replay: model fuzz-build
+	@bash tests/fuzz/run.sh replay $(FUZZ_BUILD) $(FUZZ_NAMES)
+fuzz: model fuzz-build
+	@bash tests/fuzz/run.sh fuzz $(FUZZ_BUILD) $(FUZZ_NAMES) -- $(FUZZ_SECONDS)

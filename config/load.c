@@ -331,7 +331,7 @@ static void scan_section(const cfg_section *s, const char *name, const char *loo
     case CFG_SEC_NODE:
         for (size_t i = 0; i < s->u.node.n_outputs; i++) {
             const cfg_edge *e = &s->u.node.outputs[i];
-            if (strcmp(e->name, name) == 0 && e->to && strcmp(e->to, "client") == 0 &&
+            if (e->name && strcmp(e->name, name) == 0 && e->to && strcmp(e->to, "client") == 0 &&
                 e->new_token && e->modality && strcmp(e->modality, "text") == 0)
                 *has_text = true;
         }
@@ -369,9 +369,11 @@ static void load_openai_one(cfg__loader *l, const yt_node *v, cfg_openai *o)
     if (f[4])
         cfg__str(l, f[4], "loop", &o->loop);
     if (f[1] && cfg__str(l, f[1], "graph", &o->graph)) {
+        /* A graph whose name was missing or mistyped is already an error
+         * of its own; it matches no openai entry. */
         const cfg_graph *g = NULL;
         for (size_t i = 0; i < l->c->n_graphs && !g; i++)
-            if (strcmp(l->c->graphs[i].name, o->graph) == 0)
+            if (l->c->graphs[i].name && strcmp(l->c->graphs[i].name, o->graph) == 0)
                 g = &l->c->graphs[i];
         if (!g) {
             bt_diag_error(l->diag, f[1]->line, f[1]->col,

@@ -611,7 +611,7 @@ static void send_bytes(wk_worker *w, wk_event *ev)
     free(ev->bytes);
 }
 
-static void drain_events(wk_worker *w)
+void wk_drain_events(wk_worker *w)
 {
     uint64_t n;
     if (read(w->event_fd, &n, sizeof(n)) < 0 && errno != EAGAIN)
@@ -760,7 +760,7 @@ static void salvage_frame(wk_worker *w, const void *data, size_t len)
     wk_send(w, &m);
 }
 
-static void handle_frame(wk_worker *w, const void *data, size_t len)
+void wk_handle_frame(wk_worker *w, const void *data, size_t len)
 {
     Baton__V1__ConductorMessage *msg =
         baton__v1__conductor_message__unpack(NULL, len, (const uint8_t *)data);
@@ -846,7 +846,7 @@ static void recv_all(wk_worker *w)
                 bt_error("receive from the conductor failed: %s", zmq_strerror(e));
             return;
         }
-        handle_frame(w, zmq_msg_data(&m), zmq_msg_size(&m));
+        wk_handle_frame(w, zmq_msg_data(&m), zmq_msg_size(&m));
         zmq_msg_close(&m);
     }
 }
@@ -882,7 +882,7 @@ int wk_worker_run(wk_worker *w)
         if (items[0].revents & ZMQ_POLLIN)
             recv_all(w);
         if (items[1].revents & ZMQ_POLLIN)
-            drain_events(w);
+            wk_drain_events(w);
         if (items[3].revents & ZMQ_POLLIN)
             monitor_events(w);
         now = bt_now_ns();

@@ -429,6 +429,13 @@ void wk_chain_maybe_free(wk_worker *w, wk_chain *c);
  * request's tensors and sessions and unloads the models.  No message is
  * sent.  Idempotent. */
 void wk_worker_quiesce(wk_worker *w);
+/* The I/O thread's two halves, which wk_worker_run calls as its socket
+ * and its event fd become readable: one ConductorMessage frame of LEN
+ * bytes handled, and the events lanes and loaders posted answered.
+ * Exported for tests/fuzz/fuzz_worker.c, which drives them without the
+ * loop. */
+void wk_handle_frame(wk_worker *w, const void *data, size_t len);
+void wk_drain_events(wk_worker *w);
 
 /* --- wire.c -------------------------------------------------------------- */
 
