@@ -724,7 +724,10 @@ static void test_handoff_q8_cache(void **state)
     const baton_tensor *kv = f.res[0].out[1];
     assert_non_null(kv);
     assert_int_equal(kv->dims[2], ref->n);
+    /* The fake's tensors go with its next reset: keep the cache's copy. */
     size_t bytes = kv->nbytes;
+    int64_t dims[BATON_MAX_DIMS];
+    memcpy(dims, kv->dims, sizeof(dims));
     float *copy = malloc(bytes);
     assert_non_null(copy);
     memcpy(copy, kv->data, bytes);
@@ -739,7 +742,7 @@ static void test_handoff_q8_cache(void **state)
         ins[0] = rd.in;
         ins[0].name = "token";
         ins[1] = (baton_input){"kv", {BATON_DTYPE_F32, 4, {0}, copy, bytes, 0}, 0, 0};
-        memcpy(ins[1].tensor.dims, kv->dims, sizeof(kv->dims));
+        memcpy(ins[1].tensor.dims, dims, sizeof(dims));
         rd.item.inputs = ins;
         rd.item.n_inputs = k == 1 ? 2 : 1;
         run(mb, &f, &pd, 1, &tok);
