@@ -100,9 +100,10 @@ class Server:
         except urllib.error.HTTPError as e:
             return e.code, e.read()
 
-    def post(self, path, body, headers=None):
-        """(status, headers, body) of a POST of BODY (bytes) to PATH."""
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+    def post(self, path, body, headers=None, timeout=120):
+        """(status, headers, body) of a POST of BODY (bytes) to PATH; TIMEOUT: the
+        longest wait for a byte, in seconds."""
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
         c.request("POST", path, body=body, headers=headers or {"Content-Type": "application/json"})
         r = c.getresponse()
         data = r.read()
@@ -406,8 +407,11 @@ def test_many_streams(s, n=100):
 
     def one(i):
         try:
+            # The last of 100 waits for 16-row batches of the others before
+            # its first byte: minutes in an ASan build on two cores.
             st, _, data = s.post("/v1/chat/completions",
-                                 chat_body("Count to %d" % i, max_tokens=4, stream=True))
+                                 chat_body("Count to %d" % i, max_tokens=4, stream=True),
+                                 timeout=300)
             events, done = sse_events(data)
             errors = [e["error"]["message"] for e in events if "error" in e]
             results[i] = (st, done, errors[0] if errors else
