@@ -255,7 +255,7 @@ static int key_pipe(supervisor *s, sup_worker *w, int *fd)
     if (rc < 0)
         goto err;
     memcpy(w->key_public, k.public_z85, sizeof(w->key_public));
-    char buf[3 * BT_CURVE_Z85_SIZE];
+    char buf[3 * BT_CURVE_Z85_SIZE + 1];
     int n = snprintf(buf, sizeof(buf), "%s\n%s\n%s\n", s->curve_server_public, k.public_z85,
                      k.secret_z85);
     rc = BT_EIO;

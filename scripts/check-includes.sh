@@ -23,7 +23,7 @@ config:   config backends/catalog.h kernels/sched.h common
 runtime:  runtime config common
 daemon:   daemon runtime config common
 worker:   worker backends/builtin.h config common
-client:   client
+client:   client common/curve.h
 cudaemu:  cudaemu
 '
 
