@@ -176,6 +176,9 @@ class Setup:
             return f.read()[-4000:]
 
     def stop(self):
+        """Stops everything; returns what did not exit cleanly (a sanitizer's
+        report makes a process exit 1), with its log."""
+        problems = []
         for p, log in self.workers:
             if p.poll() is None:
                 p.terminate()
@@ -185,6 +188,9 @@ class Setup:
                     p.kill()
                     p.wait()
             log.close()
+            if p.returncode != 0 and p.returncode != -signal.SIGTERM:
+                with open(log.name) as f:
+                    problems.append("worker exited %d:\n%s" % (p.returncode, f.read()[-3000:]))
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -192,8 +198,11 @@ class Setup:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        if self.proc.returncode != 0:
+            problems.append("batond exited %d:\n%s" % (self.proc.returncode, self.tail()))
         self.log.close()
         shutil.rmtree(self.dir, ignore_errors=True)
+        return problems
 
 
 def served(s, client_key, graph="echo"):
@@ -376,6 +385,7 @@ def run_ipc_daemon(d, extra):
 
 
 def stop(p, log):
+    """Stops batond P; asserts that it exited 0 (a drain, no sanitizer report)."""
     if p.poll() is None:
         p.send_signal(signal.SIGTERM)
         try:
@@ -384,6 +394,8 @@ def stop(p, log):
             p.kill()
             p.wait()
     log.close()
+    with open(log.name) as f:
+        assert p.returncode == 0, "batond exited %d:\n%s" % (p.returncode, f.read()[-3000:])
 
 
 def test_ipc_socket_mode():
@@ -415,9 +427,10 @@ def test_ipc_group_missing():
         rc = p.wait(timeout=15)
         with open(os.path.join(d, "batond.log")) as f:
             text = f.read()
-        assert rc != 0 and "ipc_group 'no-such-group-baton'" in text, (rc, text)
+        assert rc == 1 and "ipc_group 'no-such-group-baton'" in text, (rc, text)
+        assert "AddressSanitizer" not in text and "runtime error" not in text, text
     finally:
-        stop(p, log)
+        log.close()
         shutil.rmtree(d, ignore_errors=True)
 
 
@@ -447,7 +460,9 @@ def main():
                     print("FAIL %s\n%s" % (t.__name__, traceback.format_exc()), flush=True)
                     print(s.tail(), flush=True)
         finally:
-            s.stop()
+            for p in s.stop():
+                failed += 1
+                print("FAIL the shared daemon's processes: %s" % p, flush=True)
     for t in OWN:
         if only and t.__name__ not in only:
             continue
