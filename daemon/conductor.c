@@ -215,7 +215,7 @@ static int on_authorize(void *arg, const char *old_public, const char *new_publi
     conductor *c = arg;
     if (old_public)
         zap_disallow(c->zap, ZAP_WORKER, old_public);
-    return zap_allow(c->zap, ZAP_WORKER, new_public);
+    return new_public ? zap_allow(c->zap, ZAP_WORKER, new_public) : 0;
 }
 
 static void on_burst_begin(void *arg)

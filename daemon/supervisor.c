@@ -179,6 +179,7 @@ static int spawn_failed(supervisor *s, sup_worker *w, const char *why)
     w->restarts++;
     return BT_EIO;
 }
+
 static void send_shutdown(supervisor *s, sup_worker *w, const char *reason);
 
 int sup_send(supervisor *s, int worker, const Baton__V1__ConductorMessage *m)
@@ -252,6 +253,7 @@ static int key_pipe(supervisor *s, sup_worker *w, int *fd)
         return BT_EIO;
     }
     rc = s->hooks.authorize(s->hooks.arg, w->key_public[0] ? w->key_public : NULL, k.public_z85);
+    w->key_public[0] = 0;
     if (rc < 0)
         goto err;
     memcpy(w->key_public, k.public_z85, sizeof(w->key_public));
@@ -847,6 +849,11 @@ static void worker_lost(supervisor *s, sup_worker *w, const char *why)
     /* Its pool dies with it; a SIGKILL left the name behind. */
     if (w->shm_name[0])
         shm_unlink(w->shm_name);
+    /* Its key pair died with it too: nobody else may log in with it. */
+    if (w->key_public[0]) {
+        s->hooks.authorize(s->hooks.arg, w->key_public, NULL);
+        w->key_public[0] = 0;
+    }
     forget_registration(w);
     update_ready(s);
     s->hooks.worker_lost(s->hooks.arg, w->index, why);

@@ -77,7 +77,8 @@ typedef struct sup_hooks {
      * a spawn made the key pair NEW_PUBLIC for its worker, whose previous
      * one, OLD_PUBLIC (NULL at the first spawn), goes.  The hook authorizes
      * the one and forgets the other; a negative bt_err fails the spawn.
-     * May be NULL without CURVE. */
+     * NEW_PUBLIC NULL: the worker was lost, OLD_PUBLIC only goes.  May be
+     * NULL without CURVE. */
     int (*authorize)(void *arg, const char *old_public, const char *new_public);
 } sup_hooks;
 

@@ -10,8 +10,9 @@ an external worker with an unauthorized key is refused and counted under
 socket="worker", the authorized one registers; a client with an authorized
 key is served (Python client and batonctl), one with an unknown key, one
 with a fresh key and a keyless (NULL mechanism) one get no answer and the
-refusals are counted under socket="client"; SIGHUP re-reads client_keys; no
-key appears in the logs or in --check-config.  Then the config rules
+refusals are counted under socket="client"; SIGHUP re-reads client_keys; a
+killed spawned worker comes back with a new key pair; no key appears in the
+logs or in --check-config.  Then the config rules
 (insecure, a non-loopback tcp endpoint without keys) and the mode of ipc://
 socket files.
 
@@ -311,6 +312,19 @@ def test_gateway_uses_curve(s):
     assert b'"ready"' in body, body
 
 
+def test_spawned_worker_restarts(s):
+    """A killed spawned worker comes back with a fresh key pair (the lost
+    one's key is forgotten) and registers again over CURVE."""
+    out = subprocess.run(["pgrep", "-P", str(s.proc.pid), "-f", "--", "--name cpu0 "],
+                         capture_output=True, text=True).stdout.split()
+    assert out, "no cpu0 child of batond"
+    os.kill(int(out[0]), signal.SIGKILL)
+    s.wait_for("cpu0 to be lost", lambda: "worker cpu0 lost" in s.tail(), 10)
+    s.wait_for("cpu0 to come back", lambda: s.tail().count("worker cpu0 loaded model") >= 2, 20)
+    s.wait_for("readiness", lambda: bool(s.health() and s.health().ready), 10)
+    assert served(s, s.key("alice"))
+
+
 def test_no_key_in_logs(s):
     out = subprocess.run([BATOND, "--check-config", s.config], capture_output=True, text=True)
     assert out.returncode == 0, out
@@ -329,7 +343,7 @@ SHARED = [test_spawned_worker_registers, test_external_worker_unauthorized_refus
           test_external_worker_registers, test_authorized_client_served,
           test_unknown_key_refused_and_counted, test_fresh_key_refused,
           test_keyless_client_refused, test_batonctl_with_keys, test_sighup_rereads_client_keys,
-          test_gateway_uses_curve, test_no_key_in_logs]
+          test_gateway_uses_curve, test_spawned_worker_restarts, test_no_key_in_logs]
 
 
 # ---- tests of their own ---------------------------------------------------------
