@@ -2,8 +2,8 @@
  * deployment, bind the sockets, create the modules and connect their hooks,
  * spawn the workers, run the loop, and on SIGTERM drain (refuse new
  * requests, let in-flight ones finish up to drain_timeout_ms), stop the
- * workers and exit 0.  SIGHUP re-reads the config and applies log level and
- * limits. */
+ * workers and exit 0.  SIGHUP re-reads the config and applies log level,
+ * limits and the authorized CURVE keys (client_keys, worker_keys). */
 #include <errno.h>
 #include <grp.h>
 #include <libgen.h>
@@ -140,8 +140,11 @@ static int load_file_keys(conductor *c, const cfg_config *cfg)
 
 static void reload_keys(conductor *c, const cfg_config *cfg)
 {
-    if (!c->curve)
+    if (!c->curve) {
+        if (cfg->daemon.curve)
+            bt_warn("reload: daemon.curve was added; CURVE starts with a restart");
         return;
+    }
     if (!cfg->daemon.curve) {
         bt_warn("reload: daemon.curve was removed; CURVE stays on until a restart");
         return;
