@@ -93,14 +93,18 @@ int bt_curve_public_derive(const char *secret_z85, char *public_z85)
     return 0;
 }
 
+void bt_curve_wipe(void *p, size_t n)
+{
+    /* A volatile pointer keeps the compiler from dropping the stores. */
+    volatile char *v = p;
+    for (size_t i = 0; i < n; i++)
+        v[i] = 0;
+}
+
 void bt_curve_keypair_wipe(bt_curve_keypair *k)
 {
-    if (!k)
-        return;
-    /* A volatile pointer keeps the compiler from dropping the stores. */
-    volatile char *p = (volatile char *)k;
-    for (size_t i = 0; i < sizeof(*k); i++)
-        p[i] = 0;
+    if (k)
+        bt_curve_wipe(k, sizeof(*k));
 }
 
 const char *bt_curve_fingerprint(const char *public_z85, char *out)
@@ -161,9 +165,7 @@ static void free_wiped(char *buf, size_t len)
 {
     if (!buf)
         return;
-    volatile char *p = buf;
-    for (size_t i = 0; i < len; i++)
-        p[i] = 0;
+    bt_curve_wipe(buf, len);
     free(buf);
 }
 
@@ -302,9 +304,7 @@ static int write_key_file(const char *path, mode_t mode, const char *key, char *
     bool ok = fchmod(fd, mode) == 0 &&
               write(fd, line, BT_CURVE_Z85_LEN + 1) == BT_CURVE_Z85_LEN + 1 && fsync(fd) == 0;
     int e = errno;
-    volatile char *p = line;
-    for (size_t i = 0; i < sizeof(line); i++)
-        p[i] = 0;
+    bt_curve_wipe(line, sizeof(line));
     if (close(fd) != 0 && ok) {
         ok = false;
         e = errno;

@@ -70,8 +70,12 @@ int bt_curve_keypair_generate(bt_curve_keypair *out);
 /* The public half of SECRET_Z85 into PUBLIC_Z85 (41 bytes). */
 int bt_curve_public_derive(const char *secret_z85, char *public_z85);
 
-/* Overwrites the secret half (and the public one) of K. */
+/* Overwrites the secret half (and the public one) of K.  NULL is a no-op. */
 void bt_curve_keypair_wipe(bt_curve_keypair *k);
+
+/* Overwrites N bytes at P (a buffer that held a key) in a way the compiler
+ * does not drop as a dead store. */
+void bt_curve_wipe(void *p, size_t n);
 
 /* The first 8 characters of a public key, NUL-terminated, into OUT (at
  * least 9 bytes); "?" when PUBLIC_Z85 is not a key.  Returns OUT. */

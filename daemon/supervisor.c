@@ -266,16 +266,13 @@ static int key_pipe(supervisor *s, sup_worker *w, int *fd)
         goto err_pipe;
     }
     bt_curve_keypair_wipe(&k);
-    volatile char *v = buf;
-    for (size_t i = 0; i < sizeof(buf); i++)
-        v[i] = 0;
+    bt_curve_wipe(buf, sizeof(buf));
     close(p[1]);
     *fd = p[0];
     return 0;
 
 err_pipe:
-    for (size_t i = 0; i < sizeof(buf); i++)
-        ((volatile char *)buf)[i] = 0;
+    bt_curve_wipe(buf, sizeof(buf));
     if (p[0] >= 0)
         close(p[0]);
     if (p[1] >= 0)

@@ -78,9 +78,7 @@ static int read_key_fd(int fd, char *server_public, bt_curve_keypair *own)
             strcmp(derived, own->public_z85) == 0)
             rc = 0;
     }
-    volatile char *v = buf;
-    for (size_t i = 0; i < sizeof(buf); i++)
-        v[i] = 0;
+    bt_curve_wipe(buf, sizeof(buf));
     return rc;
 }
 
