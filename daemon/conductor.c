@@ -101,11 +101,12 @@ static void apply_limits(conductor *c, const cfg_config *cfg)
     bt_log_set_level(bt_log_level_parse(cfg->daemon.log_level));
 }
 
-/* Reads the authorized-keys files of CFG into the ZAP handler: that both
- * files' keys (client_keys, worker_keys) can change on SIGHUP.  batond's
- * own key pair and whether CURVE is on at all are bound to the sockets and
- * need a restart.  Returns 0 or a negative bt_err (logged; the keys in use
- * stay). */
+/* Reads the authorized-keys files of CFG (client_keys, worker_keys) into
+ * the ZAP handler, at start and on SIGHUP, so that keys can be added and
+ * revoked without a restart.  batond's own key pair and whether CURVE is
+ * on at all are bound to the sockets and need a restart.  Both files are
+ * read before either set is replaced.  Returns 0 or a negative bt_err
+ * (logged; the keys in use then stay). */
 static int load_file_keys(conductor *c, const cfg_config *cfg)
 {
     const cfg_str *paths[ZAP_N_SOCKETS] = {&cfg->daemon.curve_client_keys,
