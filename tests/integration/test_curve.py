@@ -413,8 +413,14 @@ def stop(p, log):
 
 
 def test_ipc_socket_mode():
-    for extra, mode in (("", 0o660), ("  ipc_mode: 0600\n", 0o600)):
+    """The socket files get ipc_mode (0660 unless set); ipc:// clients need no
+    key, also when daemon.curve is set (the NULL mechanism stays allowed)."""
+    for extra, mode in (("", 0o660), ("  ipc_mode: 0600\n  curve: {secret_key: %s/srv.key}\n",
+                                      0o600)):
         d = tempfile.mkdtemp(prefix="baton-curve-ipc-")
+        if "%s" in extra:
+            keygen(d, "srv")
+            extra = extra % d
         p, log = run_ipc_daemon(d, extra)
         try:
             sock = os.path.join(d, "baton.sock")
