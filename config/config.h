@@ -73,6 +73,11 @@ typedef struct cfg_worker {
     uint32_t streams_comm;    /* default 1 */
     uint32_t threads;      /* CPU threads one kernel may use; default 1 */
     cfg_spawn spawn;
+    char *host;            /* the host it runs on, as it reports it; NULL: gethostname()
+                              (and for spawn: auto, the conductor's own host) */
+    char *peer_listen;     /* "tcp://ADDR:PORT" (PORT may be *) its worker-to-worker
+                              ROUTER binds; NULL: none (no peer on another host can
+                              read its tensors) */
     cfg_pos pos;
 } cfg_worker;
 

@@ -232,10 +232,41 @@ static void load_streams(cfg__loader *l, const yt_node *v, cfg_worker *w)
         yt_u32(f[1], "comm", 0, 64, &w->streams_comm, l->diag);
 }
 
+/* A name a worker may report as its host: what gethostname gives, and
+ * short enough for the conductor's record of it. */
+static bool host_name_ok(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > 63)
+        return false;
+    for (; *s; s++)
+        if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') ||
+              *s == '.' || *s == '-' || *s == '_'))
+            return false;
+    return true;
+}
+
+/* "tcp://ADDR:PORT" with a non-empty ADDR and PORT 1..65535 or "*". */
+static bool peer_listen_ok(const char *s)
+{
+    if (strncmp(s, "tcp://", 6) != 0)
+        return false;
+    const char *addr = s + 6, *colon = strrchr(addr, ':');
+    if (!colon || colon == addr || strlen(s) > 200)
+        return false;
+    const char *port = colon + 1;
+    if (strcmp(port, "*") == 0)
+        return true;
+    char *end;
+    long v = strtol(port, &end, 10);
+    return *port && !*end && v >= 1 && v <= 65535;
+}
+
 static void load_worker(cfg__loader *l, const yt_node *v, cfg_worker *w, cfg__names *seen)
 {
     static const char *const keys[] = {"name",    "device",  "profile", "pool_mb",
-                                       "streams", "threads", "spawn"};
+                                       "streams", "threads", "spawn",   "host",
+                                       "peer_listen"};
     static const char *const spawns[] = {"auto", "external"};
     const yt_node *f[N_OF(keys)];
     char ctx[96];
@@ -301,6 +332,15 @@ static void load_worker(cfg__loader *l, const yt_node *v, cfg_worker *w, cfg__na
             w->spawn = strcmp(s, "auto") == 0 ? CFG_SPAWN_AUTO : CFG_SPAWN_EXTERNAL;
         free(s);
     }
+    if (f[7] && cfg__str(l, f[7], "host", &w->host) && !host_name_ok(w->host))
+        bt_diag_error(l->diag, f[7]->line, f[7]->col,
+                      "%s: host must be a host name (letters, digits, '.', '-', '_'; at most "
+                      "63 characters), got '%s'", ctx, w->host);
+    if (f[8] && cfg__str(l, f[8], "peer_listen", &w->peer_listen) &&
+        !peer_listen_ok(w->peer_listen))
+        bt_diag_error(l->diag, f[8]->line, f[8]->col,
+                      "%s: peer_listen must be tcp://ADDRESS:PORT with PORT a number from 1 to "
+                      "65535 or * (an ephemeral port), got '%s'", ctx, w->peer_listen);
 }
 
 static void load_workers(cfg__loader *l, const yt_node *v)
