@@ -25,6 +25,10 @@ void wk_dispatch_unref(wk_dispatch *d)
 {
     if (!d || --d->refs > 0)
         return;
+    /* Inputs pulled from another host were this dispatch's copies. */
+    for (size_t i = 0; i < d->n_pulled; i++)
+        wk_tensor_release(d->w, d->pulled[i]);
+    free(d->pulled);
     baton__v1__conductor_message__free_unpacked(d->msg, NULL);
     free(d);
 }

@@ -26,6 +26,8 @@ typedef struct wk_options {
     uint32_t index;           /* worker index until Peers says otherwise */
     uint32_t comm_streams;    /* the config's streams.comm, handed to model_load */
     baton_device_profile profile; /* the device's cost model (strings borrowed) */
+    const char *host;         /* host name to report; NULL: gethostname() */
+    const char *peer_listen;  /* endpoint of the worker-to-worker ROUTER; NULL: none */
 } wk_options;
 
 typedef struct wk_worker wk_worker;

@@ -108,6 +108,10 @@ typedef struct wk_dispatch {
     const Baton__V1__Dispatch *d;
     uint64_t deadline_ns;         /* from remaining_ms at arrival; 0: none */
     uint32_t refs;                /* [L] items and chains using it */
+    uint64_t *pulled;             /* own tensors holding inputs pulled from another host
+                                     (pull.c), released with the dispatch; owned */
+    size_t n_pulled;
+    struct wk_worker *w;          /* set with pulled: who releases them */
 } wk_dispatch;
 
 /* A tensor one execution reads or made. */
@@ -287,6 +291,9 @@ struct wk_worker {
     pthread_t *lanes;
     uint32_t n_lanes;
 
+    struct wk_xfer *xfer;         /* I/O thread: worker-to-worker pulls (xfer.h) */
+    struct wk_pull_job *pull_jobs; /* I/O thread, [L]: dispatches waiting for pulls */
+
     void *zctx, *sock;
     void *monitor;                /* PAIR receiving the socket's CONNECTED events */
     uint32_t connects;            /* connections made so far (a reconnect re-registers) */
@@ -423,7 +430,31 @@ void wk_chain_close_all(wk_worker *w, wk_request *req);
 /* Frees CHAIN when it is inactive and has nothing pending.  [L] */
 void wk_chain_maybe_free(wk_worker *w, wk_chain *c);
 
+/* --- pull.c: inputs from other hosts --------------------------------------- */
+
+typedef struct wk_pull_job wk_pull_job;
+/* Whether dispatch D has a chunk to pull from another host. */
+bool wk_pull_needed(const Baton__V1__Dispatch *d);
+/* Parks DISP (of REQ) and starts pulling its SOCKET chunks into the own
+ * pool; the dispatch starts when they are all in (wk_dispatch_start), or
+ * fails with one Done.  I/O thread, without the lock. */
+void wk_pull_start(wk_worker *w, wk_dispatch *disp, wk_request *req);
+/* Drops the parked dispatches of REQ (SessionClose): no Done is sent.  [L] */
+void wk_pull_request_closed(wk_worker *w, wk_request *req);
+/* Drops every parked dispatch (shutdown).  [L] */
+void wk_pull_cancel_all(wk_worker *w);
+/* Creates w->xfer on w->zctx, bound to opt.peer_listen when set.  0, or -1
+ * with ERR. */
+int wk_pull_xfer_create(wk_worker *w, char *err, size_t errlen);
+
 /* --- worker.c ---------------------------------------------------------- */
+
+/* Creates the item of DISP (opening its run-ahead chain) and queues it;
+ * fails it with a Done when its model is gone or memory is short.  [L] */
+void wk_dispatch_start(wk_worker *w, wk_dispatch *disp, wk_request *req);
+/* Answers dispatch D with a Done of status CODE and MESSAGE alone. */
+void wk_dispatch_refuse(wk_worker *w, const Baton__V1__Dispatch *d, baton_status code,
+                        const char *message);
 
 /* Cancels every item, stops the lanes, waits for loads, frees every
  * request's tensors and sessions and unloads the models.  No message is

@@ -223,7 +223,7 @@ err:
 
 const char *wk_xfer_endpoint(const wk_xfer *x)
 {
-    return x->endpoint;
+    return x ? x->endpoint : "";
 }
 
 /* --- consumer ------------------------------------------------------------------ */
@@ -328,6 +328,8 @@ static void peer_lose(wk_xfer *x, xfer_peer *p, const char *why)
 int wk_xfer_peer_update(wk_xfer *x, uint32_t index, const char *name, const char *endpoint,
                         uint64_t incarnation, bool up)
 {
+    if (!x)
+        return 0;
     xfer_peer *p = peer_find(x, index);
     name = name ? name : "";
     endpoint = endpoint ? endpoint : "";
@@ -440,7 +442,7 @@ err:
 uint64_t wk_xfer_pull(wk_xfer *x, uint32_t peer, const wk_xfer_src *src, void *dst, void *cookie,
                       char *err, size_t errlen)
 {
-    xfer_peer *p = peer_find(x, peer);
+    xfer_peer *p = x ? peer_find(x, peer) : NULL;
     if (!p) {
         snprintf(err, errlen, "worker %u is not among the known peers", peer);
         return 0;
@@ -488,6 +490,8 @@ uint64_t wk_xfer_pull(wk_xfer *x, uint32_t peer, const wk_xfer_src *src, void *d
 
 void wk_xfer_cancel(wk_xfer *x, uint64_t id)
 {
+    if (!x)
+        return;
     xfer_pull *pl = u64map_get(&x->pulls, id);
     if (pl)
         pull_forget(x, pl);
@@ -703,6 +707,8 @@ out:
 
 size_t wk_xfer_poll_count(const wk_xfer *x)
 {
+    if (!x)
+        return 0;
     size_t n = x->router != NULL;
     for (const xfer_peer *p = x->peers; p; p = p->next)
         n += p->sock != NULL;
@@ -712,6 +718,8 @@ size_t wk_xfer_poll_count(const wk_xfer *x)
 size_t wk_xfer_poll_fill(wk_xfer *x, zmq_pollitem_t *items, size_t max)
 {
     size_t n = 0;
+    if (!x)
+        return 0;
     if (x->router && n < max)
         items[n++] = (zmq_pollitem_t){x->router, 0, ZMQ_POLLIN, 0};
     for (xfer_peer *p = x->peers; p && n < max; p = p->next)
@@ -753,6 +761,8 @@ void wk_xfer_poll_handle(wk_xfer *x, const zmq_pollitem_t *items, size_t n)
 
 long wk_xfer_tick(wk_xfer *x, uint64_t now_ns)
 {
+    if (!x)
+        return -1;
     const uint64_t limit = (uint64_t)WK_XFER_TIMEOUT_MS * 1000000u;
     long next = -1;
     for (xfer_peer *p = x->peers; p; p = p->next) {
