@@ -53,8 +53,10 @@ bool wk_pull_needed(const Baton__V1__Dispatch *d)
 }
 
 /* Unlinks and frees JOB: cancels its pulls, releases its copies (none was
- * handed to the dispatch yet) and drops its dispatch reference.  [L] */
-static void job_free(wk_worker *w, wk_pull_job *job)
+ * handed to the dispatch yet) and drops its dispatch reference; collects
+ * its request record when GC (a caller that goes on using the record
+ * collects it itself).  [L] */
+static void job_free(wk_worker *w, wk_pull_job *job, bool gc)
 {
     for (size_t i = 0; i < job->n; i++) {
         pull_entry *e = &job->e[i];
@@ -76,7 +78,8 @@ static void job_free(wk_worker *w, wk_pull_job *job)
     wk_request *req = job->req;
     free(job->e);
     free(job);
-    wk_request_gc(w, req);
+    if (gc)
+        wk_request_gc(w, req);
 }
 
 /* Fails JOB's dispatch with CODE and MESSAGE and frees it.  [L] */
@@ -84,7 +87,7 @@ static void job_fail(wk_worker *w, wk_pull_job *job, baton_status code, const ch
 {
     if (!job->req->closed && !atomic_load(&w->stopping))
         wk_dispatch_refuse(w, job->disp->d, code, message);
-    job_free(w, job);
+    job_free(w, job, true);
 }
 
 /* Every pull of JOB completed: its references now name the copies, and the
@@ -114,7 +117,7 @@ static void job_finish(wk_worker *w, wk_pull_job *job)
     disp->w = w;
     disp->refs++; /* held across the start, which may drop the last other reference */
     wk_dispatch_start(w, disp, job->req);
-    job_free(w, job);
+    job_free(w, job, true);
     wk_dispatch_unref(disp);
 }
 
@@ -253,14 +256,14 @@ void wk_pull_request_closed(wk_worker *w, wk_request *req)
     for (wk_pull_job *j = w->pull_jobs, *nx; j; j = nx) {
         nx = j->next;
         if (j->req == req)
-            job_free(w, j);
+            job_free(w, j, false);
     }
 }
 
 void wk_pull_cancel_all(wk_worker *w)
 {
     while (w->pull_jobs)
-        job_free(w, w->pull_jobs);
+        job_free(w, w->pull_jobs, true);
 }
 
 /* --- the producer's side of the worker ---------------------------------- */

@@ -601,6 +601,9 @@ static void on_done_event(wk_worker *w, wk_item *it)
     req->n_running--;
     bool drop = atomic_load(&it->cancelled) || req->closed || atomic_load(&w->stopping);
     if (!drop) {
+        for (uint32_t o = 0; it->results && o < it->b.n_outputs; o++)
+            if (it->results[o].set)
+                wk_dispatch_claim(it->disp, it->results[o].ref.id);
         wk_send_done(w, it);
     } else {
         /* Never reported: what this execution made is the worker's to free.
@@ -626,6 +629,8 @@ static void on_chunk_event(wk_worker *w, const wk_event *ev)
         if (ev->has_ref && ev->created)
             wk_tensor_release(w, ev->ref.id);
     } else {
+        if (ev->has_ref)
+            wk_dispatch_claim(it->disp, ev->ref.id);
         wk_send_chunk(w, ev);
     }
     pthread_mutex_unlock(&w->lock);

@@ -416,6 +416,10 @@ wk_item *wk_item_create(wk_worker *w, wk_dispatch *disp, wk_request *req, wk_mod
 /* Frees an item that is neither queued nor running.  [L] */
 void wk_item_destroy(wk_worker *w, wk_item *item);
 void wk_dispatch_unref(wk_dispatch *d);
+/* Tensor ID, one of D's pulled copies, was reported to the conductor (a
+ * backend passed the input through as an output): the conductor now owns
+ * it, and the dispatch no longer releases it.  [L] */
+void wk_dispatch_claim(wk_dispatch *d, uint64_t id);
 
 /* A Dispatch with a window opened a chain for ITEM's node. */
 wk_chain *wk_chain_open(wk_worker *w, wk_request *req, wk_dispatch *disp);
@@ -439,7 +443,8 @@ bool wk_pull_needed(const Baton__V1__Dispatch *d);
  * pool; the dispatch starts when they are all in (wk_dispatch_start), or
  * fails with one Done.  I/O thread, without the lock. */
 void wk_pull_start(wk_worker *w, wk_dispatch *disp, wk_request *req);
-/* Drops the parked dispatches of REQ (SessionClose): no Done is sent.  [L] */
+/* Drops the parked dispatches of REQ (SessionClose): no Done is sent, and
+ * the record of REQ is left for the caller to collect.  [L] */
 void wk_pull_request_closed(wk_worker *w, wk_request *req);
 /* Drops every parked dispatch (shutdown).  [L] */
 void wk_pull_cancel_all(wk_worker *w);
