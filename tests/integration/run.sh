@@ -99,6 +99,10 @@ else bad ".ci/run must export BATON_CI=1 and run make test, then make asan-test"
 # End to end: real batond and baton-worker processes over real sockets.
 run_script test_e2e.py env BUILD="$BUILD" /usr/bin/python3 tests/integration/test_e2e.py
 
+# Cross-host transfers: three CPU workers declared on two hosts, pulling
+# each other's tensors over loopback peer sockets.
+run_script test_xhost.py env BUILD="$BUILD" /usr/bin/python3 tests/integration/test_xhost.py
+
 # A failed event loop makes batond exit non-zero.
 run_script test_loop_failure.sh env BUILD="$BUILD" bash tests/integration/test_loop_failure.sh
 
