@@ -83,6 +83,8 @@ struct wk_xfer {
     xfer_peer *peers;
     u64map pulls;                /* id -> xfer_pull */
     uint64_t next_id;
+    uint32_t chunk;              /* bytes per chunk of new pulls */
+    uint32_t window;             /* chunks in flight per producer */
     _Atomic(xfer_unpin *) unpins;
     atomic_uint pins_out;
     wk_xfer_stats st;
@@ -192,6 +194,8 @@ int wk_xfer_create(void *zctx, const char *listen, int wake_fd, const wk_xfer_op
     x->ops = *ops;
     x->arg = arg;
     x->next_id = 1;
+    x->chunk = WK_XFER_CHUNK_BYTES;
+    x->window = WK_XFER_WINDOW;
     u64map_init(&x->pulls);
     atomic_init(&x->unpins, NULL);
     atomic_init(&x->pins_out, 0);
@@ -395,7 +399,7 @@ static int send_request(wk_xfer *x, xfer_pull *pl, uint64_t off, uint64_t len)
 /* Fills P's window: the pulls waiting take one chunk each in turn. */
 static void peer_pump(wk_xfer *x, xfer_peer *p)
 {
-    while (p->sock && p->inflight < WK_XFER_WINDOW && p->rr_head) {
+    while (p->sock && p->inflight < x->window && p->rr_head) {
         xfer_pull *pl = p->rr_head;
         p->rr_head = pl->rr_next;
         if (!p->rr_head)
@@ -473,7 +477,7 @@ uint64_t wk_xfer_pull(wk_xfer *x, uint32_t peer, const wk_xfer_src *src, void *d
     pl->src = *src;
     pl->dst = dst;
     pl->cookie = cookie;
-    wk_xfer_plan_init(&pl->plan, src->nbytes, WK_XFER_CHUNK_BYTES);
+    wk_xfer_plan_init(&pl->plan, src->nbytes, x->chunk);
     if (u64map_put(&x->pulls, pl->id, pl) != 0) {
         free(pl);
         snprintf(err, errlen, "out of memory");
@@ -780,6 +784,15 @@ long wk_xfer_tick(wk_xfer *x, uint64_t now_ns)
             next = ms;
     }
     return next;
+}
+
+int wk_xfer_set_tuning(wk_xfer *x, uint32_t chunk, uint32_t window)
+{
+    if (chunk == 0 || chunk > WK_XFER_MAX_CHUNK || window == 0)
+        return BT_EINVAL;
+    x->chunk = chunk;
+    x->window = window;
+    return 0;
 }
 
 void wk_xfer_get_stats(const wk_xfer *x, wk_xfer_stats *out)

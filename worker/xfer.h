@@ -140,6 +140,12 @@ void wk_xfer_poll_handle(wk_xfer *x, const zmq_pollitem_t *items, size_t n);
  * milliseconds until the next check is due (-1: none). */
 long wk_xfer_tick(wk_xfer *x, uint64_t now_ns);
 
+/* Chunk size (bytes, 1 to WK_XFER_MAX_CHUNK) and window (chunks in flight
+ * per producer, >= 1) of pulls started from now on; the defaults are
+ * WK_XFER_CHUNK_BYTES and WK_XFER_WINDOW.  For the benchmark's sweep.
+ * BT_EINVAL when out of range. */
+int wk_xfer_set_tuning(wk_xfer *x, uint32_t chunk, uint32_t window);
+
 /* Counters, for the bench and tests. */
 typedef struct wk_xfer_stats {
     uint64_t pulls_done, pulls_failed;
