@@ -561,9 +561,16 @@ static void consumer_recv(wk_xfer *x, xfer_peer *p)
                  have_data ? zmq_msg_size(&data) : (size_t)0, r->offset);
         pull_end(x, pl, BATON_STATUS_INTERNAL, msg);
     } else {
-        memcpy(pl->dst + r->offset, zmq_msg_data(&data), r->length);
-        if (pl->plan.received == pl->plan.nbytes)
-            pull_end(x, pl, BATON_STATUS_OK, "");
+        /* Ask for the next chunk before copying this one, so that the
+         * request's round trip overlaps the copy.  The pump may lose the
+         * peer and end this very pull: look it up again. */
+        uint64_t id = pl->id;
+        peer_pump(x, p);
+        if ((pl = u64map_get(&x->pulls, id)) != NULL) {
+            memcpy(pl->dst + r->offset, zmq_msg_data(&data), r->length);
+            if (pl->plan.received == pl->plan.nbytes)
+                pull_end(x, pl, BATON_STATUS_OK, "");
+        }
     }
     baton__v1__peer_message__free_unpacked(m, NULL);
 out:
