@@ -9,6 +9,10 @@
  * joins and run-ahead iterations see ordinary local tensors.  The copies
  * belong to the dispatch: they are released when its last item or chain
  * lets go of it (wk_dispatch_unref), or with the request at SessionClose.
+ * Inside a loop, where every iteration's dispatch names the same value (a
+ * persisted one, such as a handed-off cache), the copy belongs to the
+ * request instead and later iterations reuse it, as inputs.c does with
+ * values it stages: one pull per request, not per step.
  *
  * A pull that fails fails its dispatch with one Done carrying the pull's
  * status (UNAVAILABLE naming the producer when it was lost); the other
@@ -30,6 +34,8 @@ typedef struct pull_entry {
     Baton__V1__TensorPart *part;  /* the part it belongs to (transfer rewritten) */
     Baton__V1__TensorRef *ref;    /* the chunk reference (rewritten when done) */
     wk_tensor *dst;               /* own tensor receiving it, pinned until the job ends */
+    wk_ref src;                   /* the reference as the conductor sent it */
+    bool cached;                  /* DST is the request's copy from an earlier iteration */
     uint64_t xfer_id;             /* the pull in flight; 0 when none */
 } pull_entry;
 
@@ -65,7 +71,8 @@ static void job_free(wk_worker *w, wk_pull_job *job, bool gc)
         if (e->dst) {
             uint64_t id = e->dst->ref.id;
             wk_tensor_unpin(w, e->dst);
-            wk_tensor_release(w, id);
+            if (!e->cached)
+                wk_tensor_release(w, id);
         }
     }
     if (job->prev)
@@ -100,6 +107,8 @@ static void job_finish(wk_worker *w, wk_pull_job *job)
         job_fail(w, job, BATON_STATUS_RESOURCE_EXHAUSTED, "out of host memory");
         return;
     }
+    size_t n_ids = 0;
+    bool loop = disp->d->n_iteration > 0;
     for (size_t i = 0; i < job->n; i++) {
         pull_entry *e = &job->e[i];
         e->ref->owner = w->self_index;
@@ -107,13 +116,16 @@ static void job_finish(wk_worker *w, wk_pull_job *job)
         e->ref->offset = e->dst->ref.offset;
         e->ref->id = e->dst->ref.id;
         e->part->transfer = BATON__V1__TRANSFER_KIND__TRANSFER_KIND_LOCAL;
-        ids[i] = e->dst->ref.id;
+        /* A copy kept for the request's next iterations is the request's;
+         * any other is the dispatch's. */
+        if (!e->cached && !(loop && wk_staged_add(job->req, &e->src, e->dst->ref.id) == 0))
+            ids[n_ids++] = e->dst->ref.id;
         wk_tensor_unpin(w, e->dst);
         e->dst = NULL;
     }
     free(disp->pulled);
     disp->pulled = ids;
-    disp->n_pulled = job->n;
+    disp->n_pulled = n_ids;
     disp->w = w;
     disp->refs++; /* held across the start, which may drop the last other reference */
     wk_dispatch_start(w, disp, job->req);
@@ -129,6 +141,8 @@ static void on_pull_done(void *arg, void *cookie, baton_status code, const char 
     wk_pull_job *job = e->job;
     pthread_mutex_lock(&w->lock);
     e->xfer_id = 0;
+    if (code == BATON_STATUS_OK && !e->cached)
+        wk_device_count_staged(w->dev, e->src.nbytes);
     if (code != BATON_STATUS_OK) {
         char msg[1024];
         snprintf(msg, sizeof(msg), "node '%s': %s", job->disp->d->node_name, message);
@@ -194,7 +208,13 @@ void wk_pull_start(wk_worker *w, wk_dispatch *disp, wk_request *req)
                 e->job = job;
                 e->part = part;
                 e->ref = part->chunks[c];
-                if (!(e->dst = wk_tensor_new(w, req, r.dtype, r.ndim, r.dims, true))) {
+                e->src = r;
+                wk_tensor *have = d->n_iteration ? wk_staged_find(w, req, &r) : NULL;
+                if (have) {
+                    have->pins++;
+                    e->dst = have;
+                    e->cached = true;
+                } else if (!(e->dst = wk_tensor_new(w, req, r.dtype, r.ndim, r.dims, true))) {
                     wk_pool_stats st;
                     wk_pool_get_stats(w->pool, &st);
                     snprintf(why, sizeof(why), "node '%s' input '%s': no room in the pool of "
@@ -226,7 +246,7 @@ void wk_pull_start(wk_worker *w, wk_dispatch *disp, wk_request *req)
         uint32_t owner = r->owner;
         pthread_mutex_unlock(&w->lock);
         char err[512];
-        if (src.nbytes == 0) {
+        if (src.nbytes == 0 || e->cached) {
             on_pull_done(w, e, BATON_STATUS_OK, "");
             continue;
         }

@@ -398,6 +398,12 @@ void wk_slot_view(wk_slot *s, const void *data);
  * lane's STREAM (NULL on the host). */
 void wk_ctx_init(baton_ctx *ctx, wk_worker *w, void *stream);
 
+/* The own tensor holding REQ's copy of the tensor REF names (staged for a
+ * loop's iterations, or pulled from another host), or NULL.  [L] */
+wk_tensor *wk_staged_find(wk_worker *w, const wk_request *req, const wk_ref *ref);
+/* Remembers that own tensor ID holds REQ's copy of REF.  0 or -1.  [L] */
+int wk_staged_add(wk_request *req, const wk_ref *ref, uint64_t id);
+
 typedef struct wk_join_job wk_join_job;
 /* Allocates IT's input and output tables and resolves every input (see
  * inputs.c); joins to copy are appended to *JOBS.  On failure the item is

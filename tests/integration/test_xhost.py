@@ -169,6 +169,33 @@ def test_producer_killed(d, c):
     wait_pool_empty(d)
 
 
+def staged(d, worker):
+    return d.metric("baton_worker_staged_bytes_total", 'worker="%s"' % worker)
+
+
+def test_loop_pulls_once(d, c):
+    """A value from host-a read by all 5 iterations of a loop on host-b is
+    pulled once per request (heartbeats carry the count: wait for them)."""
+    n = MIB // 4
+    vals = list(range(n))
+    time.sleep(1.5)
+    before = staged(d, "cpu1")
+    for _ in range(2):
+        chunks, r = c.infer("persist", {"x": (I32, [n], i32(*vals))}, stream=True)
+        assert r.status.code == pb.OK, r.status
+        assert [as_i32(ch.value) for ch in chunks] == [[0], [1], [2], [3], [4]]
+    deadline = time.time() + 5
+    while time.time() < deadline:
+        moved = staged(d, "cpu1") - before
+        if moved >= 2 * MIB:
+            break
+        time.sleep(0.2)
+    time.sleep(1.5)
+    moved = staged(d, "cpu1") - before
+    assert moved == 2 * MIB, "cpu1 pulled %d bytes for two requests of 1 MiB" % moved
+    wait_pool_empty(d)
+
+
 def test_inspect_shows_kinds(d, c):
     m = pb.ClientMessage()
     m.inspect.SetInParent()
@@ -235,7 +262,8 @@ def main():
     d = e2e.Daemon(config)
     try:
         for t in (test_same_outputs_as_one_host, test_large_tensor_crosses_intact,
-                  test_many_at_once, test_inspect_shows_kinds, test_producer_killed):
+                  test_many_at_once, test_loop_pulls_once, test_inspect_shows_kinds,
+                  test_producer_killed):
             if only and t.__name__ not in only:
                 continue
             c = d.client()
