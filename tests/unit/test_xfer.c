@@ -399,6 +399,37 @@ static void test_lost_producer_fails_its_pulls(void **state)
     free(dst);
 }
 
+/* A producer that takes requests and never answers is lost after
+ * WK_XFER_TIMEOUT_MS: its pulls fail UNAVAILABLE naming it. */
+static void test_silent_producer_times_out(void **state)
+{
+    rig *r = *state;
+    char err[256], ep[256];
+    size_t len = sizeof(ep);
+    fake_pull f[1] = {0};
+    uint8_t buf[1000];
+    int zero = 0;
+    done_order = 0;
+    void *mute = zmq_socket(r->zctx, ZMQ_ROUTER);
+    assert_int_equal(zmq_setsockopt(mute, ZMQ_LINGER, &zero, sizeof(zero)), 0);
+    assert_int_equal(zmq_bind(mute, "tcp://127.0.0.1:*"), 0);
+    assert_int_equal(zmq_getsockopt(mute, ZMQ_LAST_ENDPOINT, ep, &len), 0);
+    assert_int_equal(wk_xfer_peer_update(r->consumer, 3, "mute", ep, 1, true), 0);
+    assert_int_not_equal(wk_xfer_pull(r->consumer, 3, &r->prod.t[1], buf, &f[0], err,
+                                      sizeof(err)), 0);
+    for (int k = 0; k < 10; k++)
+        rig_pump(r, 5);
+    uint64_t now = bt_now_ns();
+    long next = wk_xfer_tick(r->consumer, now);
+    assert_true(next > 0 && next <= (long)WK_XFER_TIMEOUT_MS + 1);
+    assert_int_equal(f[0].done, 0);
+    wk_xfer_tick(r->consumer, now + (uint64_t)(WK_XFER_TIMEOUT_MS + 1) * 1000000u);
+    assert_int_equal(f[0].code, BATON_STATUS_UNAVAILABLE);
+    assert_non_null(strstr(f[0].message, "worker mute (index 3)"));
+    assert_non_null(strstr(f[0].message, "no answer"));
+    zmq_close(mute);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -411,6 +442,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_forged_request_answered, rig_setup, rig_teardown),
         cmocka_unit_test_setup_teardown(test_lost_producer_fails_its_pulls, rig_setup,
                                         rig_teardown),
+        cmocka_unit_test_setup_teardown(test_silent_producer_times_out, rig_setup, rig_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
