@@ -262,6 +262,16 @@ static bool peer_listen_ok(const char *s)
     return *port && !*end && v >= 1 && v <= 65535;
 }
 
+/* Whether a valid peer_listen binds a wildcard address ("*", 0.0.0.0,
+ * [::]), which peers on other hosts could not connect to. */
+static bool peer_listen_wildcard(const char *s)
+{
+    const char *addr = s + 6;
+    size_t n = (size_t)(strrchr(addr, ':') - addr);
+    return (n == 1 && addr[0] == '*') || (n == 7 && strncmp(addr, "0.0.0.0", 7) == 0) ||
+           (n == 4 && strncmp(addr, "[::]", 4) == 0);
+}
+
 static void load_worker(cfg__loader *l, const yt_node *v, cfg_worker *w, cfg__names *seen)
 {
     static const char *const keys[] = {"name",    "device",  "profile", "pool_mb",
@@ -336,11 +346,17 @@ static void load_worker(cfg__loader *l, const yt_node *v, cfg_worker *w, cfg__na
         bt_diag_error(l->diag, f[7]->line, f[7]->col,
                       "%s: host must be a host name (letters, digits, '.', '-', '_'; at most "
                       "63 characters), got '%s'", ctx, w->host);
-    if (f[8] && cfg__str(l, f[8], "peer_listen", &w->peer_listen) &&
-        !peer_listen_ok(w->peer_listen))
-        bt_diag_error(l->diag, f[8]->line, f[8]->col,
-                      "%s: peer_listen must be tcp://ADDRESS:PORT with PORT a number from 1 to "
-                      "65535 or * (an ephemeral port), got '%s'", ctx, w->peer_listen);
+    if (f[8] && cfg__str(l, f[8], "peer_listen", &w->peer_listen)) {
+        if (!peer_listen_ok(w->peer_listen))
+            bt_diag_error(l->diag, f[8]->line, f[8]->col,
+                          "%s: peer_listen must be tcp://ADDRESS:PORT with PORT a number from 1 "
+                          "to 65535 or * (an ephemeral port), got '%s'", ctx, w->peer_listen);
+        else if (peer_listen_wildcard(w->peer_listen))
+            bt_diag_error(l->diag, f[8]->line, f[8]->col,
+                          "%s: peer_listen '%s' binds every address, but it is also what the "
+                          "worker advertises to its peers: name the address they reach it at",
+                          ctx, w->peer_listen);
+    }
 }
 
 static void load_workers(cfg__loader *l, const yt_node *v)
