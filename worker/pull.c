@@ -280,6 +280,45 @@ void wk_pull_request_closed(wk_worker *w, wk_request *req)
     }
 }
 
+/* Whether parked dispatch D is of request KEY's node (GRAPH, NODE). */
+static bool job_is(const Baton__V1__Dispatch *d, uint64_t key, uint32_t graph, uint32_t node)
+{
+    return d->request_key == key && d->graph == graph && d->node == node;
+}
+
+void wk_pull_extend(wk_worker *w, const Baton__V1__Extend *e)
+{
+    /* The window opens when the dispatch starts: widen it in the message. */
+    for (wk_pull_job *j = w->pull_jobs; j; j = j->next) {
+        Baton__V1__Dispatch *md = j->disp->msg->dispatch;
+        if (job_is(md, e->request_key, e->graph, e->node) &&
+            (!e->dispatch_id || md->dispatch_id == e->dispatch_id) && e->upto > md->speculate_upto)
+            md->speculate_upto = e->upto;
+    }
+}
+
+void wk_pull_drop(wk_worker *w, const Baton__V1__Drop *dr)
+{
+    size_t depth = dr->n_from_iteration;
+    for (wk_pull_job *j = w->pull_jobs, *nx; j; j = nx) {
+        nx = j->next;
+        Baton__V1__Dispatch *md = j->disp->msg->dispatch;
+        if (!job_is(md, dr->request_key, dr->graph, dr->node) || md->n_iteration != depth)
+            continue;
+        if (depth && memcmp(md->iteration, dr->from_iteration,
+                            sizeof(uint32_t) * (depth - 1)) != 0)
+            continue;
+        uint32_t from = depth ? dr->from_iteration[depth - 1] : 0;
+        if (!depth || md->iteration[depth - 1] >= from) {
+            /* Discarded: no Done is due for it. */
+            job_free(w, j, true);
+        } else if (md->speculate_upto >= from) {
+            /* Its window must not run into the discarded iterations. */
+            md->speculate_upto = from - 1;
+        }
+    }
+}
+
 void wk_pull_cancel_all(wk_worker *w)
 {
     while (w->pull_jobs)

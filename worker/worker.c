@@ -821,10 +821,12 @@ void wk_handle_frame(wk_worker *w, const void *data, size_t len)
     case BATON__V1__CONDUCTOR_MESSAGE__MSG_EXTEND:
         pthread_mutex_lock(&w->lock);
         wk_chain_extend(w, msg->extend);
+        wk_pull_extend(w, msg->extend);
         pthread_mutex_unlock(&w->lock);
         break;
     case BATON__V1__CONDUCTOR_MESSAGE__MSG_DROP:
         pthread_mutex_lock(&w->lock);
+        wk_pull_drop(w, msg->drop);
         wk_chain_drop(w, msg->drop);
         pthread_mutex_unlock(&w->lock);
         break;

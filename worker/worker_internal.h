@@ -452,6 +452,10 @@ void wk_pull_start(wk_worker *w, wk_dispatch *disp, wk_request *req);
 /* Drops the parked dispatches of REQ (SessionClose): no Done is sent, and
  * the record of REQ is left for the caller to collect.  [L] */
 void wk_pull_request_closed(wk_worker *w, wk_request *req);
+/* An Extend or a Drop for a node whose dispatch is parked: its window is
+ * widened, or it is discarded (no Done) or its window cut short.  [L] */
+void wk_pull_extend(wk_worker *w, const Baton__V1__Extend *e);
+void wk_pull_drop(wk_worker *w, const Baton__V1__Drop *dr);
 /* Drops every parked dispatch (shutdown).  [L] */
 void wk_pull_cancel_all(wk_worker *w);
 /* Creates w->xfer on w->zctx, bound to opt.peer_listen when set.  0, or -1

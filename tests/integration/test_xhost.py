@@ -196,6 +196,29 @@ def test_loop_pulls_once(d, c):
     wait_pool_empty(d)
 
 
+def test_run_ahead_loop(d, c):
+    """Iterations the worker chains itself reuse the pulled value; many at
+    once, so that Extends reach dispatches still pulling."""
+    n = 3 * MIB // 4
+    rids = [c.request("spec", {"x": (I32, [n], i32(*range(n)))}, stream=True) for _ in range(6)]
+    chunks = {r: [] for r in rids}
+    got = {}
+    deadline = time.time() + 60
+    while len(got) < len(rids) and time.time() < deadline:
+        m = c.recv(max(0.1, deadline - time.time()))
+        if m is None:
+            continue
+        if m.HasField("chunk") and m.chunk.request_id in chunks:
+            chunks[m.chunk.request_id].append(as_i32(m.chunk.value))
+        elif m.HasField("response") and m.response.request_id in chunks:
+            got[m.response.request_id] = m.response
+    assert len(got) == len(rids), "no response for some requests"
+    for r in rids:
+        assert got[r].status.code == pb.OK, got[r].status
+        assert chunks[r] == [[0], [1], [2], [3], [4]], chunks[r]
+    wait_pool_empty(d)
+
+
 def test_inspect_shows_kinds(d, c):
     m = pb.ClientMessage()
     m.inspect.SetInParent()
@@ -262,7 +285,8 @@ def main():
     d = e2e.Daemon(config)
     try:
         for t in (test_same_outputs_as_one_host, test_large_tensor_crosses_intact,
-                  test_many_at_once, test_loop_pulls_once, test_inspect_shows_kinds,
+                  test_many_at_once, test_loop_pulls_once, test_run_ahead_loop,
+                  test_inspect_shows_kinds,
                   test_producer_killed):
             if only and t.__name__ not in only:
                 continue
