@@ -768,7 +768,9 @@ void wk_xfer_poll_handle(wk_xfer *x, const zmq_pollitem_t *items, size_t n)
         xfer_peer *p = x->peers;
         while (p && p->sock != items[i].socket)
             p = p->next;
-        for (int k = 0; k < 64 && p && p->sock && readable(p->sock); k++) {
+        /* Each answer costs a copy of up to a chunk on this thread: a few
+         * per round keep the worker's other sockets served meanwhile. */
+        for (int k = 0; k < 8 && p && p->sock && readable(p->sock); k++) {
             consumer_recv(x, p);
             peer_pump(x, p);
         }
