@@ -655,10 +655,19 @@ static void send_reply(wk_xfer *x, const zmq_msg_t *id, const Baton__V1__PullReq
     }
     /* Sends on a ROUTER never block; a consumer gone since its request
      * makes them drop the frames, and closing them then releases the pin. */
-    if (zmq_msg_send(&idm, x->router, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
+    if (zmq_msg_send(&idm, x->router, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) {
         zmq_msg_close(&idm);
-    if (zmq_msg_send(&hdr, x->router, (ok ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) < 0)
         zmq_msg_close(&hdr);
+        if (ok)
+            zmq_msg_close(&body);
+        return;
+    }
+    if (zmq_msg_send(&hdr, x->router, (ok ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) < 0) {
+        zmq_msg_close(&hdr);
+        if (ok)
+            zmq_msg_close(&body);
+        return;
+    }
     if (ok && zmq_msg_send(&body, x->router, ZMQ_DONTWAIT) < 0)
         zmq_msg_close(&body);
 }
