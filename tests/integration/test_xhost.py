@@ -34,7 +34,7 @@ def pool_used(d):
     return [d.metric("baton_pool_bytes_used", 'worker="%s"' % w) for w in WORKERS]
 
 
-def wait_pool_empty(d, timeout=8.0):
+def wait_pool_empty(d, timeout=20.0):
     deadline = time.time() + timeout
     used = None
     while time.time() < deadline:
@@ -65,7 +65,7 @@ def run_graphs(d):
     try:
         for g, inputs in (("hop", X(7, 8, 9)), ("fanin", X(1, 2, 3)), ("stream", X(4, 5, 6, 7)),
                           ("count", X(0)), ("local_b", X(3))):
-            chunks, r = c.infer(g, inputs, stream=True)
+            chunks, r = c.infer(g, inputs, stream=True, timeout=60)
             assert r.status.code == pb.OK, (g, r.status)
             # How a stream is cut into dispatches, and the order parallel
             # nodes end in, depend on timing; the values and who ran what
