@@ -585,7 +585,8 @@ static void on_peers(wk_worker *w, const Baton__V1__Peers *p)
         const Baton__V1__PeerInfo *pi = p->peers[i];
         if (pi->index != p->self_index)
             rc = wk_xfer_peer_update(w->xfer, pi->index, pi->name, pi->peer_endpoint,
-                                     pi->incarnation, pi->up);
+                                     pi->incarnation, pi->up) ||
+                 wk_xfer_peer_key(w->xfer, pi->index, pi->curve_public_key);
     }
     if (rc)
         bt_error("out of memory taking in the peers");

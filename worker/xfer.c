@@ -51,6 +51,7 @@ typedef struct xfer_peer {
     uint32_t index;
     char *name;                  /* owned */
     char *endpoint;              /* owned; "" when it has none */
+    char *curve_public_key;      /* owned, Z85; NULL when it registered none */
     uint64_t incarnation;
     bool up;
     void *sock;                  /* DEALER connected to endpoint, or NULL */
@@ -171,7 +172,7 @@ static int xfer_peer_socket_server_setup(void *sock, char *err, size_t errlen)
 
 /* Options of a consumer's DEALER to PEER, before it connects.  The one
  * place where the client side is set up: CURVE client keys and the
- * producer's public key belong here. */
+ * producer's public key (PEER->curve_public_key) belong here. */
 static int xfer_peer_socket_client_setup(void *sock, const xfer_peer *peer, char *err,
                                          size_t errlen)
 {
@@ -495,6 +496,25 @@ uint64_t wk_xfer_pull(wk_xfer *x, uint32_t peer, const wk_xfer_src *src, void *d
      * the id is returned all the same (cancelling it is then a no-op). */
     peer_pump(x, p);
     return id;
+}
+
+int wk_xfer_peer_key(wk_xfer *x, uint32_t index, const char *curve_public_key)
+{
+    xfer_peer *p = x ? peer_find(x, index) : NULL;
+    if (!p)
+        return 0;
+    const char *now = curve_public_key && *curve_public_key ? curve_public_key : NULL;
+    if ((!now && !p->curve_public_key) ||
+        (now && p->curve_public_key && strcmp(now, p->curve_public_key) == 0))
+        return 0;
+    char *k = now ? strdup(now) : NULL;
+    if (now && !k)
+        return BT_ENOMEM;
+    if (p->sock)
+        peer_lose(x, p, "its key changed");
+    free(p->curve_public_key);
+    p->curve_public_key = k;
+    return 0;
 }
 
 void wk_xfer_cancel(wk_xfer *x, uint64_t id)
@@ -859,6 +879,7 @@ void wk_xfer_destroy(wk_xfer *x)
         nx = p->next;
         free(p->name);
         free(p->endpoint);
+        free(p->curve_public_key);
         free(p);
     }
     u64map_free(&x->pulls);

@@ -119,6 +119,12 @@ const char *wk_xfer_endpoint(const wk_xfer *x);
 int wk_xfer_peer_update(wk_xfer *x, uint32_t index, const char *name, const char *endpoint,
                         uint64_t incarnation, bool up);
 
+/* Consumer: the CURVE public key (Z85) peer INDEX registered with
+ * (PeerInfo.curve_public_key; "" or NULL: none), kept for the client side
+ * of its socket (xfer_peer_socket_client_setup).  A changed key drops the
+ * connection; its pulls fail.  0 or BT_ENOMEM. */
+int wk_xfer_peer_key(wk_xfer *x, uint32_t index, const char *curve_public_key);
+
 /* Consumer: pulls SRC from peer PEER into DST (SRC->nbytes bytes) and
  * reports the end through ops->pull_done(COOKIE).  Returns the pull's id
  * (never 0), or 0 with the reason in ERR (unknown or down peer, no

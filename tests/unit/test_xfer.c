@@ -388,6 +388,22 @@ static void test_lost_producer_fails_its_pulls(void **state)
     rig_wait(r, f, 1);
     assert_int_equal(f[0].code, BATON_STATUS_OK);
     assert_memory_equal(small, r->prod.pool + r->prod.t[1].offset, 1000);
+    /* A new key drops the connection too; the same key again changes
+     * nothing, and a pull afterwards reconnects. */
+    assert_int_equal(wk_xfer_peer_key(r->consumer, 0, "key-one"), 0);
+    assert_int_equal(wk_xfer_peer_key(r->consumer, 0, "key-one"), 0);
+    assert_int_equal(wk_xfer_peer_key(r->consumer, 9, "nobody"), 0);
+    f[0] = (fake_pull){0};
+    assert_int_not_equal(wk_xfer_pull(r->consumer, 0, &r->prod.t[1], small, &f[0], err,
+                                      sizeof(err)), 0);
+    assert_int_equal(wk_xfer_peer_key(r->consumer, 0, "key-two"), 0);
+    assert_int_equal(f[0].code, BATON_STATUS_UNAVAILABLE);
+    assert_non_null(strstr(f[0].message, "key changed"));
+    f[0] = (fake_pull){0};
+    assert_int_not_equal(wk_xfer_pull(r->consumer, 0, &r->prod.t[1], small, &f[0], err,
+                                      sizeof(err)), 0);
+    rig_wait(r, f, 1);
+    assert_int_equal(f[0].code, BATON_STATUS_OK);
     /* Down: refused at once. */
     assert_int_equal(wk_xfer_peer_update(r->consumer, 0, "prod", wk_xfer_endpoint(r->producer),
                                          2, false), 0);
