@@ -5,15 +5,15 @@
  * the unit of interleaving: while one 256 MiB tensor moves, another pull
  * from the same producer waits for at most one chunk's turn per window
  * slot, not for the whole tensor.  A window of several chunks keeps the
- * TCP pipe full across the request round trip (4 x 4 MiB covers a 10 ms
- * round trip at 10 Gbit/s) while bounding what one producer has in flight
- * for one consumer to 16 MiB.  tests/bench/bench_xhost.c sweeps 1 to 8 MiB
- * chunks and windows of 1 to 8 at 64 MiB; on loopback on the 2 shared
- * CPUs it was written on, every combination fell between about 1 and 4
- * GB/s with run-to-run noise larger than the differences between them, so
- * the numbers rest on the reasoning above, not on a measured optimum; a
- * real network (the bench takes its endpoints from the environment) is
- * where they should be settled.
+ * TCP pipe full across the request round trip while bounding what one
+ * producer has in flight for one consumer (8 x 1 MiB: a 0.5 ms round trip
+ * at over 100 Gbit/s, or a 6 ms one at 10 Gbit/s).  tests/bench/bench_xhost.c
+ * sweeps 1 to 8 MiB chunks and windows of 1 to 8 at 64 MiB; on loopback on
+ * the 2 shared CPUs it was written on, 1 MiB chunks with a window of 4 to
+ * 8 came out on top in three sweeps of four, by up to a quarter, though
+ * the noise between runs was of the same size as the differences.  Small
+ * chunks also interleave best.  A real network (the bench takes its
+ * endpoints from the environment) is where the numbers should be settled.
  *
  * Zero copy on the producer.  A reply's data frame points into the pool
  * (zmq_msg_init_data) and the tensor stays pinned until ZeroMQ has written

@@ -31,8 +31,8 @@
 
 #include "baton/backend.h"
 
-#define WK_XFER_CHUNK_BYTES (4u << 20)  /* bytes per pull request (the last one may be less) */
-#define WK_XFER_WINDOW 4u               /* chunks in flight per producer */
+#define WK_XFER_CHUNK_BYTES (1u << 20)  /* bytes per pull request (the last one may be less) */
+#define WK_XFER_WINDOW 8u               /* chunks in flight per producer */
 #define WK_XFER_MAX_CHUNK (64u << 20)   /* largest chunk a producer serves */
 #define WK_XFER_TIMEOUT_MS 10000u       /* a producer silent this long with chunks in
                                            flight is taken as lost */
