@@ -419,6 +419,10 @@ $(BUILD)/bench/%: $(BUILD)/obj/tests/bench/%.o $(BENCH_HELPER_OBJS) $(CLIENT_LIB
 	@echo "  LD      $@"
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(OPENBLAS_LIBS)
 $(BUILD)/bench/bench_ops: $(KERNEL_LIB) $(COMMON_LIB)
+# The cross-host benchmark drives the worker's transfer module itself; $^
+# lists the common archive once, before it, so it goes again at the end.
+$(BUILD)/bench/bench_xhost: $(WORKER_LIB)
+$(BUILD)/bench/bench_xhost: LDLIBS := $(COMMON_LIB) $(LDLIBS)
 
 .PHONY: bench
 bench: $(PROGRAMS) $(BENCH_BINS)

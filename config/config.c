@@ -425,6 +425,8 @@ void cfg_config_destroy(cfg_config *c)
         free(c->workers[i].device);
         free(c->workers[i].profile);
         free(c->workers[i].key.s);
+        free(c->workers[i].host);
+        free(c->workers[i].peer_listen);
     }
     free(c->workers);
     for (size_t i = 0; i < c->n_openai; i++) {

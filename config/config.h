@@ -86,6 +86,11 @@ typedef struct cfg_worker {
     cfg_spawn spawn;
     cfg_str key;           /* its own CURVE secret key file, for a spawn: external worker
                             * on a tcp workers_endpoint; s NULL when not given */
+    char *host;            /* the host it runs on, as it reports it; NULL: gethostname()
+                              (and for spawn: auto, the conductor's own host) */
+    char *peer_listen;     /* "tcp://ADDR:PORT" (PORT may be *) its worker-to-worker
+                              ROUTER binds; NULL: none (no peer on another host can
+                              read its tensors) */
     cfg_pos pos;
 } cfg_worker;
 

@@ -154,8 +154,22 @@ typedef enum graph_transfer_kind {
     GRAPH_XFER_SHM = 0,       /* CPU -> CPU on one host: the consumer maps the producer's shm pool */
     GRAPH_XFER_CUDA_IPC = 1,  /* GPU -> GPU on one host: cudaIpcOpenMemHandle once, read in place */
     GRAPH_XFER_HOST_STAGED = 2,/* CPU <-> GPU on one host: map the shm pool, copy to/from device */
-    GRAPH_XFER_REMOTE = 3     /* an external worker: NCCL (GPU) or a worker socket (CPU), chosen at registration */
+    GRAPH_XFER_REMOTE = 3,    /* a host not known from the config: chosen at registration */
+    GRAPH_XFER_SOCKET = 4,    /* CPU -> CPU on two hosts: the consumer pulls the bytes from the
+                                 producer's peer_listen socket into its own pool */
+    GRAPH_XFER_NCCL = 5       /* GPU on either side, two hosts: NCCL (not built: such a
+                                 dispatch fails with FAILED_PRECONDITION) */
 } graph_transfer_kind;
+
+/* The kind of a transfer between workers of devices GPU_FROM and GPU_TO,
+ * on one host or on two.  The conductor uses it again at dispatch time
+ * with the hosts the workers registered from. */
+graph_transfer_kind graph_transfer_kind_of(bool same_host, bool gpu_from, bool gpu_to);
+
+/* Where a worker runs as far as the config tells: its `host:`, else, for a
+ * worker batond spawns, batond's own host (LOCAL_HOST); NULL when unknown
+ * (an external worker without `host:`). */
+const char *graph_worker_host(const cfg_worker *w, const char *local_host);
 
 typedef struct graph_transfer {
     int graph;             /* graph index */

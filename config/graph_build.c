@@ -10,6 +10,8 @@
 #include <assert.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdio.h>
+#include <unistd.h>
 
 #include "common/status.h"
 
@@ -874,22 +876,71 @@ static int value_worker(const graph *g, int value)
     return -1;
 }
 
-static graph_transfer_kind transfer_kind(const cfg_config *cfg, int from, int to)
+graph_transfer_kind graph_transfer_kind_of(bool same_host, bool gpu_from, bool gpu_to)
 {
-    const cfg_worker *a = &cfg->workers[from], *b = &cfg->workers[to];
-    if (a->spawn == CFG_SPAWN_EXTERNAL || b->spawn == CFG_SPAWN_EXTERNAL)
-        return GRAPH_XFER_REMOTE;
-    bool ga = a->cuda_index >= 0, gb = b->cuda_index >= 0;
-    if (ga && gb)
+    if (!same_host)
+        return gpu_from || gpu_to ? GRAPH_XFER_NCCL : GRAPH_XFER_SOCKET;
+    if (gpu_from && gpu_to)
         return GRAPH_XFER_CUDA_IPC;
-    if (!ga && !gb)
+    if (!gpu_from && !gpu_to)
         return GRAPH_XFER_SHM;
     return GRAPH_XFER_HOST_STAGED;
 }
 
-static int partition(graph_set *gs)
+const char *graph_worker_host(const cfg_worker *w, const char *local_host)
+{
+    if (w->host)
+        return w->host;
+    return w->spawn == CFG_SPAWN_AUTO ? local_host : NULL;
+}
+
+/* The kind of the transfer FROM -> TO when the config tells both hosts;
+ * GRAPH_XFER_REMOTE (decided when both have registered) otherwise. */
+static graph_transfer_kind transfer_kind(const cfg_config *cfg, const char *local_host, int from,
+                                         int to)
+{
+    const cfg_worker *a = &cfg->workers[from], *b = &cfg->workers[to];
+    const char *ha = graph_worker_host(a, local_host), *hb = graph_worker_host(b, local_host);
+    if (!ha || !hb)
+        return GRAPH_XFER_REMOTE;
+    return graph_transfer_kind_of(strcmp(ha, hb) == 0, a->cuda_index >= 0, b->cuda_index >= 0);
+}
+
+/* Warns once per pair of workers about a cross-host transfer the config
+ * already dooms: a producer with no peer_listen, or a GPU on either side. */
+static void warn_cross_host(const graph_set *gs, bt_diag *diag, const char *local_host)
 {
     const cfg_config *cfg = gs->cfg;
+    for (size_t t = 0; t < gs->n_transfers; t++) {
+        const graph_transfer *x = &gs->transfers[t];
+        bool seen = false;
+        for (size_t u = 0; u < t && !seen; u++)
+            seen = gs->transfers[u].from_worker == x->from_worker &&
+                   gs->transfers[u].to_worker == x->to_worker;
+        if (seen)
+            continue;
+        const cfg_worker *a = &cfg->workers[x->from_worker], *b = &cfg->workers[x->to_worker];
+        const char *ha = graph_worker_host(a, local_host), *hb = graph_worker_host(b, local_host);
+        if (x->kind == GRAPH_XFER_SOCKET && !a->peer_listen)
+            bt_diag_warn(diag, a->pos.line, a->pos.col,
+                         "worker '%s' (host %s) feeds worker '%s' (host %s) but has no "
+                         "'peer_listen': those requests will fail until it gets one", a->name,
+                         ha, b->name, hb);
+        if (x->kind == GRAPH_XFER_NCCL)
+            bt_diag_warn(diag, a->pos.line, a->pos.col,
+                         "worker '%s' (host %s) feeds worker '%s' (host %s) and one of them is "
+                         "a GPU: cross-host GPU transfers are not built, those requests will "
+                         "fail", a->name, ha, b->name, hb);
+    }
+}
+
+static int partition(graph_set *gs, bt_diag *diag)
+{
+    const cfg_config *cfg = gs->cfg;
+    /* Workers batond spawns without a `host:` run here. */
+    char local_host[256] = "";
+    if (gethostname(local_host, sizeof(local_host) - 1) != 0)
+        snprintf(local_host, sizeof(local_host), "localhost");
     size_t nw = cfg->n_workers;
     int_vec *per = calloc(nw ? nw : 1, sizeof(*per));
     size_t cap = 0;
@@ -923,7 +974,7 @@ static int partition(graph_set *gs)
                 break;
             gs->transfers = t;
             t[gs->n_transfers++] = (graph_transfer){(int)gi, (int)ei, -1, from, to,
-                                                    transfer_kind(cfg, from, to)};
+                                                    transfer_kind(cfg, local_host, from, to)};
         }
         /* A graph input lands on the worker of its first consumer; the
          * others read it from there. */
@@ -949,7 +1000,7 @@ static int partition(graph_set *gs)
                         break;
                     gs->transfers = t;
                     t[gs->n_transfers++] = (graph_transfer){(int)gi, -1, (int)k, home, w,
-                                                            transfer_kind(cfg, home, w)};
+                                                            transfer_kind(cfg, local_host, home, w)};
                 }
             }
         }
@@ -966,6 +1017,8 @@ static int partition(graph_set *gs)
     }
     for (size_t w = 0; w < nw; w++)
         ivec_take(&per[w], &gs->worker_nodes[w], &gs->n_worker_nodes[w]);
+    if (diag)
+        warn_cross_host(gs, diag, local_host);
 out:
     for (size_t w = 0; w < nw; w++)
         free(per[w].v);
@@ -997,7 +1050,7 @@ int graph_set_build(const cfg_config *cfg, bt_diag *diag, graph_set **out)
         rc = BT_ECONFIG;
         goto err;
     }
-    rc = partition(gs);
+    rc = partition(gs, diag);
     if (rc)
         goto err;
     *out = gs;
@@ -1051,7 +1104,11 @@ const char *graph_transfer_kind_name(graph_transfer_kind k)
                "between two)";
     case GRAPH_XFER_HOST_STAGED:
         return "host-staged (the consumer copies between host and GPU memory)";
-    case GRAPH_XFER_REMOTE: return "remote (NCCL or worker socket, chosen at registration)";
+    case GRAPH_XFER_REMOTE:
+        return "decided at registration (a host the config does not give)";
+    case GRAPH_XFER_SOCKET:
+        return "socket (cross-host: the consumer pulls the bytes from the producer's peer_listen)";
+    case GRAPH_XFER_NCCL: return "nccl (cross-host GPU: not built, such requests fail)";
     }
     return "?";
 }

@@ -90,9 +90,14 @@ void graph_set_print(const graph_set *gs, FILE *out)
     fprintf(out, "workers:\n");
     for (size_t w = 0; w < cfg->n_workers; w++) {
         const cfg_worker *wk = &cfg->workers[w];
-        fprintf(out, "  %s: device %s, pool %llu MiB, streams %u compute + %u comm, spawn %s\n",
+        fprintf(out, "  %s: device %s, pool %llu MiB, streams %u compute + %u comm, spawn %s",
                 wk->name, wk->device, (unsigned long long)wk->pool_mb, wk->streams_compute,
                 wk->streams_comm, wk->spawn == CFG_SPAWN_AUTO ? "auto" : "external");
+        if (wk->host)
+            fprintf(out, ", host %s", wk->host);
+        if (wk->peer_listen)
+            fprintf(out, ", peer_listen %s", wk->peer_listen);
+        fprintf(out, "\n");
     }
     fprintf(out, "models:\n");
     for (size_t m = 0; m < cfg->n_models; m++) {

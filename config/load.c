@@ -315,10 +315,51 @@ static void load_streams(cfg__loader *l, const yt_node *v, cfg_worker *w)
         yt_u32(f[1], "comm", 0, 64, &w->streams_comm, l->diag);
 }
 
+/* A name a worker may report as its host: what gethostname gives, and
+ * short enough for the conductor's record of it. */
+static bool host_name_ok(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > 63)
+        return false;
+    for (; *s; s++)
+        if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') ||
+              *s == '.' || *s == '-' || *s == '_'))
+            return false;
+    return true;
+}
+
+/* "tcp://ADDR:PORT" with a non-empty ADDR and PORT 1..65535 or "*". */
+static bool peer_listen_ok(const char *s)
+{
+    if (strncmp(s, "tcp://", 6) != 0)
+        return false;
+    const char *addr = s + 6, *colon = strrchr(addr, ':');
+    if (!colon || colon == addr || strlen(s) > 200)
+        return false;
+    const char *port = colon + 1;
+    if (strcmp(port, "*") == 0)
+        return true;
+    char *end;
+    long v = strtol(port, &end, 10);
+    return *port && !*end && v >= 1 && v <= 65535;
+}
+
+/* Whether a valid peer_listen binds a wildcard address ("*", 0.0.0.0,
+ * [::]), which peers on other hosts could not connect to. */
+static bool peer_listen_wildcard(const char *s)
+{
+    const char *addr = s + 6;
+    size_t n = (size_t)(strrchr(addr, ':') - addr);
+    return (n == 1 && addr[0] == '*') || (n == 7 && strncmp(addr, "0.0.0.0", 7) == 0) ||
+           (n == 4 && strncmp(addr, "[::]", 4) == 0);
+}
+
 static void load_worker(cfg__loader *l, const yt_node *v, cfg_worker *w, cfg__names *seen)
 {
     static const char *const keys[] = {"name",    "device",  "profile", "pool_mb",
-                                       "streams", "threads", "spawn",   "key"};
+                                       "streams", "threads", "spawn",   "key",
+                                       "host",    "peer_listen"};
     static const char *const spawns[] = {"auto", "external"};
     const yt_node *f[N_OF(keys)];
     char ctx[96];
@@ -403,6 +444,21 @@ static void load_worker(cfg__loader *l, const yt_node *v, cfg_worker *w, cfg__na
                       "%s is 'spawn: external' on the tcp workers_endpoint with daemon.curve "
                       "set: give it 'key:' (its secret key file, made by 'batonctl keygen')",
                       ctx);
+    if (f[8] && cfg__str(l, f[8], "host", &w->host) && !host_name_ok(w->host))
+        bt_diag_error(l->diag, f[8]->line, f[8]->col,
+                      "%s: host must be a host name (letters, digits, '.', '-', '_'; at most "
+                      "63 characters), got '%s'", ctx, w->host);
+    if (f[9] && cfg__str(l, f[9], "peer_listen", &w->peer_listen)) {
+        if (!peer_listen_ok(w->peer_listen))
+            bt_diag_error(l->diag, f[9]->line, f[9]->col,
+                          "%s: peer_listen must be tcp://ADDRESS:PORT with PORT a number from 1 "
+                          "to 65535 or * (an ephemeral port), got '%s'", ctx, w->peer_listen);
+        else if (peer_listen_wildcard(w->peer_listen))
+            bt_diag_error(l->diag, f[9]->line, f[9]->col,
+                          "%s: peer_listen '%s' binds every address, but it is also what the "
+                          "worker advertises to its peers: name the address they reach it at",
+                          ctx, w->peer_listen);
+    }
 }
 
 static void load_workers(cfg__loader *l, const yt_node *v)

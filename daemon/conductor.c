@@ -305,6 +305,50 @@ static char *stats_text(conductor *c)
     return text;
 }
 
+/* Each transfer of the partition as the workers' registered hosts decide
+ * it now (the printout above shows what the config alone tells). */
+static void print_transfers_now(conductor *c, FILE *f)
+{
+    if (!c->gs->n_transfers)
+        return;
+    fputs("\ntransfers by registered host:\n", f);
+    for (size_t t = 0; t < c->gs->n_transfers; t++) {
+        const graph_transfer *x = &c->gs->transfers[t];
+        const graph *g = &c->gs->graphs[x->graph];
+        const sup_worker *a = sup_worker_get(c->sup, x->from_worker);
+        const sup_worker *b = sup_worker_get(c->sup, x->to_worker);
+        fprintf(f, "  %s: ", g->name);
+        if (x->edge >= 0)
+            fprintf(f, "%s -> %s", g->values[g->edges[x->edge].value].name,
+                    g->edges[x->edge].consumer >= 0
+                        ? g->entities[g->edges[x->edge].consumer].name : "client");
+        else
+            fprintf(f, "graph input %s", g->inputs[x->graph_input]);
+        fprintf(f, ": %s (host %s) -> %s (host %s), ", a->cfg->name,
+                a->hostname[0] ? a->hostname : "not registered", b->cfg->name,
+                b->hostname[0] ? b->hostname : "not registered");
+        if (!a->hostname[0] || !b->hostname[0]) {
+            fputs("not decided (a worker has not registered)\n", f);
+            continue;
+        }
+        int code = 0;
+        char why[384];
+        switch (disp_transfer_kind(c->sup, x->from_worker, x->to_worker, &code, why,
+                                   sizeof(why))) {
+        case BATON__V1__TRANSFER_KIND__TRANSFER_KIND_IPC:
+            fputs(a->cfg->cuda_index >= 0 || b->cfg->cuda_index >= 0
+                      ? "ipc (same host: cuda-ipc or host-staged)\n"
+                      : "ipc (same host: shm, read in place)\n", f);
+            break;
+        case BATON__V1__TRANSFER_KIND__TRANSFER_KIND_SOCKET:
+            fprintf(f, "socket (pulled from %s)\n", a->peer_endpoint);
+            break;
+        case BATON__V1__TRANSFER_KIND__TRANSFER_KIND_LOCAL: fputs("local\n", f); break;
+        default: fprintf(f, "fails: %s\n", why); break;
+        }
+    }
+}
+
 /* The graphs, their partition, and what each worker's loads built (the
  * executables' schedules: predicted makespans and the decision). */
 static char *inspect_text(conductor *c, const char *graph_name)
@@ -318,6 +362,7 @@ static char *inspect_text(conductor *c, const char *graph_name)
         fprintf(f, "no graph named '%s'\n", graph_name);
     else
         graph_set_print(c->gs, f);
+    print_transfers_now(c, f);
     bool heading = false;
     for (size_t w = 0; w < sup_n_workers(c->sup); w++) {
         const sup_worker *wk = sup_worker_get(c->sup, (int)w);

@@ -153,10 +153,41 @@ static bool dispatch_msg_alloc(dispatch_msg *m, const rt_action *a, const graph_
            m->outp && m->lbs && m->lbp;
 }
 
+/* How a tensor of worker FROM reaches worker TO, decided from the hosts
+ * both registered from: the own pool, the same host's shared memory, or
+ * a pull over the producer's peer socket.  A transfer that cannot be made
+ * returns TRANSFER_KIND_UNSPECIFIED with *CODE and WHY. */
+Baton__V1__TransferKind disp_transfer_kind(const supervisor *sup, int from, int to, int *code,
+                                           char *why, size_t whylen)
+{
+    if (from == to)
+        return BATON__V1__TRANSFER_KIND__TRANSFER_KIND_LOCAL;
+    const sup_worker *a = sup_worker_get(sup, from), *b = sup_worker_get(sup, to);
+    /* A worker not registered has no host yet; its tensors are gone or
+     * not made, and the same-host path reports that well enough. */
+    if (!a->hostname[0] || !b->hostname[0] || strcmp(a->hostname, b->hostname) == 0)
+        return BATON__V1__TRANSFER_KIND__TRANSFER_KIND_IPC;
+    *code = BT_CODE_FAILED_PRECONDITION;
+    if (a->cfg->cuda_index >= 0 || b->cfg->cuda_index >= 0) {
+        snprintf(why, whylen, "worker %s (host %s) feeds worker %s (host %s) and one of them is "
+                 "a GPU: cross-host GPU transfers are not built", a->cfg->name, a->hostname,
+                 b->cfg->name, b->hostname);
+        return BATON__V1__TRANSFER_KIND__TRANSFER_KIND_UNSPECIFIED;
+    }
+    if (!a->peer_endpoint[0]) {
+        snprintf(why, whylen, "worker %s (host %s) holds an input of worker %s (host %s) but "
+                 "has no peer endpoint: set 'peer_listen' in its entry under workers:",
+                 a->cfg->name, a->hostname, b->cfg->name, b->hostname);
+        return BATON__V1__TRANSFER_KIND__TRANSFER_KIND_UNSPECIFIED;
+    }
+    return BATON__V1__TRANSFER_KIND__TRANSFER_KIND_SOCKET;
+}
+
 /* The inputs: per input its fan-in parts, per part its chunks as tensor
- * references (local to worker W or read through IPC).  NULL, or why not. */
-static const char *fill_inputs(dispatcher *d, dispatch_msg *m, const rt_action *a,
-                               const graph_node *n, int w)
+ * references and how they reach worker W.  0, or a status code with the
+ * reason in WHY. */
+static int fill_inputs(dispatcher *d, dispatch_msg *m, const rt_action *a, const graph_node *n,
+                       int w, char *why, size_t whylen)
 {
     size_t pi = 0, ri = 0;
     for (uint32_t k = 0; k < a->u.dispatch.n_inputs; k++) {
@@ -174,23 +205,32 @@ static const char *fill_inputs(dispatcher *d, dispatch_msg *m, const rt_action *
             tp->chunks = &m->refp[ri];
             for (uint32_t x = 0; x < in->parts[p].n; x++) {
                 const ctensor *ct = tt_find(d->tt, in->parts[p].t[x]);
-                if (!ct)
-                    return "a dispatch names a tensor the conductor does not know";
+                if (!ct) {
+                    snprintf(why, whylen, "a dispatch names a tensor the conductor does not "
+                             "know");
+                    return BT_CODE_UNAVAILABLE;
+                }
                 tt_fill_ref(ct, &m->refs[ri]);
                 iv->chat |= ct->chat;
                 iv->raw |= ct->raw;
                 m->refp[ri] = &m->refs[ri];
                 ri++;
                 tp->n_chunks++;
-                tp->transfer = ct->t.worker == w ? BATON__V1__TRANSFER_KIND__TRANSFER_KIND_LOCAL
-                                                 : BATON__V1__TRANSFER_KIND__TRANSFER_KIND_IPC;
+                int code = BT_CODE_UNAVAILABLE;
+                char reason[384];
+                tp->transfer = disp_transfer_kind(d->sup, ct->t.worker, w, &code, reason,
+                                                  sizeof(reason));
+                if (tp->transfer == BATON__V1__TRANSFER_KIND__TRANSFER_KIND_UNSPECIFIED) {
+                    snprintf(why, whylen, "input '%s': %s", iv->name, reason);
+                    return code;
+                }
             }
             m->partp[pi++] = tp;
             iv->n_parts++;
         }
         m->insp[k] = iv;
     }
-    return NULL;
+    return 0;
 }
 
 /* The outputs: which go to the client (inline when small) and which
@@ -240,8 +280,13 @@ static void send_dispatch(dispatcher *dp, const rt_action *a)
     const graph_node *n = &en->u.node;
     int w = n->worker;
     dispatch_msg m;
-    const char *fail = dispatch_msg_alloc(&m, a, en) ? fill_inputs(dp, &m, a, n, w)
-                                                      : "out of memory building a dispatch";
+    char why[512] = "";
+    int code = BT_CODE_UNAVAILABLE;
+    if (!dispatch_msg_alloc(&m, a, en))
+        snprintf(why, sizeof(why), "out of memory building a dispatch");
+    else
+        code = fill_inputs(dp, &m, a, n, w, why, sizeof(why));
+    const char *fail = why[0] ? why : NULL;
     if (!fail) {
         fill_outputs(&m, a, g, en);
         fill_loop_backs(&m, a, g, n);
@@ -280,15 +325,17 @@ static void send_dispatch(dispatcher *dp, const rt_action *a)
         cm.msg_case = BATON__V1__CONDUCTOR_MESSAGE__MSG_DISPATCH;
         cm.dispatch = &d;
         if (w < 0 || sup_worker_get(dp->sup, w)->state != SUP_READY ||
-            sup_send(dp->sup, w, &cm) < 0)
+            sup_send(dp->sup, w, &cm) < 0) {
             fail = "its worker is not available";
+            code = BT_CODE_UNAVAILABLE;
+        }
     }
     if (fail) {
-        char msg[256];
+        char msg[768];
         snprintf(msg, sizeof(msg), "%s (worker %s)", fail,
                  w >= 0 ? sup_worker_get(dp->sup, w)->cfg->name : "?");
         rt_node_failed(dp->rt, a->req, a->u.dispatch.node, &a->u.dispatch.iter,
-                       BT_CODE_UNAVAILABLE, msg);
+                       code ? (bt_code)code : BT_CODE_UNAVAILABLE, msg);
     }
     dispatch_msg_free(&m);
 }

@@ -91,4 +91,11 @@ void disp_burst_end(dispatcher *d);
 /* Tensor references the runtime holds, all requests. */
 size_t disp_tensors_held(const dispatcher *d);
 
+/* How a tensor of worker FROM reaches worker TO, from the hosts both
+ * registered from (LOCAL, IPC or SOCKET); TRANSFER_KIND_UNSPECIFIED when
+ * it cannot (a cross-host GPU, a producer without peer_listen), with the
+ * status code in *CODE and the reason in WHY. */
+Baton__V1__TransferKind disp_transfer_kind(const supervisor *sup, int from, int to, int *code,
+                                           char *why, size_t whylen);
+
 #endif

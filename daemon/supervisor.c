@@ -373,6 +373,7 @@ static void send_peers(supervisor *s)
         infos[w].index = (uint32_t)w;
         infos[w].name = (char *)wk->cfg->name;
         infos[w].hostname = wk->hostname;
+        infos[w].peer_endpoint = wk->peer_endpoint;
         infos[w].incarnation = wk->incarnation;
         infos[w].up = wk->state == SUP_LOADING || wk->state == SUP_READY;
         infos[w].n_pools = wk->n_pools;
@@ -669,6 +670,8 @@ static void on_register(supervisor *s, sup_worker *w, const Baton__V1__Register 
             break;
         }
     snprintf(w->hostname, sizeof(w->hostname), "%s", rg->hostname ? rg->hostname : "");
+    snprintf(w->peer_endpoint, sizeof(w->peer_endpoint), "%s",
+             rg->peer_endpoint ? rg->peer_endpoint : "");
     w->pool_bytes = rg->pool_bytes;
     if (!w->pid && rg->pid && w->cfg->spawn == CFG_SPAWN_EXTERNAL)
         bt_info("external worker %s registered (pid %u on %s)", w->cfg->name, rg->pid,

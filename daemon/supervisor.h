@@ -35,7 +35,9 @@ typedef struct sup_worker {
     pid_t pid;                    /* 0 for external workers or when not running */
     uint32_t incarnation;         /* 1, 2, ...: bumped at every spawn; < 2^16 */
     char shm_name[128];           /* its pool's POSIX shm name, unlinked when it dies */
-    char hostname[64];
+    char hostname[64];            /* as it registered (its `host:`, else gethostname) */
+    char peer_endpoint[256];      /* as it registered: where peers on other hosts pull its
+                                     tensors; "" when it has none */
     uint64_t pool_bytes;
     Baton__V1__PoolHandle *pools; /* owned copies of its registered pools */
     size_t n_pools;

@@ -25,8 +25,20 @@ void wk_dispatch_unref(wk_dispatch *d)
 {
     if (!d || --d->refs > 0)
         return;
+    /* Inputs pulled from another host were this dispatch's copies. */
+    for (size_t i = 0; i < d->n_pulled; i++)
+        if (d->pulled[i])
+            wk_tensor_release(d->w, d->pulled[i]);
+    free(d->pulled);
     baton__v1__conductor_message__free_unpacked(d->msg, NULL);
     free(d);
+}
+
+void wk_dispatch_claim(wk_dispatch *d, uint64_t id)
+{
+    for (size_t i = 0; i < d->n_pulled; i++)
+        if (d->pulled[i] == id)
+            d->pulled[i] = 0;
 }
 
 static void free_refs(wk_ref **refs, size_t n)

@@ -74,9 +74,7 @@ static wk_slot *pin_ref(wk_worker *w, wk_item *it, const wk_ref *ref, baton_stat
     return s;
 }
 
-/* The own tensor holding REQ's staged copy of the tensor REF names, or
- * NULL.  [L] */
-static wk_tensor *staged_find(wk_worker *w, const wk_request *req, const wk_ref *ref)
+wk_tensor *wk_staged_find(wk_worker *w, const wk_request *req, const wk_ref *ref)
 {
     for (size_t i = 0; i < req->n_staged; i++)
         if (req->staged[i].owner == ref->owner && req->staged[i].src_id == ref->id) {
@@ -86,8 +84,7 @@ static wk_tensor *staged_find(wk_worker *w, const wk_request *req, const wk_ref 
     return NULL;
 }
 
-/* Remembers that own tensor ID holds REQ's copy of REF.  0 or -1.  [L] */
-static int staged_add(wk_request *req, const wk_ref *ref, uint64_t id)
+int wk_staged_add(wk_request *req, const wk_ref *ref, uint64_t id)
 {
     for (size_t i = 0; i < req->n_staged; i++)
         if (req->staged[i].owner == ref->owner && req->staged[i].src_id == ref->id) {
@@ -207,7 +204,7 @@ static int prepare_input(wk_worker *w, wk_item *it, uint32_t k, wk_join_job **jo
     /* A value read by every iteration of a loop (a persisted one, such as
      * a handed-off KV cache) is staged once per request, not per step. */
     bool reuse = stage && single && it->b.depth > 0;
-    wk_tensor *have = reuse ? staged_find(w, it->req, &last->ref) : NULL;
+    wk_tensor *have = reuse ? wk_staged_find(w, it->req, &last->ref) : NULL;
     if (have) {
         wk_slot *s = wk_slot_add(it);
         if (!s) {
@@ -248,7 +245,7 @@ static int prepare_input(wk_worker *w, wk_item *it, uint32_t k, wk_join_job **jo
     s->ref = t->ref;
     /* A reused copy belongs to the request (freed when it ends), not to
      * this execution. */
-    s->created = !(reuse && staged_add(it->req, &last->ref, t->ref.id) == 0);
+    s->created = !(reuse && wk_staged_add(it->req, &last->ref, t->ref.id) == 0);
     wk_slot_view(s, wk_tensor_data(w, t));
     j->dst = s->t.data;
     j->next = *jobs;

@@ -13,6 +13,7 @@
 
 #include "common/log.h"
 #include "worker/worker_internal.h"
+#include "worker/xfer.h"
 
 static int socket_open(wk_worker *w, char *err, size_t errlen)
 {
@@ -93,7 +94,12 @@ int wk_worker_create(const wk_options *opt, wk_worker **out, char *err, size_t e
     atomic_init(&w->stopping, false);
     u64map_init(&w->tensors);
     u64map_init(&w->requests);
-    if (gethostname(w->hostname, sizeof(w->hostname) - 1) != 0)
+    /* A configured host name wins: several "hosts" may share one kernel
+     * (network namespaces, containers), and the conductor tells same-host
+     * from cross-host transfers by these names. */
+    if (opt->host && *opt->host)
+        snprintf(w->hostname, sizeof(w->hostname), "%s", opt->host);
+    else if (gethostname(w->hostname, sizeof(w->hostname) - 1) != 0)
         snprintf(w->hostname, sizeof(w->hostname), "localhost");
 
     pthread_condattr_t ca;
@@ -140,8 +146,10 @@ int wk_worker_create(const wk_options *opt, wk_worker **out, char *err, size_t e
         snprintf(err, errlen, "sigaction: %s", strerror(errno));
         goto err;
     }
-    if (socket_open(w, err, errlen) != 0)
+    if (socket_open(w, err, errlen) != 0 || wk_pull_xfer_create(w, err, errlen) != 0)
         goto err;
+    if (*wk_xfer_endpoint(w->xfer))
+        bt_info("serving worker-to-worker pulls on %s", wk_xfer_endpoint(w->xfer));
     if (wk_executor_start(w) != 0) {
         snprintf(err, errlen, "cannot start %u compute lane thread(s)", opt->streams);
         goto err;
@@ -158,6 +166,7 @@ void wk_worker_destroy(wk_worker *w)
     if (!w)
         return;
     wk_worker_quiesce(w);
+    wk_xfer_close(w->xfer);
     if (w->sock) {
         zmq_socket_monitor(w->sock, NULL, 0);
         zmq_close(w->sock);
@@ -166,6 +175,9 @@ void wk_worker_destroy(wk_worker *w)
         zmq_close(w->monitor);
     if (w->zctx)
         zmq_ctx_term(w->zctx);
+    /* After the context: ZeroMQ hands back the last zero-copy replies by
+     * then, and their tensors are unpinned here. */
+    wk_xfer_destroy(w->xfer);
     if (w->signal_fd >= 0) {
         /* Back to the default first: a late signal must not write to a
          * closed (or reused) descriptor. */

@@ -217,6 +217,8 @@ int main(int argc, char **argv)
         .threads = cw->threads ? cw->threads : 1,
         .index = (uint32_t)(cw - cfg->workers),
         .comm_streams = cw->streams_comm > 0 ? 1 : 0,
+        .host = cw->host,
+        .peer_listen = cw->peer_listen,
     };
     /* Every worker has a profile: cfg_worker_profile falls back to the
      * built-in default of its device, and the config check refused a name

@@ -20,12 +20,13 @@
 #include "common/log.h"
 #include "common/pbwire.h"
 #include "worker/worker_internal.h"
+#include "worker/xfer.h"
 
 #define HEARTBEAT_NS 1000000000ull
 #define MAX_BATCH_CAP 4096u /* larger max_batch values are clamped: lanes keep batches on the stack */
 
-static void send_status_only_done(wk_worker *w, const Baton__V1__Dispatch *d, baton_status code,
-                                  const char *message)
+void wk_dispatch_refuse(wk_worker *w, const Baton__V1__Dispatch *d, baton_status code,
+                        const char *message)
 {
     Baton__V1__Status st = BATON__V1__STATUS__INIT;
     st.code = (Baton__V1__Code)code;
@@ -276,6 +277,42 @@ static void on_loaded(wk_worker *w, wk_load *ld)
 
 /* --- Dispatch ------------------------------------------------------------ */
 
+void wk_dispatch_start(wk_worker *w, wk_dispatch *disp, wk_request *req)
+{
+    const Baton__V1__Dispatch *d = disp->d;
+    disp->refs++; /* held across item creation, so a failure cannot free it under us */
+    wk_model *model = wk_model_find(w, d->model);
+    if (!model) {
+        char why[512];
+        snprintf(why, sizeof(why), "model '%s' is not loaded on worker %s", d->model,
+                 w->opt.name);
+        wk_dispatch_refuse(w, d, BATON_STATUS_FAILED_PRECONDITION, why);
+        wk_dispatch_unref(disp);
+        wk_request_gc(w, req);
+        return;
+    }
+    uint32_t depth = (uint32_t)d->n_iteration;
+    wk_chain *chain = NULL;
+    if (depth && d->speculate_upto > d->iteration[depth - 1])
+        chain = wk_chain_open(w, req, disp);
+    wk_item *it = wk_item_create(w, disp, req, model, d->iteration, depth, NULL);
+    if (it) {
+        it->chain = chain;
+        if (chain)
+            chain->pending = true;
+    } else if (chain) {
+        chain->active = false;
+        wk_chain_maybe_free(w, chain);
+    }
+    if (!it) {
+        wk_dispatch_refuse(w, d, BATON_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        wk_dispatch_unref(disp);
+        wk_request_gc(w, req);
+        return;
+    }
+    wk_dispatch_unref(disp);
+}
+
 static void on_dispatch(wk_worker *w, Baton__V1__ConductorMessage *msg)
 {
     const Baton__V1__Dispatch *d = msg->dispatch;
@@ -292,8 +329,7 @@ static void on_dispatch(wk_worker *w, Baton__V1__ConductorMessage *msg)
         goto refuse;
     }
     pthread_mutex_lock(&w->lock);
-    wk_model *model = wk_model_find(w, d->model);
-    if (!model) {
+    if (!wk_model_find(w, d->model)) {
         pthread_mutex_unlock(&w->lock);
         code = BATON_STATUS_FAILED_PRECONDITION;
         snprintf(why, sizeof(why), "model '%s' is not loaded on worker %s", d->model,
@@ -326,29 +362,17 @@ static void on_dispatch(wk_worker *w, Baton__V1__ConductorMessage *msg)
     disp->d = d;
     if (d->remaining_ms)
         disp->deadline_ns = bt_now_ns() + (uint64_t)d->remaining_ms * 1000000u;
-    uint32_t depth = (uint32_t)d->n_iteration;
-    wk_chain *chain = NULL;
-    if (depth && d->speculate_upto > d->iteration[depth - 1])
-        chain = wk_chain_open(w, req, disp);
-    disp->refs++; /* held across item creation, so a failure cannot free it under us */
-    wk_item *it = wk_item_create(w, disp, req, model, d->iteration, depth, NULL);
-    if (it) {
-        it->chain = chain;
-        if (chain)
-            chain->pending = true;
-    } else if (chain) {
-        chain->active = false;
-        wk_chain_maybe_free(w, chain);
+    if (wk_pull_needed(d)) {
+        /* Inputs on another host: parked until they are here. */
+        pthread_mutex_unlock(&w->lock);
+        wk_pull_start(w, disp, req);
+        return;
     }
-    if (!it) {
-        send_status_only_done(w, d, BATON_STATUS_RESOURCE_EXHAUSTED, "out of memory");
-        wk_request_gc(w, req);
-    }
-    wk_dispatch_unref(disp);
+    wk_dispatch_start(w, disp, req);
     pthread_mutex_unlock(&w->lock);
     return;
 refuse:
-    send_status_only_done(w, d, code, why);
+    wk_dispatch_refuse(w, d, code, why);
     baton__v1__conductor_message__free_unpacked(msg, NULL);
 }
 
@@ -524,6 +548,7 @@ static void on_session_close(wk_worker *w, uint64_t key)
     wk_request *req = wk_request_get(w, key, false);
     if (req) {
         req->closed = true;
+        wk_pull_request_closed(w, req);
         for (wk_item *it = req->items, *nx; it; it = nx) {
             nx = it->req_next;
             if (it->state == WK_ITEM_QUEUED) {
@@ -554,6 +579,15 @@ static void on_peers(wk_worker *w, const Baton__V1__Peers *p)
     w->self_index = p->self_index;
     int rc = wk_peers_update(&w->peers, p, p->self_index);
     pthread_mutex_unlock(&w->lock);
+    /* Without the lock: a peer found lost fails its pulls, whose callbacks
+     * take it. */
+    for (size_t i = 0; i < p->n_peers && !rc; i++) {
+        const Baton__V1__PeerInfo *pi = p->peers[i];
+        if (pi->index != p->self_index)
+            rc = wk_xfer_peer_update(w->xfer, pi->index, pi->name, pi->peer_endpoint,
+                                     pi->incarnation, pi->up) ||
+                 wk_xfer_peer_key(w->xfer, pi->index, pi->curve_public_key);
+    }
     if (rc)
         bt_error("out of memory taking in the peers");
     bt_info("peers: %zu workers, this one is index %u", p->n_peers, p->self_index);
@@ -568,6 +602,9 @@ static void on_done_event(wk_worker *w, wk_item *it)
     req->n_running--;
     bool drop = atomic_load(&it->cancelled) || req->closed || atomic_load(&w->stopping);
     if (!drop) {
+        for (uint32_t o = 0; it->results && o < it->b.n_outputs; o++)
+            if (it->results[o].set)
+                wk_dispatch_claim(it->disp, it->results[o].ref.id);
         wk_send_done(w, it);
     } else {
         /* Never reported: what this execution made is the worker's to free.
@@ -593,6 +630,8 @@ static void on_chunk_event(wk_worker *w, const wk_event *ev)
         if (ev->has_ref && ev->created)
             wk_tensor_release(w, ev->ref.id);
     } else {
+        if (ev->has_ref)
+            wk_dispatch_claim(it->disp, ev->ref.id);
         wk_send_chunk(w, ev);
     }
     pthread_mutex_unlock(&w->lock);
@@ -616,6 +655,7 @@ void wk_drain_events(wk_worker *w)
     uint64_t n;
     if (read(w->event_fd, &n, sizeof(n)) < 0 && errno != EAGAIN)
         bt_error("eventfd read: %s", strerror(errno));
+    wk_xfer_drain_unpins(w->xfer);
     pthread_mutex_lock(&w->lock);
     wk_event *ev = w->ev_head;
     w->ev_head = w->ev_tail = NULL;
@@ -649,6 +689,7 @@ static void send_register(wk_worker *w)
     r.pool_bytes = wk_device_pool_size(w->dev);
     r.pid = (uint32_t)getpid();
     r.hostname = w->hostname;
+    r.peer_endpoint = (char *)wk_xfer_endpoint(w->xfer);
     Baton__V1__WorkerMessage m = BATON__V1__WORKER_MESSAGE__INIT;
     m.msg_case = BATON__V1__WORKER_MESSAGE__MSG_REGISTRATION;
     m.registration = &r;
@@ -781,10 +822,12 @@ void wk_handle_frame(wk_worker *w, const void *data, size_t len)
     case BATON__V1__CONDUCTOR_MESSAGE__MSG_EXTEND:
         pthread_mutex_lock(&w->lock);
         wk_chain_extend(w, msg->extend);
+        wk_pull_extend(w, msg->extend);
         pthread_mutex_unlock(&w->lock);
         break;
     case BATON__V1__CONDUCTOR_MESSAGE__MSG_DROP:
         pthread_mutex_lock(&w->lock);
+        wk_pull_drop(w, msg->drop);
         wk_chain_drop(w, msg->drop);
         pthread_mutex_unlock(&w->lock);
         break;
@@ -858,13 +901,21 @@ int wk_worker_run(wk_worker *w)
             wk_device_pool_describe(w->dev), wk_device_pool_size(w->dev), w->n_lanes);
     uint64_t next_hb = bt_now_ns() + HEARTBEAT_NS;
     while (!w->quit) {
-        zmq_pollitem_t items[4] = {{w->sock, 0, ZMQ_POLLIN, 0},
-                                   {NULL, w->event_fd, ZMQ_POLLIN, 0},
-                                   {NULL, w->signal_fd, ZMQ_POLLIN, 0},
-                                   {w->monitor, 0, ZMQ_POLLIN, 0}};
+        /* The conductor's socket, the event fd, the signal pipe, the
+         * monitor, then the worker-to-worker sockets (xfer.c). */
+        size_t n_x = wk_xfer_poll_count(w->xfer);
+        zmq_pollitem_t items[4 + n_x];
+        items[0] = (zmq_pollitem_t){w->sock, 0, ZMQ_POLLIN, 0};
+        items[1] = (zmq_pollitem_t){NULL, w->event_fd, ZMQ_POLLIN, 0};
+        items[2] = (zmq_pollitem_t){NULL, w->signal_fd, ZMQ_POLLIN, 0};
+        items[3] = (zmq_pollitem_t){w->monitor, 0, ZMQ_POLLIN, 0};
+        n_x = wk_xfer_poll_fill(w->xfer, items + 4, n_x);
         uint64_t now = bt_now_ns();
         long timeout = now >= next_hb ? 0 : (long)((next_hb - now) / 1000000u) + 1;
-        if (zmq_poll(items, 4, timeout) < 0) {
+        long xt = wk_xfer_tick(w->xfer, now);
+        if (xt >= 0 && xt < timeout)
+            timeout = xt;
+        if (zmq_poll(items, (int)(4 + n_x), timeout) < 0) {
             if (zmq_errno() == EINTR)
                 continue;
             bt_error("zmq_poll: %s", zmq_strerror(zmq_errno()));
@@ -885,6 +936,7 @@ int wk_worker_run(wk_worker *w)
             wk_drain_events(w);
         if (items[3].revents & ZMQ_POLLIN)
             monitor_events(w);
+        wk_xfer_poll_handle(w->xfer, items + 4, n_x);
         now = bt_now_ns();
         if (now >= next_hb && !w->quit) {
             send_heartbeat(w);
@@ -900,6 +952,7 @@ void wk_worker_quiesce(wk_worker *w)
      * (a sleeping item wakes at once), then join them. */
     pthread_mutex_lock(&w->lock);
     atomic_store(&w->stopping, true);
+    wk_pull_cancel_all(w);
     size_t pos = 0;
     uint64_t key;
     void *val;

@@ -32,6 +32,8 @@ typedef struct wk_options {
      * no CURVE. */
     const char *curve_server_public;
     const bt_curve_keypair *curve_own;
+    const char *host;         /* host name to report; NULL: gethostname() */
+    const char *peer_listen;  /* endpoint of the worker-to-worker ROUTER; NULL: none */
 } wk_options;
 
 typedef struct wk_worker wk_worker;

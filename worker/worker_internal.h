@@ -108,6 +108,10 @@ typedef struct wk_dispatch {
     const Baton__V1__Dispatch *d;
     uint64_t deadline_ns;         /* from remaining_ms at arrival; 0: none */
     uint32_t refs;                /* [L] items and chains using it */
+    uint64_t *pulled;             /* own tensors holding inputs pulled from another host
+                                     (pull.c), released with the dispatch; owned */
+    size_t n_pulled;
+    struct wk_worker *w;          /* set with pulled: who releases them */
 } wk_dispatch;
 
 /* A tensor one execution reads or made. */
@@ -287,6 +291,9 @@ struct wk_worker {
     pthread_t *lanes;
     uint32_t n_lanes;
 
+    struct wk_xfer *xfer;         /* I/O thread: worker-to-worker pulls (xfer.h) */
+    struct wk_pull_job *pull_jobs; /* I/O thread, [L]: dispatches waiting for pulls */
+
     void *zctx, *sock;
     void *monitor;                /* PAIR receiving the socket's CONNECTED events */
     uint32_t connects;            /* connections made so far (a reconnect re-registers) */
@@ -391,6 +398,12 @@ void wk_slot_view(wk_slot *s, const void *data);
  * lane's STREAM (NULL on the host). */
 void wk_ctx_init(baton_ctx *ctx, wk_worker *w, void *stream);
 
+/* The own tensor holding REQ's copy of the tensor REF names (staged for a
+ * loop's iterations, or pulled from another host), or NULL.  [L] */
+wk_tensor *wk_staged_find(wk_worker *w, const wk_request *req, const wk_ref *ref);
+/* Remembers that own tensor ID holds REQ's copy of REF.  0 or -1.  [L] */
+int wk_staged_add(wk_request *req, const wk_ref *ref, uint64_t id);
+
 typedef struct wk_join_job wk_join_job;
 /* Allocates IT's input and output tables and resolves every input (see
  * inputs.c); joins to copy are appended to *JOBS.  On failure the item is
@@ -409,6 +422,10 @@ wk_item *wk_item_create(wk_worker *w, wk_dispatch *disp, wk_request *req, wk_mod
 /* Frees an item that is neither queued nor running.  [L] */
 void wk_item_destroy(wk_worker *w, wk_item *item);
 void wk_dispatch_unref(wk_dispatch *d);
+/* Tensor ID, one of D's pulled copies, was reported to the conductor (a
+ * backend passed the input through as an output): the conductor now owns
+ * it, and the dispatch no longer releases it.  [L] */
+void wk_dispatch_claim(wk_dispatch *d, uint64_t id);
 
 /* A Dispatch with a window opened a chain for ITEM's node. */
 wk_chain *wk_chain_open(wk_worker *w, wk_request *req, wk_dispatch *disp);
@@ -423,7 +440,36 @@ void wk_chain_close_all(wk_worker *w, wk_request *req);
 /* Frees CHAIN when it is inactive and has nothing pending.  [L] */
 void wk_chain_maybe_free(wk_worker *w, wk_chain *c);
 
+/* --- pull.c: inputs from other hosts --------------------------------------- */
+
+typedef struct wk_pull_job wk_pull_job;
+/* Whether dispatch D has a chunk to pull from another host. */
+bool wk_pull_needed(const Baton__V1__Dispatch *d);
+/* Parks DISP (of REQ) and starts pulling its SOCKET chunks into the own
+ * pool; the dispatch starts when they are all in (wk_dispatch_start), or
+ * fails with one Done.  I/O thread, without the lock. */
+void wk_pull_start(wk_worker *w, wk_dispatch *disp, wk_request *req);
+/* Drops the parked dispatches of REQ (SessionClose): no Done is sent, and
+ * the record of REQ is left for the caller to collect.  [L] */
+void wk_pull_request_closed(wk_worker *w, wk_request *req);
+/* An Extend or a Drop for a node whose dispatch is parked: its window is
+ * widened, or it is discarded (no Done) or its window cut short.  [L] */
+void wk_pull_extend(wk_worker *w, const Baton__V1__Extend *e);
+void wk_pull_drop(wk_worker *w, const Baton__V1__Drop *dr);
+/* Drops every parked dispatch (shutdown).  [L] */
+void wk_pull_cancel_all(wk_worker *w);
+/* Creates w->xfer on w->zctx, bound to opt.peer_listen when set.  0, or -1
+ * with ERR. */
+int wk_pull_xfer_create(wk_worker *w, char *err, size_t errlen);
+
 /* --- worker.c ---------------------------------------------------------- */
+
+/* Creates the item of DISP (opening its run-ahead chain) and queues it;
+ * fails it with a Done when its model is gone or memory is short.  [L] */
+void wk_dispatch_start(wk_worker *w, wk_dispatch *disp, wk_request *req);
+/* Answers dispatch D with a Done of status CODE and MESSAGE alone. */
+void wk_dispatch_refuse(wk_worker *w, const Baton__V1__Dispatch *d, baton_status code,
+                        const char *message);
 
 /* Cancels every item, stops the lanes, waits for loads, frees every
  * request's tensors and sessions and unloads the models.  No message is

@@ -102,6 +102,9 @@ run_script test_e2e.py env BUILD="$BUILD" /usr/bin/python3 tests/integration/tes
 # CURVE on tcp:// endpoints, the ZAP handler and its counter, keygen,
 # client and worker keys, the config rules and ipc socket modes.
 run_script test_curve.py env BUILD="$BUILD" /usr/bin/python3 tests/integration/test_curve.py
+# Cross-host transfers: three CPU workers declared on two hosts, pulling
+# each other's tensors over loopback peer sockets.
+run_script test_xhost.py env BUILD="$BUILD" /usr/bin/python3 tests/integration/test_xhost.py
 
 # A failed event loop makes batond exit non-zero.
 run_script test_loop_failure.sh env BUILD="$BUILD" bash tests/integration/test_loop_failure.sh

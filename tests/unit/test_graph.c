@@ -391,6 +391,55 @@ static void test_tp_partition(void **state)
     built_free(&b);
 }
 
+/* Transfer kinds from the hosts the config gives: same host in place,
+ * two hosts a socket (CPU) or nccl (a GPU), an external worker without
+ * `host:` decided at registration; a cross-host producer without
+ * peer_listen is warned about. */
+static void test_cross_host_kinds(void **state)
+{
+    (void)state;
+    static const char yaml[] =
+        "version: 1\n"
+        "workers:\n"
+        "  - {name: a, device: cpu, host: h1}\n"
+        "  - {name: b, device: cpu, host: h2, peer_listen: \"tcp://127.0.0.1:*\"}\n"
+        "  - {name: c, device: cpu, host: h2}\n"
+        "  - {name: d, device: cpu, spawn: external}\n"
+        "models:\n"
+        "  - {name: ma, backend: echo, worker: a}\n"
+        "  - {name: mb, backend: echo, worker: b}\n"
+        "  - {name: mc, backend: echo, worker: c}\n"
+        "  - {name: md, backend: echo, worker: d}\n"
+        "graphs:\n"
+        "  - name: g\n"
+        "    inputs: [x]\n"
+        "    body:\n"
+        "      sequential:\n"
+        "        - node: {name: n1, model: ma, inputs: [x], outputs: [{name: x, to: n2}]}\n"
+        "        - node: {name: n2, model: mb, inputs: [x], outputs: [{name: x, to: n3}]}\n"
+        "        - node: {name: n3, model: mc, inputs: [x], outputs: [{name: x, to: n4}]}\n"
+        "        - node: {name: n4, model: md, inputs: [x], outputs: [{name: x, to: client}]}\n";
+    built b = build(yaml);
+    assert_int_equal(b.rc, 0);
+    assert_int_equal(b.gs->n_transfers, 3);
+    for (size_t t = 0; t < 3; t++) {
+        const graph_transfer *x = &b.gs->transfers[t];
+        if (x->from_worker == 0)
+            assert_int_equal(x->kind, GRAPH_XFER_SOCKET);
+        else if (x->from_worker == 1)
+            assert_int_equal(x->kind, GRAPH_XFER_SHM);
+        else
+            assert_int_equal(x->kind, GRAPH_XFER_REMOTE);
+    }
+    assert_non_null(bt_diag_find(b.diag, "worker 'a' (host h1) feeds worker 'b' (host h2) but "
+                                          "has no 'peer_listen'"));
+    assert_int_equal(graph_transfer_kind_of(false, true, false), GRAPH_XFER_NCCL);
+    assert_int_equal(graph_transfer_kind_of(false, false, false), GRAPH_XFER_SOCKET);
+    assert_int_equal(graph_transfer_kind_of(true, true, true), GRAPH_XFER_CUDA_IPC);
+    assert_int_equal(graph_transfer_kind_of(true, false, true), GRAPH_XFER_HOST_STAGED);
+    built_free(&b);
+}
+
 static void test_omni_stream(void **state)
 {
     (void)state;
@@ -435,6 +484,7 @@ int main(void)
         cmocka_unit_test(test_chat_derived_io),
         cmocka_unit_test(test_image_partition),
         cmocka_unit_test(test_tp_partition),
+        cmocka_unit_test(test_cross_host_kinds),
         cmocka_unit_test(test_omni_stream),
     };
     return cmocka_run_group_tests_name("graph", tests, NULL, NULL);
