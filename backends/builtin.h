@@ -18,4 +18,22 @@ const baton_backend *bk_builtin_find(const char *name);
 #define BK_COMM_ID_MAX 128
 int bk_comm_unique_id(void *id, size_t *len, char *err, size_t errlen);
 
+/* The two-rank communicators of cross-host GPU transfers (worker/xfer.c),
+ * the same NCCL the groups use, reached here so that the worker links no
+ * kernel header.  bk_comm_pair_join joins the communicator named by ID
+ * (LEN bytes) as RANK of 2 on GPU DEVICE and returns once the peer has
+ * joined too.  Builds without CUDA return BT_EINVAL with the reason. */
+int bk_comm_pair_join(void **comm, int device, const void *id, size_t len, int rank, char *err,
+                      size_t errlen);
+/* Frees COMM: destroyed when nothing is pending on it, else aborted (which
+ * never waits for the peer).  NULL is a no-op. */
+void bk_comm_pair_close(void *comm, int abort);
+/* Queues a send (SEND nonzero) or receive of N bytes at BUF with rank
+ * PEER_RANK of COMM (the other one) on STREAM.  0, or a negative bt_err
+ * with ERR. */
+int bk_comm_pair_p2p(void *comm, int send, void *buf, size_t n, int peer_rank, void *stream,
+                     char *err, size_t errlen);
+/* Nonzero once COMM has failed asynchronously (its peer aborted). */
+int bk_comm_pair_failed(void *comm);
+
 #endif

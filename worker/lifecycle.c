@@ -13,6 +13,7 @@
 
 #include "common/log.h"
 #include "worker/worker_internal.h"
+#include "worker/xfer.h"
 
 static int socket_open(wk_worker *w, char *err, size_t errlen)
 {
@@ -86,7 +87,13 @@ int wk_worker_create(const wk_options *opt, wk_worker **out, char *err, size_t e
     atomic_init(&w->stopping, false);
     u64map_init(&w->tensors);
     u64map_init(&w->requests);
-    if (gethostname(w->hostname, sizeof(w->hostname) - 1) != 0)
+    /* BATON_HOSTNAME overrides the host name the worker registers with:
+     * for tests that put workers of one machine on "different hosts", and
+     * for containers whose host name is not the machine's.  Read once. */
+    const char *host = getenv("BATON_HOSTNAME");
+    if (host && *host)
+        snprintf(w->hostname, sizeof(w->hostname), "%s", host);
+    else if (gethostname(w->hostname, sizeof(w->hostname) - 1) != 0)
         snprintf(w->hostname, sizeof(w->hostname), "localhost");
 
     pthread_condattr_t ca;
@@ -135,6 +142,10 @@ int wk_worker_create(const wk_options *opt, wk_worker **out, char *err, size_t e
     }
     if (socket_open(w, err, errlen) != 0)
         goto err;
+    if (wk_xfer_create(w, &w->xfer) != 0) {
+        snprintf(err, errlen, "cannot start the comm thread");
+        goto err;
+    }
     if (wk_executor_start(w) != 0) {
         snprintf(err, errlen, "cannot start %u compute lane thread(s)", opt->streams);
         goto err;
@@ -151,6 +162,7 @@ void wk_worker_destroy(wk_worker *w)
     if (!w)
         return;
     wk_worker_quiesce(w);
+    wk_xfer_destroy(w->xfer);
     if (w->sock) {
         zmq_socket_monitor(w->sock, NULL, 0);
         zmq_close(w->sock);

@@ -20,12 +20,13 @@
 #include "common/log.h"
 #include "common/pbwire.h"
 #include "worker/worker_internal.h"
+#include "worker/xfer.h"
 
 #define HEARTBEAT_NS 1000000000ull
 #define MAX_BATCH_CAP 4096u /* larger max_batch values are clamped: lanes keep batches on the stack */
 
-static void send_status_only_done(wk_worker *w, const Baton__V1__Dispatch *d, baton_status code,
-                                  const char *message)
+void wk_dispatch_refuse(wk_worker *w, const Baton__V1__Dispatch *d, baton_status code,
+                        const char *message)
 {
     Baton__V1__Status st = BATON__V1__STATUS__INIT;
     st.code = (Baton__V1__Code)code;
@@ -276,7 +277,7 @@ static void on_loaded(wk_worker *w, wk_load *ld)
 
 /* --- Dispatch ------------------------------------------------------------ */
 
-static void on_dispatch(wk_worker *w, Baton__V1__ConductorMessage *msg)
+void wk_dispatch_accept(wk_worker *w, Baton__V1__ConductorMessage *msg)
 {
     const Baton__V1__Dispatch *d = msg->dispatch;
     char why[512];
@@ -341,15 +342,23 @@ static void on_dispatch(wk_worker *w, Baton__V1__ConductorMessage *msg)
         wk_chain_maybe_free(w, chain);
     }
     if (!it) {
-        send_status_only_done(w, d, BATON_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        wk_dispatch_refuse(w, d, BATON_STATUS_RESOURCE_EXHAUSTED, "out of memory");
         wk_request_gc(w, req);
     }
     wk_dispatch_unref(disp);
     pthread_mutex_unlock(&w->lock);
     return;
 refuse:
-    send_status_only_done(w, d, code, why);
+    wk_dispatch_refuse(w, d, code, why);
     baton__v1__conductor_message__free_unpacked(msg, NULL);
+}
+
+/* Parts that come over NCCL are received first (xfer.c), in arrival
+ * order: the peer's sends are matched by that order. */
+static void on_dispatch(wk_worker *w, Baton__V1__ConductorMessage *msg)
+{
+    if (wk_xfer_on_dispatch(w->xfer, msg) == 0)
+        wk_dispatch_accept(w, msg);
 }
 
 /* --- Put, Fetch, Release, SessionClose, Peers ----------------------------- */
@@ -557,6 +566,7 @@ static void on_peers(wk_worker *w, const Baton__V1__Peers *p)
     if (rc)
         bt_error("out of memory taking in the peers");
     bt_info("peers: %zu workers, this one is index %u", p->n_peers, p->self_index);
+    wk_xfer_on_peers(w->xfer, p);
 }
 
 /* --- events from lanes and loaders --------------------------------------- */
@@ -627,6 +637,7 @@ void wk_drain_events(wk_worker *w)
         case WK_EV_DONE: on_done_event(w, ev->item); break;
         case WK_EV_LOADED: on_loaded(w, ev->load); break;
         case WK_EV_SEND: send_bytes(w, ev); break;
+        case WK_EV_XFER: wk_xfer_on_event(w->xfer, ev); break;
         }
         free(ev);
         ev = nx;
@@ -801,6 +812,10 @@ void wk_handle_frame(wk_worker *w, const void *data, size_t len)
         break;
     case BATON__V1__CONDUCTOR_MESSAGE__MSG_PUT: on_put(w, msg->put); break;
     case BATON__V1__CONDUCTOR_MESSAGE__MSG_PEERS: on_peers(w, msg->peers); break;
+    case BATON__V1__CONDUCTOR_MESSAGE__MSG_PAIR_COMM:
+        wk_xfer_on_pair_comm(w->xfer, msg->pair_comm);
+        break;
+    case BATON__V1__CONDUCTOR_MESSAGE__MSG_SEND: wk_xfer_on_send(w->xfer, msg->send); break;
     default: bt_warn("dropped a conductor message with no member set"); break;
     }
     baton__v1__conductor_message__free_unpacked(msg, NULL);
@@ -924,6 +939,8 @@ void wk_worker_quiesce(wk_worker *w)
      * results (and every completion the lanes posted) without answering. */
     for (wk_load *ld = w->loading; ld; ld = ld->next)
         pthread_join(ld->thread, NULL);
+    /* The comm thread fails what is pending (events taken in below). */
+    wk_xfer_stop(w->xfer);
     while (w->loading) {
         wk_load *ld = w->loading;
         w->loading = ld->next;
@@ -945,6 +962,8 @@ void wk_worker_quiesce(wk_worker *w)
             on_done_event(w, ev->item);
         else if (ev->kind == WK_EV_SEND)
             free(ev->bytes);
+        else if (ev->kind == WK_EV_XFER)
+            wk_xfer_on_event(w->xfer, ev);
         else {
             baton__v1__conductor_message__free_unpacked(ev->load->msg, NULL);
             free(ev->load);

@@ -1,4 +1,5 @@
-/* The all-reduce through NCCL.  In a file of its own
+/* The all-reduce, and the point-to-point transfers of cross-host edges,
+ * through NCCL.  In a file of its own
  * so that only programs which reduce across ranks link libnccl: NCCL is
  * compiled in only when the build found nccl.h (BATON_NCCL=1, see the
  * Makefile); without it the one-rank identity remains. */
@@ -70,6 +71,31 @@ extern "C" void k_cuda_comm_destroy(void *comm)
         ncclCommDestroy((ncclComm_t)comm);
 }
 
+extern "C" void k_cuda_comm_abort(void *comm)
+{
+    if (comm)
+        ncclCommAbort((ncclComm_t)comm);
+}
+
+extern "C" int k_cuda_comm_failed(void *comm)
+{
+    ncclResult_t r = ncclSuccess;
+    if (!comm || ncclCommGetAsyncError((ncclComm_t)comm, &r) != ncclSuccess)
+        return 1;
+    return r != ncclSuccess;
+}
+
+extern "C" int k_cuda_comm_p2p(void *comm, int send, void *buf, size_t n, int peer, void *stream)
+{
+    if (!comm || (!buf && n))
+        return -EINVAL;
+    if (send)
+        K_NCCL_CHECK(ncclSend(buf, n, ncclUint8, peer, (ncclComm_t)comm, K_STREAM(stream)));
+    else
+        K_NCCL_CHECK(ncclRecv(buf, n, ncclUint8, peer, (ncclComm_t)comm, K_STREAM(stream)));
+    return 0;
+}
+
 extern "C" int k_cuda_allreduce(float *buf, size_t n, void *comm, void *stream)
 {
     if (!comm || !n)
@@ -108,6 +134,23 @@ extern "C" int k_cuda_comm_init_rank(void **comm, int device, const void *id, si
 extern "C" void k_cuda_comm_destroy(void *comm)
 {
     (void)comm;
+}
+
+extern "C" void k_cuda_comm_abort(void *comm)
+{
+    (void)comm;
+}
+
+extern "C" int k_cuda_comm_failed(void *comm)
+{
+    (void)comm;
+    return 1;
+}
+
+extern "C" int k_cuda_comm_p2p(void *comm, int send, void *buf, size_t n, int peer, void *stream)
+{
+    (void)comm, (void)send, (void)buf, (void)n, (void)peer, (void)stream;
+    return -ENOSYS;
 }
 
 extern "C" int k_cuda_allreduce(float *buf, size_t n, void *comm, void *stream)
