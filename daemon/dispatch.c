@@ -112,6 +112,7 @@ typedef struct dispatch_msg {
     Baton__V1__OutputSpec *outs, **outp;  /* per node value */
     Baton__V1__LoopBack *lbs, **lbp;      /* per loop-back input */
     size_t n_lb;
+    size_t n_parts;                       /* parts filled */
 } dispatch_msg;
 
 static void dispatch_msg_free(dispatch_msg *m)
@@ -153,8 +154,60 @@ static bool dispatch_msg_alloc(dispatch_msg *m, const rt_action *a, const graph_
            m->outp && m->lbs && m->lbp;
 }
 
+static bool worker_is_gpu(const sup_worker *w)
+{
+    return w->cfg->cuda_index >= 0;
+}
+
+/* How a part made on worker OWNER reaches worker CONSUMER: in its own pool,
+ * read in place through the owner's pool on the same host (CUDA IPC or
+ * shm), or between GPUs of different hosts by NCCL send and receive.  The
+ * hosts are the ones the workers registered with. */
+static Baton__V1__TransferKind part_kind(const dispatcher *d, int owner, int consumer)
+{
+    if (owner == consumer)
+        return BATON__V1__TRANSFER_KIND__TRANSFER_KIND_LOCAL;
+    const sup_worker *o = sup_worker_get(d->sup, owner), *c = sup_worker_get(d->sup, consumer);
+    if (worker_is_gpu(o) && worker_is_gpu(c) && strcmp(o->hostname, c->hostname) != 0)
+        return BATON__V1__TRANSFER_KIND__TRANSFER_KIND_NCCL;
+    return BATON__V1__TRANSFER_KIND__TRANSFER_KIND_IPC;
+}
+
+/* After the Dispatch of M went to worker W: each chunk of its NCCL parts is
+ * sent by its owner, one Send per chunk, numbered as the part says.  They go
+ * right after the Dispatch, before anything else is numbered on the pair,
+ * so both workers see the pair's transfers in the same order. */
+static void send_nccl_parts(dispatcher *d, const dispatch_msg *m, int w, uint32_t remaining_ms)
+{
+    for (size_t p = 0; p < m->n_parts; p++) {
+        const Baton__V1__TensorPart *tp = &m->parts[p];
+        if (tp->transfer != BATON__V1__TRANSFER_KIND__TRANSFER_KIND_NCCL)
+            continue;
+        for (size_t x = 0; x < tp->n_chunks; x++) {
+            Baton__V1__Send s = BATON__V1__SEND__INIT;
+            s.peer = (uint32_t)w;
+            s.epoch = tp->nccl_epoch;
+            s.seq = tp->nccl_seq + x;
+            s.ref = tp->chunks[x];
+            s.remaining_ms = remaining_ms;
+            Baton__V1__ConductorMessage cm = BATON__V1__CONDUCTOR_MESSAGE__INIT;
+            cm.msg_case = BATON__V1__CONDUCTOR_MESSAGE__MSG_SEND;
+            cm.send = &s;
+            int owner = (int)s.ref->owner;
+            /* One that cannot go leaves the consumer's receive waiting until
+             * the owner is seen lost or the request's deadline passes: both
+             * abort the pair's communicator, which fails the node. */
+            if (sup_worker_get(d->sup, owner)->state != SUP_READY ||
+                sup_send(d->sup, owner, &cm) < 0)
+                bt_warn("Send %llu of a tensor to worker %s could not go to its owner",
+                        (unsigned long long)s.seq, sup_worker_get(d->sup, w)->cfg->name);
+        }
+    }
+}
+
 /* The inputs: per input its fan-in parts, per part its chunks as tensor
- * references (local to worker W or read through IPC).  NULL, or why not. */
+ * references (local to worker W, read through IPC, or received over NCCL).
+ * NULL, or why not. */
 static const char *fill_inputs(dispatcher *d, dispatch_msg *m, const rt_action *a,
                                const graph_node *n, int w)
 {
@@ -172,6 +225,7 @@ static const char *fill_inputs(dispatcher *d, dispatch_msg *m, const rt_action *
             Baton__V1__TensorPart *tp = &m->parts[pi];
             baton__v1__tensor_part__init(tp);
             tp->chunks = &m->refp[ri];
+            int owner = -1;
             for (uint32_t x = 0; x < in->parts[p].n; x++) {
                 const ctensor *ct = tt_find(d->tt, in->parts[p].t[x]);
                 if (!ct)
@@ -182,10 +236,20 @@ static const char *fill_inputs(dispatcher *d, dispatch_msg *m, const rt_action *
                 m->refp[ri] = &m->refs[ri];
                 ri++;
                 tp->n_chunks++;
-                tp->transfer = ct->t.worker == w ? BATON__V1__TRANSFER_KIND__TRANSFER_KIND_LOCAL
-                                                 : BATON__V1__TRANSFER_KIND__TRANSFER_KIND_IPC;
+                Baton__V1__TransferKind kind = part_kind(d, ct->t.worker, w);
+                if (kind == BATON__V1__TRANSFER_KIND__TRANSFER_KIND_NCCL && owner >= 0 &&
+                    owner != ct->t.worker)
+                    return "the chunks of one part come from several GPU workers of other hosts";
+                owner = ct->t.worker;
+                tp->transfer = kind;
             }
+            if (tp->transfer == BATON__V1__TRANSFER_KIND__TRANSFER_KIND_NCCL &&
+                !sup_pair_reserve(d->sup, owner, w, (uint32_t)tp->n_chunks, &tp->nccl_epoch,
+                                  &tp->nccl_seq))
+                return "no NCCL communicator between the producer's worker and this one "
+                       "(not formed yet, or lost)";
             m->partp[pi++] = tp;
+            m->n_parts = pi;
             iv->n_parts++;
         }
         m->insp[k] = iv;
@@ -282,6 +346,8 @@ static void send_dispatch(dispatcher *dp, const rt_action *a)
         if (w < 0 || sup_worker_get(dp->sup, w)->state != SUP_READY ||
             sup_send(dp->sup, w, &cm) < 0)
             fail = "its worker is not available";
+        else
+            send_nccl_parts(dp, &m, w, d.remaining_ms);
     }
     if (fail) {
         char msg[256];

@@ -186,7 +186,11 @@ static void pair_abort(wk_xfer *x, uint32_t peer, const char *why)
     if (!p || (!p->comm && !p->head))
         return;
     if (p->comm) {
-        bt_warn("communicator %u with worker %u aborted: %s", p->epoch, peer, why);
+        /* Only one that fails transfers is worth a warning. */
+        if (p->head)
+            bt_warn("communicator %u with worker %u aborted: %s", p->epoch, peer, why);
+        else
+            bt_info("communicator %u with worker %u aborted: %s", p->epoch, peer, why);
         wk_device_pair_close(x->w->dev, p->comm, true);
         p->comm = NULL;
     }
