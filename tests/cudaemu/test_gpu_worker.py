@@ -18,6 +18,10 @@ What it shows:
   - a tp: 2 model's group: rank 0 makes its id and rank 1 loads with it,
     rank 1 runs every step rank 0 runs, and when one rank dies both are
     restarted;
+  - GPU workers registered under different host names (BATON_HOSTNAME)
+    hand tensors over NCCL, on a communicator per pair that the conductor
+    relays: the same results as on one host, a 16 MiB tensor intact, pools
+    empty afterwards, and a killed producer fails only its request;
   - SIGKILL of a GPU worker under load: its requests end UNAVAILABLE, it
     comes back, and the surviving worker closed its IPC mapping of the dead
     one's memory;
