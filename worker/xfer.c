@@ -578,6 +578,11 @@ static void wait_finish(wk_xfer *x, xfer_wait *wt)
         req = t->req;
         wt->failed |= t->released; /* the request ended meanwhile */
     }
+    /* A stopping worker queues nothing more (its lanes are gone). */
+    if (atomic_load(&w->stopping) && !wt->failed) {
+        wt->failed = true;
+        snprintf(wt->err, sizeof(wt->err), "the worker is stopping");
+    }
     for (uint32_t i = 0; i < wt->n; i++) {
         wk_tensor *t = wt->t[i];
         if (!t)
