@@ -48,7 +48,7 @@ int bk_comm_pair_join(void **comm, int device, const void *id, size_t len, int r
 {
     *comm = NULL;
 #ifdef BATON_CUDA
-    int rc = k_cuda_comm_init_rank(comm, device, id, len, 2, rank);
+    int rc = k_cuda_comm_join(comm, device, id, len, 2, rank);
     if (rc) {
         snprintf(err, errlen, "cannot join the pair communicator as rank %d: %s", rank,
                  bt_strerror(rc));
@@ -87,6 +87,16 @@ int bk_comm_pair_p2p(void *comm, int send, void *buf, size_t n, int peer_rank, v
 #else
     (void)comm, (void)send, (void)buf, (void)n, (void)peer_rank, (void)stream;
     snprintf(err, errlen, "this baton-worker was built without CUDA");
+    return BT_EINVAL;
+#endif
+}
+
+int bk_comm_pair_ready(void *comm)
+{
+#ifdef BATON_CUDA
+    return k_cuda_comm_ready(comm);
+#else
+    (void)comm;
     return BT_EINVAL;
 #endif
 }

@@ -20,11 +20,14 @@ int bk_comm_unique_id(void *id, size_t *len, char *err, size_t errlen);
 
 /* The two-rank communicators of cross-host GPU transfers (worker/xfer.c),
  * the same NCCL the groups use, reached here so that the worker links no
- * kernel header.  bk_comm_pair_join joins the communicator named by ID
- * (LEN bytes) as RANK of 2 on GPU DEVICE and returns once the peer has
- * joined too.  Builds without CUDA return BT_EINVAL with the reason. */
+ * kernel header.  bk_comm_pair_join starts joining the communicator named
+ * by ID (LEN bytes) as RANK of 2 on GPU DEVICE and returns at once;
+ * bk_comm_pair_ready is 1 once the peer has joined too, 0 before, a
+ * negative bt_err when the join failed.  Builds without CUDA return
+ * BT_EINVAL with the reason. */
 int bk_comm_pair_join(void **comm, int device, const void *id, size_t len, int rank, char *err,
                       size_t errlen);
+int bk_comm_pair_ready(void *comm);
 /* Frees COMM: destroyed when nothing is pending on it, else aborted (which
  * never waits for the peer).  NULL is a no-op. */
 void bk_comm_pair_close(void *comm, int abort);

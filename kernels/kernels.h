@@ -298,6 +298,12 @@ int k_cuda_comm_unique_id(void *id, size_t len);
 int k_cuda_comm_init_rank(void **comm, int device, const void *id, size_t len, int nranks,
                           int rank);
 void k_cuda_comm_destroy(void *comm);
+/* k_cuda_comm_init_rank without waiting: *COMM is made at once and
+ * k_cuda_comm_ready says when every rank has joined (1; 0 before; a
+ * negative errno when it failed).  Until then it may only be polled or
+ * aborted. */
+int k_cuda_comm_join(void **comm, int device, const void *id, size_t len, int nranks, int rank);
+int k_cuda_comm_ready(void *comm);
 /* Ends COMM at once (ncclCommAbort): its queued operations stop, their
  * buffers undefined, and COMM is gone.  For a communicator whose peer may
  * never come: ncclCommDestroy would wait for it. */

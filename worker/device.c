@@ -29,6 +29,7 @@ typedef struct wk_device_ops {
     int (*lost)(wk_device *d, char *err, size_t errlen);
     int (*pair_join)(wk_device *d, void **comm, const void *id, size_t len, int rank, char *err,
                      size_t errlen);
+    int (*pair_ready)(wk_device *d, void *comm);
     int (*pair_p2p)(wk_device *d, void *comm, void *stream, bool send, void *buf, uint64_t n,
                     int peer_rank, char *err, size_t errlen);
     int (*mark)(wk_device *d, void *stream, void **mark, char *err, size_t errlen);
@@ -147,6 +148,12 @@ static int host_pair_join(wk_device *d, void **comm, const void *id, size_t len,
     return BT_EINVAL;
 }
 
+static int host_pair_ready(wk_device *d, void *comm)
+{
+    (void)d, (void)comm;
+    return BT_EINVAL;
+}
+
 static int host_pair_p2p(wk_device *d, void *comm, void *stream, bool send, void *buf,
                          uint64_t n, int peer_rank, char *err, size_t errlen)
 {
@@ -175,7 +182,8 @@ static void host_mark_free(wk_device *d, void *mark)
 
 static const wk_device_ops host_ops = {host_pool_open,   host_pool_close, host_stream_create,
                                        host_stream_destroy, host_copy_async, host_sync,
-                                       host_lost,        host_pair_join,  host_pair_p2p,
+                                       host_lost,        host_pair_join,  host_pair_ready,
+                                       host_pair_p2p,
                                        host_mark,        host_mark_query, host_mark_free};
 
 /* --- CUDA ------------------------------------------------------------------ */
@@ -285,6 +293,12 @@ static int cuda_pair_join(wk_device *d, void **comm, const void *id, size_t len,
     return rc;
 }
 
+static int cuda_pair_ready(wk_device *d, void *comm)
+{
+    (void)d;
+    return bk_comm_pair_ready(comm);
+}
+
 static int cuda_pair_p2p(wk_device *d, void *comm, void *stream, bool send, void *buf,
                          uint64_t n, int peer_rank, char *err, size_t errlen)
 {
@@ -326,7 +340,8 @@ static void cuda_mark_free(wk_device *d, void *mark)
 
 static const wk_device_ops cuda_ops = {cuda_pool_open,   cuda_pool_close, cuda_stream_create,
                                        cuda_stream_destroy, cuda_copy_async, cuda_sync,
-                                       cuda_lost,        cuda_pair_join,  cuda_pair_p2p,
+                                       cuda_lost,        cuda_pair_join,  cuda_pair_ready,
+                                       cuda_pair_p2p,
                                        cuda_mark,        cuda_mark_query, cuda_mark_free};
 #endif
 
@@ -518,6 +533,11 @@ int wk_device_pair_join(wk_device *d, void **comm, const void *id, size_t len, i
                         char *err, size_t errlen)
 {
     return d->ops->pair_join(d, comm, id, len, rank, err, errlen);
+}
+
+int wk_device_pair_ready(wk_device *d, void *comm)
+{
+    return d->ops->pair_ready(d, comm);
 }
 
 void wk_device_pair_close(wk_device *d, void *comm, bool abort)

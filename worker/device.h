@@ -86,11 +86,14 @@ int wk_device_ipc_open(wk_device *d, int cuda_device, const void *handle, size_t
 void wk_device_ipc_close(wk_device *d, int cuda_device, void *base);
 
 /* Two-rank NCCL communicators for transfers between GPU workers on
- * different hosts (worker/xfer.c).  Joins the one named by ID (LEN bytes)
- * as RANK (0 or 1) on D's GPU, returning once the peer joined; BT_EINVAL
- * on a CPU device or a build without CUDA. */
+ * different hosts (worker/xfer.c).  Starts joining the one named by ID
+ * (LEN bytes) as RANK (0 or 1) on D's GPU and returns at once; BT_EINVAL
+ * on a CPU device or a build without CUDA.  wk_device_pair_ready is 1 once
+ * the peer has joined, 0 before, a negative bt_err when the join failed;
+ * until then COMM may only be polled or closed (aborted). */
 int wk_device_pair_join(wk_device *d, void **comm, const void *id, size_t len, int rank,
                         char *err, size_t errlen);
+int wk_device_pair_ready(wk_device *d, void *comm);
 /* Frees COMM: ABORT when something may still wait on it (that never
  * waits for the peer).  NULL is a no-op. */
 void wk_device_pair_close(wk_device *d, void *comm, bool abort);

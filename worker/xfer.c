@@ -55,6 +55,7 @@
 
 #define XFER_DEFAULT_MS 60000u /* a transfer of a request without a deadline */
 #define XFER_POLL_NS 100000L   /* between polls while a transfer is pending */
+#define XFER_JOIN_MS 60000u    /* a communicator whose peer has not joined by then is aborted */
 
 typedef struct xfer_wait xfer_wait;
 
@@ -118,7 +119,10 @@ typedef struct xfer_pair {
     void *stream;                 /* made with the first communicator, kept */
     uint32_t epoch;
     int rank;                     /* ours; the peer is 1 - rank */
+    bool ready;                   /* the peer has joined COMM */
+    uint64_t join_deadline_ns;    /* aborted if the peer has not joined by then */
     xfer_op *head, *tail;         /* issued, in order, not finished */
+    xfer_op *wait_head, *wait_tail; /* waiting for the peer to join, in order */
 } xfer_pair;
 
 struct wk_xfer {
@@ -183,22 +187,27 @@ static xfer_pair *pair_get(wk_xfer *x, uint32_t peer)
 static void pair_abort(wk_xfer *x, uint32_t peer, const char *why)
 {
     xfer_pair *p = peer < x->n_pairs ? &x->pairs[peer] : NULL;
-    if (!p || (!p->comm && !p->head))
+    if (!p || (!p->comm && !p->head && !p->wait_head))
         return;
     if (p->comm) {
         /* Only one that fails transfers is worth a warning. */
-        if (p->head)
+        if (p->head || p->wait_head)
             bt_warn("communicator %u with worker %u aborted: %s", p->epoch, peer, why);
         else
             bt_info("communicator %u with worker %u aborted: %s", p->epoch, peer, why);
         wk_device_pair_close(x->w->dev, p->comm, true);
         p->comm = NULL;
     }
+    p->ready = false;
     for (xfer_op *op = p->head, *nx; op; op = nx) {
         nx = op->next;
         op_finish(x, op, false, why);
     }
-    p->head = p->tail = NULL;
+    for (xfer_op *op = p->wait_head, *nx; op; op = nx) {
+        nx = op->next;
+        op_finish(x, op, false, why);
+    }
+    p->head = p->tail = p->wait_head = p->wait_tail = NULL;
     xfer_op *news = calloc(1, sizeof(*news));
     if (news) {
         news->broke = true;
@@ -228,10 +237,37 @@ static void run_join(wk_xfer *x, const xfer_cmd *c)
         bt_error("communicator %u with worker %u: %s", c->epoch, c->peer, err);
         return;
     }
+    /* The join completes when the peer joins too (poll_pairs); a peer that
+     * never does must not hold this thread, which serves every pair. */
     p->comm = comm;
     p->epoch = c->epoch;
     p->rank = c->rank;
-    bt_info("communicator %u with worker %u formed (rank %d)", c->epoch, c->peer, c->rank);
+    p->ready = false;
+    p->join_deadline_ns = bt_now_ns() + (uint64_t)XFER_JOIN_MS * 1000000u;
+}
+
+static void op_append(xfer_op **head, xfer_op **tail, xfer_op *op)
+{
+    op->next = NULL;
+    if (*tail)
+        (*tail)->next = op;
+    else
+        *head = op;
+    *tail = op;
+}
+
+/* Queues OP on the pair's stream, with an event after it. */
+static void op_issue(wk_xfer *x, uint32_t peer, xfer_pair *p, xfer_op *op)
+{
+    char err[256];
+    if (wk_device_pair_p2p(x->w->dev, p->comm, p->stream, op->send, op->buf, op->n, 1 - p->rank,
+                           err, sizeof(err)) != 0 ||
+        wk_device_mark(x->w->dev, p->stream, &op->mark, err, sizeof(err)) != 0) {
+        op_finish(x, op, false, err);
+        pair_abort(x, peer, err);
+        return;
+    }
+    op_append(&p->head, &p->tail, op);
 }
 
 static void run_op(wk_xfer *x, xfer_op *op)
@@ -244,19 +280,36 @@ static void run_op(wk_xfer *x, xfer_op *op)
         op_finish(x, op, false, err);
         return;
     }
-    if (wk_device_pair_p2p(x->w->dev, p->comm, p->stream, op->send, op->buf, op->n, 1 - p->rank,
-                           err, sizeof(err)) != 0 ||
-        wk_device_mark(x->w->dev, p->stream, &op->mark, err, sizeof(err)) != 0) {
-        op_finish(x, op, false, err);
-        pair_abort(x, op->peer, err);
-        return;
-    }
-    op->next = NULL;
-    if (p->tail)
-        p->tail->next = op;
+    if (!p->ready)
+        op_append(&p->wait_head, &p->wait_tail, op); /* issued in order once joined */
     else
-        p->head = op;
-    p->tail = op;
+        op_issue(x, op->peer, p, op);
+}
+
+/* A pair still joining: ready (its waiting transfers are issued, in
+ * order), failed, or past its deadline.  Returns whether it is ready. */
+static bool poll_join(wk_xfer *x, uint32_t peer, xfer_pair *p)
+{
+    int q = wk_device_pair_ready(x->w->dev, p->comm);
+    if (q == 0 && bt_now_ns() <= p->join_deadline_ns)
+        return false;
+    if (q != 1) {
+        pair_abort(x, peer, q < 0 ? "joining the communicator failed"
+                                  : "the peer did not join the communicator in time");
+        return false;
+    }
+    p->ready = true;
+    bt_info("communicator %u with worker %u formed (rank %d)", p->epoch, peer, p->rank);
+    xfer_op *ops = p->wait_head;
+    p->wait_head = p->wait_tail = NULL;
+    for (xfer_op *op = ops, *nx; op; op = nx) {
+        nx = op->next;
+        if (p->comm)
+            op_issue(x, peer, p, op);
+        else
+            op_finish(x, op, false, "the communicator was aborted");
+    }
+    return p->comm != NULL;
 }
 
 /* Finishes what completed on each pair; aborts the pairs that cannot go
@@ -267,6 +320,10 @@ static bool poll_pairs(wk_xfer *x)
     uint64_t now = bt_now_ns();
     for (uint32_t i = 0; i < x->n_pairs; i++) {
         xfer_pair *p = &x->pairs[i];
+        if (p->comm && !p->ready && !poll_join(x, i, p)) {
+            any |= p->comm != NULL;
+            continue;
+        }
         while (p->head) {
             xfer_op *op = p->head;
             int q = wk_device_mark_query(x->w->dev, op->mark);

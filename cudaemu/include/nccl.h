@@ -20,7 +20,8 @@ typedef enum {
     ncclInternalError = 3,
     ncclInvalidArgument = 4,
     ncclInvalidUsage = 5,
-    ncclRemoteError = 6
+    ncclRemoteError = 6,
+    ncclInProgress = 7
 } ncclResult_t;
 
 typedef enum {
@@ -40,9 +41,21 @@ typedef struct {
 
 typedef struct cudaemu_nccl *ncclComm_t;
 
+/* The part of NCCL's communicator configuration baton sets: blocking = 0
+ * makes the init return at once (see ncclCommGetAsyncError). */
+typedef struct {
+    size_t size;
+    unsigned int magic;
+    unsigned int version;
+    int blocking;
+} ncclConfig_t;
+#define NCCL_CONFIG_INITIALIZER {sizeof(ncclConfig_t), 0xcafebeef, 0, 1}
+
 const char *ncclGetErrorString(ncclResult_t r);
 ncclResult_t ncclGetUniqueId(ncclUniqueId *id);
 ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank);
+ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank,
+                                    ncclConfig_t *config);
 ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist);
 ncclResult_t ncclCommDestroy(ncclComm_t comm);
 ncclResult_t ncclCommAbort(ncclComm_t comm);
