@@ -509,10 +509,9 @@ void wk_xfer_on_peers(wk_xfer *x, const Baton__V1__Peers *p)
     if (!x)
         return;
     wk_worker *w = x->w;
-    size_t n = 0;
-    for (size_t i = 0; i < p->n_peers; i++)
-        if (p->peers[i]->index + (size_t)1 > n)
-            n = p->peers[i]->index + (size_t)1;
+    /* Indices are 0 .. n_peers - 1 (every worker, this one included); any
+     * other is ignored rather than sized for. */
+    size_t n = p->n_peers;
     if (n > x->n_peers) {
         xfer_peer *np = realloc(x->peers, n * sizeof(*np));
         if (!np) {
@@ -527,7 +526,7 @@ void wk_xfer_on_peers(wk_xfer *x, const Baton__V1__Peers *p)
     for (size_t i = 0; i < p->n_peers; i++) {
         const Baton__V1__PeerInfo *pi = p->peers[i];
         uint32_t k = pi->index;
-        if (k == p->self_index)
+        if (k == p->self_index || k >= n)
             continue;
         xfer_peer *xp = &x->peers[k];
         bool nccl = self_gpu && peer_is_gpu(pi) && pi->hostname &&
@@ -584,6 +583,10 @@ void wk_xfer_on_send(wk_xfer *x, const Baton__V1__Send *s)
     if (!x)
         return;
     wk_worker *w = x->w;
+    if (s->peer >= x->n_peers) {
+        bt_warn("a Send names worker %u, which is not a peer", s->peer);
+        return;
+    }
     xfer_op *op = calloc(1, sizeof(*op));
     if (!op) {
         post_abort(x, s->peer, "out of memory taking a Send");
@@ -742,7 +745,10 @@ int wk_xfer_on_dispatch(wk_xfer *x, Baton__V1__ConductorMessage *msg)
                 wt->parts[i] = part;
                 wk_tensor *t = NULL;
                 xfer_op *op = calloc(1, sizeof(*op));
-                if (wk_ref_from_proto(w, ref, &r, err, sizeof(err)) != 0)
+                if (ref->owner >= x->n_peers || ref->owner == w->self_index)
+                    wait_fail(wt, "%s: worker %u", "a part to receive names no peer",
+                              ref->owner);
+                else if (wk_ref_from_proto(w, ref, &r, err, sizeof(err)) != 0)
                     wait_fail(wt, "a received tensor: %s (from worker %u)", err, ref->owner);
                 else if (!op || !req ||
                          !(t = wk_tensor_new(w, req, r.dtype, r.ndim, r.dims, true)))
