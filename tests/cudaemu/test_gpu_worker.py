@@ -413,7 +413,9 @@ def test_nccl_between_hosts():
     result equals the same graph on one host (CUDA IPC), for a 4 KiB and a
     16 MiB tensor; every pool returns to empty.  A producer killed under a
     request fails it UNAVAILABLE; once restarted it forms a new
-    communicator with the consumer and requests succeed again."""
+    communicator with the consumer and requests succeed again.  A send
+    whose receiver is lost before it receives ends (the communicator is
+    aborted) and frees its tensor."""
     d = E.Daemon(XHOST_CONFIG, extra_env={"BATON_HOSTNAME": "host-a"}, wait=False)
     wlog = open(os.path.join(d.dir, "gpu1.log"), "w")
     env = dict(os.environ, BATON_HOSTNAME="host-b")
@@ -474,6 +476,33 @@ def test_nccl_between_hosts():
         assert r.status.code == pb.OK and r.outputs[0].data == data, r.status
         wait_pools_empty(d, ("gpu0", "gpu1", "gpu2"))
         assert worker.poll() is None, "the consumer exited"
+        # The consumer stops before it takes its Dispatch, so the producer's
+        # send waits for a receive that never comes; the consumer is then
+        # killed.  Once the conductor has lost it, the producer aborts the
+        # pair's communicator: the send ends, its tensor is freed (the pool
+        # empties), and a new consumer forms a new communicator.
+        # (Larger than what a send can hand over before the receiver takes
+        # it: the emulator's mailbox holds 256 KiB, real NCCL's buffers
+        # less.)
+        big = pattern(1 << 20)
+        rid = c.request("slow", {"x": (pb.I32, [len(big) // 4], big)})
+        worker.send_signal(signal.SIGSTOP)
+        time.sleep(3)
+        worker.kill()
+        worker.wait()
+        E.wait_all_unavailable(c, [rid], 30)
+        wait_pools_empty(d, ("gpu0",), timeout=15)
+        d.log.flush()
+        with open(os.path.join(d.dir, "batond.log")) as f:
+            log = f.read()
+        assert "with worker 1 failed: the peer is down" in log, log[-3000:]
+        worker = subprocess.Popen([os.path.join(ROOT, E.BUILD, "baton-worker"), "--config",
+                                   d.config, "--name", "gpu1", "--run-id",
+                                   "xh%d" % os.getpid()],
+                                  stdout=wlog, stderr=subprocess.STDOUT, env=env)
+        d.wait_ready(timeout=60)
+        assert run("xhost", data) == struct.pack("<4i", 10, 12, 14, 16)
+        wait_pools_empty(d, ("gpu0", "gpu1", "gpu2"))
     finally:
         c.close()
         if worker.poll() is None:
