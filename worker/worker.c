@@ -844,6 +844,9 @@ static void monitor_events(wk_worker *w)
         }
         if (id == ZMQ_EVENT_CONNECTED && w->connects++ > 0) {
             bt_info("reconnected to %s; registering again", w->opt.endpoint);
+            /* The conductor may be a new one that knows none of our pair
+             * communicators: the next Peers makes them again. */
+            wk_xfer_reset(w->xfer);
             send_register(w);
         }
     }

@@ -133,7 +133,6 @@ struct wk_xfer {
     pthread_cond_t cv;
     xfer_cmd *cmd_head, *cmd_tail; /* [mu] */
     bool stop;                    /* [mu] */
-    atomic_uint pending;          /* transfers posted and not taken back */
     xfer_peer *peers;             /* I/O thread, per worker index */
     size_t n_peers;
     uint32_t last_epoch;          /* I/O thread: epochs this worker made */
@@ -434,7 +433,6 @@ static void post_op(wk_xfer *x, xfer_op *op)
         post_abort(x, op->peer, "out of memory queueing a transfer");
         return;
     }
-    atomic_fetch_add(&x->pending, 1);
     c->kind = CMD_OP;
     c->op = op;
     cmd_post(x, c);
@@ -804,7 +802,6 @@ void wk_xfer_on_event(wk_xfer *x, wk_event *ev)
         free(op);
         return;
     }
-    atomic_fetch_sub(&x->pending, 1);
     if (!op->ok)
         bt_warn("%s %" PRIu64 " of %" PRIu64 " bytes with worker %u failed: %s",
                 op->send ? "send" : "receive", op->seq, op->n, op->peer, op->err);
@@ -829,9 +826,16 @@ void wk_xfer_on_event(wk_xfer *x, wk_event *ev)
     free(op);
 }
 
-uint32_t wk_xfer_pending(const wk_xfer *x)
+void wk_xfer_reset(wk_xfer *x)
 {
-    return x ? atomic_load(&((wk_xfer *)x)->pending) : 0;
+    if (!x)
+        return;
+    for (uint32_t k = 0; k < x->n_peers; k++) {
+        xfer_peer *xp = &x->peers[k];
+        if (xp->made)
+            post_abort(x, k, "this worker registers again");
+        xp->made = false;
+    }
 }
 
 /* --- life ---------------------------------------------------------------------- */
@@ -843,7 +847,6 @@ int wk_xfer_create(wk_worker *w, wk_xfer **out)
     if (!x)
         return BT_ENOMEM;
     x->w = w;
-    atomic_init(&x->pending, 0);
     pthread_mutex_init(&x->mu, NULL);
     pthread_cond_init(&x->cv, NULL);
     if (pthread_create(&x->thread, NULL, comm_main, x) != 0) {

@@ -46,8 +46,8 @@ void wk_xfer_on_send(wk_xfer *x, const Baton__V1__Send *s);
 int wk_xfer_on_dispatch(wk_xfer *x, Baton__V1__ConductorMessage *msg);
 /* Takes in a WK_EV_XFER event of the comm thread. */
 void wk_xfer_on_event(wk_xfer *x, struct wk_event *ev);
-
-/* Transfers posted and not yet finished (tests, heartbeat). */
-uint32_t wk_xfer_pending(const wk_xfer *x);
+/* The worker registers again (a reconnect): every communicator is aborted,
+ * and the next Peers message makes them anew. */
+void wk_xfer_reset(wk_xfer *x);
 
 #endif
