@@ -127,6 +127,7 @@ typedef struct xfer_pair {
 
 struct wk_xfer {
     wk_worker *w;
+    bool gpu;                     /* a GPU worker: the only kind that transfers over NCCL */
     pthread_t thread;
     bool started;
     pthread_mutex_t mu;
@@ -548,7 +549,7 @@ void wk_xfer_on_peers(wk_xfer *x, const Baton__V1__Peers *p)
 
 void wk_xfer_on_pair_comm(wk_xfer *x, const Baton__V1__PairComm *pc)
 {
-    if (!x)
+    if (!x || !x->gpu)
         return;
     if (pc->peer >= x->n_peers || !pc->comm_id.len || pc->comm_id.len > BK_COMM_ID_MAX) {
         bt_warn("a communicator id from worker %u was dropped (unknown peer or bad id)",
@@ -578,8 +579,8 @@ static uint64_t deadline_of(uint32_t remaining_ms)
 
 void wk_xfer_on_send(wk_xfer *x, const Baton__V1__Send *s)
 {
-    if (!x)
-        return;
+    if (!x || !x->gpu)
+        return; /* the conductor never asks a CPU worker */
     wk_worker *w = x->w;
     if (s->peer >= x->n_peers) {
         bt_warn("a Send names worker %u, which is not a peer", s->peer);
@@ -685,8 +686,10 @@ static void wait_fail(xfer_wait *wt, const char *fmt, const char *what, uint32_t
 
 int wk_xfer_on_dispatch(wk_xfer *x, Baton__V1__ConductorMessage *msg)
 {
-    if (!x)
-        return 0; /* no comm thread (tests that drive the worker without one) */
+    /* A CPU worker leaves NCCL parts to the input check, which refuses
+     * them. */
+    if (!x || !x->gpu)
+        return 0;
     wk_worker *w = x->w;
     const Baton__V1__Dispatch *d = msg->dispatch;
     uint32_t n = 0;
@@ -847,13 +850,15 @@ int wk_xfer_create(wk_worker *w, wk_xfer **out)
     if (!x)
         return BT_ENOMEM;
     x->w = w;
+    x->gpu = wk_device_space(w->dev) == WK_SPACE_CUDA;
     pthread_mutex_init(&x->mu, NULL);
     pthread_cond_init(&x->cv, NULL);
-    if (pthread_create(&x->thread, NULL, comm_main, x) != 0) {
+    /* A CPU worker never joins a communicator: no thread. */
+    if (x->gpu && pthread_create(&x->thread, NULL, comm_main, x) != 0) {
         wk_xfer_destroy(x);
         return BT_ENOMEM;
     }
-    x->started = true;
+    x->started = x->gpu;
     *out = x;
     return 0;
 }

@@ -19,8 +19,9 @@
 typedef struct wk_xfer wk_xfer;
 struct wk_event;
 
-/* Creates W's transfer state and starts its comm thread.  0 or a negative
- * bt_err. */
+/* Creates W's transfer state and, on a GPU worker, starts its comm
+ * thread (a CPU worker refuses NCCL parts and ignores the rest).  0 or a
+ * negative bt_err. */
 int wk_xfer_create(wk_worker *w, wk_xfer **out);
 /* Aborts every communicator and stops the comm thread; the transfers it
  * failed are WK_EV_XFER events on the worker's queue.  Idempotent. */
