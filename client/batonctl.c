@@ -20,6 +20,7 @@
 #include "baton/client.h"
 #include "baton/version.h"
 #include "client/ctl_format.h"
+#include "common/curve.h"
 
 enum { EXIT_STATUS = 1, EXIT_USAGE = 2, EXIT_CONN = 3 };
 
@@ -40,12 +41,19 @@ static const char usage_text[] =
     "                      when only one has a request of that id in flight);\n"
     "                      exit 1 when no such request is in flight.\n"
     "                      Ctrl-C during infer/generate cancels that request\n"
+    "  keygen [--out DIR] NAME   write a CURVE key pair: DIR/NAME.key (the secret key,\n"
+    "                      mode 0600) and DIR/NAME.pub (the public key, 0644); never\n"
+    "                      overwrites; prints the public key, never the secret one\n"
     "\n"
     "global options:\n"
     "  --endpoint EP       daemon endpoint (default: $BATON_ENDPOINT, else\n"
     "                      " BATON_CLIENT_DEFAULT_ENDPOINT ")\n"
-    "  --server-key KEY    the daemon's CURVE public key (Z85) for tcp:// endpoints\n"
-    "                      (default: $BATON_SERVER_KEY)\n"
+    "  --server-key KEY    the daemon's CURVE public key for tcp:// endpoints: the 40\n"
+    "                      Z85 characters or its .pub file (default: $BATON_SERVER_KEY)\n"
+    "  --client-key FILE   this client's CURVE secret key file (NAME.key, from keygen;\n"
+    "                      its public key must be in the daemon's client_keys); the\n"
+    "                      public half is derived (default: $BATON_CLIENT_KEY; without\n"
+    "                      it a fresh pair is made, which a daemon with curve refuses)\n"
     "  --json              one JSON object per chunk/response/answer on stdout\n"
     "  --timeout-ms N      infer/generate: the request's deadline (the client waits\n"
     "                      2 s longer); other commands: how long to wait (default 5000)\n"
@@ -84,6 +92,8 @@ static const char usage_text[] =
 typedef struct ctl_opts {
     const char *endpoint;
     const char *server_key;
+    const char *client_key;  /* --client-key: a .key file */
+    const char *out_dir;     /* keygen --out */
     bool json;
     int timeout_ms;  /* -1: not given */
     bool stream;
@@ -205,6 +215,10 @@ static int parse_args(int argc, char **argv, ctl_opts *o)
             o->endpoint = val;
         } else if (!strcmp(name, "--server-key")) {
             o->server_key = val;
+        } else if (!strcmp(name, "--client-key")) {
+            o->client_key = val;
+        } else if (!strcmp(name, "--out")) {
+            o->out_dir = val;
         } else if (!strcmp(name, "--timeout-ms")) {
             if (!parse_u64(val, UINT32_MAX / 2, &u))
                 return usage_error("--timeout-ms: '%s' is not a number of milliseconds", val);
@@ -436,12 +450,59 @@ static int connect_daemon(const ctl_opts *o, baton_client **out)
                 strerror(errno));
         return EXIT_CONN;
     }
-    baton_client_options co = {.connect_timeout_ms = o->timeout_ms >= 0 ? o->timeout_ms : 5000,
-                               .server_public_key = o->server_key};
+    char server[BT_CURVE_Z85_SIZE], err[600];
+    bt_curve_keypair own;
+    memset(&own, 0, sizeof(own));
+    baton_client_options co = {.connect_timeout_ms = o->timeout_ms >= 0 ? o->timeout_ms : 5000};
+    if (o->server_key) {
+        /* A key itself, or the path of its .pub file. */
+        size_t n = strlen(o->server_key);
+        if (bt_curve_z85_valid(o->server_key, NULL)) {
+            memcpy(server, o->server_key, sizeof(server));
+        } else if (n > 4 && !strcmp(o->server_key + n - 4, ".key")) {
+            return usage_error("--server-key: give the daemon's public key or .pub file, not "
+                               "a .key (secret) file");
+        } else if (bt_curve_public_load(o->server_key, server, err, sizeof(err)) != 0) {
+            return usage_error("--server-key: neither a 40-character Z85 key nor a public key "
+                               "file: %s", err);
+        }
+        co.server_public_key = server;
+    }
+    if (o->client_key) {
+        if (!o->server_key)
+            return usage_error("%s", "--client-key needs --server-key (the daemon's public key)");
+        if (bt_curve_secret_load(o->client_key, &own, err, sizeof(err)) != 0)
+            return usage_error("--client-key: %s", err);
+        co.public_key = own.public_z85;
+        co.secret_key = own.secret_z85;
+    }
     int rc = baton_client_create_with(o->endpoint, &co, out);
+    bt_curve_keypair_wipe(&own);
     if (rc == BATON_CLIENT_EINVAL)
-        return usage_error("--server-key: '%s' is not a 40-character Z85 key", o->server_key);
+        return usage_error("%s", "--server-key/--client-key: not usable CURVE keys (or this "
+                           "libzmq has no CURVE)");
     return rc ? conn_error(o, rc) : 0;
+}
+
+/* keygen [--out DIR] NAME: a fresh pair into NAME.key and NAME.pub. */
+static int cmd_keygen(const ctl_opts *o)
+{
+    if (o->n_pos != 2)
+        return usage_error("%s", "keygen takes one NAME (the files are NAME.key and NAME.pub)");
+    bt_curve_keypair k;
+    char err[600];
+    int rc = bt_curve_keypair_generate(&k);
+    if (rc != 0) {
+        fprintf(stderr, "batonctl: keygen: %s\n", bt_curve_strerror(rc));
+        return EXIT_CONN;
+    }
+    rc = bt_curve_keypair_write(o->out_dir, o->pos[1], &k, err, sizeof(err));
+    if (rc == 0)
+        printf("%s\n", k.public_z85);
+    else
+        fprintf(stderr, "batonctl: keygen: %s\n", err);
+    bt_curve_keypair_wipe(&k);
+    return rc == 0 ? 0 : rc == BT_CURVE_EINVAL ? EXIT_USAGE : EXIT_STATUS;
 }
 
 /* The first input of GRAPH, read from the "graph NAME: ...; inputs: A B"
@@ -746,6 +807,8 @@ int main(int argc, char **argv)
         o.endpoint = BATON_CLIENT_DEFAULT_ENDPOINT;
     if (!o.server_key && getenv("BATON_SERVER_KEY") && *getenv("BATON_SERVER_KEY"))
         o.server_key = getenv("BATON_SERVER_KEY");
+    if (!o.client_key && getenv("BATON_CLIENT_KEY") && *getenv("BATON_CLIENT_KEY"))
+        o.client_key = getenv("BATON_CLIENT_KEY");
     const char *cmd = o.n_pos ? o.pos[0] : NULL;
     bool run = cmd && (!strcmp(cmd, "infer") || !strcmp(cmd, "generate"));
     if (!cmd) {
@@ -753,6 +816,11 @@ int main(int argc, char **argv)
         status = EXIT_USAGE;
     } else if (!strcmp(cmd, "help")) {
         fputs(usage_text, stdout);
+    } else if (o.out_dir && strcmp(cmd, "keygen")) {
+        status = usage_error("%s", "--out is for keygen");
+    } else if (!strcmp(cmd, "keygen")) {
+        status = o.request_opts ? usage_error("%s", "keygen takes no request options")
+                                : cmd_keygen(&o);
     } else if (o.request_opts && !run) {
         status = usage_error("%s takes no request options (--input, --stream, ...)", cmd);
     } else if ((o.input_name || o.system || o.raw) && strcmp(cmd, "generate")) {

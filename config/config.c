@@ -8,8 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <arpa/inet.h>
 #include <sys/stat.h>
 
+#include "common/curve.h"
 #include "config/config.h"
 #include "config/load_internal.h"
 #include "kernels/sched.h"
@@ -196,6 +198,156 @@ int cfg_check_paths(const cfg_config *c, bt_diag *diag)
     return n;
 }
 
+/* ---- transport and keys ---- */
+
+bool cfg_endpoint_is_tcp(const char *endpoint)
+{
+    return endpoint && strncmp(endpoint, "tcp://", 6) == 0;
+}
+
+bool cfg_endpoint_is_loopback(const char *endpoint)
+{
+    if (!cfg_endpoint_is_tcp(endpoint))
+        return false;
+    const char *h = endpoint + 6, *colon = strrchr(h, ':');
+    if (!colon)
+        return false;
+    char host[256];
+    size_t n = (size_t)(colon - h);
+    if (n >= sizeof(host))
+        return false;
+    memcpy(host, h, n);
+    host[n] = 0;
+    if (n >= 2 && host[0] == '[' && host[n - 1] == ']') {
+        memmove(host, host + 1, n - 2);
+        host[n - 2] = 0;
+    }
+    if (strcmp(host, "localhost") == 0)
+        return true;
+    struct in_addr a4;
+    struct in6_addr a6;
+    if (inet_pton(AF_INET, host, &a4) == 1)
+        return (ntohl(a4.s_addr) >> 24) == 127;
+    if (inet_pton(AF_INET6, host, &a6) == 1)
+        return IN6_IS_ADDR_LOOPBACK(&a6);
+    return false;   /* "*", 0.0.0.0, an interface or host name: reachable from outside */
+}
+
+/* Adds ERR's sentence at POS as an error of KEY. */
+static void key_error(bt_diag *diag, cfg_pos pos, const char *key, const char *err)
+{
+    bt_diag_error(diag, pos.line, pos.col, "curve %s: %s", key, err);
+}
+
+static int check_secret(bt_diag *diag, const cfg_str *path, const char *key)
+{
+    bt_curve_keypair k;
+    char err[600];
+    int rc = bt_curve_secret_load(path->s, &k, err, sizeof(err));
+    bt_curve_keypair_wipe(&k);
+    if (rc)
+        key_error(diag, path->pos, key, err);
+    return rc ? 1 : 0;
+}
+
+static int check_keyset(bt_diag *diag, const cfg_str *path, const char *key)
+{
+    if (!path->s)
+        return 0;
+    bt_curve_keyset *set = bt_curve_keyset_create();
+    char err[600];
+    int line = 0;
+    int rc = set ? bt_curve_keyset_load(set, path->s, &line, err, sizeof(err)) : BT_CURVE_ENOMEM;
+    if (rc == BT_CURVE_ENOMEM)
+        snprintf(err, sizeof(err), "out of memory");
+    if (rc)
+        key_error(diag, path->pos, key, err);
+    bt_curve_keyset_destroy(set);
+    return rc ? 1 : 0;
+}
+
+int cfg_server_public_key(const cfg_config *c, char *out, char *err, size_t errlen)
+{
+    const cfg_daemon *d = &c->daemon;
+    char twin[4096];
+    if (!d->curve) {
+        snprintf(err, errlen, "daemon.curve is not set");
+        return BT_CURVE_EINVAL;
+    }
+    if (d->curve_public_key.s)
+        return bt_curve_public_load(d->curve_public_key.s, out, err, errlen);
+    /* A worker host may hold only the .pub twin of batond's key (the
+     * secret stays with batond); on batond's own host the secret derives
+     * it. */
+    if (bt_curve_twin_path(d->curve_secret_key.s, twin, sizeof(twin)) == 0 &&
+        access(twin, R_OK) == 0)
+        return bt_curve_public_load(twin, out, err, errlen);
+    bt_curve_keypair k;
+    int rc = bt_curve_secret_load(d->curve_secret_key.s, &k, err, errlen);
+    if (rc == 0)
+        memcpy(out, k.public_z85, BT_CURVE_Z85_SIZE);
+    bt_curve_keypair_wipe(&k);
+    return rc;
+}
+
+int cfg_check_keys(const cfg_config *c, const char *worker, bt_diag *diag)
+{
+    const cfg_daemon *d = &c->daemon;
+    int n = 0;
+    char err[600];
+    if (!worker) {
+        if (!d->curve)
+            return 0;
+        if (!bt_curve_available()) {
+            bt_diag_error(diag, d->curve_secret_key.pos.line, d->curve_secret_key.pos.col,
+                          "daemon.curve is set but this libzmq was built without CURVE");
+            return 1;
+        }
+        n += check_secret(diag, &d->curve_secret_key, "secret_key");
+        if (n == 0 && d->curve_public_key.s) {
+            bt_curve_keypair k;
+            char pub[BT_CURVE_Z85_SIZE];
+            int rc = bt_curve_public_load(d->curve_public_key.s, pub, err, sizeof(err));
+            if (rc == 0 && bt_curve_secret_load(d->curve_secret_key.s, &k, err, sizeof(err)) == 0 &&
+                strcmp(k.public_z85, pub) != 0) {
+                snprintf(err, sizeof(err), "%s is not the public key of secret_key %s",
+                         d->curve_public_key.s, d->curve_secret_key.s);
+                rc = BT_CURVE_EMISMATCH;
+            }
+            bt_curve_keypair_wipe(&k);
+            if (rc) {
+                key_error(diag, d->curve_public_key.pos, "public_key", err);
+                n++;
+            }
+        }
+        n += check_keyset(diag, &d->curve_client_keys, "client_keys");
+        n += check_keyset(diag, &d->curve_worker_keys, "worker_keys");
+        return n;
+    }
+    const cfg_worker *w = cfg_worker_find(c, worker);
+    if (!w || !d->curve || !cfg_endpoint_is_tcp(d->workers_endpoint))
+        return 0;
+    char pub[BT_CURVE_Z85_SIZE];
+    if (cfg_server_public_key(c, pub, err, sizeof(err)) != 0) {
+        cfg_pos pos = d->curve_public_key.s ? d->curve_public_key.pos : d->curve_secret_key.pos;
+        bt_diag_error(diag, pos.line, pos.col,
+                      "batond's public key for worker '%s': %s (give it as curve public_key)",
+                      worker, err);
+        n++;
+    }
+    if (w->key.s) {
+        bt_curve_keypair k;
+        int rc = bt_curve_secret_load(w->key.s, &k, err, sizeof(err));
+        bt_curve_keypair_wipe(&k);
+        if (rc) {
+            bt_diag_error(diag, w->key.pos.line, w->key.pos.col, "worker '%s' key: %s", worker,
+                          err);
+            n++;
+        }
+    }
+    return n;
+}
+
 /* ---- destruction ---- */
 
 void cfg__option_clear(cfg_option *o)
@@ -260,6 +412,11 @@ void cfg_config_destroy(cfg_config *c)
     free(c->daemon.workers_endpoint);
     free(c->daemon.http_listen);
     free(c->daemon.log_level);
+    free(c->daemon.curve_secret_key.s);
+    free(c->daemon.curve_public_key.s);
+    free(c->daemon.curve_client_keys.s);
+    free(c->daemon.curve_worker_keys.s);
+    free(c->daemon.ipc_group);
     for (size_t i = 0; i < c->n_profiles; i++)
         free(c->profiles[i].name);
     free(c->profiles);
@@ -267,6 +424,7 @@ void cfg_config_destroy(cfg_config *c)
         free(c->workers[i].name);
         free(c->workers[i].device);
         free(c->workers[i].profile);
+        free(c->workers[i].key.s);
     }
     free(c->workers);
     for (size_t i = 0; i < c->n_openai; i++) {

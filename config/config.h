@@ -45,6 +45,17 @@ typedef struct cfg_daemon {
     uint32_t client_stall_timeout_ms;/* a connection that reads none of its held replies this
                                       * long is dropped; default 30000 */
     char *log_level;            /* error|warning|info|debug; default info */
+    /* daemon.curve: CURVE on the tcp:// sockets (docs/operations.md,
+     * "Security").  Each path is owned, NULL when not given, and keeps
+     * where it stood for the errors of cfg_check_keys. */
+    bool curve;                 /* a `curve:` map with a secret_key was given */
+    cfg_str curve_secret_key;   /* batond's secret key file (NAME.key) */
+    cfg_str curve_public_key;   /* its public key file, for hosts without the secret */
+    cfg_str curve_client_keys;  /* authorized client public keys, one a line */
+    cfg_str curve_worker_keys;  /* authorized worker public keys, one a line */
+    bool insecure;              /* a non-loopback tcp endpoint without curve is allowed */
+    uint32_t ipc_mode;          /* permission bits of ipc:// socket files; default 0660 */
+    char *ipc_group;            /* group of ipc:// socket files, or NULL: batond's own */
     cfg_pos pos;
 } cfg_daemon;
 
@@ -73,6 +84,8 @@ typedef struct cfg_worker {
     uint32_t streams_comm;    /* default 1 */
     uint32_t threads;      /* CPU threads one kernel may use; default 1 */
     cfg_spawn spawn;
+    cfg_str key;           /* its own CURVE secret key file, for a spawn: external worker
+                            * on a tcp workers_endpoint; s NULL when not given */
     cfg_pos pos;
 } cfg_worker;
 
@@ -222,5 +235,27 @@ const cfg_profile *cfg_worker_profile(const cfg_config *c, const cfg_worker *w);
  * on a machine other than the one that serves.  Returns the number of
  * warnings added. */
 int cfg_check_paths(const cfg_config *c, bt_diag *diag);
+
+/* Whether the endpoint is tcp:// on a loopback host (127.0.0.0/8, ::1,
+ * localhost). */
+bool cfg_endpoint_is_tcp(const char *endpoint);
+bool cfg_endpoint_is_loopback(const char *endpoint);
+
+/* Reads and checks the CURVE key files of daemon.curve that one process
+ * needs, adding an error at the key's line for each that is missing,
+ * unreadable, not a Z85 key, a secret key readable by group or others, or
+ * a .pub that does not match its secret key.  WORKER NULL: batond's view
+ * (secret_key, public_key, client_keys, worker_keys).  WORKER a name: that
+ * worker's view (its `key:` and batond's public key: public_key, else the
+ * .pub twin of secret_key, else secret_key itself).  The files live on
+ * different hosts, so cfg_load does not read them: batond calls this at
+ * start, on SIGHUP and in --check-config, a worker at start.  Returns the
+ * number of errors added. */
+int cfg_check_keys(const cfg_config *c, const char *worker, bt_diag *diag);
+
+/* Batond's public key for a worker (the resolution of cfg_check_keys's
+ * worker view) into OUT (41 bytes).  0, or a negative bt_curve_err with a
+ * sentence in ERR. */
+int cfg_server_public_key(const cfg_config *c, char *out, char *err, size_t errlen);
 
 #endif

@@ -50,19 +50,84 @@ static bool check_choice(cfg__loader *l, const yt_node *v, const char *key, cons
 
 static void check_endpoint(cfg__loader *l, const yt_node *v, const char *key, const char *ep)
 {
-    if (strncmp(ep, "ipc://", 6) == 0 && ep[6]) {
+    if (strncmp(ep, "ipc://", 6) == 0 && ep[6])
         return;
-    } else if (strncmp(ep, "tcp://", 6) == 0 && strchr(ep + 6, ':')) {
-        /* Accepted now so that a remote deployment can be written down;
-         * the keys themselves come with the CURVE support. */
-        bt_diag_warn(l->diag, v->line, v->col,
-                     "%s '%s' is a TCP endpoint: TCP endpoints require CURVE keys; do not "
-                     "expose it beyond a trusted network until they are set",
-                     key, ep);
-        return;
-    }
+    if (strncmp(ep, "tcp://", 6) == 0 && strchr(ep + 6, ':'))
+        return;   /* whether it needs CURVE is check_transport's, once curve: is read */
     bt_diag_error(l->diag, v->line, v->col,
                   "%s must be an ipc:// path or a tcp://host:port endpoint, got '%s'", key, ep);
+}
+
+/* A tcp:// endpoint on another host than loopback carries requests, tensors
+ * and worker commands in the clear to whoever can reach the port, and
+ * anyone who can reach it may send them: it needs CURVE (daemon.curve), or
+ * an explicit `insecure: true` for a network that is trusted as a whole. */
+static void check_transport(cfg__loader *l, const yt_node *v, const char *key, const char *ep)
+{
+    const cfg_daemon *dm = &l->c->daemon;
+    if (!cfg_endpoint_is_tcp(ep) || dm->curve)
+        return;
+    if (cfg_endpoint_is_loopback(ep))
+        bt_diag_warn(l->diag, v->line, v->col,
+                     "%s '%s' is a loopback TCP endpoint without CURVE: any local user can "
+                     "connect to it; set daemon.curve or use an ipc:// socket", key, ep);
+    else if (dm->insecure)
+        bt_diag_warn(l->diag, v->line, v->col,
+                     "insecure: %s '%s' is a TCP endpoint without CURVE: anyone who can "
+                     "reach it can connect and read the traffic", key, ep);
+    else
+        bt_diag_error(l->diag, v->line, v->col,
+                      "%s '%s' is a TCP endpoint beyond loopback and daemon.curve is not set: "
+                      "set curve keys (docs/operations.md, Security), or 'insecure: true' "
+                      "on a network trusted as a whole", key, ep);
+}
+
+/* daemon.curve: which key files batond uses.  The files themselves are
+ * read by cfg_check_keys (config/config.c). */
+static void load_curve(cfg__loader *l, const yt_node *v)
+{
+    static const char *const keys[] = {"secret_key", "public_key", "client_keys",
+                                       "worker_keys"};
+    const yt_node *f[N_OF(keys)];
+    cfg_daemon *dm = &l->c->daemon;
+    cfg_str *dst[] = {&dm->curve_secret_key, &dm->curve_public_key, &dm->curve_client_keys,
+                      &dm->curve_worker_keys};
+
+    if (!yt_expect(v, YT_MAP, "curve", l->diag))
+        return;
+    yt_fields(v, "curve", keys, N_OF(keys), f, l->diag);
+    for (size_t i = 0; i < N_OF(keys); i++) {
+        if (!f[i])
+            continue;
+        if (cfg__str(l, f[i], keys[i], &dst[i]->s) && !*dst[i]->s)
+            bt_diag_error(l->diag, f[i]->line, f[i]->col, "curve %s is an empty path", keys[i]);
+        dst[i]->pos = cfg__pos(f[i]);
+    }
+    if (!f[0])
+        bt_diag_error(l->diag, v->line, v->col,
+                      "curve has no 'secret_key' (batond's secret key file, made by "
+                      "'batonctl keygen')");
+    else
+        dm->curve = true;
+}
+
+/* ipc_mode: octal permission bits, written 0660 (YAML may also read 0660
+ * as a number, so the text of the scalar is parsed here). */
+static void load_ipc_mode(cfg__loader *l, const yt_node *v)
+{
+    const char *t = v->kind == YT_SCALAR ? v->str : NULL;
+    char *end = NULL;
+    unsigned long m = 0;
+    if (t && t[0] == '0' && (t[1] == 'o' || t[1] == 'O'))
+        t += 2;
+    if (t && *t && strspn(t, "01234567") == strlen(t))
+        m = strtoul(t, &end, 8);
+    if (!t || !end || *end || m > 0777 || !(m & 0600)) {
+        bt_diag_error(l->diag, v->line, v->col,
+                      "ipc_mode must be octal permission bits from 0600 to 0777 (e.g. 0660)");
+        return;
+    }
+    l->c->daemon.ipc_mode = (uint32_t)m;
 }
 
 static void check_host_port(cfg__loader *l, const yt_node *v, const char *key, const char *hp)
@@ -82,7 +147,8 @@ static void load_daemon(cfg__loader *l, const yt_node *v)
         "max_inflight",     "request_timeout_ms", "drain_timeout_ms",
         "max_message_bytes", "speculation_window", "log_level",
         "http_listen",      "max_request_timeout_ms", "client_max_inflight",
-        "client_max_reply_bytes", "client_stall_timeout_ms",
+        "client_max_reply_bytes", "client_stall_timeout_ms", "curve",
+        "insecure",         "ipc_mode",          "ipc_group",
     };
     static const char *const levels[] = {"error", "warning", "info", "debug"};
     const yt_node *f[N_OF(keys)];
@@ -92,10 +158,27 @@ static void load_daemon(cfg__loader *l, const yt_node *v)
         return;
     dm->pos = cfg__pos(v);
     yt_fields(v, "daemon", keys, N_OF(keys), f, l->diag);
+    if (f[14])
+        load_curve(l, f[14]);
+    if (f[15])
+        yt_bool(f[15], "insecure", &dm->insecure, l->diag);
+    if (f[16])
+        load_ipc_mode(l, f[16]);
+    if (f[17] && cfg__str(l, f[17], "ipc_group", &dm->ipc_group) && !*dm->ipc_group)
+        bt_diag_error(l->diag, f[17]->line, f[17]->col, "ipc_group is an empty group name");
     if (f[0] && cfg__str(l, f[0], "listen", &dm->listen))
         check_endpoint(l, f[0], "listen", dm->listen);
     if (f[1] && cfg__str(l, f[1], "workers_endpoint", &dm->workers_endpoint))
         check_endpoint(l, f[1], "workers_endpoint", dm->workers_endpoint);
+    /* The defaults are ipc://, so only endpoints given can be tcp. */
+    if (f[0] && dm->listen)
+        check_transport(l, f[0], "listen", dm->listen);
+    if (f[1] && dm->workers_endpoint)
+        check_transport(l, f[1], "workers_endpoint", dm->workers_endpoint);
+    if (dm->insecure && dm->curve)
+        bt_diag_warn(l->diag, f[15]->line, f[15]->col,
+                     "insecure: true has no effect: daemon.curve is set, so every TCP "
+                     "socket uses CURVE");
     /* metrics_listen is the older name of http_listen, from when the port
      * served /metrics alone. */
     if (f[2] && f[9])
@@ -235,7 +318,7 @@ static void load_streams(cfg__loader *l, const yt_node *v, cfg_worker *w)
 static void load_worker(cfg__loader *l, const yt_node *v, cfg_worker *w, cfg__names *seen)
 {
     static const char *const keys[] = {"name",    "device",  "profile", "pool_mb",
-                                       "streams", "threads", "spawn"};
+                                       "streams", "threads", "spawn",   "key"};
     static const char *const spawns[] = {"auto", "external"};
     const yt_node *f[N_OF(keys)];
     char ctx[96];
@@ -301,6 +384,25 @@ static void load_worker(cfg__loader *l, const yt_node *v, cfg_worker *w, cfg__na
             w->spawn = strcmp(s, "auto") == 0 ? CFG_SPAWN_AUTO : CFG_SPAWN_EXTERNAL;
         free(s);
     }
+    if (f[7]) {
+        w->key.pos = cfg__pos(f[7]);
+        if (cfg__str(l, f[7], "key", &w->key.s) && !*w->key.s)
+            bt_diag_error(l->diag, f[7]->line, f[7]->col, "%s: key is an empty path", ctx);
+    }
+    /* A worker batond spawns gets a fresh key pair from it at every spawn
+     * (docs/operations.md, Security); a key file is for one started by
+     * hand on another host. */
+    const cfg_daemon *dm = &l->c->daemon;
+    if (w->key.s && w->spawn == CFG_SPAWN_AUTO)
+        bt_diag_warn(l->diag, f[7]->line, f[7]->col,
+                     "%s: key is only used by a 'spawn: external' worker; batond gives the "
+                     "workers it spawns a fresh key pair", ctx);
+    else if (!w->key.s && w->spawn == CFG_SPAWN_EXTERNAL && dm->curve &&
+             cfg_endpoint_is_tcp(dm->workers_endpoint))
+        bt_diag_error(l->diag, v->line, v->col,
+                      "%s is 'spawn: external' on the tcp workers_endpoint with daemon.curve "
+                      "set: give it 'key:' (its secret key file, made by 'batonctl keygen')",
+                      ctx);
 }
 
 static void load_workers(cfg__loader *l, const yt_node *v)
@@ -478,6 +580,7 @@ static cfg_config *config_create(const char *name)
     d->client_max_inflight = 64;
     d->client_max_reply_bytes = UINT64_C(64) << 20;
     d->client_stall_timeout_ms = 30000;
+    d->ipc_mode = 0660;
     if (!c->file || !d->listen || !d->workers_endpoint || !d->log_level) {
         cfg_config_destroy(c);
         return NULL;

@@ -22,7 +22,7 @@
 /* Nodes after alias expansion; a config is a few hundred. */
 #define YT_MAX_NODES (1u << 18)
 /* yt_fields accepts at most this many names. */
-#define YT_MAX_FIELDS 16
+#define YT_MAX_FIELDS 24
 
 typedef enum yt_kind { YT_SCALAR = 0, YT_SEQ = 1, YT_MAP = 2 } yt_kind;
 

@@ -2,9 +2,10 @@
  * deployment, bind the sockets, create the modules and connect their hooks,
  * spawn the workers, run the loop, and on SIGTERM drain (refuse new
  * requests, let in-flight ones finish up to drain_timeout_ms), stop the
- * workers and exit 0.  SIGHUP re-reads the config and applies log level and
- * limits. */
+ * workers and exit 0.  SIGHUP re-reads the config and applies log level,
+ * limits and the authorized CURVE keys (client_keys, worker_keys). */
 #include <errno.h>
+#include <grp.h>
 #include <libgen.h>
 #include <limits.h>
 #include <signal.h>
@@ -22,6 +23,7 @@
 #include <zmq.h>
 
 #include "common/clock.h"
+#include "common/curve.h"
 #include "common/log.h"
 #include "config/config.h"
 #include "config/graph.h"
@@ -34,6 +36,7 @@
 #include "daemon/outbound.h"
 #include "daemon/supervisor.h"
 #include "daemon/tensors.h"
+#include "daemon/zap.h"
 
 #define TICK_MS 10
 #define STOP_GRACE_MS 3000
@@ -59,6 +62,12 @@ struct conductor {
     outbound *out;
     frontend *front;
     gateway *http;                /* NULL without http_listen */
+    /* CURVE (daemon.curve): batond's key pair, the ZAP handler, and the
+     * pair of the HTTP gateway's connections to the client socket. */
+    bool curve;                   /* daemon.curve is set */
+    bt_curve_keypair keys;        /* batond's pair; secret wiped at destroy */
+    bt_curve_keypair gw_keys;     /* the gateway's pair, made at start */
+    zap *zap;                     /* NULL without curve */
     /* Life cycle. */
     bool ready;                   /* every worker loaded */
     bool draining;
@@ -92,12 +101,65 @@ static void apply_limits(conductor *c, const cfg_config *cfg)
     bt_log_set_level(bt_log_level_parse(cfg->daemon.log_level));
 }
 
+/* Reads the authorized-keys files of CFG (client_keys, worker_keys) into
+ * the ZAP handler, at start and on SIGHUP, so that keys can be added and
+ * revoked without a restart.  batond's own key pair and whether CURVE is
+ * on at all are bound to the sockets and need a restart.  Both files are
+ * read before either set is replaced.  Returns 0 or a negative bt_err
+ * (logged; the keys in use then stay). */
+static int load_file_keys(conductor *c, const cfg_config *cfg)
+{
+    const cfg_str *paths[ZAP_N_SOCKETS] = {&cfg->daemon.curve_client_keys,
+                                          &cfg->daemon.curve_worker_keys};
+    bt_curve_keyset *sets[ZAP_N_SOCKETS] = {NULL, NULL};
+    int rc = 0;
+    for (int i = 0; i < ZAP_N_SOCKETS && rc == 0; i++) {
+        char err[600];
+        int line;
+        if (!(sets[i] = bt_curve_keyset_create()))
+            rc = BT_ENOMEM;
+        else if (paths[i]->s &&
+                 bt_curve_keyset_load(sets[i], paths[i]->s, &line, err, sizeof(err)) != 0) {
+            bt_error("%s", err);
+            rc = BT_ECONFIG;
+        }
+    }
+    if (rc == 0) {
+        size_t nc = bt_curve_keyset_count(sets[ZAP_CLIENT]);
+        size_t nw = bt_curve_keyset_count(sets[ZAP_WORKER]);
+        for (int i = 0; i < ZAP_N_SOCKETS; i++) {
+            zap_set_file_keys(c->zap, (zap_socket)i, sets[i]);
+            sets[i] = NULL;
+        }
+        bt_info("curve: %zu client key%s and %zu worker key%s authorized from files", nc,
+                nc == 1 ? "" : "s", nw, nw == 1 ? "" : "s");
+    }
+    for (int i = 0; i < ZAP_N_SOCKETS; i++)
+        bt_curve_keyset_destroy(sets[i]);
+    return rc;
+}
+
+static void reload_keys(conductor *c, const cfg_config *cfg)
+{
+    if (!c->curve) {
+        if (cfg->daemon.curve)
+            bt_warn("reload: daemon.curve was added; CURVE starts with a restart");
+        return;
+    }
+    if (!cfg->daemon.curve) {
+        bt_warn("reload: daemon.curve was removed; CURVE stays on until a restart");
+        return;
+    }
+    load_file_keys(c, cfg);
+}
+
 static void reload(conductor *c)
 {
     bt_diag *d = bt_diag_create(c->config_path);
     cfg_config *cfg = NULL;
-    if (d && cfg_load_file(c->config_path, d, &cfg) == 0) {
+    if (d && cfg_load_file(c->config_path, d, &cfg) == 0 && cfg_check_keys(cfg, NULL, d) == 0) {
         apply_limits(c, cfg);
+        reload_keys(c, cfg);
         bt_info("reloaded %s: log level, max_inflight %u, request_timeout_ms %u, "
                 "drain_timeout_ms %u, max_message_bytes %llu, max_request_timeout_ms %u, "
                 "client_max_inflight %u, client_max_reply_bytes %llu, "
@@ -150,6 +212,14 @@ static void on_worker_message(void *arg, int w, const Baton__V1__WorkerMessage *
     case BATON__V1__WORKER_MESSAGE__MSG_FETCHED: front_fetched(c->front, w, m->fetched); break;
     default: break;
     }
+}
+
+static int on_authorize(void *arg, const char *old_public, const char *new_public)
+{
+    conductor *c = arg;
+    if (old_public)
+        zap_disallow(c->zap, ZAP_WORKER, old_public);
+    return new_public ? zap_allow(c->zap, ZAP_WORKER, new_public) : 0;
 }
 
 static void on_burst_begin(void *arg)
@@ -228,7 +298,8 @@ static char *stats_text(conductor *c)
                                  wk->staged_bytes, wk->sessions, wk->tp_steps};
     }
     metrics_gauges g = {front_inflight(c->front), front_placing(c->front),
-                        disp_tensors_held(c->disp), out_clients(c->out)->backlog_bytes, ws, nw};
+                        disp_tensors_held(c->disp), out_clients(c->out)->backlog_bytes, ws, nw,
+                        zap_refused(c->zap, ZAP_CLIENT), zap_refused(c->zap, ZAP_WORKER)};
     char *text = metrics_text(c->m, &g);
     free(ws);
     return text;
@@ -388,6 +459,8 @@ static int load_deployment(conductor *c, const char *config_path)
     int rc = c->config_path ? cfg_load_file(config_path, d, &c->cfg) : BT_ENOMEM;
     if (rc == 0)
         rc = graph_set_build(c->cfg, d, &c->gs);
+    if (rc == 0 && cfg_check_keys(c->cfg, NULL, d) != 0)
+        rc = BT_ECONFIG;
     bt_diag_sort(d);
     bt_diag_print(d, stderr);
     bt_diag_destroy(d);
@@ -464,6 +537,34 @@ static int set_sockopt(void *sock, const char *endpoint, int option, const char 
 #define SET_SOCKOPT(sock, endpoint, option, value)                                             \
     set_sockopt(sock, endpoint, option, #option, &(value), sizeof(value))
 
+/* Gives the socket file of an ipc:// ENDPOINT the mode and group of
+ * daemon.ipc_mode and ipc_group: who may open the file may talk to batond. */
+static int ipc_protect(conductor *c, const char *endpoint)
+{
+    const cfg_daemon *d = &c->cfg->daemon;
+    if (strncmp(endpoint, "ipc://", 6) != 0 || endpoint[6] == '@')
+        return 0;
+    const char *path = endpoint + 6;
+    if (d->ipc_group) {
+        errno = 0;
+        struct group *g = getgrnam(d->ipc_group);
+        if (!g) {
+            bt_error("ipc_group '%s' (for %s): %s", d->ipc_group, endpoint,
+                     errno ? strerror(errno) : "no such group");
+            return BT_ECONFIG;
+        }
+        if (chown(path, (uid_t)-1, g->gr_gid) != 0) {
+            bt_error("cannot give %s to group '%s': %s", path, d->ipc_group, strerror(errno));
+            return BT_EIO;
+        }
+    }
+    if (chmod(path, (mode_t)d->ipc_mode) != 0) {
+        bt_error("cannot set mode %04o on %s: %s", (unsigned)d->ipc_mode, path, strerror(errno));
+        return BT_EIO;
+    }
+    return 0;
+}
+
 static int bind_router(conductor *c, void **sock, const char *endpoint, bool workers)
 {
     if (ipc_in_use(endpoint)) {
@@ -491,13 +592,54 @@ static int bind_router(conductor *c, void **sock, const char *endpoint, bool wor
      * over rather than be refused. */
     if (workers && SET_SOCKOPT(*sock, endpoint, ZMQ_ROUTER_HANDOVER, one) < 0)
         return BT_EIO;
+    /* Every tcp socket is a CURVE server when keys are set; its ZAP domain
+     * tells the handler which authorized keys apply.  ipc:// sockets stay
+     * NULL mechanism: the file's mode and group guard them. */
+    if (c->curve && cfg_endpoint_is_tcp(endpoint)) {
+        int rc = bt_curve_apply_server(*sock, &c->keys,
+                                       workers ? ZAP_DOMAIN_WORKER : ZAP_DOMAIN_CLIENT);
+        if (rc) {
+            bt_error("cannot make the socket of %s a CURVE server: %s (%s)", endpoint,
+                     bt_curve_strerror(rc), zmq_strerror(errno));
+            return BT_EIO;
+        }
+    }
     ensure_ipc_dir(endpoint);
     if (zmq_bind(*sock, endpoint) < 0) {
         bt_error("cannot bind %s: %s", endpoint, zmq_strerror(errno));
         return BT_EIO;
     }
-    if (strncmp(endpoint, "ipc://", 6) == 0 && endpoint[6] != '@')
-        chmod(endpoint + 6, 0660);
+    return ipc_protect(c, endpoint);
+}
+
+/* With daemon.curve: batond's key pair, the ZAP handler (bound before any
+ * CURVE socket, so that no peer is let in unasked) with the authorized
+ * keys of the files, and the gateway's own pair, authorized on the client
+ * socket. */
+static int setup_curve(conductor *c)
+{
+    const cfg_daemon *d = &c->cfg->daemon;
+    char err[600], fp[BT_CURVE_FINGERPRINT_LEN + 1];
+    if (!d->curve)
+        return 0;
+    int rc = bt_curve_secret_load(d->curve_secret_key.s, &c->keys, err, sizeof(err));
+    if (rc) {
+        bt_error("curve secret_key: %s", err);
+        return BT_ECONFIG;
+    }
+    c->curve = true;
+    if ((rc = zap_create(c->zctx, &c->zap)) < 0)
+        return rc;
+    if ((rc = load_file_keys(c, c->cfg)) < 0)
+        return rc;
+    if ((rc = bt_curve_keypair_generate(&c->gw_keys)) != 0) {
+        bt_error("curve: cannot make the gateway's key pair: %s", bt_curve_strerror(rc));
+        return BT_EIO;
+    }
+    if ((rc = zap_allow(c->zap, ZAP_CLIENT, c->gw_keys.public_z85)) < 0)
+        return rc;
+    bt_info("curve: on for the tcp:// sockets; server key %s...",
+            bt_curve_fingerprint(c->keys.public_z85, fp));
     return 0;
 }
 
@@ -506,7 +648,10 @@ static int bind_sockets(conductor *c)
     c->zctx = zmq_ctx_new();
     if (!c->zctx)
         return BT_EIO;
-    int rc = bind_router(c, &c->back_sock, c->cfg->daemon.workers_endpoint, true);
+    int rc = setup_curve(c);
+    if (rc)
+        return rc;
+    rc = bind_router(c, &c->back_sock, c->cfg->daemon.workers_endpoint, true);
     if (rc == 0)
         rc = bind_router(c, &c->front_sock, c->cfg->daemon.listen, false);
     if (rc)
@@ -521,9 +666,11 @@ static int bind_sockets(conductor *c)
 /* Creates the modules bottom-up and connects their hooks to this file. */
 static int create_modules(conductor *c)
 {
-    sup_options so = {c->cfg, c->config_path, c->run_id, c->worker_exe, c->back_sock};
+    bool worker_curve = c->curve && cfg_endpoint_is_tcp(c->cfg->daemon.workers_endpoint);
+    sup_options so = {c->cfg, c->config_path, c->run_id, c->worker_exe, c->back_sock,
+                      worker_curve ? c->keys.public_z85 : NULL};
     sup_hooks sh = {c, on_ready_changed, on_worker_lost, on_worker_message, on_burst_begin,
-                    on_burst_end};
+                    on_burst_end, on_authorize};
     disp_hooks dh = {c, on_chunk, on_response};
     front_hooks fh = {c, on_admin};
     int rc = BT_ENOMEM;
@@ -575,9 +722,16 @@ static int watch(conductor *c)
         evloop_add(c->loop, NULL, c->sigfd, on_signal, c) < 0 ||
         evloop_add(c->loop, NULL, c->timerfd, on_tick, c) < 0)
         return BT_ENOMEM;
+    if (c->zap && evloop_add(c->loop, zap_sock(c->zap), -1, zap_on_readable, c->zap) < 0)
+        return BT_ENOMEM;
     if (c->cfg->daemon.http_listen) {
+        /* The gateway is a client of the client socket like any other: on
+         * a CURVE socket it uses the pair made (and authorized) for it. */
+        bool gw_curve = c->curve && cfg_endpoint_is_tcp(c->cfg->daemon.listen);
         gateway_options go = {c->cfg->daemon.http_listen, c->cfg->daemon.listen, 0,
-                              c->cfg->openai, c->cfg->n_openai, 0};
+                              c->cfg->openai, c->cfg->n_openai, 0,
+                              gw_curve ? c->keys.public_z85 : NULL,
+                              gw_curve ? &c->gw_keys : NULL};
         return gateway_create(&go, &c->http);
     }
     return 0;
@@ -654,6 +808,9 @@ void conductor_destroy(conductor *c)
         zmq_close(c->front_sock);
     if (c->back_sock)
         zmq_close(c->back_sock);
+    zap_destroy(c->zap);
+    bt_curve_keypair_wipe(&c->keys);
+    bt_curve_keypair_wipe(&c->gw_keys);
     if (c->zctx)
         zmq_ctx_term(c->zctx);
     if (c->sigfd >= 0)

@@ -1,7 +1,8 @@
 /* The conductor (batond): one thread, one zmq_poll loop (daemon/evloop.c)
- * over the client ROUTER, the worker ROUTER, a signalfd, a timerfd and the
- * metrics listener.  It loads the deployment, creates the modules and
- * wires them together; each module owns its state:
+ * over the client ROUTER, the worker ROUTER, a signalfd, a timerfd, the
+ * ZAP handler's REP socket (with daemon.curve) and the metrics listener.
+ * It loads the deployment, creates the modules and wires them together;
+ * each module owns its state:
  *
  *   frontend.c    the client socket: checks at the door, admission, the
  *                 requests in flight and their deadlines
@@ -12,6 +13,8 @@
  *   supervisor.c  the worker processes: spawn, register, load, loss, restart
  *   metrics.c     counters and their Prometheus text; gateway.c serves it over HTTP
  *                 (libmicrohttpd threads, a client of this conductor)
+ *   zap.c         with daemon.curve: the ZAP handler that lets CURVE peers in on
+ *                 the tcp:// sockets (a REP socket on this loop)
  *
  * Calls go down that list (frontend -> dispatch -> tensors -> supervisor);
  * what must go up (a worker lost, a result for a client, a request for the

@@ -43,6 +43,9 @@ struct gateway {
     struct MHD_Daemon *mhd;      /* owned */
     int listen_fd;               /* owned until MHD has it; then MHD closes it */
     char *endpoint;              /* owned: the conductor's client endpoint */
+    bool curve;                  /* connect with CURVE: server_public and keys are set */
+    char server_public[BT_CURVE_Z85_SIZE]; /* the conductor's public key, Z85 */
+    bt_curve_keypair keys;       /* the gateway's own pair; wiped at destroy */
     uint32_t max_body;           /* bytes */
     pthread_mutex_t admin_mu;    /* guards admin */
     baton_client *admin;         /* owned: health and stats probes */
@@ -144,6 +147,20 @@ static enum MHD_Result serve_metrics(gateway *g, struct MHD_Connection *conn)
 
 /* ---- connections to the conductor --------------------------------------- */
 
+/* A new connection to the conductor, with the gateway's CURVE pair when
+ * the client socket is tcp with CURVE.  TIMEOUT_MS: the connect timeout
+ * (0: the library's default). */
+static int client_connect(gateway *g, int timeout_ms, baton_client **out)
+{
+    baton_client_options o = {.connect_timeout_ms = timeout_ms};
+    if (g->curve) {
+        o.server_public_key = g->server_public;
+        o.public_key = g->keys.public_z85;
+        o.secret_key = g->keys.secret_z85;
+    }
+    return baton_client_create_with(g->endpoint, &o, out);
+}
+
 /* A client connection for one request: an idle one, or a new one.  Each
  * HTTP request uses its own, so that one request's wait never holds up
  * another's. */
@@ -154,7 +171,7 @@ static baton_client *client_take(gateway *g)
     if (g->n_idle)
         c = g->idle[--g->n_idle];
     pthread_mutex_unlock(&g->pool_mu);
-    if (!c && baton_client_create(g->endpoint, &c) != 0)
+    if (!c && client_connect(g, 0, &c) != 0)
         c = NULL;
     return c;
 }
@@ -716,7 +733,12 @@ int gateway_create(const gateway_options *opts, gateway **out)
             goto err;
         }
     }
-    rc = baton_client_create(opts->endpoint, &g->admin);
+    if (opts->server_public && opts->own) {
+        g->curve = true;
+        memcpy(g->server_public, opts->server_public, sizeof(g->server_public));
+        g->keys = *opts->own;
+    }
+    rc = client_connect(g, GW_PROBE_MS, &g->admin);
     if (rc != 0) {
         bt_error("http: cannot connect to %s: %s", opts->endpoint, baton_client_strerror(rc));
         rc = BT_EIO;
@@ -766,6 +788,7 @@ void gateway_destroy(gateway *g)
     }
     free(g->models);
     free(g->endpoint);
+    bt_curve_keypair_wipe(&g->keys);
     pthread_mutex_destroy(&g->admin_mu);
     pthread_mutex_destroy(&g->pool_mu);
     free(g);

@@ -22,6 +22,7 @@
 
 #include <stddef.h>
 
+#include "common/curve.h"
 #include "config/config.h"
 
 typedef struct gateway gateway;
@@ -33,6 +34,9 @@ typedef struct gateway_options {
     const cfg_openai *openai;    /* the models served by the OpenAI API (copied) */
     size_t n_openai;
     uint32_t max_body_bytes;     /* a larger request body is refused (413); 0: 1 MiB */
+    const char *server_public;   /* the client socket's CURVE public key (Z85), or NULL */
+    const bt_curve_keypair *own; /* the gateway's key pair (copied), authorized by the
+                                  * conductor; with server_public, NULL otherwise */
 } gateway_options;
 
 /* Listens on OPTS->hostport and starts serving.  Returns 0 or a negative

@@ -8,9 +8,10 @@
 #include <string.h>
 
 #include "baton/version.h"
+#include "common/curve.h"
+#include "common/log.h"
 #include "common/status.h"
 #include "config/config.h"
-#include "common/log.h"
 #include "config/graph.h"
 #include "daemon/conductor.h"
 #include "daemon/supervisor.h"
@@ -43,6 +44,10 @@ static int check_config(const char *path, int quiet)
         rc = graph_set_build(cfg, diag, &gs);
     if (rc == 0)
         cfg_check_paths(cfg, diag);
+    /* batond's own key files: errors, as at start (the check runs where
+     * batond runs, e.g. as ExecStartPre). */
+    if (rc == 0 && cfg_check_keys(cfg, NULL, diag) != 0)
+        rc = BT_ECONFIG;
     char exe[4096];
     if (rc == 0 && (rc = sup_worker_exe(exe, sizeof(exe))) == 0)
         rc = sup_check_devices(cfg, exe, diag);
@@ -58,6 +63,12 @@ static int check_config(const char *path, int quiet)
     }
     if (!quiet)
         graph_set_print(gs, stdout);
+    if (cfg->daemon.curve) {
+        /* The fingerprint of the public key only: keys are never printed. */
+        char pub[BT_CURVE_Z85_SIZE], fp[BT_CURVE_FINGERPRINT_LEN + 1], err[600];
+        if (cfg_server_public_key(cfg, pub, err, sizeof(err)) == 0)
+            printf("curve: server public key %s...\n", bt_curve_fingerprint(pub, fp));
+    }
     printf("%s: configuration OK (%zu graph%s, %zu worker%s, %zu model%s)\n", path,
            cfg->n_graphs, cfg->n_graphs == 1 ? "" : "s", cfg->n_workers,
            cfg->n_workers == 1 ? "" : "s", cfg->n_models, cfg->n_models == 1 ? "" : "s");

@@ -255,6 +255,13 @@ char *metrics_text(const metrics *m, const metrics_gauges *gg)
            "client_stall_timeout_ms (or twice client_max_reply_bytes); their requests were "
            "cancelled.");
     fprintf(f, "baton_clients_dropped_total %llu\n", (unsigned long long)m->clients_dropped);
+    family(f, "baton_auth_refused_total", "counter",
+           "Peers refused by the ZAP handler after a CURVE handshake: their public key is not "
+           "authorized for that socket (daemon.curve client_keys or worker_keys).");
+    fprintf(f, "baton_auth_refused_total{socket=\"client\"} %llu\n",
+            (unsigned long long)gg->auth_refused_client);
+    fprintf(f, "baton_auth_refused_total{socket=\"worker\"} %llu\n",
+            (unsigned long long)gg->auth_refused_worker);
     worker_family(f, gg, "baton_pool_bytes_used", "gauge", "Bytes allocated in a worker's pool.",
                   W_POOL_USED);
     worker_family(f, gg, "baton_pool_bytes_free", "gauge", "Bytes free in a worker's pool.",

@@ -37,6 +37,8 @@ typedef struct metrics_gauges {
     uint64_t client_backlog_bytes; /* replies held for clients that do not read */
     const metrics_worker *workers;
     size_t n_workers;
+    uint64_t auth_refused_client; /* peers the ZAP handler refused on the client socket */
+    uint64_t auth_refused_worker; /* ... and on the worker socket (counters, daemon/zap.h) */
 } metrics_gauges;
 
 /* Counters for the graphs of GS (borrowed; it must outlive them). */

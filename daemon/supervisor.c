@@ -13,6 +13,7 @@
 #include <zmq.h>
 
 #include "common/clock.h"
+#include "common/curve.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "daemon/pairs.h"
@@ -151,6 +152,7 @@ struct supervisor {
     char *config_path;            /* owned copies of the options' strings */
     char *run_id;
     char *worker_exe;
+    char *curve_server_public;    /* owned; NULL: spawned workers use no CURVE */
     void *socket;                 /* the worker ROUTER; borrowed */
     sup_hooks hooks;
     sup_worker *workers;          /* one per configured worker, in config order */
@@ -162,6 +164,24 @@ struct supervisor {
 };
 
 static void worker_lost(supervisor *s, sup_worker *w, const char *why);
+
+/* Where a spawned worker finds its key pipe (--key-fd). */
+#define SUP_KEY_FD 3
+
+/* A spawn that did not happen: W is DOWN and tried again after the same
+ * back-off as a crash, so that a missing binary does not spin. */
+static int spawn_failed(supervisor *s, sup_worker *w, const char *why)
+{
+    bt_error("cannot start worker %s (%s): %s", w->cfg->name, s->worker_exe, why);
+    w->state = SUP_DOWN;
+    w->backoff_ms = w->backoff_ms ? w->backoff_ms * 2 : RESTART_FIRST_MS;
+    if (w->backoff_ms > RESTART_MAX_MS)
+        w->backoff_ms = RESTART_MAX_MS;
+    w->restart_at_ms = bt_now_ms() + w->backoff_ms;
+    w->restarts++;
+    return BT_EIO;
+}
+
 static void send_shutdown(supervisor *s, sup_worker *w, const char *reason);
 
 int sup_send(supervisor *s, int worker, const Baton__V1__ConductorMessage *m)
@@ -213,13 +233,66 @@ static void update_ready(supervisor *s)
         s->hooks.ready_changed(s->hooks.arg, now);
 }
 
+/* Makes a key pair for W's next incarnation, authorizes it (forgetting the
+ * previous one), and puts batond's public key and the pair, one a line, in
+ * a pipe whose read end is returned in *FD (close-on-exec; the caller
+ * hands it to the child).
+ *
+ * A pipe rather than an environment variable or the command line: those
+ * stay readable in /proc/PID/environ and /proc/PID/cmdline for the
+ * process's whole life (unsetenv does not wipe the copy the kernel shows),
+ * while a pipe's bytes are gone once the child has read them.  The 123
+ * bytes fit in the pipe's buffer, so the write end is filled and closed
+ * before the spawn, and the child reads to the end at once. */
+static int key_pipe(supervisor *s, sup_worker *w, int *fd)
+{
+    bt_curve_keypair k;
+    int p[2] = {-1, -1};
+    *fd = -1;
+    int rc = bt_curve_keypair_generate(&k);
+    if (rc) {
+        bt_error("worker %s: cannot make a key pair: %s", w->cfg->name, bt_curve_strerror(rc));
+        return BT_EIO;
+    }
+    rc = s->hooks.authorize(s->hooks.arg, w->key_public[0] ? w->key_public : NULL, k.public_z85);
+    w->key_public[0] = 0;
+    if (rc < 0)
+        goto err;
+    memcpy(w->key_public, k.public_z85, sizeof(w->key_public));
+    char buf[3 * BT_CURVE_Z85_SIZE + 1];
+    int n = snprintf(buf, sizeof(buf), "%s\n%s\n%s\n", s->curve_server_public, k.public_z85,
+                     k.secret_z85);
+    rc = BT_EIO;
+    if (pipe2(p, O_CLOEXEC) != 0 || write(p[1], buf, (size_t)n) != n) {
+        bt_error("worker %s: cannot pass its key pair: %s", w->cfg->name, strerror(errno));
+        goto err_pipe;
+    }
+    bt_curve_keypair_wipe(&k);
+    bt_curve_wipe(buf, sizeof(buf));
+    close(p[1]);
+    *fd = p[0];
+    return 0;
+
+err_pipe:
+    bt_curve_wipe(buf, sizeof(buf));
+    if (p[0] >= 0)
+        close(p[0]);
+    if (p[1] >= 0)
+        close(p[1]);
+err:
+    bt_curve_keypair_wipe(&k);
+    return rc;
+}
+
 static int spawn(supervisor *s, sup_worker *w)
 {
-    char inc[16], *argv[12];
+    char inc[16], keyfd[16], *argv[14];
+    int key_fd = -1;
     w->incarnation = (w->incarnation + 1) & 0xffff;
     if (!w->incarnation)
         w->incarnation = 1;
     snprintf(inc, sizeof(inc), "%u", w->incarnation);
+    snprintf(keyfd, sizeof(keyfd), "%d", SUP_KEY_FD);
     snprintf(w->shm_name, sizeof(w->shm_name), "/baton-%s-%s", s->run_id, w->cfg->name);
     int i = 0;
     argv[i++] = s->worker_exe;
@@ -231,7 +304,29 @@ static int spawn(supervisor *s, sup_worker *w)
     argv[i++] = s->run_id;
     argv[i++] = "--incarnation";
     argv[i++] = inc;
+    if (s->curve_server_public) {
+        argv[i++] = "--key-fd";
+        argv[i++] = keyfd;
+    }
     argv[i] = NULL;
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    if (s->curve_server_public) {
+        int rc = key_pipe(s, w, &key_fd);
+        /* dup2 onto itself would keep close-on-exec: move it out of the way. */
+        if (rc == 0 && key_fd == SUP_KEY_FD) {
+            int moved = fcntl(key_fd, F_DUPFD_CLOEXEC, SUP_KEY_FD + 1);
+            close(key_fd);
+            key_fd = moved;
+            rc = moved < 0 ? BT_EIO : 0;
+        }
+        if (rc != 0 || posix_spawn_file_actions_adddup2(&fa, key_fd, SUP_KEY_FD) != 0) {
+            posix_spawn_file_actions_destroy(&fa);
+            if (key_fd >= 0)
+                close(key_fd);
+            return spawn_failed(s, w, "its key pair could not be passed");
+        }
+    }
     /* The conductor blocks its signals for the signalfd; a child must
      * start with a clean mask and default dispositions.  Each worker leads
      * a process group of its own, so that a terminal's Ctrl-C (SIGINT to
@@ -249,20 +344,14 @@ static int spawn(supervisor *s, sup_worker *w)
     posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF |
                                          POSIX_SPAWN_SETPGROUP);
     pid_t pid;
-    int rc = posix_spawn(&pid, s->worker_exe, NULL, &attr, argv, environ);
+    int rc = posix_spawn(&pid, s->worker_exe, &fa, &attr, argv, environ);
     posix_spawnattr_destroy(&attr);
+    posix_spawn_file_actions_destroy(&fa);
+    if (key_fd >= 0)
+        close(key_fd);
     uint64_t now = bt_now_ms();
-    if (rc != 0) {
-        bt_error("cannot start worker %s (%s): %s", w->cfg->name, s->worker_exe, strerror(rc));
-        w->state = SUP_DOWN;
-        /* The same back-off as a crash: a missing binary must not spin. */
-        w->backoff_ms = w->backoff_ms ? w->backoff_ms * 2 : RESTART_FIRST_MS;
-        if (w->backoff_ms > RESTART_MAX_MS)
-            w->backoff_ms = RESTART_MAX_MS;
-        w->restart_at_ms = now + w->backoff_ms;
-        w->restarts++;
-        return BT_EIO;
-    }
+    if (rc != 0)
+        return spawn_failed(s, w, strerror(rc));
     w->pid = pid;
     w->state = SUP_STARTING;
     w->started_ms = now;
@@ -800,6 +889,11 @@ static void worker_lost(supervisor *s, sup_worker *w, const char *why)
     /* Its pool dies with it; a SIGKILL left the name behind. */
     if (w->shm_name[0])
         shm_unlink(w->shm_name);
+    /* Its key pair died with it too: nobody else may log in with it. */
+    if (w->key_public[0]) {
+        s->hooks.authorize(s->hooks.arg, w->key_public, NULL);
+        w->key_public[0] = 0;
+    }
     forget_registration(w);
     pairs_forget(s->pairs, w->index);
     update_ready(s);
@@ -940,6 +1034,10 @@ int sup_create(const sup_options *opt, const sup_hooks *hooks, supervisor **out)
     s->config_path = strdup(opt->config_path);
     s->run_id = strdup(opt->run_id);
     s->worker_exe = strdup(opt->worker_exe);
+    if (opt->curve_server_public && !(s->curve_server_public = strdup(opt->curve_server_public))) {
+        sup_destroy(s);
+        return BT_ENOMEM;
+    }
     s->pairs = pairs_create(s->n_workers);
     if (!s->workers || !s->groups || !s->config_path || !s->run_id || !s->worker_exe ||
         !s->pairs) {
@@ -970,5 +1068,6 @@ void sup_destroy(supervisor *s)
     free(s->config_path);
     free(s->run_id);
     free(s->worker_exe);
+    free(s->curve_server_public);
     free(s);
 }

@@ -58,6 +58,7 @@ typedef struct sup_worker {
      * model (load time, weights, the backend's report), for inspect; owned,
      * NULL when nothing has loaded. */
     char *loads_text;
+    char key_public[41];          /* its CURVE public key this incarnation, or "" */
 } sup_worker;
 
 typedef struct sup_hooks {
@@ -72,6 +73,13 @@ typedef struct sup_hooks {
      * may be held until the end and sent in one message per worker. */
     void (*burst_begin)(void *arg);
     void (*burst_end)(void *arg);
+    /* With CURVE on the worker socket (sup_options.curve_server_public):
+     * a spawn made the key pair NEW_PUBLIC for its worker, whose previous
+     * one, OLD_PUBLIC (NULL at the first spawn), goes.  The hook authorizes
+     * the one and forgets the other; a negative bt_err fails the spawn.
+     * NEW_PUBLIC NULL: the worker was lost, OLD_PUBLIC only goes.  May be
+     * NULL without CURVE. */
+    int (*authorize)(void *arg, const char *old_public, const char *new_public);
 } sup_hooks;
 
 typedef struct sup_options {
@@ -80,6 +88,10 @@ typedef struct sup_options {
     const char *run_id;           /* names this run's shm segments */
     const char *worker_exe;       /* the baton-worker to spawn */
     void *socket;                 /* the bound worker ROUTER; borrowed */
+    const char *curve_server_public; /* batond's public key (Z85) when the worker socket is
+                                      * a CURVE server: each spawn then gets a fresh key
+                                      * pair through an inherited pipe (see spawn in
+                                      * supervisor.c); NULL: none */
 } sup_options;
 
 typedef struct supervisor supervisor;

@@ -23,14 +23,14 @@ config:   config backends/catalog.h kernels/sched.h common
 runtime:  runtime config common
 daemon:   daemon runtime config common
 worker:   worker backends/builtin.h config common
-client:   client
+client:   client common/curve.h
 cudaemu:  cudaemu
 '
 
 # Inside these components the files are layered too, lowest first: a file
 # includes the headers of the files before it, its own, and the header that
 # carries the component's name (its public types), never one after it.
-order_daemon='evloop deadlines clients metrics textlimit door openai gateway pairs supervisor tensors dispatch outbound frontend conductor main_batond'
+order_daemon='evloop zap deadlines clients metrics textlimit door openai gateway pairs supervisor tensors dispatch outbound frontend conductor main_batond'
 order_runtime='core speculation registry progress runtime'
 
 allowed_for() {

@@ -38,6 +38,13 @@ static int socket_open(wk_worker *w, char *err, size_t errlen)
         snprintf(err, errlen, "zmq_setsockopt: %s", zmq_strerror(zmq_errno()));
         return -1;
     }
+    if (w->opt.curve_server_public) {
+        int rc = bt_curve_apply_client(w->sock, w->opt.curve_own, w->opt.curve_server_public);
+        if (rc) {
+            snprintf(err, errlen, "CURVE towards %s: %s", w->opt.endpoint, bt_curve_strerror(rc));
+            return -1;
+        }
+    }
     /* Watch the connection: after a reconnect (a conductor restarted on the
      * same endpoint, as with spawn: external) the worker registers again,
      * as the protocol asks. */

@@ -1,12 +1,19 @@
 /* baton-worker: command line and configuration.
  *
  *   baton-worker --config FILE --name WORKER --run-id RUNID --incarnation N
- *                [--endpoint EP]
+ *                [--endpoint EP] [--key-fd FD]
  *
  * batond spawns it with the config it serves; the worker reads its own
  * `workers:` entry (device, pool_mb, streams, threads) and the daemon's
  * workers_endpoint and log_level from it.  --endpoint overrides the
- * endpoint (tests play the conductor on a socket of their own). */
+ * endpoint (tests play the conductor on a socket of their own).
+ *
+ * On a tcp:// workers_endpoint with daemon.curve set the worker is a CURVE
+ * client: a worker batond spawns reads batond's public key and a key pair
+ * made for it from the pipe --key-fd names; one started by hand
+ * (spawn: external) uses its `key:` file and batond's public key from the
+ * config (curve public_key, else the .pub twin of secret_key). */
+#include <errno.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -15,8 +22,9 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
-#include "config/config.h"
+#include "common/curve.h"
 #include "common/log.h"
+#include "config/config.h"
 #include "worker/device.h"
 #include "worker/worker.h"
 
@@ -24,7 +32,7 @@ static void usage(FILE *out)
 {
     fprintf(out,
             "usage: baton-worker --config FILE --name WORKER --run-id RUNID [--incarnation N]\n"
-            "                    [--endpoint ENDPOINT]\n"
+            "                    [--endpoint ENDPOINT] [--key-fd FD]\n"
             "       baton-worker --devices\n"
             "\n"
             "Serves the models the conductor (batond) places on worker WORKER of the\n"
@@ -35,8 +43,43 @@ static void usage(FILE *out)
             "  --run-id RUNID     the conductor's run id (names the shm pool)\n"
             "  --incarnation N    restart count, the high bits of tensor ids (default 0)\n"
             "  --endpoint EP      conductor endpoint instead of daemon.workers_endpoint\n"
+            "  --key-fd FD        read the CURVE keys batond made for this worker from FD\n"
+            "                     (batond's public key, then the worker's public and secret\n"
+            "                     key, one a line); batond passes it to workers it spawns\n"
             "  --devices          print the kinds of device this build serves (cpu, cuda)\n"
             "                     and exit; batond --check-config asks it\n");
+}
+
+/* Reads the three keys a spawning batond wrote to FD (see key_pipe in
+ * daemon/supervisor.c), then closes FD. */
+static int read_key_fd(int fd, char *server_public, bt_curve_keypair *own)
+{
+    char buf[3 * BT_CURVE_Z85_SIZE + 1];
+    size_t n = 0;
+    while (n < sizeof(buf) - 1) {
+        ssize_t got = read(fd, buf + n, sizeof(buf) - 1 - n);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0)
+            break;
+        n += (size_t)got;
+    }
+    close(fd);
+    buf[n] = 0;
+    int rc = -1;
+    if (n == 3 * BT_CURVE_Z85_SIZE && buf[40] == '\n' && buf[81] == '\n' && buf[122] == '\n') {
+        buf[40] = buf[81] = buf[122] = 0;
+        memcpy(server_public, buf, BT_CURVE_Z85_SIZE);
+        memcpy(own->public_z85, buf + 41, BT_CURVE_Z85_SIZE);
+        memcpy(own->secret_z85, buf + 82, BT_CURVE_Z85_SIZE);
+        char derived[BT_CURVE_Z85_SIZE];
+        if (bt_curve_z85_valid(server_public, NULL) &&
+            bt_curve_public_derive(own->secret_z85, derived) == 0 &&
+            strcmp(derived, own->public_z85) == 0)
+            rc = 0;
+    }
+    bt_curve_wipe(buf, sizeof(buf));
+    return rc;
 }
 
 static int parse_u64(const char *s, uint64_t *out)
@@ -55,10 +98,11 @@ int main(int argc, char **argv)
         {"config", required_argument, NULL, 'c'},  {"name", required_argument, NULL, 'n'},
         {"run-id", required_argument, NULL, 'r'},  {"incarnation", required_argument, NULL, 'i'},
         {"endpoint", required_argument, NULL, 'e'}, {"help", no_argument, NULL, 'h'},
-        {"devices", no_argument, NULL, 'd'},
+        {"devices", no_argument, NULL, 'd'},      {"key-fd", required_argument, NULL, 'k'},
         {NULL, 0, NULL, 0}};
     const char *config = NULL, *name = NULL, *run_id = NULL, *endpoint = NULL;
-    uint64_t incarnation = 0;
+    uint64_t incarnation = 0, key_fd = 0;
+    bool have_key_fd = false;
     int c;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         switch (c) {
@@ -72,6 +116,14 @@ int main(int argc, char **argv)
                         "not '%s'\n", optarg);
                 return 2;
             }
+            break;
+        case 'k':
+            if (parse_u64(optarg, &key_fd) != 0) {
+                fprintf(stderr, "baton-worker: --key-fd takes a file descriptor, not '%s'\n",
+                        optarg);
+                return 2;
+            }
+            have_key_fd = true;
             break;
         case 'h': usage(stdout); return 0;
         case 'd': {
@@ -104,9 +156,25 @@ int main(int argc, char **argv)
      * process instead of stopping it. */
     signal(SIGPIPE, SIG_IGN);
 
+    /* The key pipe first: it is read and closed before anything else can
+     * fail, so that its bytes never linger. */
+    char server_public[BT_CURVE_Z85_SIZE] = "";
+    bt_curve_keypair own;
+    memset(&own, 0, sizeof(own));
+    if (have_key_fd && read_key_fd((int)key_fd, server_public, &own) != 0) {
+        bt_error("--key-fd %llu does not hold the three keys batond passes",
+                 (unsigned long long)key_fd);
+        return 1;
+    }
     bt_diag *diag = bt_diag_create(config);
     cfg_config *cfg = NULL;
     int rc = diag ? cfg_load_file(config, diag, &cfg) : -1;
+    /* A worker started by hand checks the key files it uses itself. */
+    if (rc == 0 && !have_key_fd && cfg_check_keys(cfg, name, diag) != 0) {
+        cfg_config_destroy(cfg);
+        cfg = NULL;
+        rc = -1;
+    }
     if (rc != 0) {
         if (diag)
             bt_diag_print(diag, stderr);
@@ -159,6 +227,30 @@ int main(int argc, char **argv)
                                              cp->memory_efficiency, cp->tflops,
                                              cp->comm_bandwidth_gbps, cp->comm_efficiency,
                                              cp->sync_overhead_us};
+    const char *ep = opt.endpoint;
+    if (have_key_fd) {
+        opt.curve_server_public = server_public;
+        opt.curve_own = &own;
+    } else if (cfg->daemon.curve && cfg_endpoint_is_tcp(ep)) {
+        char err[600];
+        if (!cw->key.s) {
+            bt_error("worker '%s' has no 'key:' for the CURVE workers endpoint %s", name, ep);
+            goto out;
+        }
+        if (cfg_server_public_key(cfg, server_public, err, sizeof(err)) != 0 ||
+            bt_curve_secret_load(cw->key.s, &own, err, sizeof(err)) != 0) {
+            bt_error("%s", err);
+            goto out;
+        }
+        opt.curve_server_public = server_public;
+        opt.curve_own = &own;
+    }
+    if (opt.curve_server_public) {
+        char fp[BT_CURVE_FINGERPRINT_LEN + 1], sfp[BT_CURVE_FINGERPRINT_LEN + 1];
+        bt_info("curve: key %s... towards server key %s...",
+                bt_curve_fingerprint(own.public_z85, fp),
+                bt_curve_fingerprint(server_public, sfp));
+    }
     bt_info("starting: device %s, pool %llu MiB, %u lane(s), %zu model(s) placed, incarnation "
             "%llu", cw->device, (unsigned long long)cw->pool_mb, opt.streams, n_models,
             (unsigned long long)incarnation);
@@ -172,6 +264,7 @@ int main(int argc, char **argv)
     wk_worker_destroy(w);
     bt_info("exited with status %d", status);
 out:
+    bt_curve_keypair_wipe(&own);
     cfg_config_destroy(cfg);
     return status;
 }

@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "baton/backend.h"
+#include "common/curve.h"
 
 typedef struct wk_options {
     const char *name;         /* worker name: ZMQ routing id, shm name, logs */
@@ -26,6 +27,11 @@ typedef struct wk_options {
     uint32_t index;           /* worker index until Peers says otherwise */
     uint32_t comm_streams;    /* the config's streams.comm, handed to model_load */
     baton_device_profile profile; /* the device's cost model (strings borrowed) */
+    /* CURVE towards a tcp workers endpoint: the conductor's public key and
+     * this worker's own pair, Z85 (borrowed); curve_server_public NULL:
+     * no CURVE. */
+    const char *curve_server_public;
+    const bt_curve_keypair *curve_own;
 } wk_options;
 
 typedef struct wk_worker wk_worker;

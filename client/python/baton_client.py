@@ -294,16 +294,21 @@ _PROBES = ("health", "stats", "inspect")
 class Client:
     """One DEALER connection to batond. Not thread-safe: use one per thread."""
 
-    def __init__(self, endpoint=None, server_key=None, connect_timeout_ms=5000):
+    def __init__(self, endpoint=None, server_key=None, connect_timeout_ms=5000,
+                 client_key=None):
         """ENDPOINT: ipc:// or tcp:// (default $BATON_ENDPOINT, else the daemon's
-        default). SERVER_KEY: the daemon's CURVE public key (Z85), needed for
-        tcp://. A send waits CONNECT_TIMEOUT_MS for the connection, then
-        raises ConnectError."""
+        default). SERVER_KEY: the daemon's CURVE public key, needed for tcp://:
+        its 40 Z85 characters, or the path of its .pub file. CLIENT_KEY: this
+        client's key pair, which the daemon's client_keys must authorize: the
+        path of a secret key file (NAME.key from `batonctl keygen`; the public
+        half is derived from it), or a (public, secret) tuple of Z85 keys;
+        None makes a fresh pair (a daemon with curve refuses it). A send waits
+        CONNECT_TIMEOUT_MS for the connection, then raises ConnectError."""
         self.endpoint = endpoint or os.environ.get("BATON_ENDPOINT") or DEFAULT_ENDPOINT
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.DEALER)
         try:
-            self._setup(server_key, connect_timeout_ms)
+            self._setup(server_key, connect_timeout_ms, client_key)
         except Exception:
             self.close()
             raise
@@ -312,7 +317,42 @@ class Client:
         self._ids = itertools.count(1)
         self._id_prefix = uuid.uuid4().hex[:16]
 
-    def _setup(self, server_key, connect_timeout_ms):
+    @staticmethod
+    def _z85(key):
+        return key.encode() if isinstance(key, str) else bytes(key)
+
+    @staticmethod
+    def _read_key_file(path, secret):
+        """The one Z85 key of a key file. A secret key file readable by group
+        or others is refused, as batond and batonctl refuse it."""
+        if secret and os.stat(path).st_mode & 0o077:
+            raise ValueError("%s holds a secret key but is readable by group or others; "
+                             "chmod 600 it" % path)
+        with open(path, "rb") as f:
+            key = f.read().strip()
+        if len(key) != 40:
+            raise ValueError("%s does not hold a 40-character Z85 key" % path)
+        return key
+
+    def _curve_keys(self, server_key, client_key):
+        server = self._z85(server_key)
+        if len(server) != 40:
+            if server.endswith(b".key"):
+                raise ValueError("server_key: give the daemon's public key or .pub file, not "
+                                 "its .key (secret) file")
+            server = self._read_key_file(server_key, False)
+        if client_key is None:
+            pub, sec = zmq.curve_keypair()
+        elif isinstance(client_key, (tuple, list)):
+            pub, sec = (self._z85(k) for k in client_key)
+            if len(pub) != 40 or len(sec) != 40:
+                raise ValueError("client_key: (public, secret) must be two 40-character Z85 keys")
+        else:
+            sec = self._read_key_file(client_key, True)
+            pub = zmq.curve_public(sec)
+        return server, pub, sec
+
+    def _setup(self, server_key, connect_timeout_ms, client_key=None):
         # IMMEDIATE: a send to an absent daemon fails after SNDTIMEO instead of
         # queueing forever; RCVHWM 0: a slow reader never makes the daemon's
         # ROUTER drop a chunk.
@@ -320,10 +360,11 @@ class Client:
         self._sock.setsockopt(zmq.RCVHWM, 0)
         self._sock.setsockopt(zmq.SNDTIMEO, connect_timeout_ms)
         self._sock.setsockopt(zmq.LINGER, 1000)
+        if client_key is not None and not server_key:
+            raise ValueError("client_key needs server_key (the daemon's public key)")
         if server_key:
-            pub, sec = zmq.curve_keypair()
-            self._sock.curve_serverkey = server_key.encode() if isinstance(server_key, str) \
-                else server_key
+            server, pub, sec = self._curve_keys(server_key, client_key)
+            self._sock.curve_serverkey = server
             self._sock.curve_publickey, self._sock.curve_secretkey = pub, sec
         try:
             self._sock.connect(self.endpoint)

@@ -190,15 +190,30 @@ typedef struct baton_client_request baton_client_request; /* an InferRequest bei
 int baton_client_create(const char *endpoint, baton_client **out);
 
 /* Connection options for baton_client_create_with. Zero-initialize it and
- * set what you need. */
+ * set what you need.
+ *
+ * CURVE: a daemon listening on tcp:// with daemon.curve set accepts only
+ * CURVE clients whose public key is listed in its client_keys file
+ * (docs/operations.md, "Security"). Keys are given as Z85 text, the 40
+ * characters of the key files `batonctl keygen NAME` writes (NAME.key holds
+ * the secret key, NAME.pub the public one); reading the files is the
+ * caller's business (batonctl's --client-key does it). The library copies
+ * the keys into the socket and keeps no pointer to them. A client whose key
+ * the daemon does not authorize gets no error from this library: the
+ * handshake never completes, so a send fails with BATON_CLIENT_ECONNECT
+ * after the connect timeout (or a probe times out). */
 typedef struct baton_client_options {
     int connect_timeout_ms;        /* how long a send waits for the connection to
                                       come up: 0 means 5000 ms, -1 forever */
-    const char *server_public_key; /* the daemon's CURVE public key, Z85 (40 chars);
-                                      required for a tcp:// daemon; NULL: no CURVE */
-    const char *public_key;        /* this client's CURVE key pair, Z85; both NULL: a */
-    const char *secret_key;        /* fresh pair is made (the daemon does not check
-                                      client keys unless configured to) */
+    const char *server_public_key; /* the daemon's CURVE public key, Z85 (40 chars,
+                                      the daemon's .pub file); required for a tcp://
+                                      daemon with CURVE; NULL: no CURVE */
+    const char *public_key;        /* this client's CURVE key pair, Z85 (40 chars each):
+                                      the .pub and .key files of `batonctl keygen`; */
+    const char *secret_key;        /* both or neither. Both NULL: a fresh pair is made,
+                                      which a daemon with client_keys refuses (it
+                                      serves only a daemon set up without CURVE
+                                      client checks, e.g. a test server) */
 } baton_client_options;
 
 /* As baton_client_create, with OPTS (NULL: defaults). BATON_CLIENT_EINVAL:

@@ -244,8 +244,14 @@ static void print_log_tail(const char *log)
 
 int bench_wait_ready(const char *endpoint, int timeout_ms)
 {
+    return bench_wait_ready_with(endpoint, NULL, timeout_ms);
+}
+
+int bench_wait_ready_with(const char *endpoint, const baton_client_options *copts,
+                          int timeout_ms)
+{
     baton_client *c = NULL;
-    if (baton_client_create(endpoint, &c) != 0)
+    if (baton_client_create_with(endpoint, copts, &c) != 0)
         return -1;
     baton_client_set_connect_timeout(c, 500);
     double deadline = bench_now_us() + timeout_ms * 1e3;
@@ -269,6 +275,13 @@ int bench_wait_ready(const char *endpoint, int timeout_ms)
 int bench_daemon_start(bench_daemon *d, const bench_opts *o, const char *template_name,
                        const char *const *subst)
 {
+    return bench_daemon_start_with(d, o, template_name, subst, NULL, NULL);
+}
+
+int bench_daemon_start_with(bench_daemon *d, const bench_opts *o, const char *template_name,
+                            const char *const *subst, const char *endpoint,
+                            const baton_client_options *copts)
+{
     memset(d, 0, sizeof(*d));
     char path[1024];
     snprintf(path, sizeof(path), "%s/%s", o->configs, template_name);
@@ -285,7 +298,10 @@ int bench_daemon_start(bench_daemon *d, const bench_opts *o, const char *templat
     }
     char config[300];
     snprintf(config, sizeof(config), "%s/baton.yaml", d->dir);
-    snprintf(d->endpoint, sizeof(d->endpoint), "ipc://%s/baton.sock", d->dir);
+    if (endpoint)
+        snprintf(d->endpoint, sizeof(d->endpoint), "%s", endpoint);
+    else
+        snprintf(d->endpoint, sizeof(d->endpoint), "ipc://%s/baton.sock", d->dir);
     snprintf(d->log, sizeof(d->log), "%s/batond.log", d->dir);
     for (size_t i = 0; subst && subst[i] && subst[i + 1]; i += 2)
         text = replace_all(text, subst[i], subst[i + 1]);
@@ -318,7 +334,7 @@ int bench_daemon_start(bench_daemon *d, const bench_opts *o, const char *templat
         fprintf(stderr, "exec %s: %s\n", o->batond, strerror(errno));
         _exit(127);
     }
-    if (bench_wait_ready(d->endpoint, 30000) != 0) {
+    if (bench_wait_ready_with(d->endpoint, copts, 30000) != 0) {
         fprintf(stderr, "bench: batond on %s did not become ready\n", template_name);
         print_log_tail(d->log);
         goto err;

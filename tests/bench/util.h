@@ -67,6 +67,13 @@ typedef struct bench_daemon {
 int bench_daemon_start(bench_daemon *d, const bench_opts *o, const char *template_name,
                        const char *const *subst);
 
+/* As bench_daemon_start, for a daemon whose clients connect to ENDPOINT
+ * (NULL: ipc://DIR/baton.sock; otherwise used as given) with COPTS (NULL:
+ * defaults): a tcp:// endpoint with CURVE keys, say. */
+int bench_daemon_start_with(bench_daemon *d, const bench_opts *o, const char *template_name,
+                            const char *const *subst, const char *endpoint,
+                            const baton_client_options *copts);
+
 /* SIGTERM, wait (10 s, then SIGKILL), remove the private folder. */
 void bench_daemon_stop(bench_daemon *d);
 
@@ -87,6 +94,9 @@ void bench_rmtree(const char *dir);
 /* Waits until the server at ENDPOINT answers health with ready (TIMEOUT_MS).
  * Returns 0 or -1. */
 int bench_wait_ready(const char *endpoint, int timeout_ms);
+/* The same with client options COPTS (NULL: defaults). */
+int bench_wait_ready_with(const char *endpoint, const baton_client_options *copts,
+                          int timeout_ms);
 
 /* ---- where the CPU goes --------------------------------------------------- */
 

@@ -99,6 +99,10 @@ else bad ".ci/run must export BATON_CI=1 and run make test, then make asan-test"
 # End to end: real batond and baton-worker processes over real sockets.
 run_script test_e2e.py env BUILD="$BUILD" /usr/bin/python3 tests/integration/test_e2e.py
 
+# CURVE on tcp:// endpoints, the ZAP handler and its counter, keygen,
+# client and worker keys, the config rules and ipc socket modes.
+run_script test_curve.py env BUILD="$BUILD" /usr/bin/python3 tests/integration/test_curve.py
+
 # A failed event loop makes batond exit non-zero.
 run_script test_loop_failure.sh env BUILD="$BUILD" bash tests/integration/test_loop_failure.sh
 

@@ -60,6 +60,26 @@ expect_rc 2 "--raw with infer" "$CTL" --endpoint "$nosock" infer g --raw
 expect_rc 3 "no daemon" "$CTL" --endpoint "$nosock" health; expect_out "cannot connect" "no daemon"
 expect_rc 3 "no daemon (env)" env BATON_ENDPOINT="$nosock" "$CTL" stats
 expect_rc 3 "no tcp daemon" "$CTL" --endpoint tcp://127.0.0.1:1 --timeout-ms 300 health
+# keygen: the two files with their modes, the public key printed (never
+# the secret one), no overwrite; key options checked before connecting.
+kdir=$(mktemp -d)
+expect_rc 0 "keygen" "$CTL" keygen --out "$kdir" alice
+if [ "$(stat -c %a "$kdir/alice.key")" = 600 ] && [ "$(stat -c %a "$kdir/alice.pub")" = 644 ] &&
+   [ "$out" = "$(cat "$kdir/alice.pub")" ] && ! grep -qF -- "$(cat "$kdir/alice.key")" <<<"$out"
+then ok; else bad "keygen: modes $(stat -c %a "$kdir/alice.key" "$kdir/alice.pub"), output '$out'"; fi
+expect_rc 1 "keygen over an existing pair" "$CTL" keygen --out "$kdir" alice
+expect_out "never overwritten" "keygen over an existing pair"
+expect_rc 2 "keygen without a name" "$CTL" keygen
+expect_rc 2 "--out without keygen" "$CTL" --out "$kdir" health
+expect_rc 2 "--server-key neither key nor file" "$CTL" --endpoint tcp://127.0.0.1:1 --server-key nope health
+expect_rc 2 "--server-key a .key file" "$CTL" --endpoint tcp://127.0.0.1:1 --server-key "$kdir/alice.key" health
+expect_rc 2 "--client-key without --server-key" "$CTL" --endpoint tcp://127.0.0.1:1 --client-key "$kdir/alice.key" health
+chmod 640 "$kdir/alice.key"
+expect_rc 2 "--client-key readable by the group" "$CTL" --endpoint tcp://127.0.0.1:1 \
+  --server-key "$kdir/alice.pub" --client-key "$kdir/alice.key" health
+expect_out "readable by group or others" "--client-key readable by the group"
+rm -rf "$kdir"
+
 # The Python example without a daemon: a clear message, exit 3, no traceback.
 expect_rc 3 "example.py without a daemon" env BATON_PROTO_PATH="$BUILD/gen/python" \
   /usr/bin/python3 client/python/example.py --endpoint "$nosock"

@@ -107,7 +107,46 @@ def main():
     with bc.Client("ipc:///tmp/baton-no-such-daemon.sock", connect_timeout_ms=200) as c:
         check(raises(bc.ConnectError, c.health), "no daemon: ConnectError")
     check(raises(bc.ConnectError, lambda: bc.Client("bogus://x")), "bad endpoint: ConnectError")
+    check_curve_arguments()
     return 1 if failures else 0
+
+
+def check_curve_arguments():
+    """client_key= and server_key= as paths or keys; what is refused before
+    any connection (the handshake itself is test_curve.py's)."""
+    import tempfile
+    import zmq
+    d = tempfile.mkdtemp(prefix="baton-pyclient-keys-")
+    spub, _ = zmq.curve_keypair()
+    pub, sec = zmq.curve_keypair()
+    key, pubf = os.path.join(d, "c.key"), os.path.join(d, "s.pub")
+    with open(key, "wb") as f:
+        f.write(sec + b"\n")
+    os.chmod(key, 0o600)
+    with open(pubf, "wb") as f:
+        f.write(spub + b"\n")
+    ep = "tcp://127.0.0.1:1"
+    for server in (spub.decode(), spub, pubf):
+        for client in (key, (pub.decode(), sec.decode()), (pub, sec), None):
+            try:
+                bc.Client(ep, server_key=server, client_key=client).close()
+                ok = True
+            except Exception as e:
+                ok = False
+                print("  (raised %r)" % e)
+            check(ok, "server_key %r, client_key %r" % (type(server), type(client)))
+    check(raises(ValueError, lambda: bc.Client(ep, client_key=key)),
+          "client_key without server_key")
+    check(raises(ValueError, lambda: bc.Client(ep, server_key=key, client_key=key)),
+          "a .key file as server_key")
+    check(raises(ValueError, lambda: bc.Client(ep, server_key=spub, client_key=(pub, b"x"))),
+          "a short secret key")
+    os.chmod(key, 0o640)
+    check(raises(ValueError, lambda: bc.Client(ep, server_key=spub, client_key=key)),
+          "a group-readable secret key file")
+    for f in (key, pubf):
+        os.unlink(f)
+    os.rmdir(d)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zmq.h>
 
 #include "common/status.h"
 #include "config/config.h"
@@ -344,19 +347,216 @@ static void test_check_paths_warns(void **state)
     cfg_config_destroy(c);
 }
 
-static void test_tcp_listen_is_a_warning(void **state)
+/* ---- transport security ---- */
+
+/* A non-loopback tcp endpoint without curve keys is an error; insecure
+ * turns it into a warning; loopback is a warning on its own. */
+static void test_tcp_beyond_loopback_needs_curve(void **state)
 {
     (void)state;
+    expect_error("version: 1\ndaemon: {listen: 'tcp://0.0.0.0:5555'}\n", 2,
+                 "listen 'tcp://0.0.0.0:5555' is a TCP endpoint beyond loopback");
+    expect_error("version: 1\ndaemon:\n  workers_endpoint: 'tcp://10.1.2.3:5556'\n", 3,
+                 "daemon.curve is not set");
+    expect_error("version: 1\ndaemon: {listen: 'tcp://*:5555'}\n", 2, "insecure: true");
+    expect_error("version: 1\ndaemon: {listen: 'tcp://eth0:5555'}\n", 2, "beyond loopback");
+
     bt_diag *d;
     cfg_config *c = NULL;
-    assert_int_equal(load("version: 1\ndaemon: {listen: 'tcp://0.0.0.0:5555'}\n", &d, &c), 0);
+    assert_int_equal(
+        load("version: 1\ndaemon:\n  insecure: true\n  listen: 'tcp://0.0.0.0:5555'\n", &d, &c),
+        0);
     assert_non_null(c);
-    const bt_diag_item *it = bt_diag_find(d, "CURVE");
+    assert_true(c->daemon.insecure);
+    const bt_diag_item *it = bt_diag_find(d, "insecure: listen 'tcp://0.0.0.0:5555'");
     assert_non_null(it);
     assert_int_equal(it->level, BT_DIAG_WARNING);
-    assert_int_equal(it->line, 2);
+    assert_int_equal(it->line, 4);
     cfg_config_destroy(c);
     bt_diag_destroy(d);
+
+    static const char *const loopback[] = {"tcp://127.0.0.1:5555", "tcp://127.9.8.7:5555",
+                                           "tcp://localhost:5555", "tcp://[::1]:5555"};
+    for (size_t i = 0; i < 4; i++) {
+        char yaml[160];
+        snprintf(yaml, sizeof(yaml), "version: 1\ndaemon: {listen: '%s'}\n", loopback[i]);
+        c = NULL;
+        assert_int_equal(load(yaml, &d, &c), 0);
+        it = bt_diag_find(d, "loopback TCP endpoint without CURVE");
+        assert_non_null(it);
+        assert_int_equal(it->level, BT_DIAG_WARNING);
+        cfg_config_destroy(c);
+        bt_diag_destroy(d);
+    }
+    assert_true(cfg_endpoint_is_loopback("tcp://127.0.0.1:1"));
+    assert_false(cfg_endpoint_is_loopback("tcp://128.0.0.1:1"));
+    assert_false(cfg_endpoint_is_loopback("tcp://[::2]:1"));
+    assert_false(cfg_endpoint_is_loopback("ipc:///tmp/x"));
+}
+
+/* With curve set, tcp is fine at load; the key files are checked by
+ * cfg_check_keys. */
+static void test_curve_keys_parsed(void **state)
+{
+    (void)state;
+    cfg_config *c = load_ok("version: 1\ndaemon:\n  listen: 'tcp://0.0.0.0:5555'\n"
+                            "  curve: {secret_key: /k/s.key, client_keys: /k/c, worker_keys: /k/w,"
+                            " public_key: /k/s.pub}\n  ipc_mode: 0640\n  ipc_group: baton\n"
+                            "workers:\n  - {name: x, device: cpu, spawn: external, key: /k/x.key}\n");
+    assert_true(c->daemon.curve);
+    assert_string_equal(c->daemon.curve_secret_key.s, "/k/s.key");
+    assert_int_equal(c->daemon.curve_secret_key.pos.line, 4);
+    assert_string_equal(c->daemon.curve_public_key.s, "/k/s.pub");
+    assert_string_equal(c->daemon.curve_client_keys.s, "/k/c");
+    assert_string_equal(c->daemon.curve_worker_keys.s, "/k/w");
+    assert_int_equal(c->daemon.ipc_mode, 0640);
+    assert_string_equal(c->daemon.ipc_group, "baton");
+    assert_string_equal(c->workers[0].key.s, "/k/x.key");
+    cfg_config_destroy(c);
+
+    c = load_ok("version: 1\n");
+    assert_false(c->daemon.curve);
+    assert_false(c->daemon.insecure);
+    assert_int_equal(c->daemon.ipc_mode, 0660);
+    assert_null(c->daemon.ipc_group);
+    cfg_config_destroy(c);
+
+    expect_error("version: 1\ndaemon:\n  curve: {client_keys: /k/c}\n", 3, "curve has no 'secret_key'");
+    expect_error("version: 1\ndaemon:\n  ipc_mode: 0999\n", 3, "ipc_mode must be octal");
+    expect_error("version: 1\ndaemon:\n  ipc_mode: 0060\n", 3, "ipc_mode must be octal");
+    expect_error("version: 1\ndaemon:\n  insecure: maybe\n", 3, "insecure");
+    /* An external worker on a CURVE tcp worker socket needs its key. */
+    expect_error("version: 1\ndaemon:\n  workers_endpoint: 'tcp://10.0.0.1:5556'\n"
+                 "  curve: {secret_key: /k/s.key}\n"
+                 "workers:\n  - {name: x, device: cpu, spawn: external}\n",
+                 6, "give it 'key:'");
+}
+
+/* A scratch folder for key files, removed by the test. */
+static char key_dir[64];
+
+static void write_file(const char *name, const char *text, mode_t mode, char *path,
+                       size_t cap)
+{
+    snprintf(path, cap, "%s/%s", key_dir, name);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+    assert_int_equal(chmod(path, mode), 0);
+}
+
+/* Loads YAML (with %s replaced by the key folder) and runs cfg_check_keys
+ * for WORKER; returns the diagnostics. */
+static bt_diag *check_keys(const char *yaml_fmt, const char *worker, int *n_errors)
+{
+    char yaml[2048];
+    snprintf(yaml, sizeof(yaml), yaml_fmt, key_dir, key_dir, key_dir, key_dir);
+    bt_diag *d;
+    cfg_config *c = NULL;
+    int rc = load(yaml, &d, &c);
+    if (rc)
+        bt_diag_print(d, stderr);
+    assert_int_equal(rc, 0);
+    *n_errors = cfg_check_keys(c, worker, d);
+    cfg_config_destroy(c);
+    return d;
+}
+
+static void test_check_keys(void **state)
+{
+    (void)state;
+    char pub[41], sec[41], other_pub[41], other_sec[41], path[128];
+    snprintf(key_dir, sizeof(key_dir), "/tmp/baton-test-keys-%d", (int)getpid());
+    assert_int_equal(mkdir(key_dir, 0700), 0);
+    assert_int_equal(zmq_curve_keypair(pub, sec), 0);
+    assert_int_equal(zmq_curve_keypair(other_pub, other_sec), 0);
+    char line[64];
+    snprintf(line, sizeof(line), "%s\n", sec);
+    write_file("s.key", line, 0600, path, sizeof(path));
+    snprintf(line, sizeof(line), "%s\n", pub);
+    write_file("s.pub", line, 0644, path, sizeof(path));
+    snprintf(line, sizeof(line), "%s\n", sec);
+    write_file("open.key", line, 0640, path, sizeof(path));
+    write_file("short.key", "abc\n", 0600, path, sizeof(path));
+    snprintf(line, sizeof(line), "%s\n", other_sec);
+    write_file("m.key", line, 0600, path, sizeof(path));
+    snprintf(line, sizeof(line), "%s\n", pub); /* the twin of another key */
+    write_file("m.pub", line, 0644, path, sizeof(path));
+    char list[256];
+    snprintf(list, sizeof(list), "# clients\n%s\n\n  %s  \n", pub, other_pub);
+    write_file("clients", list, 0644, path, sizeof(path));
+    snprintf(list, sizeof(list), "# workers\n%s\nnot-a-key\n", pub);
+    write_file("bad-list", list, 0644, path, sizeof(path));
+
+    int n;
+    bt_diag *d = check_keys("version: 1\ndaemon:\n  curve:\n    secret_key: %s/s.key\n"
+                            "    client_keys: %s/clients\n    worker_keys: %s/clients\n"
+                            "    public_key: %s/s.pub\n",
+                            NULL, &n);
+    if (n)
+        bt_diag_print(d, stderr);
+    assert_int_equal(n, 0);
+    bt_diag_destroy(d);
+
+    /* A secret key readable by the group: refused at its line. */
+    d = check_keys("version: 1\ndaemon:\n  curve:\n    secret_key: %s/open.key\n", NULL, &n);
+    assert_int_equal(n, 1);
+    const bt_diag_item *it = bt_diag_find(d, "readable by group or others (mode 0640)");
+    assert_non_null(it);
+    assert_int_equal(it->line, 4);
+    assert_int_equal(it->col, 17);
+    bt_diag_destroy(d);
+
+    /* Not a key; a missing file; a .pub twin of another key. */
+    d = check_keys("version: 1\ndaemon:\n  curve:\n    secret_key: %s/short.key\n", NULL, &n);
+    assert_int_equal(n, 1);
+    assert_non_null(bt_diag_find(d, "does not hold a secret key"));
+    assert_null(bt_diag_find(d, "abc"));
+    bt_diag_destroy(d);
+    d = check_keys("version: 1\ndaemon:\n  curve:\n    secret_key: %s/none.key\n", NULL, &n);
+    assert_int_equal(n, 1);
+    assert_non_null(bt_diag_find(d, "No such file"));
+    bt_diag_destroy(d);
+    d = check_keys("version: 1\ndaemon:\n  curve:\n    secret_key: %s/m.key\n", NULL, &n);
+    assert_int_equal(n, 1);
+    assert_non_null(bt_diag_find(d, "is not the public key of"));
+    bt_diag_destroy(d);
+
+    /* A bad line of an authorized-keys file: its file line and column. */
+    d = check_keys("version: 1\ndaemon:\n  curve:\n    secret_key: %s/s.key\n"
+                   "    worker_keys: %s/bad-list\n", NULL, &n);
+    assert_int_equal(n, 1);
+    it = bt_diag_find(d, "bad-list:3:1: not a public key");
+    assert_non_null(it);
+    assert_int_equal(it->line, 5);
+    bt_diag_destroy(d);
+
+    /* A public_key that is not the secret key's. */
+    d = check_keys("version: 1\ndaemon:\n  curve:\n    secret_key: %s/s.key\n"
+                   "    public_key: %s/m.pub\n", NULL, &n);
+    assert_int_equal(n, 0); /* m.pub holds pub: the same key */
+    bt_diag_destroy(d);
+
+    /* A worker's view: its own key, and batond's public key from the
+     * secret key's .pub twin even when the secret is not readable. */
+    d = check_keys("version: 1\ndaemon:\n  workers_endpoint: 'tcp://10.0.0.1:5556'\n"
+                   "  curve: {secret_key: %s/s.key}\n"
+                   "workers:\n  - {name: x, device: cpu, spawn: external, key: %s/open.key}\n",
+                   "x", &n);
+    assert_int_equal(n, 1);
+    it = bt_diag_find(d, "worker 'x' key");
+    assert_non_null(it);
+    assert_int_equal(it->line, 6);
+    bt_diag_destroy(d);
+
+    static const char *const files[] = {"s.key", "s.pub", "open.key", "short.key", "m.key",
+                                        "m.pub", "clients", "bad-list"};
+    for (size_t i = 0; i < 8; i++) {
+        snprintf(path, sizeof(path), "%s/%s", key_dir, files[i]);
+        unlink(path);
+    }
+    rmdir(key_dir);
 }
 
 static void test_missing_file(void **state)
@@ -870,7 +1070,9 @@ int main(void)
         cmocka_unit_test(test_positions),
         cmocka_unit_test(test_plugin_options_untyped),
         cmocka_unit_test(test_check_paths_warns),
-        cmocka_unit_test(test_tcp_listen_is_a_warning),
+        cmocka_unit_test(test_tcp_beyond_loopback_needs_curve),
+        cmocka_unit_test(test_curve_keys_parsed),
+        cmocka_unit_test(test_check_keys),
         cmocka_unit_test(test_missing_file),
         cmocka_unit_test(test_unknown_top_level_key),
         cmocka_unit_test(test_unknown_worker_key),
