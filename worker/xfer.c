@@ -599,6 +599,10 @@ void wk_xfer_on_send(wk_xfer *x, const Baton__V1__Send *s)
     seq_check(x, s->peer, s->epoch, s->seq);
     pthread_mutex_lock(&w->lock);
     wk_tensor *t = s->ref ? wk_tensor_find(w, s->ref->id) : NULL;
+    /* The receiver takes the size the conductor gave it: a send of any
+     * other would not pair with its receive. */
+    if (t && t->ref.nbytes != s->ref->nbytes)
+        t = NULL;
     if (t) {
         t->pins++;
         op->t = t;
@@ -609,7 +613,8 @@ void wk_xfer_on_send(wk_xfer *x, const Baton__V1__Send *s)
     if (!t) {
         /* The receiver waits for these bytes: without them the pair's
          * order is lost, so the pair starts over. */
-        bt_warn("Send %" PRIu64 " to worker %u names tensor %" PRIu64 ", not held here",
+        bt_warn("Send %" PRIu64 " to worker %u names tensor %" PRIu64 ", not held here (or "
+                "of another size)",
                 s->seq, s->peer, s->ref ? s->ref->id : 0);
         free(op);
         post_abort(x, s->peer, "a Send named a tensor this worker does not hold");
