@@ -18,7 +18,7 @@ const baton_backend *bk_builtin_find(const char *name);
 #define BK_COMM_ID_MAX 128
 int bk_comm_unique_id(void *id, size_t *len, char *err, size_t errlen);
 
-/* The two-rank communicators of cross-host GPU transfers (worker/xfer.c),
+/* The two-rank communicators of cross-host GPU transfers (worker/nccl.c),
  * the same NCCL the groups use, reached here so that the worker links no
  * kernel header.  bk_comm_pair_join starts joining the communicator named
  * by ID (LEN bytes) as RANK of 2 on GPU DEVICE and returns at once;

@@ -86,7 +86,7 @@ int wk_device_ipc_open(wk_device *d, int cuda_device, const void *handle, size_t
 void wk_device_ipc_close(wk_device *d, int cuda_device, void *base);
 
 /* Two-rank NCCL communicators for transfers between GPU workers on
- * different hosts (worker/xfer.c).  Starts joining the one named by ID
+ * different hosts (worker/nccl.c).  Starts joining the one named by ID
  * (LEN bytes) as RANK (0 or 1) on D's GPU and returns at once; BT_EINVAL
  * on a CPU device or a build without CUDA.  wk_device_pair_ready is 1 once
  * the peer has joined, 0 before, a negative bt_err when the join failed;

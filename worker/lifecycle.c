@@ -13,7 +13,7 @@
 
 #include "common/log.h"
 #include "worker/worker_internal.h"
-#include "worker/xfer.h"
+#include "worker/nccl.h"
 
 static int socket_open(wk_worker *w, char *err, size_t errlen)
 {
@@ -149,7 +149,7 @@ int wk_worker_create(const wk_options *opt, wk_worker **out, char *err, size_t e
     }
     if (socket_open(w, err, errlen) != 0)
         goto err;
-    if (wk_xfer_create(w, &w->xfer) != 0) {
+    if (wk_nccl_create(w, &w->nccl) != 0) {
         snprintf(err, errlen, "cannot start the comm thread");
         goto err;
     }
@@ -169,7 +169,7 @@ void wk_worker_destroy(wk_worker *w)
     if (!w)
         return;
     wk_worker_quiesce(w);
-    wk_xfer_destroy(w->xfer);
+    wk_nccl_destroy(w->nccl);
     if (w->sock) {
         zmq_socket_monitor(w->sock, NULL, 0);
         zmq_close(w->sock);

@@ -20,7 +20,7 @@
 #include "common/log.h"
 #include "common/pbwire.h"
 #include "worker/worker_internal.h"
-#include "worker/xfer.h"
+#include "worker/nccl.h"
 
 #define HEARTBEAT_NS 1000000000ull
 #define MAX_BATCH_CAP 4096u /* larger max_batch values are clamped: lanes keep batches on the stack */
@@ -353,11 +353,11 @@ refuse:
     baton__v1__conductor_message__free_unpacked(msg, NULL);
 }
 
-/* Parts that come over NCCL are received first (xfer.c), in arrival
+/* Parts that come over NCCL are received first (nccl.c), in arrival
  * order: the peer's sends are matched by that order. */
 static void on_dispatch(wk_worker *w, Baton__V1__ConductorMessage *msg)
 {
-    if (wk_xfer_on_dispatch(w->xfer, msg) == 0)
+    if (wk_nccl_on_dispatch(w->nccl, msg) == 0)
         wk_dispatch_accept(w, msg);
 }
 
@@ -566,7 +566,7 @@ static void on_peers(wk_worker *w, const Baton__V1__Peers *p)
     if (rc)
         bt_error("out of memory taking in the peers");
     bt_info("peers: %zu workers, this one is index %u", p->n_peers, p->self_index);
-    wk_xfer_on_peers(w->xfer, p);
+    wk_nccl_on_peers(w->nccl, p);
 }
 
 /* --- events from lanes and loaders --------------------------------------- */
@@ -637,7 +637,7 @@ void wk_drain_events(wk_worker *w)
         case WK_EV_DONE: on_done_event(w, ev->item); break;
         case WK_EV_LOADED: on_loaded(w, ev->load); break;
         case WK_EV_SEND: send_bytes(w, ev); break;
-        case WK_EV_XFER: wk_xfer_on_event(w->xfer, ev); break;
+        case WK_EV_NCCL: wk_nccl_on_event(w->nccl, ev); break;
         }
         free(ev);
         ev = nx;
@@ -813,9 +813,9 @@ void wk_handle_frame(wk_worker *w, const void *data, size_t len)
     case BATON__V1__CONDUCTOR_MESSAGE__MSG_PUT: on_put(w, msg->put); break;
     case BATON__V1__CONDUCTOR_MESSAGE__MSG_PEERS: on_peers(w, msg->peers); break;
     case BATON__V1__CONDUCTOR_MESSAGE__MSG_PAIR_COMM:
-        wk_xfer_on_pair_comm(w->xfer, msg->pair_comm);
+        wk_nccl_on_pair_comm(w->nccl, msg->pair_comm);
         break;
-    case BATON__V1__CONDUCTOR_MESSAGE__MSG_SEND: wk_xfer_on_send(w->xfer, msg->send); break;
+    case BATON__V1__CONDUCTOR_MESSAGE__MSG_SEND: wk_nccl_on_send(w->nccl, msg->send); break;
     default: bt_warn("dropped a conductor message with no member set"); break;
     }
     baton__v1__conductor_message__free_unpacked(msg, NULL);
@@ -846,7 +846,7 @@ static void monitor_events(wk_worker *w)
             bt_info("reconnected to %s; registering again", w->opt.endpoint);
             /* The conductor may be a new one that knows none of our pair
              * communicators: the next Peers makes them again. */
-            wk_xfer_reset(w->xfer);
+            wk_nccl_reset(w->nccl);
             send_register(w);
         }
     }
@@ -943,7 +943,7 @@ void wk_worker_quiesce(wk_worker *w)
     for (wk_load *ld = w->loading; ld; ld = ld->next)
         pthread_join(ld->thread, NULL);
     /* The comm thread fails what is pending (events taken in below). */
-    wk_xfer_stop(w->xfer);
+    wk_nccl_stop(w->nccl);
     while (w->loading) {
         wk_load *ld = w->loading;
         w->loading = ld->next;
@@ -965,8 +965,8 @@ void wk_worker_quiesce(wk_worker *w)
             on_done_event(w, ev->item);
         else if (ev->kind == WK_EV_SEND)
             free(ev->bytes);
-        else if (ev->kind == WK_EV_XFER)
-            wk_xfer_on_event(w->xfer, ev);
+        else if (ev->kind == WK_EV_NCCL)
+            wk_nccl_on_event(w->nccl, ev);
         else {
             baton__v1__conductor_message__free_unpacked(ev->load->msg, NULL);
             free(ev->load);

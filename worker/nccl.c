@@ -1,4 +1,4 @@
-/* Cross-host GPU transfers over NCCL (worker/xfer.h).
+/* Cross-host GPU transfers over NCCL (worker/nccl.h).
  *
  * Communicators.  Each pair of GPU workers on different hosts shares one
  * two-rank communicator.  The lower-indexed worker makes its id when a
@@ -40,7 +40,7 @@
  * NCCL parts.  A failed receive thus fails the node instead of feeding it
  * undefined bytes, and no compute stream ever waits on an operation that an
  * abort may cut short. */
-#include "worker/xfer.h"
+#include "worker/nccl.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -57,11 +57,11 @@
 #define XFER_POLL_NS 100000L   /* between polls while a transfer is pending */
 #define XFER_JOIN_MS 60000u    /* a communicator whose peer has not joined by then is aborted */
 
-typedef struct xfer_wait xfer_wait;
+typedef struct nccl_wait nccl_wait;
 
 /* One send or receive, or (broke) the news that a pair's communicator was
  * aborted. */
-typedef struct xfer_op {
+typedef struct nccl_op {
     bool send;
     bool broke;                   /* not a transfer: the pair's communicator was aborted */
     uint32_t peer, epoch;
@@ -70,15 +70,15 @@ typedef struct xfer_op {
     void *buf;                    /* its bytes (device memory) */
     uint64_t n;                   /* bytes */
     uint64_t deadline_ns;         /* abandoned past it (CLOCK_MONOTONIC) */
-    xfer_wait *wait;              /* receive: the dispatch waiting for it */
+    nccl_wait *wait;              /* receive: the dispatch waiting for it */
     void *mark;                   /* comm thread: the event after it */
     bool ok;
     char err[200];
-    struct xfer_op *next;         /* in a pair's pending list */
-} xfer_op;
+    struct nccl_op *next;         /* in a pair's pending list */
+} nccl_op;
 
 /* A dispatch waiting for its receives. */
-struct xfer_wait {
+struct nccl_wait {
     Baton__V1__ConductorMessage *msg; /* owned */
     uint32_t left;                /* receives not finished */
     uint32_t n;
@@ -89,62 +89,62 @@ struct xfer_wait {
     char err[400];
 };
 
-typedef enum xfer_cmd_kind { CMD_JOIN, CMD_OP, CMD_ABORT } xfer_cmd_kind;
+typedef enum nccl_cmd_kind { CMD_JOIN, CMD_OP, CMD_ABORT } nccl_cmd_kind;
 
 /* Work for the comm thread, in order. */
-typedef struct xfer_cmd {
-    xfer_cmd_kind kind;
+typedef struct nccl_cmd {
+    nccl_cmd_kind kind;
     uint32_t peer, epoch;         /* JOIN, ABORT */
     int rank;                     /* JOIN */
     uint8_t id[BK_COMM_ID_MAX];   /* JOIN */
     size_t id_len;
     char why[160];                /* ABORT */
-    xfer_op *op;                  /* OP */
-    struct xfer_cmd *next;
-} xfer_cmd;
+    nccl_op *op;                  /* OP */
+    struct nccl_cmd *next;
+} nccl_cmd;
 
 /* What the I/O thread knows of a peer. */
-typedef struct xfer_peer {
+typedef struct nccl_peer {
     bool nccl;                    /* a GPU worker on another host */
     bool up;
     bool made;                    /* a communicator of this incarnation was made or awaited */
     uint64_t incarnation;         /* the peer's when it was made */
     uint32_t epoch;               /* the pair's current communicator (0: none yet) */
     uint64_t last_seq;            /* the last transfer number seen on that epoch */
-} xfer_peer;
+} nccl_peer;
 
 /* The comm thread's side of a pair. */
-typedef struct xfer_pair {
+typedef struct nccl_pair {
     void *comm;                   /* NULL: none (never made, or aborted) */
     void *stream;                 /* made with the first communicator, kept */
     uint32_t epoch;
     int rank;                     /* ours; the peer is 1 - rank */
     bool ready;                   /* the peer has joined COMM */
     uint64_t join_deadline_ns;    /* aborted if the peer has not joined by then */
-    xfer_op *head, *tail;         /* issued, in order, not finished */
-    xfer_op *wait_head, *wait_tail; /* waiting for the peer to join, in order */
-} xfer_pair;
+    nccl_op *head, *tail;         /* issued, in order, not finished */
+    nccl_op *wait_head, *wait_tail; /* waiting for the peer to join, in order */
+} nccl_pair;
 
-struct wk_xfer {
+struct wk_nccl {
     wk_worker *w;
     bool gpu;                     /* a GPU worker: the only kind that transfers over NCCL */
     pthread_t thread;
     bool started;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    xfer_cmd *cmd_head, *cmd_tail; /* [mu] */
+    nccl_cmd *cmd_head, *cmd_tail; /* [mu] */
     bool stop;                    /* [mu] */
-    xfer_peer *peers;             /* I/O thread, per worker index */
+    nccl_peer *peers;             /* I/O thread, per worker index */
     size_t n_peers;
     uint32_t last_epoch;          /* I/O thread: epochs this worker made */
-    xfer_pair *pairs;             /* comm thread, per worker index */
+    nccl_pair *pairs;             /* comm thread, per worker index */
     size_t n_pairs;
 };
 
 /* --- comm thread -------------------------------------------------------------- */
 
 /* Hands OP back to the I/O thread. */
-static void op_finish(wk_xfer *x, xfer_op *op, bool ok, const char *err)
+static void op_finish(wk_nccl *x, nccl_op *op, bool ok, const char *err)
 {
     wk_worker *w = x->w;
     op->ok = ok;
@@ -161,18 +161,18 @@ static void op_finish(wk_xfer *x, xfer_op *op, bool ok, const char *err)
         bt_error("out of memory handing back a transfer of worker %u", op->peer);
         return;
     }
-    ev->kind = WK_EV_XFER;
-    ev->xfer = op;
+    ev->kind = WK_EV_NCCL;
+    ev->nccl = op;
     pthread_mutex_lock(&w->lock);
     wk_event_push(w, ev);
     pthread_mutex_unlock(&w->lock);
 }
 
-static xfer_pair *pair_get(wk_xfer *x, uint32_t peer)
+static nccl_pair *pair_get(wk_nccl *x, uint32_t peer)
 {
     if (peer >= x->n_pairs) {
         size_t n = (size_t)peer + 1;
-        xfer_pair *p = realloc(x->pairs, n * sizeof(*p));
+        nccl_pair *p = realloc(x->pairs, n * sizeof(*p));
         if (!p)
             return NULL;
         memset(p + x->n_pairs, 0, (n - x->n_pairs) * sizeof(*p));
@@ -184,9 +184,9 @@ static xfer_pair *pair_get(wk_xfer *x, uint32_t peer)
 
 /* Aborts PEER's communicator, failing every pending transfer with WHY, and
  * tells the I/O thread (which may make a new one). */
-static void pair_abort(wk_xfer *x, uint32_t peer, const char *why)
+static void pair_abort(wk_nccl *x, uint32_t peer, const char *why)
 {
-    xfer_pair *p = peer < x->n_pairs ? &x->pairs[peer] : NULL;
+    nccl_pair *p = peer < x->n_pairs ? &x->pairs[peer] : NULL;
     if (!p || (!p->comm && !p->head && !p->wait_head))
         return;
     if (p->comm) {
@@ -199,16 +199,16 @@ static void pair_abort(wk_xfer *x, uint32_t peer, const char *why)
         p->comm = NULL;
     }
     p->ready = false;
-    for (xfer_op *op = p->head, *nx; op; op = nx) {
+    for (nccl_op *op = p->head, *nx; op; op = nx) {
         nx = op->next;
         op_finish(x, op, false, why);
     }
-    for (xfer_op *op = p->wait_head, *nx; op; op = nx) {
+    for (nccl_op *op = p->wait_head, *nx; op; op = nx) {
         nx = op->next;
         op_finish(x, op, false, why);
     }
     p->head = p->tail = p->wait_head = p->wait_tail = NULL;
-    xfer_op *news = calloc(1, sizeof(*news));
+    nccl_op *news = calloc(1, sizeof(*news));
     if (news) {
         news->broke = true;
         news->peer = peer;
@@ -217,10 +217,10 @@ static void pair_abort(wk_xfer *x, uint32_t peer, const char *why)
     }
 }
 
-static void run_join(wk_xfer *x, const xfer_cmd *c)
+static void run_join(wk_nccl *x, const nccl_cmd *c)
 {
     char err[256];
-    xfer_pair *p = pair_get(x, c->peer);
+    nccl_pair *p = pair_get(x, c->peer);
     if (!p) {
         bt_error("out of memory joining a communicator with worker %u", c->peer);
         return;
@@ -246,7 +246,7 @@ static void run_join(wk_xfer *x, const xfer_cmd *c)
     p->join_deadline_ns = bt_now_ns() + (uint64_t)XFER_JOIN_MS * 1000000u;
 }
 
-static void op_append(xfer_op **head, xfer_op **tail, xfer_op *op)
+static void op_append(nccl_op **head, nccl_op **tail, nccl_op *op)
 {
     op->next = NULL;
     if (*tail)
@@ -257,7 +257,7 @@ static void op_append(xfer_op **head, xfer_op **tail, xfer_op *op)
 }
 
 /* Queues OP on the pair's stream, with an event after it. */
-static void op_issue(wk_xfer *x, uint32_t peer, xfer_pair *p, xfer_op *op)
+static void op_issue(wk_nccl *x, uint32_t peer, nccl_pair *p, nccl_op *op)
 {
     char err[256];
     if (wk_device_pair_p2p(x->w->dev, p->comm, p->stream, op->send, op->buf, op->n, 1 - p->rank,
@@ -270,10 +270,10 @@ static void op_issue(wk_xfer *x, uint32_t peer, xfer_pair *p, xfer_op *op)
     op_append(&p->head, &p->tail, op);
 }
 
-static void run_op(wk_xfer *x, xfer_op *op)
+static void run_op(wk_nccl *x, nccl_op *op)
 {
     char err[256];
-    xfer_pair *p = pair_get(x, op->peer);
+    nccl_pair *p = pair_get(x, op->peer);
     if (!p || !p->comm || p->epoch != op->epoch) {
         snprintf(err, sizeof(err), "no communicator %u with worker %u here (%s)", op->epoch,
                  op->peer, p && p->comm ? "it was replaced" : "none formed, or it was aborted");
@@ -288,7 +288,7 @@ static void run_op(wk_xfer *x, xfer_op *op)
 
 /* A pair still joining: ready (its waiting transfers are issued, in
  * order), failed, or past its deadline.  Returns whether it is ready. */
-static bool poll_join(wk_xfer *x, uint32_t peer, xfer_pair *p)
+static bool poll_join(wk_nccl *x, uint32_t peer, nccl_pair *p)
 {
     int q = wk_device_pair_ready(x->w->dev, p->comm);
     if (q == 0 && bt_now_ns() <= p->join_deadline_ns)
@@ -300,9 +300,9 @@ static bool poll_join(wk_xfer *x, uint32_t peer, xfer_pair *p)
     }
     p->ready = true;
     bt_info("communicator %u with worker %u formed (rank %d)", p->epoch, peer, p->rank);
-    xfer_op *ops = p->wait_head;
+    nccl_op *ops = p->wait_head;
     p->wait_head = p->wait_tail = NULL;
-    for (xfer_op *op = ops, *nx; op; op = nx) {
+    for (nccl_op *op = ops, *nx; op; op = nx) {
         nx = op->next;
         if (p->comm)
             op_issue(x, peer, p, op);
@@ -314,18 +314,18 @@ static bool poll_join(wk_xfer *x, uint32_t peer, xfer_pair *p)
 
 /* Finishes what completed on each pair; aborts the pairs that cannot go
  * on.  Returns whether anything is still pending. */
-static bool poll_pairs(wk_xfer *x)
+static bool poll_pairs(wk_nccl *x)
 {
     bool any = false;
     uint64_t now = bt_now_ns();
     for (uint32_t i = 0; i < x->n_pairs; i++) {
-        xfer_pair *p = &x->pairs[i];
+        nccl_pair *p = &x->pairs[i];
         if (p->comm && !p->ready && !poll_join(x, i, p)) {
             any |= p->comm != NULL;
             continue;
         }
         while (p->head) {
-            xfer_op *op = p->head;
+            nccl_op *op = p->head;
             int q = wk_device_mark_query(x->w->dev, op->mark);
             if (q == 1) {
                 p->head = op->next;
@@ -347,7 +347,7 @@ static bool poll_pairs(wk_xfer *x)
     return any;
 }
 
-static void run_cmd(wk_xfer *x, xfer_cmd *c)
+static void run_cmd(wk_nccl *x, nccl_cmd *c)
 {
     switch (c->kind) {
     case CMD_JOIN: run_join(x, c); break;
@@ -359,18 +359,18 @@ static void run_cmd(wk_xfer *x, xfer_cmd *c)
 
 static void *comm_main(void *arg)
 {
-    wk_xfer *x = arg;
+    wk_nccl *x = arg;
     wk_device_bind_thread(x->w->dev);
     bool busy = false;
     for (;;) {
         pthread_mutex_lock(&x->mu);
         while (!x->stop && !x->cmd_head && !busy)
             pthread_cond_wait(&x->cv, &x->mu);
-        xfer_cmd *cmds = x->cmd_head;
+        nccl_cmd *cmds = x->cmd_head;
         x->cmd_head = x->cmd_tail = NULL;
         bool stop = x->stop;
         pthread_mutex_unlock(&x->mu);
-        for (xfer_cmd *c = cmds, *nx; c; c = nx) {
+        for (nccl_cmd *c = cmds, *nx; c; c = nx) {
             nx = c->next;
             /* Stopping: transfers fail without being issued. */
             if (stop && c->kind == CMD_OP) {
@@ -398,7 +398,7 @@ static void *comm_main(void *arg)
 
 /* --- I/O thread ----------------------------------------------------------------- */
 
-static void cmd_post(wk_xfer *x, xfer_cmd *c)
+static void cmd_post(wk_nccl *x, nccl_cmd *c)
 {
     c->next = NULL;
     pthread_mutex_lock(&x->mu);
@@ -411,9 +411,9 @@ static void cmd_post(wk_xfer *x, xfer_cmd *c)
     pthread_mutex_unlock(&x->mu);
 }
 
-static void post_abort(wk_xfer *x, uint32_t peer, const char *why)
+static void post_abort(wk_nccl *x, uint32_t peer, const char *why)
 {
-    xfer_cmd *c = calloc(1, sizeof(*c));
+    nccl_cmd *c = calloc(1, sizeof(*c));
     if (!c) {
         bt_error("out of memory aborting the communicator with worker %u", peer);
         return;
@@ -424,9 +424,9 @@ static void post_abort(wk_xfer *x, uint32_t peer, const char *why)
     cmd_post(x, c);
 }
 
-static void post_op(wk_xfer *x, xfer_op *op)
+static void post_op(wk_nccl *x, nccl_op *op)
 {
-    xfer_cmd *c = calloc(1, sizeof(*c));
+    nccl_cmd *c = calloc(1, sizeof(*c));
     if (!c) {
         /* Not issued: the peer's matching operation would wait for it, so
          * the pair goes down instead. */
@@ -442,9 +442,9 @@ static void post_op(wk_xfer *x, xfer_op *op)
 /* Checks a transfer's number against the last of its pair: a gap means a
  * message was lost on the way, and the order the two ranks issue in may
  * then differ (the deadline and the abort still end it). */
-static void seq_check(wk_xfer *x, uint32_t peer, uint32_t epoch, uint64_t seq)
+static void seq_check(wk_nccl *x, uint32_t peer, uint32_t epoch, uint64_t seq)
 {
-    xfer_peer *xp = peer < x->n_peers ? &x->peers[peer] : NULL;
+    nccl_peer *xp = peer < x->n_peers ? &x->peers[peer] : NULL;
     if (!xp)
         return;
     if (xp->epoch == epoch && seq != xp->last_seq + 1)
@@ -458,11 +458,11 @@ static void seq_check(wk_xfer *x, uint32_t peer, uint32_t epoch, uint64_t seq)
 }
 
 /* As the pair's lower index: makes a new communicator with PEER. */
-static void pair_make(wk_xfer *x, uint32_t peer)
+static void pair_make(wk_nccl *x, uint32_t peer)
 {
     wk_worker *w = x->w;
-    xfer_peer *xp = &x->peers[peer];
-    xfer_cmd *c = calloc(1, sizeof(*c));
+    nccl_peer *xp = &x->peers[peer];
+    nccl_cmd *c = calloc(1, sizeof(*c));
     char err[256];
     if (!c) {
         bt_error("out of memory making a communicator with worker %u", peer);
@@ -503,7 +503,7 @@ static bool peer_is_gpu(const Baton__V1__PeerInfo *pi)
     return false;
 }
 
-void wk_xfer_on_peers(wk_xfer *x, const Baton__V1__Peers *p)
+void wk_nccl_on_peers(wk_nccl *x, const Baton__V1__Peers *p)
 {
     if (!x)
         return;
@@ -512,7 +512,7 @@ void wk_xfer_on_peers(wk_xfer *x, const Baton__V1__Peers *p)
      * other is ignored rather than sized for. */
     size_t n = p->n_peers;
     if (n > x->n_peers) {
-        xfer_peer *np = realloc(x->peers, n * sizeof(*np));
+        nccl_peer *np = realloc(x->peers, n * sizeof(*np));
         if (!np) {
             bt_error("out of memory taking in the peers' communicators");
             return;
@@ -527,7 +527,7 @@ void wk_xfer_on_peers(wk_xfer *x, const Baton__V1__Peers *p)
         uint32_t k = pi->index;
         if (k == p->self_index || k >= n)
             continue;
-        xfer_peer *xp = &x->peers[k];
+        nccl_peer *xp = &x->peers[k];
         bool nccl = self_gpu && peer_is_gpu(pi) && pi->hostname &&
                     strcmp(pi->hostname, w->hostname) != 0;
         bool gone = !pi->up || !nccl || (xp->made && xp->incarnation != pi->incarnation);
@@ -547,7 +547,7 @@ void wk_xfer_on_peers(wk_xfer *x, const Baton__V1__Peers *p)
     }
 }
 
-void wk_xfer_on_pair_comm(wk_xfer *x, const Baton__V1__PairComm *pc)
+void wk_nccl_on_pair_comm(wk_nccl *x, const Baton__V1__PairComm *pc)
 {
     if (!x || !x->gpu)
         return;
@@ -556,7 +556,7 @@ void wk_xfer_on_pair_comm(wk_xfer *x, const Baton__V1__PairComm *pc)
                 pc->peer);
         return;
     }
-    xfer_cmd *c = calloc(1, sizeof(*c));
+    nccl_cmd *c = calloc(1, sizeof(*c));
     if (!c) {
         bt_error("out of memory joining a communicator with worker %u", pc->peer);
         return;
@@ -577,7 +577,7 @@ static uint64_t deadline_of(uint32_t remaining_ms)
     return bt_now_ns() + (uint64_t)(remaining_ms ? remaining_ms : XFER_DEFAULT_MS) * 1000000u;
 }
 
-void wk_xfer_on_send(wk_xfer *x, const Baton__V1__Send *s)
+void wk_nccl_on_send(wk_nccl *x, const Baton__V1__Send *s)
 {
     if (!x || !x->gpu)
         return; /* the conductor never asks a CPU worker */
@@ -586,7 +586,7 @@ void wk_xfer_on_send(wk_xfer *x, const Baton__V1__Send *s)
         bt_warn("a Send names worker %u, which is not a peer", s->peer);
         return;
     }
-    xfer_op *op = calloc(1, sizeof(*op));
+    nccl_op *op = calloc(1, sizeof(*op));
     if (!op) {
         post_abort(x, s->peer, "out of memory taking a Send");
         return;
@@ -629,7 +629,7 @@ static bool part_is_nccl(const Baton__V1__TensorPart *p)
 }
 
 /* Ends WAIT: the dispatch runs with its received tensors, or is refused. */
-static void wait_finish(wk_xfer *x, xfer_wait *wt)
+static void wait_finish(wk_nccl *x, nccl_wait *wt)
 {
     wk_worker *w = x->w;
     const Baton__V1__Dispatch *d = wt->msg->dispatch;
@@ -681,7 +681,7 @@ static void wait_finish(wk_xfer *x, xfer_wait *wt)
     free(wt);
 }
 
-static void wait_fail(xfer_wait *wt, const char *fmt, const char *what, uint32_t peer)
+static void wait_fail(nccl_wait *wt, const char *fmt, const char *what, uint32_t peer)
 {
     if (wt->failed)
         return;
@@ -689,7 +689,7 @@ static void wait_fail(xfer_wait *wt, const char *fmt, const char *what, uint32_t
     snprintf(wt->err, sizeof(wt->err), fmt, what, peer);
 }
 
-int wk_xfer_on_dispatch(wk_xfer *x, Baton__V1__ConductorMessage *msg)
+int wk_nccl_on_dispatch(wk_nccl *x, Baton__V1__ConductorMessage *msg)
 {
     /* A CPU worker leaves NCCL parts to the input check, which refuses
      * them. */
@@ -707,7 +707,7 @@ int wk_xfer_on_dispatch(wk_xfer *x, Baton__V1__ConductorMessage *msg)
             }
     if (!any)
         return 0;
-    xfer_wait *wt = calloc(1, sizeof(*wt));
+    nccl_wait *wt = calloc(1, sizeof(*wt));
     if (wt) {
         wt->t = calloc(n + 1, sizeof(*wt->t));
         wt->refs = calloc(n + 1, sizeof(*wt->refs));
@@ -734,7 +734,7 @@ int wk_xfer_on_dispatch(wk_xfer *x, Baton__V1__ConductorMessage *msg)
     /* Every receive is issued, even those of a dispatch that will be
      * refused: the peer sends regardless, and its order must hold.  One
      * that cannot be issued takes its pair down instead. */
-    xfer_op *ops = NULL, **tail = &ops;
+    nccl_op *ops = NULL, **tail = &ops;
     uint32_t i = 0;
     pthread_mutex_lock(&w->lock);
     wk_request *req = wk_request_get(w, d->request_key, true);
@@ -750,7 +750,7 @@ int wk_xfer_on_dispatch(wk_xfer *x, Baton__V1__ConductorMessage *msg)
                 wt->refs[i] = ref;
                 wt->parts[i] = part;
                 wk_tensor *t = NULL;
-                xfer_op *op = calloc(1, sizeof(*op));
+                nccl_op *op = calloc(1, sizeof(*op));
                 if (ref->owner >= x->n_peers || ref->owner == w->self_index)
                     wait_fail(wt, "%s: worker %u", "a part to receive names no peer",
                               ref->owner);
@@ -787,7 +787,7 @@ int wk_xfer_on_dispatch(wk_xfer *x, Baton__V1__ConductorMessage *msg)
         wait_finish(x, wt);
         return 1;
     }
-    for (xfer_op *op = ops, *nx; op; op = nx) {
+    for (nccl_op *op = ops, *nx; op; op = nx) {
         nx = op->next;
         op->next = NULL;
         seq_check(x, op->peer, op->epoch, op->seq);
@@ -796,14 +796,14 @@ int wk_xfer_on_dispatch(wk_xfer *x, Baton__V1__ConductorMessage *msg)
     return 1;
 }
 
-void wk_xfer_on_event(wk_xfer *x, wk_event *ev)
+void wk_nccl_on_event(wk_nccl *x, wk_event *ev)
 {
     wk_worker *w = x->w;
-    xfer_op *op = ev->xfer;
+    nccl_op *op = ev->nccl;
     if (op->broke) {
         /* The pair's communicator is gone: the lower index makes the next
          * one while the peer is up (not for an older epoch's news). */
-        xfer_peer *xp = op->peer < x->n_peers ? &x->peers[op->peer] : NULL;
+        nccl_peer *xp = op->peer < x->n_peers ? &x->peers[op->peer] : NULL;
         if (xp && xp->made && xp->epoch == op->epoch && xp->nccl && xp->up &&
             w->self_index < op->peer && !atomic_load(&w->stopping))
             pair_make(x, op->peer);
@@ -820,7 +820,7 @@ void wk_xfer_on_event(wk_xfer *x, wk_event *ev)
         wk_request_gc(w, req);
         pthread_mutex_unlock(&w->lock);
     } else {
-        xfer_wait *wt = op->wait;
+        nccl_wait *wt = op->wait;
         if (!op->ok && !wt->failed) {
             wt->failed = true;
             snprintf(wt->err, sizeof(wt->err), "receiving an input from worker %u: %s",
@@ -834,12 +834,12 @@ void wk_xfer_on_event(wk_xfer *x, wk_event *ev)
     free(op);
 }
 
-void wk_xfer_reset(wk_xfer *x)
+void wk_nccl_reset(wk_nccl *x)
 {
     if (!x)
         return;
     for (uint32_t k = 0; k < x->n_peers; k++) {
-        xfer_peer *xp = &x->peers[k];
+        nccl_peer *xp = &x->peers[k];
         if (xp->made)
             post_abort(x, k, "this worker registers again");
         xp->made = false;
@@ -848,10 +848,10 @@ void wk_xfer_reset(wk_xfer *x)
 
 /* --- life ---------------------------------------------------------------------- */
 
-int wk_xfer_create(wk_worker *w, wk_xfer **out)
+int wk_nccl_create(wk_worker *w, wk_nccl **out)
 {
     *out = NULL;
-    wk_xfer *x = calloc(1, sizeof(*x));
+    wk_nccl *x = calloc(1, sizeof(*x));
     if (!x)
         return BT_ENOMEM;
     x->w = w;
@@ -860,7 +860,7 @@ int wk_xfer_create(wk_worker *w, wk_xfer **out)
     pthread_cond_init(&x->cv, NULL);
     /* A CPU worker never joins a communicator: no thread. */
     if (x->gpu && pthread_create(&x->thread, NULL, comm_main, x) != 0) {
-        wk_xfer_destroy(x);
+        wk_nccl_destroy(x);
         return BT_ENOMEM;
     }
     x->started = x->gpu;
@@ -868,7 +868,7 @@ int wk_xfer_create(wk_worker *w, wk_xfer **out)
     return 0;
 }
 
-void wk_xfer_stop(wk_xfer *x)
+void wk_nccl_stop(wk_nccl *x)
 {
     if (!x || !x->started)
         return;
@@ -880,13 +880,13 @@ void wk_xfer_stop(wk_xfer *x)
     x->started = false;
 }
 
-void wk_xfer_destroy(wk_xfer *x)
+void wk_nccl_destroy(wk_nccl *x)
 {
     if (!x)
         return;
-    wk_xfer_stop(x);
+    wk_nccl_stop(x);
     /* Commands posted after the stop never ran: nothing waits for them. */
-    for (xfer_cmd *c = x->cmd_head, *nx; c; c = nx) {
+    for (nccl_cmd *c = x->cmd_head, *nx; c; c = nx) {
         nx = c->next;
         free(c->op);
         free(c);
