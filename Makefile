@@ -337,7 +337,7 @@ asan-test: deps model
 	@rm -f build/asan/test-counts; mkdir -p build/asan; \
 	TEST_COUNTS=$(abspath build/asan)/test-counts $(MAKE) --no-print-directory BUILD=build/asan SAN=1 all unit integration && \
 	TEST_COUNTS=$(abspath build/asan)/test-counts CUDAEMU_SEEDS=1 CUDAEMU_TF_TESTS=test_describe \
-	  CUDAEMU_GPU_WORKER_TESTS="test_ipc_in_place test_across_gpus test_mixed_cpu_gpu test_loop_and_streams test_loop_reads_staged_once test_gpu_worker_killed test_check_config test_device_lost test_tp_group" \
+	  CUDAEMU_GPU_WORKER_TESTS="test_ipc_in_place test_across_gpus test_mixed_cpu_gpu test_loop_and_streams test_loop_reads_staged_once test_gpu_worker_killed test_check_config test_device_lost test_tp_group test_nccl_between_hosts" \
 	  $(MAKE) --no-print-directory SAN=1 emu-test; rc=$$?; \
 	bash tests/summary.sh build/asan/test-counts; exit $$rc
 

@@ -42,3 +42,71 @@ int bk_comm_unique_id(void *id, size_t *len, char *err, size_t errlen)
     return BT_EINVAL;
 #endif
 }
+
+int bk_comm_pair_join(void **comm, int device, const void *id, size_t len, int rank, char *err,
+                      size_t errlen)
+{
+    *comm = NULL;
+#ifdef BATON_CUDA
+    int rc = k_cuda_comm_join(comm, device, id, len, 2, rank);
+    if (rc) {
+        snprintf(err, errlen, "cannot join the pair communicator as rank %d: %s", rank,
+                 bt_strerror(rc));
+        return rc;
+    }
+    return 0;
+#else
+    (void)device, (void)id, (void)len, (void)rank;
+    snprintf(err, errlen, "this baton-worker was built without CUDA, and GPU transfers between "
+             "hosts run over NCCL");
+    return BT_EINVAL;
+#endif
+}
+
+void bk_comm_pair_close(void *comm, int abort)
+{
+#ifdef BATON_CUDA
+    if (abort)
+        k_cuda_comm_abort(comm);
+    else
+        k_cuda_comm_destroy(comm);
+#else
+    (void)comm, (void)abort;
+#endif
+}
+
+int bk_comm_pair_p2p(void *comm, int send, void *buf, size_t n, int peer_rank, void *stream,
+                     char *err, size_t errlen)
+{
+#ifdef BATON_CUDA
+    int rc = k_cuda_comm_p2p(comm, send, buf, n, peer_rank, stream);
+    if (rc == 0)
+        return 0;
+    snprintf(err, errlen, "nccl%s of %zu bytes: %s", send ? "Send" : "Recv", n, bt_strerror(rc));
+    return rc;
+#else
+    (void)comm, (void)send, (void)buf, (void)n, (void)peer_rank, (void)stream;
+    snprintf(err, errlen, "this baton-worker was built without CUDA");
+    return BT_EINVAL;
+#endif
+}
+
+int bk_comm_pair_ready(void *comm)
+{
+#ifdef BATON_CUDA
+    return k_cuda_comm_ready(comm);
+#else
+    (void)comm;
+    return BT_EINVAL;
+#endif
+}
+
+int bk_comm_pair_failed(void *comm)
+{
+#ifdef BATON_CUDA
+    return k_cuda_comm_failed(comm);
+#else
+    (void)comm;
+    return 1;
+#endif
+}

@@ -18,4 +18,25 @@ const baton_backend *bk_builtin_find(const char *name);
 #define BK_COMM_ID_MAX 128
 int bk_comm_unique_id(void *id, size_t *len, char *err, size_t errlen);
 
+/* The two-rank communicators of cross-host GPU transfers (worker/nccl.c),
+ * the same NCCL the groups use, reached here so that the worker links no
+ * kernel header.  bk_comm_pair_join starts joining the communicator named
+ * by ID (LEN bytes) as RANK of 2 on GPU DEVICE and returns at once;
+ * bk_comm_pair_ready is 1 once the peer has joined too, 0 before, a
+ * negative bt_err when the join failed.  Builds without CUDA return
+ * BT_EINVAL with the reason. */
+int bk_comm_pair_join(void **comm, int device, const void *id, size_t len, int rank, char *err,
+                      size_t errlen);
+int bk_comm_pair_ready(void *comm);
+/* Frees COMM: destroyed when nothing is pending on it, else aborted (which
+ * never waits for the peer).  NULL is a no-op. */
+void bk_comm_pair_close(void *comm, int abort);
+/* Queues a send (SEND nonzero) or receive of N bytes at BUF with rank
+ * PEER_RANK of COMM (the other one) on STREAM.  0, or a negative bt_err
+ * with ERR. */
+int bk_comm_pair_p2p(void *comm, int send, void *buf, size_t n, int peer_rank, void *stream,
+                     char *err, size_t errlen);
+/* Nonzero once COMM has failed asynchronously (its peer aborted). */
+int bk_comm_pair_failed(void *comm);
+
 #endif

@@ -157,8 +157,10 @@ typedef enum graph_transfer_kind {
     GRAPH_XFER_REMOTE = 3,    /* a host not known from the config: chosen at registration */
     GRAPH_XFER_SOCKET = 4,    /* CPU -> CPU on two hosts: the consumer pulls the bytes from the
                                  producer's peer_listen socket into its own pool */
-    GRAPH_XFER_NCCL = 5       /* GPU on either side, two hosts: NCCL (not built: such a
-                                 dispatch fails with FAILED_PRECONDITION) */
+    GRAPH_XFER_NCCL = 5,      /* GPU -> GPU on two hosts: NCCL send/receive over the pair's
+                                 communicator */
+    GRAPH_XFER_NONE = 6       /* CPU <-> GPU on two hosts: not built; such a dispatch fails
+                                 with FAILED_PRECONDITION */
 } graph_transfer_kind;
 
 /* The kind of a transfer between workers of devices GPU_FROM and GPU_TO,

@@ -879,7 +879,9 @@ static int value_worker(const graph *g, int value)
 graph_transfer_kind graph_transfer_kind_of(bool same_host, bool gpu_from, bool gpu_to)
 {
     if (!same_host)
-        return gpu_from || gpu_to ? GRAPH_XFER_NCCL : GRAPH_XFER_SOCKET;
+        return gpu_from && gpu_to   ? GRAPH_XFER_NCCL
+               : gpu_from || gpu_to ? GRAPH_XFER_NONE
+                                    : GRAPH_XFER_SOCKET;
     if (gpu_from && gpu_to)
         return GRAPH_XFER_CUDA_IPC;
     if (!gpu_from && !gpu_to)
@@ -907,7 +909,8 @@ static graph_transfer_kind transfer_kind(const cfg_config *cfg, const char *loca
 }
 
 /* Warns once per pair of workers about a cross-host transfer the config
- * already dooms: a producer with no peer_listen, or a GPU on either side. */
+ * already dooms: a CPU producer with no peer_listen, or a CPU and a GPU
+ * worker on two hosts. */
 static void warn_cross_host(const graph_set *gs, bt_diag *diag, const char *local_host)
 {
     const cfg_config *cfg = gs->cfg;
@@ -926,10 +929,10 @@ static void warn_cross_host(const graph_set *gs, bt_diag *diag, const char *loca
                          "worker '%s' (host %s) feeds worker '%s' (host %s) but has no "
                          "'peer_listen': those requests will fail until it gets one", a->name,
                          ha, b->name, hb);
-        if (x->kind == GRAPH_XFER_NCCL)
+        if (x->kind == GRAPH_XFER_NONE)
             bt_diag_warn(diag, a->pos.line, a->pos.col,
-                         "worker '%s' (host %s) feeds worker '%s' (host %s) and one of them is "
-                         "a GPU: cross-host GPU transfers are not built, those requests will "
+                         "worker '%s' (host %s) feeds worker '%s' (host %s), a CPU and a GPU "
+                         "worker on two hosts: that transfer is not built, those requests will "
                          "fail", a->name, ha, b->name, hb);
     }
 }
@@ -1108,7 +1111,9 @@ const char *graph_transfer_kind_name(graph_transfer_kind k)
         return "decided at registration (a host the config does not give)";
     case GRAPH_XFER_SOCKET:
         return "socket (cross-host: the consumer pulls the bytes from the producer's peer_listen)";
-    case GRAPH_XFER_NCCL: return "nccl (cross-host GPU: not built, such requests fail)";
+    case GRAPH_XFER_NCCL:
+        return "nccl (cross-host GPU: send and receive over the pair's communicator)";
+    case GRAPH_XFER_NONE: return "none (a CPU and a GPU on two hosts: not built, requests fail)";
     }
     return "?";
 }

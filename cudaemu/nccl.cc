@@ -22,7 +22,17 @@
  * returns, and the stream scheduler (streams.cc) runs other streams or
  * sleeps, so one process's collective never stops its own other streams,
  * as on a GPU.  A peer that never arrives is a problem after
- * CUDAEMU_NCCL_TIMEOUT seconds (default 60). */
+ * CUDAEMU_NCCL_TIMEOUT seconds (default 60).
+ *
+ * ncclCommAbort ends the communicator's queued operations at once (their
+ * buffers keep whatever they held) and raises a flag in the shared file,
+ * so the peers' pending operations end too and ncclCommGetAsyncError
+ * reports ncclRemoteError to them: what real NCCL does when a peer's
+ * connection closes, on the transports that notice it.
+ *
+ * ncclCommInitRankConfig with blocking = 0 returns at once
+ * (ncclInProgress); ncclCommGetAsyncError reports ncclInProgress until every
+ * rank has joined, and an abort before that removes the name. */
 #include <atomic>
 #include <vector>
 #include <errno.h>
@@ -48,6 +58,7 @@ struct shared {
     std::atomic<uint32_t> magic;
     std::atomic<int32_t> nranks;
     std::atomic<int32_t> joined;
+    std::atomic<uint32_t> aborted;             /* a rank called ncclCommAbort */
     std::atomic<uint64_t> posted[MAX_RANKS];   /* chunks each rank has posted */
     std::atomic<uint64_t> consumed[MAX_RANKS]; /* chunks each rank has summed */
     /* [src * MAX_RANKS + dst]: chunks src posted to dst, and dst took. */
@@ -67,7 +78,15 @@ struct cudaemu_nccl {
     size_t map_bytes;
     uint64_t posted;   /* all-reduce chunks this rank has posted */
     uint64_t sent[MAX_RANKS], taken[MAX_RANKS]; /* p2p chunks to / from each peer */
+    bool aborted;      /* ncclCommAbort: queued operations end without touching sh */
+    bool joining;      /* non-blocking init: not every rank has joined yet */
+    int32_t order;     /* how many had joined with this rank (the last unlinks the name) */
+    char name[NCCL_UNIQUE_ID_BYTES]; /* the shared file's name */
 };
+
+/* Aborted communicators: commands still queued on streams name them, so
+ * they are kept (a few KiB each) rather than freed under those commands. */
+static std::vector<cudaemu_nccl *> *aborted_comms;
 
 namespace {
 
@@ -91,6 +110,8 @@ struct p2p_op {
 bool p2p_step(p2p_op &op)
 {
     cudaemu_nccl *c = op.comm;
+    if (c->aborted || c->sh->aborted.load(std::memory_order_acquire))
+        return true; /* ended by an abort: the buffer holds what it held */
     shared *sh = c->sh;
     int me = c->rank, peer = op.peer;
     while (op.off < op.bytes) {
@@ -131,6 +152,8 @@ const char *ncclGetErrorString(ncclResult_t r)
     case ncclInternalError: return "internal error";
     case ncclInvalidArgument: return "invalid argument";
     case ncclInvalidUsage: return "invalid usage";
+    case ncclRemoteError: return "remote process exited or there was a network error";
+    case ncclInProgress: return "NCCL operation in progress";
     }
     return "unknown result";
 }
@@ -150,20 +173,17 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId *id)
     return ncclSuccess;
 }
 
-ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank)
+/* Opens (creating it if need be) the shared file of ID for NRANKS ranks
+ * and counts the caller in: *ORDER is how many had joined, the caller
+ * included. */
+static ncclResult_t comm_join(ncclUniqueId *id, int nranks, shared **out, size_t *bytes_out,
+                              int32_t *order)
 {
-    if (!comm || nranks < 1 || nranks > MAX_RANKS || rank < 0 || rank >= nranks)
-        return ncclInvalidArgument;
-    *comm = NULL;
-    if (nranks == 1) {
-        *comm = new cudaemu_nccl{1, 0, NULL, 0, 0, {0}, {0}};
-        return ncclSuccess;
-    }
-    id.internal[sizeof(id.internal) - 1] = 0;
-    if (strncmp(id.internal, "/cudaemu-nccl-", 14) != 0)
+    id->internal[sizeof(id->internal) - 1] = 0;
+    if (strncmp(id->internal, "/cudaemu-nccl-", 14) != 0)
         return ncclInvalidArgument;
     size_t bytes = sizeof(shared) + (size_t)nranks * SLOT + (size_t)nranks * nranks * P2P_SLOT;
-    int fd = shm_open(id.internal, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    int fd = shm_open(id->internal, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     if (fd < 0)
         return ncclSystemError;
     struct stat st;
@@ -185,22 +205,59 @@ ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int
         return ncclInvalidUsage;
     }
     sh->magic.store(MAGIC);
-    int32_t order = sh->joined.fetch_add(1) + 1;
+    *order = sh->joined.fetch_add(1) + 1;
+    *out = sh;
+    *bytes_out = bytes;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank,
+                                    ncclConfig_t *config)
+{
+    if (!comm || nranks < 1 || nranks > MAX_RANKS || rank < 0 || rank >= nranks)
+        return ncclInvalidArgument;
+    *comm = NULL;
+    if (nranks == 1) {
+        *comm = new cudaemu_nccl{1, 0, NULL, 0, 0, {0}, {0}, false, false, 0, {0}};
+        return ncclSuccess;
+    }
+    shared *sh;
+    size_t bytes;
+    int32_t order;
+    ncclResult_t r = comm_join(&id, nranks, &sh, &bytes, &order);
+    if (r != ncclSuccess)
+        return r;
+    cudaemu_nccl *c = new cudaemu_nccl{nranks, rank, sh, bytes, 0, {0}, {0}, false, true, order,
+                                       {0}};
+    memcpy(c->name, id.internal, sizeof(c->name));
+    if (config && !config->blocking) {
+        /* Non-blocking: the caller polls ncclCommGetAsyncError until the
+         * others have joined (ncclInProgress until then). */
+        *comm = c;
+        return sh->joined.load() < nranks ? ncclInProgress : ncclSuccess;
+    }
     double t0 = seconds_now(), limit = wait_limit_s();
     while (sh->joined.load() < nranks) {
         if (seconds_now() - t0 > limit) {
             fprintf(stderr, "cudaemu: ncclCommInitRank: rank %d of %d waited %.0f s for the "
                     "others\n", rank, nranks, limit);
             shm_unlink(id.internal); /* this communicator will never form */
-            munmap(m, bytes);
+            munmap(sh, bytes);
+            delete c;
             return ncclSystemError;
         }
         usleep(200);
     }
     if (order == nranks)
         shm_unlink(id.internal); /* everyone has it open: nothing left in /dev/shm */
-    *comm = new cudaemu_nccl{nranks, rank, sh, bytes, 0, {0}, {0}};
+    c->joining = false;
+    *comm = c;
     return ncclSuccess;
+}
+
+ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank)
+{
+    return ncclCommInitRankConfig(comm, nranks, id, rank, NULL);
 }
 
 ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist)
@@ -215,7 +272,7 @@ ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist)
                 "use one process per device and ncclCommInitRank\n", ndev);
         return ncclInvalidUsage;
     }
-    comms[0] = new cudaemu_nccl{1, 0, NULL, 0, 0, {0}, {0}};
+    comms[0] = new cudaemu_nccl{1, 0, NULL, 0, 0, {0}, {0}, false, false, 0, {0}};
     return ncclSuccess;
 }
 
@@ -228,6 +285,43 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm)
     if (comm->sh)
         munmap(comm->sh, comm->map_bytes);
     delete comm;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommAbort(ncclComm_t comm)
+{
+    if (!comm)
+        return ncclSuccess;
+    std::lock_guard<std::recursive_mutex> g(emu_lock);
+    comm->aborted = true;
+    if (comm->joining)
+        shm_unlink(comm->name); /* it will never form */
+    if (comm->sh) {
+        comm->sh->aborted.store(1, std::memory_order_release);
+        munmap(comm->sh, comm->map_bytes);
+        comm->sh = NULL;
+    }
+    if (!aborted_comms)
+        aborted_comms = new std::vector<cudaemu_nccl *>();
+    aborted_comms->push_back(comm);
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *async_error)
+{
+    if (!comm || !async_error || comm->aborted)
+        return ncclInvalidArgument;
+    if (comm->joining) {
+        if (comm->sh->joined.load() < comm->nranks) {
+            *async_error = ncclInProgress;
+            return ncclSuccess;
+        }
+        comm->joining = false;
+        if (comm->order == comm->nranks)
+            shm_unlink(comm->name);
+    }
+    *async_error = comm->sh && comm->sh->aborted.load(std::memory_order_acquire)
+                       ? ncclRemoteError : ncclSuccess;
     return ncclSuccess;
 }
 
@@ -277,6 +371,8 @@ ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataT
     };
     auto st = std::make_shared<progress>();
     e = stream_enqueue_polled(stream, "ncclAllReduce", [=]() -> poll_result {
+        if (comm->aborted || comm->sh->aborted.load(std::memory_order_acquire))
+            return POLL_DONE;
         shared *sh = comm->sh;
         int n = comm->nranks, me = comm->rank;
         unsigned char *mine = sh->data + (size_t)me * SLOT;
@@ -325,12 +421,13 @@ static ncclResult_t p2p(bool send, void *buf, size_t count, ncclDataType_t type,
                         ncclComm_t comm, cudaStream_t stream)
 {
     std::lock_guard<std::recursive_mutex> g(emu_lock);
-    if (!comm || (type != ncclFloat32 && type != ncclInt32) || peer < 0 ||
-        peer >= comm->nranks || peer == comm->rank)
+    bool byte = type == ncclInt8 || type == ncclUint8;
+    if (!comm || (type != ncclFloat32 && type != ncclInt32 && !byte) || peer < 0 ||
+        peer >= comm->nranks || peer == comm->rank || comm->aborted || comm->joining)
         return ncclInvalidArgument;
     if (sticky_error())
         return ncclUnhandledCudaError;
-    size_t bytes = count * 4;
+    size_t bytes = count * (byte ? 1 : 4);
     if (count && !mem_is_device(buf, bytes)) {
         problem("%s of %zu bytes: the buffer is not inside device memory",
                 send ? "ncclSend" : "ncclRecv", bytes);

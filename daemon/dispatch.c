@@ -112,6 +112,7 @@ typedef struct dispatch_msg {
     Baton__V1__OutputSpec *outs, **outp;  /* per node value */
     Baton__V1__LoopBack *lbs, **lbp;      /* per loop-back input */
     size_t n_lb;
+    size_t n_parts;                       /* parts filled */
 } dispatch_msg;
 
 static void dispatch_msg_free(dispatch_msg *m)
@@ -154,9 +155,11 @@ static bool dispatch_msg_alloc(dispatch_msg *m, const rt_action *a, const graph_
 }
 
 /* How a tensor of worker FROM reaches worker TO, decided from the hosts
- * both registered from: the own pool, the same host's shared memory, or
- * a pull over the producer's peer socket.  A transfer that cannot be made
- * returns TRANSFER_KIND_UNSPECIFIED with *CODE and WHY. */
+ * both registered from: the own pool; read in place on the same host
+ * (shared memory, CUDA IPC); between GPUs of different hosts, NCCL send and
+ * receive; between CPUs of different hosts, a pull over the producer's
+ * peer socket.  A transfer that cannot be made returns
+ * TRANSFER_KIND_UNSPECIFIED with *CODE and WHY. */
 Baton__V1__TransferKind disp_transfer_kind(const supervisor *sup, int from, int to, int *code,
                                            char *why, size_t whylen)
 {
@@ -168,9 +171,13 @@ Baton__V1__TransferKind disp_transfer_kind(const supervisor *sup, int from, int 
     if (!a->hostname[0] || !b->hostname[0] || strcmp(a->hostname, b->hostname) == 0)
         return BATON__V1__TRANSFER_KIND__TRANSFER_KIND_IPC;
     *code = BT_CODE_FAILED_PRECONDITION;
-    if (a->cfg->cuda_index >= 0 || b->cfg->cuda_index >= 0) {
-        snprintf(why, whylen, "worker %s (host %s) feeds worker %s (host %s) and one of them is "
-                 "a GPU: cross-host GPU transfers are not built", a->cfg->name, a->hostname,
+    bool ga = a->cfg->cuda_index >= 0, gb = b->cfg->cuda_index >= 0;
+    if (ga && gb)
+        return BATON__V1__TRANSFER_KIND__TRANSFER_KIND_NCCL;
+    if (ga || gb) {
+        snprintf(why, whylen, "worker %s (host %s) feeds worker %s (host %s), a GPU and a CPU "
+                 "worker on different hosts: that transfer is not built (GPU to GPU goes over "
+                 "NCCL, CPU to CPU over peer sockets)", a->cfg->name, a->hostname,
                  b->cfg->name, b->hostname);
         return BATON__V1__TRANSFER_KIND__TRANSFER_KIND_UNSPECIFIED;
     }
@@ -183,8 +190,40 @@ Baton__V1__TransferKind disp_transfer_kind(const supervisor *sup, int from, int 
     return BATON__V1__TRANSFER_KIND__TRANSFER_KIND_SOCKET;
 }
 
+/* After the Dispatch of M went to worker W: each chunk of its NCCL parts is
+ * sent by its owner, one Send per chunk, numbered as the part says.  They go
+ * right after the Dispatch, before anything else is numbered on the pair,
+ * so both workers see the pair's transfers in the same order. */
+static void send_nccl_parts(dispatcher *d, const dispatch_msg *m, int w, uint32_t remaining_ms)
+{
+    for (size_t p = 0; p < m->n_parts; p++) {
+        const Baton__V1__TensorPart *tp = &m->parts[p];
+        if (tp->transfer != BATON__V1__TRANSFER_KIND__TRANSFER_KIND_NCCL)
+            continue;
+        for (size_t x = 0; x < tp->n_chunks; x++) {
+            Baton__V1__Send s = BATON__V1__SEND__INIT;
+            s.peer = (uint32_t)w;
+            s.epoch = tp->nccl_epoch;
+            s.seq = tp->nccl_seq + x;
+            s.ref = tp->chunks[x];
+            s.remaining_ms = remaining_ms;
+            Baton__V1__ConductorMessage cm = BATON__V1__CONDUCTOR_MESSAGE__INIT;
+            cm.msg_case = BATON__V1__CONDUCTOR_MESSAGE__MSG_SEND;
+            cm.send = &s;
+            int owner = (int)s.ref->owner;
+            /* One that cannot go leaves the consumer's receive waiting until
+             * the owner is seen lost or the request's deadline passes: both
+             * abort the pair's communicator, which fails the node. */
+            if (sup_worker_get(d->sup, owner)->state != SUP_READY ||
+                sup_send(d->sup, owner, &cm) < 0)
+                bt_warn("Send %llu of a tensor to worker %s could not go to its owner",
+                        (unsigned long long)s.seq, sup_worker_get(d->sup, w)->cfg->name);
+        }
+    }
+}
+
 /* The inputs: per input its fan-in parts, per part its chunks as tensor
- * references and how they reach worker W.  0, or a status code with the
+ * references and how they reach worker W (local, IPC, NCCL or a pull).  0, or a status code with the
  * reason in WHY. */
 static int fill_inputs(dispatcher *d, dispatch_msg *m, const rt_action *a, const graph_node *n,
                        int w, char *why, size_t whylen)
@@ -203,6 +242,7 @@ static int fill_inputs(dispatcher *d, dispatch_msg *m, const rt_action *a, const
             Baton__V1__TensorPart *tp = &m->parts[pi];
             baton__v1__tensor_part__init(tp);
             tp->chunks = &m->refp[ri];
+            int owner = -1;
             for (uint32_t x = 0; x < in->parts[p].n; x++) {
                 const ctensor *ct = tt_find(d->tt, in->parts[p].t[x]);
                 if (!ct) {
@@ -218,14 +258,30 @@ static int fill_inputs(dispatcher *d, dispatch_msg *m, const rt_action *a, const
                 tp->n_chunks++;
                 int code = BT_CODE_UNAVAILABLE;
                 char reason[384];
-                tp->transfer = disp_transfer_kind(d->sup, ct->t.worker, w, &code, reason,
-                                                  sizeof(reason));
-                if (tp->transfer == BATON__V1__TRANSFER_KIND__TRANSFER_KIND_UNSPECIFIED) {
+                Baton__V1__TransferKind kind = disp_transfer_kind(d->sup, ct->t.worker, w, &code,
+                                                                  reason, sizeof(reason));
+                if (kind == BATON__V1__TRANSFER_KIND__TRANSFER_KIND_UNSPECIFIED) {
                     snprintf(why, whylen, "input '%s': %s", iv->name, reason);
                     return code;
                 }
+                if (kind == BATON__V1__TRANSFER_KIND__TRANSFER_KIND_NCCL && owner >= 0 &&
+                    owner != ct->t.worker) {
+                    snprintf(why, whylen, "input '%s': the chunks of one part come from several "
+                             "GPU workers of other hosts", iv->name);
+                    return BT_CODE_FAILED_PRECONDITION;
+                }
+                owner = ct->t.worker;
+                tp->transfer = kind;
+            }
+            if (tp->transfer == BATON__V1__TRANSFER_KIND__TRANSFER_KIND_NCCL &&
+                !sup_pair_reserve(d->sup, owner, w, (uint32_t)tp->n_chunks, &tp->nccl_epoch,
+                                  &tp->nccl_seq)) {
+                snprintf(why, whylen, "input '%s': no NCCL communicator between the producer's "
+                         "worker and this one (not formed yet, or lost)", iv->name);
+                return BT_CODE_UNAVAILABLE;
             }
             m->partp[pi++] = tp;
+            m->n_parts = pi;
             iv->n_parts++;
         }
         m->insp[k] = iv;
@@ -328,6 +384,8 @@ static void send_dispatch(dispatcher *dp, const rt_action *a)
             sup_send(dp->sup, w, &cm) < 0) {
             fail = "its worker is not available";
             code = BT_CODE_UNAVAILABLE;
+        } else {
+            send_nccl_parts(dp, &m, w, d.remaining_ms);
         }
     }
     if (fail) {

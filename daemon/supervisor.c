@@ -16,6 +16,7 @@
 #include "common/curve.h"
 #include "common/log.h"
 #include "common/status.h"
+#include "daemon/pairs.h"
 #include "daemon/supervisor.h"
 
 #define RESTART_FIRST_MS 100     /* first restart: well within a second */
@@ -159,6 +160,7 @@ struct supervisor {
     bool ready;                   /* every worker READY */
     bool stopping;                /* told to shut down: no restarts */
     sup_group *groups;            /* per config model: its tensor-parallel group */
+    pair_table *pairs;            /* pair communicators of cross-host GPU transfers; owned */
 };
 
 static void worker_lost(supervisor *s, sup_worker *w, const char *why);
@@ -540,6 +542,42 @@ static void on_tp_group(supervisor *s, sup_worker *w, const Baton__V1__TpGroup *
     }
 }
 
+/* Worker W, the lower index of a pair of GPU workers on different hosts,
+ * made their communicator's id: the peer joins it (PairComm), and the
+ * pair's transfers are numbered on it from then on.  An id made for an
+ * incarnation of the peer that is gone is dropped: the next one's Peers
+ * makes W send another. */
+static void on_pair_id(supervisor *s, sup_worker *w, const Baton__V1__PairId *pi)
+{
+    sup_worker *x = pi->peer < s->n_workers ? &s->workers[pi->peer] : NULL;
+    if (!x || x->index <= w->index || !pi->epoch || !pi->comm_id.len) {
+        bt_warn("worker %s sent a pair communicator id for worker %u, which it cannot make",
+                w->cfg->name, pi->peer);
+        return;
+    }
+    if ((x->state != SUP_LOADING && x->state != SUP_READY) ||
+        x->incarnation != pi->peer_incarnation) {
+        bt_debug("worker %s made a communicator for a gone incarnation of %s", w->cfg->name,
+                 x->cfg->name);
+        return;
+    }
+    Baton__V1__PairComm pc = BATON__V1__PAIR_COMM__INIT;
+    pc.peer = (uint32_t)w->index;
+    pc.epoch = pi->epoch;
+    pc.comm_id = pi->comm_id;
+    Baton__V1__ConductorMessage m = BATON__V1__CONDUCTOR_MESSAGE__INIT;
+    m.msg_case = BATON__V1__CONDUCTOR_MESSAGE__MSG_PAIR_COMM;
+    m.pair_comm = &pc;
+    if (sup_send(s, x->index, &m) == 0 && pairs_made(s->pairs, w->index, x->index, pi->epoch) == 0)
+        bt_info("workers %s and %s: GPU transfers over NCCL communicator %u", w->cfg->name,
+                x->cfg->name, pi->epoch);
+}
+
+bool sup_pair_reserve(supervisor *s, int a, int b, uint32_t n, uint32_t *epoch, uint64_t *seq)
+{
+    return pairs_reserve(s->pairs, a, b, n, epoch, seq);
+}
+
 /* Is W one of the ranks of a tensor-parallel model? */
 static bool in_group(const supervisor *s, const sup_worker *w)
 {
@@ -644,6 +682,7 @@ static void on_register(supervisor *s, sup_worker *w, const Baton__V1__Register 
     if (w->state == SUP_LOADING || w->state == SUP_READY)
         worker_lost(s, w, "it registered again");
     forget_registration(w);
+    pairs_forget(s->pairs, w->index);
     w->registrations++;
     w->pools = calloc(rg->n_pools + 1, sizeof(*w->pools));
     for (size_t k = 0; w->pools && k < rg->n_pools; k++) {
@@ -774,6 +813,10 @@ static void on_message(supervisor *s, sup_worker *w, const Baton__V1__WorkerMess
         if (live)
             on_tp_step(s, w, wm->tp_step);
         break;
+    case BATON__V1__WORKER_MESSAGE__MSG_PAIR_ID:
+        if (live)
+            on_pair_id(s, w, wm->pair_id);
+        break;
     case BATON__V1__WORKER_MESSAGE__MSG_DONE:
     case BATON__V1__WORKER_MESSAGE__MSG_CHUNK:
     case BATON__V1__WORKER_MESSAGE__MSG_PLACED:
@@ -855,6 +898,7 @@ static void worker_lost(supervisor *s, sup_worker *w, const char *why)
         w->key_public[0] = 0;
     }
     forget_registration(w);
+    pairs_forget(s->pairs, w->index);
     update_ready(s);
     s->hooks.worker_lost(s->hooks.arg, w->index, why);
     send_peers(s);
@@ -997,7 +1041,9 @@ int sup_create(const sup_options *opt, const sup_hooks *hooks, supervisor **out)
         sup_destroy(s);
         return BT_ENOMEM;
     }
-    if (!s->workers || !s->groups || !s->config_path || !s->run_id || !s->worker_exe) {
+    s->pairs = pairs_create(s->n_workers);
+    if (!s->workers || !s->groups || !s->config_path || !s->run_id || !s->worker_exe ||
+        !s->pairs) {
         sup_destroy(s);
         return BT_ENOMEM;
     }
@@ -1020,6 +1066,7 @@ void sup_destroy(supervisor *s)
     for (size_t m = 0; s->groups && m < s->cfg->n_models; m++)
         free(s->groups[m].sent);
     free(s->groups);
+    pairs_destroy(s->pairs);
     free(s->workers);
     free(s->config_path);
     free(s->run_id);

@@ -128,6 +128,10 @@ int sup_send(supervisor *s, int w, const Baton__V1__ConductorMessage *m);
 
 size_t sup_n_workers(const supervisor *s);
 const sup_worker *sup_worker_get(const supervisor *s, int w);
+/* Reserves N consecutive transfer numbers on the NCCL communicator of
+ * workers A and B (daemon/pairs.h): the first in *SEQ, the communicator's
+ * epoch in *EPOCH.  False when the pair has none (yet). */
+bool sup_pair_reserve(supervisor *s, int a, int b, uint32_t n, uint32_t *epoch, uint64_t *seq);
 bool sup_ready(const supervisor *s);
 
 /* Shutdown: tells every worker to stop (REASON in the message) and stops

@@ -298,6 +298,23 @@ int k_cuda_comm_unique_id(void *id, size_t len);
 int k_cuda_comm_init_rank(void **comm, int device, const void *id, size_t len, int nranks,
                           int rank);
 void k_cuda_comm_destroy(void *comm);
+/* k_cuda_comm_init_rank without waiting: *COMM is made at once and
+ * k_cuda_comm_ready says when every rank has joined (1; 0 before; a
+ * negative errno when it failed).  Until then it may only be polled or
+ * aborted. */
+int k_cuda_comm_join(void **comm, int device, const void *id, size_t len, int nranks, int rank);
+int k_cuda_comm_ready(void *comm);
+/* Ends COMM at once (ncclCommAbort): its queued operations stop, their
+ * buffers undefined, and COMM is gone.  For a communicator whose peer may
+ * never come: ncclCommDestroy would wait for it. */
+void k_cuda_comm_abort(void *comm);
+/* Nonzero once COMM has an asynchronous error (a peer aborted or was lost,
+ * ncclCommGetAsyncError); it must then be aborted. */
+int k_cuda_comm_failed(void *comm);
+/* Queues on STREAM an ncclSend (SEND nonzero) of the N bytes at BUF to rank
+ * PEER of COMM, or an ncclRecv of N bytes into BUF from it.  Both ranks of a
+ * pair must issue their sends and receives in the same order. */
+int k_cuda_comm_p2p(void *comm, int send, void *buf, size_t n, int peer, void *stream);
 int k_cuda_allreduce(float *buf, size_t n, void *comm, void *stream);
 
 #endif

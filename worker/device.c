@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backends/builtin.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "worker/shm.h"
@@ -26,6 +27,14 @@ typedef struct wk_device_ops {
                       char *err, size_t errlen);
     int (*sync)(wk_device *d, void *stream, char *err, size_t errlen);
     int (*lost)(wk_device *d, char *err, size_t errlen);
+    int (*pair_join)(wk_device *d, void **comm, const void *id, size_t len, int rank, char *err,
+                     size_t errlen);
+    int (*pair_ready)(wk_device *d, void *comm);
+    int (*pair_p2p)(wk_device *d, void *comm, void *stream, bool send, void *buf, uint64_t n,
+                    int peer_rank, char *err, size_t errlen);
+    int (*mark)(wk_device *d, void *stream, void **mark, char *err, size_t errlen);
+    int (*mark_query)(wk_device *d, void *mark);
+    void (*mark_free)(wk_device *d, void *mark);
 } wk_device_ops;
 
 struct wk_device {
@@ -128,9 +137,54 @@ static int host_lost(wk_device *d, char *err, size_t errlen)
     return 0;
 }
 
+/* Cross-host transfers of a CPU worker go over its peer socket, never over
+ * NCCL: the conductor only asks GPU workers for these. */
+static int host_pair_join(wk_device *d, void **comm, const void *id, size_t len, int rank,
+                          char *err, size_t errlen)
+{
+    (void)d, (void)id, (void)len, (void)rank;
+    *comm = NULL;
+    snprintf(err, errlen, "a CPU worker has no NCCL communicator");
+    return BT_EINVAL;
+}
+
+static int host_pair_ready(wk_device *d, void *comm)
+{
+    (void)d, (void)comm;
+    return BT_EINVAL;
+}
+
+static int host_pair_p2p(wk_device *d, void *comm, void *stream, bool send, void *buf,
+                         uint64_t n, int peer_rank, char *err, size_t errlen)
+{
+    (void)d, (void)comm, (void)stream, (void)send, (void)buf, (void)n, (void)peer_rank;
+    snprintf(err, errlen, "a CPU worker has no NCCL communicator");
+    return BT_EINVAL;
+}
+
+static int host_mark(wk_device *d, void *stream, void **mark, char *err, size_t errlen)
+{
+    (void)d, (void)stream, (void)err, (void)errlen;
+    *mark = NULL; /* host work is done when queued */
+    return 0;
+}
+
+static int host_mark_query(wk_device *d, void *mark)
+{
+    (void)d, (void)mark;
+    return 1;
+}
+
+static void host_mark_free(wk_device *d, void *mark)
+{
+    (void)d, (void)mark;
+}
+
 static const wk_device_ops host_ops = {host_pool_open,   host_pool_close, host_stream_create,
                                        host_stream_destroy, host_copy_async, host_sync,
-                                       host_lost};
+                                       host_lost,        host_pair_join,  host_pair_ready,
+                                       host_pair_p2p,
+                                       host_mark,        host_mark_query, host_mark_free};
 
 /* --- CUDA ------------------------------------------------------------------ */
 
@@ -231,9 +285,64 @@ static int cuda_lost(wk_device *d, char *err, size_t errlen)
     return 1;
 }
 
+static int cuda_pair_join(wk_device *d, void **comm, const void *id, size_t len, int rank,
+                          char *err, size_t errlen)
+{
+    int rc = bk_comm_pair_join(comm, d->ordinal, id, len, rank, err, errlen);
+    wk_device_bind_thread(d);
+    return rc;
+}
+
+static int cuda_pair_ready(wk_device *d, void *comm)
+{
+    (void)d;
+    return bk_comm_pair_ready(comm);
+}
+
+static int cuda_pair_p2p(wk_device *d, void *comm, void *stream, bool send, void *buf,
+                         uint64_t n, int peer_rank, char *err, size_t errlen)
+{
+    cudaSetDevice(d->ordinal);
+    return bk_comm_pair_p2p(comm, send, buf, n, peer_rank, stream, err, errlen);
+}
+
+static int cuda_mark(wk_device *d, void *stream, void **mark, char *err, size_t errlen)
+{
+    cudaEvent_t e = NULL;
+    cudaSetDevice(d->ordinal);
+    cudaError_t r = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+    if (!r && (r = cudaEventRecord(e, (cudaStream_t)stream)))
+        cudaEventDestroy(e);
+    if (r)
+        return cuda_fail(r, "cudaEventRecord", err, errlen);
+    *mark = e;
+    return 0;
+}
+
+static int cuda_mark_query(wk_device *d, void *mark)
+{
+    (void)d;
+    cudaError_t r = cudaEventQuery((cudaEvent_t)mark);
+    if (r == cudaSuccess)
+        return 1;
+    if (r == cudaErrorNotReady)
+        return 0;
+    cudaGetLastError();
+    return BT_EIO;
+}
+
+static void cuda_mark_free(wk_device *d, void *mark)
+{
+    (void)d;
+    if (mark)
+        cudaEventDestroy((cudaEvent_t)mark);
+}
+
 static const wk_device_ops cuda_ops = {cuda_pool_open,   cuda_pool_close, cuda_stream_create,
                                        cuda_stream_destroy, cuda_copy_async, cuda_sync,
-                                       cuda_lost};
+                                       cuda_lost,        cuda_pair_join,  cuda_pair_ready,
+                                       cuda_pair_p2p,
+                                       cuda_mark,        cuda_mark_query, cuda_mark_free};
 #endif
 
 /* --- the interface ---------------------------------------------------------- */
@@ -418,6 +527,50 @@ void wk_device_ipc_close(wk_device *d, int cuda_device, void *base)
 #else
     (void)d, (void)cuda_device, (void)base;
 #endif
+}
+
+int wk_device_pair_join(wk_device *d, void **comm, const void *id, size_t len, int rank,
+                        char *err, size_t errlen)
+{
+    return d->ops->pair_join(d, comm, id, len, rank, err, errlen);
+}
+
+int wk_device_pair_ready(wk_device *d, void *comm)
+{
+    return d->ops->pair_ready(d, comm);
+}
+
+void wk_device_pair_close(wk_device *d, void *comm, bool abort)
+{
+    (void)d;
+    bk_comm_pair_close(comm, abort);
+}
+
+bool wk_device_pair_failed(wk_device *d, void *comm)
+{
+    (void)d;
+    return bk_comm_pair_failed(comm) != 0;
+}
+
+int wk_device_pair_p2p(wk_device *d, void *comm, void *stream, bool send, void *buf, uint64_t n,
+                       int peer_rank, char *err, size_t errlen)
+{
+    return d->ops->pair_p2p(d, comm, stream, send, buf, n, peer_rank, err, errlen);
+}
+
+int wk_device_mark(wk_device *d, void *stream, void **mark, char *err, size_t errlen)
+{
+    return d->ops->mark(d, stream, mark, err, errlen);
+}
+
+int wk_device_mark_query(wk_device *d, void *mark)
+{
+    return d->ops->mark_query(d, mark);
+}
+
+void wk_device_mark_free(wk_device *d, void *mark)
+{
+    d->ops->mark_free(d, mark);
 }
 
 uint64_t wk_device_staged_bytes(const wk_device *d)

@@ -85,6 +85,31 @@ int wk_device_ipc_open(wk_device *d, int cuda_device, const void *handle, size_t
                        void **base, char *err, size_t errlen);
 void wk_device_ipc_close(wk_device *d, int cuda_device, void *base);
 
+/* Two-rank NCCL communicators for transfers between GPU workers on
+ * different hosts (worker/nccl.c).  Starts joining the one named by ID
+ * (LEN bytes) as RANK (0 or 1) on D's GPU and returns at once; BT_EINVAL
+ * on a CPU device or a build without CUDA.  wk_device_pair_ready is 1 once
+ * the peer has joined, 0 before, a negative bt_err when the join failed;
+ * until then COMM may only be polled or closed (aborted). */
+int wk_device_pair_join(wk_device *d, void **comm, const void *id, size_t len, int rank,
+                        char *err, size_t errlen);
+int wk_device_pair_ready(wk_device *d, void *comm);
+/* Frees COMM: ABORT when something may still wait on it (that never
+ * waits for the peer).  NULL is a no-op. */
+void wk_device_pair_close(wk_device *d, void *comm, bool abort);
+/* Whether COMM failed asynchronously (its peer aborted it). */
+bool wk_device_pair_failed(wk_device *d, void *comm);
+/* Queues on STREAM a send (SEND) of the N bytes at BUF to rank PEER_RANK
+ * of COMM, or a receive of N bytes into BUF from it. */
+int wk_device_pair_p2p(wk_device *d, void *comm, void *stream, bool send, void *buf, uint64_t n,
+                       int peer_rank, char *err, size_t errlen);
+/* A mark of everything queued so far on STREAM (a CUDA event), polled by
+ * wk_device_mark_query: 1 once that work is done, 0 before, a negative
+ * bt_err when it failed.  NULL marks (the host) are always done. */
+int wk_device_mark(wk_device *d, void *stream, void **mark, char *err, size_t errlen);
+int wk_device_mark_query(wk_device *d, void *mark);
+void wk_device_mark_free(wk_device *d, void *mark);
+
 /* Bytes the worker copied to stage inputs (joins, and values moved between
  * a CPU and a GPU pool), since it started.  Counted by the callers. */
 uint64_t wk_device_staged_bytes(const wk_device *d);

@@ -13,6 +13,7 @@
 
 #include "common/log.h"
 #include "worker/worker_internal.h"
+#include "worker/nccl.h"
 #include "worker/xfer.h"
 
 static int socket_open(wk_worker *w, char *err, size_t errlen)
@@ -148,6 +149,10 @@ int wk_worker_create(const wk_options *opt, wk_worker **out, char *err, size_t e
     }
     if (socket_open(w, err, errlen) != 0 || wk_pull_xfer_create(w, err, errlen) != 0)
         goto err;
+    if (wk_nccl_create(w, &w->nccl) != 0) {
+        snprintf(err, errlen, "cannot start the comm thread");
+        goto err;
+    }
     if (*wk_xfer_endpoint(w->xfer))
         bt_info("serving worker-to-worker pulls on %s", wk_xfer_endpoint(w->xfer));
     if (wk_executor_start(w) != 0) {
@@ -166,6 +171,7 @@ void wk_worker_destroy(wk_worker *w)
     if (!w)
         return;
     wk_worker_quiesce(w);
+    wk_nccl_destroy(w->nccl);
     wk_xfer_close(w->xfer);
     if (w->sock) {
         zmq_socket_monitor(w->sock, NULL, 0);

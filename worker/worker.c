@@ -20,6 +20,7 @@
 #include "common/log.h"
 #include "common/pbwire.h"
 #include "worker/worker_internal.h"
+#include "worker/nccl.h"
 #include "worker/xfer.h"
 
 #define HEARTBEAT_NS 1000000000ull
@@ -313,7 +314,7 @@ void wk_dispatch_start(wk_worker *w, wk_dispatch *disp, wk_request *req)
     wk_dispatch_unref(disp);
 }
 
-static void on_dispatch(wk_worker *w, Baton__V1__ConductorMessage *msg)
+void wk_dispatch_accept(wk_worker *w, Baton__V1__ConductorMessage *msg)
 {
     const Baton__V1__Dispatch *d = msg->dispatch;
     char why[512];
@@ -374,6 +375,14 @@ static void on_dispatch(wk_worker *w, Baton__V1__ConductorMessage *msg)
 refuse:
     wk_dispatch_refuse(w, d, code, why);
     baton__v1__conductor_message__free_unpacked(msg, NULL);
+}
+
+/* Parts that come over NCCL are received first (nccl.c), in arrival
+ * order: the peer's sends are matched by that order. */
+static void on_dispatch(wk_worker *w, Baton__V1__ConductorMessage *msg)
+{
+    if (wk_nccl_on_dispatch(w->nccl, msg) == 0)
+        wk_dispatch_accept(w, msg);
 }
 
 /* --- Put, Fetch, Release, SessionClose, Peers ----------------------------- */
@@ -591,6 +600,7 @@ static void on_peers(wk_worker *w, const Baton__V1__Peers *p)
     if (rc)
         bt_error("out of memory taking in the peers");
     bt_info("peers: %zu workers, this one is index %u", p->n_peers, p->self_index);
+    wk_nccl_on_peers(w->nccl, p);
 }
 
 /* --- events from lanes and loaders --------------------------------------- */
@@ -667,6 +677,7 @@ void wk_drain_events(wk_worker *w)
         case WK_EV_DONE: on_done_event(w, ev->item); break;
         case WK_EV_LOADED: on_loaded(w, ev->load); break;
         case WK_EV_SEND: send_bytes(w, ev); break;
+        case WK_EV_NCCL: wk_nccl_on_event(w->nccl, ev); break;
         }
         free(ev);
         ev = nx;
@@ -844,6 +855,10 @@ void wk_handle_frame(wk_worker *w, const void *data, size_t len)
         break;
     case BATON__V1__CONDUCTOR_MESSAGE__MSG_PUT: on_put(w, msg->put); break;
     case BATON__V1__CONDUCTOR_MESSAGE__MSG_PEERS: on_peers(w, msg->peers); break;
+    case BATON__V1__CONDUCTOR_MESSAGE__MSG_PAIR_COMM:
+        wk_nccl_on_pair_comm(w->nccl, msg->pair_comm);
+        break;
+    case BATON__V1__CONDUCTOR_MESSAGE__MSG_SEND: wk_nccl_on_send(w->nccl, msg->send); break;
     default: bt_warn("dropped a conductor message with no member set"); break;
     }
     baton__v1__conductor_message__free_unpacked(msg, NULL);
@@ -872,6 +887,9 @@ static void monitor_events(wk_worker *w)
         }
         if (id == ZMQ_EVENT_CONNECTED && w->connects++ > 0) {
             bt_info("reconnected to %s; registering again", w->opt.endpoint);
+            /* The conductor may be a new one that knows none of our pair
+             * communicators: the next Peers makes them again. */
+            wk_nccl_reset(w->nccl);
             send_register(w);
         }
     }
@@ -977,6 +995,8 @@ void wk_worker_quiesce(wk_worker *w)
      * results (and every completion the lanes posted) without answering. */
     for (wk_load *ld = w->loading; ld; ld = ld->next)
         pthread_join(ld->thread, NULL);
+    /* The comm thread fails what is pending (events taken in below). */
+    wk_nccl_stop(w->nccl);
     while (w->loading) {
         wk_load *ld = w->loading;
         w->loading = ld->next;
@@ -998,6 +1018,8 @@ void wk_worker_quiesce(wk_worker *w)
             on_done_event(w, ev->item);
         else if (ev->kind == WK_EV_SEND)
             free(ev->bytes);
+        else if (ev->kind == WK_EV_NCCL)
+            wk_nccl_on_event(w->nccl, ev);
         else {
             baton__v1__conductor_message__free_unpacked(ev->load->msg, NULL);
             free(ev->load);

@@ -227,7 +227,13 @@ struct wk_model {
     struct wk_model *next;
 };
 
-typedef enum wk_event_kind { WK_EV_CHUNK, WK_EV_DONE, WK_EV_LOADED, WK_EV_SEND } wk_event_kind;
+typedef enum wk_event_kind {
+    WK_EV_CHUNK,
+    WK_EV_DONE,
+    WK_EV_LOADED,
+    WK_EV_SEND,
+    WK_EV_NCCL
+} wk_event_kind;
 
 /* What lanes and loaders hand to the I/O thread, in order. */
 typedef struct wk_event {
@@ -240,6 +246,7 @@ typedef struct wk_event {
     struct wk_load *load;         /* LOADED */
     uint8_t *bytes;               /* SEND: a packed WorkerMessage (malloc'd) */
     size_t len;                   /* SEND */
+    struct nccl_op *nccl;         /* NCCL: a finished transfer (nccl.c, owned) */
     struct wk_event *next;
 } wk_event;
 
@@ -269,6 +276,7 @@ struct wk_worker {
     atomic_bool stopping;         /* set under [L]; lanes and cancelled() read it */
 
     wk_device *dev;               /* the pool's memory and copies (device.h) */
+    struct wk_nccl *nccl;         /* cross-host GPU transfers (nccl.h); owned */
     void *io_stream;              /* the I/O thread's stream for its copies */
     wk_pool *pool;                /* [L] */
     wk_peers peers;               /* [L] */
@@ -482,6 +490,12 @@ void wk_worker_quiesce(wk_worker *w);
  * loop. */
 void wk_handle_frame(wk_worker *w, const void *data, size_t len);
 void wk_drain_events(wk_worker *w);
+/* Queues the Dispatch in MSG (owned) whose inputs are all in reach (after
+ * its NCCL receives, nccl.c). */
+void wk_dispatch_accept(wk_worker *w, Baton__V1__ConductorMessage *msg);
+/* Answers dispatch D with a Done of status CODE and MESSAGE alone. */
+void wk_dispatch_refuse(wk_worker *w, const Baton__V1__Dispatch *d, baton_status code,
+                        const char *message);
 
 /* --- wire.c -------------------------------------------------------------- */
 

@@ -1,4 +1,5 @@
-/* The all-reduce through NCCL.  In a file of its own
+/* The all-reduce, and the point-to-point transfers of cross-host edges,
+ * through NCCL.  In a file of its own
  * so that only programs which reduce across ranks link libnccl: NCCL is
  * compiled in only when the build found nccl.h (BATON_NCCL=1, see the
  * Makefile); without it the one-rank identity remains. */
@@ -70,6 +71,74 @@ extern "C" void k_cuda_comm_destroy(void *comm)
         ncclCommDestroy((ncclComm_t)comm);
 }
 
+extern "C" int k_cuda_comm_join(void **comm, int device, const void *id, size_t len, int nranks,
+                                int rank)
+{
+    if (!comm || !id || len < sizeof(ncclUniqueId) || nranks < 1 || rank < 0 || rank >= nranks)
+        return -EINVAL;
+    *comm = NULL;
+    K_CUDA_CHECK(cudaSetDevice(device));
+    ncclUniqueId u;
+    memcpy(&u, id, sizeof(u));
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclComm_t c = NULL;
+    ncclResult_t r = ncclCommInitRankConfig(&c, nranks, u, rank, &config);
+    if (r != ncclSuccess && r != ncclInProgress) {
+        if (c)
+            ncclCommAbort(c);
+        fprintf(stderr, "%s:%d: NCCL error: %s\n", __FILE__, __LINE__, ncclGetErrorString(r));
+        return -EIO;
+    }
+    *comm = c;
+    return 0;
+}
+
+extern "C" int k_cuda_comm_ready(void *comm)
+{
+    ncclResult_t r = ncclSuccess;
+    if (!comm || ncclCommGetAsyncError((ncclComm_t)comm, &r) != ncclSuccess)
+        return -EIO;
+    return r == ncclSuccess ? 1 : r == ncclInProgress ? 0 : -EIO;
+}
+
+extern "C" void k_cuda_comm_abort(void *comm)
+{
+    if (comm)
+        ncclCommAbort((ncclComm_t)comm);
+}
+
+extern "C" int k_cuda_comm_failed(void *comm)
+{
+    ncclResult_t r = ncclSuccess;
+    if (!comm || ncclCommGetAsyncError((ncclComm_t)comm, &r) != ncclSuccess)
+        return 1;
+    return r != ncclSuccess && r != ncclInProgress;
+}
+
+extern "C" int k_cuda_comm_p2p(void *comm, int send, void *buf, size_t n, int peer, void *stream)
+{
+    if (!comm || (!buf && n))
+        return -EINVAL;
+    ncclComm_t c = (ncclComm_t)comm;
+    ncclResult_t r = send ? ncclSend(buf, n, ncclUint8, peer, c, K_STREAM(stream))
+                          : ncclRecv(buf, n, ncclUint8, peer, c, K_STREAM(stream));
+    /* A non-blocking communicator may still be queueing the operation:
+     * wait until it is on the stream, so that what the caller queues next
+     * (an event) comes after it. */
+    while (r == ncclInProgress) {
+        ncclResult_t st = ncclSuccess;
+        if (ncclCommGetAsyncError(c, &st) != ncclSuccess)
+            return -EIO;
+        r = st;
+    }
+    if (r != ncclSuccess) {
+        fprintf(stderr, "%s:%d: NCCL error: %s\n", __FILE__, __LINE__, ncclGetErrorString(r));
+        return -EIO;
+    }
+    return 0;
+}
+
 extern "C" int k_cuda_allreduce(float *buf, size_t n, void *comm, void *stream)
 {
     if (!comm || !n)
@@ -108,6 +177,38 @@ extern "C" int k_cuda_comm_init_rank(void **comm, int device, const void *id, si
 extern "C" void k_cuda_comm_destroy(void *comm)
 {
     (void)comm;
+}
+
+extern "C" void k_cuda_comm_abort(void *comm)
+{
+    (void)comm;
+}
+
+extern "C" int k_cuda_comm_join(void **comm, int device, const void *id, size_t len, int nranks,
+                                int rank)
+{
+    (void)device, (void)id, (void)len, (void)nranks, (void)rank;
+    if (comm)
+        *comm = NULL;
+    return -ENOSYS;
+}
+
+extern "C" int k_cuda_comm_ready(void *comm)
+{
+    (void)comm;
+    return -ENOSYS;
+}
+
+extern "C" int k_cuda_comm_failed(void *comm)
+{
+    (void)comm;
+    return 1;
+}
+
+extern "C" int k_cuda_comm_p2p(void *comm, int send, void *buf, size_t n, int peer, void *stream)
+{
+    (void)comm, (void)send, (void)buf, (void)n, (void)peer, (void)stream;
+    return -ENOSYS;
 }
 
 extern "C" int k_cuda_allreduce(float *buf, size_t n, void *comm, void *stream)

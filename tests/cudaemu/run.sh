@@ -15,7 +15,8 @@
 #     and baton-worker processes of the emulated build, CUDA IPC between
 #     workers, CPU<->GPU edges, the chat graph on cuda:0 against the CPU
 #     (also split over two workers, and tensor parallel over two), a tp: 2
-#     group's forming and restart, SIGKILL of a GPU worker, and
+#     group's forming and restart, SIGKILL of a GPU worker, GPU tensors
+#     between two emulated hosts over NCCL (`host:`), and
 #     --check-config.
 # A check passes when it exits 0 and the emulator reported no problem (the
 # emulator's tests provoke problems on purpose: for them, the exit status).

@@ -784,6 +784,101 @@ static void test_nccl_missing_peers(void **state)
     assert_int_not_equal(access(path, F_OK), 0);
 }
 
+/* Rank 0 of a pair, joined without blocking: sends 1001 bytes, then aborts
+ * the communicator while the peer waits for a second message. */
+static int nccl_abort_sender(void)
+{
+    ncclComm_t c = NULL;
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    if (ncclCommInitRankConfig(&c, 2, nccl_id, 0, &config) != ncclInProgress)
+        return 2;
+    ncclResult_t st = ncclInProgress;
+    for (int i = 0; i < 200000 && st == ncclInProgress; i++) {
+        if (ncclCommGetAsyncError(c, &st) != ncclSuccess)
+            return 3;
+        usleep(50);
+    }
+    if (st != ncclSuccess)
+        return 4;
+    unsigned char h[1001];
+    for (int i = 0; i < 1001; i++)
+        h[i] = (unsigned char)(i * 7);
+    unsigned char *d = dev_alloc<unsigned char>(1001);
+    if (cudaMemcpy(d, h, 1001, cudaMemcpyHostToDevice) ||
+        ncclSend(d, 1001, ncclUint8, 1, c, NULL) != ncclSuccess || cudaDeviceSynchronize())
+        return 5;
+    usleep(100000); /* the peer is waiting for a second message by now */
+    return ncclCommAbort(c) == ncclSuccess ? 0 : 6;
+}
+
+/* Rank 1: receives the 1001 bytes, then a second receive that only the
+ * peer's abort ends: it completes and the communicator reports
+ * ncclRemoteError. */
+static int nccl_abort_receiver(void)
+{
+    ncclComm_t c;
+    if (ncclCommInitRank(&c, 2, nccl_id, 1) != ncclSuccess)
+        return 2;
+    unsigned char *d = dev_alloc<unsigned char>(1001);
+    unsigned char h[1001];
+    if (ncclRecv(d, 1001, ncclUint8, 0, c, NULL) != ncclSuccess ||
+        cudaMemcpy(h, d, 1001, cudaMemcpyDeviceToHost))
+        return 3;
+    for (int i = 0; i < 1001; i++)
+        if (h[i] != (unsigned char)(i * 7))
+            return 4;
+    cudaStream_t s;
+    cudaEvent_t e;
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) ||
+        cudaEventCreateWithFlags(&e, cudaEventDisableTiming) ||
+        ncclRecv(d, 1001, ncclUint8, 0, c, s) != ncclSuccess || cudaEventRecord(e, s))
+        return 5;
+    cudaError_t q = cudaErrorNotReady;
+    for (int i = 0; i < 100000 && q == cudaErrorNotReady; i++) {
+        q = cudaEventQuery(e);
+        usleep(100);
+    }
+    ncclResult_t st = ncclSuccess;
+    if (q != cudaSuccess || ncclCommGetAsyncError(c, &st) != ncclSuccess ||
+        st != ncclRemoteError)
+        return 6;
+    return ncclCommAbort(c) == ncclSuccess ? 0 : 7;
+}
+
+static void test_nccl_abort(void **state)
+{
+    (void)state;
+    /* A non-blocking join that is aborted before its peer comes leaves no
+     * shared-memory file. */
+    assert_int_equal(ncclGetUniqueId(&nccl_id), ncclSuccess);
+    ncclComm_t c = NULL;
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    assert_int_equal(ncclCommInitRankConfig(&c, 2, nccl_id, 0, &config), ncclInProgress);
+    ncclResult_t st = ncclSuccess;
+    assert_int_equal(ncclCommGetAsyncError(c, &st), ncclSuccess);
+    assert_int_equal(st, ncclInProgress);
+    assert_int_equal(ncclCommAbort(c), ncclSuccess);
+    char path[200];
+    snprintf(path, sizeof(path), "/dev/shm%s", nccl_id.internal);
+    assert_int_not_equal(access(path, F_OK), 0);
+    /* Two processes: bytes cross, then an abort ends the peer's wait. */
+    assert_int_equal(ncclGetUniqueId(&nccl_id), ncclSuccess);
+    snprintf(path, sizeof(path), "/dev/shm%s", nccl_id.internal);
+    fflush(NULL);
+    pid_t q = fork();
+    if (q == 0)
+        _exit(nccl_abort_sender());
+    usleep(20000); /* rank 0 waits in its non-blocking join for a while */
+    assert_int_equal(in_child(nccl_abort_receiver), 0);
+    int ws = 0;
+    waitpid(q, &ws, 0);
+    assert_true(WIFEXITED(ws));
+    assert_int_equal(WEXITSTATUS(ws), 0);
+    assert_int_not_equal(access(path, F_OK), 0);
+}
+
 /* Rank R of NR in a ring: a grouped exchange with both neighbours of a
  * buffer larger than a mailbox slot, then an ungrouped small send and
  * receive in opposite orders on the two sides.  Exit 0 when right. */
@@ -894,6 +989,7 @@ int main(void)
         cmocka_unit_test(test_ipc_between_processes),
         cmocka_unit_test(test_cublas_column_major),
         cmocka_unit_test(test_nccl_missing_peers),
+        cmocka_unit_test(test_nccl_abort),
         cmocka_unit_test(test_nccl_send_recv),
         cmocka_unit_test(test_device_properties),
     };

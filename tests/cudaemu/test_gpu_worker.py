@@ -18,6 +18,10 @@ What it shows:
   - a tp: 2 model's group: rank 0 makes its id and rank 1 loads with it,
     rank 1 runs every step rank 0 runs, and when one rank dies both are
     restarted;
+  - GPU workers registered under different host names (`host:` in the deployment)
+    hand tensors over NCCL, on a communicator per pair that the conductor
+    relays: the same results as on one host, a 16 MiB tensor intact, pools
+    empty afterwards, and a killed producer fails only its request;
   - SIGKILL of a GPU worker under load: its requests end UNAVAILABLE, it
     comes back, and the surviving worker closed its IPC mapping of the dead
     one's memory;
@@ -365,6 +369,156 @@ def test_tp_group():
     assert not found, "the emulator reported problems:\n" + "".join(found[:20])
 
 
+XHOST_CONFIG = daemon_yaml(60000).replace("log_level: warning", "log_level: info") + """  max_message_bytes: 100000000
+workers:
+  - {name: gpu0, device: 'cuda:0', pool_mb: 96, host: host-a}
+  - {name: gpu1, device: 'cuda:1', pool_mb: 96, spawn: external, host: host-b}
+  - {name: gpu2, device: 'cuda:1', pool_mb: 96, host: host-a}
+models:
+  - {name: echo_g0, backend: echo, worker: gpu0}
+  - {name: add_g0, backend: add, worker: gpu0}
+  - {name: add_g1, backend: add, worker: gpu1}
+  - {name: add_g2, backend: add, worker: gpu2}
+  - {name: slow_g0, backend: sleep, worker: gpu0, options: {ms: 1500}}
+graphs:
+"""
+# Two copies of x made on gpu0 meet on the consumer (y = 2x), and y comes
+# back to gpu0: across hosts (gpu1, host-b) both directions of the pair run
+# over NCCL; on gpu2 (host-a, like gpu0) the same graph reads by CUDA IPC.
+for _name, _model in (("xhost", "add_g1"), ("samehost", "add_g2")):
+    XHOST_CONFIG += """  - name: %s
+    inputs: [x]
+    body:
+      sequential:
+        - parallel:
+            - node: {name: p1, model: echo_g0, inputs: [x], outputs: [{name: x, to: twice}]}
+            - node: {name: p2, model: echo_g0, inputs: [x], outputs: [{name: x2, to: twice}]}
+        - node: {name: twice, model: %s, inputs: [x, x2], outputs: [{name: y, to: back}]}
+        - node: {name: back, model: add_g0, inputs: [y], outputs: [{name: z, to: client}]}
+""" % (_name, _model)
+XHOST_CONFIG += """  - name: slow
+    inputs: [x]
+    body:
+      sequential:
+        - node: {name: s, model: slow_g0, inputs: [x], outputs: [{name: x, to: c}]}
+        - node: {name: c, model: add_g1, inputs: [x], outputs: [{name: y, to: client}]}
+"""
+
+
+def test_nccl_between_hosts():
+    """Two emulated GPU workers registered under different host names
+    (`host:` in the deployment): the conductor marks the parts between them NCCL,
+    the producer ncclSends and the consumer ncclRecvs on their pair's
+    communicator (made at registration, relayed by the conductor).  The
+    result equals the same graph on one host (CUDA IPC), for a 4 KiB and a
+    16 MiB tensor; every pool returns to empty.  A producer killed under a
+    request fails it UNAVAILABLE; once restarted it forms a new
+    communicator with the consumer and requests succeed again.  A send
+    whose receiver is lost before it receives ends (the communicator is
+    aborted) and frees its tensor."""
+    d = E.Daemon(XHOST_CONFIG, wait=False)
+    wlog = open(os.path.join(d.dir, "gpu1.log"), "w")
+    worker = subprocess.Popen([os.path.join(ROOT, E.BUILD, "baton-worker"), "--config", d.config,
+                               "--name", "gpu1", "--run-id", "xh%d" % os.getpid()],
+                              stdout=wlog, stderr=subprocess.STDOUT)
+    c = d.client()
+    found = []
+    try:
+        d.wait_ready(timeout=120)
+
+        def run(graph, data, want_ok=True, timeout=60):
+            """The graph's z; retried while the pair's communicator is
+            still forming (the node then fails UNAVAILABLE)."""
+            deadline = time.time() + timeout
+            while True:
+                _, r = c.infer(graph, {"x": (pb.I32, [len(data) // 4], data)}, timeout=120)
+                if r.status.code == pb.OK or time.time() > deadline:
+                    break
+                assert r.status.code == pb.UNAVAILABLE, r.status
+                time.sleep(0.5)
+            assert r.status.code == pb.OK, (graph, r.status)
+            return r.outputs[0].data
+
+        for size in (4096, 16 << 20):
+            n = size // 4
+            data = struct.pack("<%di" % n, *((i * 2654435761) % 1000003 for i in range(n)))
+            want = struct.pack("<%di" % n, *(2 * ((i * 2654435761) % 1000003) for i in range(n)))
+            before = staged(d, "gpu1") or 0
+            got = run("xhost", data)
+            assert got == want, "%d bytes: the cross-host result differs" % size
+            assert run("samehost", data) == got, "%d bytes: cross-host != same host" % size
+            # gpu1 received both copies of x over NCCL (counted as staged).
+            settled(d, "gpu1", before + 2 * size)
+            assert staged(d, "gpu1") >= before + 2 * size, (staged(d, "gpu1"), before)
+        wait_pools_empty(d, ("gpu0", "gpu1", "gpu2"))
+        # The bytes crossed over NCCL: gpu1 never mapped gpu0's memory (no
+        # CUDA IPC between hosts), and its log shows the pair's
+        # communicator; gpu2, on gpu0's host, did map it.
+        pid0 = d.worker_pid("gpu0")
+        assert own_inode(pid0) not in memfd_inodes(worker.pid)
+        assert own_inode(pid0) in memfd_inodes(d.worker_pid("gpu2"))
+        wlog.flush()
+        with open(os.path.join(d.dir, "gpu1.log")) as f:
+            text = f.read()
+        assert "communicator 1 with worker 0 formed (rank 1)" in text, text[-3000:]
+        # The producer dies under a request: it ends UNAVAILABLE, the
+        # conductor restarts the producer, and a new communicator of the
+        # pair carries the next requests.
+        rid = c.request("slow", {"x": (pb.I32, [3], struct.pack("<3i", 1, 2, 3))})
+        time.sleep(0.5)
+        os.kill(pid0, signal.SIGKILL)
+        E.wait_all_unavailable(c, [rid], 30)
+        E.wait_restarted(d, c, "gpu0", pid0, timeout=60)
+        data = struct.pack("<4i", 5, 6, 7, 8)
+        assert run("xhost", data) == struct.pack("<4i", 10, 12, 14, 16)
+        _, r = c.infer("slow", {"x": (pb.I32, [4], data)}, timeout=60)
+        assert r.status.code == pb.OK and r.outputs[0].data == data, r.status
+        wait_pools_empty(d, ("gpu0", "gpu1", "gpu2"))
+        assert worker.poll() is None, "the consumer exited"
+        # The consumer stops before it takes its Dispatch, so the producer's
+        # send waits for a receive that never comes; the consumer is then
+        # killed.  Once the conductor has lost it, the producer aborts the
+        # pair's communicator: the send ends, its tensor is freed (the pool
+        # empties), and a new consumer forms a new communicator.
+        # (Larger than what a send can hand over before the receiver takes
+        # it: the emulator's mailbox holds 256 KiB, real NCCL's buffers
+        # less.)
+        big = pattern(1 << 20)
+        rid = c.request("slow", {"x": (pb.I32, [len(big) // 4], big)})
+        worker.send_signal(signal.SIGSTOP)
+        time.sleep(3)
+        worker.kill()
+        worker.wait()
+        E.wait_all_unavailable(c, [rid], 30)
+        wait_pools_empty(d, ("gpu0",), timeout=15)
+        d.log.flush()
+        with open(os.path.join(d.dir, "batond.log")) as f:
+            log = f.read()
+        assert "with worker 1 failed: the peer is down" in log, log[-3000:]
+        worker = subprocess.Popen([os.path.join(ROOT, E.BUILD, "baton-worker"), "--config",
+                                   d.config, "--name", "gpu1", "--run-id",
+                                   "xh%d" % os.getpid()],
+                                  stdout=wlog, stderr=subprocess.STDOUT)
+        d.wait_ready(timeout=60)
+        assert run("xhost", data) == struct.pack("<4i", 10, 12, 14, 16)
+        wait_pools_empty(d, ("gpu0", "gpu1", "gpu2"))
+    finally:
+        c.close()
+        if worker.poll() is None:
+            worker.terminate()
+            try:
+                worker.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+                worker.wait()
+        wlog.close()
+        found = problems(d)
+        with open(os.path.join(d.dir, "gpu1.log")) as f:
+            found += [line for line in f if "cudaemu: problem" in line]
+        d.stop()
+    assert not found, "the emulator reported problems:\n" + "".join(found[:20])
+
+
 CHAT_CONFIG = daemon_yaml(600000) + """workers:
   - {name: cpu0, device: cpu, pool_mb: 64}
   - {name: gpu0, device: 'cuda:0', pool_mb: 64}
@@ -525,7 +679,8 @@ def main():
         if found:
             failed += 1
             print("FAIL the emulator reported problems:\n%s" % "".join(found[:20]), flush=True)
-    for t in (test_check_config, test_device_lost, test_tp_group, test_chat_cuda_equals_cpu):
+    for t in (test_check_config, test_device_lost, test_tp_group, test_nccl_between_hosts,
+              test_chat_cuda_equals_cpu):
         if not only or t.__name__ in only:
             run(t)
     print("gpu worker: %d passed, %d failed, %d skipped" % (passed, failed, skipped))

@@ -433,7 +433,9 @@ static void test_cross_host_kinds(void **state)
     }
     assert_non_null(bt_diag_find(b.diag, "worker 'a' (host h1) feeds worker 'b' (host h2) but "
                                           "has no 'peer_listen'"));
-    assert_int_equal(graph_transfer_kind_of(false, true, false), GRAPH_XFER_NCCL);
+    assert_int_equal(graph_transfer_kind_of(false, true, true), GRAPH_XFER_NCCL);
+    assert_int_equal(graph_transfer_kind_of(false, true, false), GRAPH_XFER_NONE);
+    assert_int_equal(graph_transfer_kind_of(false, false, true), GRAPH_XFER_NONE);
     assert_int_equal(graph_transfer_kind_of(false, false, false), GRAPH_XFER_SOCKET);
     assert_int_equal(graph_transfer_kind_of(true, true, true), GRAPH_XFER_CUDA_IPC);
     assert_int_equal(graph_transfer_kind_of(true, false, true), GRAPH_XFER_HOST_STAGED);
