@@ -458,6 +458,16 @@ static void load_worker(cfg__loader *l, const yt_node *v, cfg_worker *w, cfg__na
                           "%s: peer_listen '%s' binds every address, but it is also what the "
                           "worker advertises to its peers: name the address they reach it at",
                           ctx, w->peer_listen);
+        else
+            check_transport(l, f[9], "peer_listen", w->peer_listen);
+        /* Under curve the peer socket is a CURVE server with the worker's
+         * own key: batond hands one to the workers it spawns, a worker
+         * started by hand reads its `key:`. */
+        if (dm->curve && w->spawn == CFG_SPAWN_EXTERNAL && !w->key.s)
+            bt_diag_error(l->diag, f[9]->line, f[9]->col,
+                          "%s is 'spawn: external' with a peer_listen and daemon.curve set: "
+                          "give it 'key:' (its secret key file, made by 'batonctl keygen'), "
+                          "the key of its worker-to-worker socket", ctx);
     }
 }
 

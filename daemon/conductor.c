@@ -711,9 +711,10 @@ static int bind_sockets(conductor *c)
 /* Creates the modules bottom-up and connects their hooks to this file. */
 static int create_modules(conductor *c)
 {
-    bool worker_curve = c->curve && cfg_endpoint_is_tcp(c->cfg->daemon.workers_endpoint);
+    /* With curve, every spawned worker gets a key pair: towards a tcp
+     * workers endpoint, and for its worker-to-worker socket either way. */
     sup_options so = {c->cfg, c->config_path, c->run_id, c->worker_exe, c->back_sock,
-                      worker_curve ? c->keys.public_z85 : NULL};
+                      c->curve ? c->keys.public_z85 : NULL};
     sup_hooks sh = {c, on_ready_changed, on_worker_lost, on_worker_message, on_burst_begin,
                     on_burst_end, on_authorize};
     disp_hooks dh = {c, on_chunk, on_response};

@@ -376,6 +376,7 @@ static void send_peers(supervisor *s)
         infos[w].name = (char *)wk->cfg->name;
         infos[w].hostname = wk->hostname;
         infos[w].peer_endpoint = wk->peer_endpoint;
+        infos[w].curve_public_key = wk->curve_public_key;
         infos[w].incarnation = wk->incarnation;
         infos[w].up = wk->state == SUP_LOADING || wk->state == SUP_READY;
         infos[w].n_pools = wk->n_pools;
@@ -711,6 +712,12 @@ static void on_register(supervisor *s, sup_worker *w, const Baton__V1__Register 
     snprintf(w->hostname, sizeof(w->hostname), "%s", rg->hostname ? rg->hostname : "");
     snprintf(w->peer_endpoint, sizeof(w->peer_endpoint), "%s",
              rg->peer_endpoint ? rg->peer_endpoint : "");
+    /* Only a well-formed key is passed on; anything else is as good as none
+     * (its peers then refuse to pull from it under CURVE). */
+    snprintf(w->curve_public_key, sizeof(w->curve_public_key), "%s",
+             rg->curve_public_key && bt_curve_z85_valid(rg->curve_public_key, NULL)
+                 ? rg->curve_public_key
+                 : "");
     w->pool_bytes = rg->pool_bytes;
     if (!w->pid && rg->pid && w->cfg->spawn == CFG_SPAWN_EXTERNAL)
         bt_info("external worker %s registered (pid %u on %s)", w->cfg->name, rg->pid,

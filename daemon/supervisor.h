@@ -38,6 +38,7 @@ typedef struct sup_worker {
     char hostname[64];            /* as it registered (its `host:`, else gethostname) */
     char peer_endpoint[256];      /* as it registered: where peers on other hosts pull its
                                      tensors; "" when it has none */
+    char curve_public_key[41];    /* as it registered (Z85), for its peers' CURVE; "" when none */
     uint64_t pool_bytes;
     Baton__V1__PoolHandle *pools; /* owned copies of its registered pools */
     size_t n_pools;

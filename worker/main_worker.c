@@ -229,29 +229,41 @@ int main(int argc, char **argv)
                                              cp->memory_efficiency, cp->tflops,
                                              cp->comm_bandwidth_gbps, cp->comm_efficiency,
                                              cp->sync_overhead_us};
+    /* With daemon.curve every worker has a key pair: batond's pipe gives
+     * the ones it spawns theirs, one started by hand reads its `key:`.  It
+     * is the client key towards a tcp workers endpoint, and the server key
+     * of the worker-to-worker socket (peer_listen). */
     const char *ep = opt.endpoint;
+    bool tcp = cfg_endpoint_is_tcp(ep);
     if (have_key_fd) {
-        opt.curve_server_public = server_public;
         opt.curve_own = &own;
-    } else if (cfg->daemon.curve && cfg_endpoint_is_tcp(ep)) {
+        if (tcp)
+            opt.curve_server_public = server_public;
+    } else if (cfg->daemon.curve && (tcp || cw->peer_listen)) {
         char err[600];
         if (!cw->key.s) {
-            bt_error("worker '%s' has no 'key:' for the CURVE workers endpoint %s", name, ep);
+            bt_error("worker '%s' has no 'key:', which daemon.curve needs for %s", name,
+                     tcp ? "the tcp workers endpoint" : "its peer_listen socket");
             goto out;
         }
-        if (cfg_server_public_key(cfg, server_public, err, sizeof(err)) != 0 ||
+        if ((tcp && cfg_server_public_key(cfg, server_public, err, sizeof(err)) != 0) ||
             bt_curve_secret_load(cw->key.s, &own, err, sizeof(err)) != 0) {
             bt_error("%s", err);
             goto out;
         }
-        opt.curve_server_public = server_public;
         opt.curve_own = &own;
+        if (tcp)
+            opt.curve_server_public = server_public;
     }
     if (opt.curve_server_public) {
         char fp[BT_CURVE_FINGERPRINT_LEN + 1], sfp[BT_CURVE_FINGERPRINT_LEN + 1];
         bt_info("curve: key %s... towards server key %s...",
                 bt_curve_fingerprint(own.public_z85, fp),
                 bt_curve_fingerprint(server_public, sfp));
+    } else if (opt.curve_own) {
+        char fp[BT_CURVE_FINGERPRINT_LEN + 1];
+        bt_info("curve: key %s... for the worker-to-worker socket",
+                bt_curve_fingerprint(own.public_z85, fp));
     }
     bt_info("starting: device %s, pool %llu MiB, %u lane(s), %zu model(s) placed, incarnation "
             "%llu", cw->device, (unsigned long long)cw->pool_mb, opt.streams, n_models,

@@ -366,6 +366,6 @@ static void xfer_unpin(void *arg, void *pin)
 int wk_pull_xfer_create(wk_worker *w, char *err, size_t errlen)
 {
     static const wk_xfer_ops ops = {xfer_pin, xfer_unpin, on_pull_done};
-    return wk_xfer_create(w->zctx, w->opt.peer_listen, w->event_fd, &ops, w, &w->xfer, err,
-                          errlen);
+    return wk_xfer_create(w->zctx, w->opt.peer_listen, w->opt.curve_own, w->event_fd, &ops, w,
+                          &w->xfer, err, errlen);
 }

@@ -701,6 +701,8 @@ static void send_register(wk_worker *w)
     r.pid = (uint32_t)getpid();
     r.hostname = w->hostname;
     r.peer_endpoint = (char *)wk_xfer_endpoint(w->xfer);
+    /* Peers authenticate this worker's peer socket by it (and it theirs). */
+    r.curve_public_key = w->opt.curve_own ? (char *)w->opt.curve_own->public_z85 : "";
     Baton__V1__WorkerMessage m = BATON__V1__WORKER_MESSAGE__INIT;
     m.msg_case = BATON__V1__WORKER_MESSAGE__MSG_REGISTRATION;
     m.registration = &r;

@@ -27,9 +27,10 @@ typedef struct wk_options {
     uint32_t index;           /* worker index until Peers says otherwise */
     uint32_t comm_streams;    /* the config's streams.comm, handed to model_load */
     baton_device_profile profile; /* the device's cost model (strings borrowed) */
-    /* CURVE towards a tcp workers endpoint: the conductor's public key and
-     * this worker's own pair, Z85 (borrowed); curve_server_public NULL:
-     * no CURVE. */
+    /* CURVE: the conductor's public key, set when the workers endpoint is
+     * tcp with daemon.curve (NULL: a plain connection), and this worker's
+     * own pair, set whenever daemon.curve is (NULL: no CURVE anywhere),
+     * which the worker-to-worker socket uses too.  Borrowed, Z85. */
     const char *curve_server_public;
     const bt_curve_keypair *curve_own;
     const char *host;         /* host name to report; NULL: gethostname() */

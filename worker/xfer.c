@@ -39,9 +39,11 @@
 #include <unistd.h>
 
 #include "common/clock.h"
+#include "common/curve.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "common/u64map.h"
+#include "common/zapwire.h"
 #include "proto/baton.pb-c.h"
 
 typedef struct xfer_pull xfer_pull;
@@ -79,9 +81,15 @@ typedef struct xfer_unpin {
     struct xfer_unpin *next;
 } xfer_unpin;
 
+/* The ZAP domain of the worker-to-worker ROUTER. */
+#define XFER_ZAP_DOMAIN "baton-peer"
+
 struct wk_xfer {
     void *zctx;                  /* borrowed */
     void *router;                /* producer side, or NULL */
+    bool curve;                  /* the sockets speak CURVE with OWN */
+    bt_curve_keypair own;        /* this worker's key pair (when curve); wiped at destroy */
+    void *zap;                   /* ZAP handler of the ROUTER (curve and a router), or NULL */
     char endpoint[256];          /* router's resolved endpoint, or "" */
     int wake_fd;                 /* borrowed; -1: none */
     wk_xfer_ops ops;
@@ -158,7 +166,7 @@ int wk_xfer_check_range(const wk_xfer_src *held, const wk_xfer_src *req, uint64_
  * worker drops replies nobody can use; no send high-water mark, since the
  * consumers' windows bound what is queued and a ROUTER would otherwise
  * drop replies silently. */
-static int xfer_peer_socket_server_setup(void *sock, char *err, size_t errlen)
+static int xfer_peer_socket_server_setup(wk_xfer *x, void *sock, char *err, size_t errlen)
 {
     int zero = 0;
     if (zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof(zero)) != 0 ||
@@ -167,14 +175,28 @@ static int xfer_peer_socket_server_setup(void *sock, char *err, size_t errlen)
         snprintf(err, errlen, "worker-to-worker socket options: %s", zmq_strerror(zmq_errno()));
         return -1;
     }
+    if (!x->curve)
+        return 0;
+    /* With CURVE the socket is a server with this worker's key, and its
+     * ZAP handler (bound first, so that nobody gets in unasked) lets in
+     * only the keys the conductor announced for the other workers. */
+    if (bt_zap_bind(x->zctx, &x->zap) != 0) {
+        snprintf(err, errlen, "worker-to-worker ZAP handler: %s", zmq_strerror(zmq_errno()));
+        return -1;
+    }
+    int rc = bt_curve_apply_server(sock, &x->own, XFER_ZAP_DOMAIN);
+    if (rc != 0) {
+        snprintf(err, errlen, "worker-to-worker socket: CURVE: %s", bt_curve_strerror(rc));
+        return -1;
+    }
     return 0;
 }
 
 /* Options of a consumer's DEALER to PEER, before it connects.  The one
  * place where the client side is set up: CURVE client keys and the
  * producer's public key (PEER->curve_public_key) belong here. */
-static int xfer_peer_socket_client_setup(void *sock, const xfer_peer *peer, char *err,
-                                         size_t errlen)
+static int xfer_peer_socket_client_setup(const wk_xfer *x, void *sock, const xfer_peer *peer,
+                                         char *err, size_t errlen)
 {
     int zero = 0;
     if (zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof(zero)) != 0 ||
@@ -183,11 +205,48 @@ static int xfer_peer_socket_client_setup(void *sock, const xfer_peer *peer, char
         snprintf(err, errlen, "socket to worker %s: %s", peer->name, zmq_strerror(zmq_errno()));
         return -1;
     }
+    if (!x->curve)
+        return 0;
+    /* The producer must prove the key the conductor announced for it; a
+     * producer that registered none cannot be reached over CURVE. */
+    if (!peer->curve_public_key) {
+        snprintf(err, errlen, "worker %s registered no CURVE key, and the deployment sets "
+                 "daemon.curve: its tensors cannot be pulled", peer->name);
+        return -1;
+    }
+    int rc = bt_curve_apply_client(sock, &x->own, peer->curve_public_key);
+    if (rc != 0) {
+        snprintf(err, errlen, "socket to worker %s: CURVE: %s", peer->name,
+                 bt_curve_strerror(rc));
+        return -1;
+    }
     return 0;
 }
 
-int wk_xfer_create(void *zctx, const char *listen, int wake_fd, const wk_xfer_ops *ops,
-                   void *arg, wk_xfer **out, char *err, size_t errlen)
+/* The ZAP decision of the ROUTER (a bt_zap_decide_fn): a CURVE peer whose
+ * key one of the other workers registered with. */
+static int xfer_zap_decide(void *arg, const bt_zap_request *req, const char **user_id)
+{
+    const wk_xfer *x = arg;
+    (void)user_id;
+    if (strcmp(req->domain, XFER_ZAP_DOMAIN) != 0 || strcmp(req->mechanism, "CURVE") != 0 ||
+        req->cred_len != 32)
+        return 400;
+    uint8_t key[32];
+    for (const xfer_peer *p = x->peers; p; p = p->next)
+        if (p->curve_public_key && bt_curve_z85_valid(p->curve_public_key, key) &&
+            memcmp(key, req->cred, 32) == 0)
+            return 200;
+    char z85[BT_CURVE_Z85_SIZE], fp[BT_CURVE_FINGERPRINT_LEN + 1] = "?";
+    if (zmq_z85_encode(z85, req->cred, 32))
+        bt_curve_fingerprint(z85, fp);
+    bt_warn("refused a worker-to-worker peer from %s: its public key (%s...) is not one the "
+            "conductor announced", req->address, fp);
+    return 400;
+}
+
+int wk_xfer_create(void *zctx, const char *listen, const bt_curve_keypair *own, int wake_fd,
+                   const wk_xfer_ops *ops, void *arg, wk_xfer **out, char *err, size_t errlen)
 {
     *out = NULL;
     wk_xfer *x = calloc(1, sizeof(*x));
@@ -205,13 +264,17 @@ int wk_xfer_create(void *zctx, const char *listen, int wake_fd, const wk_xfer_op
     u64map_init(&x->pulls);
     atomic_init(&x->unpins, NULL);
     atomic_init(&x->pins_out, 0);
+    if (own) {
+        x->curve = true;
+        x->own = *own;
+    }
     if (listen && *listen) {
         size_t len = sizeof(x->endpoint);
         if (!(x->router = zmq_socket(zctx, ZMQ_ROUTER))) {
             snprintf(err, errlen, "peer_listen socket: %s", zmq_strerror(zmq_errno()));
             goto err;
         }
-        if (xfer_peer_socket_server_setup(x->router, err, errlen) != 0)
+        if (xfer_peer_socket_server_setup(x, x->router, err, errlen) != 0)
             goto err;
         if (zmq_bind(x->router, listen) != 0) {
             snprintf(err, errlen, "peer_listen %s: cannot bind: %s", listen,
@@ -434,7 +497,7 @@ static int peer_connect(wk_xfer *x, xfer_peer *p, char *err, size_t errlen)
         snprintf(err, errlen, "socket to worker %s: %s", p->name, zmq_strerror(zmq_errno()));
         return -1;
     }
-    if (xfer_peer_socket_client_setup(p->sock, p, err, errlen) != 0)
+    if (xfer_peer_socket_client_setup(x, p->sock, p, err, errlen) != 0)
         goto err;
     if (zmq_connect(p->sock, p->endpoint) != 0) {
         snprintf(err, errlen, "connect to worker %s at %s: %s", p->name, p->endpoint,
@@ -754,7 +817,7 @@ size_t wk_xfer_poll_count(const wk_xfer *x)
 {
     if (!x)
         return 0;
-    size_t n = x->router != NULL;
+    size_t n = (x->router != NULL) + (x->zap != NULL);
     for (const xfer_peer *p = x->peers; p; p = p->next)
         n += p->sock != NULL;
     return n;
@@ -765,6 +828,8 @@ size_t wk_xfer_poll_fill(wk_xfer *x, zmq_pollitem_t *items, size_t max)
     size_t n = 0;
     if (!x)
         return 0;
+    if (x->zap && n < max)
+        items[n++] = (zmq_pollitem_t){x->zap, 0, ZMQ_POLLIN, 0};
     if (x->router && n < max)
         items[n++] = (zmq_pollitem_t){x->router, 0, ZMQ_POLLIN, 0};
     for (xfer_peer *p = x->peers; p && n < max; p = p->next)
@@ -787,6 +852,12 @@ void wk_xfer_poll_handle(wk_xfer *x, const zmq_pollitem_t *items, size_t n)
     for (size_t i = 0; i < n; i++) {
         if (!(items[i].revents & ZMQ_POLLIN))
             continue;
+        if (x->zap && items[i].socket == x->zap) {
+            if (bt_zap_serve(x->zap, xfer_zap_decide, x) < 0)
+                bt_warn("cannot answer a worker-to-worker ZAP request: %s",
+                        zmq_strerror(zmq_errno()));
+            continue;
+        }
         if (items[i].socket == x->router) {
             /* A bounded batch, so that a busy producer still lets the
              * worker's other sockets in. */
@@ -865,6 +936,9 @@ void wk_xfer_close(wk_xfer *x)
     if (x->router)
         zmq_close(x->router);
     x->router = NULL;
+    if (x->zap)
+        zmq_close(x->zap);
+    x->zap = NULL;
 }
 
 void wk_xfer_destroy(wk_xfer *x)
@@ -883,5 +957,6 @@ void wk_xfer_destroy(wk_xfer *x)
         free(p);
     }
     u64map_free(&x->pulls);
+    bt_curve_keypair_wipe(&x->own);
     free(x);
 }

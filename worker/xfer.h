@@ -30,6 +30,7 @@
 #include <zmq.h>
 
 #include "baton/backend.h"
+#include "common/curve.h"
 
 #define WK_XFER_CHUNK_BYTES (1u << 20)  /* bytes per pull request (the last one may be less) */
 #define WK_XFER_WINDOW 8u               /* chunks in flight per producer */
@@ -93,11 +94,15 @@ int wk_xfer_check_range(const wk_xfer_src *held, const wk_xfer_src *req, uint64_
                         uint64_t length, char *err, size_t errlen);
 
 /* Creates the module on ZCTX.  LISTEN ("tcp://ADDR:PORT", PORT may be *)
- * binds the producer's ROUTER; NULL: this worker serves no pulls.
+ * binds the producer's ROUTER; NULL: this worker serves no pulls.  OWN
+ * (copied; NULL: plain sockets) is this worker's CURVE key pair: the ROUTER
+ * is then a CURVE server with it whose ZAP handler (polled with the other
+ * sockets) lets in only the keys given by wk_xfer_peer_key, and every pull
+ * authenticates its producer by the key given for it.
  * WAKE_FD is an eventfd the I/O thread polls (see above), or -1 when the
  * caller drains the unpins on its own schedule.  0, or -1 with ERR. */
-int wk_xfer_create(void *zctx, const char *listen, int wake_fd, const wk_xfer_ops *ops,
-                   void *arg, wk_xfer **out, char *err, size_t errlen);
+int wk_xfer_create(void *zctx, const char *listen, const bt_curve_keypair *own, int wake_fd,
+                   const wk_xfer_ops *ops, void *arg, wk_xfer **out, char *err, size_t errlen);
 /* Closes the sockets (linger 0: replies not yet sent are dropped) and
  * forgets every pull without calling pull_done.  The pins of replies
  * ZeroMQ still holds come back when the context is terminated; so the

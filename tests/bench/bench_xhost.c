@@ -118,7 +118,7 @@ static int producer_main(int out_fd)
         p.pool[i] = pattern(i);
     void *ctx = zmq_ctx_new();
     wk_xfer *x = NULL;
-    if (wk_xfer_create(ctx, listen ? listen : "tcp://127.0.0.1:*", -1, &ops, &p, &x, err,
+    if (wk_xfer_create(ctx, listen ? listen : "tcp://127.0.0.1:*", NULL, -1, &ops, &p, &x, err,
                        sizeof(err)) != 0) {
         fprintf(stderr, "producer: %s\n", err);
         return 1;
@@ -364,7 +364,7 @@ int main(int argc, char **argv)
     if (!(c.dst = malloc(POOL_BYTES)))
         goto out;
     memset(c.dst, 0, POOL_BYTES);
-    if (wk_xfer_create(c.ctx, NULL, -1, &ops, NULL, &c.x, err, sizeof(err)) != 0 ||
+    if (wk_xfer_create(c.ctx, NULL, NULL, -1, &ops, NULL, &c.x, err, sizeof(err)) != 0 ||
         wk_xfer_peer_update(c.x, 0, "producer", ep, 1, true) != 0) {
         fprintf(stderr, "consumer: %s\n", err);
         goto out;

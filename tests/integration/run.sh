@@ -105,6 +105,10 @@ run_script test_curve.py env BUILD="$BUILD" /usr/bin/python3 tests/integration/t
 # Cross-host transfers: three CPU workers declared on two hosts, pulling
 # each other's tensors over loopback peer sockets.
 run_script test_xhost.py env BUILD="$BUILD" /usr/bin/python3 tests/integration/test_xhost.py
+# Hosts made of network namespaces (needs root, else SKIP): batond, two
+# external CPU workers and the clients each on their own address, CURVE on
+# every socket, tensors pulled between hosts, a cut link, a killed worker.
+run_script test_multihost.py env BUILD="$BUILD" /usr/bin/python3 tests/integration/test_multihost.py
 
 # A failed event loop makes batond exit non-zero.
 run_script test_loop_failure.sh env BUILD="$BUILD" bash tests/integration/test_loop_failure.sh

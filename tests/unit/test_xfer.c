@@ -14,9 +14,11 @@
 #include <zmq.h>
 
 #include "common/clock.h"
+#include "common/curve.h"
 #include "common/status.h"
 #include "proto/baton.pb-c.h"
 #include "worker/xfer.h"
+#include "tests/unit/skip.h"
 
 #define MIB (1u << 20)
 
@@ -213,9 +215,9 @@ static int rig_setup(void **state)
     r->prod.t[0] = (wk_xfer_src){101, 0, 0, 32u * MIB + 12345};   /* large */
     r->prod.t[1] = (wk_xfer_src){102, 0, 33u * MIB, 1000};        /* small */
     r->prod.t[2] = (wk_xfer_src){103, 0, 34u * MIB, 3 * MIB};     /* medium */
-    assert_int_equal(wk_xfer_create(r->zctx, "tcp://127.0.0.1:*", -1, &prod_ops, &r->prod,
+    assert_int_equal(wk_xfer_create(r->zctx, "tcp://127.0.0.1:*", NULL, -1, &prod_ops, &r->prod,
                                     &r->producer, err, sizeof(err)), 0);
-    assert_int_equal(wk_xfer_create(r->zctx, NULL, -1, &cons_ops, NULL, &r->consumer, err,
+    assert_int_equal(wk_xfer_create(r->zctx, NULL, NULL, -1, &cons_ops, NULL, &r->consumer, err,
                                     sizeof(err)), 0);
     assert_string_not_equal(wk_xfer_endpoint(r->producer), "");
     assert_string_equal(wk_xfer_endpoint(r->consumer), "");
@@ -449,12 +451,95 @@ static void test_silent_producer_times_out(void **state)
     zmq_close(mute);
 }
 
+/* Under CURVE: a consumer whose key the producer was told of pulls
+ * intact bytes; one with another key is refused at the handshake and its
+ * pull never gets a byte; a producer that registered no key cannot be
+ * pulled from at all, and says so. */
+static void test_curve_pulls(void **state)
+{
+    (void)state;
+    if (!bt_curve_available())
+        skip_because("libzmq has no CURVE");
+    static const wk_xfer_ops ops = {fp_pin, fp_unpin, fc_done};
+    bt_curve_keypair pk, ck, sk;
+    assert_int_equal(bt_curve_keypair_generate(&pk), 0);
+    assert_int_equal(bt_curve_keypair_generate(&ck), 0);
+    assert_int_equal(bt_curve_keypair_generate(&sk), 0);
+    rig r = {0};
+    char err[256];
+    r.zctx = zmq_ctx_new();
+    r.prod.size = 2u * MIB;
+    assert_non_null(r.prod.pool = malloc(r.prod.size));
+    for (uint64_t i = 0; i < r.prod.size; i++)
+        r.prod.pool[i] = (uint8_t)(i * 2654435761u >> 11);
+    r.prod.t[0] = (wk_xfer_src){201, 0, 4096, MIB + 17};
+    assert_int_equal(wk_xfer_create(r.zctx, "tcp://127.0.0.1:*", &pk, -1, &ops, &r.prod,
+                                    &r.producer, err, sizeof(err)), 0);
+    assert_int_equal(wk_xfer_create(r.zctx, NULL, &ck, -1, &ops, NULL, &r.consumer, err,
+                                    sizeof(err)), 0);
+    /* What the conductor's Peers would say: each side learns the other's
+     * key (worker 0 the producer, 1 the consumer). */
+    const char *ep = wk_xfer_endpoint(r.producer);
+    assert_int_equal(wk_xfer_peer_update(r.producer, 1, "cons", "", 1, true), 0);
+    assert_int_equal(wk_xfer_peer_key(r.producer, 1, ck.public_z85), 0);
+    assert_int_equal(wk_xfer_peer_update(r.consumer, 0, "prod", ep, 1, true), 0);
+    assert_int_equal(wk_xfer_peer_key(r.consumer, 0, pk.public_z85), 0);
+    fake_pull f[3] = {0};
+    uint8_t *dst = malloc(r.prod.t[0].nbytes), *dst2 = calloc(1, r.prod.t[0].nbytes);
+    assert_non_null(dst);
+    assert_non_null(dst2);
+    assert_int_not_equal(wk_xfer_pull(r.consumer, 0, &r.prod.t[0], dst, &f[0], err,
+                                      sizeof(err)), 0);
+    rig_wait(&r, f, 1);
+    assert_int_equal(f[0].code, BATON_STATUS_OK);
+    assert_memory_equal(dst, r.prod.pool + r.prod.t[0].offset, r.prod.t[0].nbytes);
+    /* A stranger: it knows the producer's key, the producer not its own. */
+    wk_xfer *stranger = NULL;
+    assert_int_equal(wk_xfer_create(r.zctx, NULL, &sk, -1, &ops, NULL, &stranger, err,
+                                    sizeof(err)), 0);
+    assert_int_equal(wk_xfer_peer_update(stranger, 0, "prod", ep, 1, true), 0);
+    assert_int_equal(wk_xfer_peer_key(stranger, 0, pk.public_z85), 0);
+    assert_int_not_equal(wk_xfer_pull(stranger, 0, &r.prod.t[0], dst2, &f[1], err,
+                                      sizeof(err)), 0);
+    for (int k = 0; k < 100; k++) {
+        zmq_pollitem_t items[16];
+        size_t n = wk_xfer_poll_fill(r.producer, items, 16);
+        n += wk_xfer_poll_fill(stranger, items + n, 16 - n);
+        assert_true(zmq_poll(items, (int)n, 10) >= 0);
+        wk_xfer_poll_handle(r.producer, items, n);
+        wk_xfer_poll_handle(stranger, items, n);
+    }
+    assert_int_equal(f[1].done, 0);
+    for (uint64_t i = 0; i < r.prod.t[0].nbytes; i++)
+        assert_int_equal(dst2[i], 0);
+    /* A producer that announced no key. */
+    assert_int_equal(wk_xfer_peer_update(r.consumer, 2, "keyless", ep, 1, true), 0);
+    assert_int_equal(wk_xfer_pull(r.consumer, 2, &r.prod.t[0], dst2, &f[2], err, sizeof(err)),
+                     0);
+    assert_non_null(strstr(err, "registered no CURVE key"));
+    wk_xfer_close(stranger);
+    wk_xfer_close(r.consumer);
+    wk_xfer_close(r.producer);
+    zmq_ctx_term(r.zctx);
+    wk_xfer_destroy(stranger);
+    wk_xfer_destroy(r.consumer);
+    wk_xfer_destroy(r.producer);
+    assert_int_equal(r.prod.pins, 0);
+    free(dst);
+    free(dst2);
+    free(r.prod.pool);
+    bt_curve_keypair_wipe(&pk);
+    bt_curve_keypair_wipe(&ck);
+    bt_curve_keypair_wipe(&sk);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_plan_chunks),
         cmocka_unit_test(test_plan_refuses_what_was_not_asked),
         cmocka_unit_test(test_range_checks),
+        cmocka_unit_test(test_curve_pulls),
         cmocka_unit_test_setup_teardown(test_pulls_interleave_and_arrive_intact, rig_setup,
                                         rig_teardown),
         cmocka_unit_test_setup_teardown(test_refused_pulls, rig_setup, rig_teardown),
