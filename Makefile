@@ -427,6 +427,7 @@ $(BUILD)/bench/bench_xhost: LDLIBS := $(COMMON_LIB) $(LDLIBS)
 .PHONY: bench
 bench: $(PROGRAMS) $(BENCH_BINS)
 	@for b in $(BENCH_ORDER); do BUILD=$(BUILD) $$b || exit 1; done
+	@BUILD=$(BUILD) /usr/bin/python3 tests/bench/xhost_netns.py
 
 # CUDA kernels against their C references, then timed (tests/gpu/run.sh).
 # Built only with CUDA; not part of `make test`: it needs a GPU to run.

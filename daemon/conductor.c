@@ -343,6 +343,9 @@ static void print_transfers_now(conductor *c, FILE *f)
         case BATON__V1__TRANSFER_KIND__TRANSFER_KIND_SOCKET:
             fprintf(f, "socket (pulled from %s)\n", a->peer_endpoint);
             break;
+        case BATON__V1__TRANSFER_KIND__TRANSFER_KIND_NCCL:
+            fputs("nccl (sent and received over the pair's communicator)\n", f);
+            break;
         case BATON__V1__TRANSFER_KIND__TRANSFER_KIND_LOCAL: fputs("local\n", f); break;
         default: fprintf(f, "fails: %s\n", why); break;
         }

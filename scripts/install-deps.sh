@@ -19,6 +19,7 @@ PKGS=(
 TEST_PKGS=(
   libcmocka-dev
   prometheus               # promtool, which checks the /metrics text in the tests
+  iproute2                 # `ip netns`, the hosts of the multi-host tests
 )
 case "${1:-}" in
   --build) ;;
