@@ -29,6 +29,10 @@
  *   BATON_XHOST_CONNECT        where the consumer pulls from (default: what
  *                              the forked producer bound)
  *   BATON_XHOST_FLOOR_CONNECT  where the consumer reads the floor from
+ *   BATON_XHOST_CURVE=1        CURVE on every socket, the pulls' and the
+ *                              floor's alike (as a deployment with
+ *                              daemon.curve runs them); both halves must
+ *                              be given it
  * A producer started alone prints its two endpoints and serves until
  * SIGTERM; give it fixed ports so the consumer can be told them.
  *
@@ -43,6 +47,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "common/curve.h"
 #include "tests/bench/util.h"
 #include "worker/xfer.h"
 
@@ -94,6 +99,29 @@ static uint8_t pattern(uint64_t i)
     return (uint8_t)((i * 2654435761u) >> 11);
 }
 
+/* BATON_XHOST_CURVE=1: the key pairs of both halves, made from fixed
+ * secrets so that two processes started apart agree on them without a
+ * file.  For this benchmark only: a deployment's keys come from keygen.
+ * The floor's ROUTER shares the pull ROUTER's context and so its ZAP
+ * handler, which answers the workers' peer domain. */
+#define PEER_ZAP_DOMAIN "baton-peer"
+
+static bool curve_on(void)
+{
+    const char *v = getenv("BATON_XHOST_CURVE");
+    return v && strcmp(v, "1") == 0;
+}
+
+static int curve_pair(uint8_t seed, bt_curve_keypair *k)
+{
+    uint8_t secret[32];
+    for (int i = 0; i < 32; i++)
+        secret[i] = (uint8_t)(seed + 7 * i);
+    if (!zmq_z85_encode(k->secret_z85, secret, 32))
+        return -1;
+    return bt_curve_public_derive(k->secret_z85, k->public_z85);
+}
+
 static volatile sig_atomic_t stop_flag;
 
 static void on_term(int sig)
@@ -118,8 +146,16 @@ static int producer_main(int out_fd)
         p.pool[i] = pattern(i);
     void *ctx = zmq_ctx_new();
     wk_xfer *x = NULL;
-    if (wk_xfer_create(ctx, listen ? listen : "tcp://127.0.0.1:*", NULL, -1, &ops, &p, &x, err,
-                       sizeof(err)) != 0) {
+    bool curve = curve_on();
+    bt_curve_keypair pk, ck;
+    if (curve && (curve_pair(1, &pk) != 0 || curve_pair(101, &ck) != 0)) {
+        fprintf(stderr, "producer: no CURVE in this libzmq\n");
+        return 1;
+    }
+    if (wk_xfer_create(ctx, listen ? listen : "tcp://127.0.0.1:*", curve ? &pk : NULL, -1, &ops,
+                       &p, &x, err, sizeof(err)) != 0 ||
+        (curve && (wk_xfer_peer_update(x, 1, "consumer", "", 1, true) != 0 ||
+                   wk_xfer_peer_key(x, 1, ck.public_z85) != 0))) {
         fprintf(stderr, "producer: %s\n", err);
         return 1;
     }
@@ -127,7 +163,8 @@ static int producer_main(int out_fd)
     int zero = 0;
     char fep[256];
     size_t fl = sizeof(fep);
-    if (!fr || zmq_setsockopt(fr, ZMQ_LINGER, &zero, sizeof(zero)) != 0 ||
+    if (!fr || (curve && bt_curve_apply_server(fr, &pk, PEER_ZAP_DOMAIN) != 0) ||
+        zmq_setsockopt(fr, ZMQ_LINGER, &zero, sizeof(zero)) != 0 ||
         zmq_setsockopt(fr, ZMQ_SNDHWM, &zero, sizeof(zero)) != 0 ||
         zmq_bind(fr, floor_listen ? floor_listen : "tcp://127.0.0.1:*") != 0 ||
         zmq_getsockopt(fr, ZMQ_LAST_ENDPOINT, fep, &fl) != 0) {
@@ -364,14 +401,23 @@ int main(int argc, char **argv)
     if (!(c.dst = malloc(POOL_BYTES)))
         goto out;
     memset(c.dst, 0, POOL_BYTES);
-    if (wk_xfer_create(c.ctx, NULL, NULL, -1, &ops, NULL, &c.x, err, sizeof(err)) != 0 ||
-        wk_xfer_peer_update(c.x, 0, "producer", ep, 1, true) != 0) {
+    bool curve = curve_on();
+    bt_curve_keypair pk, ck;
+    if (curve && (curve_pair(1, &pk) != 0 || curve_pair(101, &ck) != 0)) {
+        fprintf(stderr, "consumer: no CURVE in this libzmq\n");
+        goto out;
+    }
+    if (wk_xfer_create(c.ctx, NULL, curve ? &ck : NULL, -1, &ops, NULL, &c.x, err,
+                       sizeof(err)) != 0 ||
+        wk_xfer_peer_update(c.x, 0, "producer", ep, 1, true) != 0 ||
+        (curve && wk_xfer_peer_key(c.x, 0, pk.public_z85) != 0)) {
         fprintf(stderr, "consumer: %s\n", err);
         goto out;
     }
     int zero = 0;
     c.floor = zmq_socket(c.ctx, ZMQ_DEALER);
-    if (!c.floor || zmq_setsockopt(c.floor, ZMQ_LINGER, &zero, sizeof(zero)) != 0 ||
+    if (!c.floor || (curve && bt_curve_apply_client(c.floor, &ck, pk.public_z85) != 0) ||
+        zmq_setsockopt(c.floor, ZMQ_LINGER, &zero, sizeof(zero)) != 0 ||
         zmq_setsockopt(c.floor, ZMQ_RCVHWM, &zero, sizeof(zero)) != 0 ||
         zmq_connect(c.floor, fep) != 0) {
         fprintf(stderr, "consumer: floor: %s\n", zmq_strerror(zmq_errno()));
@@ -380,8 +426,8 @@ int main(int argc, char **argv)
     char machine[256];
     bench_machine_line(machine, sizeof(machine));
     printf("== Cross-host hand-off throughput (%s)\n", machine);
-    printf("pulls from %s, floor from %s; chunk %u MiB, window %u\n", ep, fep,
-           WK_XFER_CHUNK_BYTES / MIB, WK_XFER_WINDOW);
+    printf("pulls from %s, floor from %s; chunk %u MiB, window %u%s\n", ep, fep,
+           WK_XFER_CHUNK_BYTES / MIB, WK_XFER_WINDOW, curve ? "; CURVE on every socket" : "");
     printf("floor 1: the tensor as one message; floor 4: as back-to-back 4 MiB messages;\n"
            "4+copy: floor 4 copied into a destination buffer as the pull must (diagnostic)\n");
     printf("%-8s %4s %10s %10s %10s %10s %8s %8s\n", "size", "runs", "baton", "floor 1",
@@ -453,7 +499,8 @@ int main(int argc, char **argv)
     if (jf) {
         fprintf(jf, "{\n  \"benchmark\": \"xhost\",\n  ");
         bench_json_machine(jf);
-        fprintf(jf, ",\n  \"endpoint\": \"%s\",\n  \"floor_endpoint\": \"%s\",\n", ep, fep);
+        fprintf(jf, ",\n  \"endpoint\": \"%s\",\n  \"floor_endpoint\": \"%s\",\n  \"curve\": %s,\n", ep,
+                fep, curve ? "true" : "false");
         fprintf(jf, "  \"chunk_bytes\": %u,\n  \"window\": %u,\n  \"sizes\": [\n",
                 WK_XFER_CHUNK_BYTES, WK_XFER_WINDOW);
         for (int s = 0; s < N_SIZES; s++)
