@@ -438,11 +438,13 @@ static void load_worker(cfg__loader *l, const yt_node *v, cfg_worker *w, cfg__na
         bt_diag_warn(l->diag, f[7]->line, f[7]->col,
                      "%s: key is only used by a 'spawn: external' worker; batond gives the "
                      "workers it spawns a fresh key pair", ctx);
-    else if (!w->key.s && w->spawn == CFG_SPAWN_EXTERNAL && dm->curve &&
-             cfg_endpoint_is_tcp(dm->workers_endpoint))
+    else if (!w->key.s && w->spawn == CFG_SPAWN_EXTERNAL && dm->curve)
+        /* Its key authenticates it to batond on a tcp workers_endpoint, and
+         * to the other workers on the worker-to-worker sockets (which it
+         * may use as a consumer even without a peer_listen of its own). */
         bt_diag_error(l->diag, v->line, v->col,
-                      "%s is 'spawn: external' on the tcp workers_endpoint with daemon.curve "
-                      "set: give it 'key:' (its secret key file, made by 'batonctl keygen')",
+                      "%s is 'spawn: external' and daemon.curve is set: give it 'key:' (its "
+                      "secret key file, made by 'batonctl keygen')",
                       ctx);
     if (f[8] && cfg__str(l, f[8], "host", &w->host) && !host_name_ok(w->host))
         bt_diag_error(l->diag, f[8]->line, f[8]->col,
@@ -460,14 +462,6 @@ static void load_worker(cfg__loader *l, const yt_node *v, cfg_worker *w, cfg__na
                           ctx, w->peer_listen);
         else
             check_transport(l, f[9], "peer_listen", w->peer_listen);
-        /* Under curve the peer socket is a CURVE server with the worker's
-         * own key: batond hands one to the workers it spawns, a worker
-         * started by hand reads its `key:`. */
-        if (dm->curve && w->spawn == CFG_SPAWN_EXTERNAL && !w->key.s)
-            bt_diag_error(l->diag, f[9]->line, f[9]->col,
-                          "%s is 'spawn: external' with a peer_listen and daemon.curve set: "
-                          "give it 'key:' (its secret key file, made by 'batonctl keygen'), "
-                          "the key of its worker-to-worker socket", ctx);
     }
 }
 

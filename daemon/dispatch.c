@@ -264,6 +264,14 @@ static int fill_inputs(dispatcher *d, dispatch_msg *m, const rt_action *a, const
                     snprintf(why, whylen, "input '%s': %s", iv->name, reason);
                     return code;
                 }
+                /* One kind per part: its chunks are numbered, pulled or
+                 * mapped together. */
+                if (tp->n_chunks > 1 && kind != tp->transfer) {
+                    snprintf(why, whylen, "input '%s': the chunks of one part would reach "
+                             "worker %s in different ways", iv->name,
+                             sup_worker_get(d->sup, w)->cfg->name);
+                    return BT_CODE_FAILED_PRECONDITION;
+                }
                 if (kind == BATON__V1__TRANSFER_KIND__TRANSFER_KIND_NCCL && owner >= 0 &&
                     owner != ct->t.worker) {
                     snprintf(why, whylen, "input '%s': the chunks of one part come from several "

@@ -239,11 +239,12 @@ int main(int argc, char **argv)
         opt.curve_own = &own;
         if (tcp)
             opt.curve_server_public = server_public;
-    } else if (cfg->daemon.curve && (tcp || cw->peer_listen)) {
+    } else if (cfg->daemon.curve) {
+        /* Even without tcp or a peer_listen of its own: it may pull from a
+         * worker on another host, whose socket speaks only CURVE. */
         char err[600];
         if (!cw->key.s) {
-            bt_error("worker '%s' has no 'key:', which daemon.curve needs for %s", name,
-                     tcp ? "the tcp workers endpoint" : "its peer_listen socket");
+            bt_error("worker '%s' has no 'key:', which daemon.curve needs", name);
             goto out;
         }
         if ((tcp && cfg_server_public_key(cfg, server_public, err, sizeof(err)) != 0) ||

@@ -923,6 +923,13 @@ int wk_worker_run(wk_worker *w)
     while (!w->quit) {
         /* The conductor's socket, the event fd, the signal pipe, the
          * monitor, then the worker-to-worker sockets (xfer.c). */
+        /* The tick first: a producer it finds silent loses its socket,
+         * which must not be in the poll set by then. */
+        uint64_t now = bt_now_ns();
+        long timeout = now >= next_hb ? 0 : (long)((next_hb - now) / 1000000u) + 1;
+        long xt = wk_xfer_tick(w->xfer, now);
+        if (xt >= 0 && xt < timeout)
+            timeout = xt;
         size_t n_x = wk_xfer_poll_count(w->xfer);
         zmq_pollitem_t items[4 + n_x];
         items[0] = (zmq_pollitem_t){w->sock, 0, ZMQ_POLLIN, 0};
@@ -930,11 +937,6 @@ int wk_worker_run(wk_worker *w)
         items[2] = (zmq_pollitem_t){NULL, w->signal_fd, ZMQ_POLLIN, 0};
         items[3] = (zmq_pollitem_t){w->monitor, 0, ZMQ_POLLIN, 0};
         n_x = wk_xfer_poll_fill(w->xfer, items + 4, n_x);
-        uint64_t now = bt_now_ns();
-        long timeout = now >= next_hb ? 0 : (long)((next_hb - now) / 1000000u) + 1;
-        long xt = wk_xfer_tick(w->xfer, now);
-        if (xt >= 0 && xt < timeout)
-            timeout = xt;
         if (zmq_poll(items, (int)(4 + n_x), timeout) < 0) {
             if (zmq_errno() == EINTR)
                 continue;

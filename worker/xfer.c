@@ -205,6 +205,11 @@ static int xfer_peer_socket_client_setup(const wk_xfer *x, void *sock, const xfe
         snprintf(err, errlen, "socket to worker %s: %s", peer->name, zmq_strerror(zmq_errno()));
         return -1;
     }
+    if (!x->curve && peer->curve_public_key) {
+        snprintf(err, errlen, "worker %s serves its tensors over CURVE, and this worker has no "
+                 "key pair (give it 'key:')", peer->name);
+        return -1;
+    }
     if (!x->curve)
         return 0;
     /* The producer must prove the key the conductor announced for it; a
@@ -224,7 +229,7 @@ static int xfer_peer_socket_client_setup(const wk_xfer *x, void *sock, const xfe
 }
 
 /* The ZAP decision of the ROUTER (a bt_zap_decide_fn): a CURVE peer whose
- * key one of the other workers registered with. */
+ * key one of the other workers, up now, registered with. */
 static int xfer_zap_decide(void *arg, const bt_zap_request *req, const char **user_id)
 {
     const wk_xfer *x = arg;
@@ -234,7 +239,7 @@ static int xfer_zap_decide(void *arg, const bt_zap_request *req, const char **us
         return 400;
     uint8_t key[32];
     for (const xfer_peer *p = x->peers; p; p = p->next)
-        if (p->curve_public_key && bt_curve_z85_valid(p->curve_public_key, key) &&
+        if (p->up && p->curve_public_key && bt_curve_z85_valid(p->curve_public_key, key) &&
             memcmp(key, req->cred, 32) == 0)
             return 200;
     char z85[BT_CURVE_Z85_SIZE], fp[BT_CURVE_FINGERPRINT_LEN + 1] = "?";
