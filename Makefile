@@ -175,13 +175,16 @@ FAILALLOC_TESTS := $(BUILD)/tests/test_alloc_fail $(BUILD)/tests/test_transforme
 FAILALLOC_WRAP := $(foreach f,malloc calloc realloc strdup strndup aligned_alloc posix_memalign free,-Wl,--wrap=$(f))
 
 .SECONDARY:
-.PHONY: all test asan-test run install clean deps model unit integration check-includes
-all: check-includes $(PROGRAMS) $(CLIENT_SO) $(PY_PB2)
+.PHONY: all test asan-test run install clean deps model unit integration check-includes check-calls
+all: check-includes $(PROGRAMS) $(CLIENT_SO) $(PY_PB2) check-calls
 
 # The layering of docs/architecture.md: no file includes a header of a
-# component above its own.
+# component above its own, and (on the objects built) no file of a layered
+# component calls a function of a file above it.
 check-includes:
 	@bash scripts/check-includes.sh
+check-calls: $(PROGRAMS)
+	@bash scripts/check-calls.sh $(BUILD)/obj runtime daemon worker
 
 deps:
 	@BATON_DEPS_QUIET=1 bash scripts/install-deps.sh

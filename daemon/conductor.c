@@ -29,7 +29,7 @@
 #include "config/graph.h"
 #include "daemon/conductor.h"
 #include "daemon/dispatch.h"
-#include "daemon/evloop.h"
+#include "common/evloop.h"
 #include "daemon/frontend.h"
 #include "daemon/gateway.h"
 #include "daemon/metrics.h"

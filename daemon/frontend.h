@@ -26,7 +26,7 @@
 
 #include "config/graph.h"
 #include "daemon/dispatch.h"
-#include "daemon/evloop.h"
+#include "common/evloop.h"
 #include "daemon/outbound.h"
 #include "daemon/supervisor.h"
 #include "daemon/tensors.h"

@@ -18,7 +18,7 @@
 #include <sys/types.h>
 
 #include "config/config.h"
-#include "daemon/evloop.h"
+#include "common/evloop.h"
 #include "proto/baton.pb-c.h"
 
 typedef enum sup_state {

@@ -22,7 +22,7 @@
 #include <stdint.h>
 
 #include "common/curve.h"
-#include "daemon/evloop.h"
+#include "common/evloop.h"
 
 /* The ZAP domains of the two sockets. */
 #define ZAP_DOMAIN_CLIENT "baton-client"

@@ -1,49 +1,17 @@
-/* The baton_ctx a backend calls back into during execute(): allocation in
- * the pool, outputs (by value or by reference), stream chunks, finish,
- * errors, and cancellation.
- *
- * Everything a backend hands back is one of the item's *slots*: a tensor
- * the item reads (an input) or made (alloc, join).  A baton_tensor's handle
- * is its slot index + 1, which is how set_output tells "the input itself"
- * (a pass-through by reference) from a new tensor. */
+/* The baton_ctx of the lanes (ctx.h). */
+#include "worker/ctx.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "worker/join.h"
-#include "worker/worker_internal.h"
 
-static wk_worker *ctx_worker(baton_ctx *ctx)
+static const wk_ctx_env *ctx_env(const baton_ctx *ctx)
 {
     return ctx->impl;
-}
-
-void wk_item_fail(wk_item *it, baton_status code, const char *msg)
-{
-    if (it->status != BATON_STATUS_OK)
-        return; /* the first error is the one that explains the others */
-    it->status = code ? code : BATON_STATUS_UNKNOWN;
-    free(it->message);
-    it->message = strdup(msg ? msg : "");
-}
-
-wk_slot *wk_slot_add(wk_item *it)
-{
-    if (it->n_slots == it->cap_slots) {
-        size_t cap = it->cap_slots ? 2 * it->cap_slots : 8;
-        wk_slot **s = realloc(it->slots, cap * sizeof(*s));
-        if (!s)
-            return NULL;
-        it->slots = s;
-        it->cap_slots = cap;
-    }
-    wk_slot *s = calloc(1, sizeof(*s));
-    if (!s)
-        return NULL;
-    it->slots[it->n_slots++] = s;
-    s->t.handle = it->n_slots;
-    return s;
 }
 
 /* The slot behind a tensor the backend hands back, or NULL. */
@@ -55,19 +23,10 @@ static wk_slot *slot_of(wk_item *it, const baton_tensor *t)
     return &s->t == t || s->t.data == t->data ? s : NULL;
 }
 
-void wk_slot_view(wk_slot *s, const void *data)
-{
-    s->t.dtype = s->ref.dtype;
-    s->t.ndim = s->ref.ndim;
-    memcpy(s->t.dims, s->ref.dims, sizeof(s->t.dims));
-    s->t.data = (void *)data;
-    s->t.nbytes = s->ref.nbytes;
-}
-
 static baton_tensor *ctx_alloc(baton_ctx *ctx, baton_item *item, baton_dtype dtype,
                                uint32_t ndim, const int64_t *dims)
 {
-    wk_worker *w = ctx_worker(ctx);
+    const wk_ctx_env *env = ctx_env(ctx);
     wk_item *it = (wk_item *)item;
     char msg[256];
     if (ndim > BATON_MAX_DIMS || wk_tensor_bytes(dtype, ndim, dims) == UINT64_MAX) {
@@ -76,20 +35,20 @@ static baton_tensor *ctx_alloc(baton_ctx *ctx, baton_item *item, baton_dtype dty
         wk_item_fail(it, BATON_STATUS_INTERNAL, msg);
         return NULL;
     }
-    wk_slot *s = wk_slot_add(it);
+    wk_slot *s = wk_item_slot_add(it);
     if (!s) {
         wk_item_fail(it, BATON_STATUS_RESOURCE_EXHAUSTED, "out of host memory");
         return NULL;
     }
-    pthread_mutex_lock(&w->lock);
-    wk_tensor *t = wk_tensor_new(w, it->req, dtype, ndim, dims, true);
+    pthread_mutex_lock(env->lock);
+    wk_tensor *t = wk_store_tensor_new(env->store, it->req, dtype, ndim, dims, true);
     wk_pool_stats st;
     if (!t)
-        wk_pool_get_stats(w->pool, &st);
-    pthread_mutex_unlock(&w->lock);
+        wk_store_pool_stats(env->store, &st);
+    pthread_mutex_unlock(env->lock);
     if (!t) {
         snprintf(msg, sizeof(msg), "node '%s': the pool of worker %s is full (%llu bytes asked, "
-                 "largest free block %llu)", item->node_name, w->opt.name,
+                 "largest free block %llu)", item->node_name, env->worker,
                  (unsigned long long)wk_tensor_bytes(dtype, ndim, dims),
                  (unsigned long long)st.largest_free);
         wk_item_fail(it, BATON_STATUS_RESOURCE_EXHAUSTED, msg);
@@ -101,7 +60,7 @@ static baton_tensor *ctx_alloc(baton_ctx *ctx, baton_item *item, baton_dtype dty
     s->ref = t->ref;
     s->created = true;
     s->writable = true;
-    wk_slot_view(s, wk_tensor_data(w, t));
+    wk_item_slot_view(s, wk_store_tensor_data(env->store, t));
     return &s->t;
 }
 
@@ -128,9 +87,8 @@ static wk_slot *copy_slot(baton_item *item, const baton_tensor *tensor, uint64_t
 
 static int ctx_copy(baton_ctx *ctx, baton_item *item, void *dst, const void *src, uint64_t n)
 {
-    wk_worker *w = ctx_worker(ctx);
     char err[256], msg[384];
-    if (wk_device_copy(w->dev, ctx->stream, dst, src, n, err, sizeof(err)) == 0)
+    if (wk_device_copy(ctx_env(ctx)->dev, ctx->stream, dst, src, n, err, sizeof(err)) == 0)
         return 0;
     snprintf(msg, sizeof(msg), "node '%s': %s", item->node_name, err);
     wk_item_fail((wk_item *)item, BATON_STATUS_INTERNAL, msg);
@@ -154,7 +112,7 @@ static int ctx_write(baton_ctx *ctx, baton_item *item, baton_tensor *tensor, uin
 static int ctx_emit_chunk(baton_ctx *ctx, baton_item *item, uint32_t output,
                           const baton_tensor *tensor, int final)
 {
-    wk_worker *w = ctx_worker(ctx);
+    const wk_ctx_env *env = ctx_env(ctx);
     wk_item *it = (wk_item *)item;
     if (output >= item->n_outputs || !item->outputs[output].stream || it->stream_closed[output])
         return -1;
@@ -166,30 +124,24 @@ static int ctx_emit_chunk(baton_ctx *ctx, baton_item *item, uint32_t output,
     /* A chunk is reported at once, so what the backend queued on the
      * lane's stream must be written first. */
     char err[256], msg[384];
-    if (wk_device_sync(w->dev, ctx->stream, err, sizeof(err)) != 0) {
+    if (wk_device_sync(env->dev, ctx->stream, err, sizeof(err)) != 0) {
         snprintf(msg, sizeof(msg), "node '%s': %s", item->node_name, err);
         wk_item_fail(it, BATON_STATUS_INTERNAL, msg);
         return -1;
     }
-    wk_event *ev = calloc(1, sizeof(*ev));
-    if (!ev)
-        return -1;
-    ev->kind = WK_EV_CHUNK;
-    ev->item = it;
-    ev->output = output;
-    ev->final = final != 0;
-    ev->index = it->chunk_next[output]++;
+    wk_chunk c = {.output = output, .index = it->chunk_next[output], .final = final != 0};
     if (s) {
-        ev->has_ref = true;
-        ev->ref = s->ref;
-        ev->created = s->created;
-        s->chunked = true;
+        c.has_ref = true;
+        c.ref = s->ref;
+        c.created = s->created;
     }
+    if (env->chunk(env->arg, it, &c) != 0)
+        return -1;
+    it->chunk_next[output]++;
+    if (s)
+        s->chunked = true;
     if (final)
         it->stream_closed[output] = true;
-    pthread_mutex_lock(&w->lock);
-    wk_event_push(w, ev);
-    pthread_mutex_unlock(&w->lock);
     return 0;
 }
 
@@ -241,9 +193,9 @@ static void ctx_fail(baton_ctx *ctx, baton_item *item, baton_status code, const 
     wk_item_fail((wk_item *)item, code, message);
 }
 
-static baton_status item_cancelled(wk_worker *w, const wk_item *it, uint64_t now)
+static baton_status item_cancelled(const wk_ctx_env *env, const wk_item *it, uint64_t now)
 {
-    if (atomic_load(&it->cancelled) || atomic_load(&w->stopping))
+    if (atomic_load(&it->cancelled) || atomic_load(env->stopping))
         return BATON_STATUS_CANCELLED;
     if (it->deadline_ns && now >= it->deadline_ns)
         return BATON_STATUS_DEADLINE_EXCEEDED;
@@ -252,28 +204,28 @@ static baton_status item_cancelled(wk_worker *w, const wk_item *it, uint64_t now
 
 static baton_status ctx_cancelled(baton_ctx *ctx, const baton_item *item)
 {
-    return item_cancelled(ctx_worker(ctx), (const wk_item *)item, bt_now_ns());
+    return item_cancelled(ctx_env(ctx), (const wk_item *)item, bt_now_ns());
 }
 
 static baton_status ctx_sleep_ms(baton_ctx *ctx, const baton_item *item, uint32_t ms)
 {
-    wk_worker *w = ctx_worker(ctx);
+    const wk_ctx_env *env = ctx_env(ctx);
     const wk_item *it = (const wk_item *)item;
     uint64_t end = bt_now_ns() + (uint64_t)ms * 1000000u;
     if (it->deadline_ns && it->deadline_ns < end)
         end = it->deadline_ns;
     struct timespec ts = {(time_t)(end / 1000000000u), (long)(end % 1000000000u)};
     baton_status st;
-    pthread_mutex_lock(&w->lock);
-    /* wk_item_cancel broadcasts `wake` under the lock, so a cancel cannot
-     * slip in between the check and the wait. */
-    while ((st = item_cancelled(w, it, bt_now_ns())) == BATON_STATUS_OK && bt_now_ns() < end)
-        pthread_cond_timedwait(&w->wake, &w->lock, &ts);
-    pthread_mutex_unlock(&w->lock);
+    pthread_mutex_lock(env->lock);
+    /* A cancel broadcasts `wake` under the lock (wk_executor_cancel), so
+     * it cannot slip in between the check and the wait. */
+    while ((st = item_cancelled(env, it, bt_now_ns())) == BATON_STATUS_OK && bt_now_ns() < end)
+        pthread_cond_timedwait(env->wake, env->lock, &ts);
+    pthread_mutex_unlock(env->lock);
     return st;
 }
 
-void wk_ctx_init(baton_ctx *ctx, wk_worker *w, void *stream)
+void wk_ctx_init(baton_ctx *ctx, const wk_ctx_env *env, void *stream)
 {
     *ctx = (baton_ctx){.alloc = ctx_alloc,
                        .set_output = ctx_set_output,
@@ -286,8 +238,8 @@ void wk_ctx_init(baton_ctx *ctx, wk_worker *w, void *stream)
                        .read = ctx_read,
                        .write = ctx_write,
                        .count_tokens = ctx_count_tokens,
-                       .threads = w->opt.threads,
-                       .device = w->opt.device,
+                       .threads = env->threads,
+                       .device = env->device,
                        .stream = stream,
-                       .impl = w};
+                       .impl = (void *)env};
 }

@@ -7,11 +7,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backends/builtin.h"
 #include "common/log.h"
 #include "common/status.h"
-#include "worker/shm.h"
+#include "worker/segment.h"
 
 #ifdef BATON_CUDA
 #include <cuda_runtime_api.h>
@@ -481,9 +482,38 @@ int wk_device_copy(wk_device *d, void *stream, void *dst, const void *src, uint6
     return rc ? rc : wk_device_sync(d, stream, err, errlen);
 }
 
+void *wk_device_to_host(wk_device *d, void *stream, const void *p, bool device, uint64_t n,
+                        bool *copied)
+{
+    *copied = false;
+    if (!p || !device)
+        return (void *)p;
+    char err[256];
+    void *buf = malloc(n ? n : 1);
+    if (!buf)
+        return NULL;
+    if (wk_device_copy(d, stream, buf, p, n, err, sizeof(err)) != 0) {
+        bt_error("cannot copy %llu bytes of device memory to the host: %s",
+                 (unsigned long long)n, err);
+        free(buf);
+        return NULL;
+    }
+    *copied = true;
+    return buf;
+}
+
 int wk_device_lost(wk_device *d, char *err, size_t errlen)
 {
     return d->ops->lost(d, err, errlen);
+}
+
+void wk_device_exit_if_lost(wk_device *d, const char *model)
+{
+    char why[384];
+    if (!wk_device_lost(d, why, sizeof(why)))
+        return;
+    bt_error("model %s: %s; exiting so that the worker is restarted", model, why);
+    _exit(WK_EXIT_DEVICE_LOST);
 }
 
 int wk_device_ipc_open(wk_device *d, int cuda_device, const void *handle, size_t len,

@@ -1,7 +1,7 @@
 /* The memory a worker computes in: its pool, the copies into and out of
  * it, and the streams those copies run on.
  *
- * A CPU worker ("cpu") keeps its pool in a POSIX shm segment (shm.h) that
+ * A CPU worker ("cpu") keeps its pool in a POSIX shm segment (segment.h) that
  * host code reads and writes directly.  A GPU worker ("cuda:N") keeps it in
  * one cudaMalloc slab, exported once with cudaIpcGetMemHandle when the
  * worker registers; its bytes are reachable only by kernels and CUDA
@@ -73,10 +73,26 @@ int wk_device_sync(wk_device *d, void *stream, char *err, size_t errlen);
 /* wk_device_copy_async, then wk_device_sync. */
 int wk_device_copy(wk_device *d, void *stream, void *dst, const void *src, uint64_t n, char *err,
                    size_t errlen);
+/* N bytes at P readable by the host: P itself, or (DEVICE memory) a
+ * malloc'd copy made on STREAM, *COPIED then set (the caller frees it).
+ * NULL when P is NULL or the copy failed (logged). */
+void *wk_device_to_host(wk_device *d, void *stream, const void *p, bool device, uint64_t n,
+                        bool *copied);
 /* Nonzero once the device context is unusable (a sticky CUDA error such
  * as an illegal address in a kernel), with the error in ERR.  Nothing can
  * be done on it any more: the worker exits and is restarted. */
 int wk_device_lost(wk_device *d, char *err, size_t errlen);
+
+/* The exit status of a worker whose device context is lost. */
+#define WK_EXIT_DEVICE_LOST 3
+
+/* Exits the process (WK_EXIT_DEVICE_LOST) when the device context is
+ * unusable after a CUDA error met running model MODEL: nothing queued on
+ * it will ever complete and none of its memory can be read, so the worker
+ * cannot answer even the items it holds.  The conductor sees it die, ends
+ * its requests UNAVAILABLE and starts it again on a fresh context.  An
+ * error that is not sticky fails only the batch it hit, and this returns. */
+void wk_device_exit_if_lost(wk_device *d, const char *model);
 
 /* Opens a peer's CUDA pool from its IPC HANDLE (LEN bytes) on GPU
  * CUDA_DEVICE, into *BASE.  From then on D's copies go through the CUDA

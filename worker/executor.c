@@ -1,30 +1,75 @@
-/* The executor: queues per (model, mode) and the compute lanes that run
- * them (continuous batching).  The ctx backends call back into
- * is in ctx.c, input resolution in inputs.c.
- *
- * Continuous batching: a lane takes a model only when no other lane runs
- * it, and then takes up to max_batch queued items of one of its modes (the
- * mode whose head waited longest) into a single execute().  Items that
- * arrive while it runs wait for the next call, so decode steps of many
- * requests share launches without a batching timer.  Models are visited
- * round robin, so a model that always has work cannot starve the others.
- *
- * Running one model on one lane at a time is also what the ABI promises
- * backends: no concurrent execute()/session calls per model. */
-#include <errno.h>
+/* The executor (executor.h): queues, lanes, batches. */
+#include "worker/executor.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/log.h"
-#include "worker/worker_internal.h"
+#include "common/status.h"
+#include "worker/inputs.h"
 
-/* --- queues -------------------------------------------------------------- */
+/* An open backend session of one request on one model (req->sessions). */
+typedef struct wk_session {
+    wk_model *model;
+    baton_session *s;
+    struct wk_session *next;
+} wk_session;
 
-wk_model *wk_model_find(wk_worker *w, const char *name)
+/* A session waiting to be closed when its model is idle. */
+typedef struct wk_close {
+    baton_session *s;
+    uint64_t key;                 /* its request key (a tensor-parallel leader tells its
+                                     followers to close theirs) */
+    struct wk_close *next;
+} wk_close;
+
+typedef struct wk_queue {
+    char *mode;                   /* owned */
+    wk_item *head, *tail;         /* [L] */
+    size_t n;
+    struct wk_queue *next;
+} wk_queue;
+
+struct wk_executor {
+    wk_executor_options opt;
+    wk_executor_hooks hooks;
+    wk_ctx_env ctx_env;           /* what the lanes' ctx reaches */
+    wk_inputs_env inputs_env;     /* what input resolution reads */
+    pthread_cond_t work;          /* [L] lanes wait for work */
+    pthread_cond_t wake;          /* [L] sleeping items wait for a cancel */
+    wk_model *models;             /* [L] owned */
+    uint32_t n_queued;            /* [L] */
+    uint32_t n_sessions;          /* [L] */
+    pthread_t *lanes;
+    uint32_t n_lanes;             /* running */
+};
+
+/* --- models and queues ---------------------------------------------------- */
+
+bool wk_model_leads(const wk_model *m)
 {
-    for (wk_model *m = w->models; m; m = m->next)
+    return m->tp_size > 1 && m->tp_rank == 0;
+}
+
+bool wk_model_follows(const wk_model *m)
+{
+    return m->tp_size > 1 && m->tp_rank > 0;
+}
+
+void wk_executor_model_add(wk_executor *ex, wk_model *m)
+{
+    m->next = ex->models;
+    ex->models = m;
+    if (m->jobs)
+        pthread_cond_broadcast(&ex->work);
+}
+
+wk_model *wk_executor_model_find(wk_executor *ex, const char *name)
+{
+    for (wk_model *m = ex->models; m; m = m->next)
         if (strcmp(m->name, name) == 0)
             return m;
     return NULL;
@@ -45,63 +90,49 @@ static wk_queue *queue_for(wk_model *m, const char *mode)
     return q;
 }
 
-int wk_executor_enqueue(wk_worker *w, wk_item *item)
+int wk_executor_enqueue(wk_executor *ex, wk_item *it)
 {
-    wk_queue *q = queue_for(item->model, item->b.mode);
+    wk_queue *q = queue_for(it->model, it->b.mode);
     if (!q)
-        return -1;
-    item->queue = q;
-    item->state = WK_ITEM_QUEUED;
-    item->next = NULL;
-    item->prev = q->tail;
+        return BT_ENOMEM;
+    it->queue = q;
+    it->state = WK_ITEM_QUEUED;
+    it->next = NULL;
+    it->prev = q->tail;
     if (q->tail)
-        q->tail->next = item;
+        q->tail->next = it;
     else
-        q->head = item;
-    q->tail = item;
+        q->head = it;
+    q->tail = it;
     q->n++;
-    w->n_queued++;
-    pthread_cond_signal(&w->work);
+    ex->n_queued++;
+    pthread_cond_signal(&ex->work);
     return 0;
 }
 
-void wk_executor_dequeue(wk_worker *w, wk_item *item)
+void wk_executor_dequeue(wk_executor *ex, wk_item *it)
 {
-    wk_queue *q = item->queue;
-    if (item->prev)
-        item->prev->next = item->next;
+    wk_queue *q = it->queue;
+    if (it->prev)
+        it->prev->next = it->next;
     else
-        q->head = item->next;
-    if (item->next)
-        item->next->prev = item->prev;
+        q->head = it->next;
+    if (it->next)
+        it->next->prev = it->prev;
     else
-        q->tail = item->prev;
-    item->prev = item->next = NULL;
+        q->tail = it->prev;
+    it->prev = it->next = NULL;
     q->n--;
-    w->n_queued--;
+    ex->n_queued--;
 }
 
-void wk_item_cancel(wk_worker *w, wk_item *item)
+void wk_executor_cancel(wk_executor *ex, wk_item *it)
 {
-    atomic_store(&item->cancelled, true);
-    pthread_cond_broadcast(&w->wake);
+    atomic_store(&it->cancelled, true);
+    pthread_cond_broadcast(&ex->wake);
 }
 
-void wk_event_push(wk_worker *w, wk_event *ev)
-{
-    ev->next = NULL;
-    if (w->ev_tail)
-        w->ev_tail->next = ev;
-    else
-        w->ev_head = ev;
-    w->ev_tail = ev;
-    uint64_t one = 1;
-    /* Cannot fail short of a counter overflow; the I/O thread resets it. */
-    if (write(w->event_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
-        bt_error("eventfd write: %s", strerror(errno));
-}
-
-void wk_executor_close_sessions(wk_worker *w, wk_request *req)
+void wk_executor_close_sessions(wk_executor *ex, wk_request *req)
 {
     while (req->sessions) {
         wk_session *s = req->sessions;
@@ -117,19 +148,52 @@ void wk_executor_close_sessions(wk_worker *w, wk_request *req)
         }
         free(s);
     }
-    pthread_cond_broadcast(&w->work);
+    pthread_cond_broadcast(&ex->work);
 }
 
+void wk_executor_post_job(wk_executor *ex, wk_model *m, wk_job *job)
+{
+    job->next = NULL;
+    if (m->jobs_tail)
+        m->jobs_tail->next = job;
+    else
+        m->jobs = job;
+    m->jobs_tail = job;
+    pthread_cond_broadcast(&ex->work);
+}
+
+uint32_t wk_executor_n_queued(const wk_executor *ex)
+{
+    return ex->n_queued;
+}
+
+uint32_t wk_executor_n_sessions(const wk_executor *ex)
+{
+    return ex->n_sessions;
+}
+
+void wk_executor_count_session(wk_executor *ex, int delta)
+{
+    ex->n_sessions += (uint32_t)delta;
+}
+
+uint32_t wk_executor_lanes(const wk_executor *ex)
+{
+    return ex->opt.lanes ? ex->opt.lanes : 1;
+}
+
+/* --- running a batch -------------------------------------------------------- */
+
 /* Opens IT's session on model M when the backend keeps sessions. */
-static void open_session(wk_worker *w, wk_model *m, wk_item *it)
+static void open_session(wk_executor *ex, wk_model *m, wk_item *it)
 {
     if (!m->backend->session_open)
         return;
-    pthread_mutex_lock(&w->lock);
+    pthread_mutex_lock(ex->opt.lock);
     wk_session *s = it->req->sessions;
     while (s && s->model != m)
         s = s->next;
-    pthread_mutex_unlock(&w->lock);
+    pthread_mutex_unlock(ex->opt.lock);
     if (s) {
         it->b.session = s->s;
         return;
@@ -145,15 +209,15 @@ static void open_session(wk_worker *w, wk_model *m, wk_item *it)
         return;
     }
     s = calloc(1, sizeof(*s));
-    pthread_mutex_lock(&w->lock);
+    pthread_mutex_lock(ex->opt.lock);
     if (s) {
         s->model = m;
         s->s = bs;
         s->next = it->req->sessions;
         it->req->sessions = s;
-        w->n_sessions++;
+        ex->n_sessions++;
     }
-    pthread_mutex_unlock(&w->lock);
+    pthread_mutex_unlock(ex->opt.lock);
     if (!s) {
         if (m->backend->session_close)
             m->backend->session_close(m->handle, bs);
@@ -176,8 +240,8 @@ static bool in_results(const wk_item *it, const wk_ref *ref)
 }
 
 /* After execute: closes open streams, drops what the item made and nobody
- * took, unpins what it read, and posts its DONE.  [L] */
-static void finish_item(wk_worker *w, wk_item *it)
+ * took, unpins what it read, and reports its end.  [L] */
+static void finish_item(wk_executor *ex, wk_item *it)
 {
     bool ok = it->status == BATON_STATUS_OK && !atomic_load(&it->cancelled);
     if (it->results && it->status != BATON_STATUS_OK)
@@ -186,113 +250,88 @@ static void finish_item(wk_worker *w, wk_item *it)
         if (!it->outputs[o].stream || it->stream_closed[o])
             continue;
         /* The closing empty chunk of a stream the backend left open. */
-        wk_event *ev = calloc(1, sizeof(*ev));
-        if (!ev)
+        wk_chunk c = {.output = o, .index = it->chunk_next[o], .final = true};
+        if (ex->hooks.chunk(ex->hooks.arg, it, &c) != 0)
             continue;
-        *ev = (wk_event){.kind = WK_EV_CHUNK, .item = it, .output = o, .final = true,
-                         .index = it->chunk_next[o]++};
+        it->chunk_next[o]++;
         it->stream_closed[o] = true;
-        wk_event_push(w, ev);
     }
     for (size_t i = 0; i < it->n_slots; i++) {
         wk_slot *s = it->slots[i];
         if (s->own) {
             if (s->created && !s->chunked && !in_results(it, &s->ref))
-                wk_tensor_release(w, s->ref.id);
-            wk_tensor_unpin(w, s->own);
+                wk_store_tensor_release(ex->opt.store, s->ref.id);
+            wk_store_tensor_unpin(ex->opt.store, s->own);
         }
         if (s->map)
-            wk_peers_unpin(&w->peers, s->map);
+            wk_peers_unpin(ex->opt.peers, s->map);
         free(s);
     }
     it->n_slots = 0;
-    wk_chain_after_done(w, it);
-    wk_event *ev = calloc(1, sizeof(*ev));
-    if (!ev) {
-        /* Without an event the I/O thread never learns the item ended. */
-        bt_error("out of memory posting a completion; exiting");
-        abort();
-    }
-    ev->kind = WK_EV_DONE;
-    ev->item = it;
-    wk_event_push(w, ev);
-}
-
-/* Exits when the device context is unusable after a CUDA error: nothing
- * queued on it will ever complete and none of its memory can be read, so
- * the worker cannot answer even the items it holds.  The conductor sees it
- * die, ends its requests with UNAVAILABLE and starts it again on a fresh
- * context.  An error that is not sticky fails only the batch it hit. */
-void wk_executor_exit_if_lost(wk_worker *w, const wk_model *m)
-{
-    char why[384];
-    if (!wk_device_lost(w->dev, why, sizeof(why)))
-        return;
-    bt_error("model %s: %s; exiting so that the worker is restarted", m->name, why);
-    _exit(WK_EXIT_DEVICE_LOST);
+    ex->hooks.item_ended(ex->hooks.arg, it);
 }
 
 /* Runs the N items of BATCH on model M.  A tensor-parallel leader first
  * hands the step to its followers: CLOSED (N_CLOSED request keys) are the
  * sessions it closed just before. */
-static void run_batch(wk_worker *w, baton_ctx *ctx, wk_model *m, wk_item **batch, size_t n,
+static void run_batch(wk_executor *ex, baton_ctx *ctx, wk_model *m, wk_item **batch, size_t n,
                       const uint64_t *closed, size_t n_closed)
 {
     uint64_t start = bt_now_ns();
     wk_join_job *jobs = NULL;
-    pthread_mutex_lock(&w->lock);
+    pthread_mutex_lock(ex->opt.lock);
     for (size_t i = 0; i < n; i++) {
         batch[i]->start_ns = start;
         batch[i]->batch_size = (uint32_t)n;
-        wk_item_prepare(w, batch[i], &jobs);
+        wk_inputs_prepare(&ex->inputs_env, batch[i], &jobs);
     }
-    pthread_mutex_unlock(&w->lock);
+    pthread_mutex_unlock(ex->opt.lock);
     /* Joins copy outside the lock: they may move many megabytes. */
-    wk_join_jobs_run(w, jobs, ctx->stream);
+    wk_inputs_run_joins(&ex->inputs_env, jobs, ctx->stream);
     baton_item *run[n ? n : 1];
     size_t n_run = 0;
     for (size_t i = 0; i < n; i++) {
         wk_item *it = batch[i];
         if (it->status == BATON_STATUS_OK && !atomic_load(&it->cancelled))
-            open_session(w, m, it);
+            open_session(ex, m, it);
         if (it->status == BATON_STATUS_OK && !atomic_load(&it->cancelled))
             run[n_run++] = &it->b;
     }
-    if (wk_model_leads(m) && (n_run || n_closed) &&
-        wk_tp_lead(w, ctx, m, closed, n_closed, run, n_run) != 0)
+    if (wk_model_leads(m) && ex->hooks.lead && (n_run || n_closed) &&
+        ex->hooks.lead(ex->hooks.arg, ctx, m, closed, n_closed, run, n_run) != 0)
         n_run = 0;
     if (n_run)
         m->backend->execute(m->handle, ctx, run, n_run);
     /* What the backend queued on the lane's stream is part of its outputs:
      * no Done leaves before it is written. */
     char err[384];
-    int rc = wk_device_sync(w->dev, ctx->stream, err, sizeof(err));
-    wk_executor_exit_if_lost(w, m);
+    int rc = wk_device_sync(ex->opt.dev, ctx->stream, err, sizeof(err));
+    wk_device_exit_if_lost(ex->opt.dev, m->name);
     for (size_t i = 0; rc && i < n; i++) {
         char msg[512];
         snprintf(msg, sizeof(msg), "node '%s': %s", batch[i]->b.node_name, err);
         wk_item_fail(batch[i], BATON_STATUS_INTERNAL, msg);
     }
     uint64_t end = bt_now_ns();
-    pthread_mutex_lock(&w->lock);
+    pthread_mutex_lock(ex->opt.lock);
     for (size_t i = 0; i < n; i++) {
         batch[i]->end_ns = end;
-        finish_item(w, batch[i]);
+        finish_item(ex, batch[i]);
     }
-    pthread_mutex_unlock(&w->lock);
+    pthread_mutex_unlock(ex->opt.lock);
 }
 
-/* --- lanes --------------------------------------------------------------- */
+/* --- lanes ---------------------------------------------------------------- */
 
-/* An idle model with work (queued items or sessions to close), moved to
+/* An idle model with work (queued items, sessions to close, jobs), moved to
  * the end of the list so the next pick starts after it.  [L] */
-static wk_model *pick_model(wk_worker *w)
+static wk_model *pick_model(wk_executor *ex)
 {
-    wk_model **pp = &w->models;
-    for (wk_model *m = w->models; m; pp = &m->next, m = m->next) {
+    wk_model **pp = &ex->models;
+    for (wk_model *m = ex->models; m; pp = &m->next, m = m->next) {
         if (m->busy)
             continue;
-        bool work = m->closing != NULL || m->tp_head != NULL;
+        bool work = m->closing != NULL || m->jobs != NULL;
         for (wk_queue *q = m->queues; q && !work; q = q->next)
             work = q->n > 0;
         if (!work)
@@ -310,29 +349,50 @@ static wk_model *pick_model(wk_worker *w)
     return NULL;
 }
 
+/* Closes the sessions of CLOSING on M (the lane holds M); a leader lists
+ * their request keys into *KEYS (malloc'd; NULL when it cannot) for its
+ * followers.  Returns how many were closed. */
+static uint32_t close_sessions(wk_model *m, wk_close *closing, bool lead, uint64_t **keys)
+{
+    uint32_t n = 0;
+    for (wk_close *c = closing; c; c = c->next)
+        n++;
+    *keys = lead && n ? calloc(n, sizeof(**keys)) : NULL;
+    size_t k = 0;
+    for (wk_close *c = closing, *nx; c; c = nx) {
+        nx = c->next;
+        if (*keys)
+            (*keys)[k++] = c->key;
+        if (m->backend->session_close)
+            m->backend->session_close(m->handle, c->s);
+        free(c);
+    }
+    return n;
+}
+
 static void *lane_main(void *arg)
 {
-    wk_worker *w = arg;
+    wk_executor *ex = arg;
     baton_ctx ctx;
     void *stream = NULL;
     char err[384];
-    if (wk_device_stream_create(w->dev, &stream, err, sizeof(err)) != 0) {
+    if (wk_device_stream_create(ex->opt.dev, &stream, err, sizeof(err)) != 0) {
         bt_error("a compute lane cannot create its stream: %s; exiting", err);
         _exit(WK_EXIT_DEVICE_LOST);
     }
-    wk_ctx_init(&ctx, w, stream);
-    pthread_mutex_lock(&w->lock);
+    wk_ctx_init(&ctx, &ex->ctx_env, stream);
+    pthread_mutex_lock(ex->opt.lock);
     for (;;) {
         wk_model *m = NULL;
-        while (!atomic_load(&w->stopping) && !(m = pick_model(w)))
-            pthread_cond_wait(&w->work, &w->lock);
+        while (!atomic_load(ex->opt.stopping) && !(m = pick_model(ex)))
+            pthread_cond_wait(&ex->work, ex->opt.lock);
         if (!m)
             break;
         m->busy = true;
         wk_close *closing = m->closing;
         m->closing = NULL;
-        wk_tp_step *steps = m->tp_head;
-        m->tp_head = m->tp_tail = NULL;
+        wk_job *jobs = m->jobs;
+        m->jobs = m->jobs_tail = NULL;
         /* The mode whose head has waited longest goes first. */
         wk_queue *q = NULL;
         for (wk_queue *c = m->queues; c; c = c->next)
@@ -342,91 +402,109 @@ static void *lane_main(void *arg)
         wk_item *batch[cap];
         while (q && q->head && n < cap) {
             wk_item *it = q->head;
-            wk_executor_dequeue(w, it);
+            wk_executor_dequeue(ex, it);
             it->state = WK_ITEM_RUNNING;
             it->req->n_running++;
             batch[n++] = it;
         }
-        pthread_mutex_unlock(&w->lock);
+        pthread_mutex_unlock(ex->opt.lock);
         /* A tensor-parallel leader names the sessions it closes in its
          * next step, so that its followers close theirs at the same point. */
+        uint64_t *keys;
         bool lead = wk_model_leads(m);
-        uint32_t closed = 0;
-        for (wk_close *c = closing; c; c = c->next)
-            closed++;
-        uint64_t *keys = lead && closed ? calloc(closed, sizeof(*keys)) : NULL;
-        if (lead && closed && !keys)
-            wk_tp_broken(m->name, "out of memory naming the closed sessions");
-        size_t k = 0;
-        for (wk_close *c = closing, *nx; c; c = nx) {
-            nx = c->next;
-            if (keys)
-                keys[k++] = c->key;
-            if (m->backend->session_close)
-                m->backend->session_close(m->handle, c->s);
-            free(c);
-        }
-        if (n || k)
-            run_batch(w, &ctx, m, batch, n, keys, k);
+        uint32_t closed = close_sessions(m, closing, lead, &keys);
+        size_t n_keys = lead ? closed : 0;
+        if (n || n_keys)
+            run_batch(ex, &ctx, m, batch, n, keys, n_keys);
         free(keys);
-        if (steps)
-            wk_tp_follow(w, m, stream, steps);
-        pthread_mutex_lock(&w->lock);
-        w->n_sessions -= closed;
+        for (wk_job *j = jobs, *nx; j; j = nx) {
+            nx = j->next;
+            j->run(j, m, stream);
+        }
+        pthread_mutex_lock(ex->opt.lock);
+        ex->n_sessions -= closed;
         m->busy = false;
         /* Another lane may take this model now, or the I/O thread may wait
          * for it to be idle. */
-        pthread_cond_broadcast(&w->work);
+        pthread_cond_broadcast(&ex->work);
     }
-    pthread_mutex_unlock(&w->lock);
-    wk_device_stream_destroy(w->dev, stream);
+    pthread_mutex_unlock(ex->opt.lock);
+    wk_device_stream_destroy(ex->opt.dev, stream);
     return NULL;
 }
 
-int wk_executor_start(wk_worker *w)
+/* --- life ------------------------------------------------------------------- */
+
+int wk_executor_create(const wk_executor_options *opt, const wk_executor_hooks *hooks,
+                       wk_executor **out)
 {
-    w->n_lanes = w->opt.streams ? w->opt.streams : 1;
-    w->lanes = calloc(w->n_lanes, sizeof(*w->lanes));
-    if (!w->lanes)
-        return -1;
-    for (uint32_t i = 0; i < w->n_lanes; i++) {
-        if (pthread_create(&w->lanes[i], NULL, lane_main, w) != 0) {
-            w->n_lanes = i;
-            wk_executor_stop(w);
-            return -1;
-        }
+    *out = NULL;
+    wk_executor *ex = calloc(1, sizeof(*ex));
+    if (!ex)
+        return BT_ENOMEM;
+    ex->opt = *opt;
+    ex->hooks = *hooks;
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    /* Sleeps measure monotonic time: a clock step must not stretch them. */
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&ex->work, NULL);
+    pthread_cond_init(&ex->wake, &ca);
+    pthread_condattr_destroy(&ca);
+    ex->ctx_env = (wk_ctx_env){opt->lock, &ex->wake, opt->stopping, opt->store, opt->dev,
+                               opt->worker, opt->device, opt->threads, hooks->chunk, hooks->arg};
+    ex->inputs_env = (wk_inputs_env){opt->store, opt->peers, opt->dev, opt->worker};
+    *out = ex;
+    return 0;
+}
+
+int wk_executor_start(wk_executor *ex)
+{
+    uint32_t n = wk_executor_lanes(ex);
+    if (!(ex->lanes = calloc(n, sizeof(*ex->lanes))))
+        return BT_ENOMEM;
+    for (uint32_t i = 0; i < n; i++) {
+        if (pthread_create(&ex->lanes[i], NULL, lane_main, ex) != 0)
+            return BT_ETHREAD;
+        ex->n_lanes = i + 1;
     }
     return 0;
 }
 
-void wk_executor_stop(wk_worker *w)
+void wk_executor_stop(wk_executor *ex)
 {
-    pthread_mutex_lock(&w->lock);
-    atomic_store(&w->stopping, true);
-    pthread_cond_broadcast(&w->work);
-    pthread_cond_broadcast(&w->wake);
-    pthread_mutex_unlock(&w->lock);
-    for (uint32_t i = 0; i < w->n_lanes; i++)
-        pthread_join(w->lanes[i], NULL);
-    free(w->lanes);
-    w->lanes = NULL;
-    w->n_lanes = 0;
+    if (!ex)
+        return;
+    pthread_mutex_lock(ex->opt.lock);
+    pthread_cond_broadcast(&ex->work);
+    pthread_cond_broadcast(&ex->wake);
+    pthread_mutex_unlock(ex->opt.lock);
+    for (uint32_t i = 0; i < ex->n_lanes; i++)
+        pthread_join(ex->lanes[i], NULL);
+    free(ex->lanes);
+    ex->lanes = NULL;
+    ex->n_lanes = 0;
 }
 
-void wk_models_destroy(wk_worker *w)
+void wk_executor_destroy(wk_executor *ex)
 {
-    while (w->models) {
-        wk_model *m = w->models;
-        w->models = m->next;
+    if (!ex)
+        return;
+    wk_executor_stop(ex);
+    while (ex->models) {
+        wk_model *m = ex->models;
+        ex->models = m->next;
         for (wk_close *c = m->closing, *nx; c; c = nx) {
             nx = c->next;
             if (m->backend->session_close)
                 m->backend->session_close(m->handle, c->s);
-            w->n_sessions--;
+            ex->n_sessions--;
             free(c);
         }
-        wk_tp_steps_free(m->tp_head);
-        wk_tp_sessions_close(m);
+        for (wk_job *j = m->jobs, *nx; j; j = nx) {
+            nx = j->next;
+            j->drop(j);
+        }
         m->backend->model_unload(m->handle);
         for (wk_queue *q = m->queues, *nx; q; q = nx) {
             nx = q->next;
@@ -437,4 +515,7 @@ void wk_models_destroy(wk_worker *w)
         free(m->backend_spec);
         free(m);
     }
+    pthread_cond_destroy(&ex->wake);
+    pthread_cond_destroy(&ex->work);
+    free(ex);
 }

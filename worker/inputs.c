@@ -1,18 +1,12 @@
-/* Resolving a dispatched item's inputs: each chunk reference is pinned
- * where it lies (a tensor of the own pool by id, or an offset into a
- * peer's pool opened here), and an input made of several pieces gets a
- * joined tensor in the own pool, whose copy runs after the lock is
- * dropped.  A single piece is handed to the backend in place, zero copy,
- * when the backend can read the memory it lies in: a CPU worker reads
- * host memory, a GPU worker its own GPU's memory.  Otherwise (an edge
- * between a CPU and a GPU worker, or between two GPUs) the piece is staged
- * into the own pool like a join of one, a host<->device copy. */
+/* Resolving a dispatched item's inputs (inputs.h). */
+#include "worker/inputs.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "worker/join.h"
-#include "worker/worker_internal.h"
+#include "worker/wire.h"
 
 /* A join to carry out once the lock is dropped. */
 struct wk_join_job {
@@ -35,31 +29,31 @@ static void job_free(wk_join_job *j)
 
 /* Pins REF into a new slot of IT.  [L]  NULL with *CODE and ERR when the
  * tensor cannot be had. */
-static wk_slot *pin_ref(wk_worker *w, wk_item *it, const wk_ref *ref, baton_status *code,
-                        char *err, size_t errlen)
+static wk_slot *pin_ref(const wk_inputs_env *env, wk_item *it, const wk_ref *ref,
+                        baton_status *code, char *err, size_t errlen)
 {
-    wk_slot *s = wk_slot_add(it);
+    wk_slot *s = wk_item_slot_add(it);
     *code = BATON_STATUS_RESOURCE_EXHAUSTED;
     if (!s) {
         snprintf(err, errlen, "out of host memory");
         return NULL;
     }
     if (ref->own) {
-        wk_tensor *t = wk_tensor_find(w, ref->id);
+        wk_tensor *t = wk_store_tensor_find(env->store, ref->id);
         if (!t) {
             *code = BATON_STATUS_NOT_FOUND;
             snprintf(err, errlen, "tensor %llu is not held by worker %s (released or never "
-                     "made)", (unsigned long long)ref->id, w->opt.name);
+                     "made)", (unsigned long long)ref->id, env->worker);
             return NULL;
         }
         t->pins++;
         s->own = t;
         s->ref = t->ref;
-        wk_slot_view(s, wk_tensor_data(w, t));
+        wk_item_slot_view(s, wk_store_tensor_data(env->store, t));
         return s;
     }
     *code = BATON_STATUS_FAILED_PRECONDITION;
-    wk_mapping *m = wk_peers_pin(&w->peers, ref->owner, ref->pool, err, errlen);
+    wk_mapping *m = wk_peers_pin(env->peers, ref->owner, ref->pool, err, errlen);
     if (!m)
         return NULL;
     s->map = m;
@@ -70,47 +64,18 @@ static wk_slot *pin_ref(wk_worker *w, wk_item *it, const wk_ref *ref, baton_stat
                  (unsigned long long)ref->id, ref->owner);
         return NULL;
     }
-    wk_slot_view(s, (const uint8_t *)m->base + ref->offset);
+    wk_item_slot_view(s, (const uint8_t *)m->base + ref->offset);
     return s;
 }
 
-wk_tensor *wk_staged_find(wk_worker *w, const wk_request *req, const wk_ref *ref)
-{
-    for (size_t i = 0; i < req->n_staged; i++)
-        if (req->staged[i].owner == ref->owner && req->staged[i].src_id == ref->id) {
-            wk_tensor *t = wk_tensor_find(w, req->staged[i].id);
-            return t && !t->released ? t : NULL;
-        }
-    return NULL;
-}
-
-int wk_staged_add(wk_request *req, const wk_ref *ref, uint64_t id)
-{
-    for (size_t i = 0; i < req->n_staged; i++)
-        if (req->staged[i].owner == ref->owner && req->staged[i].src_id == ref->id) {
-            req->staged[i].id = id;
-            return 0;
-        }
-    if (req->n_staged == req->cap_staged) {
-        size_t cap = req->cap_staged ? 2 * req->cap_staged : 4;
-        wk_staged *n = realloc(req->staged, cap * sizeof(*n));
-        if (!n)
-            return -1;
-        req->staged = n;
-        req->cap_staged = cap;
-    }
-    req->staged[req->n_staged++] = (wk_staged){ref->owner, ref->id, id};
-    return 0;
-}
-
-/* Whether the backend of W cannot read the slot's memory where it lies. */
-static bool needs_staging(const wk_worker *w, const wk_slot *s)
+/* Whether the backend cannot read the slot's memory where it lies. */
+static bool needs_staging(const wk_inputs_env *env, const wk_slot *s)
 {
     if (!s->map)
         return false;
-    if (wk_device_space(w->dev) == WK_SPACE_HOST)
+    if (wk_device_space(env->dev) == WK_SPACE_HOST)
         return s->map->cuda_device >= 0;
-    return s->map->cuda_device != wk_device_ordinal(w->dev);
+    return s->map->cuda_device != wk_device_ordinal(env->dev);
 }
 
 static int transfer_supported(Baton__V1__TransferKind k)
@@ -123,7 +88,7 @@ static int transfer_supported(Baton__V1__TransferKind k)
 /* Resolves input K of IT into it->inputs[k]: in place when it is one
  * tensor, else through a new joined tensor whose copy is queued on JOBS.
  * [L]  Returns 0, or fails the item. */
-static int prepare_input(wk_worker *w, wk_item *it, uint32_t k, wk_join_job **jobs)
+static int prepare_input(const wk_inputs_env *env, wk_item *it, uint32_t k, wk_join_job **jobs)
 {
     const Baton__V1__InputValue *iv = it->disp->d->inputs[k];
     baton_input *in = &it->inputs[k];
@@ -162,7 +127,7 @@ static int prepare_input(wk_worker *w, wk_item *it, uint32_t k, wk_join_job **jo
     size_t at = 0;
     if (overridden) {
         /* A loop-back value replaces whatever the dispatch carried. */
-        if (!(last = pin_ref(w, it, it->overrides[k], &code, err, sizeof(err)))) {
+        if (!(last = pin_ref(env, it, it->overrides[k], &code, err, sizeof(err)))) {
             job_free(j);
             goto fail;
         }
@@ -172,26 +137,27 @@ static int prepare_input(wk_worker *w, wk_item *it, uint32_t k, wk_join_job **jo
         j->views[0] = (wk_tview){last->t.dtype, last->t.ndim, {0}, last->t.data,
                                  last->t.nbytes};
         memcpy(j->views[0].dims, last->t.dims, sizeof(j->views[0].dims));
-        stage = needs_staging(w, last);
+        stage = needs_staging(env, last);
     }
     for (size_t p = 0; !overridden && p < iv->n_parts; p++) {
         j->parts[p].chunks = j->views + at;
         j->parts[p].n = iv->parts[p]->n_chunks;
         for (size_t c = 0; c < iv->parts[p]->n_chunks; c++, at++) {
             wk_ref r;
-            if (wk_ref_from_proto(w, iv->parts[p]->chunks[c], &r, err, sizeof(err)) != 0) {
+            if (wk_wire_ref_from_proto(iv->parts[p]->chunks[c], wk_store_self(env->store), &r, err,
+                                       sizeof(err)) != 0) {
                 code = BATON_STATUS_INVALID_ARGUMENT;
                 job_free(j);
                 goto fail;
             }
-            if (!(last = pin_ref(w, it, &r, &code, err, sizeof(err)))) {
+            if (!(last = pin_ref(env, it, &r, &code, err, sizeof(err)))) {
                 job_free(j);
                 goto fail;
             }
             j->views[at] = (wk_tview){last->t.dtype, last->t.ndim, {0}, last->t.data,
                                       last->t.nbytes};
             memcpy(j->views[at].dims, last->t.dims, sizeof(j->views[at].dims));
-            stage |= needs_staging(w, last);
+            stage |= needs_staging(env, last);
         }
     }
     bool single = wk_join_is_trivial(j->parts, j->n_parts);
@@ -204,9 +170,9 @@ static int prepare_input(wk_worker *w, wk_item *it, uint32_t k, wk_join_job **jo
     /* A value read by every iteration of a loop (a persisted one, such as
      * a handed-off KV cache) is staged once per request, not per step. */
     bool reuse = stage && single && it->b.depth > 0;
-    wk_tensor *have = reuse ? wk_staged_find(w, it->req, &last->ref) : NULL;
+    wk_tensor *have = reuse ? wk_store_staged_find(env->store, it->req, &last->ref) : NULL;
     if (have) {
-        wk_slot *s = wk_slot_add(it);
+        wk_slot *s = wk_item_slot_add(it);
         if (!s) {
             snprintf(err, sizeof(err), "out of host memory");
             code = BATON_STATUS_RESOURCE_EXHAUSTED;
@@ -216,7 +182,7 @@ static int prepare_input(wk_worker *w, wk_item *it, uint32_t k, wk_join_job **jo
         have->pins++;
         s->own = have;
         s->ref = have->ref;
-        wk_slot_view(s, wk_tensor_data(w, have));
+        wk_item_slot_view(s, wk_store_tensor_data(env->store, have));
         in->tensor = s->t;
         job_free(j);
         return 0;
@@ -231,12 +197,13 @@ static int prepare_input(wk_worker *w, wk_item *it, uint32_t k, wk_join_job **jo
         job_free(j);
         goto fail;
     }
-    wk_slot *s = wk_slot_add(it);
-    wk_tensor *t = s ? wk_tensor_new(w, it->req, j->out.dtype, j->out.ndim, j->out.dims, true)
+    wk_slot *s = wk_item_slot_add(it);
+    wk_tensor *t = s ? wk_store_tensor_new(env->store, it->req, j->out.dtype, j->out.ndim,
+                                           j->out.dims, true)
                      : NULL;
     if (!t) {
         snprintf(err, sizeof(err), "no room in the pool of worker %s for the %s %llu bytes",
-                 w->opt.name, stage ? "staged" : "joined", (unsigned long long)j->out.nbytes);
+                 env->worker, stage ? "staged" : "joined", (unsigned long long)j->out.nbytes);
         code = BATON_STATUS_RESOURCE_EXHAUSTED;
         job_free(j);
         goto fail;
@@ -245,8 +212,8 @@ static int prepare_input(wk_worker *w, wk_item *it, uint32_t k, wk_join_job **jo
     s->ref = t->ref;
     /* A reused copy belongs to the request (freed when it ends), not to
      * this execution. */
-    s->created = !(reuse && wk_staged_add(it->req, &last->ref, t->ref.id) == 0);
-    wk_slot_view(s, wk_tensor_data(w, t));
+    s->created = !(reuse && wk_store_staged_add(it->req, &last->ref, t->ref.id) == 0);
+    wk_item_slot_view(s, wk_store_tensor_data(env->store, t));
     j->dst = s->t.data;
     j->next = *jobs;
     *jobs = j;
@@ -258,8 +225,7 @@ fail:
     return -1;
 }
 
-/* Sets up IT's inputs and outputs.  [L] */
-void wk_item_prepare(wk_worker *w, wk_item *it, wk_join_job **jobs)
+void wk_inputs_prepare(const wk_inputs_env *env, wk_item *it, wk_join_job **jobs)
 {
     const Baton__V1__Dispatch *d = it->disp->d;
     size_t ni = d->n_inputs, no = d->n_outputs;
@@ -280,12 +246,12 @@ void wk_item_prepare(wk_worker *w, wk_item *it, wk_join_job **jobs)
     it->b.inputs = it->inputs;
     it->b.n_inputs = (uint32_t)ni;
     for (uint32_t k = 0; k < ni; k++)
-        if (prepare_input(w, it, k, jobs) != 0)
+        if (prepare_input(env, it, k, jobs) != 0)
             return;
 }
 
 typedef struct copy_arg {
-    wk_worker *w;
+    wk_device *dev;
     void *stream;
     char err[256];
 } copy_arg;
@@ -293,26 +259,26 @@ typedef struct copy_arg {
 static int device_copy(void *arg, void *dst, const void *src, uint64_t n)
 {
     copy_arg *a = arg;
-    return wk_device_copy_async(a->w->dev, a->stream, dst, src, n, a->err, sizeof(a->err));
+    return wk_device_copy_async(a->dev, a->stream, dst, src, n, a->err, sizeof(a->err));
 }
 
-void wk_join_jobs_run(wk_worker *w, wk_join_job *jobs, void *stream)
+void wk_inputs_run_joins(const wk_inputs_env *env, wk_join_job *jobs, void *stream)
 {
-    copy_arg a = {w, stream, ""};
+    copy_arg a = {env->dev, stream, ""};
     wk_join_job *done = NULL;
     int rc = 0;
     for (wk_join_job *j = jobs, *nx; j; j = nx) {
         nx = j->next;
         if (!rc && (rc = wk_join_copy(j->parts, j->n_parts, j->shard_dim, &j->out, j->dst,
                                       device_copy, &a)) == 0)
-            wk_device_count_staged(w->dev, j->out.nbytes);
+            wk_device_count_staged(env->dev, j->out.nbytes);
         j->next = done;
         done = j;
     }
     /* The copies are queued on the lane's stream; the backend reads the
      * tensors after this returns. */
     if (!rc && done)
-        rc = wk_device_sync(w->dev, stream, a.err, sizeof(a.err));
+        rc = wk_device_sync(env->dev, stream, a.err, sizeof(a.err));
     for (wk_join_job *j = done, *nx; j; j = nx) {
         nx = j->next;
         if (rc) {

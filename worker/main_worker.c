@@ -92,7 +92,17 @@ static int parse_u64(const char *s, uint64_t *out)
     return 0;
 }
 
-int main(int argc, char **argv)
+/* The command line. */
+typedef struct cmdline {
+    const char *config, *name, *run_id, *endpoint;
+    uint64_t incarnation;
+    uint64_t key_fd;
+    bool have_key_fd;
+} cmdline;
+
+/* Reads the command line into CL.  Returns -1 to go on, else the exit
+ * status (0 after --help or --devices, 2 on a usage error). */
+static int parse_args(int argc, char **argv, cmdline *cl)
 {
     static const struct option longopts[] = {
         {"config", required_argument, NULL, 'c'},  {"name", required_argument, NULL, 'n'},
@@ -100,30 +110,27 @@ int main(int argc, char **argv)
         {"endpoint", required_argument, NULL, 'e'}, {"help", no_argument, NULL, 'h'},
         {"devices", no_argument, NULL, 'd'},      {"key-fd", required_argument, NULL, 'k'},
         {NULL, 0, NULL, 0}};
-    const char *config = NULL, *name = NULL, *run_id = NULL, *endpoint = NULL;
-    uint64_t incarnation = 0, key_fd = 0;
-    bool have_key_fd = false;
     int c;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         switch (c) {
-        case 'c': config = optarg; break;
-        case 'n': name = optarg; break;
-        case 'r': run_id = optarg; break;
-        case 'e': endpoint = optarg; break;
+        case 'c': cl->config = optarg; break;
+        case 'n': cl->name = optarg; break;
+        case 'r': cl->run_id = optarg; break;
+        case 'e': cl->endpoint = optarg; break;
         case 'i':
-            if (parse_u64(optarg, &incarnation) != 0) {
+            if (parse_u64(optarg, &cl->incarnation) != 0) {
                 fprintf(stderr, "baton-worker: --incarnation takes an integer in [0, 2^24), "
                         "not '%s'\n", optarg);
                 return 2;
             }
             break;
         case 'k':
-            if (parse_u64(optarg, &key_fd) != 0) {
+            if (parse_u64(optarg, &cl->key_fd) != 0) {
                 fprintf(stderr, "baton-worker: --key-fd takes a file descriptor, not '%s'\n",
                         optarg);
                 return 2;
             }
-            have_key_fd = true;
+            cl->have_key_fd = true;
             break;
         case 'h': usage(stdout); return 0;
         case 'd': {
@@ -134,12 +141,143 @@ int main(int argc, char **argv)
         default: usage(stderr); return 2;
         }
     }
-    if (!config || !name || !run_id || optind != argc) {
+    if (!cl->config || !cl->name || !cl->run_id || optind != argc) {
         usage(stderr);
         return 2;
     }
+    return -1;
+}
+
+/* The deployment file, its errors printed; NULL when it does not load.  A
+ * worker started by hand (no key pipe) checks the key files it uses. */
+static cfg_config *load_config(const cmdline *cl)
+{
+    bt_diag *diag = bt_diag_create(cl->config);
+    cfg_config *cfg = NULL;
+    int rc = diag ? cfg_load_file(cl->config, diag, &cfg) : -1;
+    if (rc == 0 && !cl->have_key_fd && cfg_check_keys(cfg, cl->name, diag) != 0) {
+        cfg_config_destroy(cfg);
+        cfg = NULL;
+        rc = -1;
+    }
+    if (rc != 0) {
+        if (diag)
+            bt_diag_print(diag, stderr);
+        bt_error("cannot load the configuration %s", cl->config);
+    }
+    bt_diag_destroy(diag);
+    return rc == 0 ? cfg : NULL;
+}
+
+/* The options of worker CW of CFG, strings borrowed from both. */
+static wk_options worker_options(const cmdline *cl, const cfg_config *cfg, const cfg_worker *cw)
+{
+    wk_options opt = {
+        .name = cl->name,
+        .run_id = cl->run_id,
+        .incarnation = cl->incarnation,
+        .endpoint = cl->endpoint ? cl->endpoint : cfg->daemon.workers_endpoint,
+        .device = cw->device,
+        .pool_bytes = cw->pool_mb << 20,
+        .streams = cw->streams_compute ? cw->streams_compute : 1,
+        .threads = cw->threads ? cw->threads : 1,
+        .index = (uint32_t)(cw - cfg->workers),
+        .comm_streams = cw->streams_comm > 0 ? 1 : 0,
+        .host = cw->host,
+        .peer_listen = cw->peer_listen,
+    };
+    /* Every worker has a profile: cfg_worker_profile falls back to the
+     * built-in default of its device, and the config check refused a name
+     * that matches neither. */
+    const cfg_profile *cp = cfg_worker_profile(cfg, cw);
+    if (cp)
+        opt.profile = (baton_device_profile){cp->name, cp->memory_bandwidth_gbps,
+                                             cp->memory_efficiency, cp->tflops,
+                                             cp->comm_bandwidth_gbps, cp->comm_efficiency,
+                                             cp->sync_overhead_us};
+    return opt;
+}
+
+/* The CURVE keys of OPT.  With daemon.curve every worker has a key pair:
+ * batond's key pipe gives the ones it spawns theirs (already read into OWN
+ * and SERVER_PUBLIC), one started by hand reads its `key:`.  It is the
+ * client key towards a tcp workers endpoint, and the server key of the
+ * worker-to-worker socket (peer_listen).  0, or -1 (logged). */
+static int curve_options(const cmdline *cl, const cfg_config *cfg, const cfg_worker *cw,
+                         char *server_public, bt_curve_keypair *own, wk_options *opt)
+{
+    bool tcp = cfg_endpoint_is_tcp(opt->endpoint);
+    if (cl->have_key_fd) {
+        opt->curve_own = own;
+        if (tcp)
+            opt->curve_server_public = server_public;
+    } else if (cfg->daemon.curve) {
+        /* Even without tcp or a peer_listen of its own: it may pull from a
+         * worker on another host, whose socket speaks only CURVE. */
+        char err[600];
+        if (!cw->key.s) {
+            bt_error("worker '%s' has no 'key:', which daemon.curve needs", cl->name);
+            return -1;
+        }
+        if ((tcp && cfg_server_public_key(cfg, server_public, err, sizeof(err)) != 0) ||
+            bt_curve_secret_load(cw->key.s, own, err, sizeof(err)) != 0) {
+            bt_error("%s", err);
+            return -1;
+        }
+        opt->curve_own = own;
+        if (tcp)
+            opt->curve_server_public = server_public;
+    }
+    if (opt->curve_server_public) {
+        char fp[BT_CURVE_FINGERPRINT_LEN + 1], sfp[BT_CURVE_FINGERPRINT_LEN + 1];
+        bt_info("curve: key %s... towards server key %s...",
+                bt_curve_fingerprint(own->public_z85, fp),
+                bt_curve_fingerprint(server_public, sfp));
+    } else if (opt->curve_own) {
+        char fp[BT_CURVE_FINGERPRINT_LEN + 1];
+        bt_info("curve: key %s... for the worker-to-worker socket",
+                bt_curve_fingerprint(own->public_z85, fp));
+    }
+    return 0;
+}
+
+/* How many models of CFG are placed on worker NAME (each logged). */
+static size_t models_placed(const cfg_config *cfg, const char *name)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < cfg->n_models; i++)
+        for (size_t k = 0; k < cfg->models[i].n_workers; k++)
+            if (strcmp(cfg->models[i].workers[k].s, name) == 0) {
+                bt_debug("model %s (%s) is placed here", cfg->models[i].name,
+                         cfg->models[i].backend);
+                n++;
+            }
+    return n;
+}
+
+/* Runs the worker of OPT to its end; the process exit status. */
+static int serve(const wk_options *opt)
+{
+    char err[512];
+    wk_worker *w;
+    if (wk_worker_create(opt, &w, err, sizeof(err)) != 0) {
+        bt_error("%s", err);
+        return 1;
+    }
+    int status = wk_worker_run(w);
+    wk_worker_destroy(w);
+    bt_info("exited with status %d", status);
+    return status;
+}
+
+int main(int argc, char **argv)
+{
+    cmdline cl = {0};
+    int rc = parse_args(argc, argv, &cl);
+    if (rc >= 0)
+        return rc;
     char ident[160];
-    snprintf(ident, sizeof(ident), "baton-worker[%s]", name);
+    snprintf(ident, sizeof(ident), "baton-worker[%s]", cl.name);
     bt_log_init(ident, BT_LOG_INFO);
 
     /* Die with the conductor.  The check after the prctl closes the race
@@ -161,32 +299,18 @@ int main(int argc, char **argv)
     char server_public[BT_CURVE_Z85_SIZE] = "";
     bt_curve_keypair own;
     memset(&own, 0, sizeof(own));
-    if (have_key_fd && read_key_fd((int)key_fd, server_public, &own) != 0) {
+    if (cl.have_key_fd && read_key_fd((int)cl.key_fd, server_public, &own) != 0) {
         bt_error("--key-fd %llu does not hold the three keys batond passes",
-                 (unsigned long long)key_fd);
+                 (unsigned long long)cl.key_fd);
         return 1;
     }
-    bt_diag *diag = bt_diag_create(config);
-    cfg_config *cfg = NULL;
-    int rc = diag ? cfg_load_file(config, diag, &cfg) : -1;
-    /* A worker started by hand checks the key files it uses itself. */
-    if (rc == 0 && !have_key_fd && cfg_check_keys(cfg, name, diag) != 0) {
-        cfg_config_destroy(cfg);
-        cfg = NULL;
-        rc = -1;
-    }
-    if (rc != 0) {
-        if (diag)
-            bt_diag_print(diag, stderr);
-        bt_error("cannot load the configuration %s", config);
-        bt_diag_destroy(diag);
+    cfg_config *cfg = load_config(&cl);
+    if (!cfg)
         return 1;
-    }
-    bt_diag_destroy(diag);
     int status = 1;
-    const cfg_worker *cw = cfg_worker_find(cfg, name);
+    const cfg_worker *cw = cfg_worker_find(cfg, cl.name);
     if (!cw) {
-        bt_error("%s has no worker named '%s'", config, name);
+        bt_error("%s has no worker named '%s'", cl.config, cl.name);
         goto out;
     }
     bt_log_level level = BT_LOG_INFO;
@@ -198,86 +322,14 @@ int main(int argc, char **argv)
         bt_error("device '%s': %s", cw->device, why);
         goto out;
     }
-    size_t n_models = 0;
-    for (size_t i = 0; i < cfg->n_models; i++)
-        for (size_t k = 0; k < cfg->models[i].n_workers; k++)
-            if (strcmp(cfg->models[i].workers[k].s, name) == 0) {
-                bt_debug("model %s (%s) is placed here", cfg->models[i].name,
-                         cfg->models[i].backend);
-                n_models++;
-            }
-    wk_options opt = {
-        .name = name,
-        .run_id = run_id,
-        .incarnation = incarnation,
-        .endpoint = endpoint ? endpoint : cfg->daemon.workers_endpoint,
-        .device = cw->device,
-        .pool_bytes = cw->pool_mb << 20,
-        .streams = cw->streams_compute ? cw->streams_compute : 1,
-        .threads = cw->threads ? cw->threads : 1,
-        .index = (uint32_t)(cw - cfg->workers),
-        .comm_streams = cw->streams_comm > 0 ? 1 : 0,
-        .host = cw->host,
-        .peer_listen = cw->peer_listen,
-    };
-    /* Every worker has a profile: cfg_worker_profile falls back to the
-     * built-in default of its device, and the config check refused a name
-     * that matches neither. */
-    const cfg_profile *cp = cfg_worker_profile(cfg, cw);
-    if (cp)
-        opt.profile = (baton_device_profile){cp->name, cp->memory_bandwidth_gbps,
-                                             cp->memory_efficiency, cp->tflops,
-                                             cp->comm_bandwidth_gbps, cp->comm_efficiency,
-                                             cp->sync_overhead_us};
-    /* With daemon.curve every worker has a key pair: batond's pipe gives
-     * the ones it spawns theirs, one started by hand reads its `key:`.  It
-     * is the client key towards a tcp workers endpoint, and the server key
-     * of the worker-to-worker socket (peer_listen). */
-    const char *ep = opt.endpoint;
-    bool tcp = cfg_endpoint_is_tcp(ep);
-    if (have_key_fd) {
-        opt.curve_own = &own;
-        if (tcp)
-            opt.curve_server_public = server_public;
-    } else if (cfg->daemon.curve) {
-        /* Even without tcp or a peer_listen of its own: it may pull from a
-         * worker on another host, whose socket speaks only CURVE. */
-        char err[600];
-        if (!cw->key.s) {
-            bt_error("worker '%s' has no 'key:', which daemon.curve needs", name);
-            goto out;
-        }
-        if ((tcp && cfg_server_public_key(cfg, server_public, err, sizeof(err)) != 0) ||
-            bt_curve_secret_load(cw->key.s, &own, err, sizeof(err)) != 0) {
-            bt_error("%s", err);
-            goto out;
-        }
-        opt.curve_own = &own;
-        if (tcp)
-            opt.curve_server_public = server_public;
-    }
-    if (opt.curve_server_public) {
-        char fp[BT_CURVE_FINGERPRINT_LEN + 1], sfp[BT_CURVE_FINGERPRINT_LEN + 1];
-        bt_info("curve: key %s... towards server key %s...",
-                bt_curve_fingerprint(own.public_z85, fp),
-                bt_curve_fingerprint(server_public, sfp));
-    } else if (opt.curve_own) {
-        char fp[BT_CURVE_FINGERPRINT_LEN + 1];
-        bt_info("curve: key %s... for the worker-to-worker socket",
-                bt_curve_fingerprint(own.public_z85, fp));
-    }
+    size_t n_models = models_placed(cfg, cl.name);
+    wk_options opt = worker_options(&cl, cfg, cw);
+    if (curve_options(&cl, cfg, cw, server_public, &own, &opt) != 0)
+        goto out;
     bt_info("starting: device %s, pool %llu MiB, %u lane(s), %zu model(s) placed, incarnation "
             "%llu", cw->device, (unsigned long long)cw->pool_mb, opt.streams, n_models,
-            (unsigned long long)incarnation);
-    char err[512];
-    wk_worker *w;
-    if (wk_worker_create(&opt, &w, err, sizeof(err)) != 0) {
-        bt_error("%s", err);
-        goto out;
-    }
-    status = wk_worker_run(w);
-    wk_worker_destroy(w);
-    bt_info("exited with status %d", status);
+            (unsigned long long)cl.incarnation);
+    status = serve(&opt);
 out:
     bt_curve_keypair_wipe(&own);
     cfg_config_destroy(cfg);

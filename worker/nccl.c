@@ -49,9 +49,11 @@
 #include <string.h>
 #include <time.h>
 
+#include "backends/builtin.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/status.h"
-#include "worker/worker_internal.h"
+#include "worker/wire.h"
 
 #define XFER_DEFAULT_MS 60000u /* a transfer of a request without a deadline */
 #define XFER_POLL_NS 100000L   /* between polls while a transfer is pending */
@@ -62,6 +64,8 @@ typedef struct nccl_wait nccl_wait;
 /* One send or receive, or (broke) the news that a pair's communicator was
  * aborted. */
 typedef struct nccl_op {
+    wk_event ev;                  /* first: handed back to the I/O thread */
+    struct wk_nccl *x;
     bool send;
     bool broke;                   /* not a transfer: the pair's communicator was aborted */
     uint32_t peer, epoch;
@@ -126,7 +130,8 @@ typedef struct nccl_pair {
 } nccl_pair;
 
 struct wk_nccl {
-    wk_worker *w;
+    wk_nccl_options opt;
+    wk_nccl_hooks hooks;
     bool gpu;                     /* a GPU worker: the only kind that transfers over NCCL */
     pthread_t thread;
     bool started;
@@ -144,28 +149,19 @@ struct wk_nccl {
 /* --- comm thread -------------------------------------------------------------- */
 
 /* Hands OP back to the I/O thread. */
+static void op_done(wk_event *ev);
+
 static void op_finish(wk_nccl *x, nccl_op *op, bool ok, const char *err)
 {
-    wk_worker *w = x->w;
     op->ok = ok;
     if (!ok)
-        snprintf(op->err, sizeof(op->err), "%s", err);
+        snprintf(op->err, sizeof(op->err), "%.*s", (int)sizeof(op->err) - 1, err);
     if (op->mark)
-        wk_device_mark_free(w->dev, op->mark);
+        wk_device_mark_free(x->opt.dev, op->mark);
     op->mark = NULL;
-    wk_event *ev = calloc(1, sizeof(*ev));
-    if (!ev) {
-        /* The I/O thread never hears of it: its tensor stays pinned and a
-         * receive's dispatch never runs.  Out of memory on a 64-byte
-         * allocation leaves nothing better. */
-        bt_error("out of memory handing back a transfer of worker %u", op->peer);
-        return;
-    }
-    ev->kind = WK_EV_NCCL;
-    ev->nccl = op;
-    pthread_mutex_lock(&w->lock);
-    wk_event_push(w, ev);
-    pthread_mutex_unlock(&w->lock);
+    op->x = x;
+    op->ev.run = op_done;
+    wk_events_post(x->opt.events, &op->ev);
 }
 
 static nccl_pair *pair_get(wk_nccl *x, uint32_t peer)
@@ -195,7 +191,7 @@ static void pair_abort(wk_nccl *x, uint32_t peer, const char *why)
             bt_warn("communicator %u with worker %u aborted: %s", p->epoch, peer, why);
         else
             bt_info("communicator %u with worker %u aborted: %s", p->epoch, peer, why);
-        wk_device_pair_close(x->w->dev, p->comm, true);
+        wk_device_pair_close(x->opt.dev, p->comm, true);
         p->comm = NULL;
     }
     p->ready = false;
@@ -228,12 +224,12 @@ static void run_join(wk_nccl *x, const nccl_cmd *c)
     /* A new communicator replaces the pair's old one, and whatever was
      * pending on it can no longer pair with the peer's operations. */
     pair_abort(x, c->peer, "replaced by a new communicator");
-    if (!p->stream && wk_device_stream_create(x->w->dev, &p->stream, err, sizeof(err)) != 0) {
+    if (!p->stream && wk_device_stream_create(x->opt.dev, &p->stream, err, sizeof(err)) != 0) {
         bt_error("communicator with worker %u: %s", c->peer, err);
         return;
     }
     void *comm = NULL;
-    if (wk_device_pair_join(x->w->dev, &comm, c->id, c->id_len, c->rank, err, sizeof(err)) != 0) {
+    if (wk_device_pair_join(x->opt.dev, &comm, c->id, c->id_len, c->rank, err, sizeof(err)) != 0) {
         bt_error("communicator %u with worker %u: %s", c->epoch, c->peer, err);
         return;
     }
@@ -260,9 +256,9 @@ static void op_append(nccl_op **head, nccl_op **tail, nccl_op *op)
 static void op_issue(wk_nccl *x, uint32_t peer, nccl_pair *p, nccl_op *op)
 {
     char err[256];
-    if (wk_device_pair_p2p(x->w->dev, p->comm, p->stream, op->send, op->buf, op->n, 1 - p->rank,
+    if (wk_device_pair_p2p(x->opt.dev, p->comm, p->stream, op->send, op->buf, op->n, 1 - p->rank,
                            err, sizeof(err)) != 0 ||
-        wk_device_mark(x->w->dev, p->stream, &op->mark, err, sizeof(err)) != 0) {
+        wk_device_mark(x->opt.dev, p->stream, &op->mark, err, sizeof(err)) != 0) {
         op_finish(x, op, false, err);
         pair_abort(x, peer, err);
         return;
@@ -290,7 +286,7 @@ static void run_op(wk_nccl *x, nccl_op *op)
  * order), failed, or past its deadline.  Returns whether it is ready. */
 static bool poll_join(wk_nccl *x, uint32_t peer, nccl_pair *p)
 {
-    int q = wk_device_pair_ready(x->w->dev, p->comm);
+    int q = wk_device_pair_ready(x->opt.dev, p->comm);
     if (q == 0 && bt_now_ns() <= p->join_deadline_ns)
         return false;
     if (q != 1) {
@@ -326,7 +322,7 @@ static bool poll_pairs(wk_nccl *x)
         }
         while (p->head) {
             nccl_op *op = p->head;
-            int q = wk_device_mark_query(x->w->dev, op->mark);
+            int q = wk_device_mark_query(x->opt.dev, op->mark);
             if (q == 1) {
                 p->head = op->next;
                 if (!p->head)
@@ -336,7 +332,7 @@ static bool poll_pairs(wk_nccl *x)
             }
             if (q < 0)
                 pair_abort(x, i, "a transfer failed on the device");
-            else if (wk_device_pair_failed(x->w->dev, p->comm))
+            else if (wk_device_pair_failed(x->opt.dev, p->comm))
                 pair_abort(x, i, "the peer aborted the communicator (it failed or was lost)");
             else if (now > op->deadline_ns)
                 pair_abort(x, i, "a transfer outlived its request's deadline");
@@ -360,7 +356,7 @@ static void run_cmd(wk_nccl *x, nccl_cmd *c)
 static void *comm_main(void *arg)
 {
     wk_nccl *x = arg;
-    wk_device_bind_thread(x->w->dev);
+    wk_device_bind_thread(x->opt.dev);
     bool busy = false;
     for (;;) {
         pthread_mutex_lock(&x->mu);
@@ -391,7 +387,7 @@ static void *comm_main(void *arg)
     for (uint32_t i = 0; i < x->n_pairs; i++) {
         pair_abort(x, i, "the worker is stopping");
         if (x->pairs[i].stream)
-            wk_device_stream_destroy(x->w->dev, x->pairs[i].stream);
+            wk_device_stream_destroy(x->opt.dev, x->pairs[i].stream);
     }
     return NULL;
 }
@@ -460,7 +456,6 @@ static void seq_check(wk_nccl *x, uint32_t peer, uint32_t epoch, uint64_t seq)
 /* As the pair's lower index: makes a new communicator with PEER. */
 static void pair_make(wk_nccl *x, uint32_t peer)
 {
-    wk_worker *w = x->w;
     nccl_peer *xp = &x->peers[peer];
     nccl_cmd *c = calloc(1, sizeof(*c));
     char err[256];
@@ -491,7 +486,7 @@ static void pair_make(wk_nccl *x, uint32_t peer)
     Baton__V1__WorkerMessage m = BATON__V1__WORKER_MESSAGE__INIT;
     m.msg_case = BATON__V1__WORKER_MESSAGE__MSG_PAIR_ID;
     m.pair_id = &pi;
-    wk_send(w, &m);
+    wk_wire_send(x->opt.sock, &m);
     cmd_post(x, c);
 }
 
@@ -507,7 +502,6 @@ void wk_nccl_on_peers(wk_nccl *x, const Baton__V1__Peers *p)
 {
     if (!x)
         return;
-    wk_worker *w = x->w;
     /* Indices are 0 .. n_peers - 1 (every worker, this one included); any
      * other is ignored rather than sized for. */
     size_t n = p->n_peers;
@@ -521,7 +515,7 @@ void wk_nccl_on_peers(wk_nccl *x, const Baton__V1__Peers *p)
         x->peers = np;
         x->n_peers = n;
     }
-    bool self_gpu = wk_device_space(w->dev) == WK_SPACE_CUDA;
+    bool self_gpu = wk_device_space(x->opt.dev) == WK_SPACE_CUDA;
     for (size_t i = 0; i < p->n_peers; i++) {
         const Baton__V1__PeerInfo *pi = p->peers[i];
         uint32_t k = pi->index;
@@ -529,7 +523,7 @@ void wk_nccl_on_peers(wk_nccl *x, const Baton__V1__Peers *p)
             continue;
         nccl_peer *xp = &x->peers[k];
         bool nccl = self_gpu && peer_is_gpu(pi) && pi->hostname &&
-                    strcmp(pi->hostname, w->hostname) != 0;
+                    strcmp(pi->hostname, x->opt.hostname) != 0;
         bool gone = !pi->up || !nccl || (xp->made && xp->incarnation != pi->incarnation);
         if (xp->made && gone) {
             post_abort(x, k, pi->up ? "the peer restarted" : "the peer is down");
@@ -581,7 +575,6 @@ void wk_nccl_on_send(wk_nccl *x, const Baton__V1__Send *s)
 {
     if (!x || !x->gpu)
         return; /* the conductor never asks a CPU worker */
-    wk_worker *w = x->w;
     if (s->peer >= x->n_peers) {
         bt_warn("a Send names worker %u, which is not a peer", s->peer);
         return;
@@ -597,8 +590,8 @@ void wk_nccl_on_send(wk_nccl *x, const Baton__V1__Send *s)
     op->seq = s->seq;
     op->deadline_ns = deadline_of(s->remaining_ms);
     seq_check(x, s->peer, s->epoch, s->seq);
-    pthread_mutex_lock(&w->lock);
-    wk_tensor *t = s->ref ? wk_tensor_find(w, s->ref->id) : NULL;
+    pthread_mutex_lock(x->opt.lock);
+    wk_tensor *t = s->ref ? wk_store_tensor_find(x->opt.store, s->ref->id) : NULL;
     /* The receiver takes the size the conductor gave it: a send of any
      * other would not pair with its receive. */
     if (t && t->ref.nbytes != s->ref->nbytes)
@@ -606,10 +599,10 @@ void wk_nccl_on_send(wk_nccl *x, const Baton__V1__Send *s)
     if (t) {
         t->pins++;
         op->t = t;
-        op->buf = wk_tensor_data(w, t);
+        op->buf = wk_store_tensor_data(x->opt.store, t);
         op->n = t->ref.nbytes;
     }
-    pthread_mutex_unlock(&w->lock);
+    pthread_mutex_unlock(x->opt.lock);
     if (!t) {
         /* The receiver waits for these bytes: without them the pair's
          * order is lost, so the pair starts over. */
@@ -631,9 +624,8 @@ static bool part_is_nccl(const Baton__V1__TensorPart *p)
 /* Ends WAIT: the dispatch runs with its received tensors, or is refused. */
 static void wait_finish(wk_nccl *x, nccl_wait *wt)
 {
-    wk_worker *w = x->w;
     const Baton__V1__Dispatch *d = wt->msg->dispatch;
-    pthread_mutex_lock(&w->lock);
+    pthread_mutex_lock(x->opt.lock);
     wk_request *req = NULL;
     for (uint32_t i = 0; i < wt->n; i++) {
         wk_tensor *t = wt->t[i];
@@ -643,7 +635,7 @@ static void wait_finish(wk_nccl *x, nccl_wait *wt)
         wt->failed |= t->released; /* the request ended meanwhile */
     }
     /* A stopping worker queues nothing more (its lanes are gone). */
-    if (atomic_load(&w->stopping) && !wt->failed) {
+    if (atomic_load(x->opt.stopping) && !wt->failed) {
         wt->failed = true;
         snprintf(wt->err, sizeof(wt->err), "the worker is stopping");
     }
@@ -655,24 +647,24 @@ static void wait_finish(wk_nccl *x, nccl_wait *wt)
             /* The received copy is an own tensor of the request, read in
              * place like any other and freed when the request ends. */
             Baton__V1__TensorRef *r = wt->refs[i];
-            r->owner = w->self_index;
+            r->owner = wk_store_self(x->opt.store);
             r->pool = t->ref.pool;
             r->offset = t->ref.offset;
             r->id = t->ref.id;
             wt->parts[i]->transfer = BATON__V1__TRANSFER_KIND__TRANSFER_KIND_LOCAL;
         } else if (!t->released) {
-            wk_tensor_release(w, t->ref.id);
+            wk_store_tensor_release(x->opt.store, t->ref.id);
         }
-        wk_tensor_unpin(w, t);
+        wk_store_tensor_unpin(x->opt.store, t);
     }
     if (req)
-        wk_request_gc(w, req);
-    pthread_mutex_unlock(&w->lock);
+        wk_store_request_gc(x->opt.store, req);
+    pthread_mutex_unlock(x->opt.lock);
     if (!wt->failed) {
-        wk_dispatch_accept(w, wt->msg);
+        x->hooks.accept(x->hooks.arg, wt->msg);
     } else {
-        if (!atomic_load(&w->stopping))
-            wk_dispatch_refuse(w, d, BATON_STATUS_UNAVAILABLE, wt->err);
+        if (!atomic_load(x->opt.stopping))
+            wk_wire_refuse(x->opt.sock, d, BATON_STATUS_UNAVAILABLE, wt->err);
         baton__v1__conductor_message__free_unpacked(wt->msg, NULL);
     }
     free(wt->t);
@@ -695,7 +687,6 @@ int wk_nccl_on_dispatch(wk_nccl *x, Baton__V1__ConductorMessage *msg)
      * them. */
     if (!x || !x->gpu)
         return 0;
-    wk_worker *w = x->w;
     const Baton__V1__Dispatch *d = msg->dispatch;
     uint32_t n = 0;
     bool any = false;
@@ -725,7 +716,7 @@ int wk_nccl_on_dispatch(wk_nccl *x, Baton__V1__ConductorMessage *msg)
                 if (part_is_nccl(d->inputs[k]->parts[p]) && d->inputs[k]->parts[p]->n_chunks)
                     post_abort(x, d->inputs[k]->parts[p]->chunks[0]->owner,
                                "out of memory taking a dispatch's receives");
-        wk_dispatch_refuse(w, d, BATON_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        wk_wire_refuse(x->opt.sock, d, BATON_STATUS_RESOURCE_EXHAUSTED, "out of memory");
         baton__v1__conductor_message__free_unpacked(msg, NULL);
         return 1;
     }
@@ -736,8 +727,9 @@ int wk_nccl_on_dispatch(wk_nccl *x, Baton__V1__ConductorMessage *msg)
      * that cannot be issued takes its pair down instead. */
     nccl_op *ops = NULL, **tail = &ops;
     uint32_t i = 0;
-    pthread_mutex_lock(&w->lock);
-    wk_request *req = wk_request_get(w, d->request_key, true);
+    pthread_mutex_lock(x->opt.lock);
+    uint32_t self = wk_store_self(x->opt.store);
+    wk_request *req = wk_store_request(x->opt.store, d->request_key, true);
     for (size_t k = 0; k < d->n_inputs; k++) {
         for (size_t p = 0; p < d->inputs[k]->n_parts; p++) {
             Baton__V1__TensorPart *part = d->inputs[k]->parts[p];
@@ -751,13 +743,14 @@ int wk_nccl_on_dispatch(wk_nccl *x, Baton__V1__ConductorMessage *msg)
                 wt->parts[i] = part;
                 wk_tensor *t = NULL;
                 nccl_op *op = calloc(1, sizeof(*op));
-                if (ref->owner >= x->n_peers || ref->owner == w->self_index)
+                if (ref->owner >= x->n_peers || ref->owner == self)
                     wait_fail(wt, "%s: worker %u", "a part to receive names no peer",
                               ref->owner);
-                else if (wk_ref_from_proto(w, ref, &r, err, sizeof(err)) != 0)
+                else if (wk_wire_ref_from_proto(ref, self, &r, err, sizeof(err)) != 0)
                     wait_fail(wt, "a received tensor: %s (from worker %u)", err, ref->owner);
                 else if (!op || !req ||
-                         !(t = wk_tensor_new(w, req, r.dtype, r.ndim, r.dims, true)))
+                         !(t = wk_store_tensor_new(x->opt.store, req, r.dtype, r.ndim, r.dims,
+                                                   true)))
                     wait_fail(wt, "%s for a tensor received from worker %u",
                               "no room in the pool", ref->owner);
                 if (!t) {
@@ -770,7 +763,7 @@ int wk_nccl_on_dispatch(wk_nccl *x, Baton__V1__ConductorMessage *msg)
                 op->epoch = part->nccl_epoch;
                 op->seq = part->nccl_seq + c;
                 op->t = t;
-                op->buf = wk_tensor_data(w, t);
+                op->buf = wk_store_tensor_data(x->opt.store, t);
                 op->n = t->ref.nbytes;
                 op->deadline_ns = deadline_of(d->remaining_ms);
                 op->wait = wt;
@@ -781,8 +774,8 @@ int wk_nccl_on_dispatch(wk_nccl *x, Baton__V1__ConductorMessage *msg)
         }
     }
     if (req && !wt->left)
-        wk_request_gc(w, req);
-    pthread_mutex_unlock(&w->lock);
+        wk_store_request_gc(x->opt.store, req);
+    pthread_mutex_unlock(x->opt.lock);
     if (!wt->left) {
         wait_finish(x, wt);
         return 1;
@@ -796,16 +789,18 @@ int wk_nccl_on_dispatch(wk_nccl *x, Baton__V1__ConductorMessage *msg)
     return 1;
 }
 
-void wk_nccl_on_event(wk_nccl *x, wk_event *ev)
+/* On the I/O thread: a transfer the comm thread finished, or the news that
+ * a pair's communicator broke. */
+static void op_done(wk_event *ev)
 {
-    wk_worker *w = x->w;
-    nccl_op *op = ev->nccl;
+    nccl_op *op = (nccl_op *)ev;
+    wk_nccl *x = op->x;
     if (op->broke) {
         /* The pair's communicator is gone: the lower index makes the next
          * one while the peer is up (not for an older epoch's news). */
         nccl_peer *xp = op->peer < x->n_peers ? &x->peers[op->peer] : NULL;
         if (xp && xp->made && xp->epoch == op->epoch && xp->nccl && xp->up &&
-            w->self_index < op->peer && !atomic_load(&w->stopping))
+            wk_store_self(x->opt.store) < op->peer && !atomic_load(x->opt.stopping))
             pair_make(x, op->peer);
         free(op);
         return;
@@ -814,11 +809,11 @@ void wk_nccl_on_event(wk_nccl *x, wk_event *ev)
         bt_warn("%s %" PRIu64 " of %" PRIu64 " bytes with worker %u failed: %s",
                 op->send ? "send" : "receive", op->seq, op->n, op->peer, op->err);
     if (op->send) {
-        pthread_mutex_lock(&w->lock);
+        pthread_mutex_lock(x->opt.lock);
         wk_request *req = op->t->req;
-        wk_tensor_unpin(w, op->t);
-        wk_request_gc(w, req);
-        pthread_mutex_unlock(&w->lock);
+        wk_store_tensor_unpin(x->opt.store, op->t);
+        wk_store_request_gc(x->opt.store, req);
+        pthread_mutex_unlock(x->opt.lock);
     } else {
         nccl_wait *wt = op->wait;
         if (!op->ok && !wt->failed) {
@@ -826,7 +821,7 @@ void wk_nccl_on_event(wk_nccl *x, wk_event *ev)
             snprintf(wt->err, sizeof(wt->err), "receiving an input from worker %u: %s",
                      op->peer, op->err);
         } else if (op->ok) {
-            wk_device_count_staged(w->dev, op->n);
+            wk_device_count_staged(x->opt.dev, op->n);
         }
         if (--wt->left == 0)
             wait_finish(x, wt);
@@ -848,20 +843,21 @@ void wk_nccl_reset(wk_nccl *x)
 
 /* --- life ---------------------------------------------------------------------- */
 
-int wk_nccl_create(wk_worker *w, wk_nccl **out)
+int wk_nccl_create(const wk_nccl_options *opt, const wk_nccl_hooks *hooks, wk_nccl **out)
 {
     *out = NULL;
     wk_nccl *x = calloc(1, sizeof(*x));
     if (!x)
         return BT_ENOMEM;
-    x->w = w;
-    x->gpu = wk_device_space(w->dev) == WK_SPACE_CUDA;
+    x->opt = *opt;
+    x->hooks = *hooks;
+    x->gpu = wk_device_space(opt->dev) == WK_SPACE_CUDA;
     pthread_mutex_init(&x->mu, NULL);
     pthread_cond_init(&x->cv, NULL);
     /* A CPU worker never joins a communicator: no thread. */
     if (x->gpu && pthread_create(&x->thread, NULL, comm_main, x) != 0) {
         wk_nccl_destroy(x);
-        return BT_ENOMEM;
+        return BT_ETHREAD;
     }
     x->started = x->gpu;
     *out = x;

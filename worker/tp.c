@@ -1,23 +1,6 @@
-/* Tensor-parallel groups: the leader's steps, mirrored on the followers.
- *
- * A model with tp N is loaded on N workers, one shard per rank, and its
- * ranks meet in collectives (an all-reduce per layer) that only complete
- * when every rank calls them with the same shapes in the same order.  The
- * conductor dispatches the model's nodes to rank 0 alone, so rank 0 decides
- * every batch: before each execute() it describes the step (the sessions it
- * closed, then each item's request key, inputs by value, outputs and
- * sampling) in a TpStep, which the conductor relays to the other ranks.  A
- * follower runs the same step through the same backend on its own lane,
- * with a ctx of its own (below) that keeps its outputs to itself: only the
- * leader reports.  Steps keep their order on the way (one lane runs a model
- * at a time, the I/O thread sends events in order, and ZeroMQ keeps each
- * pipe's order), which is what makes the ranks' sequences of collectives
- * equal.
- *
- * What a step carries is small for the models this serves (prompts and
- * token ids); inputs are copied by value rather than shared by reference so
- * that a follower never reads memory the leader has already freed.  A step
- * whose inputs exceed TP_MAX_INPUT_BYTES is refused on the leader. */
+/* Tensor-parallel groups (tp.h). */
+#include "worker/tp.h"
+
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -25,12 +8,48 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <zmq.h>
 
 #include "common/log.h"
+#include "common/status.h"
+#include "common/vec.h"
 #include "worker/join.h"
-#include "worker/worker_internal.h"
 
 #define TP_MAX_INPUT_BYTES (64ull << 20)
+
+/* A follower's session of a tensor-parallel model, named by the leader's
+ * request key.  Kept apart from the request records: only the leader's
+ * steps open and close it, never this worker's own Dispatch traffic. */
+typedef struct tp_session {
+    const wk_model *model;
+    uint64_t key;
+    baton_session *s;
+    struct tp_session *next;
+} tp_session;
+
+/* A TpStep waiting for its model: a job of the executor once the model is
+ * loaded here, kept on the early list before. */
+typedef struct tp_step {
+    wk_job job;                   /* first: the executor hands it back */
+    wk_tp *tp;
+    Baton__V1__ConductorMessage *msg; /* owned; msg->tp_step */
+    struct tp_step *next;         /* on the early list */
+} tp_step;
+
+/* A step the leader packed, sent by the I/O thread. */
+typedef struct tp_send {
+    wk_event ev;                  /* first */
+    wk_tp *tp;
+    uint8_t *bytes;               /* a packed WorkerMessage; owned */
+    size_t len;
+} tp_send;
+
+struct wk_tp {
+    wk_tp_options opt;
+    tp_session *sessions;         /* [L] the followers' sessions, of every model */
+    tp_step *early;               /* I/O thread: steps for models still loading */
+    atomic_uint_fast64_t steps;   /* steps run as a follower */
+};
 
 /* --- leader ----------------------------------------------------------------- */
 
@@ -82,34 +101,51 @@ _Noreturn void wk_tp_broken(const char *model, const char *why)
     _exit(WK_EXIT_GROUP_BROKEN);
 }
 
+/* On the I/O thread: sends a step the leader packed (a stopping worker
+ * sends nothing more).  A step the other ranks never get leaves this one
+ * waiting for them in a collective. */
+static void send_step(wk_event *ev)
+{
+    tp_send *s = (tp_send *)ev;
+    int rc = 0;
+    while (!atomic_load(s->tp->opt.stopping) &&
+           (rc = zmq_send(s->tp->opt.sock, s->bytes, s->len, 0)) < 0 && zmq_errno() == EINTR) {
+    }
+    if (rc < 0 && !atomic_load(s->tp->opt.stopping))
+        wk_tp_broken("(this worker's)", zmq_strerror(zmq_errno()));
+    free(s->bytes);
+    free(s);
+}
+
 /* Packs STEP into a WorkerMessage and hands it to the I/O thread.  0 or -1
  * (out of memory). */
-static int post(wk_worker *w, Baton__V1__TpStep *step)
+static int post(wk_tp *tp, Baton__V1__TpStep *step)
 {
     Baton__V1__WorkerMessage wm = BATON__V1__WORKER_MESSAGE__INIT;
     wm.msg_case = BATON__V1__WORKER_MESSAGE__MSG_TP_STEP;
     wm.tp_step = step;
-    wk_event *ev = calloc(1, sizeof(*ev));
+    tp_send *s = calloc(1, sizeof(*s));
     size_t len = baton__v1__worker_message__get_packed_size(&wm);
-    uint8_t *buf = ev ? malloc(len ? len : 1) : NULL;
+    uint8_t *buf = s ? malloc(len ? len : 1) : NULL;
     if (!buf) {
-        free(ev);
+        free(s);
         return -1;
     }
     baton__v1__worker_message__pack(&wm, buf);
-    ev->kind = WK_EV_SEND;
-    ev->bytes = buf;
-    ev->len = len;
-    pthread_mutex_lock(&w->lock);
-    wk_event_push(w, ev);
-    pthread_mutex_unlock(&w->lock);
+    s->ev.run = send_step;
+    s->tp = tp;
+    s->bytes = buf;
+    s->len = len;
+    wk_events_post(tp->opt.events, &s->ev);
     return 0;
 }
 
-int wk_tp_lead(wk_worker *w, baton_ctx *ctx, wk_model *m, const uint64_t *closed,
-               size_t n_closed, baton_item *const *run, size_t n)
+int wk_tp_lead(wk_tp *tp, baton_ctx *ctx, wk_model *m, const uint64_t *closed, size_t n_closed,
+               baton_item *const *run, size_t n)
 {
     tp_msg t = {0};
+    if (n_closed && !closed)
+        wk_tp_broken(m->name, "out of memory naming the closed sessions");
     char why[384] = "out of memory describing the step for the other ranks";
     baton_status code = BATON_STATUS_RESOURCE_EXHAUSTED;
     size_t n_ins = 0, n_outs = 0, n_iter = 0, n_dims = 0;
@@ -196,7 +232,7 @@ int wk_tp_lead(wk_worker *w, baton_ctx *ctx, wk_model *m, const uint64_t *closed
                 char err[256];
                 /* The tensor may be device memory, its own pool's or a
                  * peer's: the device layer tells them apart. */
-                if (wk_device_copy(w->dev, ctx->stream, t.bytes[ki], in->tensor.data, nb, err,
+                if (wk_device_copy(tp->opt.dev, ctx->stream, t.bytes[ki], in->tensor.data, nb, err,
                                    sizeof(err)) != 0) {
                     snprintf(why, sizeof(why), "reading input '%s' for the other ranks: %s",
                              in->name, err);
@@ -220,7 +256,7 @@ int wk_tp_lead(wk_worker *w, baton_ctx *ctx, wk_model *m, const uint64_t *closed
         }
         t.itemp[i] = ti;
     }
-    if (post(w, &t.step) != 0)
+    if (post(tp, &t.step) != 0)
         goto err;
     tp_msg_free(&t);
     return 0;
@@ -237,7 +273,7 @@ err:
         only.mode = (char *)"";
         only.close_keys = (uint64_t *)closed;
         only.n_close_keys = n_closed;
-        if (post(w, &only) != 0)
+        if (post(tp, &only) != 0)
             wk_tp_broken(m->name, "out of memory telling the other ranks of closed sessions");
     }
     return -1;
@@ -245,48 +281,39 @@ err:
 
 /* --- follower: the queue ---------------------------------------------------- */
 
-void wk_tp_steps_free(wk_tp_step *steps)
+static void step_free(tp_step *s)
 {
-    while (steps) {
-        wk_tp_step *nx = steps->next;
-        baton__v1__conductor_message__free_unpacked(steps->msg, NULL);
-        free(steps);
-        steps = nx;
-    }
+    baton__v1__conductor_message__free_unpacked(s->msg, NULL);
+    free(s);
 }
 
-static void append(wk_tp_step **head, wk_tp_step **tail, wk_tp_step *s)
+static void step_run(wk_job *job, wk_model *m, void *stream);
+
+static void step_drop(wk_job *job)
 {
-    s->next = NULL;
-    if (*tail)
-        (*tail)->next = s;
-    else
-        *head = s;
-    *tail = s;
+    step_free((tp_step *)job);
 }
 
-void wk_tp_on_step(wk_worker *w, Baton__V1__ConductorMessage *msg)
+void wk_tp_on_step(wk_tp *tp, Baton__V1__ConductorMessage *msg, bool loading)
 {
     const char *model = msg->tp_step->model;
-    wk_tp_step *s = calloc(1, sizeof(*s));
+    tp_step *s = calloc(1, sizeof(*s));
     if (!s)
         wk_tp_broken(model, "out of memory queueing a step");
+    s->job = (wk_job){step_run, step_drop, NULL};
+    s->tp = tp;
     s->msg = msg;
-    pthread_mutex_lock(&w->lock);
-    wk_model *m = wk_model_find(w, model);
+    pthread_mutex_lock(tp->opt.lock);
+    wk_model *m = wk_executor_model_find(tp->opt.ex, model);
     if (m && wk_model_follows(m)) {
-        append(&m->tp_head, &m->tp_tail, s);
-        pthread_cond_broadcast(&w->work);
-        pthread_mutex_unlock(&w->lock);
+        wk_executor_post_job(tp->opt.ex, m, &s->job);
+        pthread_mutex_unlock(tp->opt.lock);
         return;
     }
-    pthread_mutex_unlock(&w->lock);
-    bool loading = false;
-    for (wk_load *ld = w->loading; ld; ld = ld->next)
-        loading = loading || strcmp(ld->msg->load->model, model) == 0;
+    pthread_mutex_unlock(tp->opt.lock);
     if (loading) {
         /* The leader's load finished first: keep the step until ours does. */
-        wk_tp_step **pp = &w->tp_early;
+        tp_step **pp = &tp->early;
         while (*pp)
             pp = &(*pp)->next;
         *pp = s;
@@ -295,33 +322,35 @@ void wk_tp_on_step(wk_worker *w, Baton__V1__ConductorMessage *msg)
     wk_tp_broken(model, "a step arrived for a model not loaded here as one of its ranks");
 }
 
-void wk_tp_load_failed(wk_worker *w, const char *model)
+void wk_tp_load_failed(wk_tp *tp, const char *model)
 {
-    for (wk_tp_step **pp = &w->tp_early; *pp;) {
-        wk_tp_step *s = *pp;
+    for (tp_step **pp = &tp->early; *pp;) {
+        tp_step *s = *pp;
         if (strcmp(s->msg->tp_step->model, model) != 0) {
             pp = &s->next;
             continue;
         }
         *pp = s->next;
-        s->next = NULL;
-        wk_tp_steps_free(s);
+        step_free(s);
     }
 }
 
-void wk_tp_loaded(wk_worker *w, wk_model *m)
+void wk_tp_loaded(wk_tp *tp, wk_model *m)
 {
-    for (wk_tp_step **pp = &w->tp_early; *pp;) {
-        wk_tp_step *s = *pp;
+    for (tp_step **pp = &tp->early; *pp;) {
+        tp_step *s = *pp;
         if (strcmp(s->msg->tp_step->model, m->name) != 0) {
             pp = &s->next;
             continue;
         }
         *pp = s->next;
-        append(&m->tp_head, &m->tp_tail, s);
+        wk_executor_post_job(tp->opt.ex, m, &s->job);
     }
-    if (m->tp_head)
-        pthread_cond_broadcast(&w->work);
+}
+
+uint64_t wk_tp_steps(const wk_tp *tp)
+{
+    return atomic_load(&tp->steps);
 }
 
 /* --- follower: running a step --------------------------------------------- */
@@ -345,7 +374,7 @@ typedef struct tp_item {
 
 typedef struct tp_mirror {
     baton_ctx ctx;                /* first: the callbacks cast back */
-    wk_worker *w;
+    wk_tp *tp;
     const wk_model *m;
 } tp_mirror;
 
@@ -368,7 +397,7 @@ static void mirror_fail(baton_ctx *ctx, baton_item *item, baton_status code, con
 static tp_tensor *tensor_new(tp_mirror *mr, tp_item *it, baton_dtype dtype, uint32_t ndim,
                              const int64_t *dims)
 {
-    wk_worker *w = mr->w;
+    wk_tp *tp = mr->tp;
     uint64_t nb = ndim <= BATON_MAX_DIMS ? wk_tensor_bytes(dtype, ndim, dims) : UINT64_MAX;
     if (nb == UINT64_MAX) {
         /* The backend asked for a shape the worker refuses; rank 0's ctx
@@ -376,21 +405,15 @@ static tp_tensor *tensor_new(tp_mirror *mr, tp_item *it, baton_dtype dtype, uint
         mirror_fail(&mr->ctx, &it->b, BATON_STATUS_INTERNAL, "an invalid tensor shape");
         return NULL;
     }
-    if (it->n_tensors == it->cap_tensors) {
-        size_t cap = it->cap_tensors ? 2 * it->cap_tensors : 8;
-        tp_tensor **p = realloc(it->tensors, cap * sizeof(*p));
-        if (!p)
-            goto oom;
-        it->tensors = p;
-        it->cap_tensors = cap;
-    }
+    if (BT_RESERVE(it->tensors, it->n_tensors, it->cap_tensors, 8) != 0)
+        goto oom;
     tp_tensor *t = calloc(1, sizeof(*t));
     if (!t)
         goto oom;
-    uint64_t off;
-    pthread_mutex_lock(&w->lock);
-    t->blk = wk_pool_alloc(w->pool, nb, &off);
-    pthread_mutex_unlock(&w->lock);
+    void *data = NULL;
+    pthread_mutex_lock(tp->opt.lock);
+    t->blk = wk_store_block_alloc(tp->opt.store, nb, &data);
+    pthread_mutex_unlock(tp->opt.lock);
     if (!t->blk) {
         /* Rank 0 found room where this rank did not: from here on their
          * work differs. */
@@ -400,7 +423,7 @@ static tp_tensor *tensor_new(tp_mirror *mr, tp_item *it, baton_dtype dtype, uint
     t->t.dtype = dtype;
     t->t.ndim = ndim;
     memcpy(t->t.dims, dims, ndim * sizeof(*dims));
-    t->t.data = wk_device_pool_base(w->dev) + off;
+    t->t.data = data;
     t->t.nbytes = nb;
     it->tensors[it->n_tensors++] = t;
     t->t.handle = it->n_tensors;
@@ -438,7 +461,7 @@ static int mirror_copy(baton_ctx *ctx, baton_item *item, const baton_tensor *ten
     }
     uint8_t *dev = (uint8_t *)t->t.data + offset;
     char err[256];
-    if (wk_device_copy(mr->w->dev, ctx->stream, write ? dev : host, write ? host : dev, n, err,
+    if (wk_device_copy(mr->tp->opt.dev, ctx->stream, write ? dev : host, write ? host : dev, n, err,
                        sizeof(err)) != 0) {
         mirror_fail(ctx, item, BATON_STATUS_INTERNAL, err);
         return -1;
@@ -514,74 +537,74 @@ static baton_status mirror_sleep_ms(baton_ctx *ctx, const baton_item *item, uint
     return BATON_STATUS_OK;
 }
 
-static baton_session *session_find(wk_model *m, uint64_t key)
+/* The follower's session of M for request KEY, or NULL.  [L] */
+static tp_session *session_find(wk_tp *tp, const wk_model *m, uint64_t key)
 {
-    for (wk_tp_session *s = m->tp_sessions; s; s = s->next)
-        if (s->key == key)
-            return s->s;
+    for (tp_session *s = tp->sessions; s; s = s->next)
+        if (s->model == m && s->key == key)
+            return s;
     return NULL;
 }
 
-static void session_close_key(wk_worker *w, wk_model *m, uint64_t key)
+/* Closes the follower's session of M for request KEY, if open.  On the
+ * lane holding M. */
+static void session_close_key(wk_tp *tp, wk_model *m, uint64_t key)
 {
-    for (wk_tp_session **pp = &m->tp_sessions; *pp; pp = &(*pp)->next) {
-        wk_tp_session *s = *pp;
-        if (s->key != key)
-            continue;
+    pthread_mutex_lock(tp->opt.lock);
+    tp_session **pp = &tp->sessions;
+    while (*pp && ((*pp)->model != m || (*pp)->key != key))
+        pp = &(*pp)->next;
+    tp_session *s = *pp;
+    if (s) {
         *pp = s->next;
-        if (m->backend->session_close)
-            m->backend->session_close(m->handle, s->s);
-        free(s);
-        pthread_mutex_lock(&w->lock);
-        w->n_sessions--;
-        pthread_mutex_unlock(&w->lock);
+        wk_executor_count_session(tp->opt.ex, -1);
+    }
+    pthread_mutex_unlock(tp->opt.lock);
+    if (!s)
         return;
-    }
-}
-
-void wk_tp_sessions_close(wk_model *m)
-{
-    while (m->tp_sessions) {
-        wk_tp_session *s = m->tp_sessions;
-        m->tp_sessions = s->next;
-        if (m->backend->session_close)
-            m->backend->session_close(m->handle, s->s);
-        free(s);
-    }
+    if (m->backend->session_close)
+        m->backend->session_close(m->handle, s->s);
+    free(s);
 }
 
 /* Opens the session of IT's request on M unless it is open (as the
- * worker's executor does for its own items). */
+ * executor does for the worker's own items).  On the lane holding M. */
 static void session_attach(tp_mirror *mr, wk_model *m, tp_item *it)
 {
-    wk_worker *w = mr->w;
+    wk_tp *tp = mr->tp;
     if (!m->backend->session_open)
         return;
-    if ((it->b.session = session_find(m, it->b.request_key)))
+    pthread_mutex_lock(tp->opt.lock);
+    tp_session *have = session_find(tp, m, it->b.request_key);
+    pthread_mutex_unlock(tp->opt.lock);
+    if (have) {
+        it->b.session = have->s;
         return;
+    }
     char err[512] = "";
     baton_session *bs = NULL;
     baton_status st = m->backend->session_open(m->handle, it->b.request_key, &bs, err,
                                                sizeof(err));
-    wk_tp_session *s = st == BATON_STATUS_OK ? calloc(1, sizeof(*s)) : NULL;
+    tp_session *s = st == BATON_STATUS_OK ? calloc(1, sizeof(*s)) : NULL;
     if (!s)
         wk_tp_broken(m->name, st == BATON_STATUS_OK ? "out of memory" : err);
+    s->model = m;
     s->key = it->b.request_key;
     s->s = bs;
-    s->next = m->tp_sessions;
-    m->tp_sessions = s;
-    pthread_mutex_lock(&w->lock);
-    w->n_sessions++;
-    pthread_mutex_unlock(&w->lock);
+    pthread_mutex_lock(tp->opt.lock);
+    s->next = tp->sessions;
+    tp->sessions = s;
+    wk_executor_count_session(tp->opt.ex, +1);
+    pthread_mutex_unlock(tp->opt.lock);
     it->b.session = bs;
 }
 
-static void item_free(wk_worker *w, tp_item *it)
+static void item_free(wk_tp *tp, tp_item *it)
 {
-    pthread_mutex_lock(&w->lock);
+    pthread_mutex_lock(tp->opt.lock);
     for (size_t i = 0; i < it->n_tensors; i++)
-        wk_pool_free(w->pool, it->tensors[i]->blk);
-    pthread_mutex_unlock(&w->lock);
+        wk_store_block_free(tp->opt.store, it->tensors[i]->blk);
+    pthread_mutex_unlock(tp->opt.lock);
     for (size_t i = 0; i < it->n_tensors; i++)
         free(it->tensors[i]);
     free(it->tensors);
@@ -626,7 +649,7 @@ static void item_build(tp_mirror *mr, wk_model *m, const Baton__V1__TpStep *st,
         if (!t || t->t.nbytes != v->data.len)
             wk_tp_broken(m->name, "a step with an input whose bytes do not match its shape");
         char err[256];
-        if (v->data.len && wk_device_copy(mr->w->dev, mr->ctx.stream, t->t.data, v->data.data,
+        if (v->data.len && wk_device_copy(mr->tp->opt.dev, mr->ctx.stream, t->t.data, v->data.data,
                                           v->data.len, err, sizeof(err)) != 0)
             wk_tp_broken(m->name, err);
         it->inputs[k] = (baton_input){in->name, t->t, in->stream, in->final, in->chat,
@@ -636,10 +659,10 @@ static void item_build(tp_mirror *mr, wk_model *m, const Baton__V1__TpStep *st,
     session_attach(mr, m, it);
 }
 
-static void follow_one(wk_worker *w, wk_model *m, tp_mirror *mr, const Baton__V1__TpStep *st)
+static void follow_one(wk_tp *tp, wk_model *m, tp_mirror *mr, const Baton__V1__TpStep *st)
 {
     for (size_t k = 0; k < st->n_close_keys; k++)
-        session_close_key(w, m, st->close_keys[k]);
+        session_close_key(tp, m, st->close_keys[k]);
     size_t n = st->n_items;
     if (!n)
         return;
@@ -655,18 +678,21 @@ static void follow_one(wk_worker *w, wk_model *m, tp_mirror *mr, const Baton__V1
      * rank alike: the leader met the same input and reports it. */
     m->backend->execute(m->handle, &mr->ctx, run, n);
     char err[384];
-    if (wk_device_sync(w->dev, mr->ctx.stream, err, sizeof(err)) != 0)
+    if (wk_device_sync(tp->opt.dev, mr->ctx.stream, err, sizeof(err)) != 0)
         bt_error("model %s (follower): %s", m->name, err);
-    wk_executor_exit_if_lost(w, m);
+    wk_device_exit_if_lost(tp->opt.dev, m->name);
     for (size_t i = 0; i < n; i++)
-        item_free(w, &items[i]);
+        item_free(tp, &items[i]);
     free(items);
     free(run);
 }
 
-void wk_tp_follow(wk_worker *w, wk_model *m, void *stream, wk_tp_step *steps)
+/* The executor runs a step on the lane holding M. */
+static void step_run(wk_job *job, wk_model *m, void *stream)
 {
-    tp_mirror mr = {.w = w, .m = m};
+    tp_step *s = (tp_step *)job;
+    wk_tp *tp = s->tp;
+    tp_mirror mr = {.tp = tp, .m = m};
     mr.ctx = (baton_ctx){.alloc = mirror_alloc,
                          .set_output = mirror_set_output,
                          .forward = mirror_forward,
@@ -678,13 +704,44 @@ void wk_tp_follow(wk_worker *w, wk_model *m, void *stream, wk_tp_step *steps)
                          .read = mirror_read,
                          .write = mirror_write,
                          .count_tokens = mirror_count_tokens,
-                         .threads = w->opt.threads,
-                         .device = w->opt.device,
+                         .threads = tp->opt.threads,
+                         .device = tp->opt.device,
                          .stream = stream,
                          .impl = &mr};
-    for (wk_tp_step *s = steps; s; s = s->next) {
-        follow_one(w, m, &mr, s->msg->tp_step);
-        atomic_fetch_add(&w->tp_steps, 1);
+    follow_one(tp, m, &mr, s->msg->tp_step);
+    atomic_fetch_add(&tp->steps, 1);
+    step_free(s);
+}
+
+/* --- life ---------------------------------------------------------------------- */
+
+int wk_tp_create(const wk_tp_options *opt, wk_tp **out)
+{
+    *out = NULL;
+    wk_tp *tp = calloc(1, sizeof(*tp));
+    if (!tp)
+        return BT_ENOMEM;
+    tp->opt = *opt;
+    atomic_init(&tp->steps, 0);
+    *out = tp;
+    return 0;
+}
+
+void wk_tp_destroy(wk_tp *tp)
+{
+    if (!tp)
+        return;
+    while (tp->sessions) {
+        tp_session *s = tp->sessions;
+        tp->sessions = s->next;
+        if (s->model->backend->session_close)
+            s->model->backend->session_close(s->model->handle, s->s);
+        free(s);
     }
-    wk_tp_steps_free(steps);
+    while (tp->early) {
+        tp_step *s = tp->early;
+        tp->early = s->next;
+        step_free(s);
+    }
+    free(tp);
 }

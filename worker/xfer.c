@@ -37,8 +37,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <zmq.h>
 
 #include "common/clock.h"
+#include "common/evloop.h"
 #include "common/curve.h"
 #include "common/log.h"
 #include "common/status.h"
@@ -50,6 +52,7 @@ typedef struct xfer_pull xfer_pull;
 
 /* A producer as the consumer side knows it. */
 typedef struct xfer_peer {
+    struct wk_xfer *x;
     uint32_t index;
     char *name;                  /* owned */
     char *endpoint;              /* owned; "" when it has none */
@@ -57,6 +60,7 @@ typedef struct xfer_peer {
     uint64_t incarnation;
     bool up;
     void *sock;                  /* DEALER connected to endpoint, or NULL */
+    int watch;                   /* its handle in the loop while sock is open */
     uint32_t inflight;           /* requests sent on sock, not answered */
     uint64_t last_rx_ns;         /* last answer, or the request that opened the window */
     xfer_pull *rr_head, *rr_tail; /* pulls with chunks left to request, in turn order */
@@ -86,7 +90,9 @@ typedef struct xfer_unpin {
 
 struct wk_xfer {
     void *zctx;                  /* borrowed */
+    evloop *loop;                /* borrowed: the I/O thread's; the sockets watch on it */
     void *router;                /* producer side, or NULL */
+    int router_watch, zap_watch; /* their handles in the loop, or -1 */
     bool curve;                  /* the sockets speak CURVE with OWN */
     bt_curve_keypair own;        /* this worker's key pair (when curve); wiped at destroy */
     void *zap;                   /* ZAP handler of the ROUTER (curve and a router), or NULL */
@@ -250,16 +256,23 @@ static int xfer_zap_decide(void *arg, const bt_zap_request *req, const char **us
     return 400;
 }
 
-int wk_xfer_create(void *zctx, const char *listen, const bt_curve_keypair *own, int wake_fd,
-                   const wk_xfer_ops *ops, void *arg, wk_xfer **out, char *err, size_t errlen)
+static void on_zap(evloop *l, void *arg);
+static void on_router(evloop *l, void *arg);
+static void on_peer(evloop *l, void *arg);
+
+int wk_xfer_create(void *zctx, evloop *loop, const char *listen, const bt_curve_keypair *own,
+                   int wake_fd, const wk_xfer_ops *ops, void *arg, wk_xfer **out, char *err,
+                   size_t errlen)
 {
     *out = NULL;
     wk_xfer *x = calloc(1, sizeof(*x));
     if (!x) {
         snprintf(err, errlen, "out of memory");
-        return -1;
+        return BT_ENOMEM;
     }
     x->zctx = zctx;
+    x->loop = loop;
+    x->router_watch = x->zap_watch = -1;
     x->wake_fd = wake_fd;
     x->ops = *ops;
     x->arg = arg;
@@ -290,13 +303,18 @@ int wk_xfer_create(void *zctx, const char *listen, const bt_curve_keypair *own, 
             snprintf(err, errlen, "peer_listen %s: %s", listen, zmq_strerror(zmq_errno()));
             goto err;
         }
+        if ((x->router_watch = evloop_add(loop, x->router, -1, on_router, x)) < 0 ||
+            (x->zap && (x->zap_watch = evloop_add(loop, x->zap, -1, on_zap, x)) < 0)) {
+            snprintf(err, errlen, "peer_listen %s: out of memory", listen);
+            goto err;
+        }
     }
     *out = x;
     return 0;
 err:
     wk_xfer_close(x);
     wk_xfer_destroy(x);
-    return -1;
+    return BT_EIO;
 }
 
 const char *wk_xfer_endpoint(const wk_xfer *x)
@@ -367,12 +385,19 @@ static void pull_end(wk_xfer *x, xfer_pull *pl, baton_status code, const char *m
 }
 
 /* Closes P's socket and fails every pull from it with UNAVAILABLE. */
+/* Closes P's socket, out of the loop first. */
+static void peer_close(wk_xfer *x, xfer_peer *p)
+{
+    if (!p->sock)
+        return;
+    evloop_remove(x->loop, p->watch);
+    zmq_close(p->sock);
+    p->sock = NULL;
+}
+
 static void peer_lose(wk_xfer *x, xfer_peer *p, const char *why)
 {
-    if (p->sock) {
-        zmq_close(p->sock);
-        p->sock = NULL;
-    }
+    peer_close(x, p);
     p->inflight = 0;
     size_t n = 0, cap = 0, pos = 0;
     uint64_t *ids = NULL, id;
@@ -419,6 +444,7 @@ int wk_xfer_peer_update(wk_xfer *x, uint32_t index, const char *name, const char
             free(p);
             return BT_ENOMEM;
         }
+        p->x = x;
         p->index = index;
         p->incarnation = incarnation;
         p->up = up;
@@ -509,12 +535,16 @@ static int peer_connect(wk_xfer *x, xfer_peer *p, char *err, size_t errlen)
                  zmq_strerror(zmq_errno()));
         goto err;
     }
+    if ((p->watch = evloop_add(x->loop, p->sock, -1, on_peer, p)) < 0) {
+        snprintf(err, errlen, "socket to worker %s: out of memory", p->name);
+        goto err;
+    }
     p->inflight = 0;
     return 0;
 err:
     zmq_close(p->sock);
     p->sock = NULL;
-    return -1;
+    return BT_EIO;
 }
 
 uint64_t wk_xfer_pull(wk_xfer *x, uint32_t peer, const wk_xfer_src *src, void *dst, void *cookie,
@@ -816,32 +846,7 @@ out:
     zmq_msg_close(&id);
 }
 
-/* --- the poll -------------------------------------------------------------------- */
-
-size_t wk_xfer_poll_count(const wk_xfer *x)
-{
-    if (!x)
-        return 0;
-    size_t n = (x->router != NULL) + (x->zap != NULL);
-    for (const xfer_peer *p = x->peers; p; p = p->next)
-        n += p->sock != NULL;
-    return n;
-}
-
-size_t wk_xfer_poll_fill(wk_xfer *x, zmq_pollitem_t *items, size_t max)
-{
-    size_t n = 0;
-    if (!x)
-        return 0;
-    if (x->zap && n < max)
-        items[n++] = (zmq_pollitem_t){x->zap, 0, ZMQ_POLLIN, 0};
-    if (x->router && n < max)
-        items[n++] = (zmq_pollitem_t){x->router, 0, ZMQ_POLLIN, 0};
-    for (xfer_peer *p = x->peers; p && n < max; p = p->next)
-        if (p->sock)
-            items[n++] = (zmq_pollitem_t){p->sock, 0, ZMQ_POLLIN, 0};
-    return n;
-}
+/* --- the loop's callbacks ---------------------------------------------------------- */
 
 /* Whether SOCK has a message waiting (the poll's revents are only a hint
  * once other messages were read). */
@@ -852,33 +857,33 @@ static bool readable(void *sock)
     return zmq_getsockopt(sock, ZMQ_EVENTS, &ev, &len) == 0 && (ev & ZMQ_POLLIN);
 }
 
-void wk_xfer_poll_handle(wk_xfer *x, const zmq_pollitem_t *items, size_t n)
+static void on_zap(evloop *l, void *arg)
 {
-    for (size_t i = 0; i < n; i++) {
-        if (!(items[i].revents & ZMQ_POLLIN))
-            continue;
-        if (x->zap && items[i].socket == x->zap) {
-            if (bt_zap_serve(x->zap, xfer_zap_decide, x) < 0)
-                bt_warn("cannot answer a worker-to-worker ZAP request: %s",
-                        zmq_strerror(zmq_errno()));
-            continue;
-        }
-        if (items[i].socket == x->router) {
-            /* A bounded batch, so that a busy producer still lets the
-             * worker's other sockets in. */
-            for (int k = 0; k < 64 && x->router && readable(x->router); k++)
-                producer_recv(x);
-            continue;
-        }
-        xfer_peer *p = x->peers;
-        while (p && p->sock != items[i].socket)
-            p = p->next;
-        /* Each answer costs a copy of up to a chunk on this thread: a few
-         * per round keep the worker's other sockets served meanwhile. */
-        for (int k = 0; k < 8 && p && p->sock && readable(p->sock); k++) {
-            consumer_recv(x, p);
-            peer_pump(x, p);
-        }
+    (void)l;
+    wk_xfer *x = arg;
+    if (bt_zap_serve(x->zap, xfer_zap_decide, x) < 0)
+        bt_warn("cannot answer a worker-to-worker ZAP request: %s", zmq_strerror(zmq_errno()));
+}
+
+static void on_router(evloop *l, void *arg)
+{
+    (void)l;
+    wk_xfer *x = arg;
+    /* A bounded batch, so that a busy producer still lets the worker's
+     * other sockets in. */
+    for (int k = 0; k < 64 && x->router && readable(x->router); k++)
+        producer_recv(x);
+}
+
+static void on_peer(evloop *l, void *arg)
+{
+    (void)l;
+    xfer_peer *p = arg;
+    /* Each answer costs a copy of up to a chunk on this thread: a few per
+     * round keep the worker's other sockets served meanwhile. */
+    for (int k = 0; k < 8 && p->sock && readable(p->sock); k++) {
+        consumer_recv(p->x, p);
+        peer_pump(p->x, p);
     }
 }
 
@@ -934,10 +939,11 @@ void wk_xfer_close(wk_xfer *x)
     u64map_init(&x->pulls);
     for (xfer_peer *p = x->peers; p; p = p->next) {
         p->rr_head = p->rr_tail = NULL;
-        if (p->sock)
-            zmq_close(p->sock);
-        p->sock = NULL;
+        peer_close(x, p);
     }
+    evloop_remove(x->loop, x->router_watch);
+    evloop_remove(x->loop, x->zap_watch);
+    x->router_watch = x->zap_watch = -1;
     if (x->router)
         zmq_close(x->router);
     x->router = NULL;

@@ -12,7 +12,8 @@
  * ones wait.
  *
  * Everything here runs on the worker's I/O thread and never blocks: the
- * sockets join the I/O thread's poll (wk_xfer_poll_fill / _poll_handle).
+ * module watches its sockets on the I/O thread's event loop, adding and
+ * removing them as connections come and go.
  * The one exception is the release of a zero-copy reply, which ZeroMQ
  * calls on its own thread: it only pushes the pin onto a lock-free list and
  * signals WAKE_FD; the I/O thread hands it back (wk_xfer_drain_unpins).
@@ -27,10 +28,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include <zmq.h>
-
 #include "baton/backend.h"
 #include "common/curve.h"
+#include "common/evloop.h"
 
 #define WK_XFER_CHUNK_BYTES (1u << 20)  /* bytes per pull request (the last one may be less) */
 #define WK_XFER_WINDOW 8u               /* chunks in flight per producer */
@@ -93,16 +93,18 @@ int wk_xfer_plan_recv(wk_xfer_plan *p, uint64_t off, uint64_t len);
 int wk_xfer_check_range(const wk_xfer_src *held, const wk_xfer_src *req, uint64_t offset,
                         uint64_t length, char *err, size_t errlen);
 
-/* Creates the module on ZCTX.  LISTEN ("tcp://ADDR:PORT", PORT may be *)
- * binds the producer's ROUTER; NULL: this worker serves no pulls.  OWN
- * (copied; NULL: plain sockets) is this worker's CURVE key pair: the ROUTER
- * is then a CURVE server with it whose ZAP handler (polled with the other
- * sockets) lets in only the keys given by wk_xfer_peer_key, and every pull
- * authenticates its producer by the key given for it.
- * WAKE_FD is an eventfd the I/O thread polls (see above), or -1 when the
- * caller drains the unpins on its own schedule.  0, or -1 with ERR. */
-int wk_xfer_create(void *zctx, const char *listen, const bt_curve_keypair *own, int wake_fd,
-                   const wk_xfer_ops *ops, void *arg, wk_xfer **out, char *err, size_t errlen);
+/* Creates the module on ZCTX, its sockets watched on LOOP.  LISTEN
+ * ("tcp://ADDR:PORT", PORT may be *) binds the producer's ROUTER; NULL:
+ * this worker serves no pulls.  OWN (copied; NULL: plain sockets) is this
+ * worker's CURVE key pair: the ROUTER is then a CURVE server with it whose
+ * ZAP handler (watched with the other sockets) lets in only the keys given
+ * by wk_xfer_peer_key, and every pull authenticates its producer by the
+ * key given for it.  WAKE_FD is an eventfd the I/O thread polls (see
+ * above), or -1 when the caller drains the unpins on its own schedule.
+ * 0, or a negative bt_err with ERR. */
+int wk_xfer_create(void *zctx, evloop *loop, const char *listen, const bt_curve_keypair *own,
+                   int wake_fd, const wk_xfer_ops *ops, void *arg, wk_xfer **out, char *err,
+                   size_t errlen);
 /* Closes the sockets (linger 0: replies not yet sent are dropped) and
  * forgets every pull without calling pull_done.  The pins of replies
  * ZeroMQ still holds come back when the context is terminated; so the
@@ -140,13 +142,6 @@ uint64_t wk_xfer_pull(wk_xfer *x, uint32_t peer, const wk_xfer_src *src, void *d
  * Bytes already in flight for it are dropped when they come. */
 void wk_xfer_cancel(wk_xfer *x, uint64_t id);
 
-/* The module's sockets for zmq_poll: writes at most MAX items into ITEMS
- * and returns how many (see wk_xfer_poll_count). */
-size_t wk_xfer_poll_fill(wk_xfer *x, zmq_pollitem_t *items, size_t max);
-/* How many items wk_xfer_poll_fill would write now. */
-size_t wk_xfer_poll_count(const wk_xfer *x);
-/* Handles what zmq_poll reported on the N items wk_xfer_poll_fill wrote. */
-void wk_xfer_poll_handle(wk_xfer *x, const zmq_pollitem_t *items, size_t n);
 /* Fails the pulls of producers silent for WK_XFER_TIMEOUT_MS; returns the
  * milliseconds until the next check is due (-1: none). */
 long wk_xfer_tick(wk_xfer *x, uint64_t now_ns);

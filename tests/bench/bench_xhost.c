@@ -49,6 +49,7 @@
 
 #include "common/curve.h"
 #include "tests/bench/util.h"
+#include "common/evloop.h"
 #include "worker/xfer.h"
 
 #define MIB (1u << 20)
@@ -132,6 +133,13 @@ static void on_term(int sig)
 
 /* Serves pulls and floor requests until SIGTERM.  Writes its two endpoints
  * to OUT_FD (one line each) when >= 0. */
+/* The floor socket is readable: the producer loop answers it. */
+static void on_floor(evloop *l, void *arg)
+{
+    (void)l;
+    *(bool *)arg = true;
+}
+
 static int producer_main(int out_fd)
 {
     const char *listen = getenv("BATON_XHOST_LISTEN");
@@ -145,6 +153,7 @@ static int producer_main(int out_fd)
     for (uint64_t i = 0; i < POOL_BYTES; i++)
         p.pool[i] = pattern(i);
     void *ctx = zmq_ctx_new();
+    evloop *loop = evloop_create();
     wk_xfer *x = NULL;
     bool curve = curve_on();
     bt_curve_keypair pk, ck;
@@ -152,8 +161,9 @@ static int producer_main(int out_fd)
         fprintf(stderr, "producer: no CURVE in this libzmq\n");
         return 1;
     }
-    if (wk_xfer_create(ctx, listen ? listen : "tcp://127.0.0.1:*", curve ? &pk : NULL, -1, &ops,
-                       &p, &x, err, sizeof(err)) != 0 ||
+    if (!loop ||
+        wk_xfer_create(ctx, loop, listen ? listen : "tcp://127.0.0.1:*", curve ? &pk : NULL, -1,
+                       &ops, &p, &x, err, sizeof(err)) != 0 ||
         (curve && (wk_xfer_peer_update(x, 1, "consumer", "", 1, true) != 0 ||
                    wk_xfer_peer_key(x, 1, ck.public_z85) != 0))) {
         fprintf(stderr, "producer: %s\n", err);
@@ -182,15 +192,17 @@ static int producer_main(int out_fd)
         printf("\n");
         fflush(stdout);
     }
+    bool floor_ready = false;
+    if (evloop_add(loop, fr, -1, on_floor, &floor_ready) < 0) {
+        fprintf(stderr, "producer: out of memory\n");
+        return 1;
+    }
     while (!stop_flag) {
-        zmq_pollitem_t items[8];
-        size_t k = wk_xfer_poll_fill(x, items, 7);
-        items[k] = (zmq_pollitem_t){fr, 0, ZMQ_POLLIN, 0};
-        if (zmq_poll(items, (int)k + 1, 100) < 0)
+        floor_ready = false;
+        if (evloop_run_once(loop, 100) < 0)
             continue;
-        wk_xfer_poll_handle(x, items, k);
         wk_xfer_drain_unpins(x);
-        if (items[k].revents & ZMQ_POLLIN) {
+        if (floor_ready) {
             zmq_msg_t id, rq, body;
             zmq_msg_init(&id);
             zmq_msg_init(&rq);
@@ -226,6 +238,7 @@ static int producer_main(int out_fd)
     zmq_close(fr);
     zmq_ctx_term(ctx);
     wk_xfer_destroy(x);
+    evloop_destroy(loop);
     free(p.pool);
     return 0;
 }
@@ -239,6 +252,7 @@ static int producer_child(void *arg)
 
 typedef struct consumer {
     void *ctx;
+    evloop *loop;                 /* the pulls' sockets */
     wk_xfer *x;
     void *floor;                  /* DEALER to the floor ROUTER */
     uint8_t *dst;                 /* POOL_BYTES, pages touched */
@@ -286,10 +300,7 @@ static double pull_once(consumer *c, uint32_t mibs)
         return -1;
     }
     while (!c->done) {
-        zmq_pollitem_t items[4];
-        size_t n = wk_xfer_poll_fill(c->x, items, 4);
-        zmq_poll(items, (int)n, 100);
-        wk_xfer_poll_handle(c->x, items, n);
+        evloop_run_once(c->loop, 100);
         wk_xfer_tick(c->x, bench_now_ns());
     }
     double s = (bench_now_us() - t0) / 1e6;
@@ -407,7 +418,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "consumer: no CURVE in this libzmq\n");
         goto out;
     }
-    if (wk_xfer_create(c.ctx, NULL, curve ? &ck : NULL, -1, &ops, NULL, &c.x, err,
+    if (!(c.loop = evloop_create()) ||
+        wk_xfer_create(c.ctx, c.loop, NULL, curve ? &ck : NULL, -1, &ops, NULL, &c.x, err,
                        sizeof(err)) != 0 ||
         wk_xfer_peer_update(c.x, 0, "producer", ep, 1, true) != 0 ||
         (curve && wk_xfer_peer_key(c.x, 0, pk.public_z85) != 0)) {
@@ -526,6 +538,7 @@ out:
     wk_xfer_close(c.x);
     zmq_ctx_term(c.ctx);
     wk_xfer_destroy(c.x);
+    evloop_destroy(c.loop);
     free(c.dst);
     if (child > 0)
         bench_reap(child);

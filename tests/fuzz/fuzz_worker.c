@@ -7,8 +7,8 @@
  * length and that many bytes (what remains after the last whole frame is
  * one more); a Load of another backend and a TpStep are skipped (see
  * note_keys), each other frame handed to the worker's frame handler
- * (wk_handle_frame) as its I/O thread would, and the events its lane
- * posts are answered (wk_drain_events) between frames.
+ * (wk_worker_handle_frame) as its I/O thread would, and the events its lane
+ * posts are answered (wk_worker_run_events) between frames.
  *
  * Then every request key any frame named is closed with a SessionClose,
  * and the harness waits until the lane has finished and the worker holds
@@ -32,7 +32,6 @@
 #include "proto/baton.pb-c.h"
 #include "worker/pool.h"
 #include "worker/worker.h"
-#include "worker/worker_internal.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -117,16 +116,16 @@ static void handle(wk_worker *w, const Baton__V1__ConductorMessage *m)
     uint8_t *buf = malloc(n ? n : 1);
     CHECK(buf);
     baton__v1__conductor_message__pack(m, buf);
-    wk_handle_frame(w, buf, n);
+    wk_worker_handle_frame(w, buf, n);
     free(buf);
 }
 
 /* Waits for the lane's or a loader's next event and answers it. */
 static void wait_events(wk_worker *w)
 {
-    struct pollfd p = {w->event_fd, POLLIN, 0};
+    struct pollfd p = {wk_worker_events_fd(w), POLLIN, 0};
     poll(&p, 1, 1000);
-    wk_drain_events(w);
+    wk_worker_run_events(w);
     drain_router();
 }
 
@@ -153,11 +152,11 @@ static void load_models(wk_worker *w)
     }
     for (;;) {
         size_t have = 0;
-        pthread_mutex_lock(&w->lock);
         for (size_t i = 0; i < N_MODELS; i++)
-            have += wk_model_find(w, MODELS[i].model) != NULL;
-        pthread_mutex_unlock(&w->lock);
-        if (have == N_MODELS && !w->loading)
+            have += wk_worker_has_model(w, MODELS[i].model);
+        wk_worker_stats st;
+        wk_worker_get_stats(w, &st);
+        if (have == N_MODELS && !st.loading)
             return;
         wait_events(w);
     }
@@ -236,7 +235,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     keys ks = {0};
     size_t at = 0, frames = 0;
-    while (at < size && frames < 64 && !w->quit) {
+    wk_worker_stats st;
+    wk_worker_get_stats(w, &st);
+    while (at < size && frames < 64 && !st.quit) {
         size_t len = size - at;
         const uint8_t *p = data + at;
         if (len >= 2 && (size_t)(data[at] | data[at + 1] << 8) <= len - 2) {
@@ -247,24 +248,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             at = size;
         }
         if (note_keys(&ks, p, len))
-            wk_handle_frame(w, p, len);
-        wk_drain_events(w);
+            wk_worker_handle_frame(w, p, len);
+        wk_worker_run_events(w);
         drain_router();
         frames++;
+        wk_worker_get_stats(w, &st);
     }
     /* Let the lane run what was dispatched, so that Dones and chunks are
      * sent rather than cancelled: wait while some request has an item, for
      * a bounded number of events (a run-ahead window may be huge). */
     for (int round = 0; round < 64; round++) {
-        bool busy = false;
-        size_t pos = 0;
-        uint64_t key;
-        void *val;
-        pthread_mutex_lock(&w->lock);
-        while (!busy && u64map_next(&w->requests, &pos, &key, &val))
-            busy = ((wk_request *)val)->items != NULL;
-        pthread_mutex_unlock(&w->lock);
-        if (!busy)
+        wk_worker_get_stats(w, &st);
+        if (st.items == 0)
             break;
         wait_events(w);
     }
@@ -277,18 +272,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         handle(w, &m);
     }
     for (;;) {
-        pthread_mutex_lock(&w->lock);
-        bool idle = w->n_queued == 0 && w->n_tensors == 0;
-        pthread_mutex_unlock(&w->lock);
-        if (idle)
+        wk_worker_get_stats(w, &st);
+        if (st.queued == 0 && st.live_tensors == 0)
             break;
         wait_events(w);
     }
-    wk_pool_stats st;
-    pthread_mutex_lock(&w->lock);
-    wk_pool_get_stats(w->pool, &st);
-    pthread_mutex_unlock(&w->lock);
-    CHECK(st.used == 0);
+    wk_worker_get_stats(w, &st);
+    CHECK(st.pool.used == 0);
     wk_worker_destroy(w);
     drain_router();
     free(ks.k);

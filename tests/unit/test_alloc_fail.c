@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -26,7 +27,11 @@
 #include "proto/baton.pb-c.h"
 #include "tests/unit/failalloc.h"
 #include "tests/unit/rt_harness.h"
-#include "worker/worker_internal.h"
+#include "worker/device.h"
+#include "worker/executor.h"
+#include "worker/item.h"
+#include "worker/runahead.h"
+#include "worker/store.h"
 
 /* Each test runs its piece with the Nth allocation failing for N = 1, 2,
  * ... and stops after the first run in which no allocation failed, that
@@ -34,16 +39,28 @@
 
 /* --- worker: run-ahead chains -------------------------------------------- */
 
-/* A worker with nothing but the state the chain code touches. */
+/* The modules the chain code touches: a store, an executor without lanes
+ * holding one model, and the chains. */
 typedef struct chain_fixture {
-    wk_worker w;
-    wk_model model;
+    pthread_mutex_t lock;
+    atomic_bool stopping;
+    wk_device *dev;
+    wk_store *store;
+    wk_executor *ex;
+    wk_runahead *ra;
     wk_request *req;
     wk_dispatch *disp;
     wk_chain *chain;
 } chain_fixture;
 
-static wk_dispatch *make_dispatch(uint32_t upto)
+static void noop_unload(baton_model *m)
+{
+    (void)m;
+}
+
+static const baton_backend noop_backend = {.model_unload = noop_unload};
+
+static wk_dispatch *make_dispatch(wk_store *store, uint32_t upto)
 {
     uint32_t iter[1] = {3};
     Baton__V1__Dispatch d = BATON__V1__DISPATCH__INIT;
@@ -63,31 +80,42 @@ static wk_dispatch *make_dispatch(uint32_t upto)
     uint8_t *buf = malloc(n);
     assert_non_null(buf);
     baton__v1__conductor_message__pack(&m, buf);
-    wk_dispatch *disp = calloc(1, sizeof(*disp));
-    assert_non_null(disp);
-    disp->msg = baton__v1__conductor_message__unpack(NULL, n, buf);
-    assert_non_null(disp->msg);
+    Baton__V1__ConductorMessage *msg = baton__v1__conductor_message__unpack(NULL, n, buf);
+    assert_non_null(msg);
     free(buf);
-    disp->d = disp->msg->dispatch;
-    disp->refs = 1;
+    wk_dispatch *disp = wk_item_dispatch_new(msg, store);
+    assert_non_null(disp);
     return disp;
 }
 
 static void chain_setup(chain_fixture *f)
 {
     memset(f, 0, sizeof(*f));
-    pthread_mutex_init(&f->w.lock, NULL);
-    pthread_cond_init(&f->w.work, NULL);
-    u64map_init(&f->w.requests);
-    f->model.name = "m";
-    f->w.models = &f->model;
-    f->req = wk_request_get(&f->w, 7, true);
+    pthread_mutex_init(&f->lock, NULL);
+    atomic_init(&f->stopping, false);
+    char err[256], name[64];
+    snprintf(name, sizeof(name), "alloc-fail-%d", (int)getpid());
+    assert_int_equal(wk_device_open(&f->dev, "cpu", "test", name, 1 << 20, err, sizeof(err)), 0);
+    assert_int_equal(wk_store_create(f->dev, 0, 0, &f->store), 0);
+    wk_executor_options eo = {.lock = &f->lock, .stopping = &f->stopping, .store = f->store,
+                              .dev = f->dev, .worker = "w0", .device = "cpu", .lanes = 1};
+    wk_executor_hooks eh = {0};
+    assert_int_equal(wk_executor_create(&eo, &eh, &f->ex), 0);
+    wk_model *m = calloc(1, sizeof(*m));
+    assert_non_null(m);
+    m->name = strdup("m");
+    m->backend_spec = strdup("noop");
+    m->backend = &noop_backend;
+    m->max_batch = 1;
+    wk_executor_model_add(f->ex, m);
+    assert_int_equal(wk_runahead_create(f->ex, f->store, &f->stopping, &f->ra), 0);
+    f->req = wk_store_request(f->store, 7, true);
     assert_non_null(f->req);
-    f->disp = make_dispatch(3);
-    f->chain = wk_chain_open(&f->w, f->req, f->disp);
+    f->disp = make_dispatch(f->store, 3);
+    f->chain = wk_runahead_open(f->ra, f->req, f->disp);
     assert_non_null(f->chain);
     /* The dispatch is the chain's now. */
-    wk_dispatch_unref(f->disp);
+    wk_item_dispatch_unref(f->disp);
     /* Iteration 3 completed; the window reaches 3, so nothing runs ahead
      * until an Extend widens it. */
     f->chain->have_last = true;
@@ -97,27 +125,23 @@ static void chain_setup(chain_fixture *f)
 /* Takes down whatever the run left: queued items, chains, the request. */
 static void chain_teardown(chain_fixture *f)
 {
-    wk_request *req = wk_request_get(&f->w, 7, false);
+    wk_request *req = wk_store_request(f->store, 7, false);
     if (req) {
         for (wk_item *it = req->items, *nx; it; it = nx) {
             nx = it->req_next;
-            wk_executor_dequeue(&f->w, it);
-            if (it->chain)
-                it->chain->pending = false;
-            wk_item_destroy(&f->w, it);
+            wk_executor_dequeue(f->ex, it);
+            wk_runahead_forget(f->ra, it, false);
+            wk_item_destroy(it);
         }
-        wk_chain_close_all(&f->w, req);
-        wk_request_gc(&f->w, req);
+        wk_runahead_close(f->ra, req);
+        wk_store_request_gc(f->store, req);
     }
-    assert_null(wk_request_get(&f->w, 7, false));
-    for (wk_queue *q = f->model.queues, *nx; q; q = nx) {
-        nx = q->next;
-        free(q->mode);
-        free(q);
-    }
-    u64map_free(&f->w.requests);
-    pthread_cond_destroy(&f->w.work);
-    pthread_mutex_destroy(&f->w.lock);
+    assert_null(wk_store_request(f->store, 7, false));
+    wk_runahead_destroy(f->ra);
+    wk_executor_destroy(f->ex);
+    wk_store_destroy(f->store);
+    wk_device_close(f->dev);
+    pthread_mutex_destroy(&f->lock);
 }
 
 /* An Extend whose run-ahead item cannot be allocated stops the chain (the
@@ -137,15 +161,15 @@ static void test_chain_extend(void **state)
         chain_fixture f;
         chain_setup(&f);
         fa_fail_nth(++n);
-        wk_chain_extend(&f.w, &e);
+        wk_runahead_extend(f.ra, &e);
         failed = fa_failed();
         fa_off();
         if (failed) {
             /* Nothing queued, and the chain is gone. */
-            assert_int_equal(f.w.n_queued, 0);
+            assert_int_equal(wk_executor_n_queued(f.ex), 0);
             assert_null(f.req->chains);
         } else {
-            assert_int_equal(f.w.n_queued, 1);
+            assert_int_equal(wk_executor_n_queued(f.ex), 1);
             assert_non_null(f.req->items);
             assert_int_equal(f.req->items->iter[0], 4);
         }

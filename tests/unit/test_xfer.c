@@ -17,6 +17,7 @@
 #include "common/curve.h"
 #include "common/status.h"
 #include "proto/baton.pb-c.h"
+#include "common/evloop.h"
 #include "worker/xfer.h"
 #include "tests/unit/skip.h"
 
@@ -168,18 +169,14 @@ static void fc_done(void *arg, void *cookie, baton_status code, const char *mess
 
 typedef struct rig {
     void *zctx;
+    evloop *loop;                 /* both modules' sockets */
     fake_producer prod;
     wk_xfer *producer, *consumer;
 } rig;
 
 static void rig_pump(rig *r, int ms)
 {
-    zmq_pollitem_t items[16];
-    size_t n = wk_xfer_poll_fill(r->producer, items, 16);
-    n += wk_xfer_poll_fill(r->consumer, items + n, 16 - n);
-    assert_true(zmq_poll(items, (int)n, ms) >= 0);
-    wk_xfer_poll_handle(r->producer, items, n);
-    wk_xfer_poll_handle(r->consumer, items, n);
+    assert_true(evloop_run_once(r->loop, ms) >= 0);
     wk_xfer_drain_unpins(r->producer);
     wk_xfer_tick(r->consumer, bt_now_ns());
 }
@@ -207,6 +204,7 @@ static int rig_setup(void **state)
     char err[256];
     assert_non_null(r);
     r->zctx = zmq_ctx_new();
+    assert_non_null(r->loop = evloop_create());
     r->prod.size = 40u * MIB;
     r->prod.pool = malloc(r->prod.size);
     assert_non_null(r->prod.pool);
@@ -215,10 +213,10 @@ static int rig_setup(void **state)
     r->prod.t[0] = (wk_xfer_src){101, 0, 0, 32u * MIB + 12345};   /* large */
     r->prod.t[1] = (wk_xfer_src){102, 0, 33u * MIB, 1000};        /* small */
     r->prod.t[2] = (wk_xfer_src){103, 0, 34u * MIB, 3 * MIB};     /* medium */
-    assert_int_equal(wk_xfer_create(r->zctx, "tcp://127.0.0.1:*", NULL, -1, &prod_ops, &r->prod,
-                                    &r->producer, err, sizeof(err)), 0);
-    assert_int_equal(wk_xfer_create(r->zctx, NULL, NULL, -1, &cons_ops, NULL, &r->consumer, err,
-                                    sizeof(err)), 0);
+    assert_int_equal(wk_xfer_create(r->zctx, r->loop, "tcp://127.0.0.1:*", NULL, -1, &prod_ops,
+                                    &r->prod, &r->producer, err, sizeof(err)), 0);
+    assert_int_equal(wk_xfer_create(r->zctx, r->loop, NULL, NULL, -1, &cons_ops, NULL,
+                                    &r->consumer, err, sizeof(err)), 0);
     assert_string_not_equal(wk_xfer_endpoint(r->producer), "");
     assert_string_equal(wk_xfer_endpoint(r->consumer), "");
     assert_int_equal(wk_xfer_peer_update(r->consumer, 0, "prod", wk_xfer_endpoint(r->producer),
@@ -235,6 +233,7 @@ static int rig_teardown(void **state)
     zmq_ctx_term(r->zctx);
     wk_xfer_destroy(r->consumer);
     wk_xfer_destroy(r->producer);
+    evloop_destroy(r->loop);
     assert_int_equal(r->prod.pins, 0);
     free(r->prod.pool);
     free(r);
@@ -468,15 +467,16 @@ static void test_curve_pulls(void **state)
     rig r = {0};
     char err[256];
     r.zctx = zmq_ctx_new();
+    assert_non_null(r.loop = evloop_create());
     r.prod.size = 2u * MIB;
     assert_non_null(r.prod.pool = malloc(r.prod.size));
     for (uint64_t i = 0; i < r.prod.size; i++)
         r.prod.pool[i] = (uint8_t)(i * 2654435761u >> 11);
     r.prod.t[0] = (wk_xfer_src){201, 0, 4096, MIB + 17};
-    assert_int_equal(wk_xfer_create(r.zctx, "tcp://127.0.0.1:*", &pk, -1, &ops, &r.prod,
-                                    &r.producer, err, sizeof(err)), 0);
-    assert_int_equal(wk_xfer_create(r.zctx, NULL, &ck, -1, &ops, NULL, &r.consumer, err,
-                                    sizeof(err)), 0);
+    assert_int_equal(wk_xfer_create(r.zctx, r.loop, "tcp://127.0.0.1:*", &pk, -1, &ops,
+                                    &r.prod, &r.producer, err, sizeof(err)), 0);
+    assert_int_equal(wk_xfer_create(r.zctx, r.loop, NULL, &ck, -1, &ops, NULL, &r.consumer,
+                                    err, sizeof(err)), 0);
     /* What the conductor's Peers would say: each side learns the other's
      * key (worker 0 the producer, 1 the consumer). */
     const char *ep = wk_xfer_endpoint(r.producer);
@@ -510,20 +510,14 @@ static void test_curve_pulls(void **state)
     assert_int_equal(f[0].code, BATON_STATUS_OK);
     /* A stranger: it knows the producer's key, the producer not its own. */
     wk_xfer *stranger = NULL;
-    assert_int_equal(wk_xfer_create(r.zctx, NULL, &sk, -1, &ops, NULL, &stranger, err,
-                                    sizeof(err)), 0);
+    assert_int_equal(wk_xfer_create(r.zctx, r.loop, NULL, &sk, -1, &ops, NULL, &stranger,
+                                    err, sizeof(err)), 0);
     assert_int_equal(wk_xfer_peer_update(stranger, 0, "prod", ep, 1, true), 0);
     assert_int_equal(wk_xfer_peer_key(stranger, 0, pk.public_z85), 0);
     assert_int_not_equal(wk_xfer_pull(stranger, 0, &r.prod.t[0], dst2, &f[1], err,
                                       sizeof(err)), 0);
-    for (int k = 0; k < 100; k++) {
-        zmq_pollitem_t items[16];
-        size_t n = wk_xfer_poll_fill(r.producer, items, 16);
-        n += wk_xfer_poll_fill(stranger, items + n, 16 - n);
-        assert_true(zmq_poll(items, (int)n, 10) >= 0);
-        wk_xfer_poll_handle(r.producer, items, n);
-        wk_xfer_poll_handle(stranger, items, n);
-    }
+    for (int k = 0; k < 100; k++)
+        assert_true(evloop_run_once(r.loop, 10) >= 0);
     assert_int_equal(f[1].done, 0);
     for (uint64_t i = 0; i < r.prod.t[0].nbytes; i++)
         assert_int_equal(dst2[i], 0);
@@ -539,6 +533,7 @@ static void test_curve_pulls(void **state)
     wk_xfer_destroy(stranger);
     wk_xfer_destroy(r.consumer);
     wk_xfer_destroy(r.producer);
+    evloop_destroy(r.loop);
     assert_int_equal(r.prod.pins, 0);
     free(dst);
     free(dst2);

@@ -1,5 +1,5 @@
-/* The worker's own shm segment and its cache of peers' segments. */
-#include "worker/shm.h"
+/* The cache of peers' pools (peers.h). */
+#include "worker/peers.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -10,8 +10,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "common/status.h"
 #include "common/log.h"
+#include "common/status.h"
 
 struct wk_peer {
     uint32_t index;
@@ -29,101 +29,6 @@ struct wk_peer {
         uint64_t bytes;
     } *pools;
 };
-
-static int name_ok(const char *s)
-{
-    if (!s || !*s)
-        return 0;
-    for (; *s; s++)
-        if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') ||
-              *s == '.' || *s == '_' || *s == '-'))
-            return 0;
-    return 1;
-}
-
-int wk_segment_name(char *buf, size_t len, const char *run_id, const char *worker)
-{
-    if (!name_ok(run_id) || !name_ok(worker))
-        return -1;
-    int n = snprintf(buf, len, "/baton-%s-%s", run_id, worker);
-    /* NAME_MAX for a file under /dev/shm, less the leading slash. */
-    return n < 0 || (size_t)n >= len || n > 255 ? -1 : 0;
-}
-
-int wk_segment_create(wk_segment *s, const char *run_id, const char *worker, uint64_t bytes,
-                      char *err, size_t errlen)
-{
-    *s = (wk_segment){0};
-    if (wk_segment_name(s->name, sizeof(s->name), run_id, worker) != 0) {
-        snprintf(err, errlen, "run id '%s' and worker name '%s' must be non-empty and made of "
-                 "letters, digits, '.', '_' and '-'", run_id ? run_id : "",
-                 worker ? worker : "");
-        return -1;
-    }
-    /* shm_open sets FD_CLOEXEC itself; the fd is closed right after mmap
-     * anyway, the mapping keeps the memory. */
-    int fd = shm_open(s->name, O_RDWR | O_CREAT | O_EXCL, 0600);
-    if (fd < 0 && errno == EEXIST) {
-        /* Names are per run and per worker, so the holder is an earlier
-         * incarnation of this very worker that died before the conductor
-         * unlinked its segment. */
-        bt_warn("shm segment %s exists (left by an earlier incarnation); replacing it", s->name);
-        shm_unlink(s->name);
-        fd = shm_open(s->name, O_RDWR | O_CREAT | O_EXCL, 0600);
-    }
-    if (fd < 0) {
-        snprintf(err, errlen, "shm_open(%s): %s", s->name, strerror(errno));
-        return -1;
-    }
-    s->linked = true;
-    if (ftruncate(fd, (off_t)bytes) != 0) {
-        snprintf(err, errlen, "ftruncate(%s, %llu): %s", s->name, (unsigned long long)bytes,
-                 strerror(errno));
-        goto err;
-    }
-    /* Reserve the pages now.  A sparse segment on a /dev/shm too small for
-     * it would instead deliver SIGBUS at the first tensor written past the
-     * free space, in the middle of a request; failing at start names the
-     * cause. */
-    int rc = posix_fallocate(fd, 0, (off_t)bytes);
-    if (rc != 0) {
-        snprintf(err, errlen, "cannot reserve %llu bytes for %s: %s",
-                 (unsigned long long)bytes, s->name, strerror(rc));
-        goto err;
-    }
-    void *base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (base == MAP_FAILED) {
-        snprintf(err, errlen, "mmap(%s, %llu bytes): %s", s->name, (unsigned long long)bytes,
-                 strerror(errno));
-        goto err;
-    }
-    close(fd);
-    s->base = base;
-    s->size = bytes;
-    return 0;
-err:
-    close(fd);
-    wk_segment_unlink(s);
-    return -1;
-}
-
-void wk_segment_unlink(wk_segment *s)
-{
-    if (s->linked) {
-        s->linked = false;
-        shm_unlink(s->name);
-    }
-}
-
-void wk_segment_destroy(wk_segment *s)
-{
-    if (s->base)
-        munmap(s->base, s->size);
-    s->base = NULL;
-    wk_segment_unlink(s);
-}
-
-/* --- peers --------------------------------------------------------------- */
 
 void wk_peers_init(wk_peers *ps, const char *hostname, wk_device *dev)
 {
@@ -377,4 +282,16 @@ void wk_peers_unpin(wk_peers *ps, wk_mapping *m)
         m->pins--;
     if (m->stale && m->pins == 0)
         unmap_unpinned_stale(ps);
+}
+
+const void *wk_peers_bytes(const wk_peers *ps, uint32_t peer, uint32_t pool, uint64_t offset,
+                           uint64_t nbytes, bool *device)
+{
+    for (const wk_mapping *m = ps->maps; m; m = m->next)
+        if (!m->stale && m->peer == peer && m->pool == pool && offset <= m->size &&
+            nbytes <= m->size - offset) {
+            *device = m->cuda_device >= 0;
+            return (const uint8_t *)m->base + offset;
+        }
+    return NULL;
 }

@@ -1,10 +1,12 @@
 /* A small event loop over zmq_poll: ZeroMQ sockets and plain fds, each with
- * a callback.  Like Redis's ae, it knows nothing about the conductor; the
- * conductor's modules register what they watch.  Timers are the caller's
- * business (a timerfd is just another fd), which keeps this loop free of
- * clocks. */
-#ifndef BATON_DAEMON_EVLOOP_H
-#define BATON_DAEMON_EVLOOP_H
+ * a callback.  Like Redis's ae, it knows nothing about the process it runs
+ * in: batond's modules and the worker's I/O thread register what they
+ * watch, and a module whose sockets come and go (the worker's peer
+ * connections) adds and removes its own.  Timers are the caller's business
+ * (a timerfd is just another fd, or a timeout to evloop_run_once), which
+ * keeps this loop free of clocks.  One thread only. */
+#ifndef BATON_COMMON_EVLOOP_H
+#define BATON_COMMON_EVLOOP_H
 
 #include <stddef.h>
 
@@ -28,6 +30,8 @@ void evloop_remove(evloop *l, int handle);
 int evloop_run_once(evloop *l, long timeout_ms);
 /* Runs until evloop_stop. */
 void evloop_run(evloop *l);
+/* Called from a callback: the callbacks of the round not run yet wait for
+ * the next one, and evloop_run returns. */
 void evloop_stop(evloop *l);
 
 #endif

@@ -1,13 +1,6 @@
-/* Shared memory of CPU workers (their pools), and the cache of peers'
- * pools opened here: shm segments mapped read-only, and GPU workers' CUDA
- * slabs opened from their IPC handles (through device.h).
- *
- * Each worker exports one pool: a POSIX shm segment named
- * "/baton-<run id>-<worker>", created exclusively with mode 0600, sized
- * once and mapped once.  The name stays until the worker exits (peers open
- * it by name, at any time); then the worker unlinks it, and the conductor
- * unlinks the same name when it sees the worker die, so that a SIGKILL
- * leaves nothing behind in /dev/shm.
+/* The cache of peers' pools opened here: CPU workers' shm segments mapped
+ * read-only, and GPU workers' CUDA slabs opened from their IPC handles
+ * (through device.h).
  *
  * Peers' pools are mapped read-only, once per (peer, pool, incarnation),
  * and the mapping is cached: opening costs about a millisecond and must
@@ -21,9 +14,11 @@
  * another GPU, and any GPU pool a CPU worker reads, is opened when an edge
  * first needs it: opening it creates a CUDA context on that GPU (hundreds
  * of megabytes per process on a real one), which a deployment that never
- * crosses GPUs should not pay. */
-#ifndef BATON_WORKER_SHM_H
-#define BATON_WORKER_SHM_H
+ * crosses GPUs should not pay.
+ *
+ * Not thread-safe: the worker's lock serializes every call. */
+#ifndef BATON_WORKER_PEERS_H
+#define BATON_WORKER_PEERS_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -31,27 +26,6 @@
 
 #include "proto/baton.pb-c.h"
 #include "worker/device.h"
-
-typedef struct wk_segment {
-    char name[256];      /* shm name, "/baton-<run>-<worker>" */
-    void *base;          /* the mapping, read-write */
-    uint64_t size;       /* bytes */
-    bool linked;         /* the name still exists (we have not unlinked it) */
-} wk_segment;
-
-/* Writes the segment name for RUN_ID and WORKER into BUF.  Both must be
- * non-empty and made of [A-Za-z0-9._-].  Returns 0 or -1. */
-int wk_segment_name(char *buf, size_t len, const char *run_id, const char *worker);
-
-/* Creates, sizes and maps the segment.  A segment of the same name left by
- * an earlier incarnation of this worker (the conductor normally unlinks
- * it) is replaced.  Returns 0, or -1 with the reason in ERR. */
-int wk_segment_create(wk_segment *s, const char *run_id, const char *worker, uint64_t bytes,
-                      char *err, size_t errlen);
-/* Unlinks the name (idempotent; async-signal-safe). */
-void wk_segment_unlink(wk_segment *s);
-/* Unmaps and unlinks. */
-void wk_segment_destroy(wk_segment *s);
 
 typedef struct wk_mapping {
     uint32_t peer, pool;
@@ -89,5 +63,11 @@ int wk_peers_update(wk_peers *ps, const Baton__V1__Peers *msg, uint32_t self);
  * needed; NULL with the reason in ERR when it cannot be had. */
 wk_mapping *wk_peers_pin(wk_peers *ps, uint32_t peer, uint32_t pool, char *err, size_t errlen);
 void wk_peers_unpin(wk_peers *ps, wk_mapping *m);
+/* The bytes [OFFSET, OFFSET + NBYTES) of pool POOL of peer PEER through a
+ * mapping already open here, or NULL (none open, or out of range);
+ * *DEVICE tells whether they are device memory.  Nothing is pinned: the
+ * caller holds the lock across its use. */
+const void *wk_peers_bytes(const wk_peers *ps, uint32_t peer, uint32_t pool, uint64_t offset,
+                           uint64_t nbytes, bool *device);
 
 #endif

@@ -1,0 +1,149 @@
+/* The executor: the loaded models, a queue per (model, mode), and the
+ * compute lanes that run them (continuous batching).
+ *
+ * A lane takes a model only when no other lane runs it, and then takes up
+ * to max_batch queued items of one of its modes (the mode whose head waited
+ * longest) into a single execute().  Items that arrive while it runs wait
+ * for the next call, so decode steps of many requests share launches
+ * without a batching timer.  Models are visited round robin, so a model
+ * that always has work cannot starve the others.  Running one model on one
+ * lane at a time is also what the ABI promises backends: no concurrent
+ * execute() or session calls per model.
+ *
+ * Besides items, a model may be given jobs (wk_executor_post_job): work
+ * that must run on the model's lane, in order with its batches (a
+ * tensor-parallel follower's steps).  The executor knows nothing of what a
+ * job does.
+ *
+ * What happens when an item ends, or when a leader's step must be told to
+ * its followers, is the caller's: the executor reports through
+ * wk_executor_hooks, which the worker's top wires.
+ *
+ * Locking: functions marked [L] expect the worker's lock held; the lanes
+ * take it themselves around their bookkeeping and never hold it across a
+ * backend call or a large copy. */
+#ifndef BATON_WORKER_EXECUTOR_H
+#define BATON_WORKER_EXECUTOR_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "baton/backend.h"
+#include "worker/ctx.h"
+#include "worker/device.h"
+#include "worker/item.h"
+#include "worker/peers.h"
+#include "worker/store.h"
+
+#define WK_MAX_BATCH_CAP 4096u        /* larger max_batch values are clamped: lanes keep
+                                         batches on the stack */
+
+typedef struct wk_model wk_model;
+
+/* Work for a model's lane besides its items, run in the order posted,
+ * after the batch the lane took with it. */
+typedef struct wk_job wk_job;
+struct wk_job {
+    /* Runs on the lane that holds M, without the lock, with the lane's
+     * STREAM; frees JOB. */
+    void (*run)(wk_job *job, wk_model *m, void *stream);
+    /* Frees a job that will never run (its model is unloaded). */
+    void (*drop)(wk_job *job);
+    wk_job *next;                 /* the model's */
+};
+
+/* A loaded model.  The first fields are the load's and read-only once the
+ * model is added; the rest are the executor's. */
+struct wk_model {
+    char *name;                   /* owned */
+    char *backend_spec;           /* owned: the Load's `backend` */
+    const baton_backend *backend;
+    baton_model *handle;          /* unloaded by the executor */
+    uint32_t max_batch;           /* 1 .. WK_MAX_BATCH_CAP */
+    uint32_t tp_rank, tp_size;    /* tp_size 1: no tensor parallelism */
+    bool busy;                    /* [L] a lane runs it */
+    struct wk_queue *queues;      /* [L] one per mode */
+    struct wk_close *closing;     /* [L] sessions to close when idle */
+    wk_job *jobs, *jobs_tail;     /* [L] */
+    struct wk_model *next;        /* [L] */
+};
+
+typedef struct wk_executor_hooks {
+    void *arg;
+    /* On the lane, under [L]: IT's execution ended (its closing chunks
+     * went to CHUNK first).  The hook must report it (a Done is due) and
+     * may queue a run-ahead successor; it must not fail. */
+    void (*item_ended)(void *arg, wk_item *it);
+    /* A chunk, as wk_ctx_env.chunk. */
+    int (*chunk)(void *arg, wk_item *it, const wk_chunk *c);
+    /* On the lane, without the lock, before execute() of a model that leads
+     * a tensor-parallel group (rank 0 of tp_size > 1): the step is about to
+     * run, CLOSED (N_CLOSED request keys; NULL with N_CLOSED > 0 when they
+     * could not be listed) naming the sessions closed just before.  0, or
+     * -1 after failing every item of RUN: then nothing runs.  NULL: no
+     * model leads. */
+    int (*lead)(void *arg, baton_ctx *ctx, wk_model *m, const uint64_t *closed,
+                size_t n_closed, baton_item *const *run, size_t n);
+} wk_executor_hooks;
+
+typedef struct wk_executor_options {
+    pthread_mutex_t *lock;        /* the worker's lock */
+    const atomic_bool *stopping;  /* set (under the lock) before wk_executor_stop */
+    wk_store *store;
+    wk_peers *peers;
+    wk_device *dev;
+    const char *worker;           /* this worker's name */
+    const char *device;           /* "cpu", "cuda:N": ctx->device */
+    uint32_t threads;             /* ctx->threads */
+    uint32_t lanes;               /* compute lanes, >= 1 */
+} wk_executor_options;
+
+typedef struct wk_executor wk_executor;
+
+/* Every pointer of OPT is borrowed and must outlive the executor; no lane
+ * starts yet.  0 or BT_ENOMEM. */
+int wk_executor_create(const wk_executor_options *opt, const wk_executor_hooks *hooks,
+                       wk_executor **out);
+/* Starts the lanes.  0, or BT_ETHREAD: the lanes that did start run until
+ * wk_executor_stop (the caller stops the worker). */
+int wk_executor_start(wk_executor *ex);
+/* Wakes and joins the lanes (*stopping must be set); items still queued are
+ * left for the caller.  Idempotent. */
+void wk_executor_stop(wk_executor *ex);
+/* Stops the lanes, closes the sessions waiting to close, drops the jobs
+ * never run and unloads every model.  NULL is a no-op. */
+void wk_executor_destroy(wk_executor *ex);
+uint32_t wk_executor_lanes(const wk_executor *ex);
+
+/* Takes in a loaded model (its load fields set, the rest zero).  [L] */
+void wk_executor_model_add(wk_executor *ex, wk_model *m);
+/* The model NAME, or NULL.  [L] */
+wk_model *wk_executor_model_find(wk_executor *ex, const char *name);
+/* Whether M leads, or follows, a tensor-parallel group. */
+bool wk_model_leads(const wk_model *m);
+bool wk_model_follows(const wk_model *m);
+
+/* Queues IT on its model's queue for its mode and wakes a lane.  0 or
+ * BT_ENOMEM.  [L] */
+int wk_executor_enqueue(wk_executor *ex, wk_item *it);
+/* Takes a queued IT out of its queue.  [L] */
+void wk_executor_dequeue(wk_executor *ex, wk_item *it);
+/* Marks IT cancelled and wakes a sleeping execution.  [L] */
+void wk_executor_cancel(wk_executor *ex, wk_item *it);
+/* Hands the sessions of REQ to their models to close when idle.  [L] */
+void wk_executor_close_sessions(wk_executor *ex, wk_request *req);
+/* Appends JOB to M's jobs and wakes a lane.  [L] */
+void wk_executor_post_job(wk_executor *ex, wk_model *m, wk_job *job);
+
+/* Items queued, sessions open (including those counted by
+ * wk_executor_count_session).  [L] */
+uint32_t wk_executor_n_queued(const wk_executor *ex);
+uint32_t wk_executor_n_sessions(const wk_executor *ex);
+/* Counts a session opened (+1) or closed (-1) outside the executor (a
+ * tensor-parallel follower's).  [L] */
+void wk_executor_count_session(wk_executor *ex, int delta);
+
+#endif
