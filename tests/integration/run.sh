@@ -71,6 +71,29 @@ if [ $rc -eq 1 ] && grep -q 'daemon/evloop.c:1: includes "worker/pool.h"' <<<"$o
 rm -rf "$tmp"
 if bash scripts/check-includes.sh; then ok; else bad "check-includes on the repository"; fi
 
+# The name check fails on a tracked file whose name has a character outside
+# [A-Za-z0-9._/+@-] and names it (not the good one beside it, nor an
+# untracked bad one); it passes quietly outside a git checkout, and on the
+# repository itself.
+tmp=$(mktemp -d)
+mkdir -p "$tmp/repo/sub" "$tmp/tarball"
+: > "$tmp/repo/sub/good-name_1.0+x@y.c"
+: > "$tmp/repo/tracked bad|name"
+if git -C "$tmp/repo" init -q && git -C "$tmp/repo" add -A; then
+  : > "$tmp/repo/untracked bad name"
+  out=$(bash scripts/check-names.sh "$tmp/repo" 2>&1); rc=$?
+  if [ $rc -eq 1 ] && grep -qF 'tracked bad|name: tracked file name outside' <<<"$out" &&
+     ! grep -q 'good-name' <<<"$out" && ! grep -q 'untracked' <<<"$out"; then ok
+  else bad "check-names on a bad name: rc=$rc: $out"; fi
+else
+  bad "check-names: cannot make a git repository in $tmp"
+fi
+: > "$tmp/tarball/bad name"
+out=$(bash scripts/check-names.sh "$tmp/tarball" 2>&1); rc=$?
+if [ $rc -eq 0 ] && [ -z "$out" ]; then ok; else bad "check-names outside git: rc=$rc: $out"; fi
+rm -rf "$tmp"
+if bash scripts/check-names.sh; then ok; else bad "check-names on the repository"; fi
+
 # The client library, shared: it exports its API only, and a program
 # linked against it runs.  The worker links none of the client code (batond
 # does: its HTTP gateway is a client of its conductor).
