@@ -175,8 +175,8 @@ FAILALLOC_TESTS := $(BUILD)/tests/test_alloc_fail $(BUILD)/tests/test_transforme
 FAILALLOC_WRAP := $(foreach f,malloc calloc realloc strdup strndup aligned_alloc posix_memalign free,-Wl,--wrap=$(f))
 
 .SECONDARY:
-.PHONY: all test asan-test run install clean deps model unit integration check-includes check-calls
-all: check-includes $(PROGRAMS) $(CLIENT_SO) $(PY_PB2) check-calls
+.PHONY: all test asan-test run install clean deps model unit integration check-includes check-names check-calls
+all: check-includes check-names $(PROGRAMS) $(CLIENT_SO) $(PY_PB2) check-calls
 
 # The layering of docs/architecture.md: no file includes a header of a
 # component above its own, and (on the objects built) no file of a layered
@@ -185,6 +185,11 @@ check-includes:
 	@bash scripts/check-includes.sh
 check-calls: $(PROGRAMS)
 	@bash scripts/check-calls.sh $(BUILD)/obj runtime daemon worker
+
+# Tracked file names: letters, digits and . _ / + @ - only (quiet outside
+# a git checkout).
+check-names:
+	@bash scripts/check-names.sh
 
 deps:
 	@BATON_DEPS_QUIET=1 bash scripts/install-deps.sh

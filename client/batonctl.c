@@ -536,37 +536,43 @@ static int first_input(baton_client *c, const ctl_opts *o, const char *graph, ch
     return 0;
 }
 
-/* infer and generate: build, send, then print events until the response. */
-static int cmd_run(const ctl_opts *o, bool generate)
+/* --max-iters LOOP=N: caps loop LOOP of R at N iterations.  0, or the
+ * usage exit status (reported). */
+static int add_max_iters(baton_client_request *r, const char *spec)
 {
-    int status, rc;
-    baton_client *c = NULL;
-    baton_client_request *r = NULL;
-    char name[256];
+    const char *eq = strchr(spec, '=');
+    uint64_t n;
+    char loop[256];
+    if (!eq || eq == spec || (size_t)(eq - spec) >= sizeof loop ||
+        !parse_u64(eq + 1, UINT32_MAX, &n) || n == 0)
+        return usage_error("--max-iters '%s': expected LOOP=N with N >= 1", spec);
+    snprintf(loop, sizeof loop, "%.*s", (int)(eq - spec), spec);
+    baton_client_request_set_max_iters(r, loop, (uint32_t)n);
+    return 0;
+}
+
+/* infer GRAPH, generate GRAPH TEXT: the request that the command line
+ * asks for (its graph, id, --input, --max-iters, sampling and text limits)
+ * into *OUT, all but generate's TEXT, which needs the daemon.  0, or the
+ * usage exit status (reported; *OUT may still need destroying). */
+static int request_from_args(const ctl_opts *o, bool generate, baton_client_request **out)
+{
+    int status;
+    *out = NULL;
     if (o->n_pos != (generate ? 3u : 2u))
         return usage_error("%s", generate ? "generate takes GRAPH and TEXT"
                                           : "infer takes one GRAPH (inputs go in --input)");
     const char *graph = o->pos[1];
-    if (baton_client_request_create(graph, o->request_id, &r) != 0)
+    if (baton_client_request_create(graph, o->request_id, out) != 0)
         return usage_error("bad graph name or --request-id '%s' (1 to 256 bytes)",
                            o->request_id ? o->request_id : graph);
-    /* The command line is checked before connecting, so that a usage error
-     * is reported as one (exit 2) whether the daemon runs or not. */
+    baton_client_request *r = *out;
     for (size_t i = 0; i < o->n_inputs; i++)
         if ((status = add_input(r, o->inputs[i])) != 0)
-            goto out;
-    for (size_t i = 0; i < o->n_caps; i++) {
-        const char *eq = strchr(o->caps[i], '=');
-        uint64_t n;
-        char loop[256];
-        if (!eq || eq == o->caps[i] || (size_t)(eq - o->caps[i]) >= sizeof loop ||
-            !parse_u64(eq + 1, UINT32_MAX, &n) || n == 0) {
-            status = usage_error("--max-iters '%s': expected LOOP=N with N >= 1", o->caps[i]);
-            goto out;
-        }
-        snprintf(loop, sizeof loop, "%.*s", (int)(eq - o->caps[i]), o->caps[i]);
-        baton_client_request_set_max_iters(r, loop, (uint32_t)n);
-    }
+            return status;
+    for (size_t i = 0; i < o->n_caps; i++)
+        if ((status = add_max_iters(r, o->caps[i])) != 0)
+            return status;
     if (o->have_sampling)
         baton_client_request_set_sampling(r, &o->sampling);
     for (size_t i = 0; i < o->n_stops; i++)
@@ -574,71 +580,168 @@ static int cmd_run(const ctl_opts *o, bool generate)
     baton_client_request_set_max_tokens(r, o->max_tokens);
     if (o->text_output)
         baton_client_request_set_text_output(r, o->text_output);
-    if ((status = connect_daemon(o, &c)) != 0)
-        goto out;
-    if (generate) {
-        if (o->input_name) {
-            snprintf(name, sizeof name, "%s", o->input_name);
-        } else if ((rc = first_input(c, o, graph, name, sizeof name)) != 0) {
-            status = conn_error(o, rc);
-            goto out;
-        }
-        if (o->system) {
-            /* A system turn and the user's: a conversation the model's
-             * template renders, not text. */
-            if (baton_client_request_add_message(r, "system", o->system) != 0 ||
-                baton_client_request_add_message(r, "user", o->pos[2]) != 0 ||
-                baton_client_request_set_messages_input(r, name) != 0) {
-                status = usage_error("%s", "out of memory");
-                goto out;
-            }
-        } else if (baton_client_request_add_text(r, name, o->pos[2]) != 0) {
-            status = usage_error("input '%s' is empty or given twice", name);
-            goto out;
-        }
-        if (o->raw && baton_client_request_add_raw_input(r, name) != 0) {
-            status = usage_error("%s", "out of memory");
-            goto out;
-        }
-    }
-    baton_client_request_set_stream(r, generate || o->stream);
-    int wait_ms = -1; /* without --timeout-ms the daemon's deadline ends the request */
-    if (o->timeout_ms >= 0) {
-        baton_client_request_set_timeout(r, (uint32_t)o->timeout_ms);
-        wait_ms = o->timeout_ms + 2000;
-    }
+    return 0;
+}
 
+/* generate: TEXT into R as the input --input-name names, else the graph's
+ * first one (asked of the daemon C), with the --system turn as messages,
+ * marked raw with --raw.  0, or an exit status (reported). */
+static int add_prompt(baton_client *c, const ctl_opts *o, baton_client_request *r)
+{
+    char name[256];
+    int rc;
+    if (o->input_name) {
+        snprintf(name, sizeof name, "%s", o->input_name);
+    } else if ((rc = first_input(c, o, o->pos[1], name, sizeof name)) != 0) {
+        return conn_error(o, rc);
+    }
+    if (o->system) {
+        /* A system turn and the user's: a conversation the model's
+         * template renders, not text. */
+        if (baton_client_request_add_message(r, "system", o->system) != 0 ||
+            baton_client_request_add_message(r, "user", o->pos[2]) != 0 ||
+            baton_client_request_set_messages_input(r, name) != 0)
+            return usage_error("%s", "out of memory");
+    } else if (baton_client_request_add_text(r, name, o->pos[2]) != 0) {
+        return usage_error("input '%s' is empty or given twice", name);
+    }
+    if (o->raw && baton_client_request_add_raw_input(r, name) != 0)
+        return usage_error("%s", "out of memory");
+    return 0;
+}
+
+/* Sends R on C: streamed for generate or --stream, with --timeout-ms as
+ * its deadline, and Ctrl-C set to cancel it from then on.  0, or the
+ * connection exit status (reported). */
+static int send_request(baton_client *c, const ctl_opts *o, bool generate,
+                        baton_client_request *r)
+{
+    baton_client_request_set_stream(r, generate || o->stream);
+    if (o->timeout_ms >= 0)
+        baton_client_request_set_timeout(r, (uint32_t)o->timeout_ms);
     struct sigaction sa = {.sa_handler = on_sigint}; /* no SA_RESTART: the wait must end */
     sigaction(SIGINT, &sa, NULL);
-    if ((rc = baton_client_send(c, r)) != 0) {
-        status = conn_error(o, rc);
-        goto out;
+    int rc = baton_client_send(c, r);
+    return rc ? conn_error(o, rc) : 0;
+}
+
+/* What the receive loop has printed so far (without --json). */
+typedef struct run_output {
+    bool midline;                 /* stdout's last text did not end its line */
+    size_t chunks;                /* chunks printed */
+} run_output;
+
+/* A chunk as it arrives: streamed text as it is, any other value on a line
+ * of its own after its sequence number. */
+static void print_chunk(const ctl_opts *o, const baton_client_event *ev, run_output *out)
+{
+    if (o->json) {
+        ctl_print_json(stdout, ev);
+        return;
     }
-    const char *rid = baton_client_request_id(r);
-    bool midline = false, cancelled = false;
-    size_t chunks = 0;
+    out->chunks++;
+    if (ctl_is_text(&ev->value)) {
+        fwrite(ev->value.data, 1, ev->value.nbytes, stdout);
+        if (ev->value.nbytes)
+            out->midline = ev->value.data[ev->value.nbytes - 1] != '\n';
+    } else {
+        if (out->midline)
+            fputc('\n', stdout);
+        out->midline = false;
+        printf("[%" PRIu64 "] ", ev->seq);
+        ctl_print_tensor(stdout, &ev->value);
+    }
+    fflush(stdout);
+}
+
+/* The response's outputs on stdout, from a fresh line; generate prints a
+ * text output as its text. */
+static void print_outputs(const baton_client_event *ev, bool generate, run_output *out)
+{
+    if (out->midline)
+        fputc('\n', stdout);
+    out->midline = false;
+    for (size_t i = 0; i < ev->n_outputs; i++) {
+        if (generate && ctl_is_text(&ev->outputs[i])) {
+            fwrite(ev->outputs[i].data, 1, ev->outputs[i].nbytes, stdout);
+            fputc('\n', stdout);
+        } else {
+            ctl_print_tensor(stdout, &ev->outputs[i]);
+        }
+    }
+    fflush(stdout);
+}
+
+/* The one line on stderr that sums up an OK response: time, chunks, node
+ * runs, seed, tokens, how loops and the text ended. */
+static void print_summary(const baton_client_event *ev, size_t chunks)
+{
+    fprintf(stderr, "OK: %.1f ms, %zu chunk%s, %zu node run%s, seed %" PRIu64,
+            (double)ev->total_us / 1000, chunks, chunks == 1 ? "" : "s", ev->n_timings,
+            ev->n_timings == 1 ? "" : "s", ev->seed);
+    if (ev->prompt_tokens || ev->completion_tokens)
+        fprintf(stderr, ", tokens %u prompt + %u generated", ev->prompt_tokens,
+                ev->completion_tokens);
+    for (size_t i = 0; i < ev->n_loop_ends; i++)
+        fprintf(stderr, ", %s ended by %s", ev->loop_ends[i].loop,
+                ev->loop_ends[i].how == BATON_CLIENT_LOOP_MAX_ITERS ? "max_iters"
+                                                                    : "its finish signal");
+    if (ev->finish_reason == BATON_CLIENT_FINISH_STOP)
+        fprintf(stderr, ", text ended by a stop string");
+    else if (ev->finish_reason == BATON_CLIENT_FINISH_LENGTH)
+        fprintf(stderr, ", text ended by max-tokens");
+    fputc('\n', stderr);
+}
+
+/* The response that ends the request: its outputs, --timings, and the
+ * summary or the error.  Returns the command's exit status. */
+static int print_response(const ctl_opts *o, bool generate, const baton_client_event *ev,
+                          run_output *out)
+{
+    if (o->json)
+        ctl_print_json(stdout, ev);
+    else
+        print_outputs(ev, generate, out);
+    if (o->timings)
+        ctl_print_timings(ev);
+    if (ev->code != BATON_CLIENT_CODE_OK) {
+        fprintf(stderr, "batonctl: %s: %s\n", baton_client_code_name(ev->code), ev->message);
+        return EXIT_STATUS;
+    }
+    if (!o->json)
+        print_summary(ev, out->chunks);
+    return 0;
+}
+
+/* Prints the events of request RID as they come until its response, and
+ * returns the command's exit status.  A first Ctrl-C cancels the request
+ * (its CANCELLED response still comes), a second stops waiting (130). */
+static int receive_answer(baton_client *c, const ctl_opts *o, bool generate, const char *rid)
+{
+    /* Without --timeout-ms the daemon's deadline ends the request; with
+     * it, the client waits 2 s longer than the request may take. */
+    int wait_ms = o->timeout_ms >= 0 ? o->timeout_ms + 2000 : -1;
+    run_output out = {false, 0};
+    bool cancelled = false;
     for (;;) {
         baton_client_event *ev;
-        rc = baton_client_recv(c, wait_ms, &ev);
+        int rc = baton_client_recv(c, wait_ms, &ev);
         if (interrupted > 1) { /* a second Ctrl-C: stop waiting for the answer */
             if (rc == 0)
                 baton_client_event_free(ev);
-            status = 130;
-            goto out;
+            return 130;
         }
         if (interrupted && !cancelled) { /* the terminal CANCELLED response still comes */
-            fprintf(stderr, "%sbatonctl: cancelling %s\n", midline ? "\n" : "", rid);
-            midline = false;
+            fprintf(stderr, "%sbatonctl: cancelling %s\n", out.midline ? "\n" : "", rid);
+            out.midline = false;
             baton_client_cancel(c, rid);
             cancelled = true;
             wait_ms = 5000;
         }
         if (rc == BATON_CLIENT_EINTR)
             continue;
-        if (rc != 0) {
-            status = conn_error(o, rc);
-            goto out;
-        }
+        if (rc != 0)
+            return conn_error(o, rc);
         if (strcmp(ev->request_id, rid) || (ev->kind != BATON_CLIENT_EVENT_CHUNK &&
                                             ev->kind != BATON_CLIENT_EVENT_RESPONSE)) {
             /* Not ours (a stray answer), or the answer to our own cancel:
@@ -646,70 +749,33 @@ static int cmd_run(const ctl_opts *o, bool generate)
             baton_client_event_free(ev);
             continue;
         }
-        bool done = ev->kind == BATON_CLIENT_EVENT_RESPONSE;
-        if (o->json) {
-            ctl_print_json(stdout, ev);
-        } else if (!done) {
-            chunks++;
-            if (ctl_is_text(&ev->value)) {
-                fwrite(ev->value.data, 1, ev->value.nbytes, stdout);
-                if (ev->value.nbytes)
-                    midline = ev->value.data[ev->value.nbytes - 1] != '\n';
-            } else {
-                if (midline)
-                    fputc('\n', stdout);
-                midline = false;
-                printf("[%" PRIu64 "] ", ev->seq);
-                ctl_print_tensor(stdout, &ev->value);
-            }
-            fflush(stdout);
-        } else {
-            if (midline)
-                fputc('\n', stdout);
-            midline = false;
-            for (size_t i = 0; i < ev->n_outputs; i++) {
-                if (generate && ctl_is_text(&ev->outputs[i])) {
-                    fwrite(ev->outputs[i].data, 1, ev->outputs[i].nbytes, stdout);
-                    fputc('\n', stdout);
-                } else {
-                    ctl_print_tensor(stdout, &ev->outputs[i]);
-                }
-            }
-            fflush(stdout);
-        }
-        if (done) {
-            if (o->timings)
-                ctl_print_timings(ev);
-            if (ev->code == BATON_CLIENT_CODE_OK) {
-                if (!o->json) {
-                    fprintf(stderr, "OK: %.1f ms, %zu chunk%s, %zu node run%s, seed %" PRIu64,
-                            (double)ev->total_us / 1000, chunks, chunks == 1 ? "" : "s",
-                            ev->n_timings, ev->n_timings == 1 ? "" : "s", ev->seed);
-                    if (ev->prompt_tokens || ev->completion_tokens)
-                        fprintf(stderr, ", tokens %u prompt + %u generated", ev->prompt_tokens,
-                                ev->completion_tokens);
-                    for (size_t i = 0; i < ev->n_loop_ends; i++)
-                        fprintf(stderr, ", %s ended by %s", ev->loop_ends[i].loop,
-                                ev->loop_ends[i].how == BATON_CLIENT_LOOP_MAX_ITERS
-                                    ? "max_iters" : "its finish signal");
-                    if (ev->finish_reason == BATON_CLIENT_FINISH_STOP)
-                        fprintf(stderr, ", text ended by a stop string");
-                    else if (ev->finish_reason == BATON_CLIENT_FINISH_LENGTH)
-                        fprintf(stderr, ", text ended by max-tokens");
-                    fputc('\n', stderr);
-                }
-                status = 0;
-            } else {
-                fprintf(stderr, "batonctl: %s: %s\n", baton_client_code_name(ev->code),
-                        ev->message);
-                status = EXIT_STATUS;
-            }
+        if (ev->kind == BATON_CLIENT_EVENT_CHUNK) {
+            print_chunk(o, ev, &out);
             baton_client_event_free(ev);
-            break;
+            continue;
         }
+        int status = print_response(o, generate, ev, &out);
         baton_client_event_free(ev);
+        return status;
     }
-out:
+}
+
+/* infer and generate: build, send, then print events until the response.
+ * The command line is checked before connecting, so that a usage error is
+ * reported as one (exit 2) whether the daemon runs or not. */
+static int cmd_run(const ctl_opts *o, bool generate)
+{
+    baton_client *c = NULL;
+    baton_client_request *r = NULL;
+    int status = request_from_args(o, generate, &r);
+    if (status == 0)
+        status = connect_daemon(o, &c);
+    if (status == 0 && generate)
+        status = add_prompt(c, o, r);
+    if (status == 0)
+        status = send_request(c, o, generate, r);
+    if (status == 0)
+        status = receive_answer(c, o, generate, baton_client_request_id(r));
     baton_client_request_destroy(r);
     baton_client_destroy(c);
     return status;

@@ -5,6 +5,24 @@
  * when a worker is lost (exit, kill, silence) unlinks its pool segment and
  * restarts it within a second, then with back-off.
  *
+ * It is the face of the files below it, each with a concern and the state
+ * that goes with it, which it creates, owns and wires together (lowest
+ * first; each calls only those listed before it):
+ *
+ *   pairs.c     the pair communicators of cross-host GPU transfers
+ *   workers.c   the worker records (sup_worker) and sending to a worker
+ *   spawner.c   the processes: posix_spawn, key pairs, exits, restart back-off
+ *   tpgroups.c  the groups of tensor-parallel models: ids, their ranks' Loads,
+ *               relayed steps, a group taken down when a member is lost
+ *   roster.c    registration: Register, Peers, Load/Loaded, readiness,
+ *               heartbeats and silence
+ *
+ * What one of them must have done above it (a rank's Load once its group
+ * has an id, a worker taken down or lost) comes here through its hooks,
+ * which only this file fills.  This file reads the worker socket and hands
+ * each message to its module, and keeps what spans them: a worker lost
+ * (every module forgets it), a worker taken down, the tick, and shutdown.
+ *
  * It knows nothing of requests.  What the rest of the conductor must hear
  * goes out through sup_hooks: readiness changes, a lost worker, and the
  * result messages (Done, Chunk, Placed, Fetched) of live workers.  The
@@ -19,50 +37,8 @@
 
 #include "config/config.h"
 #include "common/evloop.h"
+#include "daemon/workers.h"
 #include "proto/baton.pb-c.h"
-
-typedef enum sup_state {
-    SUP_DOWN = 0,      /* not running; maybe waiting for a restart */
-    SUP_STARTING = 1,  /* spawned (or expected), no Register yet */
-    SUP_LOADING = 2,   /* registered, Loads outstanding */
-    SUP_READY = 3      /* every model loaded */
-} sup_state;
-
-typedef struct sup_worker {
-    int index;
-    const cfg_worker *cfg;        /* borrowed from the config */
-    sup_state state;
-    pid_t pid;                    /* 0 for external workers or when not running */
-    uint32_t incarnation;         /* 1, 2, ...: bumped at every spawn; < 2^16 */
-    char shm_name[128];           /* its pool's POSIX shm name, unlinked when it dies */
-    char hostname[64];            /* as it registered (its `host:`, else gethostname) */
-    char peer_endpoint[256];      /* as it registered: where peers on other hosts pull its
-                                     tensors; "" when it has none */
-    char curve_public_key[41];    /* as it registered (Z85), for its peers' CURVE; "" when none */
-    uint64_t pool_bytes;
-    Baton__V1__PoolHandle *pools; /* owned copies of its registered pools */
-    size_t n_pools;
-    uint32_t loads_pending;
-    uint32_t registrations;       /* times it registered (names one registration) */
-    uint64_t last_seen_ms;        /* last message from it, monotonic ms */
-    uint64_t started_ms;          /* spawn time, monotonic ms */
-    uint64_t restart_at_ms;       /* when DOWN: when to spawn again (0: never) */
-    uint32_t backoff_ms;          /* next restart delay */
-    uint64_t restarts;            /* times it was restarted (metric) */
-    bool told_to_restart;         /* external, lost, then heard from: Shutdown sent */
-    /* From its last Heartbeat. */
-    uint64_t pool_used, pool_free, largest_free; /* bytes */
-    double fragmentation;         /* 0..1 */
-    uint32_t live_tensors, queued;
-    uint64_t staged_bytes;        /* copied to assemble inputs, this incarnation */
-    uint32_t sessions;            /* backend sessions open */
-    uint64_t tp_steps;            /* tensor-parallel steps run as a follower, this incarnation */
-    /* What its Loaded messages of this incarnation said, one paragraph per
-     * model (load time, weights, the backend's report), for inspect; owned,
-     * NULL when nothing has loaded. */
-    char *loads_text;
-    char key_public[41];          /* its CURVE public key this incarnation, or "" */
-} sup_worker;
 
 typedef struct sup_hooks {
     void *arg;
@@ -93,8 +69,8 @@ typedef struct sup_options {
     void *socket;                 /* the bound worker ROUTER; borrowed */
     const char *curve_server_public; /* batond's public key (Z85) when the worker socket is
                                       * a CURVE server: each spawn then gets a fresh key
-                                      * pair through an inherited pipe (see spawn in
-                                      * supervisor.c); NULL: none */
+                                      * pair through an inherited pipe (see spawner.c);
+                                      * NULL: none */
 } sup_options;
 
 typedef struct supervisor supervisor;

@@ -60,11 +60,11 @@ if [ $rc -eq 1 ] && grep -q "/nonexistent/baton.yaml" <<<"$out"; then ok; else b
 # the repository itself, which `make` already ran).
 tmp=$(mktemp -d)
 mkdir -p "$tmp/daemon" "$tmp/backends/a"
-printf '#include "worker/pool.h"\n' > "$tmp/daemon/evloop.c"
+printf '#include "worker/pool.h"\n' > "$tmp/daemon/metrics.c"
 printf '#include "daemon/frontend.h"\n#include "daemon/zap.h"\n' > "$tmp/daemon/supervisor.c"
 printf '#include "backends/b/y.h"\n' > "$tmp/backends/a/y.c"
 out=$(bash scripts/check-includes.sh "$tmp" 2>&1); rc=$?
-if [ $rc -eq 1 ] && grep -q 'daemon/evloop.c:1: includes "worker/pool.h"' <<<"$out" &&
+if [ $rc -eq 1 ] && grep -q 'daemon/metrics.c:1: includes "worker/pool.h"' <<<"$out" &&
    grep -q 'daemon/supervisor.c:1: includes "daemon/frontend.h": frontend is above supervisor' <<<"$out" &&
    ! grep -q 'supervisor.c:2' <<<"$out" &&
    grep -q "another backend's header" <<<"$out"; then ok; else bad "check-includes: rc=$rc: $out"; fi
@@ -90,6 +90,29 @@ if cc -c -o "$tmp/obj/worker/store.o" "$tmp/src/worker/store.c" &&
      ! grep -q 'worker/executor.c calls' <<<"$out"; then ok; else bad "check-calls: rc=$rc: $out"; fi
 else bad "check-calls: the planted objects did not compile"; fi
 rm -rf "$tmp"
+
+# The name check fails on a tracked file whose name has a character outside
+# [A-Za-z0-9._/+@-] and names it (not the good one beside it, nor an
+# untracked bad one); it passes quietly outside a git checkout, and on the
+# repository itself.
+tmp=$(mktemp -d)
+mkdir -p "$tmp/repo/sub" "$tmp/tarball"
+: > "$tmp/repo/sub/good-name_1.0+x@y.c"
+: > "$tmp/repo/tracked bad|name"
+if git -C "$tmp/repo" init -q && git -C "$tmp/repo" add -A; then
+  : > "$tmp/repo/untracked bad name"
+  out=$(bash scripts/check-names.sh "$tmp/repo" 2>&1); rc=$?
+  if [ $rc -eq 1 ] && grep -qF 'tracked bad|name: tracked file name outside' <<<"$out" &&
+     ! grep -q 'good-name' <<<"$out" && ! grep -q 'untracked' <<<"$out"; then ok
+  else bad "check-names on a bad name: rc=$rc: $out"; fi
+else
+  bad "check-names: cannot make a git repository in $tmp"
+fi
+: > "$tmp/tarball/bad name"
+out=$(bash scripts/check-names.sh "$tmp/tarball" 2>&1); rc=$?
+if [ $rc -eq 0 ] && [ -z "$out" ]; then ok; else bad "check-names outside git: rc=$rc: $out"; fi
+rm -rf "$tmp"
+if bash scripts/check-names.sh; then ok; else bad "check-names on the repository"; fi
 
 # The client library, shared: it exports its API only, and a program
 # linked against it runs.  The worker links none of the client code (batond

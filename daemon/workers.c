@@ -1,0 +1,108 @@
+/* The worker records and the worker socket (daemon/workers.h). */
+#include "daemon/workers.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zmq.h>
+
+#include "common/log.h"
+#include "common/status.h"
+
+struct worker_set {
+    sup_worker *workers;          /* one per configured worker, in config order; owned */
+    size_t n;
+    void *socket;                 /* the worker ROUTER; borrowed */
+};
+
+int workers_create(const cfg_config *cfg, void *socket, worker_set **out)
+{
+    *out = NULL;
+    worker_set *ws = calloc(1, sizeof(*ws));
+    if (!ws)
+        return BT_ENOMEM;
+    ws->n = cfg->n_workers;
+    ws->socket = socket;
+    ws->workers = calloc(ws->n + 1, sizeof(*ws->workers));
+    if (!ws->workers) {
+        free(ws);
+        return BT_ENOMEM;
+    }
+    for (size_t w = 0; w < ws->n; w++) {
+        ws->workers[w].index = (int)w;
+        ws->workers[w].cfg = &cfg->workers[w];
+        ws->workers[w].state = cfg->workers[w].spawn == CFG_SPAWN_AUTO ? SUP_DOWN : SUP_STARTING;
+    }
+    *out = ws;
+    return 0;
+}
+
+void workers_destroy(worker_set *ws)
+{
+    if (!ws)
+        return;
+    free(ws->workers);
+    free(ws);
+}
+
+size_t workers_count(const worker_set *ws)
+{
+    return ws->n;
+}
+
+sup_worker *workers_at(worker_set *ws, int w)
+{
+    return &ws->workers[w];
+}
+
+sup_worker *workers_named(worker_set *ws, const char *name)
+{
+    for (size_t i = 0; i < ws->n; i++)
+        if (strcmp(ws->workers[i].cfg->name, name) == 0)
+            return &ws->workers[i];
+    return NULL;
+}
+
+sup_worker *workers_by_id(worker_set *ws, const void *id, size_t len)
+{
+    for (size_t i = 0; i < ws->n; i++)
+        if (strlen(ws->workers[i].cfg->name) == len &&
+            memcmp(ws->workers[i].cfg->name, id, len) == 0)
+            return &ws->workers[i];
+    return NULL;
+}
+
+bool workers_live(const sup_worker *w)
+{
+    return w->state == SUP_LOADING || w->state == SUP_READY;
+}
+
+int workers_send(worker_set *ws, int worker, const Baton__V1__ConductorMessage *m)
+{
+    size_t n = baton__v1__conductor_message__get_packed_size(m);
+    uint8_t stackbuf[4096];
+    uint8_t *buf = n <= sizeof(stackbuf) ? stackbuf : malloc(n);
+    if (!buf)
+        return BT_ENOMEM;
+    baton__v1__conductor_message__pack(m, buf);
+    const char *name = ws->workers[worker].cfg->name;
+    int rc = 0;
+    if (zmq_send(ws->socket, name, strlen(name), ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+        zmq_send(ws->socket, buf, n, ZMQ_DONTWAIT) < 0) {
+        bt_warn("cannot send to worker %s: %s", name, zmq_strerror(errno));
+        rc = BT_EIO;
+    }
+    if (buf != stackbuf)
+        free(buf);
+    return rc;
+}
+
+void workers_send_shutdown(worker_set *ws, int w, const char *reason)
+{
+    Baton__V1__Shutdown sd = BATON__V1__SHUTDOWN__INIT;
+    sd.reason = (char *)reason;
+    Baton__V1__ConductorMessage m = BATON__V1__CONDUCTOR_MESSAGE__INIT;
+    m.msg_case = BATON__V1__CONDUCTOR_MESSAGE__MSG_SHUTDOWN;
+    m.shutdown = &sd;
+    workers_send(ws, w, &m);
+}

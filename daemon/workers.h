@@ -1,0 +1,100 @@
+/* The worker records and the worker socket: the bottom of the supervisor's
+ * files (daemon/supervisor.h).
+ *
+ * One record per configured worker, in config order, holds what the
+ * conductor knows of that worker.  The records are shared by the
+ * supervisor's layers, each of which writes only the fields it owns (noted
+ * at each field); the rest of the daemon reads them through
+ * sup_worker_get(), which is why the types keep the supervisor's prefix.
+ *
+ * A worker's state moves as follows: DOWN -> STARTING when the spawner
+ * starts its process (an external one starts out STARTING); STARTING ->
+ * LOADING at its Register and LOADING -> READY once its models have loaded
+ * (the roster); any state -> DOWN when it is lost (the supervisor), and an
+ * external worker then waits in STARTING for its next Register; a spawn
+ * that fails leaves it DOWN (the spawner). */
+#ifndef BATON_DAEMON_WORKERS_H
+#define BATON_DAEMON_WORKERS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "config/config.h"
+#include "proto/baton.pb-c.h"
+
+typedef enum sup_state {
+    SUP_DOWN = 0,      /* not running; maybe waiting for a restart */
+    SUP_STARTING = 1,  /* spawned (or expected), no Register yet */
+    SUP_LOADING = 2,   /* registered, Loads outstanding */
+    SUP_READY = 3      /* every model loaded */
+} sup_state;
+
+typedef struct sup_worker {
+    int index;                    /* workers.c: its place in the config */
+    const cfg_worker *cfg;        /* workers.c: borrowed from the config */
+    sup_state state;              /* see the top of this file */
+    /* spawner.c: its process. */
+    pid_t pid;                    /* 0 for external workers or when not running */
+    uint32_t incarnation;         /* 1, 2, ...: bumped at every spawn; < 2^16 */
+    char shm_name[128];           /* its pool's POSIX shm name, unlinked when it dies; derived
+                                     at a spawn, replaced by the registered one (roster.c) */
+    uint64_t started_ms;          /* spawn time, monotonic ms */
+    uint64_t restart_at_ms;       /* when DOWN: when to spawn again (0: never) */
+    uint32_t backoff_ms;          /* next restart delay */
+    uint64_t restarts;            /* times it was restarted (metric); an external worker's
+                                     are counted by supervisor.c */
+    char key_public[41];          /* its CURVE public key this incarnation, or "" */
+    /* roster.c: what it registered and loaded, and what it last said. */
+    char hostname[64];            /* as it registered (its `host:`, else gethostname) */
+    char peer_endpoint[256];      /* as it registered: where peers on other hosts pull its
+                                     tensors; "" when it has none */
+    char curve_public_key[41];    /* as it registered (Z85), for its peers' CURVE; "" when none */
+    uint64_t pool_bytes;
+    Baton__V1__PoolHandle *pools; /* owned copies of its registered pools */
+    size_t n_pools;
+    uint32_t loads_pending;
+    uint32_t registrations;       /* times it registered (names one registration) */
+    uint64_t last_seen_ms;        /* last message from it, monotonic ms; set by supervisor.c
+                                     as each message is read, restarted by a spawn */
+    /* From its last Heartbeat. */
+    uint64_t pool_used, pool_free, largest_free; /* bytes */
+    double fragmentation;         /* 0..1 */
+    uint32_t live_tensors, queued;
+    uint64_t staged_bytes;        /* copied to assemble inputs, this incarnation */
+    uint32_t sessions;            /* backend sessions open */
+    uint64_t tp_steps;            /* tensor-parallel steps run as a follower, this incarnation */
+    /* What its Loaded messages of this incarnation said, one paragraph per
+     * model (load time, weights, the backend's report), for inspect; owned,
+     * NULL when nothing has loaded. */
+    char *loads_text;
+    /* supervisor.c. */
+    bool told_to_restart;         /* external, lost, then heard from: Shutdown sent */
+} sup_worker;
+
+typedef struct worker_set worker_set;
+
+/* The records of CFG's workers, each DOWN (spawned) or STARTING
+ * (external), and SOCKET, the bound worker ROUTER; both borrowed.  0 or
+ * BT_ENOMEM. */
+int workers_create(const cfg_config *cfg, void *socket, worker_set **out);
+/* Frees the records, not what the roster registered in them. */
+void workers_destroy(worker_set *ws);
+
+size_t workers_count(const worker_set *ws);
+sup_worker *workers_at(worker_set *ws, int w);
+/* The worker named NAME, or NULL. */
+sup_worker *workers_named(worker_set *ws, const char *name);
+/* The worker whose routing id (its name, unterminated) is ID, or NULL. */
+sup_worker *workers_by_id(worker_set *ws, const void *id, size_t len);
+/* Registered and not lost since: LOADING or READY. */
+bool workers_live(const sup_worker *w);
+
+/* Sends M to worker W.  0, or BT_EIO (logged) when it cannot go, or
+ * BT_ENOMEM. */
+int workers_send(worker_set *ws, int w, const Baton__V1__ConductorMessage *m);
+/* Tells worker W to exit, saying why (REASON). */
+void workers_send_shutdown(worker_set *ws, int w, const char *reason);
+
+#endif
