@@ -60,6 +60,7 @@
 #include "backends/transformer/transformer.h"
 #include "backends/transformer/tokenizer.h"
 #include "kernels/cpu/threads.h"
+#include "common/status.h"
 
 /* OpenBLAS's own control of its thread pool (cblas.h declares it only in
  * some versions). */
@@ -819,7 +820,7 @@ static int copy_slot(baton_model *m, kx_exec *x, int slot, void *host, int len, 
     float *stage = NULL;
     if (f32 && (!(tmp = malloc(block ? block : 1)) || !(stage = malloc(flat ? flat : 1)))) {
         free(tmp);
-        return -ENOMEM;
+        return BT_ENOMEM;
     }
     int rc = 0;
     for (int l = 0; l < m->shape.layers && !rc; l++)
@@ -967,7 +968,7 @@ static bool device_samples(const baton_item *it)
  * ARGMAX are the executable's outputs in device memory; ITEM[r] is row
  * r's item (NULL: unused) and POS[r] its RNG counter.  The logits come to
  * the host (m->host_logits, *HOST set) only when a row needs them there:
- * host sampling, or a `logits` output.  0, BT_EDEVICE, or -ENOMEM when
+ * host sampling, or a `logits` output.  0, BT_EDEVICE, or BT_ENOMEM when
  * host sampling had no memory. */
 static int gpu_tokens(baton_model *m, const float *logits, const int32_t *argmax, int rows,
                       baton_item *const *item, const int *pos, int32_t *tok, bool *host)
@@ -1030,7 +1031,7 @@ static int gpu_tokens(baton_model *m, const float *logits, const int32_t *argmax
 
 /* The next token from LOGITS [vocab] under the item's sampling parameters
  * into *T; the RNG counter is the token's position, so a request samples
- * alike however its steps were batched.  0, or -ENOMEM. */
+ * alike however its steps were batched.  0, or BT_ENOMEM. */
 static int pick_token(const baton_model *m, const baton_item *it, const float *logits,
                       int32_t argmax, int position, int32_t *t)
 {
@@ -1308,10 +1309,12 @@ static void fail_run(const kx_exec *x, int rc, baton_ctx *ctx, baton_item *it)
 {
     int st = 0, op = kx_op_error(x, &st);
     char msg[256];
-    /* Memory running out (in an op, or sampling on the host) is the
-     * world's doing, not a fault of the model: the request may be tried
-     * again, and the worker serves on. */
-    if (rc == -ENOMEM || rc == BT_ENOMEM || st == -ENOMEM || st == BT_ENOMEM) {
+    /* What went wrong: the status of the op when the run failed in one
+     * (BT_EOP), else RC itself (the device, or sampling on the host). */
+    int cause = rc == BT_EOP ? st : rc;
+    /* Memory running out is the world's doing, not a fault of the model:
+     * the request may be tried again, and the worker serves on. */
+    if (cause == BT_ENOMEM) {
         snprintf(msg, sizeof(msg), "node '%s': out of memory%s", it->node_name,
                  op >= 0 ? " in the graph" : " sampling a token");
         ctx->fail(ctx, it, BATON_STATUS_RESOURCE_EXHAUSTED, msg);
@@ -1560,7 +1563,7 @@ static void decode_batch(baton_model *m, baton_ctx *ctx, baton_item *const *item
                 row_pos[s->slot] = s->len + 1;
             }
         if (!row_item || !row_pos)
-            rc = -ENOMEM;
+            rc = BT_ENOMEM;
         else
             rc = gpu_tokens(m, logits, argmax, rows, row_item, row_pos, m->host_argmax, &host);
         free(row_item);
