@@ -44,13 +44,14 @@
  * which takes it as its input `kv`: disaggregated serving).  The
  * finish signal is raised when the token ends generation (EOS, <|im_end|>)
  * or the session's cache is full. */
-#include <errno.h>
+#include <assert.h>
 #include <inttypes.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "backends/catalog.h"
 #include "kernels/exec.h"
 #include "backends/transformer/gguf.h"
 #include "backends/transformer/hf.h"
@@ -125,25 +126,23 @@ struct baton_session {
 
 static int bind_prefill_cache(baton_model *m, int slot);
 
+/* The name this backend is registered and declared (backends/catalog.c)
+ * under. */
+#define TF_NAME "transformer"
+
 /* ---- options --------------------------------------------------------------------- */
 
-/* Parses option KEY of P as an integer in [LO, HI]; DEF when absent. */
-static int opt_int(const baton_load_params *p, const char *key, long def, long lo, long hi,
-                   long *out, char *err, size_t errlen)
+/* Option NAME of P into *V: as given, else its default, parsed and checked
+ * against its declaration in backends/catalog.c (the one statement of its
+ * default and of the values it may take, which --check-config applies
+ * too).  0, or a bt_err with the refusal in ERR. */
+static int opt_get(const baton_load_params *p, const char *name, bt_opt_value *v, char *err,
+                   size_t errlen)
 {
-    const char *v = baton_load_option(p, key);
-    if (!v) {
-        *out = def;
-        return 0;
-    }
-    char *end;
-    long x = strtol(v, &end, 10);
-    if (!*v || *end || x < lo || x > hi) {
-        snprintf(err, errlen, "option %s = '%s': want an integer in [%ld, %ld]", key, v, lo, hi);
-        return -1;
-    }
-    *out = x;
-    return 0;
+    const bt_backend_desc *b = bt_backend_find(TF_NAME);
+    const bt_opt_desc *d = bt_backend_option(b, name);
+    assert(d); /* the options read here are declared */
+    return bt_opt_parse(b, d, baton_load_option(p, name), v, err, errlen);
 }
 
 /* ---- reading the GGUF ------------------------------------------------------------ */
@@ -570,30 +569,28 @@ static baton_status model_load(const baton_load_params *p, baton_model **out, ch
                                : "rank out of range");
         return BATON_STATUS_FAILED_PRECONDITION;
     }
-    long max_seq, chunk, eos, threads;
-    if (opt_int(p, "max_seq", 2048, 2, 1 << 20, &max_seq, err, errlen) ||
-        opt_int(p, "prefill_chunk", 256, 1, 1 << 16, &chunk, err, errlen) ||
-        opt_int(p, "eos", -1, -1, INT32_MAX, &eos, err, errlen) ||
-        opt_int(p, "threads", 0, 0, 1024, &threads, err, errlen))
+    bt_opt_value max_seq_v, chunk_v, eos_v, threads_v, kv_v;
+    if (opt_get(p, "max_seq", &max_seq_v, err, errlen) ||
+        opt_get(p, "prefill_chunk", &chunk_v, err, errlen) ||
+        opt_get(p, "eos", &eos_v, err, errlen) ||
+        opt_get(p, "threads", &threads_v, err, errlen) ||
+        opt_get(p, "kv_dtype", &kv_v, err, errlen))
         return BATON_STATUS_INVALID_ARGUMENT;
+    long max_seq = (long)max_seq_v.i, chunk = (long)chunk_v.i, eos = (long)eos_v.i,
+         threads = (long)threads_v.i;
     /* auto: f16 on the CPU (half the memory, and half the bytes a decode
      * step at a long context reads); f32 on a GPU, whose kernels take no
      * other.  q8_0 (CPU only) halves them again, for a small change in the
      * logits: an opt-in, as llama.cpp's -ctk/-ctv q8_0. */
-    const char *kv = baton_load_option(p, "kv_dtype");
-    if (kv && strcmp(kv, "f32") != 0 && strcmp(kv, "f16") != 0 && strcmp(kv, "q8_0") != 0 &&
-        strcmp(kv, "auto") != 0) {
-        snprintf(err, errlen, "option kv_dtype = '%s': use auto, f16, q8_0 or f32", kv);
-        return BATON_STATUS_INVALID_ARGUMENT;
-    }
-    if (dev && kv && (strcmp(kv, "f16") == 0 || strcmp(kv, "q8_0") == 0)) {
+    const char *kv = kv_v.s;
+    if (dev && (strcmp(kv, "f16") == 0 || strcmp(kv, "q8_0") == 0)) {
         snprintf(err, errlen, "option kv_dtype = '%s': the GPU kernels keep the KV cache in "
                  "f32 (use f32 or auto)", kv);
         return BATON_STATUS_INVALID_ARGUMENT;
     }
-    kdtype kv_dt = dev || (kv && strcmp(kv, "f32") == 0) ? KD_F32
-                   : kv && strcmp(kv, "q8_0") == 0     ? KD_Q8_0
-                                                       : KD_F16;
+    kdtype kv_dt = dev || strcmp(kv, "f32") == 0 ? KD_F32
+                   : strcmp(kv, "q8_0") == 0     ? KD_Q8_0
+                                                 : KD_F16;
     baton_model *m = calloc(1, sizeof(*m));
     if (!m) {
         snprintf(err, errlen, "out of memory");
@@ -661,8 +658,12 @@ static baton_status model_load(const baton_load_params *p, baton_model **out, ch
         tok_vocab_destroy(m->vocab);
         m->vocab = NULL;
     }
-    const char *chat = baton_load_option(p, "chat_template");
-    m->chat = !chat || strcmp(chat, "false") != 0;
+    bt_opt_value chat;
+    if (opt_get(p, "chat_template", &chat, err, errlen) != 0) {
+        st = BATON_STATUS_INVALID_ARGUMENT;
+        goto err;
+    }
+    m->chat = chat.b;
     gguf_get_bool(m->file, "tokenizer.ggml.add_bos_token", &m->add_bos);
     if (m->eos >= m->shape.vocab) {
         snprintf(err, errlen, "eos token %d is outside the vocabulary of %d", (int)m->eos,
@@ -670,10 +671,8 @@ static baton_status model_load(const baton_load_params *p, baton_model **out, ch
         st = BATON_STATUS_INVALID_ARGUMENT;
         goto err;
     }
-    const char *act = baton_load_option(p, "activations");
-    if (act && strcmp(act, "q8") != 0 && strcmp(act, "f32") != 0) {
-        snprintf(err, errlen, "option activations = '%s': use q8 (8-bit activations and integer "
-                 "products, the default) or f32", act);
+    bt_opt_value act;
+    if (opt_get(p, "activations", &act, err, errlen) != 0) {
         st = BATON_STATUS_INVALID_ARGUMENT;
         goto err;
     }
@@ -687,7 +686,7 @@ static baton_status model_load(const baton_load_params *p, baton_model **out, ch
             st = BATON_STATUS_RESOURCE_EXHAUSTED;
             goto err;
         }
-        m->cpu = (kt_cpu_opts){m->pool, !act || strcmp(act, "q8") == 0};
+        m->cpu = (kt_cpu_opts){m->pool, strcmp(act.s, "q8") == 0};
     }
     uint64_t wb = 0;
     if (compile(m, ktf_build_prefill(&m->shape, 1, m->chunk, m->max_seq), "prefill", p,
@@ -1622,7 +1621,7 @@ static void execute(baton_model *m, baton_ctx *ctx, baton_item *const *items, si
 
 static const baton_backend transformer_backend = {
     .abi_version = BATON_BACKEND_ABI_VERSION,
-    .name = "transformer",
+    .name = TF_NAME,
     .model_load = model_load,
     .model_unload = model_unload,
     .model_bytes = model_bytes,
