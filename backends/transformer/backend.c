@@ -531,19 +531,81 @@ static size_t sample_bytes(const baton_model *m)
     return (size_t)m->slots * (4 * sizeof(float) + 2 * sizeof(int64_t) + sizeof(int32_t));
 }
 
-static baton_status model_load(const baton_load_params *p, baton_model **out, char *err,
-                               size_t errlen)
+/* A load runs four steps, each a function below with one contract, in
+ * this order: options (read and checked, nothing allocated), device
+ * (which one, and whether what was asked runs on it), weights (the file,
+ * the decoder's shape and this rank's share of it, the cache's geometry,
+ * the tokenizer) and compile (the group, the threads, both executables
+ * and the buffers around them).  Each fills in its part of the model and
+ * on failure returns the status with the reason in ERR; model_load then
+ * frees whatever the steps before it made. */
+
+/* The options of a load, as read in the first step. */
+typedef struct tf_options {
+    const char *path;           /* the GGUF file or HF folder (borrowed from the params) */
+    int max_seq;                /* positions of one session's cache */
+    int chunk;                  /* prefill_chunk: tokens of one prefill run, as given */
+    int32_t eos;                /* the token that ends generation; -1: the tokenizer's */
+    int threads;                /* CPU threads of a kernel; 0: the worker's */
+    const char *kv;             /* kv_dtype: auto, f16, q8_0 or f32 (borrowed) */
+    bool act_q8;                /* activations: q8 (8-bit activations, integer products) */
+    bool chat;                  /* chat_template: wrap text prompts in it */
+} tf_options;
+
+/* Step 1: the options of P into *O, each read and checked against its
+ * declaration in backends/catalog.c.  Nothing is allocated; O borrows
+ * P's strings.  BATON_STATUS_OK, or INVALID_ARGUMENT with ERR. */
+static baton_status load_options(const baton_load_params *p, tf_options *o, char *err,
+                                 size_t errlen)
 {
-    *out = NULL;
-    const char *path = baton_load_option(p, "path");
-    if (!path || !*path) {
+    o->path = baton_load_option(p, "path");
+    if (!o->path || !*o->path) {
         snprintf(err, errlen, "option path is required (a GGUF file or a Hugging Face folder)");
         return BATON_STATUS_INVALID_ARGUMENT;
     }
+    bt_opt_value max_seq, chunk, eos, threads, kv, act, chat;
+    if (opt_get(p, "max_seq", &max_seq, err, errlen) ||
+        opt_get(p, "prefill_chunk", &chunk, err, errlen) ||
+        opt_get(p, "eos", &eos, err, errlen) ||
+        opt_get(p, "threads", &threads, err, errlen) ||
+        opt_get(p, "kv_dtype", &kv, err, errlen) ||
+        opt_get(p, "chat_template", &chat, err, errlen) ||
+        opt_get(p, "activations", &act, err, errlen))
+        return BATON_STATUS_INVALID_ARGUMENT;
+    /* The catalog's ranges keep each number inside an int. */
+    o->max_seq = (int)max_seq.i;
+    o->chunk = (int)chunk.i;
+    o->eos = (int32_t)eos.i;
+    o->threads = (int)threads.i;
+    o->kv = kv.s;
+    o->act_q8 = strcmp(act.s, "q8") == 0;
+    o->chat = chat.b;
+    return BATON_STATUS_OK;
+}
+
+/* The type of the KV cache that option kv_dtype KV asks for on the CPU
+ * or a GPU.  auto: f16 on the CPU (half the memory, and half the bytes a
+ * decode step at a long context reads); f32 on a GPU, whose kernels take
+ * no other.  q8_0 (CPU only) halves them again, for a small change in the
+ * logits: an opt-in, as llama.cpp's -ctk/-ctv q8_0. */
+static kdtype cache_dtype(const char *kv, bool gpu)
+{
+    return gpu || strcmp(kv, "f32") == 0 ? KD_F32 : strcmp(kv, "q8_0") == 0 ? KD_Q8_0 : KD_F16;
+}
+
+/* Step 2: the device P names, into M->dev (NULL: the CPU) and M->ordinal,
+ * and whether the tensor parallelism and the cache type of O run there.
+ * Nothing is allocated.  BATON_STATUS_OK, or INVALID_ARGUMENT (a device
+ * name or option it cannot take) or FAILED_PRECONDITION (no such device
+ * here, or a group it cannot join) with ERR. */
+static baton_status load_device(baton_model *m, const baton_load_params *p, const tf_options *o,
+                                char *err, size_t errlen)
+{
     const kx_device *dev = NULL;
+    long ord = -1;
     if (p->device && strcmp(p->device, "cpu") != 0) {
         char *end = NULL;
-        long ord = strncmp(p->device, "cuda:", 5) == 0 ? strtol(p->device + 5, &end, 10) : -1;
+        ord = strncmp(p->device, "cuda:", 5) == 0 ? strtol(p->device + 5, &end, 10) : -1;
         if (ord < 0 || !end || *end || end == p->device + 5) {
             snprintf(err, errlen, "device %s: the transformer runs on cpu or cuda:N", p->device);
             return BATON_STATUS_INVALID_ARGUMENT;
@@ -569,36 +631,25 @@ static baton_status model_load(const baton_load_params *p, baton_model **out, ch
                                : "rank out of range");
         return BATON_STATUS_FAILED_PRECONDITION;
     }
-    bt_opt_value max_seq_v, chunk_v, eos_v, threads_v, kv_v;
-    if (opt_get(p, "max_seq", &max_seq_v, err, errlen) ||
-        opt_get(p, "prefill_chunk", &chunk_v, err, errlen) ||
-        opt_get(p, "eos", &eos_v, err, errlen) ||
-        opt_get(p, "threads", &threads_v, err, errlen) ||
-        opt_get(p, "kv_dtype", &kv_v, err, errlen))
-        return BATON_STATUS_INVALID_ARGUMENT;
-    long max_seq = (long)max_seq_v.i, chunk = (long)chunk_v.i, eos = (long)eos_v.i,
-         threads = (long)threads_v.i;
-    /* auto: f16 on the CPU (half the memory, and half the bytes a decode
-     * step at a long context reads); f32 on a GPU, whose kernels take no
-     * other.  q8_0 (CPU only) halves them again, for a small change in the
-     * logits: an opt-in, as llama.cpp's -ctk/-ctv q8_0. */
-    const char *kv = kv_v.s;
-    if (dev && (strcmp(kv, "f16") == 0 || strcmp(kv, "q8_0") == 0)) {
+    if (dev && (strcmp(o->kv, "f16") == 0 || strcmp(o->kv, "q8_0") == 0)) {
         snprintf(err, errlen, "option kv_dtype = '%s': the GPU kernels keep the KV cache in "
-                 "f32 (use f32 or auto)", kv);
+                 "f32 (use f32 or auto)", o->kv);
         return BATON_STATUS_INVALID_ARGUMENT;
-    }
-    kdtype kv_dt = dev || strcmp(kv, "f32") == 0 ? KD_F32
-                   : strcmp(kv, "q8_0") == 0     ? KD_Q8_0
-                                                 : KD_F16;
-    baton_model *m = calloc(1, sizeof(*m));
-    if (!m) {
-        snprintf(err, errlen, "out of memory");
-        return BATON_STATUS_RESOURCE_EXHAUSTED;
     }
     m->dev = dev;
-    m->ordinal = dev ? (int)strtol(p->device + 5, NULL, 10) : -1;
-    baton_status st = BATON_STATUS_FAILED_PRECONDITION;
+    m->ordinal = dev ? (int)ord : -1;
+    return BATON_STATUS_OK;
+}
+
+/* Step 3: opens the file at O's path into M->file and reads from it the
+ * decoder's shape (this rank's share of it under tensor parallelism), the
+ * geometry of the KV cache and the tokenizer, and refuses the options the
+ * model cannot take.  BATON_STATUS_OK, or FAILED_PRECONDITION (the file)
+ * or INVALID_ARGUMENT (an option) with ERR; what was made stays in M. */
+static baton_status load_weights(baton_model *m, const baton_load_params *p,
+                                 const tf_options *o, char *err, size_t errlen)
+{
+    const char *path = o->path;
     char why[400];
     if (tf_weights_open(path, &m->file, why, sizeof(why)) != 0) {
         /* Its message names the path when the file cannot be opened. */
@@ -606,12 +657,12 @@ static baton_status model_load(const baton_load_params *p, baton_model **out, ch
             snprintf(err, errlen, "%s", why);
         else
             snprintf(err, errlen, "%s: %s", path, why);
-        goto err;
+        return BATON_STATUS_FAILED_PRECONDITION;
     }
-    m->wd = (struct wd_ctx){m->file, dev != NULL};
+    m->wd = (struct wd_ctx){m->file, m->dev != NULL};
     if (read_shape(m->file, &m->wd, &m->shape, why, sizeof(why)) != 0) {
         snprintf(err, errlen, "%s: %s", path, why);
-        goto err;
+        return BATON_STATUS_FAILED_PRECONDITION;
     }
     if (p->tp_size > 1) {
         m->tp_rank = (int)p->tp_rank;
@@ -620,32 +671,21 @@ static baton_status model_load(const baton_load_params *p, baton_model **out, ch
             (m->shape.ffn / (int)p->tp_size) % 32) {
             snprintf(err, errlen, "%s: its FFN of %d does not split into %u shards of whole "
                      "32-element blocks", path, m->shape.ffn, p->tp_size);
-            goto err;
+            return BATON_STATUS_FAILED_PRECONDITION;
         }
-#ifdef BATON_CUDA
-        /* Joins the group: returns once every rank has called it. */
-        int rc = k_cuda_comm_init_rank(&m->comm, m->ordinal, p->comm_id, p->comm_id_len,
-                                       (int)p->tp_size, (int)p->tp_rank);
-        if (rc) {
-            snprintf(err, errlen, "joining the tensor-parallel group as rank %u of %u: %s",
-                     p->tp_rank, p->tp_size, bt_strerror(rc));
-            goto err;
-        }
-#endif
     }
-    m->max_seq = (int)max_seq;
-    m->chunk = (int)(chunk < max_seq ? chunk : max_seq);
+    m->max_seq = o->max_seq;
+    m->chunk = o->chunk < o->max_seq ? o->chunk : o->max_seq;
     m->slots = (int)(p->max_batch ? p->max_batch : 1);
     m->row_floats = (size_t)m->shape.kv_heads * (size_t)m->shape.head_dim;
-    m->shape.cache = kv_dt;
-    m->row_bytes = kdtype_bytes(kv_dt, m->row_floats);
-    if (kv_dt == KD_Q8_0 && m->shape.head_dim % 32) {
+    m->shape.cache = cache_dtype(o->kv, m->dev != NULL);
+    m->row_bytes = kdtype_bytes(m->shape.cache, m->row_floats);
+    if (m->shape.cache == KD_Q8_0 && m->shape.head_dim % 32) {
         snprintf(err, errlen, "option kv_dtype = 'q8_0': it needs a head size that is a multiple "
                  "of 32, and %s's is %d", path, m->shape.head_dim);
-        st = BATON_STATUS_INVALID_ARGUMENT;
-        goto err;
+        return BATON_STATUS_INVALID_ARGUMENT;
     }
-    m->eos = (int32_t)eos;
+    m->eos = o->eos;
     uint32_t fe;
     m->file_eos = gguf_get_u32(m->file, "tokenizer.ggml.eos_token_id", &fe) == 0 ? (int32_t)fe : -1;
     /* A file without a tokenizer we read still serves token ids; text then
@@ -658,49 +698,65 @@ static baton_status model_load(const baton_load_params *p, baton_model **out, ch
         tok_vocab_destroy(m->vocab);
         m->vocab = NULL;
     }
-    bt_opt_value chat;
-    if (opt_get(p, "chat_template", &chat, err, errlen) != 0) {
-        st = BATON_STATUS_INVALID_ARGUMENT;
-        goto err;
-    }
-    m->chat = chat.b;
+    m->chat = o->chat;
     gguf_get_bool(m->file, "tokenizer.ggml.add_bos_token", &m->add_bos);
     if (m->eos >= m->shape.vocab) {
         snprintf(err, errlen, "eos token %d is outside the vocabulary of %d", (int)m->eos,
                  m->shape.vocab);
-        st = BATON_STATUS_INVALID_ARGUMENT;
-        goto err;
+        return BATON_STATUS_INVALID_ARGUMENT;
     }
-    bt_opt_value act;
-    if (opt_get(p, "activations", &act, err, errlen) != 0) {
-        st = BATON_STATUS_INVALID_ARGUMENT;
-        goto err;
+    return BATON_STATUS_OK;
+}
+
+/* Step 4: makes M runnable on its device: joins the tensor-parallel group
+ * (a sharded model), starts the CPU's kernel threads, compiles the
+ * prefill and decode executables over the weights, moves the prefill's
+ * cache onto the decode's, and allocates the slot table, the report and
+ * a GPU's sampling buffers.  BATON_STATUS_OK, or FAILED_PRECONDITION (the
+ * group, a graph this device cannot run) or RESOURCE_EXHAUSTED (threads,
+ * memory) with ERR; what was made stays in M. */
+static baton_status load_compile(baton_model *m, const baton_load_params *p,
+                                 const tf_options *o, char *err, size_t errlen)
+{
+    const kx_device *dev = m->dev;
+#ifdef BATON_CUDA
+    if (p->tp_size > 1) {
+        /* Joins the group: returns once every rank has called it. */
+        int rc = k_cuda_comm_init_rank(&m->comm, m->ordinal, p->comm_id, p->comm_id_len,
+                                       (int)p->tp_size, (int)p->tp_rank);
+        if (rc) {
+            snprintf(err, errlen, "joining the tensor-parallel group as rank %u of %u: %s",
+                     p->tp_rank, p->tp_size, bt_strerror(rc));
+            return BATON_STATUS_FAILED_PRECONDITION;
+        }
     }
-    int n_threads = threads > 0 ? (int)threads : p->threads > 0 ? (int)p->threads : 1;
+#endif
+    int n_threads = o->threads > 0 ? o->threads : p->threads > 0 ? (int)p->threads : 1;
     if (n_threads > 1)
         openblas_set_num_threads(n_threads);
     if (!dev) {
         int rc = kth_pool_create(n_threads, &m->pool);
         if (rc) {
             snprintf(err, errlen, "starting %d kernel threads: %s", n_threads, bt_strerror(rc));
-            st = BATON_STATUS_RESOURCE_EXHAUSTED;
-            goto err;
+            return BATON_STATUS_RESOURCE_EXHAUSTED;
         }
-        m->cpu = (kt_cpu_opts){m->pool, strcmp(act.s, "q8") == 0};
+        m->cpu = (kt_cpu_opts){m->pool, o->act_q8};
     }
+    char why[400];
     uint64_t wb = 0;
     if (compile(m, ktf_build_prefill(&m->shape, 1, m->chunk, m->max_seq), "prefill", p,
                 &m->prefill, &wb, why, sizeof(why)) ||
         compile(m, ktf_build_decode(&m->shape, m->slots, m->max_seq), "decode", p, &m->decode,
                 &m->weight_bytes, why, sizeof(why))) {
-        snprintf(err, errlen, "%s: %s", path, why);
-        goto err;
+        snprintf(err, errlen, "%s: %s", o->path, why);
+        return BATON_STATUS_FAILED_PRECONDITION;
     }
     /* The prefill's own caches are never used (each prefill runs in its
      * session's decode slot): give their memory back now. */
     if (bind_prefill_cache(m, 0) != 0) {
-        snprintf(err, errlen, "%s: cannot share the KV cache between prefill and decode", path);
-        goto err;
+        snprintf(err, errlen, "%s: cannot share the KV cache between prefill and decode",
+                 o->path);
+        return BATON_STATUS_FAILED_PRECONDITION;
     }
     m->owner = calloc((size_t)m->slots, sizeof(*m->owner));
     m->report = make_report(m, p);
@@ -714,9 +770,28 @@ static baton_status model_load(const baton_load_params *p, baton_model **out, ch
     if (!m->owner || !m->report ||
         (dev && (!m->host_logits || !m->host_argmax || !m->hsample || !m->dsample))) {
         snprintf(err, errlen, "out of memory");
-        st = BATON_STATUS_RESOURCE_EXHAUSTED;
-        goto err;
+        return BATON_STATUS_RESOURCE_EXHAUSTED;
     }
+    return BATON_STATUS_OK;
+}
+
+static baton_status model_load(const baton_load_params *p, baton_model **out, char *err,
+                               size_t errlen)
+{
+    *out = NULL;
+    tf_options o;
+    baton_status st = load_options(p, &o, err, errlen);
+    if (st != BATON_STATUS_OK)
+        return st;
+    baton_model *m = calloc(1, sizeof(*m));
+    if (!m) {
+        snprintf(err, errlen, "out of memory");
+        return BATON_STATUS_RESOURCE_EXHAUSTED;
+    }
+    if ((st = load_device(m, p, &o, err, errlen)) != BATON_STATUS_OK ||
+        (st = load_weights(m, p, &o, err, errlen)) != BATON_STATUS_OK ||
+        (st = load_compile(m, p, &o, err, errlen)) != BATON_STATUS_OK)
+        goto err;
     *out = m;
     return BATON_STATUS_OK;
 err:
