@@ -1,52 +1,73 @@
-/* The declaration of every built-in backend: its name and its options.
+/* The declaration of every built-in backend: its name and its options,
+ * with each option's type, default and allowed values.
  *
  * This table is data, not code: the worker registers an implementation under
  * each name, and the config loader checks `backend:` and `options:` against
- * the declarations here.  Keeping the declaration in common/ lets
- * `batond --check-config` reject a typo without starting a worker. */
+ * the declarations here.  Keeping the declaration out of the backends lets
+ * `batond --check-config` reject a typo or a value out of range without
+ * starting a worker; the backends read their options through bt_opt_parse,
+ * so that the defaults and limits stated here are the ones they use. */
 #include "backends/catalog.h"
 
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "common/status.h"
 
 #define N_OPTS(a) (sizeof(a) / sizeof((a)[0]))
 
+/* Every option of type BT_OPT_INT states its range (a count has no upper
+ * limit but INT64_MAX), and of BT_OPT_STRING the values it allows unless
+ * any text will do. */
 static const bt_opt_desc counter_options[] = {
-    {"finish_after", BT_OPT_INT, NULL, 0,
-     "raise the finish signal when iteration + 1 equals this; unset: never"},
+    {.name = "finish_after", .type = BT_OPT_INT, .min = 0, .max = INT64_MAX,
+     .doc = "raise the finish signal when iteration + 1 equals this; unset: never"},
 };
 
 static const bt_opt_desc chunks_options[] = {
-    {"n", BT_OPT_INT, "3", 0, "number of chunks emitted on each stream output"},
+    {.name = "n", .type = BT_OPT_INT, .def = "3", .min = 0, .max = INT64_MAX,
+     .doc = "number of chunks emitted on each stream output"},
 };
 
 static const bt_opt_desc sleep_options[] = {
-    {"ms", BT_OPT_INT, "10", 0, "milliseconds to wait before echoing the inputs"},
+    {.name = "ms", .type = BT_OPT_INT, .def = "10", .min = 0, .max = INT64_MAX,
+     .doc = "milliseconds to wait before echoing the inputs"},
 };
 
 static const bt_opt_desc fail_options[] = {
-    {"message", BT_OPT_STRING, "failure injected by the fail backend", 0,
-     "text of the error every execution returns"},
-    {"device_fault", BT_OPT_BOOL, "false", 0,
-     "on a GPU worker, first launch a kernel that reads outside device memory: the CUDA "
-     "context becomes unusable and the worker must exit and be restarted (tests that)"},
+    {.name = "message", .type = BT_OPT_STRING, .def = "failure injected by the fail backend",
+     .doc = "text of the error every execution returns"},
+    {.name = "device_fault", .type = BT_OPT_BOOL, .def = "false",
+     .doc = "on a GPU worker, first launch a kernel that reads outside device memory: the CUDA "
+            "context becomes unusable and the worker must exit and be restarted (tests that)"},
 };
 
+/* In the order the refusal lists them. */
+static const char *const kv_dtypes[] = {"auto", "f16", "q8_0", "f32", NULL};
+static const char *const activation_kinds[] = {"q8", "f32", NULL};
+
 static const bt_opt_desc transformer_options[] = {
-    {"path", BT_OPT_PATH, NULL, 1,
-     "GGUF file, or Hugging Face folder with config.json and *.safetensors"},
-    {"max_seq", BT_OPT_INT, "2048", 0, "tokens one session's KV cache holds, prompt and output"},
-    {"kv_dtype", BT_OPT_STRING, "auto", 0,
-     "element type of the KV cache: auto (the device's: f16 on a CPU, f32 on a GPU), f16 "
-     "(CPU only) or f32"},
-    {"activations", BT_OPT_STRING, "q8", 0,
-     "CPU only: q8 quantizes the activations of quantized products to 8 bits per block and "
-     "multiplies as integers (llama.cpp's way); f32 keeps them f32"},
-    {"prefill_chunk", BT_OPT_INT, "256", 0,
-     "tokens one prefill run takes; a longer prompt runs in chunks"},
-    {"chat_template", BT_OPT_BOOL, "true", 0,
-     "wrap a text prompt in the chat template the GGUF carries"},
-    {"eos", BT_OPT_INT, "-1", 0, "token id that raises the finish signal; -1: the GGUF's"},
-    {"threads", BT_OPT_INT, "0", 0, "CPU threads one kernel may use; 0: the worker's `threads`"},
+    {.name = "path", .type = BT_OPT_PATH, .required = 1,
+     .doc = "GGUF file, or Hugging Face folder with config.json and *.safetensors"},
+    {.name = "max_seq", .type = BT_OPT_INT, .def = "2048", .min = 2, .max = 1 << 20,
+     .doc = "tokens one session's KV cache holds, prompt and output"},
+    {.name = "kv_dtype", .type = BT_OPT_STRING, .def = "auto", .allowed = kv_dtypes,
+     .doc = "element type of the KV cache: auto (the device's: f16 on a CPU, f32 on a GPU), "
+            "f16 (CPU only), q8_0 (CPU only) or f32"},
+    {.name = "activations", .type = BT_OPT_STRING, .def = "q8", .allowed = activation_kinds,
+     .doc = "CPU only: q8 quantizes the activations of quantized products to 8 bits per block "
+            "and multiplies as integers (llama.cpp's way); f32 keeps them f32"},
+    {.name = "prefill_chunk", .type = BT_OPT_INT, .def = "256", .min = 1, .max = 1 << 16,
+     .doc = "tokens one prefill run takes; a longer prompt runs in chunks"},
+    {.name = "chat_template", .type = BT_OPT_BOOL, .def = "true",
+     .doc = "wrap a text prompt in the chat template the GGUF carries"},
+    {.name = "eos", .type = BT_OPT_INT, .def = "-1", .min = -1, .max = INT32_MAX,
+     .doc = "token id that raises the finish signal; -1: the GGUF's"},
+    {.name = "threads", .type = BT_OPT_INT, .def = "0", .min = 0, .max = 1024,
+     .doc = "CPU threads one kernel may use; 0: the worker's `threads`"},
 };
 
 /* Backends without options point at no array; n_options says 0. */
@@ -112,4 +133,117 @@ const char *bt_opt_type_name(bt_opt_type t)
     case BT_OPT_PATH: return "path";
     }
     return "unknown";
+}
+
+/* "want an integer in [2, 1048576]", "use auto, f16, q8_0 or f32": what D
+ * allows, into BUF. */
+static void describe_allowed(const bt_opt_desc *d, char *buf, size_t len)
+{
+    size_t n = 0;
+    switch (d->type) {
+    case BT_OPT_INT:
+        if (d->min == INT64_MIN && d->max == INT64_MAX)
+            snprintf(buf, len, "want an integer");
+        else if (d->max == INT64_MAX)
+            snprintf(buf, len, "want an integer >= %" PRId64, d->min);
+        else if (d->min == INT64_MIN)
+            snprintf(buf, len, "want an integer <= %" PRId64, d->max);
+        else
+            snprintf(buf, len, "want an integer in [%" PRId64 ", %" PRId64 "]", d->min, d->max);
+        return;
+    case BT_OPT_FLOAT: snprintf(buf, len, "want a number in [%g, %g]", d->fmin, d->fmax); return;
+    case BT_OPT_BOOL: snprintf(buf, len, "want true or false"); return;
+    case BT_OPT_STRING:
+    case BT_OPT_PATH:
+        if (!d->allowed) {
+            snprintf(buf, len, "want a string");
+            return;
+        }
+        while (d->allowed[n])
+            n++;
+        size_t at = (size_t)snprintf(buf, len, "use");
+        for (size_t k = 0; k < n && at < len; k++)
+            at += (size_t)snprintf(buf + at, len - at, "%s%s", k == 0 ? " " : k + 1 < n ? ", " : " or ",
+                                   d->allowed[k]);
+        return;
+    }
+}
+
+/* Fails with STATUS and ERR: "option NAME = 'TEXT': what is allowed
+ * (backend 'B')". */
+static int refuse(const bt_backend_desc *b, const bt_opt_desc *d, const char *text, int status,
+                  char *err, size_t errlen)
+{
+    char want[256];
+    describe_allowed(d, want, sizeof(want));
+    return bt_errorf(err, errlen, status, "option %s = '%.64s': %s (backend '%s')", d->name,
+                     text ? text : "", want, b ? b->name : "?");
+}
+
+int bt_opt_check(const bt_backend_desc *b, const bt_opt_desc *d, const bt_opt_value *v,
+                 const char *text, char *err, size_t errlen)
+{
+    if (!v->set)
+        return 0;
+    switch (d->type) {
+    case BT_OPT_INT:
+        if (v->i < d->min || v->i > d->max)
+            return refuse(b, d, text, BT_ERANGE, err, errlen);
+        return 0;
+    case BT_OPT_FLOAT:
+        if (!(v->f >= d->fmin && v->f <= d->fmax))
+            return refuse(b, d, text, BT_ERANGE, err, errlen);
+        return 0;
+    case BT_OPT_BOOL: return 0;
+    case BT_OPT_STRING:
+    case BT_OPT_PATH:
+        if (!d->allowed)
+            return 0;
+        for (size_t k = 0; d->allowed[k]; k++)
+            if (v->s && strcmp(v->s, d->allowed[k]) == 0)
+                return 0;
+        return refuse(b, d, text, BT_EINVAL, err, errlen);
+    }
+    return refuse(b, d, text, BT_EINVAL, err, errlen);
+}
+
+int bt_opt_parse(const bt_backend_desc *b, const bt_opt_desc *d, const char *text,
+                 bt_opt_value *v, char *err, size_t errlen)
+{
+    *v = (bt_opt_value){0};
+    if (!text)
+        text = d->def;
+    if (!text)
+        return 0;
+    v->set = true;
+    char *end = NULL;
+    switch (d->type) {
+    case BT_OPT_INT: {
+        errno = 0;
+        long long x = strtoll(text, &end, 10);
+        if (!*text || *end)
+            return refuse(b, d, text, BT_EINVAL, err, errlen);
+        if (errno == ERANGE)
+            return refuse(b, d, text, BT_ERANGE, err, errlen);
+        v->i = x;
+        break;
+    }
+    case BT_OPT_FLOAT:
+        errno = 0;
+        v->f = strtod(text, &end);
+        if (!*text || *end)
+            return refuse(b, d, text, BT_EINVAL, err, errlen);
+        if (errno == ERANGE)
+            return refuse(b, d, text, BT_ERANGE, err, errlen);
+        break;
+    case BT_OPT_BOOL:
+        if (strcmp(text, "true") == 0)
+            v->b = true;
+        else if (strcmp(text, "false") != 0)
+            return refuse(b, d, text, BT_EINVAL, err, errlen);
+        break;
+    case BT_OPT_STRING:
+    case BT_OPT_PATH: v->s = text; break;
+    }
+    return bt_opt_check(b, d, v, text, err, errlen);
 }

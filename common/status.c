@@ -1,6 +1,7 @@
 /* Status codes (common/status.h). */
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "baton/backend.h"
 #include "baton/client.h"
@@ -23,8 +24,18 @@ SAME_CODE(FAILED_PRECONDITION);
 SAME_CODE(INTERNAL);
 SAME_CODE(UNAVAILABLE);
 
-/* One row per code: the two functions below read the same table, so a code
- * cannot have a message without a name. */
+/* Baton's own codes must not meet an errno.  The largest errno values of
+ * Linux are checked where the C library defines them. */
+_Static_assert(BT_ERR_OWN_LAST < BT_ERR_OWN_BASE && BT_ERR_OWN_BASE < -1000,
+               "baton's own codes must sit below every errno");
+#ifdef EHWPOISON
+_Static_assert(-EHWPOISON > BT_ERR_OWN_BASE, "an errno reaches baton's own codes");
+#endif
+
+/* One row per named code: the two functions below read the same table, so
+ * a code cannot have a message without a name.  The errno codes keep
+ * baton's wording ("not found" rather than "No such file or directory"),
+ * which reads right for a key or a slot as well as a file. */
 #define BT_ERRORS(X)                                                                           \
     X(BT_OK, "success")                                                                        \
     X(BT_ENOMEM, "out of memory")                                                              \
@@ -32,10 +43,10 @@ SAME_CODE(UNAVAILABLE);
     X(BT_ENOENT, "not found")                                                                  \
     X(BT_EEXIST, "already exists")                                                             \
     X(BT_EIO, "input/output error")                                                            \
-    X(BT_ECONFIG, "configuration has errors")                                                  \
-    X(BT_ESTATE, "not legal in the current state")                                             \
     X(BT_ERANGE, "out of range")                                                               \
     X(BT_EBUSY, "busy: a limit is reached or work is pending")                                 \
+    X(BT_ECONFIG, "configuration has errors")                                                  \
+    X(BT_ESTATE, "not legal in the current state")                                             \
     X(BT_EINTERNAL, "internal error")                                                          \
     X(BT_EFORMAT, "malformed or unsupported data")                                             \
     X(BT_ETYPE, "type, dtype or size mismatch")                                                \
@@ -49,6 +60,25 @@ SAME_CODE(UNAVAILABLE);
     X(BT_EOP, "an op failed")                                                                  \
     X(BT_EDEVICE, "the device failed (memory, stream, event or graph)")
 
+/* Another negative errno is described by the C library.  glibc 2.32 and
+ * later have strerrordesc_np and strerrorname_np, which return static
+ * strings (NULL for a number that is no errno) and so, unlike strerror,
+ * are safe from any thread without a buffer.  Elsewhere such a code reads
+ * "unknown error". */
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 32))
+#define ERRNO_TEXT(e) strerrordesc_np(e)
+#define ERRNO_NAME(e) strerrorname_np(e)
+#else
+#define ERRNO_TEXT(e) ((void)(e), (const char *)NULL)
+#define ERRNO_NAME(e) ((void)(e), (const char *)NULL)
+#endif
+
+/* Whether ERR can be a negated errno rather than one of baton's codes. */
+static int is_errno(int err)
+{
+    return err < 0 && err > BT_ERR_OWN_BASE;
+}
+
 const char *bt_strerror(int err)
 {
     switch (err) {
@@ -56,7 +86,8 @@ const char *bt_strerror(int err)
         BT_ERRORS(MESSAGE)
 #undef MESSAGE
     }
-    return "unknown error";
+    const char *text = is_errno(err) ? ERRNO_TEXT(-err) : NULL;
+    return text ? text : "unknown error";
 }
 
 const char *bt_err_name(int err)
@@ -66,7 +97,8 @@ const char *bt_err_name(int err)
         BT_ERRORS(NAME)
 #undef NAME
     }
-    return "BT_E?";
+    const char *name = is_errno(err) ? ERRNO_NAME(-err) : NULL;
+    return name ? name : "BT_E?";
 }
 
 int bt_errorf(char *err, size_t errlen, int status, const char *fmt, ...)

@@ -132,19 +132,45 @@ static void load_placement(cfg__loader *l, cfg_model *m, const yt_node *mv, cons
     }
 }
 
-/* Reads the value V of option D into O; false when V is not of D's type. */
-static bool read_option(cfg__loader *l, const yt_node *v, const bt_opt_desc *d, cfg_option *o)
+/* Reads the value V of option D of backend B into O; false (reported at
+ * V) when V is not of D's type, or outside the range or the values the
+ * catalog allows for D. */
+static bool read_option(cfg__loader *l, const bt_backend_desc *b, const yt_node *v,
+                        const bt_opt_desc *d, cfg_option *o)
 {
     o->type = d->type;
     o->pos = cfg__pos(v);
+    bt_opt_value val = {.set = true};
+    bool ok = false;
     switch (d->type) {
-    case BT_OPT_INT: return yt_int(v, d->name, INT64_MIN, INT64_MAX, &o->v.i, l->diag);
-    case BT_OPT_FLOAT: return yt_float(v, d->name, -DBL_MAX, DBL_MAX, &o->v.f, l->diag);
-    case BT_OPT_BOOL: return yt_bool(v, d->name, &o->v.b, l->diag);
+    case BT_OPT_INT:
+        ok = yt_int(v, d->name, INT64_MIN, INT64_MAX, &o->v.i, l->diag);
+        val.i = o->v.i;
+        break;
+    case BT_OPT_FLOAT:
+        ok = yt_float(v, d->name, -DBL_MAX, DBL_MAX, &o->v.f, l->diag);
+        val.f = o->v.f;
+        break;
+    case BT_OPT_BOOL:
+        ok = yt_bool(v, d->name, &o->v.b, l->diag);
+        val.b = o->v.b;
+        break;
     case BT_OPT_STRING:
-    case BT_OPT_PATH: return cfg__str(l, v, d->name, &o->v.s);
+    case BT_OPT_PATH:
+        ok = cfg__str(l, v, d->name, &o->v.s);
+        val.s = o->v.s;
+        break;
     }
-    return false;
+    if (!ok)
+        return false;
+    /* The type is the YAML's business; what values are allowed is the
+     * catalog's, which the backend reads too. */
+    char why[512];
+    if (bt_opt_check(b, d, &val, v->str, why, sizeof(why)) != 0) {
+        bt_diag_error(l->diag, v->line, v->col, "%s", why);
+        return false;
+    }
+    return true;
 }
 
 /* Sets O to the declared default of D; the table in backends/catalog.c is
@@ -242,9 +268,8 @@ static void load_options(cfg__loader *l, cfg_model *m, const yt_node *mv, const 
             cfg_option *o = &m->options[j];
             o->name = k;
             k = NULL;
-            if (!read_option(l, val, d, o)) {
-                free(o->name); /* reported; it counts as not given */
-                o->name = NULL;
+            if (!read_option(l, b, val, d, o)) {
+                cfg__option_clear(o); /* reported; it counts as not given */
                 bad[j] = true;
             }
         } else {

@@ -13,6 +13,9 @@
  *              status (-EINVAL for a bad argument, -EIO for a CUDA, cuBLAS
  *              or NCCL error, after printing it with file and line).
  *
+ * A negative errno returned here is a bt_err (common/status.h): -ENOMEM is
+ * BT_ENOMEM, -EINVAL BT_EINVAL, and bt_strerror describes any other.
+ *
  * Compute is f32 everywhere; f16/bf16 appear only as storage (KOP_CAST and
  * loads), and the GGUF block types only as weights of the quantized products.
  * Layouts are row-major; shapes are element counts. */

@@ -5,10 +5,11 @@
  * echo part of echo, chunks and sleep passes its input through *by
  * reference* (ctx->forward): the output is the very same tensor as the
  * input, with no copy, which is what lets a pipeline of pass-through nodes
- * cost no memory bandwidth at all.  The option defaults repeat those
- * declared in backends/catalog.c, because a plugin-style backend must not
- * rely on the conductor having filled them in. */
-#include <errno.h>
+ * cost no memory bandwidth at all.  Their options, defaults and limits are
+ * those declared in backends/catalog.c, read through its bt_opt_parse: a
+ * load that names no option gets the declared defaults, since a backend
+ * must not rely on the conductor having filled them in. */
+#include <assert.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -16,6 +17,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "backends/catalog.h"
 #include "backends/testing/testing.h"
 #include "common/clock.h"
 #ifdef BATON_CUDA
@@ -33,27 +35,21 @@ struct baton_model {
     bool device_fault;    /* fail: break the CUDA context first (GPU workers) */
 };
 
-typedef struct tb_option {
-    const char *name;
-    int is_int;           /* 1: integer >= 0; 0: any text */
-} tb_option;
-
-static int parse_count(const char *s, int64_t *out)
-{
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || end == s || *end || v < 0)
-        return -1;
-    *out = v;
-    return 0;
-}
-
-static baton_status load_common(tb_kind kind, const baton_load_params *p, const tb_option *known,
-                                size_t n_known, baton_model **out, char *err, size_t errlen)
+/* Reads P's options into a new model of KIND: each option the catalog
+ * declares for the backend, as given or else its declared default, parsed
+ * and checked by the catalog; an option it does not declare is refused. */
+static baton_status load_common(tb_kind kind, const baton_load_params *p, baton_model **out,
+                                char *err, size_t errlen)
 {
     static const char *const names[] = {"echo", "add", "counter", "chunks", "sleep", "fail"};
+    const bt_backend_desc *b = bt_backend_find(names[kind]);
+    assert(b); /* every test backend is declared */
     *out = NULL;
+    for (size_t i = 0; i < p->n_options; i++)
+        if (!bt_backend_option(b, p->keys[i])) {
+            snprintf(err, errlen, "backend %s has no option '%s'", names[kind], p->keys[i]);
+            return BATON_STATUS_INVALID_ARGUMENT;
+        }
     baton_model *m = calloc(1, sizeof(*m));
     if (!m) {
         snprintf(err, errlen, "out of memory");
@@ -61,43 +57,25 @@ static baton_status load_common(tb_kind kind, const baton_load_params *p, const 
     }
     m->kind = kind;
     m->finish_after = -1;
-    m->n = 3;
-    m->ms = 10;
-    for (size_t i = 0; i < p->n_options; i++) {
-        const char *key = p->keys[i], *val = p->values[i];
-        size_t k = 0;
-        while (k < n_known && strcmp(known[k].name, key) != 0)
-            k++;
-        if (k == n_known) {
-            snprintf(err, errlen, "backend %s has no option '%s'", names[kind], key);
+    for (size_t k = 0; k < b->n_options; k++) {
+        const bt_opt_desc *d = &b->options[k];
+        bt_opt_value v;
+        if (bt_opt_parse(b, d, baton_load_option(p, d->name), &v, err, errlen) != 0)
+            goto err;
+        if (!v.set)
+            continue; /* finish_after: never */
+        if (strcmp(d->name, "finish_after") == 0) {
+            m->finish_after = v.i;
+        } else if (strcmp(d->name, "n") == 0) {
+            m->n = v.i;
+        } else if (strcmp(d->name, "ms") == 0) {
+            m->ms = v.i;
+        } else if (strcmp(d->name, "device_fault") == 0) {
+            m->device_fault = v.b;
+        } else if (strcmp(d->name, "message") == 0 && !(m->message = strdup(v.s))) {
+            snprintf(err, errlen, "out of memory");
             goto err;
         }
-        int64_t v = 0;
-        if (known[k].is_int && parse_count(val, &v) != 0) {
-            snprintf(err, errlen, "option %s of backend %s must be an integer >= 0, not '%s'",
-                     key, names[kind], val);
-            goto err;
-        }
-        if (strcmp(key, "finish_after") == 0) {
-            m->finish_after = v;
-        } else if (strcmp(key, "n") == 0) {
-            m->n = v;
-        } else if (strcmp(key, "ms") == 0) {
-            m->ms = v;
-        } else if (strcmp(key, "device_fault") == 0) {
-            m->device_fault = strcmp(val, "true") == 0;
-        } else if (strcmp(key, "message") == 0) {
-            free(m->message);
-            if (!(m->message = strdup(val))) {
-                snprintf(err, errlen, "out of memory");
-                goto err;
-            }
-        }
-    }
-    if (kind == TB_FAIL && !m->message && !(m->message = strdup("failure injected by the fail "
-                                                                "backend"))) {
-        snprintf(err, errlen, "out of memory");
-        goto err;
     }
     *out = m;
     return BATON_STATUS_OK;
@@ -431,24 +409,19 @@ static void fail_execute(baton_model *m, baton_ctx *ctx, baton_item *const *item
 
 /* --- tables -------------------------------------------------------------- */
 
-static const tb_option counter_opts[] = {{"finish_after", 1}};
-static const tb_option chunks_opts[] = {{"n", 1}};
-static const tb_option sleep_opts[] = {{"ms", 1}};
-static const tb_option fail_opts[] = {{"message", 0}, {"device_fault", 0}};
-
-#define LOADER(fn, kind, opts, nopts)                                                          \
+#define LOADER(fn, kind)                                                                       \
     static baton_status fn(const baton_load_params *p, baton_model **out, char *err,           \
                            size_t errlen)                                                      \
     {                                                                                          \
-        return load_common(kind, p, opts, nopts, out, err, errlen);                            \
+        return load_common(kind, p, out, err, errlen);                                         \
     }
 
-LOADER(echo_load, TB_ECHO, NULL, 0)
-LOADER(add_load, TB_ADD, NULL, 0)
-LOADER(counter_load, TB_COUNTER, counter_opts, 1)
-LOADER(chunks_load, TB_CHUNKS, chunks_opts, 1)
-LOADER(sleep_load, TB_SLEEP, sleep_opts, 1)
-LOADER(fail_load, TB_FAIL, fail_opts, 2)
+LOADER(echo_load, TB_ECHO)
+LOADER(add_load, TB_ADD)
+LOADER(counter_load, TB_COUNTER)
+LOADER(chunks_load, TB_CHUNKS)
+LOADER(sleep_load, TB_SLEEP)
+LOADER(fail_load, TB_FAIL)
 
 #define BACKEND(var, nm, load, exec)                                                           \
     static const baton_backend var = {                                                         \

@@ -44,13 +44,14 @@
  * which takes it as its input `kv`: disaggregated serving).  The
  * finish signal is raised when the token ends generation (EOS, <|im_end|>)
  * or the session's cache is full. */
-#include <errno.h>
+#include <assert.h>
 #include <inttypes.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "backends/catalog.h"
 #include "kernels/exec.h"
 #include "backends/transformer/gguf.h"
 #include "backends/transformer/hf.h"
@@ -60,6 +61,7 @@
 #include "backends/transformer/transformer.h"
 #include "backends/transformer/tokenizer.h"
 #include "kernels/cpu/threads.h"
+#include "common/status.h"
 
 /* OpenBLAS's own control of its thread pool (cblas.h declares it only in
  * some versions). */
@@ -124,25 +126,23 @@ struct baton_session {
 
 static int bind_prefill_cache(baton_model *m, int slot);
 
+/* The name this backend is registered and declared (backends/catalog.c)
+ * under. */
+#define TF_NAME "transformer"
+
 /* ---- options --------------------------------------------------------------------- */
 
-/* Parses option KEY of P as an integer in [LO, HI]; DEF when absent. */
-static int opt_int(const baton_load_params *p, const char *key, long def, long lo, long hi,
-                   long *out, char *err, size_t errlen)
+/* Option NAME of P into *V: as given, else its default, parsed and checked
+ * against its declaration in backends/catalog.c (the one statement of its
+ * default and of the values it may take, which --check-config applies
+ * too).  0, or a bt_err with the refusal in ERR. */
+static int opt_get(const baton_load_params *p, const char *name, bt_opt_value *v, char *err,
+                   size_t errlen)
 {
-    const char *v = baton_load_option(p, key);
-    if (!v) {
-        *out = def;
-        return 0;
-    }
-    char *end;
-    long x = strtol(v, &end, 10);
-    if (!*v || *end || x < lo || x > hi) {
-        snprintf(err, errlen, "option %s = '%s': want an integer in [%ld, %ld]", key, v, lo, hi);
-        return -1;
-    }
-    *out = x;
-    return 0;
+    const bt_backend_desc *b = bt_backend_find(TF_NAME);
+    const bt_opt_desc *d = bt_backend_option(b, name);
+    assert(d); /* the options read here are declared */
+    return bt_opt_parse(b, d, baton_load_option(p, name), v, err, errlen);
 }
 
 /* ---- reading the GGUF ------------------------------------------------------------ */
@@ -531,19 +531,81 @@ static size_t sample_bytes(const baton_model *m)
     return (size_t)m->slots * (4 * sizeof(float) + 2 * sizeof(int64_t) + sizeof(int32_t));
 }
 
-static baton_status model_load(const baton_load_params *p, baton_model **out, char *err,
-                               size_t errlen)
+/* A load runs four steps, each a function below with one contract, in
+ * this order: options (read and checked, nothing allocated), device
+ * (which one, and whether what was asked runs on it), weights (the file,
+ * the decoder's shape and this rank's share of it, the cache's geometry,
+ * the tokenizer) and compile (the group, the threads, both executables
+ * and the buffers around them).  Each fills in its part of the model and
+ * on failure returns the status with the reason in ERR; model_load then
+ * frees whatever the steps before it made. */
+
+/* The options of a load, as read in the first step. */
+typedef struct tf_options {
+    const char *path;           /* the GGUF file or HF folder (borrowed from the params) */
+    int max_seq;                /* positions of one session's cache */
+    int chunk;                  /* prefill_chunk: tokens of one prefill run, as given */
+    int32_t eos;                /* the token that ends generation; -1: the tokenizer's */
+    int threads;                /* CPU threads of a kernel; 0: the worker's */
+    const char *kv;             /* kv_dtype: auto, f16, q8_0 or f32 (borrowed) */
+    bool act_q8;                /* activations: q8 (8-bit activations, integer products) */
+    bool chat;                  /* chat_template: wrap text prompts in it */
+} tf_options;
+
+/* Step 1: the options of P into *O, each read and checked against its
+ * declaration in backends/catalog.c.  Nothing is allocated; O borrows
+ * P's strings.  BATON_STATUS_OK, or INVALID_ARGUMENT with ERR. */
+static baton_status load_options(const baton_load_params *p, tf_options *o, char *err,
+                                 size_t errlen)
 {
-    *out = NULL;
-    const char *path = baton_load_option(p, "path");
-    if (!path || !*path) {
+    o->path = baton_load_option(p, "path");
+    if (!o->path || !*o->path) {
         snprintf(err, errlen, "option path is required (a GGUF file or a Hugging Face folder)");
         return BATON_STATUS_INVALID_ARGUMENT;
     }
+    bt_opt_value max_seq, chunk, eos, threads, kv, act, chat;
+    if (opt_get(p, "max_seq", &max_seq, err, errlen) ||
+        opt_get(p, "prefill_chunk", &chunk, err, errlen) ||
+        opt_get(p, "eos", &eos, err, errlen) ||
+        opt_get(p, "threads", &threads, err, errlen) ||
+        opt_get(p, "kv_dtype", &kv, err, errlen) ||
+        opt_get(p, "chat_template", &chat, err, errlen) ||
+        opt_get(p, "activations", &act, err, errlen))
+        return BATON_STATUS_INVALID_ARGUMENT;
+    /* The catalog's ranges keep each number inside an int. */
+    o->max_seq = (int)max_seq.i;
+    o->chunk = (int)chunk.i;
+    o->eos = (int32_t)eos.i;
+    o->threads = (int)threads.i;
+    o->kv = kv.s;
+    o->act_q8 = strcmp(act.s, "q8") == 0;
+    o->chat = chat.b;
+    return BATON_STATUS_OK;
+}
+
+/* The type of the KV cache that option kv_dtype KV asks for on the CPU
+ * or a GPU.  auto: f16 on the CPU (half the memory, and half the bytes a
+ * decode step at a long context reads); f32 on a GPU, whose kernels take
+ * no other.  q8_0 (CPU only) halves them again, for a small change in the
+ * logits: an opt-in, as llama.cpp's -ctk/-ctv q8_0. */
+static kdtype cache_dtype(const char *kv, bool gpu)
+{
+    return gpu || strcmp(kv, "f32") == 0 ? KD_F32 : strcmp(kv, "q8_0") == 0 ? KD_Q8_0 : KD_F16;
+}
+
+/* Step 2: the device P names, into M->dev (NULL: the CPU) and M->ordinal,
+ * and whether the tensor parallelism and the cache type of O run there.
+ * Nothing is allocated.  BATON_STATUS_OK, or INVALID_ARGUMENT (a device
+ * name or option it cannot take) or FAILED_PRECONDITION (no such device
+ * here, or a group it cannot join) with ERR. */
+static baton_status load_device(baton_model *m, const baton_load_params *p, const tf_options *o,
+                                char *err, size_t errlen)
+{
     const kx_device *dev = NULL;
+    long ord = -1;
     if (p->device && strcmp(p->device, "cpu") != 0) {
         char *end = NULL;
-        long ord = strncmp(p->device, "cuda:", 5) == 0 ? strtol(p->device + 5, &end, 10) : -1;
+        ord = strncmp(p->device, "cuda:", 5) == 0 ? strtol(p->device + 5, &end, 10) : -1;
         if (ord < 0 || !end || *end || end == p->device + 5) {
             snprintf(err, errlen, "device %s: the transformer runs on cpu or cuda:N", p->device);
             return BATON_STATUS_INVALID_ARGUMENT;
@@ -569,38 +631,25 @@ static baton_status model_load(const baton_load_params *p, baton_model **out, ch
                                : "rank out of range");
         return BATON_STATUS_FAILED_PRECONDITION;
     }
-    long max_seq, chunk, eos, threads;
-    if (opt_int(p, "max_seq", 2048, 2, 1 << 20, &max_seq, err, errlen) ||
-        opt_int(p, "prefill_chunk", 256, 1, 1 << 16, &chunk, err, errlen) ||
-        opt_int(p, "eos", -1, -1, INT32_MAX, &eos, err, errlen) ||
-        opt_int(p, "threads", 0, 0, 1024, &threads, err, errlen))
-        return BATON_STATUS_INVALID_ARGUMENT;
-    /* auto: f16 on the CPU (half the memory, and half the bytes a decode
-     * step at a long context reads); f32 on a GPU, whose kernels take no
-     * other.  q8_0 (CPU only) halves them again, for a small change in the
-     * logits: an opt-in, as llama.cpp's -ctk/-ctv q8_0. */
-    const char *kv = baton_load_option(p, "kv_dtype");
-    if (kv && strcmp(kv, "f32") != 0 && strcmp(kv, "f16") != 0 && strcmp(kv, "q8_0") != 0 &&
-        strcmp(kv, "auto") != 0) {
-        snprintf(err, errlen, "option kv_dtype = '%s': use auto, f16, q8_0 or f32", kv);
-        return BATON_STATUS_INVALID_ARGUMENT;
-    }
-    if (dev && kv && (strcmp(kv, "f16") == 0 || strcmp(kv, "q8_0") == 0)) {
+    if (dev && (strcmp(o->kv, "f16") == 0 || strcmp(o->kv, "q8_0") == 0)) {
         snprintf(err, errlen, "option kv_dtype = '%s': the GPU kernels keep the KV cache in "
-                 "f32 (use f32 or auto)", kv);
+                 "f32 (use f32 or auto)", o->kv);
         return BATON_STATUS_INVALID_ARGUMENT;
-    }
-    kdtype kv_dt = dev || (kv && strcmp(kv, "f32") == 0) ? KD_F32
-                   : kv && strcmp(kv, "q8_0") == 0     ? KD_Q8_0
-                                                       : KD_F16;
-    baton_model *m = calloc(1, sizeof(*m));
-    if (!m) {
-        snprintf(err, errlen, "out of memory");
-        return BATON_STATUS_RESOURCE_EXHAUSTED;
     }
     m->dev = dev;
-    m->ordinal = dev ? (int)strtol(p->device + 5, NULL, 10) : -1;
-    baton_status st = BATON_STATUS_FAILED_PRECONDITION;
+    m->ordinal = dev ? (int)ord : -1;
+    return BATON_STATUS_OK;
+}
+
+/* Step 3: opens the file at O's path into M->file and reads from it the
+ * decoder's shape (this rank's share of it under tensor parallelism), the
+ * geometry of the KV cache and the tokenizer, and refuses the options the
+ * model cannot take.  BATON_STATUS_OK, or FAILED_PRECONDITION (the file)
+ * or INVALID_ARGUMENT (an option) with ERR; what was made stays in M. */
+static baton_status load_weights(baton_model *m, const baton_load_params *p,
+                                 const tf_options *o, char *err, size_t errlen)
+{
+    const char *path = o->path;
     char why[400];
     if (tf_weights_open(path, &m->file, why, sizeof(why)) != 0) {
         /* Its message names the path when the file cannot be opened. */
@@ -608,12 +657,12 @@ static baton_status model_load(const baton_load_params *p, baton_model **out, ch
             snprintf(err, errlen, "%s", why);
         else
             snprintf(err, errlen, "%s: %s", path, why);
-        goto err;
+        return BATON_STATUS_FAILED_PRECONDITION;
     }
-    m->wd = (struct wd_ctx){m->file, dev != NULL};
+    m->wd = (struct wd_ctx){m->file, m->dev != NULL};
     if (read_shape(m->file, &m->wd, &m->shape, why, sizeof(why)) != 0) {
         snprintf(err, errlen, "%s: %s", path, why);
-        goto err;
+        return BATON_STATUS_FAILED_PRECONDITION;
     }
     if (p->tp_size > 1) {
         m->tp_rank = (int)p->tp_rank;
@@ -622,32 +671,21 @@ static baton_status model_load(const baton_load_params *p, baton_model **out, ch
             (m->shape.ffn / (int)p->tp_size) % 32) {
             snprintf(err, errlen, "%s: its FFN of %d does not split into %u shards of whole "
                      "32-element blocks", path, m->shape.ffn, p->tp_size);
-            goto err;
+            return BATON_STATUS_FAILED_PRECONDITION;
         }
-#ifdef BATON_CUDA
-        /* Joins the group: returns once every rank has called it. */
-        int rc = k_cuda_comm_init_rank(&m->comm, m->ordinal, p->comm_id, p->comm_id_len,
-                                       (int)p->tp_size, (int)p->tp_rank);
-        if (rc) {
-            snprintf(err, errlen, "joining the tensor-parallel group as rank %u of %u: %s",
-                     p->tp_rank, p->tp_size, bt_strerror(rc));
-            goto err;
-        }
-#endif
     }
-    m->max_seq = (int)max_seq;
-    m->chunk = (int)(chunk < max_seq ? chunk : max_seq);
+    m->max_seq = o->max_seq;
+    m->chunk = o->chunk < o->max_seq ? o->chunk : o->max_seq;
     m->slots = (int)(p->max_batch ? p->max_batch : 1);
     m->row_floats = (size_t)m->shape.kv_heads * (size_t)m->shape.head_dim;
-    m->shape.cache = kv_dt;
-    m->row_bytes = kdtype_bytes(kv_dt, m->row_floats);
-    if (kv_dt == KD_Q8_0 && m->shape.head_dim % 32) {
+    m->shape.cache = cache_dtype(o->kv, m->dev != NULL);
+    m->row_bytes = kdtype_bytes(m->shape.cache, m->row_floats);
+    if (m->shape.cache == KD_Q8_0 && m->shape.head_dim % 32) {
         snprintf(err, errlen, "option kv_dtype = 'q8_0': it needs a head size that is a multiple "
                  "of 32, and %s's is %d", path, m->shape.head_dim);
-        st = BATON_STATUS_INVALID_ARGUMENT;
-        goto err;
+        return BATON_STATUS_INVALID_ARGUMENT;
     }
-    m->eos = (int32_t)eos;
+    m->eos = o->eos;
     uint32_t fe;
     m->file_eos = gguf_get_u32(m->file, "tokenizer.ggml.eos_token_id", &fe) == 0 ? (int32_t)fe : -1;
     /* A file without a tokenizer we read still serves token ids; text then
@@ -660,47 +698,65 @@ static baton_status model_load(const baton_load_params *p, baton_model **out, ch
         tok_vocab_destroy(m->vocab);
         m->vocab = NULL;
     }
-    const char *chat = baton_load_option(p, "chat_template");
-    m->chat = !chat || strcmp(chat, "false") != 0;
+    m->chat = o->chat;
     gguf_get_bool(m->file, "tokenizer.ggml.add_bos_token", &m->add_bos);
     if (m->eos >= m->shape.vocab) {
         snprintf(err, errlen, "eos token %d is outside the vocabulary of %d", (int)m->eos,
                  m->shape.vocab);
-        st = BATON_STATUS_INVALID_ARGUMENT;
-        goto err;
+        return BATON_STATUS_INVALID_ARGUMENT;
     }
-    const char *act = baton_load_option(p, "activations");
-    if (act && strcmp(act, "q8") != 0 && strcmp(act, "f32") != 0) {
-        snprintf(err, errlen, "option activations = '%s': use q8 (8-bit activations and integer "
-                 "products, the default) or f32", act);
-        st = BATON_STATUS_INVALID_ARGUMENT;
-        goto err;
+    return BATON_STATUS_OK;
+}
+
+/* Step 4: makes M runnable on its device: joins the tensor-parallel group
+ * (a sharded model), starts the CPU's kernel threads, compiles the
+ * prefill and decode executables over the weights, moves the prefill's
+ * cache onto the decode's, and allocates the slot table, the report and
+ * a GPU's sampling buffers.  BATON_STATUS_OK, or FAILED_PRECONDITION (the
+ * group, a graph this device cannot run) or RESOURCE_EXHAUSTED (threads,
+ * memory) with ERR; what was made stays in M. */
+static baton_status load_compile(baton_model *m, const baton_load_params *p,
+                                 const tf_options *o, char *err, size_t errlen)
+{
+    const kx_device *dev = m->dev;
+#ifdef BATON_CUDA
+    if (p->tp_size > 1) {
+        /* Joins the group: returns once every rank has called it. */
+        int rc = k_cuda_comm_init_rank(&m->comm, m->ordinal, p->comm_id, p->comm_id_len,
+                                       (int)p->tp_size, (int)p->tp_rank);
+        if (rc) {
+            snprintf(err, errlen, "joining the tensor-parallel group as rank %u of %u: %s",
+                     p->tp_rank, p->tp_size, bt_strerror(rc));
+            return BATON_STATUS_FAILED_PRECONDITION;
+        }
     }
-    int n_threads = threads > 0 ? (int)threads : p->threads > 0 ? (int)p->threads : 1;
+#endif
+    int n_threads = o->threads > 0 ? o->threads : p->threads > 0 ? (int)p->threads : 1;
     if (n_threads > 1)
         openblas_set_num_threads(n_threads);
     if (!dev) {
         int rc = kth_pool_create(n_threads, &m->pool);
         if (rc) {
             snprintf(err, errlen, "starting %d kernel threads: %s", n_threads, bt_strerror(rc));
-            st = BATON_STATUS_RESOURCE_EXHAUSTED;
-            goto err;
+            return BATON_STATUS_RESOURCE_EXHAUSTED;
         }
-        m->cpu = (kt_cpu_opts){m->pool, !act || strcmp(act, "q8") == 0};
+        m->cpu = (kt_cpu_opts){m->pool, o->act_q8};
     }
+    char why[400];
     uint64_t wb = 0;
     if (compile(m, ktf_build_prefill(&m->shape, 1, m->chunk, m->max_seq), "prefill", p,
                 &m->prefill, &wb, why, sizeof(why)) ||
         compile(m, ktf_build_decode(&m->shape, m->slots, m->max_seq), "decode", p, &m->decode,
                 &m->weight_bytes, why, sizeof(why))) {
-        snprintf(err, errlen, "%s: %s", path, why);
-        goto err;
+        snprintf(err, errlen, "%s: %s", o->path, why);
+        return BATON_STATUS_FAILED_PRECONDITION;
     }
     /* The prefill's own caches are never used (each prefill runs in its
      * session's decode slot): give their memory back now. */
     if (bind_prefill_cache(m, 0) != 0) {
-        snprintf(err, errlen, "%s: cannot share the KV cache between prefill and decode", path);
-        goto err;
+        snprintf(err, errlen, "%s: cannot share the KV cache between prefill and decode",
+                 o->path);
+        return BATON_STATUS_FAILED_PRECONDITION;
     }
     m->owner = calloc((size_t)m->slots, sizeof(*m->owner));
     m->report = make_report(m, p);
@@ -714,9 +770,28 @@ static baton_status model_load(const baton_load_params *p, baton_model **out, ch
     if (!m->owner || !m->report ||
         (dev && (!m->host_logits || !m->host_argmax || !m->hsample || !m->dsample))) {
         snprintf(err, errlen, "out of memory");
-        st = BATON_STATUS_RESOURCE_EXHAUSTED;
-        goto err;
+        return BATON_STATUS_RESOURCE_EXHAUSTED;
     }
+    return BATON_STATUS_OK;
+}
+
+static baton_status model_load(const baton_load_params *p, baton_model **out, char *err,
+                               size_t errlen)
+{
+    *out = NULL;
+    tf_options o;
+    baton_status st = load_options(p, &o, err, errlen);
+    if (st != BATON_STATUS_OK)
+        return st;
+    baton_model *m = calloc(1, sizeof(*m));
+    if (!m) {
+        snprintf(err, errlen, "out of memory");
+        return BATON_STATUS_RESOURCE_EXHAUSTED;
+    }
+    if ((st = load_device(m, p, &o, err, errlen)) != BATON_STATUS_OK ||
+        (st = load_weights(m, p, &o, err, errlen)) != BATON_STATUS_OK ||
+        (st = load_compile(m, p, &o, err, errlen)) != BATON_STATUS_OK)
+        goto err;
     *out = m;
     return BATON_STATUS_OK;
 err:
@@ -819,7 +894,7 @@ static int copy_slot(baton_model *m, kx_exec *x, int slot, void *host, int len, 
     float *stage = NULL;
     if (f32 && (!(tmp = malloc(block ? block : 1)) || !(stage = malloc(flat ? flat : 1)))) {
         free(tmp);
-        return -ENOMEM;
+        return BT_ENOMEM;
     }
     int rc = 0;
     for (int l = 0; l < m->shape.layers && !rc; l++)
@@ -967,7 +1042,7 @@ static bool device_samples(const baton_item *it)
  * ARGMAX are the executable's outputs in device memory; ITEM[r] is row
  * r's item (NULL: unused) and POS[r] its RNG counter.  The logits come to
  * the host (m->host_logits, *HOST set) only when a row needs them there:
- * host sampling, or a `logits` output.  0, BT_EDEVICE, or -ENOMEM when
+ * host sampling, or a `logits` output.  0, BT_EDEVICE, or BT_ENOMEM when
  * host sampling had no memory. */
 static int gpu_tokens(baton_model *m, const float *logits, const int32_t *argmax, int rows,
                       baton_item *const *item, const int *pos, int32_t *tok, bool *host)
@@ -1030,7 +1105,7 @@ static int gpu_tokens(baton_model *m, const float *logits, const int32_t *argmax
 
 /* The next token from LOGITS [vocab] under the item's sampling parameters
  * into *T; the RNG counter is the token's position, so a request samples
- * alike however its steps were batched.  0, or -ENOMEM. */
+ * alike however its steps were batched.  0, or BT_ENOMEM. */
 static int pick_token(const baton_model *m, const baton_item *it, const float *logits,
                       int32_t argmax, int position, int32_t *t)
 {
@@ -1308,10 +1383,12 @@ static void fail_run(const kx_exec *x, int rc, baton_ctx *ctx, baton_item *it)
 {
     int st = 0, op = kx_op_error(x, &st);
     char msg[256];
-    /* Memory running out (in an op, or sampling on the host) is the
-     * world's doing, not a fault of the model: the request may be tried
-     * again, and the worker serves on. */
-    if (rc == -ENOMEM || rc == BT_ENOMEM || st == -ENOMEM || st == BT_ENOMEM) {
+    /* What went wrong: the status of the op when the run failed in one
+     * (BT_EOP), else RC itself (the device, or sampling on the host). */
+    int cause = rc == BT_EOP ? st : rc;
+    /* Memory running out is the world's doing, not a fault of the model:
+     * the request may be tried again, and the worker serves on. */
+    if (cause == BT_ENOMEM) {
         snprintf(msg, sizeof(msg), "node '%s': out of memory%s", it->node_name,
                  op >= 0 ? " in the graph" : " sampling a token");
         ctx->fail(ctx, it, BATON_STATUS_RESOURCE_EXHAUSTED, msg);
@@ -1560,7 +1637,7 @@ static void decode_batch(baton_model *m, baton_ctx *ctx, baton_item *const *item
                 row_pos[s->slot] = s->len + 1;
             }
         if (!row_item || !row_pos)
-            rc = -ENOMEM;
+            rc = BT_ENOMEM;
         else
             rc = gpu_tokens(m, logits, argmax, rows, row_item, row_pos, m->host_argmax, &host);
         free(row_item);
@@ -1619,7 +1696,7 @@ static void execute(baton_model *m, baton_ctx *ctx, baton_item *const *items, si
 
 static const baton_backend transformer_backend = {
     .abi_version = BATON_BACKEND_ABI_VERSION,
-    .name = "transformer",
+    .name = TF_NAME,
     .model_load = model_load,
     .model_unload = model_unload,
     .model_bytes = model_bytes,

@@ -13,6 +13,7 @@
 
 #include <cmocka.h>
 
+#include "backends/catalog.h"
 #include "backends/testing/testing.h"
 #include "backends/transformer/transformer.h"
 #include "tests/unit/fake_ctx.h"
@@ -428,6 +429,55 @@ static void test_load_options(void **state)
     assert_null(bk_testing_backend("nope"));
 }
 
+/* The test backends read their options through the catalog: a load that
+ * names none gets the declared defaults, and a refusal is the catalog's,
+ * the same that `batond --check-config` gives. */
+static void test_options_from_catalog(void **state)
+{
+    (void)state;
+    const bt_backend_desc *b = bt_backend_find("chunks");
+    const bt_opt_desc *d = bt_backend_option(b, "n");
+    bt_opt_value def;
+    assert_int_equal(bt_opt_parse(b, d, NULL, &def, NULL, 0), 0);
+    baton_model *m = load("chunks", NULL, NULL, 0, BATON_STATUS_OK);
+    int32_t x = 5;
+    baton_input ins[1] = {in_t("x", BATON_DTYPE_I32, 1, (int64_t[]){1}, &x, 1)};
+    baton_output outs[1] = {{"part", 1, 0}};
+    baton_item it = {.node_name = "spread", .inputs = ins, .n_inputs = 1, .outputs = outs,
+                     .n_outputs = 1};
+    fake *f = fake_new();
+    run("chunks", m, f, &it);
+    assert_int_equal(f->n_chunks, def.i);
+    fake_free(f);
+    unload("chunks", m);
+
+    /* Out of range and not a number: the backend's message is the
+     * catalog's, word for word. */
+    static const char *const texts[] = {"-1", "three"};
+    for (size_t i = 0; i < 2; i++) {
+        const char *k[] = {"n"}, *v[] = {texts[i]};
+        baton_load_params p = {"chunks", k, v, 1, 0, 1, "cpu", 4, 1};
+        baton_model *bad = NULL;
+        char err[256] = "", want[256] = "";
+        assert_int_equal(bk_testing_backend("chunks")->model_load(&p, &bad, err, sizeof(err)),
+                         BATON_STATUS_INVALID_ARGUMENT);
+        assert_null(bad);
+        bt_opt_value ignored;
+        assert_int_not_equal(bt_opt_parse(b, d, texts[i], &ignored, want, sizeof(want)), 0);
+        assert_string_equal(err, want);
+    }
+
+    /* fail's message defaults to the declared text. */
+    const bt_backend_desc *fb = bt_backend_find("fail");
+    m = load("fail", NULL, NULL, 0, BATON_STATUS_OK);
+    f = fake_new();
+    baton_item fit = {.node_name = "boom"};
+    run("fail", m, f, &fit);
+    assert_string_equal(f->message, bt_backend_option(fb, "message")->def);
+    fake_free(f);
+    unload("fail", m);
+}
+
 static const char *plugin_path(char *buf, size_t len)
 {
     const char *build = getenv("BUILD");
@@ -525,6 +575,7 @@ int main(void)
         cmocka_unit_test(test_sleep),
         cmocka_unit_test(test_fail),
         cmocka_unit_test(test_load_options),
+        cmocka_unit_test(test_options_from_catalog),
         cmocka_unit_test(test_registry),
         cmocka_unit_test(test_plugin),
     };

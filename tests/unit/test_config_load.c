@@ -807,6 +807,35 @@ static void test_wrong_option_type(void **state)
                  7, "expected true or false for 'chat_template', got 'sometimes'");
 }
 
+/* A value of the right type that the catalog does not allow: an
+ * enumerated string outside its list, a number outside its range.  Each
+ * is reported at the value, saying what is allowed, and every one of them
+ * is reported. */
+static void test_option_not_allowed(void **state)
+{
+    (void)state;
+    static const char *const yaml = "version: 1\n"
+                                    "workers: [{name: w, device: cpu}]\n"
+                                    "models:\n"
+                                    "  - name: llm\n"
+                                    "    backend: transformer\n"
+                                    "    worker: w\n"
+                                    "    options:\n"
+                                    "      path: a.gguf\n"
+                                    "      kv_dtype: q4\n"
+                                    "      activations: f16\n"
+                                    "      max_seq: 1\n"
+                                    "      threads: 2000\n"
+                                    "  - {name: c, backend: chunks, worker: w, options: {n: -3}}\n";
+    size_t n = expect_error(yaml, 9, "option kv_dtype = 'q4': use auto, f16, q8_0 or f32 "
+                                     "(backend 'transformer')");
+    assert_int_equal(n, 5);
+    expect_error(yaml, 10, "option activations = 'f16': use q8 or f32 (backend 'transformer')");
+    expect_error(yaml, 11, "option max_seq = '1': want an integer in [2, 1048576]");
+    expect_error(yaml, 12, "option threads = '2000': want an integer in [0, 1024]");
+    expect_error(yaml, 13, "option n = '-3': want an integer >= 0 (backend 'chunks')");
+}
+
 static void test_missing_required_option(void **state)
 {
     (void)state;
@@ -1090,6 +1119,7 @@ int main(void)
         cmocka_unit_test(test_unknown_backend),
         cmocka_unit_test(test_unknown_option),
         cmocka_unit_test(test_wrong_option_type),
+        cmocka_unit_test(test_option_not_allowed),
         cmocka_unit_test(test_missing_required_option),
         cmocka_unit_test(test_section_with_two_keys),
         cmocka_unit_test(test_section_without_kind),

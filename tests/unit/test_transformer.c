@@ -27,6 +27,7 @@
 #include "tests/unit/failalloc.h"
 #include "tests/unit/skip.h"
 
+#include "backends/catalog.h"
 #include "backends/transformer/transformer.h"
 #ifdef BATON_CUDA
 #include "kernels/kernels.h"
@@ -1030,6 +1031,69 @@ static void test_bad_loads(void **state)
     unlink(path);
 }
 
+/* The options come from backends/catalog.c: a load that names none but
+ * the path gets the declared defaults (the report shows them), and a value
+ * the catalog does not allow is refused with the catalog's own words, the
+ * ones `batond --check-config` prints. */
+static void test_options_from_catalog(void **state)
+{
+    (void)state;
+    if (!have_model())
+        skip();
+    const bt_backend_desc *b = bt_backend_find("transformer");
+    assert_non_null(b);
+    static const struct {
+        const char *key, *value;
+    } bad[] = {
+        {"kv_dtype", "q4"},  {"activations", "f16"}, {"max_seq", "1"},
+        {"prefill_chunk", "0"}, {"eos", "-2"},     {"threads", "1025"},
+        {"chat_template", "yes"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        const char *const kv[] = {"path", MODEL, bad[i].key, bad[i].value, NULL};
+        char err[512] = "", want[512] = "";
+        assert_int_equal(load_fails(kv, err, sizeof(err)), BATON_STATUS_INVALID_ARGUMENT);
+        bt_opt_value v;
+        assert_int_not_equal(bt_opt_parse(b, bt_backend_option(b, bad[i].key), bad[i].value, &v,
+                                          want, sizeof(want)), 0);
+        assert_string_equal(err, want);
+    }
+
+    /* Only the path: every other option takes its declared default. */
+    bt_opt_value seq, chunk, kv, act, chat;
+    assert_int_equal(bt_opt_parse(b, bt_backend_option(b, "max_seq"), NULL, &seq, NULL, 0), 0);
+    assert_int_equal(bt_opt_parse(b, bt_backend_option(b, "prefill_chunk"), NULL, &chunk, NULL,
+                                  0), 0);
+    assert_int_equal(bt_opt_parse(b, bt_backend_option(b, "kv_dtype"), NULL, &kv, NULL, 0), 0);
+    assert_int_equal(bt_opt_parse(b, bt_backend_option(b, "activations"), NULL, &act, NULL, 0),
+                     0);
+    assert_int_equal(bt_opt_parse(b, bt_backend_option(b, "chat_template"), NULL, &chat, NULL,
+                                  0), 0);
+    assert_string_equal(kv.s, "auto");
+    assert_string_equal(act.s, "q8");
+    const char *keys[] = {"path"}, *vals[] = {MODEL};
+    baton_load_params p = {"llm", keys, vals, 1, 0, 1, "cpu", 1, 1, NULL, 1, 1};
+    baton_model *m = NULL;
+    char err[512] = "";
+    if (B->model_load(&p, &m, err, sizeof(err)) != BATON_STATUS_OK)
+        fail_msg("model_load with defaults: %s", err);
+    int need = B->model_describe(m, NULL, 0);
+    char *text = malloc((size_t)need + 1);
+    assert_non_null(text);
+    B->model_describe(m, text, (size_t)need + 1);
+    char want[128];
+    /* auto on a CPU is f16; q8 is the 8-bit activations. */
+    snprintf(want, sizeof(want), "KV cache f16, 1 slots x %lld positions", (long long)seq.i);
+    if (!strstr(text, want))
+        fail_msg("'%s' not in the report:\n%s", want, text);
+    assert_non_null(strstr(text, "activations 8-bit"));
+    snprintf(want, sizeof(want), "prefill (bucket of %lld tokens)", (long long)chunk.i);
+    assert_non_null(strstr(text, want));
+    assert_non_null(strstr(text, chat.b ? "chat template on" : "chat template off"));
+    free(text);
+    B->model_unload(m);
+}
+
 /* The load report carries each executable's schedule line and arena. */
 static void test_describe(void **state)
 {
@@ -1084,6 +1148,7 @@ int main(void)
         cmocka_unit_test(test_text_prompt),
         cmocka_unit_test(test_bad_loads),
         cmocka_unit_test(test_describe),
+        cmocka_unit_test(test_options_from_catalog),
         cmocka_unit_test(test_tensor_parallel_matches_reference),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
