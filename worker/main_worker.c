@@ -225,10 +225,7 @@ int main(int argc, char **argv)
      * that matches neither. */
     const cfg_profile *cp = cfg_worker_profile(cfg, cw);
     if (cp)
-        opt.profile = (baton_device_profile){cp->name, cp->memory_bandwidth_gbps,
-                                             cp->memory_efficiency, cp->tflops,
-                                             cp->comm_bandwidth_gbps, cp->comm_efficiency,
-                                             cp->sync_overhead_us};
+        opt.profile = *cp;
     /* With daemon.curve every worker has a key pair: batond's pipe gives
      * the ones it spawns theirs, one started by hand reads its `key:`.  It
      * is the client key towards a tcp workers endpoint, and the server key

@@ -406,15 +406,11 @@ static int compile(baton_model *m, kg_graph *g, const char *what, const baton_lo
         kg_destroy(g);
         return -1;
     }
-    ks_profile prof;
+    /* The worker's profile is the scheduler's type (kernels/sched.h), used
+     * as it is while the load lasts. */
     const ks_profile *use = ks_profile_builtin(m->dev ? "h100" : "cpu");
-    if (p->profile && p->profile->memory_bandwidth_gbps > 0 && p->profile->tflops > 0) {
-        prof = (ks_profile){p->profile->name, p->profile->memory_bandwidth_gbps,
-                            p->profile->memory_efficiency, p->profile->tflops,
-                            p->profile->comm_bandwidth_gbps, p->profile->comm_efficiency,
-                            p->profile->sync_overhead_us};
-        use = &prof;
-    }
+    if (p->profile && p->profile->memory_bandwidth_gbps > 0 && p->profile->tflops > 0)
+        use = p->profile;
     kx_op_table ops;
     if (m->dev) {
         kt_cuda_ops(&ops);
