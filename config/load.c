@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 
 #include "common/status.h"
+#include "common/vec.h"
 #include "config/config.h"
 #include "config/load_internal.h"
 #include "config/yaml_tree.h"
@@ -737,13 +738,10 @@ int cfg_load_file(const char *path, bt_diag *diag, cfg_config **out)
                 rc = BT_ECONFIG;
                 goto err;
             }
-            char *nb = realloc(buf, cap * 2);
-            if (!nb) {
+            if (BT_RESERVE(buf, len, cap, 1) < 0) {
                 rc = BT_ENOMEM;
                 goto err;
             }
-            buf = nb;
-            cap *= 2;
         }
     }
     fclose(f);

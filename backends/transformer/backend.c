@@ -60,6 +60,7 @@
 #include "backends/transformer/transformer.h"
 #include "backends/transformer/tokenizer.h"
 #include "kernels/cpu/threads.h"
+#include "common/vec.h"
 
 /* OpenBLAS's own control of its thread pool (cblas.h declares it only in
  * some versions). */
@@ -1162,22 +1163,19 @@ static int32_t *encode_conv(baton_model *m, baton_ctx *ctx, baton_item *it,
                             const uint8_t *bytes, size_t len, size_t *n)
 {
     char msg[256];
-    size_t cap = 8, count = 0;
+    size_t cap = 0, count = 0;
     uint64_t at = 0;
     baton_chat_turn turn;
-    tok_turn *turns = malloc(cap * sizeof(*turns));
+    tok_turn *turns = NULL;
     int32_t *ids = NULL;
-    int rc = 0;
-    while (turns && (rc = baton_chat_next(bytes, len, &at, &turn)) == 1) {
-        if (count == cap) {
-            tok_turn *g = realloc(turns, 2 * cap * sizeof(*turns));
-            if (!g)
-                break;
-            turns = g, cap *= 2;
-        }
+    int rc;
+    /* A turn read but not stored (out of memory) leaves rc at 1. */
+    while ((rc = baton_chat_next(bytes, len, &at, &turn)) == 1) {
+        if (BT_RESERVE(turns, count, cap, 8))
+            break;
         turns[count++] = (tok_turn){turn.role, turn.role_len, turn.content, turn.content_len};
     }
-    if (!turns || rc == 1) {
+    if (rc == 1) {
         ctx->fail(ctx, it, BATON_STATUS_RESOURCE_EXHAUSTED, "out of memory");
         goto out;
     }
