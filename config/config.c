@@ -1,5 +1,6 @@
-/* A loaded config: look-ups, the built-in device profiles, the check of
- * runtime paths for --check-config, and destruction.  The bottom of the
+/* A loaded config: look-ups (a device profile not under devices: is the
+ * scheduler's built-in one), the check of runtime paths for
+ * --check-config, and destruction.  The bottom of the
  * config layers (load_internal.h): it calls none of the loaders. */
 #include <errno.h>
 #include <stdbool.h>
