@@ -10,6 +10,7 @@
 #include <zmq.h>
 
 #include "common/curve.h"
+#include "common/vec.h"
 
 /* A key file is one line; anything much longer is the wrong file. */
 #define KEY_FILE_MAX 512
@@ -368,14 +369,8 @@ static int keyset_add_raw(bt_curve_keyset *s, const uint8_t key[32])
 {
     if (bt_curve_keyset_contains(s, key))
         return 0;
-    if (s->n == s->cap) {
-        size_t cap = s->cap ? s->cap * 2 : 8;
-        uint8_t(*nk)[32] = realloc(s->keys, cap * sizeof(*nk));
-        if (!nk)
-            return BT_CURVE_ENOMEM;
-        s->keys = nk;
-        s->cap = cap;
-    }
+    if (BT_RESERVE(s->keys, s->n, s->cap, 8))
+        return BT_CURVE_ENOMEM;
     memcpy(s->keys[s->n++], key, 32);
     return 0;
 }

@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/vec.h"
+
 static const char oom_message[] = "out of memory while reporting an error";
 
 bt_diag *bt_diag_create(const char *file)
@@ -33,18 +35,12 @@ void bt_diag_destroy(bt_diag *d)
 
 void bt_diag_add(bt_diag *d, bt_diag_level level, int line, int col, const char *fmt, ...)
 {
-    if (d->n == d->cap) {
-        size_t cap = d->cap ? d->cap * 2 : 16;
-        bt_diag_item *items = realloc(d->items, cap * sizeof(*items));
-        if (!items) {
-            /* Keep the count right even if the text is lost: callers decide
-             * success on n_errors. */
-            if (level == BT_DIAG_ERROR)
-                d->n_errors++;
-            return;
-        }
-        d->items = items;
-        d->cap = cap;
+    if (BT_RESERVE(d->items, d->n, d->cap, 16) < 0) {
+        /* Keep the count right even if the text is lost: callers decide
+         * success on n_errors. */
+        if (level == BT_DIAG_ERROR)
+            d->n_errors++;
+        return;
     }
     va_list ap;
     va_start(ap, fmt);

@@ -6,6 +6,7 @@
 #include <zmq.h>
 
 #include "common/status.h"
+#include "common/vec.h"
 
 typedef struct ev_entry {
     void *socket;
@@ -18,7 +19,8 @@ typedef struct ev_entry {
 struct evloop {
     ev_entry *entries;            /* owned; index = handle */
     zmq_pollitem_t *items;        /* owned; what zmq_poll reads, one per entry */
-    size_t n, cap;                /* entries in use, allocated */
+    size_t n;                     /* entries (and items) in use, live or removed */
+    size_t cap_entries, cap_items;
     bool dirty;                   /* entries changed since items were built */
     bool stop;
     bool in_poll;                 /* callbacks are running: slots are not reused */
@@ -49,18 +51,9 @@ int evloop_add(evloop *l, void *socket, int fd, evloop_cb cb, void *arg)
             return (int)i;
         }
     }
-    if (l->n == l->cap) {
-        size_t cap = l->cap ? l->cap * 2 : 16;
-        ev_entry *e = realloc(l->entries, cap * sizeof(*e));
-        if (!e)
-            return BT_ENOMEM;
-        l->entries = e;
-        zmq_pollitem_t *it = realloc(l->items, cap * sizeof(*it));
-        if (!it)
-            return BT_ENOMEM;
-        l->items = it;
-        l->cap = cap;
-    }
+    if (BT_RESERVE(l->entries, l->n, l->cap_entries, 16) < 0 ||
+        BT_RESERVE(l->items, l->n, l->cap_items, 16) < 0)
+        return BT_ENOMEM;
     l->entries[l->n] = (ev_entry){socket, fd, cb, arg, true};
     l->dirty = true;
     return (int)l->n++;

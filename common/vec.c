@@ -1,16 +1,23 @@
 #include "common/vec.h"
 
+#include <assert.h>
 #include <stdint.h>
 #include <stdlib.h>
 
 #include "common/status.h"
 
-int bt_reserve_(void **arr, size_t n, size_t *cap, size_t elem, size_t first)
+int bt_grow_(void **arr, size_t n, size_t more, size_t *cap, size_t elem, size_t first)
 {
-    if (n < *cap)
-        return 0;
-    size_t want = *cap ? *cap * 2 : first;
-    if (want <= *cap || want > SIZE_MAX / elem)
+    assert(elem > 0 && first > 0);
+    if (more > SIZE_MAX - n)
+        return BT_ENOMEM;
+    size_t need = n + more, want = *cap ? *cap : first;
+    while (want < need) {
+        if (want > SIZE_MAX / 2)
+            return BT_ENOMEM;
+        want *= 2;
+    }
+    if (want > SIZE_MAX / elem)
         return BT_ENOMEM;
     void *p = realloc(*arr, want * elem);
     if (!p)

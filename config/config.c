@@ -1,8 +1,8 @@
-/* A loaded config: look-ups, the built-in device profiles, the check of
- * runtime paths for --check-config, and destruction.  The bottom of the
+/* A loaded config: look-ups (a device profile not under devices: is the
+ * scheduler's built-in one), the check of runtime paths for
+ * --check-config, and destruction.  The bottom of the
  * config layers (load_internal.h): it calls none of the loaders. */
 #include <errno.h>
-#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,44 +16,6 @@
 #include "config/load_internal.h"
 #include "kernels/sched.h"
 
-#define N_OF(a) (sizeof(a) / sizeof((a)[0]))
-
-/* The built-in profiles, as cfg_profile views of the scheduler's table
- * (kernels/sched.c, the one place their figures live), made on first use;
- * pthread_once keeps that first use safe from whichever thread comes. */
-static cfg_profile builtin_profiles[8];
-static size_t n_builtin_profiles;
-static pthread_once_t builtin_once = PTHREAD_ONCE_INIT;
-
-static void builtin_profiles_init(void)
-{
-    size_t n;
-    const ks_profile *k = ks_profile_builtins(&n);
-    for (size_t i = 0; i < n && i < N_OF(builtin_profiles); i++)
-        builtin_profiles[n_builtin_profiles++] =
-            (cfg_profile){(char *)k[i].name,        k[i].memory_bandwidth_gbps,
-                          k[i].memory_efficiency,   k[i].tflops,
-                          k[i].comm_bandwidth_gbps, k[i].comm_efficiency,
-                          k[i].sync_overhead_us,    {0, 0}};
-}
-
-const cfg_profile *cfg__builtin_profiles(size_t *n)
-{
-    pthread_once(&builtin_once, builtin_profiles_init);
-    *n = n_builtin_profiles;
-    return builtin_profiles;
-}
-
-const cfg_profile *cfg__builtin_profile(const char *name)
-{
-    size_t n;
-    const cfg_profile *all = cfg__builtin_profiles(&n);
-    for (size_t i = 0; i < n; i++)
-        if (strcmp(all[i].name, name) == 0)
-            return &all[i];
-    return NULL;
-}
-
 const cfg_profile *cfg_profile_find(const cfg_config *c, const char *name)
 {
     if (!name)
@@ -61,7 +23,9 @@ const cfg_profile *cfg_profile_find(const cfg_config *c, const char *name)
     for (size_t i = 0; c && i < c->n_profiles; i++)
         if (c->profiles[i].name && strcmp(c->profiles[i].name, name) == 0)
             return &c->profiles[i];
-    return cfg__builtin_profile(name);
+    /* The built-ins are the scheduler's table (kernels/sched.c), the one
+     * place their figures live. */
+    return ks_profile_builtin(name);
 }
 
 const cfg_profile *cfg_worker_profile(const cfg_config *c, const cfg_worker *w)
@@ -418,7 +382,7 @@ void cfg_config_destroy(cfg_config *c)
     free(c->daemon.curve_worker_keys.s);
     free(c->daemon.ipc_group);
     for (size_t i = 0; i < c->n_profiles; i++)
-        free(c->profiles[i].name);
+        free((char *)c->profiles[i].name);  /* the config's own copy */
     free(c->profiles);
     for (size_t i = 0; i < c->n_workers; i++) {
         free(c->workers[i].name);

@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "baton/backend.h"
 #include "backends/catalog.h"
 #include "common/diag.h"
 
@@ -59,18 +60,12 @@ typedef struct cfg_daemon {
     cfg_pos pos;
 } cfg_daemon;
 
-/* A cost-model profile of the scheduler (kernels/sched.h).  Missing keys keep the
- * built-in defaults of the same name where one exists, else 0. */
-typedef struct cfg_profile {
-    char *name;
-    double memory_bandwidth_gbps; /* GB/s */
-    double memory_efficiency;     /* 0..1 */
-    double tflops;                /* dense peak, TFLOP/s */
-    double comm_bandwidth_gbps;   /* GB/s per link */
-    double comm_efficiency;       /* 0..1 */
-    double sync_overhead_us;      /* cost of a cross-stream event, us */
-    cfg_pos pos;
-} cfg_profile;
+/* A cost-model profile of the scheduler: the backend ABI's struct, which
+ * kernels/sched.h (ks_profile) and the worker use too.  A `devices:` entry's
+ * name is owned by the config; a built-in's is the scheduler's table's.
+ * Missing keys keep the built-in defaults of the same name where one
+ * exists, else 0. */
+typedef baton_device_profile cfg_profile;
 
 typedef enum cfg_spawn { CFG_SPAWN_AUTO = 0, CFG_SPAWN_EXTERNAL = 1 } cfg_spawn;
 

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "common/status.h"
+#include "common/vec.h"
 
 typedef struct int_vec {
     int *v;
@@ -22,14 +23,8 @@ typedef struct int_vec {
 
 static int ivec_push(int_vec *iv, int x)
 {
-    if (iv->n == iv->cap) {
-        size_t cap = iv->cap ? iv->cap * 2 : 4;
-        int *v = realloc(iv->v, cap * sizeof(*v));
-        if (!v)
-            return BT_ENOMEM;
-        iv->v = v;
-        iv->cap = cap;
-    }
+    if (BT_RESERVE(iv->v, iv->n, iv->cap, 4) < 0)
+        return BT_ENOMEM;
     iv->v[iv->n++] = x;
     return 0;
 }
@@ -58,34 +53,16 @@ typedef struct builder {
 #define ERR(b, pos, ...) bt_diag_error((b)->diag, (pos).line, (pos).col, __VA_ARGS__)
 #define WARN(b, pos, ...) bt_diag_warn((b)->diag, (pos).line, (pos).col, __VA_ARGS__)
 
-static void *grow(void *p, size_t *cap, size_t n, size_t elem, int *oom)
-{
-    if (n < *cap)
-        return p;
-    size_t c = *cap ? *cap * 2 : 8;
-    void *q = realloc(p, c * elem);
-    if (!q) {
-        *oom = 1;
-        return NULL;
-    }
-    memset((char *)q + *cap * elem, 0, (c - *cap) * elem);
-    *cap = c;
-    return q;
-}
-
 static int add_section(builder *b, cfg_section_kind kind, int parent)
 {
     graph *g = b->g;
-    graph_section *s = grow(g->sections, &b->cap_sections, g->n_sections, sizeof(*s), &b->oom);
-    if (!s)
+    if (BT_RESERVE(g->sections, g->n_sections, b->cap_sections, 8) < 0) {
+        b->oom = 1;
         return -1;
-    g->sections = s;
+    }
     int idx = (int)g->n_sections++;
-    s[idx].kind = kind;
-    s[idx].parent = parent;
-    s[idx].entity = -1;
-    s[idx].first = (int)g->n_entities;
-    s[idx].last = -1;
+    g->sections[idx] = (graph_section){
+        .kind = kind, .parent = parent, .entity = -1, .first = (int)g->n_entities, .last = -1};
     return idx;
 }
 
@@ -94,10 +71,12 @@ static int add_entity(builder *b, graph_entity_kind kind, const cfg_section *cs,
 {
     graph *g = b->g;
     size_t cap = b->cap_entities;
-    graph_entity *e = grow(g->entities, &b->cap_entities, g->n_entities, sizeof(*e), &b->oom);
-    if (!e)
+    if (BT_RESERVE(g->entities, g->n_entities, b->cap_entities, 8) < 0) {
+        b->oom = 1;
         return -1;
-    g->entities = e;
+    }
+    graph_entity *e = g->entities;
+    /* entity_cfg follows entities, to the same capacity. */
     if (b->cap_entities != cap) {
         const cfg_section **ec = realloc(b->entity_cfg, b->cap_entities * sizeof(*ec));
         if (!ec) {
@@ -108,6 +87,7 @@ static int add_entity(builder *b, graph_entity_kind kind, const cfg_section *cs,
     }
     int idx = (int)g->n_entities++;
     graph_entity *en = &e[idx];
+    *en = (graph_entity){0};
     en->kind = kind;
     en->name = kind == GRAPH_NODE ? cs->u.node.name : cs->u.loop.name;
     en->parent_loop = parent_loop;
@@ -191,15 +171,13 @@ static int add_value(builder *b, int producer, const char *name, graph_value_rol
         if (g->values[i].producer == producer && g->values[i].role == role &&
             strcmp(g->values[i].name, name) == 0)
             return (int)i;
-    graph_value *v = grow(g->values, &b->cap_values, g->n_values, sizeof(*v), &b->oom);
-    if (!v)
+    if (BT_RESERVE(g->values, g->n_values, b->cap_values, 8) < 0) {
+        b->oom = 1;
         return -1;
-    g->values = v;
+    }
     int idx = (int)g->n_values++;
-    v[idx].name = name;
-    v[idx].producer = producer;
-    v[idx].role = role;
-    v[idx].source = -1;
+    g->values[idx] =
+        (graph_value){.name = name, .producer = producer, .role = role, .source = -1};
     return idx;
 }
 
@@ -449,11 +427,11 @@ static void add_edge(builder *b, int producer, int value, const cfg_edge *ce)
         if (backward)
             e.must_nonzero |= 1u << (e.common_depth - 1);
     }
-    graph_edge *es = grow(g->edges, &b->cap_edges, g->n_edges, sizeof(*es), &b->oom);
-    if (!es)
+    if (BT_RESERVE(g->edges, g->n_edges, b->cap_edges, 8) < 0) {
+        b->oom = 1;
         return;
-    g->edges = es;
-    es[g->n_edges++] = e;
+    }
+    g->edges[g->n_edges++] = e;
     return;
 reject:
     /* The input had a producer, just a wrong one: one error is enough. */
@@ -972,12 +950,10 @@ static int partition(graph_set *gs, bt_diag *diag)
             int to = g->entities[e->consumer].u.node.worker;
             if (from < 0 || to < 0 || from == to)
                 continue;
-            graph_transfer *t = grow(gs->transfers, &cap, gs->n_transfers, sizeof(*t), &rc);
-            if (!t)
+            if ((rc = BT_RESERVE(gs->transfers, gs->n_transfers, cap, 8)))
                 break;
-            gs->transfers = t;
-            t[gs->n_transfers++] = (graph_transfer){(int)gi, (int)ei, -1, from, to,
-                                                    transfer_kind(cfg, local_host, from, to)};
+            gs->transfers[gs->n_transfers++] = (graph_transfer){
+                (int)gi, (int)ei, -1, from, to, transfer_kind(cfg, local_host, from, to)};
         }
         /* A graph input lands on the worker of its first consumer; the
          * others read it from there. */
@@ -997,13 +973,10 @@ static int partition(graph_set *gs, bt_diag *diag)
                     }
                     if (w == home)
                         continue;
-                    graph_transfer *t = grow(gs->transfers, &cap, gs->n_transfers, sizeof(*t),
-                                             &rc);
-                    if (!t)
+                    if ((rc = BT_RESERVE(gs->transfers, gs->n_transfers, cap, 8)))
                         break;
-                    gs->transfers = t;
-                    t[gs->n_transfers++] = (graph_transfer){(int)gi, -1, (int)k, home, w,
-                                                            transfer_kind(cfg, local_host, home, w)};
+                    gs->transfers[gs->n_transfers++] = (graph_transfer){
+                        (int)gi, -1, (int)k, home, w, transfer_kind(cfg, local_host, home, w)};
                 }
             }
         }

@@ -16,9 +16,11 @@
 #include <sys/stat.h>
 
 #include "common/status.h"
+#include "common/vec.h"
 #include "config/config.h"
 #include "config/load_internal.h"
 #include "config/yaml_tree.h"
+#include "kernels/sched.h"
 
 #define N_OF(a) (sizeof(a) / sizeof((a)[0]))
 
@@ -232,8 +234,7 @@ static void load_profile(cfg__loader *l, const yt_node *v, cfg_profile *p)
     const yt_node *f[N_OF(keys)];
     char ctx[96];
 
-    p->pos = cfg__pos(v);
-    const cfg_profile *def = cfg__builtin_profile(p->name);
+    const cfg_profile *def = ks_profile_builtin(p->name);
     if (def) {
         p->memory_bandwidth_gbps = def->memory_bandwidth_gbps;
         p->memory_efficiency = def->memory_efficiency;
@@ -276,8 +277,10 @@ static void load_devices(cfg__loader *l, const yt_node *v)
     for (size_t i = 0; i < v->n_pairs; i++) {
         const yt_node *key = v->pairs[i].key;
         cfg_profile *p = &c->profiles[c->n_profiles];
-        if (!cfg__str(l, key, "devices", &p->name))
+        char *name = NULL;  /* cfg__str frees what *out held */
+        if (!cfg__str(l, key, "devices", &name))
             continue;
+        p->name = name;  /* owned by the config: cfg_config_destroy frees it */
         c->n_profiles++;
         cfg__names_add(l, &seen, p->name, cfg__pos(key), "profile");
         load_profile(l, v->pairs[i].value, p);
@@ -395,7 +398,7 @@ static void load_worker(cfg__loader *l, const yt_node *v, cfg_worker *w, cfg__na
         for (size_t i = 0; i < l->c->n_profiles && n < N_OF(names); i++)
             names[n++] = l->c->profiles[i].name;
         size_t n_builtin;
-        const cfg_profile *builtin = cfg__builtin_profiles(&n_builtin);
+        const cfg_profile *builtin = ks_profile_builtins(&n_builtin);
         for (size_t i = 0; i < n_builtin && n < N_OF(names); i++)
             names[n++] = builtin[i].name;
         const char *hint = bt_suggest(w->profile, names, n);
@@ -735,13 +738,10 @@ int cfg_load_file(const char *path, bt_diag *diag, cfg_config **out)
                 rc = BT_ECONFIG;
                 goto err;
             }
-            char *nb = realloc(buf, cap * 2);
-            if (!nb) {
+            if (BT_RESERVE(buf, len, cap, 1) < 0) {
                 rc = BT_ENOMEM;
                 goto err;
             }
-            buf = nb;
-            cap *= 2;
         }
     }
     fclose(f);

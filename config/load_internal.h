@@ -76,10 +76,6 @@ const char *cfg__peek_name(const yt_node *map);
 
 /* ---- config.c ---------------------------------------------------------- */
 
-/* The built-in cost-model profiles: h100, h200, cpu (kernels/sched.c). */
-const cfg_profile *cfg__builtin_profiles(size_t *n);
-const cfg_profile *cfg__builtin_profile(const char *name);
-
 /* Frees what an option owns and zeroes it. */
 void cfg__option_clear(cfg_option *o);
 

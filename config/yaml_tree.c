@@ -11,6 +11,7 @@
 #include <yaml.h>
 
 #include "common/status.h"
+#include "common/vec.h"
 
 /* ---- building the tree ---- */
 
@@ -96,20 +97,6 @@ static yt_node *node_new(builder *b, yt_kind kind, const yaml_mark_t *mark)
     return n;
 }
 
-/* Grows *ARR (of *CAP elements of SIZE) to hold one more than N. */
-static int grow(void **arr, size_t *cap, size_t n, size_t size)
-{
-    if (n < *cap)
-        return 0;
-    size_t c = *cap ? *cap * 2 : 4;
-    void *p = realloc(*arr, c * size);
-    if (!p)
-        return BT_ENOMEM;
-    *arr = p;
-    *cap = c;
-    return 0;
-}
-
 /* Hangs N under the innermost open collection (or makes it the root).  N is
  * owned by the tree afterwards, even when this fails. */
 static int attach(builder *b, yt_node *n)
@@ -121,7 +108,7 @@ static int attach(builder *b, yt_node *n)
     }
     yt_node *p = b->open[b->depth - 1];
     if (p->kind == YT_SEQ) {
-        if (grow((void **)&p->items, &p->cap, p->n_items, sizeof(*p->items)) != 0)
+        if (BT_RESERVE(p->items, p->n_items, p->cap, 4) != 0)
             goto oom;
         p->items[p->n_items++] = n;
         return 0;
@@ -132,7 +119,7 @@ static int attach(builder *b, yt_node *n)
         p->pairs[p->n_pairs - 1].value = n;
         return 0;
     }
-    if (grow((void **)&p->pairs, &p->cap, p->n_pairs, sizeof(*p->pairs)) != 0)
+    if (BT_RESERVE(p->pairs, p->n_pairs, p->cap, 4) != 0)
         goto oom;
     p->pairs[p->n_pairs].key = n;
     p->pairs[p->n_pairs].value = NULL;
@@ -146,7 +133,7 @@ oom:
 
 static int add_anchor(builder *b, char *name, yt_node *n)
 {
-    if (grow((void **)&b->anchors, &b->cap_anchors, b->n_anchors, sizeof(*b->anchors)) != 0) {
+    if (BT_RESERVE(b->anchors, b->n_anchors, b->cap_anchors, 4) != 0) {
         free(name);
         b->rc = BT_ENOMEM;
         return BT_ENOMEM;

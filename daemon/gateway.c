@@ -21,6 +21,7 @@
 #include "baton/client.h"
 #include "common/log.h"
 #include "common/status.h"
+#include "common/vec.h"
 #include "daemon/gateway.h"
 #include "daemon/openai.h"
 
@@ -218,15 +219,8 @@ typedef struct gw_chat {
 
 static int text_add(gw_chat *ch, const uint8_t *p, size_t n)
 {
-    if (ch->len + n + 1 > ch->cap) {
-        size_t cap = ch->cap ? ch->cap : 256;
-        while (cap < ch->len + n + 1)
-            cap *= 2;
-        char *t = realloc(ch->text, cap);
-        if (!t)
-            return BT_ENOMEM;
-        ch->text = t, ch->cap = cap;
-    }
+    if (BT_RESERVE_N(ch->text, ch->len, ch->cap, n + 1, 256) < 0)
+        return BT_ENOMEM;
     memcpy(ch->text + ch->len, p, n);
     ch->len += n;
     ch->text[ch->len] = 0;
@@ -580,16 +574,9 @@ static void body_add(gw_conn *hc, const char *data, size_t n, uint32_t max)
         hc->too_big = true;
         return;
     }
-    if (hc->len + n + 1 > hc->cap) {
-        size_t cap = hc->cap ? hc->cap * 2 : 4096;
-        while (cap < hc->len + n + 1)
-            cap *= 2;
-        char *b = realloc(hc->body, cap);
-        if (!b) {
-            hc->too_big = true;
-            return;
-        }
-        hc->body = b, hc->cap = cap;
+    if (BT_RESERVE_N(hc->body, hc->len, hc->cap, n + 1, 4096) < 0) {
+        hc->too_big = true;
+        return;
     }
     memcpy(hc->body + hc->len, data, n);
     hc->len += n;

@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/vec.h"
+
 kg_graph *kg_create(void)
 {
     return calloc(1, sizeof(kg_graph));
@@ -21,26 +23,12 @@ void kg_destroy(kg_graph *g)
     free(g);
 }
 
-/* Grows *ARR (of element size ES) so it holds at least N+1 elements. */
-static int grow(void **arr, size_t *cap, size_t n, size_t es)
-{
-    if (n < *cap)
-        return 0;
-    size_t nc = *cap ? *cap * 2 : 16;
-    void *p = realloc(*arr, nc * es);
-    if (!p)
-        return BT_ENOMEM;
-    *arr = p;
-    *cap = nc;
-    return 0;
-}
-
 int kg_value_add(kg_graph *g, const char *name, kg_kind kind, kdtype dtype, int ndim,
                  const int64_t *shape)
 {
     if (!g || ndim < 0 || ndim > KG_MAX_DIMS || (ndim > 0 && !shape) || kind > KG_HANDLE)
         return BT_EINVAL;
-    if (grow((void **)&g->values, &g->cap_values, g->n_values, sizeof(kg_value)))
+    if (BT_RESERVE(g->values, g->n_values, g->cap_values, 16))
         return BT_ENOMEM;
     kg_value *v = &g->values[g->n_values];
     memset(v, 0, sizeof(*v));
@@ -94,7 +82,7 @@ int kg_op_add(kg_graph *g, kop op, const int *in, int n_in, const int *out, int 
             if (out[j] == out[i])
                 return BT_EREDEF;
     }
-    if (grow((void **)&g->ops, &g->cap_ops, g->n_ops, sizeof(kg_op)))
+    if (BT_RESERVE(g->ops, g->n_ops, g->cap_ops, 16))
         return BT_ENOMEM;
     kg_op *o = &g->ops[g->n_ops];
     memset(o, 0, sizeof(*o));

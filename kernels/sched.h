@@ -24,22 +24,18 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "baton/backend.h"
 #include "kernels/graph.h"
 
 #define KS_MIN_COST_S 1e-6  /* floor on every op's cost, seconds */
 #define KS_MAX_STREAMS 8
 
-/* A device profile: the fields of the YAML `devices:` entries
- * (config/config.h cfg_profile), in the same units. */
-typedef struct ks_profile {
-    const char *name;
-    double memory_bandwidth_gbps; /* GB/s */
-    double memory_efficiency;     /* 0..1 */
-    double tflops;                /* dense peak, TFLOP/s */
-    double comm_bandwidth_gbps;   /* GB/s per link */
-    double comm_efficiency;       /* 0..1 */
-    double sync_overhead_us;      /* cost of a cross-stream event, us */
-} ks_profile;
+/* A device profile is the backend ABI's (include/baton/backend.h, the
+ * bottom layer): the ABI, the YAML `devices:` entries (config/config.h
+ * cfg_profile) and the cost model share its one definition, so a profile
+ * passes from the config through the worker to a backend and into the
+ * scheduler without a copy field by field. */
+typedef baton_device_profile ks_profile;
 
 /* The built-in profile "cpu", "h100" or "h200", or NULL; sched.c says
  * where their figures come from.  ks_profile_builtins lists them all. */

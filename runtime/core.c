@@ -184,15 +184,9 @@ void rtc_release_stray(rt_runtime *rt, uint64_t req, int gi, const rt_tensor *ts
 
 int tvec_push(rt_runtime *rt, rt_request *r, tvec *v, rt_tensor t)
 {
-    if (v->n == v->cap) {
-        uint32_t cap = v->cap ? v->cap * 2 : 2;
-        rt_tensor *nt = realloc(v->t, cap * sizeof(*nt));
-        if (!nt) {
-            rt->oom = 1;
-            return BT_ENOMEM;
-        }
-        v->t = nt;
-        v->cap = cap;
+    if (BT_RESERVE(v->t, v->n, v->cap, 2) < 0) {
+        rt->oom = 1;
+        return BT_ENOMEM;
     }
     v->t[v->n++] = t;
     rtc_ref(rt, r, t);

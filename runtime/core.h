@@ -25,7 +25,8 @@
  * when the last list that names it lets go. */
 typedef struct tvec {
     rt_tensor *t;
-    uint32_t n, cap;
+    uint32_t n;           /* tensors in T */
+    size_t cap;           /* tensors allocated (BT_RESERVE, common/vec.h) */
 } tvec;
 
 /* Per-request reference counts, keyed by (worker, id). */

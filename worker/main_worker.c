@@ -191,10 +191,7 @@ static wk_options worker_options(const cmdline *cl, const cfg_config *cfg, const
      * that matches neither. */
     const cfg_profile *cp = cfg_worker_profile(cfg, cw);
     if (cp)
-        opt.profile = (baton_device_profile){cp->name, cp->memory_bandwidth_gbps,
-                                             cp->memory_efficiency, cp->tflops,
-                                             cp->comm_bandwidth_gbps, cp->comm_efficiency,
-                                             cp->sync_overhead_us};
+        opt.profile = *cp;
     return opt;
 }
 

@@ -45,6 +45,7 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "common/u64map.h"
+#include "common/vec.h"
 #include "common/zapwire.h"
 #include "proto/baton.pb-c.h"
 
@@ -405,14 +406,8 @@ static void peer_lose(wk_xfer *x, xfer_peer *p, const char *why)
     while (u64map_next(&x->pulls, &pos, &id, &val)) {
         if (((xfer_pull *)val)->peer != p)
             continue;
-        if (n == cap) {
-            size_t nc = cap ? 2 * cap : 16;
-            uint64_t *g = realloc(ids, nc * sizeof(*g));
-            if (!g)
-                break; /* the rest time out instead */
-            ids = g;
-            cap = nc;
-        }
+        if (BT_RESERVE(ids, n, cap, 16) != 0)
+            break; /* the rest time out instead */
         ids[n++] = id;
     }
     char msg[512];

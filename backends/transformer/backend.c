@@ -62,6 +62,7 @@
 #include "backends/transformer/tokenizer.h"
 #include "kernels/cpu/threads.h"
 #include "common/status.h"
+#include "common/vec.h"
 
 /* OpenBLAS's own control of its thread pool (cblas.h declares it only in
  * some versions). */
@@ -406,15 +407,11 @@ static int compile(baton_model *m, kg_graph *g, const char *what, const baton_lo
         kg_destroy(g);
         return -1;
     }
-    ks_profile prof;
+    /* The worker's profile is the scheduler's type (kernels/sched.h), used
+     * as it is while the load lasts. */
     const ks_profile *use = ks_profile_builtin(m->dev ? "h100" : "cpu");
-    if (p->profile && p->profile->memory_bandwidth_gbps > 0 && p->profile->tflops > 0) {
-        prof = (ks_profile){p->profile->name, p->profile->memory_bandwidth_gbps,
-                            p->profile->memory_efficiency, p->profile->tflops,
-                            p->profile->comm_bandwidth_gbps, p->profile->comm_efficiency,
-                            p->profile->sync_overhead_us};
-        use = &prof;
-    }
+    if (p->profile && p->profile->memory_bandwidth_gbps > 0 && p->profile->tflops > 0)
+        use = p->profile;
     kx_op_table ops;
     if (m->dev) {
         kt_cuda_ops(&ops);
@@ -1241,22 +1238,19 @@ static int32_t *encode_conv(baton_model *m, baton_ctx *ctx, baton_item *it,
                             const uint8_t *bytes, size_t len, size_t *n)
 {
     char msg[256];
-    size_t cap = 8, count = 0;
+    size_t cap = 0, count = 0;
     uint64_t at = 0;
     baton_chat_turn turn;
-    tok_turn *turns = malloc(cap * sizeof(*turns));
+    tok_turn *turns = NULL;
     int32_t *ids = NULL;
-    int rc = 0;
-    while (turns && (rc = baton_chat_next(bytes, len, &at, &turn)) == 1) {
-        if (count == cap) {
-            tok_turn *g = realloc(turns, 2 * cap * sizeof(*turns));
-            if (!g)
-                break;
-            turns = g, cap *= 2;
-        }
+    int rc;
+    /* A turn read but not stored (out of memory) leaves rc at 1. */
+    while ((rc = baton_chat_next(bytes, len, &at, &turn)) == 1) {
+        if (BT_RESERVE(turns, count, cap, 8))
+            break;
         turns[count++] = (tok_turn){turn.role, turn.role_len, turn.content, turn.content_len};
     }
-    if (!turns || rc == 1) {
+    if (rc == 1) {
         ctx->fail(ctx, it, BATON_STATUS_RESOURCE_EXHAUSTED, "out of memory");
         goto out;
     }

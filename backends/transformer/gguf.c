@@ -23,6 +23,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/vec.h"
+
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "gguf.c reads the file's little-endian fields with memcpy; port it first"
 #endif
@@ -956,25 +958,9 @@ int gguf_build_create(gguf_file **out)
     return 0;
 }
 
-/* Makes room for one more element of ELEM bytes in *ARR (CAP allocated,
- * USED in use), doubling, so that a file of many tensors is built in
- * amortised linear time. */
-static int grow(void **arr, size_t *cap, size_t used, size_t elem)
-{
-    if (used < *cap)
-        return 0;
-    size_t n = *cap ? 2 * *cap : 16;
-    void *p = realloc(*arr, n * elem);
-    if (!p)
-        return BT_ENOMEM;
-    *arr = p;
-    *cap = n;
-    return 0;
-}
-
 int gguf_build_own(gguf_file *f, void *p)
 {
-    if (grow((void **)&f->owned, &f->cap_owned, f->n_owned, sizeof(void *))) {
+    if (BT_RESERVE(f->owned, f->n_owned, f->cap_owned, 16)) {
         free(p);
         return BT_ENOMEM;
     }
@@ -984,7 +970,7 @@ int gguf_build_own(gguf_file *f, void *p)
 
 int gguf_build_own_map(gguf_file *f, void *p, size_t n)
 {
-    if (grow((void **)&f->maps, &f->cap_maps, f->n_maps, sizeof(*f->maps))) {
+    if (BT_RESERVE(f->maps, f->n_maps, f->cap_maps, 16)) {
         munmap(p, n);
         return BT_ENOMEM;
     }
@@ -1028,14 +1014,14 @@ static int kv_add(gguf_file *f, const char *key, uint32_t type, size_t val_len,
     if (kv_locate(f, key, klen, &pos))
         goto err;
     rc = BT_ENOMEM;
-    if (grow((void **)&f->kvs, &f->cap_kv, f->n_kv, sizeof(gguf_kv)))
+    if (BT_RESERVE(f->kvs, f->n_kv, f->cap_kv, 16))
         goto err;
     /* kv_sorted follows kvs: allocate it to the same capacity. */
     size_t *sorted = realloc(f->kv_sorted, f->cap_kv * sizeof(size_t));
     if (!sorted)
         goto err;
     f->kv_sorted = sorted;
-    if (grow((void **)&f->owned, &f->cap_owned, f->n_owned, sizeof(void *)))
+    if (BT_RESERVE(f->owned, f->n_owned, f->cap_owned, 16))
         goto err;
     /* The key and then the value, in one block (a value never empty: a
      * one-byte minimum keeps malloc from returning NULL for it). */
@@ -1192,7 +1178,7 @@ int gguf_build_tensor(gguf_file *f, const char *name, uint32_t type, uint32_t n_
     size_t pos;
     if (tensor_locate(f, name, &pos))
         return BT_EEXIST;
-    if (grow((void **)&f->tensors, &f->cap_tensors, f->n_tensors, sizeof(gguf_tensor)))
+    if (BT_RESERVE(f->tensors, f->n_tensors, f->cap_tensors, 16))
         return BT_ENOMEM;
     size_t *sorted = realloc(f->tensor_sorted, f->cap_tensors * sizeof(size_t));
     if (!sorted)

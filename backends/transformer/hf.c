@@ -24,12 +24,21 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "backends/transformer/json.h"
+#include <jansson.h>
+
+#include "common/vec.h"
 #include "kernels/kernels.h"
 
 #define MAX_JSON_FILE (256u << 20) /* bytes of config.json, tokenizer.json and the like */
 #define MAX_HEADER (100u << 20)    /* bytes of a safetensors header: the format's own limit */
 #define SHOWN 60                   /* bytes of a name or value quoted in a message */
+
+/* How every file is parsed (jansson): any value at the top, so that the
+ * callers say what they expected instead of the parser; and a string may
+ * hold an escaped NUL (\u0000), kept with its length.  A repeated key
+ * keeps its first place and its last value, as json_object_get and most
+ * JSON readers (safetensors' own among them) take it. */
+#define JSON_FLAGS (JSON_DECODE_ANY | JSON_ALLOW_NUL)
 
 /* llama.cpp's token types (tokenizer.ggml.token_type). */
 enum { TT_NORMAL = 1, TT_CONTROL = 3, TT_USER = 4, TT_UNUSED = 5 };
@@ -89,7 +98,7 @@ enum { S_EMBED, S_NORM, S_HEAD, N_GLOBAL };
 
 typedef struct st_tensor {
     const char *file;     /* the file's name in the folder; owned by the reader */
-    const char *name;     /* in the header's document, which the reader keeps */
+    const char *name;     /* a key of the header's document, which the reader keeps */
     const struct st_type *type;
     uint32_t n_dims;
     int64_t shape[GGUF_MAX_DIMS];  /* outermost first, as the header lists them */
@@ -101,10 +110,10 @@ typedef struct reader {
     const char *dir;
     gguf_file *f;         /* being built; owns the mappings and copies */
     hf_config c;
-    json_doc **docs;      /* the safetensors headers, whose strings the tensors use */
-    size_t n_docs;
+    json_t **docs;        /* the safetensors headers, whose keys name the tensors */
+    size_t n_docs, cap_docs;
     char **files;         /* the safetensors files to read, by name */
-    size_t n_files;
+    size_t n_files, cap_files;
     st_tensor *ts;
     size_t n_ts, cap_ts;
     const st_tensor **slot;  /* N_GLOBAL + layers * PER_LAYER: the tensor of each slot */
@@ -172,59 +181,134 @@ err:
     return rc;
 }
 
-/* Reads and parses DIR/NAME; BT_ENOENT as read_whole. */
-static int read_json(const char *dir, const char *name, json_doc **doc, char *err, size_t errlen)
+/* Parses the one JSON value in TEXT[LEN] into *DOC (NULL on failure).  A
+ * message names WHAT ("config.json", "model.safetensors: header") and the
+ * line and column jansson stopped at. */
+static int parse_json(const char *text, size_t len, const char *what, json_t **doc, char *err,
+                      size_t errlen)
 {
-    char *buf, why[256];
+    /* A UTF-8 byte order mark, which some editors write, is not JSON's
+     * but says nothing against the text after it. */
+    if (len >= 3 && !memcmp(text, "\xef\xbb\xbf", 3))
+        text += 3, len -= 3;
+    json_error_t je;
+    *doc = json_loadb(text, len, JSON_FLAGS, &je);
+    if (!*doc)
+        return bt_errorf(err, errlen,
+                         json_error_code(&je) == json_error_out_of_memory ? BT_ENOMEM
+                                                                          : BT_EFORMAT,
+                         "%s: line %d, column %d: %s", what, je.line, je.column, je.text);
+    return 0;
+}
+
+/* Reads and parses DIR/NAME; BT_ENOENT as read_whole. */
+static int read_json(const char *dir, const char *name, json_t **doc, char *err, size_t errlen)
+{
+    char *buf;
     size_t len;
     *doc = NULL;
     int rc = read_whole(dir, name, &buf, &len, err, errlen);
     if (rc)
         return rc;
-    rc = json_parse(buf, len, doc, why, sizeof(why));
+    rc = parse_json(buf, len, name, doc, err, errlen);
     free(buf);
-    if (rc)
-        return bt_errorf(err, errlen, rc, "%s: %s", name, why);
-    return 0;
+    return rc;
 }
 
 /* ---- config.json ------------------------------------------------------------------ */
 
-/* What V is, for a message: a scalar's text, else its kind. */
-static const char *describe(const json_val *v, char *buf, size_t size)
+/* "null", "a boolean", "a number", "a string", "an array", "an object". */
+static const char *kind_name(const json_t *v)
 {
-    if (v->kind == JSON_STRING)
-        snprintf(buf, size, "\"%.*s\"", SHOWN, v->str);
-    else if (v->kind == JSON_NUMBER || v->kind == JSON_BOOL)
-        snprintf(buf, size, "%.*s", SHOWN, v->str);
-    else
-        snprintf(buf, size, "%s", json_kind_name(v->kind));
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER:
+    case JSON_REAL: return "a number";
+    case JSON_TRUE:
+    case JSON_FALSE: return "a boolean";
+    case JSON_NULL: return "null";
+    }
+    return "?";
+}
+
+/* Number V as text: an integer as written, a real in the fewest digits
+ * that read back to it, with a point or exponent so that it still reads
+ * as a real ("8.0", "1e-05"). */
+static const char *num_text(const json_t *v, char *buf, size_t size)
+{
+    if (json_is_integer(v)) {
+        snprintf(buf, size, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+        return buf;
+    }
+    double x = json_real_value(v);
+    for (int prec = 15; prec <= 17; prec++) {
+        snprintf(buf, size, "%.*g", prec, x);
+        if (strtod(buf, NULL) == x)
+            break;
+    }
+    if (!strpbrk(buf, ".e") && strlen(buf) + 2 < size)
+        strcat(buf, ".0");
     return buf;
 }
 
-static bool is_str(const json_val *v, const char *s)
+/* What V is, for a message: a scalar's text, else its kind. */
+static const char *describe(const json_t *v, char *buf, size_t size)
 {
-    return v && v->kind == JSON_STRING && v->len == strlen(s) && !memcmp(v->str, s, v->len);
+    if (json_is_string(v))
+        snprintf(buf, size, "\"%.*s\"", SHOWN, json_string_value(v));
+    else if (json_is_number(v))
+        num_text(v, buf, size);
+    else if (json_is_boolean(v))
+        snprintf(buf, size, "%s", json_is_true(v) ? "true" : "false");
+    else
+        snprintf(buf, size, "%s", kind_name(v));
+    return buf;
+}
+
+static bool is_str(const json_t *v, const char *s)
+{
+    size_t n = strlen(s);
+    return json_is_string(v) && json_string_length(v) == n && !memcmp(json_string_value(v), s, n);
 }
 
 /* Whether V is the boolean B. */
-static bool is_bool(const json_val *v, bool b)
+static bool is_bool(const json_t *v, bool b)
 {
-    return v && v->kind == JSON_BOOL && (v->str[0] == 't') == b;
+    return b ? json_is_true(v) : json_is_false(v);
 }
 
 /* Whether V is absent or null: the field is not set. */
-static bool unset(const json_val *v)
+static bool unset(const json_t *v)
 {
-    return !v || v->kind == JSON_NULL;
+    return !v || json_is_null(v);
+}
+
+/* V's text when it is a string, else OTHERWISE. */
+static const char *str_or(const json_t *v, const char *otherwise)
+{
+    const char *s = json_string_value(v);
+    return s ? s : otherwise;
+}
+
+/* V as an integer: 0, or BT_ETYPE when V is not a number written as one
+ * (without fraction or exponent).  jansson refuses a file holding an
+ * integer beyond int64_t, naming the place. */
+static int int_of(const json_t *v, int64_t *out)
+{
+    if (!json_is_integer(v))
+        return BT_ETYPE;
+    *out = json_integer_value(v);
+    return 0;
 }
 
 /* Member KEY of ROOT as an integer in [LO, HI]; DEF when unset, unless
  * REQUIRED. */
-static int cfg_int(const json_val *root, const char *key, bool required, int64_t def,
+static int cfg_int(const json_t *root, const char *key, bool required, int64_t def,
                    int64_t lo, int64_t hi, int64_t *out, char *err, size_t errlen)
 {
-    const json_val *v = json_get(root, key);
+    const json_t *v = json_object_get(root, key);
     char d[SHOWN + 8];
     if (unset(v)) {
         if (required)
@@ -233,7 +317,7 @@ static int cfg_int(const json_val *root, const char *key, bool required, int64_t
         return 0;
     }
     int64_t x;
-    if (json_i64(v, &x) || x < lo || x > hi)
+    if (int_of(v, &x) || x < lo || x > hi)
         return bt_errorf(err, errlen, BT_EFORMAT,
                          "config.json: %s is %s, expected an integer in [%" PRId64 ", %" PRId64
                          "]",
@@ -242,7 +326,7 @@ static int cfg_int(const json_val *root, const char *key, bool required, int64_t
     return 0;
 }
 
-static int cfg_u32(const json_val *root, const char *key, bool required, uint32_t def,
+static int cfg_u32(const json_t *root, const char *key, bool required, uint32_t def,
                    uint32_t hi, uint32_t *out, char *err, size_t errlen)
 {
     int64_t x;
@@ -253,17 +337,17 @@ static int cfg_u32(const json_val *root, const char *key, bool required, uint32_
 }
 
 /* Member KEY of ROOT as a positive float; DEF when unset. */
-static int cfg_pos_float(const json_val *root, const char *key, float def, float *out, char *err,
+static int cfg_pos_float(const json_t *root, const char *key, float def, float *out, char *err,
                          size_t errlen)
 {
-    const json_val *v = json_get(root, key);
+    const json_t *v = json_object_get(root, key);
     char d[SHOWN + 8];
     double x;
     if (unset(v)) {
         *out = def;
         return 0;
     }
-    if (json_f64(v, &x) || !(x > 0) || x > 1e30)
+    if (!json_is_number(v) || !((x = json_number_value(v)) > 0) || x > 1e30)
         return bt_errorf(err, errlen, BT_EFORMAT, "config.json: %s is %s, expected a positive "
                          "number", key, describe(v, d, sizeof(d)));
     *out = (float)x;
@@ -271,63 +355,65 @@ static int cfg_pos_float(const json_val *root, const char *key, float def, float
 }
 
 /* Member KEY of ROOT as a boolean; DEF when unset. */
-static int cfg_bool(const json_val *root, const char *key, bool def, bool *out, char *err,
+static int cfg_bool(const json_t *root, const char *key, bool def, bool *out, char *err,
                     size_t errlen)
 {
-    const json_val *v = json_get(root, key);
+    const json_t *v = json_object_get(root, key);
     char d[SHOWN + 8];
     if (unset(v)) {
         *out = def;
         return 0;
     }
-    if (v->kind != JSON_BOOL)
+    if (!json_is_boolean(v))
         return bt_errorf(err, errlen, BT_EFORMAT, "config.json: %s is %s, expected true or false",
                          key, describe(v, d, sizeof(d)));
-    *out = v->str[0] == 't';
+    *out = json_is_true(v);
     return 0;
 }
 
 /* A token id field of config.json: an integer, or a list whose first one
  * is taken (Llama 3.1 lists several eos ids); -1 when unset. */
-static int cfg_token(const json_val *root, const char *key, int64_t *out, char *err,
+static int cfg_token(const json_t *root, const char *key, int64_t *out, char *err,
                      size_t errlen)
 {
-    const json_val *v = json_get(root, key);
+    const json_t *v = json_object_get(root, key);
     char d[SHOWN + 8];
     *out = -1;
-    if (v && v->kind == JSON_ARRAY)
-        v = v->first;
+    if (json_is_array(v))
+        v = json_array_get(v, 0);
     if (unset(v))
         return 0;
-    if (json_i64(v, out) || *out < 0 || *out > INT32_MAX)
+    if (int_of(v, out) || *out < 0 || *out > INT32_MAX)
         return bt_errorf(err, errlen, BT_EFORMAT, "config.json: %s is %s, expected a token id",
                          key, describe(v, d, sizeof(d)));
     return 0;
 }
 
 /* The model is a Llama decoder: architectures, else model_type, says so. */
-static int check_arch(const json_val *root, char *err, size_t errlen)
+static int check_arch(const json_t *root, char *err, size_t errlen)
 {
     static const char *const archs[] = {"LlamaForCausalLM", "MistralForCausalLM"};
     static const char *const types[] = {"llama", "mistral"};
-    const json_val *a = json_get(root, "architectures"), *t = json_get(root, "model_type");
+    const json_t *a = json_object_get(root, "architectures"),
+                 *t = json_object_get(root, "model_type");
     char d[SHOWN + 8];
     if (unset(a) && unset(t))
         return bt_errorf(err, errlen, BT_EFORMAT, "config.json: neither architectures nor "
                          "model_type says what the model is");
     if (!unset(a)) {
-        if (a->kind != JSON_ARRAY || a->count < 1 || a->first->kind != JSON_STRING)
+        const json_t *a0 = json_array_get(a, 0);
+        if (!json_is_array(a) || !json_is_string(a0))
             return bt_errorf(err, errlen, BT_EFORMAT, "config.json: architectures is %s, "
                              "expected a list of class names", describe(a, d, sizeof(d)));
         bool ok = false;
         for (size_t i = 0; i < sizeof(archs) / sizeof(archs[0]); i++)
-            ok |= is_str(a->first, archs[i]);
+            ok |= is_str(a0, archs[i]);
         if (!ok)
             return bt_errorf(err, errlen, BT_EUNSUPPORTED,
                              "config.json: architectures %s is not supported (the transformer "
                              "backend runs LlamaForCausalLM and MistralForCausalLM: a Llama "
                              "decoder without biases)",
-                             describe(a->first, d, sizeof(d)));
+                             describe(a0, d, sizeof(d)));
     }
     if (!unset(t)) {
         bool ok = false;
@@ -343,18 +429,18 @@ static int check_arch(const json_val *root, char *err, size_t errlen)
 
 /* The fields that would make the decoder other than the graph runs: each
  * refused by name rather than read and ignored. */
-static int check_variant(const json_val *root, const hf_config *c, char *err, size_t errlen)
+static int check_variant(const json_t *root, const hf_config *c, char *err, size_t errlen)
 {
     char d[SHOWN + 8];
-    const json_val *v = json_get(root, "hidden_act");
+    const json_t *v = json_object_get(root, "hidden_act");
     if (!unset(v) && !is_str(v, "silu"))
         return bt_errorf(err, errlen, BT_EUNSUPPORTED, "config.json: hidden_act %s is not "
                          "supported (the FFN is SwiGLU: silu)", describe(v, d, sizeof(d)));
-    v = json_get(root, "rope_scaling");
+    v = json_object_get(root, "rope_scaling");
     if (!unset(v)) {
-        const json_val *t = json_get(v, "rope_type");
+        const json_t *t = json_object_get(v, "rope_type");
         if (!t)
-            t = json_get(v, "type");
+            t = json_object_get(v, "type");
         return bt_errorf(err, errlen, BT_EUNSUPPORTED, "config.json: rope_scaling %s%s: scaled "
                          "RoPE is not supported (rope_scaling must be null)",
                          t ? "of type " : "is ", describe(t ? t : v, d, sizeof(d)));
@@ -369,14 +455,13 @@ static int check_variant(const json_val *root, const hf_config *c, char *err, si
             return bt_errorf(err, errlen, BT_EUNSUPPORTED, "config.json: %s is true; the graph "
                              "has no biases", biases[i]);
     }
-    v = json_get(root, "sliding_window");
+    v = json_object_get(root, "sliding_window");
     if (!unset(v))
         return bt_errorf(err, errlen, BT_EUNSUPPORTED, "config.json: sliding_window is %s; "
                          "sliding-window attention is not supported (it must be null)",
                          describe(v, d, sizeof(d)));
-    v = json_get(root, "partial_rotary_factor");
-    double prf;
-    if (!unset(v) && (json_f64(v, &prf) || prf != 1.0))
+    v = json_object_get(root, "partial_rotary_factor");
+    if (!unset(v) && (!json_is_number(v) || json_number_value(v) != 1.0))
         return bt_errorf(err, errlen, BT_EUNSUPPORTED, "config.json: partial_rotary_factor %s "
                          "is not supported (RoPE covers whole heads)", describe(v, d, sizeof(d)));
     int64_t hd;
@@ -392,14 +477,13 @@ static int check_variant(const json_val *root, const hf_config *c, char *err, si
 
 static int read_config(reader *r)
 {
-    json_doc *doc;
-    int rc = read_json(r->dir, "config.json", &doc, r->err, r->errlen);
+    json_t *root;
+    int rc = read_json(r->dir, "config.json", &root, r->err, r->errlen);
     if (rc)
         return rc;
-    const json_val *root = json_root(doc);
     hf_config *c = &r->c;
     char d[SHOWN + 8];
-    if (root->kind != JSON_OBJECT) {
+    if (!json_is_object(root)) {
         rc = bt_errorf(r->err, r->errlen, BT_EFORMAT, "config.json: the document is %s, not an "
                        "object", describe(root, d, sizeof(d)));
         goto out;
@@ -433,7 +517,7 @@ static int read_config(reader *r)
     c->head_dim = c->hidden / c->heads;
     rc = check_variant(root, c, r->err, r->errlen);
 out:
-    json_free(doc);
+    json_decref(root);
     return rc;
 }
 
@@ -451,11 +535,8 @@ static int add_file(reader *r, const char *name, size_t len)
     for (size_t i = 0; i < r->n_files; i++)
         if (strlen(r->files[i]) == len && !memcmp(r->files[i], name, len))
             return 0;
-    char **p = realloc(r->files, (r->n_files + 1) * sizeof(*p));
-    if (!p)
-        return bt_errorf(r->err, r->errlen, BT_ENOMEM, "out of memory");
-    r->files = p;
-    if (!(p[r->n_files] = strndup(name, len)))
+    if (BT_RESERVE(r->files, r->n_files, r->cap_files, 8) ||
+        !(r->files[r->n_files] = strndup(name, len)))
         return bt_errorf(r->err, r->errlen, BT_ENOMEM, "out of memory");
     r->n_files++;
     return 0;
@@ -471,27 +552,31 @@ static int by_string(const void *a, const void *b)
  * Mistral's consolidated.safetensors is listed by no index). */
 static int list_files(reader *r)
 {
-    json_doc *doc;
+    json_t *doc;
     char path[PATH_MAX];
     struct stat st;
     int rc = read_json(r->dir, "model.safetensors.index.json", &doc, r->err, r->errlen);
     if (rc == 0) {
-        const json_val *map = json_get(json_root(doc), "weight_map");
-        if (!map || map->kind != JSON_OBJECT)
+        json_t *map = json_object_get(doc, "weight_map"), *m;
+        const char *key;
+        if (!json_is_object(map))
             rc = bt_errorf(r->err, r->errlen, BT_EFORMAT, "model.safetensors.index.json: no "
                            "weight_map object");
-        for (const json_val *m = map ? map->first : NULL; m && !rc; m = m->next) {
+        json_object_foreach(map, key, m) {
+            if (rc)
+                break;
             /* A file of this folder, not a path out of it. */
-            if (m->kind != JSON_STRING || memchr(m->str, '/', m->len) || m->str[0] == '.' ||
-                strlen(m->str) != m->len || !has_suffix(m->str, ".safetensors"))
+            const char *s = json_string_value(m);
+            size_t n = json_string_length(m);
+            if (!s || memchr(s, '/', n) || s[0] == '.' || strlen(s) != n ||
+                !has_suffix(s, ".safetensors"))
                 rc = bt_errorf(r->err, r->errlen, BT_EFORMAT, "model.safetensors.index.json: "
                                "tensor '%.*s' is in '%.*s', not a .safetensors file of the "
-                               "folder", SHOWN, m->key, SHOWN,
-                               m->kind == JSON_STRING ? m->str : "?");
+                               "folder", SHOWN, key, SHOWN, s ? s : "?");
             else
-                rc = add_file(r, m->str, m->len);
+                rc = add_file(r, s, n);
         }
-        json_free(doc);
+        json_decref(doc);
         if (!rc && r->n_files == 0)
             rc = bt_errorf(r->err, r->errlen, BT_EFORMAT, "model.safetensors.index.json: "
                            "weight_map is empty");
@@ -526,17 +611,17 @@ static void fmt_shape(char *buf, size_t size, const int64_t *shape, uint32_t n)
         snprintf(buf + at, size - at, "]");
 }
 
-/* One entry of FILE's header: tensor V (V->key its name) with its data in
- * BASE[ROOM], appended to R's list. */
-static int parse_entry(reader *r, const char *file, const json_val *v, const uint8_t *base,
-                       size_t room)
+/* One entry of FILE's header: tensor NAME (a key of the header, which the
+ * reader keeps) described by V, with its data in BASE[ROOM], appended to
+ * R's list. */
+static int parse_entry(reader *r, const char *file, const char *name, const json_t *v,
+                       const uint8_t *base, size_t room)
 {
-    const char *name = v->key;
-    const json_val *dt = json_get(v, "dtype"), *sh = json_get(v, "shape"),
-                   *off = json_get(v, "data_offsets");
+    const json_t *dt = json_object_get(v, "dtype"), *sh = json_object_get(v, "shape"),
+                 *off = json_object_get(v, "data_offsets");
     char d[SHOWN + 8];
-    if (v->kind != JSON_OBJECT || !dt || dt->kind != JSON_STRING || !sh ||
-        sh->kind != JSON_ARRAY || !off || off->kind != JSON_ARRAY || off->count != 2)
+    if (!json_is_object(v) || !json_is_string(dt) || !json_is_array(sh) ||
+        !json_is_array(off) || json_array_size(off) != 2)
         return bt_errorf(r->err, r->errlen, BT_EFORMAT, "%s: tensor '%.*s': the header entry "
                          "needs dtype (a string), shape (a list) and data_offsets (two "
                          "integers)", file, SHOWN, name);
@@ -548,29 +633,36 @@ static int parse_entry(reader *r, const char *file, const json_val *v, const uin
         return bt_errorf(r->err, r->errlen, BT_EUNSUPPORTED, "%s: tensor '%.*s': dtype %s is "
                          "not supported (F32, F16 and BF16 are)", file, SHOWN, name,
                          describe(dt, d, sizeof(d)));
-    if (sh->count > GGUF_MAX_DIMS)
+    if (json_array_size(sh) > GGUF_MAX_DIMS)
         return bt_errorf(r->err, r->errlen, BT_EFORMAT, "%s: tensor '%.*s': %zu dims, at most "
-                         "%d are supported", file, SHOWN, name, sh->count, GGUF_MAX_DIMS);
+                         "%d are supported", file, SHOWN, name, json_array_size(sh),
+                         GGUF_MAX_DIMS);
     uint64_t elems = 1;
     bool over = false;
-    for (const json_val *e = sh->first; e; e = e->next) {
+    size_t i;
+    const json_t *dim;
+    json_array_foreach(sh, i, dim) {
         int64_t x;
-        if (json_i64(e, &x) || x < 0)
+        if (int_of(dim, &x) || x < 0)
             return bt_errorf(r->err, r->errlen, BT_EFORMAT, "%s: tensor '%.*s': shape holds %s, "
-                             "not a size", file, SHOWN, name, describe(e, d, sizeof(d)));
+                             "not a size", file, SHOWN, name, describe(dim, d, sizeof(d)));
         t.shape[t.n_dims++] = x;
         over |= __builtin_mul_overflow(elems, (uint64_t)x, &elems);
     }
     uint64_t bytes;
     over |= __builtin_mul_overflow(elems, (uint64_t)t.type->size, &bytes);
+    const json_t *o0 = json_array_get(off, 0), *o1 = json_array_get(off, 1);
     int64_t b, e;
-    if (json_i64(off->first, &b) || json_i64(off->first->next, &e) || b < 0 || e < b ||
-        (uint64_t)e > room)
+    if (int_of(o0, &b) || int_of(o1, &e) || b < 0 || e < b || (uint64_t)e > room) {
+        char t0[32] = "?", t1[32] = "?";
+        if (json_is_number(o0))
+            num_text(o0, t0, sizeof(t0));
+        if (json_is_number(o1))
+            num_text(o1, t1, sizeof(t1));
         return bt_errorf(r->err, r->errlen, BT_EFORMAT, "%s: tensor '%.*s': data_offsets [%s, "
                          "%s] are not within the %zu bytes of data after the header", file,
-                         SHOWN, name, off->first->kind == JSON_NUMBER ? off->first->str : "?",
-                         off->first->next->kind == JSON_NUMBER ? off->first->next->str : "?",
-                         room);
+                         SHOWN, name, t0, t1, room);
+    }
     char shape[96], took[32];
     fmt_shape(shape, sizeof(shape), t.shape, t.n_dims);
     if (over)
@@ -583,14 +675,8 @@ static int parse_entry(reader *r, const char *file, const json_val *v, const uin
                          file, SHOWN, name, t.type->name, shape, took, b, e, e - b);
     t.data = base + b;
     t.nbytes = (size_t)bytes;
-    if (r->n_ts == r->cap_ts) {
-        size_t cap = r->cap_ts ? 2 * r->cap_ts : 512;
-        st_tensor *p = realloc(r->ts, cap * sizeof(*p));
-        if (!p)
-            return bt_errorf(r->err, r->errlen, BT_ENOMEM, "out of memory");
-        r->ts = p;
-        r->cap_ts = cap;
-    }
+    if (BT_RESERVE(r->ts, r->n_ts, r->cap_ts, 512))
+        return bt_errorf(r->err, r->errlen, BT_ENOMEM, "out of memory");
     r->ts[r->n_ts++] = t;
     return 0;
 }
@@ -633,23 +719,25 @@ static int map_file(reader *r, const char *file)
     if (n > MAX_HEADER)
         return bt_errorf(r->err, r->errlen, BT_EFORMAT, "%s: the header of %" PRIu64 " bytes "
                          "is larger than safetensors allows (100 MB)", file, n);
-    json_doc **docs = realloc(r->docs, (r->n_docs + 1) * sizeof(*docs));
-    if (!docs)
+    if (BT_RESERVE(r->docs, r->n_docs, r->cap_docs, 8))
         return bt_errorf(r->err, r->errlen, BT_ENOMEM, "out of memory");
-    r->docs = docs;
-    char why[256];
-    int rc = json_parse((const char *)m + 8, (size_t)n, &docs[r->n_docs], why, sizeof(why));
+    char what[PATH_MAX + 16];
+    snprintf(what, sizeof(what), "%s: header", file);
+    json_t *root;
+    int rc = parse_json((const char *)m + 8, (size_t)n, what, &root, r->err, r->errlen);
     if (rc)
-        return bt_errorf(r->err, r->errlen, rc, "%s: header: %s", file, why);
-    const json_val *root = json_root(docs[r->n_docs++]);
-    if (root->kind != JSON_OBJECT)
+        return rc;
+    r->docs[r->n_docs++] = root;
+    if (!json_is_object(root))
         return bt_errorf(r->err, r->errlen, BT_EFORMAT, "%s: the header is %s, not an object",
-                         file, json_kind_name(root->kind));
+                         file, kind_name(root));
     const uint8_t *base = (const uint8_t *)m + 8 + n;
-    for (const json_val *v = root->first; v; v = v->next) {
-        if (!strcmp(v->key, "__metadata__"))
+    const char *name;
+    json_t *v;
+    json_object_foreach(root, name, v) {
+        if (!strcmp(name, "__metadata__"))
             continue;
-        if ((rc = parse_entry(r, file, v, base, size - 8 - (size_t)n)))
+        if ((rc = parse_entry(r, file, name, v, base, size - 8 - (size_t)n)))
             return rc;
     }
     return 0;
@@ -932,25 +1020,23 @@ static bool looks_special(const char *s, size_t n)
 
 /* The pre-tokenizer of tokenizer.c that PRE (tokenizer.json's
  * pre_tokenizer) is, or NULL with a short description of it in DESC. */
-static const char *pre_name(const json_val *pre, bool ignore_merges, char *desc, size_t size)
+static const char *pre_name(const json_t *pre, bool ignore_merges, char *desc, size_t size)
 {
-    const json_val *items[4];
+    const json_t *items[4];
     size_t n = 0;
-    if (is_str(json_get(pre, "type"), "Sequence")) {
-        const json_val *seq = json_get(pre, "pretokenizers");
-        for (const json_val *e = seq && seq->kind == JSON_ARRAY ? seq->first : NULL; e;
-             e = e->next, n++)
-            if (n < 4)
-                items[n] = e;
-    } else if (pre && pre->kind == JSON_OBJECT) {
+    if (is_str(json_object_get(pre, "type"), "Sequence")) {
+        const json_t *seq = json_object_get(pre, "pretokenizers");
+        n = json_array_size(seq);
+        for (size_t i = 0; i < n && i < 4; i++)
+            items[i] = json_array_get(seq, i);
+    } else if (json_is_object(pre)) {
         items[n++] = pre;
     }
     /* The description: the types in order, for the message. */
     size_t at = (size_t)snprintf(desc, size, "tokenizer.json pre_tokenizer ");
     for (size_t i = 0; i < n && i < 4 && at < size; i++) {
-        const json_val *t = json_get(items[i], "type");
-        at += (size_t)snprintf(desc + at, size - at, "%s%.20s", i ? "+" : "",
-                               t && t->kind == JSON_STRING ? t->str : "?");
+        const json_t *t = json_object_get(items[i], "type");
+        at += (size_t)snprintf(desc + at, size - at, "%s%.20s", i ? "+" : "", str_or(t, "?"));
     }
     if (n == 0 && at < size)
         snprintf(desc + at, size - at, "none");
@@ -959,21 +1045,21 @@ static const char *pre_name(const json_val *pre, bool ignore_merges, char *desc,
     /* Byte-level last, without a prefix space (a field tokenizer.json
      * always writes); use_regex says whether it also splits by GPT-2's
      * regex, its default. */
-    const json_val *bl = items[n - 1], *ur = json_get(bl, "use_regex");
+    const json_t *bl = items[n - 1], *ur = json_object_get(bl, "use_regex");
     bool regex = unset(ur) || is_bool(ur, true);
-    if (!is_str(json_get(bl, "type"), "ByteLevel") ||
-        !is_bool(json_get(bl, "add_prefix_space"), false))
+    if (!is_str(json_object_get(bl, "type"), "ByteLevel") ||
+        !is_bool(json_object_get(bl, "add_prefix_space"), false))
         return NULL;
     const char *name = NULL;
     if (n == 1 && regex) {
         name = "gpt2";
-    } else if (n == 2 && regex && is_str(json_get(items[0], "type"), "Digits")) {
-        if (is_bool(json_get(items[0], "individual_digits"), true))
+    } else if (n == 2 && regex && is_str(json_object_get(items[0], "type"), "Digits")) {
+        if (is_bool(json_object_get(items[0], "individual_digits"), true))
             name = "smollm";
-    } else if (n == 2 && !regex && is_str(json_get(items[0], "type"), "Split")) {
-        const json_val *inv = json_get(items[0], "invert");
-        if (is_str(json_get(json_get(items[0], "pattern"), "Regex"), LLAMA3_REGEX) &&
-            is_str(json_get(items[0], "behavior"), "Isolated") &&
+    } else if (n == 2 && !regex && is_str(json_object_get(items[0], "type"), "Split")) {
+        const json_t *inv = json_object_get(items[0], "invert");
+        if (is_str(json_object_get(json_object_get(items[0], "pattern"), "Regex"), LLAMA3_REGEX) &&
+            is_str(json_object_get(items[0], "behavior"), "Isolated") &&
             (unset(inv) || is_bool(inv, false)))
             name = "llama-bpe";
     }
@@ -990,23 +1076,20 @@ static const char *pre_name(const json_val *pre, bool ignore_merges, char *desc,
 
 /* Why MODEL (tokenizer.json's model) with NORM is not a byte-level BPE
  * tokenizer.c reads, in DESC; false when it is one. */
-static bool model_unsupported(const json_val *model, const json_val *norm, char *desc,
+static bool model_unsupported(const json_t *model, const json_t *norm, char *desc,
                               size_t size)
 {
-    const json_val *t = json_get(model, "type"), *nt = json_get(norm, "type");
-    const json_val *pre = json_get(model, "continuing_subword_prefix"),
-                   *suf = json_get(model, "end_of_word_suffix");
+    const json_t *t = json_object_get(model, "type"), *nt = json_object_get(norm, "type");
+    const json_t *pre = json_object_get(model, "continuing_subword_prefix"),
+                 *suf = json_object_get(model, "end_of_word_suffix");
     if (!is_str(t, "BPE"))
-        snprintf(desc, size, "tokenizer.json model %.20s",
-                 t && t->kind == JSON_STRING ? t->str : "of no type");
-    else if (is_bool(json_get(model, "byte_fallback"), true))
+        snprintf(desc, size, "tokenizer.json model %.20s", str_or(t, "of no type"));
+    else if (is_bool(json_object_get(model, "byte_fallback"), true))
         snprintf(desc, size, "tokenizer.json BPE with byte_fallback");
-    else if ((pre && pre->kind == JSON_STRING && pre->len) ||
-             (suf && suf->kind == JSON_STRING && suf->len))
+    else if (json_string_length(pre) || json_string_length(suf))
         snprintf(desc, size, "tokenizer.json BPE with subword affixes");
     else if (!unset(norm))
-        snprintf(desc, size, "tokenizer.json with normalizer %.20s",
-                 nt && nt->kind == JSON_STRING ? nt->str : "?");
+        snprintf(desc, size, "tokenizer.json with normalizer %.20s", str_or(nt, "?"));
     else
         return false;
     return true;
@@ -1023,11 +1106,12 @@ static int64_t find_token(const vocab *v, const char *s, size_t n)
 
 /* Fills V's tokens from MODEL's vocab and ADDED (tokenizer.json's
  * added_tokens). */
-static int read_vocab(reader *r, vocab *v, const json_val *model, const json_val *added)
+static int read_vocab(reader *r, vocab *v, const json_t *model, const json_t *added)
 {
-    const json_val *map = json_get(model, "vocab");
+    json_t *map = json_object_get(model, "vocab"), *m;
+    const char *key;
     char d[SHOWN + 8];
-    if (!map || map->kind != JSON_OBJECT)
+    if (!json_is_object(map))
         return bt_errorf(r->err, r->errlen, BT_EFORMAT, "tokenizer.json: model.vocab is not an "
                          "object of token ids");
     v->n = r->c.vocab;
@@ -1036,37 +1120,40 @@ static int read_vocab(reader *r, vocab *v, const json_val *model, const json_val
     v->type = calloc(v->n, sizeof(*v->type));
     if (!v->text || !v->len || !v->type)
         return bt_errorf(r->err, r->errlen, BT_ENOMEM, "out of memory for %zu tokens", v->n);
-    for (const json_val *m = map->first; m; m = m->next) {
+    /* A key holds no NUL (jansson refuses one), so its length is strlen's. */
+    json_object_foreach(map, key, m) {
         int64_t id;
-        if (json_i64(m, &id) || id < 0 || (uint64_t)id >= v->n)
+        if (int_of(m, &id) || id < 0 || (uint64_t)id >= v->n)
             return bt_errorf(r->err, r->errlen, BT_EFORMAT, "tokenizer.json: token '%.*s' has "
-                             "id %s, outside the %zu rows of the embedding", SHOWN, m->key,
+                             "id %s, outside the %zu rows of the embedding", SHOWN, key,
                              describe(m, d, sizeof(d)), v->n);
         if (v->text[id])
             return bt_errorf(r->err, r->errlen, BT_EFORMAT, "tokenizer.json: tokens '%.*s' and "
-                             "'%.*s' both have id %" PRId64, SHOWN, v->text[id], SHOWN, m->key,
+                             "'%.*s' both have id %" PRId64, SHOWN, v->text[id], SHOWN, key,
                              id);
-        v->text[id] = m->key;
-        v->len[id] = m->key_len;
+        v->text[id] = key;
+        v->len[id] = strlen(key);
         v->type[id] = TT_NORMAL;
     }
-    for (const json_val *a = added && added->kind == JSON_ARRAY ? added->first : NULL; a;
-         a = a->next) {
-        const json_val *c = json_get(a, "content"), *sp = json_get(a, "special");
+    size_t i;
+    const json_t *a;
+    json_array_foreach(added, i, a) {
+        const json_t *c = json_object_get(a, "content"), *sp = json_object_get(a, "special");
         int64_t id;
-        if (!c || c->kind != JSON_STRING || json_i64(json_get(a, "id"), &id) || id < 0 ||
+        if (!json_is_string(c) || int_of(json_object_get(a, "id"), &id) || id < 0 ||
             (uint64_t)id >= v->n)
             return bt_errorf(r->err, r->errlen, BT_EFORMAT, "tokenizer.json: an added token "
                              "without content or with an id outside the %zu rows of the "
                              "embedding", v->n);
         /* As llama.cpp converts: special (or special-looking) added tokens
          * are control tokens, the others user-defined, matched in text. */
-        v->text[id] = c->str;
-        v->len[id] = c->len;
-        v->type[id] = is_bool(sp, true) || looks_special(c->str, c->len) ? TT_CONTROL : TT_USER;
+        v->text[id] = json_string_value(c);
+        v->len[id] = json_string_length(c);
+        v->type[id] = is_bool(sp, true) || looks_special(v->text[id], v->len[id]) ? TT_CONTROL
+                                                                                  : TT_USER;
     }
     size_t missing = 0;
-    for (size_t i = 0; i < v->n; i++)
+    for (i = 0; i < v->n; i++)
         missing += !v->text[i];
     if (!missing)
         return 0;
@@ -1074,7 +1161,7 @@ static int read_vocab(reader *r, vocab *v, const json_val *model, const json_val
     if (!(v->pad = malloc(missing * 24)))
         return bt_errorf(r->err, r->errlen, BT_ENOMEM, "out of memory");
     char *p = v->pad;
-    for (size_t i = 0; i < v->n; i++) {
+    for (i = 0; i < v->n; i++) {
         if (v->text[i])
             continue;
         int k = snprintf(p, 24, "[PAD%zu]", i);
@@ -1088,64 +1175,66 @@ static int read_vocab(reader *r, vocab *v, const json_val *model, const json_val
 
 /* Fills V's merges from MODEL: "A B" strings, or ["A", "B"] pairs (the
  * newer tokenizers format), which are joined. */
-static int read_merges(reader *r, vocab *v, const json_val *model)
+static int read_merges(reader *r, vocab *v, const json_t *model)
 {
-    const json_val *ms = json_get(model, "merges");
-    if (!ms || ms->kind != JSON_ARRAY)
+    const json_t *ms = json_object_get(model, "merges"), *m;
+    if (!json_is_array(ms))
         return bt_errorf(r->err, r->errlen, BT_EFORMAT, "tokenizer.json: model.merges is not a "
                          "list");
-    size_t joined = 0, i = 0;
-    for (const json_val *m = ms->first; m; m = m->next, i++) {
-        if (m->kind == JSON_ARRAY && m->count == 2 && m->first->kind == JSON_STRING &&
-            m->first->next->kind == JSON_STRING)
-            joined += m->first->len + m->first->next->len + 1;
-        else if (m->kind != JSON_STRING)
+    size_t joined = 0, i;
+    json_array_foreach(ms, i, m) {
+        const json_t *a = json_array_get(m, 0), *b = json_array_get(m, 1);
+        if (json_array_size(m) == 2 && json_is_string(a) && json_is_string(b))
+            joined += json_string_length(a) + json_string_length(b) + 1;
+        else if (!json_is_string(m))
             return bt_errorf(r->err, r->errlen, BT_EFORMAT, "tokenizer.json: merges[%zu] is "
                              "neither \"A B\" nor [\"A\", \"B\"]", i);
     }
-    v->n_merges = ms->count;
+    v->n_merges = json_array_size(ms);
     v->merge = malloc((v->n_merges ? v->n_merges : 1) * sizeof(*v->merge));
     v->merge_len = malloc((v->n_merges ? v->n_merges : 1) * sizeof(*v->merge_len));
     v->joined = malloc(joined ? joined : 1);
     if (!v->merge || !v->merge_len || !v->joined)
         return bt_errorf(r->err, r->errlen, BT_ENOMEM, "out of memory for merges");
     char *p = v->joined;
-    i = 0;
-    for (const json_val *m = ms->first; m; m = m->next, i++) {
-        if (m->kind == JSON_STRING) {
-            v->merge[i] = m->str;
-            v->merge_len[i] = m->len;
+    json_array_foreach(ms, i, m) {
+        if (json_is_string(m)) {
+            v->merge[i] = json_string_value(m);
+            v->merge_len[i] = json_string_length(m);
             continue;
         }
-        const json_val *a = m->first, *b = a->next;
+        const json_t *a = json_array_get(m, 0), *b = json_array_get(m, 1);
+        size_t la = json_string_length(a), lb = json_string_length(b);
         v->merge[i] = p;
-        v->merge_len[i] = a->len + 1 + b->len;
-        memcpy(p, a->str, a->len);
-        p[a->len] = ' ';
-        memcpy(p + a->len + 1, b->str, b->len);
+        v->merge_len[i] = la + 1 + lb;
+        memcpy(p, json_string_value(a), la);
+        p[la] = ' ';
+        memcpy(p + la + 1, json_string_value(b), lb);
         p += v->merge_len[i];
     }
     return 0;
 }
 
 /* A special token of tokenizer_config.json: a string or {"content": ...}. */
-static const json_val *token_text(const json_val *tc, const char *key)
+static const json_t *token_text(const json_t *tc, const char *key)
 {
-    const json_val *t = json_get(tc, key);
-    if (t && t->kind == JSON_OBJECT)
-        t = json_get(t, "content");
-    return t && t->kind == JSON_STRING ? t : NULL;
+    const json_t *t = json_object_get(tc, key);
+    if (json_is_object(t))
+        t = json_object_get(t, "content");
+    return json_is_string(t) ? t : NULL;
 }
 
 /* The chat template of tokenizer_config.json: a string, or the "default"
  * of a list of named templates. */
-static const json_val *chat_template(const json_val *tc)
+static const json_t *chat_template(const json_t *tc)
 {
-    const json_val *t = json_get(tc, "chat_template");
-    if (t && t->kind == JSON_ARRAY) {
-        for (const json_val *e = t->first; e; e = e->next)
-            if (is_str(json_get(e, "name"), "default"))
-                return json_get(e, "template");
+    const json_t *t = json_object_get(tc, "chat_template");
+    if (json_is_array(t)) {
+        size_t i;
+        const json_t *e;
+        json_array_foreach(t, i, e)
+            if (is_str(json_object_get(e, "name"), "default"))
+                return json_object_get(e, "template");
         return NULL;
     }
     return t;
@@ -1156,20 +1245,22 @@ static const json_val *chat_template(const json_val *tc)
  * are no tokens to name the special ones by: the ids alone are added. */
 static int add_specials(reader *r, const vocab *v)
 {
-    json_doc *doc = NULL;
+    json_t *tc = NULL;
     char *jinja = NULL;
     size_t jlen = 0;
-    int rc = read_json(r->dir, "tokenizer_config.json", &doc, r->err, r->errlen);
+    int rc = read_json(r->dir, "tokenizer_config.json", &tc, r->err, r->errlen);
     if (rc && rc != BT_ENOENT)
         return rc;
-    const json_val *tc = json_root(doc), *t, *tmpl = chat_template(tc);
-    int64_t bos = r->c.bos, eos = r->c.eos;
-    if (v && (t = token_text(tc, "bos_token")) && find_token(v, t->str, t->len) >= 0)
-        bos = find_token(v, t->str, t->len);
-    if (v && (t = token_text(tc, "eos_token")) && find_token(v, t->str, t->len) >= 0)
-        eos = find_token(v, t->str, t->len);
+    const json_t *t, *tmpl = chat_template(tc);
+    int64_t bos = r->c.bos, eos = r->c.eos, id;
+    if (v && (t = token_text(tc, "bos_token")) &&
+        (id = find_token(v, json_string_value(t), json_string_length(t))) >= 0)
+        bos = id;
+    if (v && (t = token_text(tc, "eos_token")) &&
+        (id = find_token(v, json_string_value(t), json_string_length(t))) >= 0)
+        eos = id;
     /* Newer transformers save the template in a file of its own. */
-    if (v && !(tmpl && tmpl->kind == JSON_STRING)) {
+    if (v && !json_is_string(tmpl)) {
         tmpl = NULL;
         rc = read_whole(r->dir, "chat_template.jinja", &jinja, &jlen, r->err, r->errlen);
         if (rc && rc != BT_ENOENT)
@@ -1182,31 +1273,32 @@ static int add_specials(reader *r, const vocab *v)
         rc = gguf_build_u32(r->f, "tokenizer.ggml.eos_token_id", (uint32_t)eos);
     if (!rc && v)
         rc = gguf_build_bool(r->f, "tokenizer.ggml.add_bos_token",
-                             is_bool(json_get(tc, "add_bos_token"), true));
+                             is_bool(json_object_get(tc, "add_bos_token"), true));
     if (!rc && v && (tmpl || jinja))
-        rc = gguf_build_str(r->f, "tokenizer.chat_template", tmpl ? tmpl->str : jinja,
-                            tmpl ? tmpl->len : jlen);
+        rc = gguf_build_str(r->f, "tokenizer.chat_template",
+                            tmpl ? json_string_value(tmpl) : jinja,
+                            tmpl ? json_string_length(tmpl) : jlen);
     if (rc)
         rc = bt_errorf(r->err, r->errlen, rc, "tokenizer metadata: %s", bt_strerror(rc));
 out:
     free(jinja);
-    json_free(doc);
+    json_decref(tc);
     return rc;
 }
 
 /* The tokenizer.ggml.* keys from tokenizer.json, when the folder has one. */
 static int add_tokenizer(reader *r)
 {
-    json_doc *doc;
+    json_t *root;
     vocab v = {0};
     char desc[128];
-    int rc = read_json(r->dir, "tokenizer.json", &doc, r->err, r->errlen);
+    int rc = read_json(r->dir, "tokenizer.json", &root, r->err, r->errlen);
     if (rc == BT_ENOENT)
         return add_specials(r, NULL);  /* ids only, but config.json's eos still ends */
     if (rc)
         return rc;
-    const json_val *root = json_root(doc), *model = json_get(root, "model");
-    if (model_unsupported(model, json_get(root, "normalizer"), desc, sizeof(desc))) {
+    const json_t *model = json_object_get(root, "model");
+    if (model_unsupported(model, json_object_get(root, "normalizer"), desc, sizeof(desc))) {
         /* Recorded where the tokenizer reads the kind, which it then
          * refuses by this name. */
         if ((rc = gguf_build_str(r->f, "tokenizer.ggml.model", desc, strlen(desc))))
@@ -1215,10 +1307,10 @@ static int add_tokenizer(reader *r)
             rc = add_specials(r, NULL);
         goto out;
     }
-    const char *pre = pre_name(json_get(root, "pre_tokenizer"),
-                               is_bool(json_get(model, "ignore_merges"), true), desc,
+    const char *pre = pre_name(json_object_get(root, "pre_tokenizer"),
+                               is_bool(json_object_get(model, "ignore_merges"), true), desc,
                                sizeof(desc));
-    if ((rc = read_vocab(r, &v, model, json_get(root, "added_tokens"))) ||
+    if ((rc = read_vocab(r, &v, model, json_object_get(root, "added_tokens"))) ||
         (rc = read_merges(r, &v, model)))
         goto out;
     if ((rc = gguf_build_str(r->f, "tokenizer.ggml.model", "gpt2", 4)) ||
@@ -1234,7 +1326,7 @@ static int add_tokenizer(reader *r)
     rc = add_specials(r, &v);
 out:
     vocab_free(&v);
-    json_free(doc);
+    json_decref(root);
     return rc;
 }
 
@@ -1278,7 +1370,7 @@ int hf_open(const char *dir, gguf_file **out, char *err, size_t errlen)
 out:
     gguf_close(r.f);
     for (size_t i = 0; i < r.n_docs; i++)
-        json_free(r.docs[i]);
+        json_decref(r.docs[i]);
     free(r.docs);
     for (size_t i = 0; i < r.n_files; i++)
         free(r.files[i]);

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "backends/transformer/tokenizer_pre.h"
+#include "common/vec.h"
 
 /* Token types as llama.cpp writes them in tokenizer.ggml.token_type. */
 enum {
@@ -76,9 +77,9 @@ typedef struct bpe_pair {
 typedef struct bpe_work {
     bpe_sym *sym;
     bpe_pair *heap;
-    size_t cap;     /* symbols; the heap holds 3 * cap pairs */
-    char *spell;    /* ignore_merges: the word in token text, 2 * spell_cap bytes */
-    size_t spell_cap;
+    size_t cap_sym, cap_heap;  /* a word of N symbols needs N and 3 * N pairs */
+    char *spell;    /* ignore_merges: the word in token text, 2 bytes a byte at most */
+    size_t cap_spell;          /* bytes */
 } bpe_work;
 
 /* The ids written by tok_encode: the first CAP stored, all counted. */
@@ -187,14 +188,8 @@ static void pair_try(const tok_vocab *v, bpe_work *w, size_t *nh, int32_t left, 
 static int whole_word_token(const tok_vocab *v, bpe_work *w, const uint8_t *s, size_t n,
                             int32_t *id)
 {
-    if (n > w->spell_cap) {
-        size_t cap = n > 2 * w->spell_cap ? n : 2 * w->spell_cap;
-        char *p = realloc(w->spell, 2 * cap);
-        if (!p)
-            return BT_ENOMEM;
-        w->spell = p;
-        w->spell_cap = cap;
-    }
+    if (n > SIZE_MAX / 2 || BT_RESERVE_N(w->spell, 0, w->cap_spell, 2 * n, 64))
+        return BT_ENOMEM;
     size_t k = 0;
     for (size_t i = 0; i < n; i++) {
         uint16_t c = v->byte_cp[s[i]];
@@ -230,20 +225,12 @@ static int bpe_word(const tok_vocab *v, bpe_work *w, const uint8_t *s, size_t n,
             return 0;
         }
     }
-    if (n > w->cap) {
-        size_t cap = n > 2 * w->cap ? n : 2 * w->cap;
-        if (cap > INT32_MAX / 3)
-            return BT_ERANGE;
-        bpe_sym *sym = realloc(w->sym, cap * sizeof(*sym));
-        if (sym)
-            w->sym = sym;
-        bpe_pair *heap = realloc(w->heap, 3 * cap * sizeof(*heap));
-        if (heap)
-            w->heap = heap;
-        if (!sym || !heap)
-            return BT_ENOMEM;
-        w->cap = cap;
-    }
+    /* Symbol indices are int32_t, and the heap holds 3 * N pairs. */
+    if (n > INT32_MAX / 3)
+        return BT_ERANGE;
+    if (BT_RESERVE_N(w->sym, 0, w->cap_sym, n, 32) ||
+        BT_RESERVE_N(w->heap, 0, w->cap_heap, 3 * n, 96))
+        return BT_ENOMEM;
     /* A byte without a token stays in the word as a symbol of id -1: no
      * merge has it on either side, so it is a barrier its neighbours do not
      * merge across, and it is dropped only when the ids are written out.
@@ -451,13 +438,8 @@ static int render_piece(void *arg, const char *s, size_t len, bool special)
     render_buf *b = arg;
     if (len > INT_MAX - b->len)
         return BT_ERANGE;
-    if (b->len + len + 1 > b->cap) {
-        size_t cap = (b->len + len + 1) * 2;
-        char *n = realloc(b->s, cap);
-        if (!n)
-            return BT_ENOMEM;
-        b->s = n, b->cap = cap;
-    }
+    if (BT_RESERVE_N(b->s, b->len, b->cap, len + 1, 256))
+        return BT_ENOMEM;
     memcpy(b->s + b->len, s, len);
     b->len += len;
     b->s[b->len] = '\0';
@@ -704,14 +686,9 @@ static int load_merges(tok_vocab *v, const gguf_file *f, char *err, size_t errle
             goto out;
         }
         size_t la = sp - s, lb = n - la - 1;
-        if (la + lb > bufcap) {
-            char *nb = realloc(buf, 2 * (la + lb));
-            if (!nb) {
-                rc = bt_errorf(err, errlen, BT_ENOMEM, "out of memory");
-                goto out;
-            }
-            buf = nb;
-            bufcap = 2 * (la + lb);
+        if (BT_RESERVE_N(buf, 0, bufcap, la + lb, 64)) {
+            rc = bt_errorf(err, errlen, BT_ENOMEM, "out of memory");
+            goto out;
         }
         memcpy(buf, s, la);
         memcpy(buf + la, sp + 1, lb);

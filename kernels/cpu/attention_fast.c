@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "kernels/cpu/half.h"
+#include "kernels/cpu/quant.h"
 #include "kernels/cpu/threads.h"
 #include "kernels/kernels.h"
 
@@ -37,16 +38,17 @@
 #define SPLIT_KEYS 256
 #define SPLIT_MAX 64
 
-/* The element types of a cache.  Q8 is ggml's q8_0: blocks of 32
- * elements, each an f16 scale and 32 int8 (34 bytes), a row of a head
- * holding HD / 32 blocks; it needs HD a multiple of 32, so that element i
- * of a cache is in its block i / 32 whatever the row. */
+/* The element types of a cache.  Q8 is ggml's q8_0 (kernels/cpu/quant.h):
+ * blocks of K_QK = 32 elements, each an f16 scale and 32 int8
+ * (K_Q8_0_BYTES = 34), a row of a head holding HD / 32 blocks; it needs HD
+ * a multiple of 32, so that element i of a cache is in its block i / 32
+ * whatever the row. */
 typedef enum kv_fmt { KV_F32, KV_F16, KV_Q8 } kv_fmt;
 
 /* Bytes of the first N elements of a cache (N a multiple of 32 for Q8). */
 static inline size_t kv_bytes(size_t n, kv_fmt fmt)
 {
-    return fmt == KV_Q8 ? n / 32 * 34 : n * (fmt == KV_F16 ? 2 : 4);
+    return fmt == KV_Q8 ? n / K_QK * K_Q8_0_BYTES : n * (fmt == KV_F16 ? 2 : 4);
 }
 
 /* The f16 scale of the Q8 block at B (its first two bytes; a block may
@@ -62,8 +64,8 @@ static inline uint16_t q8_scale(const uint8_t *b)
 static inline float cache_at(const void *c, size_t i, kv_fmt fmt)
 {
     if (fmt == KV_Q8) {
-        const uint8_t *b = (const uint8_t *)c + (i >> 5) * 34;
-        return k_f16_to_f32(q8_scale(b)) * (float)(int8_t)b[2 + (i & 31)];
+        const uint8_t *b = (const uint8_t *)c + i / K_QK * K_Q8_0_BYTES;
+        return k_f16_to_f32(q8_scale(b)) * (float)(int8_t)b[2 + i % K_QK];
     }
     return fmt == KV_F16 ? k_f16_to_f32(((const uint16_t *)c)[i]) : ((const float *)c)[i];
 }
@@ -151,8 +153,8 @@ AVX2 static inline __m256 widen_i8(const uint8_t *p)
 AVX2 static inline __m256 load8(const void *p, size_t i, kv_fmt fmt)
 {
     if (fmt == KV_Q8) {
-        const uint8_t *b = (const uint8_t *)p + (i >> 5) * 34;
-        return _mm256_mul_ps(widen_i8(b + 2 + (i & 31)), _mm256_set1_ps(_cvtsh_ss(q8_scale(b))));
+        const uint8_t *b = (const uint8_t *)p + i / K_QK * K_Q8_0_BYTES;
+        return _mm256_mul_ps(widen_i8(b + 2 + i % K_QK), _mm256_set1_ps(_cvtsh_ss(q8_scale(b))));
     }
     if (fmt == KV_F16)
         return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
@@ -815,7 +817,7 @@ static int run_job(kth_pool *pool, attn_job *j, kth_fn part)
  * blocks). */
 static bool cache_type_ok(kdtype dt, int hd)
 {
-    return hd >= 1 && (dt == KD_F32 || dt == KD_F16 || (dt == KD_Q8_0 && hd % 32 == 0));
+    return hd >= 1 && (dt == KD_F32 || dt == KD_F16 || (dt == KD_Q8_0 && hd % K_QK == 0));
 }
 
 static kv_fmt fmt_of(kdtype dt)

@@ -14,21 +14,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cpu/qdot_x86.h"
 #include "kernels/cpu/quant.h"
+#include "kernels/cpu/quant_avx2.h"
 #include "kernels/cpu/threads.h"
 #include "kernels/kernels.h"
-
-/* qdot_x86.c (all but k__cpu_isa absent off x86, where it is K_ISA_REF). */
-int k__cpu_isa(void);
-void k__qmm_q8_avx2(float *y, size_t ldy, const void *w, kdtype t, const k_q8a *a, int m, int r0,
-                    int r1, int cols);
-void k__quant_act_avx2(k_q8a *a, const float *x, size_t n);
-void k__qmm_q8_vnni(float *y, size_t ldy, const void *w, kdtype t, const k_q8a *a, int m, int r0,
-                    int r1, int cols);
-void k__quant_act_vnni(k_q8a *a, const float *x, size_t n);
-/* quant_avx2.c */
-int k__qmatmul_avx2(float *y, size_t ldy, const void *w, kdtype t, const float *x, int m, int rows,
-                    int cols);
 
 int k_cpu_isa(void)
 {

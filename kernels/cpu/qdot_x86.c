@@ -6,20 +6,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/cpu/qdot_x86.h"
 #include "kernels/cpu/quant.h"
 #include "kernels/kernels.h"
 
-int k__cpu_isa(void);
-
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
-
-void k__qmm_q8_avx2(float *y, size_t ldy, const void *w, kdtype t, const k_q8a *a, int m, int r0,
-                    int r1, int cols);
-void k__quant_act_avx2(k_q8a *a, const float *x, size_t n);
-void k__qmm_q8_vnni(float *y, size_t ldy, const void *w, kdtype t, const k_q8a *a, int m, int r0,
-                    int r1, int cols);
-void k__quant_act_vnni(k_q8a *a, const float *x, size_t n);
 
 #define QD_ATTR __attribute__((target("avx2,fma,f16c")))
 #define QD_NAME(x) x##_avx2

@@ -7,12 +7,8 @@
 #include <string.h>
 
 #include "kernels/cpu/quant.h"
+#include "kernels/cpu/quant_avx2.h"
 #include "kernels/kernels.h"
-
-/* Defined in quant_avx2.c; 0 when the build target is not x86-64. */
-int k__qmatvec_avx2(float *y, const void *w, kdtype t, const float *x, int rows, int cols);
-int k__qmatmul_avx2(float *y, size_t ldy, const void *w, kdtype t, const float *x, int m, int rows,
-                    int cols);
 
 size_t k_block_bytes(kdtype t)
 {

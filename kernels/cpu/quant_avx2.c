@@ -10,11 +10,8 @@
 #include <string.h>
 
 #include "kernels/cpu/quant.h"
+#include "kernels/cpu/quant_avx2.h"
 #include "kernels/kernels.h"
-
-int k__qmatvec_avx2(float *y, const void *w, kdtype t, const float *x, int rows, int cols);
-int k__qmatmul_avx2(float *y, size_t ldy, const void *w, kdtype t, const float *x, int m, int rows,
-                    int cols);
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>

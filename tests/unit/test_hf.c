@@ -1,6 +1,6 @@
-/* Hugging Face folders as transformer weights (backends/transformer/hf.c,
- * json.c):
- *   - the JSON reader: values, escapes, limits, errors with positions;
+/* Hugging Face folders as transformer weights (backends/transformer/hf.c):
+ *   - the JSON of the files, read by jansson: errors with positions,
+ *     repeated keys, numbers in messages, escaped NULs, a byte order mark;
  *   - a tiny model written here: the q_proj/k_proj row permutation row by
  *     row, shapes and metadata, norms widened, tied and untied heads, the
  *     dispatch of tf_weights_open, and every bad input refused with a
@@ -32,7 +32,6 @@
 
 #include "backends/transformer/gguf.h"
 #include "backends/transformer/hf.h"
-#include "backends/transformer/json.h"
 #include "backends/transformer/tokenizer.h"
 #include "backends/transformer/transformer.h"
 #include "kernels/kernels.h"
@@ -237,87 +236,6 @@ static int teardown(void **state)
     (void)state;
     rmdir(tmpdir);
     return 0;
-}
-
-/* ---- the JSON reader ----------------------------------------------------------------- */
-
-static json_doc *parse_ok(const char *text)
-{
-    json_doc *d = NULL;
-    char err[256];
-    if (json_parse(text, strlen(text), &d, err, sizeof(err)))
-        fail_msg("json_parse(%s): %s", text, err);
-    return d;
-}
-
-static void parse_fails(const char *text, const char *want)
-{
-    json_doc *d = (json_doc *)1;
-    char err[256] = "";
-    assert_int_not_equal(json_parse(text, strlen(text), &d, err, sizeof(err)), 0);
-    assert_null(d);
-    if (!strstr(err, want))
-        fail_msg("json_parse(%s): '%s' lacks '%s'", text, err, want);
-}
-
-static void test_json(void **state)
-{
-    (void)state;
-    /* Minified, as safetensors writes its header (no space after ':'). */
-    json_doc *d = parse_ok("{\"a\":{\"dtype\":\"BF16\",\"shape\":[2,3],\"x\":1e-05,\"n\":null,"
-                           "\"t\":true,\"s\":\"\\u0120\\/\\\"q\\n\",\"neg\":-7,\"big\":"
-                           "9223372036854775808},\"a\":[]}");
-    const json_val *root = json_root(d), *a = root->first, *v;
-    assert_int_equal(root->kind, JSON_OBJECT);
-    assert_int_equal(root->count, 2);
-    assert_string_equal(a->key, "a");
-    assert_int_equal(json_get(a, "shape")->count, 2);
-    int64_t i;
-    double x;
-    assert_int_equal(json_i64(json_get(a, "shape")->first->next, &i), 0);
-    assert_int_equal(i, 3);
-    assert_int_equal(json_f64(json_get(a, "x"), &x), 0);
-    assert_true(x == 1e-5);
-    assert_int_equal(json_i64(json_get(a, "x"), &i), BT_ETYPE);
-    assert_int_equal(json_i64(json_get(a, "neg"), &i), 0);
-    assert_int_equal(i, -7);
-    assert_int_equal(json_i64(json_get(a, "big"), &i), BT_ERANGE);
-    assert_int_equal(json_get(a, "n")->kind, JSON_NULL);
-    assert_int_equal(json_get(a, "t")->kind, JSON_BOOL);
-    assert_int_equal(json_i64(json_get(a, "dtype"), &i), BT_ETYPE);
-    v = json_get(a, "s");
-    assert_int_equal(v->len, 6);
-    assert_memory_equal(v->str, "\xc4\xa0/\"q\n", 6);
-    /* A repeated key: the last one. */
-    assert_int_equal(json_get(root, "a")->kind, JSON_ARRAY);
-    assert_null(json_get(root, "missing"));
-    assert_null(json_get(json_get(a, "shape"), "a"));  /* not an object */
-    json_free(d);
-    /* A NUL escaped inside a string keeps the length. */
-    d = parse_ok("[\"x\\u0000y\"]");
-    assert_int_equal(json_root(d)->first->len, 3);
-    json_free(d);
-    /* Many values, in chunks. */
-    wbuf b = {0};
-    put_s(&b, "[");
-    for (int k = 0; k < 100000; k++)
-        putf(&b, "%s\"token%d\"", k ? "," : "", k);
-    put_s(&b, "]");
-    d = parse_ok(b.p);
-    assert_int_equal(json_root(d)->count, 100000);
-    json_free(d);
-    b.n = 0;
-    for (int k = 0; k < JSON_MAX_DEPTH + 1; k++)
-        put_s(&b, "[");
-    parse_fails(b.p, "nested deeper than 64");
-    free(b.p);
-    parse_fails("", "empty");
-    parse_fails("{\"a\": yes}", "'yes' is not JSON");
-    parse_fails("{\"a\": 01}", "'01' is not JSON");
-    parse_fails("{\"a\": [1, 2}", "line 1");
-    parse_fails("[&x 1, *x]", "alias");
-    parse_fails("{\"a\": 1}\n---\n{}", "second document");
-    parse_fails("{[1]: 2}", "key must be a string");
 }
 
 /* ---- a tiny model -------------------------------------------------------------------- */
@@ -603,7 +521,7 @@ static void test_bad_folders(void **state)
                                    "\"hidden_size\": \"576\"}");
     open_fails(dir, "config.json", "hidden_size", "\"576\"", "expected an integer", NULL);
     write_text(dir, "config.json", "{\"architectures\": [\"LlamaForCausalLM\"]");
-    open_fails(dir, "config.json", "line 2, column 1", "did not find expected", NULL);
+    open_fails(dir, "config.json", "line 1, column 38", "'}' expected", NULL);
     /* The safetensors file. */
     tiny_config(dir, "LlamaForCausalLM", false, "");
     {
@@ -621,7 +539,8 @@ static void test_bad_folders(void **state)
     len = 5;
     memcpy(bytes, &len, 8);
     write_file(dir, "model.safetensors", bytes, 13);
-    open_fails(dir, "model.safetensors: header: line", "did not find expected", NULL);
+    open_fails(dir, "model.safetensors: header: line 1, column 5", "unexpected token",
+               NULL);
     /* A tensor's data past the end of the file. */
     wt one = ts[0];
     one.nbytes = 64;
@@ -904,6 +823,58 @@ static void test_tokenizer_json(void **state)
     open_fails(dir, "tokenizer.json", "'a' and 'zz' both have id 3", NULL);
     write_text(dir, "tokenizer.json", "{\"model\": ");
     open_fails(dir, "tokenizer.json: line", NULL);
+    remove_folder(dir);
+}
+
+/* ---- the files' JSON ----------------------------------------------------------------- */
+
+/* What jansson reads the folder's files with: a parse error names the file,
+ * line and column; a repeated key takes its last value; a number in a
+ * message keeps its kind (a real its point); an integer beyond int64 and a
+ * key holding a NUL are refused naming the file; an escaped NUL inside a
+ * string is kept; a UTF-8 byte order mark is skipped. */
+static void test_json_files(void **state)
+{
+    (void)state;
+    char dir[256], path[512];
+    tiny_folder(dir, sizeof(dir), "json", "F32", true, "");
+    tiny_config(dir, "LlamaForCausalLM", true, "\"rope_theta\": 10000.0");
+    gguf_file *f = open_ok(dir);
+    float x;
+    assert_int_equal(gguf_get_f32(f, "llama.rope.freq_base", &x), 0);
+    assert_true(x == 10000.0f);
+    gguf_close(f);
+    tiny_config(dir, "LlamaForCausalLM", true, "\"head_dim\": 4.0");
+    open_fails(dir, "config.json: head_dim is 4.0, expected an integer", NULL);
+    tiny_config(dir, "LlamaForCausalLM", true, "\"rms_norm_eps\": -1e-05");
+    open_fails(dir, "config.json: rms_norm_eps is -1e-05, expected a positive number", NULL);
+    tiny_config(dir, "LlamaForCausalLM", true,
+                "\"max_position_embeddings\": 99999999999999999999");
+    open_fails(dir, "config.json: line 15, column 47", "99999999999999999999", NULL);
+    /* A byte order mark before the config. */
+    tiny_config(dir, "LlamaForCausalLM", true, "");
+    path_of(path, sizeof(path), dir, "config.json");
+    FILE *fp = fopen(path, "rb");
+    assert_non_null(fp);
+    char text[2048] = "\xef\xbb\xbf";
+    size_t n = fread(text + 3, 1, sizeof(text) - 4, fp);
+    fclose(fp);
+    assert_true(n > 0 && n < sizeof(text) - 4);
+    write_file(dir, "config.json", text, n + 3);
+    f = open_ok(dir);
+    gguf_close(f);
+    /* An escaped NUL in the template stays in it. */
+    tiny_tokenizer(dir, BYTELEVEL, "BPE", false, "null", "");
+    write_text(dir, "tokenizer_config.json", "{\"chat_template\": \"a\\u0000b\"}");
+    f = open_ok(dir);
+    const char *s;
+    assert_int_equal(gguf_get_str(f, "tokenizer.chat_template", &s, &n), 0);
+    assert_true(n == 3 && !memcmp(s, "a\0b", 3));
+    gguf_close(f);
+    write_text(dir, "tokenizer_config.json", "{\n  \"chat_template\": \"x\",\n  ]\n}");
+    open_fails(dir, "tokenizer_config.json: line 3, column 3", NULL);
+    tiny_tokenizer(dir, BYTELEVEL, "BPE", false, "null", ", \"x\\u0000y\": 10");
+    open_fails(dir, "tokenizer.json: line 3, column", "NUL", NULL);
     remove_folder(dir);
 }
 
@@ -1570,7 +1541,7 @@ static void test_smollm2_f16(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_json),
+        cmocka_unit_test(test_json_files),
         cmocka_unit_test(test_tiny),
         cmocka_unit_test(test_tied_with_head),
         cmocka_unit_test(test_dispatch),
