@@ -41,7 +41,7 @@ void wk_item_dispatch_claim(wk_dispatch *d, uint64_t id)
             d->pulled[i] = 0;
 }
 
-static void free_refs(wk_ref **refs, size_t n)
+void wk_item_refs_free(wk_ref **refs, size_t n)
 {
     if (!refs)
         return;
@@ -66,7 +66,7 @@ static int copy_refs(wk_ref *const *src, size_t n, wk_ref ***out)
         if (!src[i])
             continue;
         if (!(r[i] = malloc(sizeof(wk_ref)))) {
-            free_refs(r, n);
+            wk_item_refs_free(r, n);
             return -1;
         }
         *r[i] = *src[i];
@@ -126,7 +126,7 @@ void wk_item_destroy(wk_item *it)
     if (it->req_next)
         it->req_next->req_prev = it->req_prev;
     req->n_items--;
-    free_refs(it->overrides, it->disp->d->n_inputs);
+    wk_item_refs_free(it->overrides, it->disp->d->n_inputs);
     free(it->inputs);
     free(it->outputs);
     for (size_t i = 0; i < it->n_slots; i++)

@@ -113,6 +113,9 @@ wk_item *wk_item_create(wk_dispatch *disp, wk_request *req, struct wk_model *mod
                         const uint32_t *iter, uint32_t depth, wk_ref *const *overrides);
 /* Frees an item that is neither queued nor running.  [L] */
 void wk_item_destroy(wk_item *it);
+/* Frees a table of N optional refs (an item's overrides, a chain's next
+ * inputs).  NULL is a no-op. */
+void wk_item_refs_free(wk_ref **refs, size_t n);
 /* Fails IT with CODE and MESSAGE unless it failed already (the first error
  * explains the rest). */
 void wk_item_fail(wk_item *it, baton_status code, const char *msg);

@@ -28,15 +28,6 @@ void wk_runahead_destroy(wk_runahead *ra)
     free(ra);
 }
 
-static void free_refs(wk_ref **refs, size_t n)
-{
-    if (!refs)
-        return;
-    for (size_t i = 0; i < n; i++)
-        free(refs[i]);
-    free(refs);
-}
-
 /* Frees C when it is inactive and has nothing pending. */
 static void chain_maybe_free(wk_chain *c)
 {
@@ -47,7 +38,7 @@ static void chain_maybe_free(wk_chain *c)
             *pp = c->next;
             break;
         }
-    free_refs(c->next_inputs, c->disp->d->n_inputs);
+    wk_item_refs_free(c->next_inputs, c->disp->d->n_inputs);
     wk_item_dispatch_unref(c->disp);
     free(c);
 }
@@ -170,19 +161,19 @@ void wk_runahead_item_ended(wk_runahead *ra, wk_item *it)
         if (o == d->n_outputs || k == d->n_inputs || !it->results || !it->results[o].set) {
             bt_warn("node '%s': loop-back %s -> %s has no value after iteration %u; run-ahead "
                     "stops", d->node_name, lb->output, lb->input, it->iter[it->b.depth - 1]);
-            free_refs(next, d->n_inputs);
+            wk_item_refs_free(next, d->n_inputs);
             chain_stop(c);
             return;
         }
         free(next[k]);
         if (!(next[k] = malloc(sizeof(wk_ref)))) {
-            free_refs(next, d->n_inputs);
+            wk_item_refs_free(next, d->n_inputs);
             chain_stop(c);
             return;
         }
         *next[k] = it->results[o].ref;
     }
-    free_refs(c->next_inputs, d->n_inputs);
+    wk_item_refs_free(c->next_inputs, d->n_inputs);
     c->next_inputs = next;
     c->last = it->iter[it->b.depth - 1];
     c->have_last = true;

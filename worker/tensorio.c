@@ -132,7 +132,6 @@ void wk_tensorio_fetch(const wk_tensorio *io, const Baton__V1__Fetch *f)
 
 void wk_tensorio_release(const wk_tensorio *io, const Baton__V1__Release *r)
 {
-    pthread_mutex_lock(io->lock);
     for (size_t i = 0; i < r->n_tensor_ids; i++) {
         wk_tensor *t = wk_store_tensor_find(io->store, r->tensor_ids[i]);
         if (!t)
@@ -141,5 +140,4 @@ void wk_tensorio_release(const wk_tensorio *io, const Baton__V1__Release *r)
         wk_store_tensor_release(io->store, r->tensor_ids[i]);
         wk_store_request_gc(io->store, req);
     }
-    pthread_mutex_unlock(io->lock);
 }

@@ -4,7 +4,7 @@
  * outside the lock: inputs may be large.
  *
  * The struct holds borrowed pointers only; the worker's top fills it.
- * I/O thread, without the lock. */
+ * I/O thread. */
 #ifndef BATON_WORKER_TENSORIO_H
 #define BATON_WORKER_TENSORIO_H
 
@@ -23,10 +23,11 @@ typedef struct wk_tensorio {
     const char *worker;           /* this worker's name, for messages */
 } wk_tensorio;
 
-/* Answers each with Placed (Put) or Fetched (Fetch); Release answers
- * nothing, and ignores ids it does not hold. */
+/* Answers each with Placed (Put) or Fetched (Fetch).  Without the lock:
+ * they take it around what they touch, and copy the bytes outside it. */
 void wk_tensorio_put(const wk_tensorio *io, const Baton__V1__Put *p);
 void wk_tensorio_fetch(const wk_tensorio *io, const Baton__V1__Fetch *f);
+/* Releases the tensors named; ids not held are ignored.  [L] */
 void wk_tensorio_release(const wk_tensorio *io, const Baton__V1__Release *r);
 
 #endif

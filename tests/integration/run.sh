@@ -63,10 +63,14 @@ mkdir -p "$tmp/daemon" "$tmp/backends/a"
 printf '#include "worker/pool.h"\n' > "$tmp/daemon/metrics.c"
 printf '#include "daemon/frontend.h"\n#include "daemon/zap.h"\n' > "$tmp/daemon/supervisor.c"
 printf '#include "backends/b/y.h"\n' > "$tmp/backends/a/y.c"
+mkdir -p "$tmp/worker"
+printf '#include "worker/executor.h"\n#include "worker/device.h"\n' > "$tmp/worker/store.c"
 out=$(bash scripts/check-includes.sh "$tmp" 2>&1); rc=$?
 if [ $rc -eq 1 ] && grep -q 'daemon/metrics.c:1: includes "worker/pool.h"' <<<"$out" &&
    grep -q 'daemon/supervisor.c:1: includes "daemon/frontend.h": frontend is above supervisor' <<<"$out" &&
    ! grep -q 'supervisor.c:2' <<<"$out" &&
+   grep -q 'worker/store.c:1: includes "worker/executor.h": executor is above store' <<<"$out" &&
+   ! grep -q 'worker/store.c:2' <<<"$out" &&
    grep -q "another backend's header" <<<"$out"; then ok; else bad "check-includes: rc=$rc: $out"; fi
 rm -rf "$tmp"
 if bash scripts/check-includes.sh; then ok; else bad "check-includes on the repository"; fi
