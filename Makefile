@@ -309,8 +309,12 @@ $(FAILALLOC_TESTS): private LDFLAGS += $(FAILALLOC_WRAP)
 # This one fails the conductor's zmq_setsockopt calls in turn.
 $(BUILD)/tests/test_conductor_sockopt: private LDFLAGS += -Wl,--wrap=zmq_setsockopt
 
+# BATON_TEST_SAN: the runners' time limits are three times longer under
+# the sanitizers (tests/limits.sh).
+.PHONY: unit-build integration-build
+unit-build: $(UNIT_BINS)
 unit: $(UNIT_BINS)
-	@BUILD=$(BUILD) bash tests/run-unit.sh $(UNIT_BINS)
+	@BUILD=$(BUILD) BATON_TEST_SAN=$(SAN) bash tests/run-unit.sh $(UNIT_BINS)
 
 # batond with a zmq_poll that fails on demand (tests/integration/pollfail.c),
 # for tests/integration/test_loop_failure.sh; never installed.
@@ -320,8 +324,9 @@ $(POLLFAIL_BATOND): $(BUILD)/obj/daemon/main_batond.o $(BUILD)/obj/tests/integra
 	@echo "  LD      $@"
 	$(Q)$(CC) $(LDFLAGS) -Wl,--wrap=zmq_poll -o $@ $^ $(LDLIBS) $(JEMALLOC_LIBS)
 
+integration-build: $(PROGRAMS) $(CLIENT_SO) $(PY_PB2) $(POLLFAIL_BATOND)
 integration: $(PROGRAMS) $(POLLFAIL_BATOND)
-	@BUILD=$(BUILD) bash tests/integration/run.sh
+	@BUILD=$(BUILD) BATON_TEST_SAN=$(SAN) bash tests/integration/run.sh
 
 # The tests of the transformer backend run the default model against an
 # independent reference, so `make test` fetches it (quick when present).  A
@@ -330,25 +335,24 @@ integration: $(PROGRAMS) $(POLLFAIL_BATOND)
 model:
 	@bash scripts/fetch-model.sh || echo "warning: the default model could not be fetched; the tests that need it will skip" >&2
 
-# Each suite's runner appends its pass/fail/skip counts to TEST_COUNTS;
-# tests/summary.sh prints the totals at the end, also after a failure.
+# The suites run one after another, each built first and run also when
+# one before it failed (tests/run-suites.sh); each runner appends its
+# pass/fail/skip counts to TEST_COUNTS, and tests/summary.sh prints the
+# totals at the end, with a "not run" line for a suite whose build failed.
 TEST_COUNTS_FILE = $(abspath $(BUILD))/test-counts
 test: deps model
-	@$(MAKE) --no-print-directory all $(UNIT_BINS)
-	@rm -f $(TEST_COUNTS_FILE); \
-	TEST_COUNTS=$(TEST_COUNTS_FILE) $(MAKE) --no-print-directory unit integration emu-test; rc=$$?; \
-	bash tests/summary.sh $(TEST_COUNTS_FILE); exit $$rc
+	@mkdir -p $(BUILD); \
+	bash tests/run-suites.sh $(TEST_COUNTS_FILE) $(MAKE) --no-print-directory -- unit integration cudaemu
 
 # Under ASan the emulated checks run once (one seed), and of the
 # transformer's tests on cuda:0 only the load, and of the GPU worker tests
 # all but the chat graph: they are slow there.
 asan-test: deps model
-	@rm -f build/asan/test-counts; mkdir -p build/asan; \
-	TEST_COUNTS=$(abspath build/asan)/test-counts $(MAKE) --no-print-directory BUILD=build/asan SAN=1 all unit integration && \
-	TEST_COUNTS=$(abspath build/asan)/test-counts CUDAEMU_SEEDS=1 CUDAEMU_TF_TESTS=test_describe \
+	@mkdir -p build/asan; \
+	CUDAEMU_SEEDS=1 CUDAEMU_TF_TESTS=test_describe \
 	  CUDAEMU_GPU_WORKER_TESTS="test_ipc_in_place test_across_gpus test_mixed_cpu_gpu test_loop_and_streams test_loop_reads_staged_once test_gpu_worker_killed test_check_config test_device_lost test_tp_group test_nccl_between_hosts" \
-	  $(MAKE) --no-print-directory SAN=1 emu-test; rc=$$?; \
-	bash tests/summary.sh build/asan/test-counts; exit $$rc
+	  bash tests/run-suites.sh $(abspath build/asan)/test-counts \
+	    $(MAKE) --no-print-directory BUILD=build/asan SAN=1 -- unit integration cudaemu
 
 # Mixed requests from many clients, worker SIGKILL/SIGSTOP, a slow reader
 # and connection churn against real processes for MINUTES minutes
@@ -462,7 +466,7 @@ emu:
 	@$(MAKE) --no-print-directory EMU=1 BUILD=$(EMU_BUILD) emu-programs
 emu-programs: $(BATOND) $(WORKER) $(GPU_BINS) $(EMU_TEST_BINS) $(BUILD)/tests/test_transformer
 emu-test: emu
-	@BUILD=$(EMU_BUILD) bash tests/cudaemu/run.sh
+	@BUILD=$(EMU_BUILD) BATON_TEST_SAN=$(SAN) bash tests/cudaemu/run.sh
 # Plants known CUDA bugs one at a time and checks the emulated checks catch
 # each (a few minutes; not part of `make test`).
 .PHONY: emu-mutants

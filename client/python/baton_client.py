@@ -19,6 +19,16 @@ time (`make` writes build/gen/python/baton_pb2.py). It is looked for in
 $BATON_PROTO_PATH, then in the repository's build/gen/python, then on
 sys.path.
 
+Nothing waits for ever by default: a send waits CONNECT_TIMEOUT_MS for a
+connection (then ConnectError), a probe five seconds, and a call that sets
+no bound of its own (recv() without timeout_ms, infer() and stream()
+without timeout_ms or wait_ms) the client's WAIT_MS, 11 minutes unless
+the constructor says otherwise (then Timeout).  That is longer than the
+daemon lets any request run (max_request_timeout_ms, 10 minutes by
+default), so the bound only ends waits for a daemon that died or restarted
+and lost the request: a client of a daemon whose max_request_timeout_ms is
+longer passes a longer WAIT_MS, or None to wait for ever.
+
 Tensors: inputs may be numpy arrays (float32, float16, int32, int64, uint8,
 bool), str (sent as a U8 tensor of UTF-8 bytes), bytes (U8), or a Tensor.
 Outputs are numpy arrays when numpy can be imported, else Tensor objects
@@ -75,6 +85,9 @@ except ImportError:  # numpy is optional: outputs then stay raw Tensors
     np = None
 
 DEFAULT_ENDPOINT = "ipc:///run/baton/baton.sock"
+# The longest wait for an answer when a call sets no bound (see above): a
+# minute more than the daemon's default max_request_timeout_ms.
+DEFAULT_WAIT_MS = 11 * 60 * 1000
 
 # dtype name -> (proto enum value, bytes per element, numpy dtype name or None)
 _DTYPES = {
@@ -295,7 +308,7 @@ class Client:
     """One DEALER connection to batond. Not thread-safe: use one per thread."""
 
     def __init__(self, endpoint=None, server_key=None, connect_timeout_ms=5000,
-                 client_key=None):
+                 client_key=None, wait_ms=DEFAULT_WAIT_MS):
         """ENDPOINT: ipc:// or tcp:// (default $BATON_ENDPOINT, else the daemon's
         default). SERVER_KEY: the daemon's CURVE public key, needed for tcp://:
         its 40 Z85 characters, or the path of its .pub file. CLIENT_KEY: this
@@ -303,8 +316,12 @@ class Client:
         path of a secret key file (NAME.key from `batonctl keygen`; the public
         half is derived from it), or a (public, secret) tuple of Z85 keys;
         None makes a fresh pair (a daemon with curve refuses it). A send waits
-        CONNECT_TIMEOUT_MS for the connection, then raises ConnectError."""
+        CONNECT_TIMEOUT_MS for the connection, then raises ConnectError.
+        WAIT_MS: the longest a call waits for an answer when it sets no
+        bound of its own (default DEFAULT_WAIT_MS, 11 minutes; None: for
+        ever), then it raises Timeout."""
         self.endpoint = endpoint or os.environ.get("BATON_ENDPOINT") or DEFAULT_ENDPOINT
+        self.wait_ms = wait_ms
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.DEALER)
         try:
@@ -353,12 +370,16 @@ class Client:
         return server, pub, sec
 
     def _setup(self, server_key, connect_timeout_ms, client_key=None):
-        # IMMEDIATE: a send to an absent daemon fails after SNDTIMEO instead of
-        # queueing forever; RCVHWM 0: a slow reader never makes the daemon's
-        # ROUTER drop a chunk.
+        # IMMEDIATE: a send to an absent daemon (or one that refused this
+        # client's keys) fails after SNDTIMEO instead of queueing forever;
+        # RCVHWM 0: a slow reader never makes the daemon's ROUTER drop a
+        # chunk.  Receives follow a poll with its own deadline; RCVTIMEO
+        # only bounds one that would not.  LINGER: close() waits a second
+        # at most.
         self._sock.setsockopt(zmq.IMMEDIATE, 1)
         self._sock.setsockopt(zmq.RCVHWM, 0)
         self._sock.setsockopt(zmq.SNDTIMEO, connect_timeout_ms)
+        self._sock.setsockopt(zmq.RCVTIMEO, connect_timeout_ms)
         self._sock.setsockopt(zmq.LINGER, 1000)
         if client_key is not None and not server_key:
             raise ValueError("client_key needs server_key (the daemon's public key)")
@@ -492,11 +513,12 @@ class Client:
             time.monotonic() + timeout_ms / 1000.0
 
     def recv(self, timeout_ms=None):
-        """The next Chunk or Response of any request in flight (None: wait
-        forever). Raises Timeout, ProtocolError."""
+        """The next Chunk or Response of any request in flight, within
+        TIMEOUT_MS (None: the client's wait_ms). Raises Timeout,
+        ProtocolError."""
         if self._pending:
             return self._pending.pop(0)
-        deadline = self._deadline(timeout_ms)
+        deadline = self._deadline(self.wait_ms if timeout_ms is None else timeout_ms)
         while True:
             kind, obj = self._recv_one(deadline)
             if kind in _PROBES:
@@ -528,14 +550,15 @@ class Client:
                request_id=None, wait_ms=None, messages=None, messages_input=None, **limits):
         """Runs GRAPH with stream set and yields its Chunks as they arrive,
         then its Response (always last). WAIT_MS bounds the whole wait
-        (default: TIMEOUT_MS + 2 s when a timeout is set, else no bound: the
-        daemon's deadline ends every request). Leaving the loop early cancels
+        (default: TIMEOUT_MS + 2 s when a timeout is set, else the client's
+        wait_ms: the daemon's deadline ends every request before). Leaving
+        the loop early cancels
         the request. LIMITS: stop, max_tokens, text_output, raw_inputs, as for
         send()."""
         rid = self.send(graph, inputs, True, timeout_ms, sampling, max_iters, request_id,
                         messages, messages_input, **limits)
-        if wait_ms is None and timeout_ms:
-            wait_ms = timeout_ms + 2000
+        if wait_ms is None:
+            wait_ms = timeout_ms + 2000 if timeout_ms else self.wait_ms
         deadline = self._deadline(wait_ms)
         done = False
         try:
@@ -561,12 +584,13 @@ class Client:
               max_iters=None, request_id=None, wait_ms=None, messages=None,
               messages_input=None, **limits):
         """Runs GRAPH once and returns its Response (chunks, if STREAM, in
-        .chunks). Check .ok or call .raise_for_status(). LIMITS: stop,
-        max_tokens, text_output, raw_inputs, as for send()."""
+        .chunks). Check .ok or call .raise_for_status(). WAIT_MS as for
+        stream(); past it, Timeout. LIMITS: stop, max_tokens, text_output,
+        raw_inputs, as for send()."""
         rid = self.send(graph, inputs, stream, timeout_ms, sampling, max_iters, request_id,
                         messages, messages_input, **limits)
-        if wait_ms is None and timeout_ms:
-            wait_ms = timeout_ms + 2000
+        if wait_ms is None:
+            wait_ms = timeout_ms + 2000 if timeout_ms else self.wait_ms
         deadline = self._deadline(wait_ms)
         chunks = []
         try:

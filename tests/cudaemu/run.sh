@@ -22,9 +22,18 @@
 # emulator's tests provoke problems on purpose: for them, the exit status).
 # Prints one line per program and a closing "cudaemu: N passed, N failed,
 # N skipped" (programs passed and failed; skipped parts, each a SKIP line);
-# exits non-zero on any failure.
+# exits non-zero on any failure.  The GPU worker test's own lines show as
+# they come; the other programs' output only when they fail.
+#
+# Each program runs under a time limit (its third argument to run, several
+# times what it takes on a loaded 2-core machine, times
+# $BATON_TEST_TIMEOUT_SCALE, and 3 more under ASan; tests/limits.sh): past
+# it, it is stopped with every process it started and fails.  Its folders
+# go under $BATON_TEST_LOGDIR (/tmp/baton-test-cudaemu-NAME-XXXXXX), kept
+# on a failure with the tails of the logs in them.
 set -u
 cd "$(dirname "$0")/../.."
+. tests/limits.sh
 BUILD=${BUILD:-build/emu}
 SEEDS=${CUDAEMU_SEEDS:-"1 2 3"}
 # Four emulated GPUs: the multi-process all-reduce checks run 2 and 3 ranks.
@@ -33,23 +42,32 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 pass=0; fail=0; skip=0
 
+# run NAME CLEAN SECONDS [--stream] CMD...: CLEAN "clean" fails the
+# program on an emulator problem in its output, "any" leaves that to it;
+# --stream shows its output as it comes.
 run() {
-  local name=$1 clean=$2; shift 2
-  if "$@" >"$log" 2>&1 && { [ "$clean" = any ] || ! grep -q "cudaemu: problem" "$log"; }; then
+  local name=$1 clean=$2 limit=$3 quiet=--quiet; shift 3
+  [ "$1" = --stream ] && { quiet=; shift; }
+  run_limited "$name" "$limit" "$log" $quiet \
+    --evidence "baton-test-cudaemu-$(tr -c 'A-Za-z0-9_\n' - <<<"$name" | cut -c1-32)-" -- "$@"
+  if [ "$limited_rc" -eq 0 ] && { [ "$clean" = any ] || ! grep -q "cudaemu: problem" "$log"; }; then
     pass=$((pass + 1)); echo "ok   $name ($(grep -Eo '^[0-9]+ checks, [0-9]+ failed|[0-9]+ test\(s\) run|[0-9]+ passed, [0-9]+ failed, [0-9]+ skipped' "$log" | tail -1))"
     # Parts of a program that could not run: each SKIP line is a skip.
-    grep -E '^SKIP' "$log" || true
+    [ -z "$quiet" ] || grep -E '^SKIP' "$log" || true
     skip=$((skip + $(grep -cE '^SKIP' "$log")))
   else
-    fail=$((fail + 1)); echo "FAIL $name"; tail -40 "$log" | sed 's/^/    /'
+    fail=$((fail + 1))
+    if [ "$limited_rc" -eq 124 ]; then echo "FAIL $name: timed out after $limited_s s"
+    else echo "FAIL $name (exit $limited_rc)"; fi
+    [ -z "$quiet" ] || tail -40 "$log" | sed 's/^/    /'
   fi
 }
 
-run "emulator tests" any "$BUILD/cudaemu/test_emu"
+run "emulator tests" any 300 "$BUILD/cudaemu/test_emu"
 for s in $SEEDS; do
-  run "check_kernels, seed $s" clean env CUDAEMU_SEED="$s" "$BUILD/gpu/check_kernels"
-  run "check_ops, seed $s" clean env CUDAEMU_SEED="$s" CHECK_OPS_SEED="$s" "$BUILD/gpu/check_ops"
-  run "check_exec, seed $s" clean env CUDAEMU_SEED="$s" "$BUILD/gpu/check_exec"
+  run "check_kernels, seed $s" clean 300 env CUDAEMU_SEED="$s" "$BUILD/gpu/check_kernels"
+  run "check_ops, seed $s" clean 300 env CUDAEMU_SEED="$s" CHECK_OPS_SEED="$s" "$BUILD/gpu/check_ops"
+  run "check_exec, seed $s" clean 300 env CUDAEMU_SEED="$s" "$BUILD/gpu/check_exec"
 done
 # The transformer backend on an emulated GPU (TF_TEST_DEVICE=cuda:0), against
 # the same independent reference as on the CPU, its sampling on the device
@@ -60,7 +78,7 @@ done
 TF_TESTS=${CUDAEMU_TF_TESTS:-"test_prefill_and_greedy_match_reference test_sampling_reproducible test_tensor_parallel_matches_reference test_describe"}
 if [ -f models/smollm2-135m-instruct-q4_1.gguf ]; then
   for t in $TF_TESTS; do
-    run "transformer on cuda:0, $t" clean env TF_TEST_DEVICE=cuda:0 TF_TEST_FILTER="$t" \
+    run "transformer on cuda:0, $t" clean 1200 env TF_TEST_DEVICE=cuda:0 TF_TEST_FILTER="$t" \
       "$BUILD/tests/test_transformer"
   done
 elif [ "${BATON_CI:-}" = 1 ]; then
@@ -75,7 +93,7 @@ fi
 # CUDAEMU_GPU_WORKER_TESTS names the tests to run (default all; the chat
 # test takes a few minutes, too long under ASan).
 # shellcheck disable=SC2086
-run "GPU workers end to end" any env BUILD="$BUILD" /usr/bin/python3 tests/cudaemu/test_gpu_worker.py ${CUDAEMU_GPU_WORKER_TESTS:-}
+run "GPU workers end to end" any 2400 --stream env BUILD="$BUILD" /usr/bin/python3 tests/cudaemu/test_gpu_worker.py ${CUDAEMU_GPU_WORKER_TESTS:-}
 echo "cudaemu: ${pass} passed, ${fail} failed, ${skip} skipped"
 [ -n "${TEST_COUNTS:-}" ] && echo "cudaemu $pass $fail $skip" >> "$TEST_COUNTS"
 [ "$fail" -eq 0 ]

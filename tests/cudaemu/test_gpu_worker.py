@@ -30,8 +30,10 @@ What it shows:
   - a kernel fault that leaves the CUDA context unusable ends the worker,
     which is restarted.
 
-Timings printed by the emulator mean nothing and none is asserted.  The
-closing line is "gpu worker: N passed, N failed".
+Timings printed by the emulator mean nothing and none is asserted.  A
+failed test's daemon folder (its batond.log, the workers' output) is kept
+and named (tests/integration/evidence.py).  The closing line is "gpu
+worker: N passed, N failed".
 """
 import os
 import signal
@@ -46,6 +48,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 os.environ.setdefault("BUILD", "build/emu")
 sys.path.insert(0, os.path.join(ROOT, "tests/integration"))
+import evidence  # noqa: E402
 import test_e2e as E  # noqa: E402  (the daemon and client helpers)
 
 pb = E.pb
@@ -655,11 +658,13 @@ def main():
             else:
                 passed += 1
                 print("ok   %s" % t.__name__, flush=True)
+            evidence.passed()
         except Exception:
             failed += 1
             print("FAIL %s\n%s" % (t.__name__, traceback.format_exc()), flush=True)
             if args:
-                print(args[0].tail(), flush=True)
+                args[0].log.flush()
+            evidence.failed(t.__name__)
 
     wanted = [t for t in GPU_TESTS if not only or t.__name__ in only]
     if wanted:
@@ -679,6 +684,7 @@ def main():
         if found:
             failed += 1
             print("FAIL the emulator reported problems:\n%s" % "".join(found[:20]), flush=True)
+            evidence.failed("the emulator reported problems")
     for t in (test_check_config, test_device_lost, test_tp_group, test_nccl_between_hosts,
               test_chat_cuda_equals_cpu):
         if not only or t.__name__ in only:

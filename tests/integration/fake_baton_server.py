@@ -77,6 +77,12 @@ def main():
     endpoint, logpath = sys.argv[1], sys.argv[2]
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
+    # Nothing here may block for ever (a ROUTER's sends do not; its
+    # receives follow a poll): the limits say so, and closing drops what
+    # a gone client did not read.
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDTIMEO, 10000)
+    sock.setsockopt(zmq.RCVTIMEO, 10000)
     sock.bind(endpoint)
     held = {}  # request_id -> (peer, deadline or None) of "slow" requests
     log = open(logpath, "a")

@@ -6,26 +6,52 @@
 set -u
 BUILD=${BUILD:-build}
 BATOND=$BUILD/batond
+. tests/limits.sh
 pass=0; fail=0; skip=0
 ok()   { pass=$((pass + 1)); }
 bad()  { fail=$((fail + 1)); echo "FAIL: $*"; }
-# Runs a test script (NAME, then the command): exit 0 is a pass, and each
-# line of its output starting with SKIP (a part it could not run) is
-# counted as a skip too; exit 77 is a skip of the whole script; anything
-# else a failure.  A script that skips for a missing model under
-# BATON_CI=1 fails instead (each script checks that itself).
+# Runs a test script (NAME, then the command) under its time limit
+# (script_limit, scaled by $BATON_TEST_TIMEOUT_SCALE; tests/limits.sh), its
+# output shown as it comes: exit 0 is a pass, and each line of its output
+# starting with SKIP (a part it could not run) is counted as a skip too;
+# exit 77 is a skip of the whole script; anything else a failure.  A script
+# that counts its own checks writes "PASS FAIL SKIP" to
+# $BATON_TEST_COUNTS_OUT, and those are counted instead.  A script past its
+# limit is stopped with every process it started and fails.  Its folders
+# go under $BATON_TEST_LOGDIR (/tmp/baton-test-integration-NAME-XXXXXX),
+# kept on a failure with the tails of the logs in them.  A script that
+# skips for a missing model under BATON_CI=1 fails instead (each script
+# checks that itself).
 script_log=$(mktemp)
-trap 'rm -f "$script_log"' EXIT
+script_counts=$(mktemp)
+trap 'rm -f "$script_log" "$script_counts"' EXIT
+# Seconds each script may run: several times what it takes on a loaded
+# 2-core machine.
+script_limit() {
+  case $1 in
+    test_e2e.py) echo 600 ;;
+    # Installs the openai package from PyPI the first time (pip has 600 s).
+    test_openai.py) echo 1200 ;;
+    test_docker.sh) echo 1200 ;;
+    *) echo 300 ;;
+  esac
+}
 run_script() {
-  local name=$1 rc n; shift
-  # Into a file, then shown: a pipe would wait for any stray child that
-  # still holds the script's stdout.
-  "$@" >"$script_log" 2>&1; rc=$?
-  cat "$script_log"
+  local name=$1 rc n p f s; shift
+  : >"$script_counts"
+  run_limited "$name" "$(script_limit "$name")" "$script_log" \
+    --evidence "baton-test-integration-${name%.*}-" -- \
+    env BATON_TEST_COUNTS_OUT="$script_counts" "$@"
+  rc=$limited_rc
   n=$(grep -c '^SKIP' "$script_log")
-  if [ "$rc" -eq 0 ]; then ok; skip=$((skip + n))
+  if [ "$rc" -eq 124 ]; then
+    bad "$name: timed out after $limited_s s"; skip=$((skip + n))
+  elif [ -s "$script_counts" ] && read -r p f s <"$script_counts"; then
+    pass=$((pass + p)); fail=$((fail + f)); skip=$((skip + s))
+    [ "$rc" -eq 0 ] || [ "$f" -gt 0 ] || bad "$name: exit $rc with no failed check"
+  elif [ "$rc" -eq 0 ]; then ok; skip=$((skip + n))
   elif [ "$rc" -eq 77 ]; then skip=$((skip + 1))
-  else bad "$name (see above)"; skip=$((skip + n)); fi
+  else bad "$name (exit $rc, see above)"; skip=$((skip + n)); fi
 }
 
 # An example with GPU workers passes only where this build's worker serves
@@ -140,8 +166,12 @@ if grep -q '^export BATON_CI=1$' .ci/run &&
    grep -A100 '^make test$' .ci/run | grep -q '^make asan-test$'; then ok
 else bad ".ci/run must export BATON_CI=1 and run make test, then make asan-test"; fi
 
-# batonctl and the Python client (adds to pass/fail through ok/bad).
-. tests/integration/test_batonctl.sh
+# The time limits themselves (tests/run-limited.py): a planted script that
+# hangs is stopped with the processes it started, and reported.
+run_script test_limits.sh env BUILD="$BUILD" bash tests/integration/test_limits.sh
+
+# batonctl and the Python client (its checks counted one by one).
+run_script test_batonctl.sh env BUILD="$BUILD" bash tests/integration/test_batonctl.sh
 
 # End to end: real batond and baton-worker processes over real sockets.
 run_script test_e2e.py env BUILD="$BUILD" /usr/bin/python3 tests/integration/test_e2e.py

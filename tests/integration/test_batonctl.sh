@@ -10,19 +10,33 @@
 #      are missing;
 #   3. batonctl against a real batond on tests/integration/configs/batonctl.yaml.
 #
-# Sourced by tests/integration/run.sh, it adds to that script's counters
-# through its ok/bad functions; run alone, it prints its own summary line.
+# Prints its own summary line, "batonctl: N passed, N failed, N skipped",
+# and writes "PASS FAIL SKIP" to $BATON_TEST_COUNTS_OUT when set (as
+# tests/integration/run.sh does, which adds them to its counts).  The
+# folders of parts 2 and 3 (the fake server's request log, batond.log) go
+# under $BATON_TEST_LOGDIR when set, else /tmp/baton-test-ctl-*; a part
+# with a failure keeps its folder and shows the tail of its log.
 set -u
 BUILD=${BUILD:-build}
 CTL=$BUILD/batonctl
 PY=/usr/bin/python3
-if ! declare -F ok >/dev/null; then
-  ctl_standalone=1; pass=0; fail=0; skip=0
-  ok()  { pass=$((pass + 1)); }
-  bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
-else
-  ctl_standalone=0
-fi
+pass=0; fail=0; skip=0
+ok()  { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
+# A folder for part NAME, under $BATON_TEST_LOGDIR when set.
+test_dir() {
+  if [ -n "${BATON_TEST_LOGDIR:-}" ]; then mktemp -d "$BATON_TEST_LOGDIR/$1-XXXXXX"
+  else mktemp -d "/tmp/baton-test-$1-XXXXXX"; fi
+}
+# Removes folder DIR when no check failed since FAILS_BEFORE, else keeps it
+# and shows the end of LOG.
+keep_on_failure() {
+  local dir=$1 fails_before=$2 log=$3
+  if [ "$fail" -eq "$fails_before" ]; then rm -rf "$dir"; return; fi
+  echo "evidence kept: $dir"
+  echo "--- last 60 lines of $log"
+  tail -60 "$log" 2>/dev/null | sed 's/^/    /'
+}
 
 # expect_rc WANT DESCRIPTION CMD...: runs CMD, keeps its output in $out.
 expect_rc() {
@@ -95,7 +109,8 @@ elif ! "$PY" -c 'import zmq, google.protobuf' 2>/dev/null; then
   echo "SKIP: batonctl end-to-end checks: $PY lacks zmq or protobuf (apt-get install python3-zmq python3-protobuf)"
   skip=$((skip + 1))
 else
-  tmp=$(mktemp -d /tmp/baton-ctl-test.XXXXXX)
+  tmp=$(test_dir ctl-fake)
+  fails_before=$fail
   ep=ipc://$tmp/baton.sock
   "$PY" tests/integration/fake_baton_server.py "$ep" "$tmp/requests.log" &
   fake=$!
@@ -192,12 +207,13 @@ EOF
   if [ $rc -eq 0 ] && grep -q "hello big world" <<<"$out"; then ok; else bad "example.py (exit $rc)"; echo "$out"; fi
 
   kill "$fake" 2>/dev/null; wait "$fake" 2>/dev/null
-  rm -rf "$tmp"
+  keep_on_failure "$tmp" "$fails_before" "$tmp/requests.log"
 fi
 
 # ---- against the real daemon ------------------------------------------------
 if [ -x "$BUILD/batond" ] && [ -x "$BUILD/baton-worker" ]; then
-  tmp=$(mktemp -d /tmp/baton-ctl-real.XXXXXX)
+  tmp=$(test_dir ctl-real)
+  fails_before=$fail
   sed -e "s#/tmp/baton-ctl#$tmp#g" tests/integration/configs/batonctl.yaml >"$tmp/c.yaml"
   "$BUILD/batond" --config "$tmp/c.yaml" >"$tmp/batond.log" 2>&1 &
   daemon=$!
@@ -267,13 +283,12 @@ if [ -x "$BUILD/batond" ] && [ -x "$BUILD/baton-worker" ]; then
   if [ $rc -eq 1 ] && grep -q "CANCELLED" "$tmp/op.out"; then ok
   else bad "batonctl: daemon: cancelled request: exit $rc"; cat "$tmp/op.out"; fi
   kill -TERM "$daemon" 2>/dev/null; wait "$daemon" 2>/dev/null
-  rm -rf "$tmp"
+  keep_on_failure "$tmp" "$fails_before" "$tmp/batond.log"
 else
   echo "SKIP: batonctl against batond: $BUILD/batond or $BUILD/baton-worker not built"
   skip=$((skip + 1))
 fi
 
-if [ "$ctl_standalone" = 1 ]; then
-  echo "integration: ${pass} passed, ${fail} failed, ${skip} skipped"
-  [ "$fail" -eq 0 ]
-fi
+echo "batonctl: ${pass} passed, ${fail} failed, ${skip} skipped"
+[ -n "${BATON_TEST_COUNTS_OUT:-}" ] && echo "$pass $fail $skip" >"$BATON_TEST_COUNTS_OUT"
+[ "$fail" -eq 0 ]

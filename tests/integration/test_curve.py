@@ -10,25 +10,26 @@ an external worker with an unauthorized key is refused and counted under
 socket="worker", the authorized one registers; a client with an authorized
 key is served (Python client and batonctl), one with an unknown key, one
 with a fresh key and a keyless (NULL mechanism) one get no answer and the
-refusals are counted under socket="client"; SIGHUP re-reads client_keys; a
+refusals are counted under socket="client"; a refused client's sends time
+out instead of blocking (the test client's); SIGHUP re-reads client_keys; a
 killed spawned worker comes back with a new key pair; no key appears in the
 logs or in --check-config.  Then the config rules
 (insecure, a non-loopback tcp endpoint without keys) and the mode of ipc://
 socket files.
 
 Run by tests/integration/run.sh; `test_curve.py NAME...` runs some tests
-only.  The closing line is "curve: N passed, N failed, N skipped".
+only.  The daemons' folders are kept with their logs when a check fails
+(tests/integration/evidence.py).  The closing line is "curve: N passed, N
+failed, N skipped".
 """
 import os
 import re
-import shutil
 import signal
 import socket
 import stat
 import struct
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 import urllib.request
@@ -45,6 +46,9 @@ CTL = os.path.join(BUILD, "batonctl")
 os.environ.setdefault("BATON_PROTO_PATH", os.path.join(BUILD, "gen", "python"))
 sys.path.insert(0, os.path.join(ROOT, "client", "python"))
 import baton_client as bc  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import evidence  # noqa: E402
+import test_e2e as e2e  # noqa: E402  (the test client, for the refused-client check)
 
 
 def free_port():
@@ -105,7 +109,7 @@ class Setup:
     """The keys, the config and the running daemon, shared by the tests."""
 
     def __init__(self):
-        self.dir = tempfile.mkdtemp(prefix="baton-curve-")
+        self.dir = evidence.new_dir()
         self.keys = {n: keygen(self.dir, n) for n in
                      ("server", "alice", "mallory", "ext", "rogue")}
         with open(os.path.join(self.dir, "clients.txt"), "w") as f:
@@ -202,7 +206,7 @@ class Setup:
         if self.proc.returncode != 0:
             problems.append("batond exited %d:\n%s" % (self.proc.returncode, self.tail()))
         self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        evidence.release(self.dir)
         return problems
 
 
@@ -270,14 +274,52 @@ def test_keyless_client_refused(s):
     ctx = zmq.Context()
     d = ctx.socket(zmq.DEALER)
     d.setsockopt(zmq.LINGER, 0)
+    d.setsockopt(zmq.SNDTIMEO, 2000)
+    d.setsockopt(zmq.RCVTIMEO, 2000)
     d.connect(s.endpoint)
     m = bc.pb.ClientMessage()
     m.health.SetInParent()
-    d.send(m.SerializeToString())
-    got = d.poll(2000)
+    try:
+        d.send(m.SerializeToString())
+        got = d.poll(2000)
+    except zmq.Again:  # the refused connection left nowhere to send
+        got = False
     d.close()
     ctx.term()
     assert not got, "a NULL-mechanism client got an answer"
+
+
+def test_refused_client_never_blocks(s):
+    """When the daemon refuses a CURVE client, ZeroMQ tears the client's
+    connection down and drops its pipe: a send has nowhere to go, and one
+    without a timeout blocks for ever.  The tests' client (test_e2e.Client)
+    must give up instead: health() is None, a send raises SendTimeout."""
+    before = s.refused("client")
+    ctx = zmq.Context()
+    pub, sec = zmq.curve_keypair()
+    c = e2e.Client(ctx, s.endpoint, curve=(s.keys["server"].encode(), pub, sec))
+    try:
+        s.wait_for("the client refusal to be counted", lambda: s.refused("client") > before, 5)
+        # The client's side learns of it too: its pipe goes (a poll lets the
+        # socket act on that); a libzmq that kept it would just not answer.
+        deadline = time.time() + 10
+        while c.sock.poll(0, zmq.POLLOUT) and time.time() < deadline:
+            time.sleep(0.05)
+        torn_down = not c.sock.poll(0, zmq.POLLOUT)
+        assert c.health(timeout=1.0) is None, "a refused client was served"
+        if torn_down:
+            m = bc.pb.ClientMessage()
+            m.health.SetInParent()
+            try:
+                c.send(m, timeout=0.5)
+                raise AssertionError("a send with no connection went through")
+            except e2e.SendTimeout:
+                pass
+        else:
+            print("  (this libzmq kept the refused connection's pipe: nothing to time out)")
+    finally:
+        c.close()
+        ctx.destroy(linger=0)
 
 
 def test_batonctl_with_keys(s):
@@ -342,7 +384,7 @@ def test_no_key_in_logs(s):
 SHARED = [test_spawned_worker_registers, test_external_worker_unauthorized_refused,
           test_external_worker_registers, test_authorized_client_served,
           test_unknown_key_refused_and_counted, test_fresh_key_refused,
-          test_keyless_client_refused, test_batonctl_with_keys, test_sighup_rereads_client_keys,
+          test_keyless_client_refused, test_refused_client_never_blocks, test_batonctl_with_keys, test_sighup_rereads_client_keys,
           test_gateway_uses_curve, test_spawned_worker_restarts, test_no_key_in_logs]
 
 
@@ -371,7 +413,7 @@ def check_config(d, daemon_lines):
 
 
 def test_config_rules():
-    d = tempfile.mkdtemp(prefix="baton-curve-cfg-")
+    d = evidence.new_dir("cfg")
     try:
         out = check_config(d, "  listen: tcp://0.0.0.0:%d" % free_port())
         assert out.returncode == 1 and "daemon.curve is not set" in out.stderr, out
@@ -385,7 +427,7 @@ def test_config_rules():
         out = check_config(d, "  listen: tcp://0.0.0.0:1\n  curve: {secret_key: %s/srv.key}" % d)
         assert out.returncode == 1 and "readable by group or others" in out.stderr, out
     finally:
-        shutil.rmtree(d, ignore_errors=True)
+        evidence.release(d)
 
 
 def run_ipc_daemon(d, extra):
@@ -417,7 +459,7 @@ def test_ipc_socket_mode():
     key, also when daemon.curve is set (the NULL mechanism stays allowed)."""
     for extra, mode in (("", 0o660), ("  ipc_mode: 0600\n  curve: {secret_key: %s/srv.key}\n",
                                       0o600)):
-        d = tempfile.mkdtemp(prefix="baton-curve-ipc-")
+        d = evidence.new_dir("ipc")
         if "%s" in extra:
             keygen(d, "srv")
             extra = extra % d
@@ -437,11 +479,11 @@ def test_ipc_socket_mode():
                 assert c.health(timeout_ms=5000).live
         finally:
             stop(p, log)
-            shutil.rmtree(d, ignore_errors=True)
+            evidence.release(d)
 
 
 def test_ipc_group_missing():
-    d = tempfile.mkdtemp(prefix="baton-curve-ipc-")
+    d = evidence.new_dir("ipc")
     p, log = run_ipc_daemon(d, "  ipc_group: no-such-group-baton\n")
     try:
         rc = p.wait(timeout=15)
@@ -451,7 +493,7 @@ def test_ipc_group_missing():
         assert "AddressSanitizer" not in text and "runtime error" not in text, text
     finally:
         log.close()
-        shutil.rmtree(d, ignore_errors=True)
+        evidence.release(d)
 
 
 OWN = [test_config_rules, test_ipc_socket_mode, test_ipc_group_missing]
@@ -475,14 +517,16 @@ def main():
                     t(s)
                     passed += 1
                     print("ok   %s" % t.__name__, flush=True)
+                    evidence.passed()
                 except Exception:
                     failed += 1
                     print("FAIL %s\n%s" % (t.__name__, traceback.format_exc()), flush=True)
-                    print(s.tail(), flush=True)
+                    evidence.failed(t.__name__)
         finally:
             for p in s.stop():
                 failed += 1
                 print("FAIL the shared daemon's processes: %s" % p, flush=True)
+                evidence.failed("the shared daemon's processes")
     for t in OWN:
         if only and t.__name__ not in only:
             continue
@@ -490,9 +534,11 @@ def main():
             t()
             passed += 1
             print("ok   %s" % t.__name__, flush=True)
+            evidence.passed()
         except Exception:
             failed += 1
             print("FAIL %s\n%s" % (t.__name__, traceback.format_exc()), flush=True)
+            evidence.failed(t.__name__)
     print("curve: %d passed, %d failed, %d skipped" % (passed, failed, skipped))
     return 1 if failed else 0
 

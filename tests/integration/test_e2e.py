@@ -6,7 +6,11 @@ python3-zmq and python3-protobuf (scripts/install-deps.sh installs them);
 the protobuf module is generated from proto/baton.proto with protoc.
 
 Every test talks to the daemon the way an outside client does: a ZeroMQ
-DEALER sending serialized ClientMessages.  The closing line is
+DEALER sending serialized ClientMessages.  Its sends and receives are
+bounded (SEND_TIMEOUT_MS, the call's timeout): a client the daemon refuses
+gets no answer, it does not hang.  Each daemon runs in a folder of
+evidence.new_dir(), kept with its batond.log when a check fails
+(tests/integration/evidence.py).  The closing line is
 "e2e: N passed, N failed".
 """
 import os
@@ -28,17 +32,26 @@ import urllib.request
 
 import zmq
 
+import evidence
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BUILD = os.environ.get("BUILD", "build")
 if not os.path.isabs(BUILD):
     BUILD = os.path.join(ROOT, BUILD)
-GEN = tempfile.mkdtemp(prefix="baton-e2e-pb-")
+GEN = evidence.scratch_dir("pb")
 subprocess.check_call(["protoc", "--python_out=" + GEN, "-I" + ROOT, "proto/baton.proto"], cwd=ROOT)
 sys.path.insert(0, os.path.join(GEN, "proto"))
 import baton_pb2 as pb  # noqa: E402
 
 I32 = pb.I32
 TIMEOUT = 15.0
+# The longest a send may wait for room (a client with no connection: one
+# the daemon refused, whose pipe ZeroMQ tore down, never gets any).
+SEND_TIMEOUT_MS = 10000
+
+
+class SendTimeout(AssertionError):
+    """A send found no connection to the daemon in time."""
 
 
 def free_port():
@@ -59,7 +72,7 @@ def as_i32(t):
 
 class Daemon:
     def __init__(self, config_text, extra_env=None, wait=True, own_group=False):
-        self.dir = tempfile.mkdtemp(prefix="baton-e2e-")
+        self.dir = evidence.new_dir()
         self.port = free_port()
         text = config_text.replace("/tmp/baton-e2e", self.dir)
         text = text.replace("127.0.0.1:19464", "127.0.0.1:%d" % self.port)
@@ -124,21 +137,41 @@ class Daemon:
                 self.proc.kill()
                 self.proc.wait()
         self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        evidence.release(self.dir)  # removed once the check passes, else kept
 
 
 class Client:
-    def __init__(self, ctx, endpoint):
+    """A DEALER to batond.  CURVE: (server public key, own public key, own
+    secret key), Z85 bytes.  Nothing it does blocks for ever: sends wait
+    SEND_TIMEOUT_MS at most (or the call's timeout), receives are polled
+    with a timeout, and closing drops what was not sent (LINGER 0)."""
+
+    def __init__(self, ctx, endpoint, curve=None):
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.SNDTIMEO, SEND_TIMEOUT_MS)
+        self.sock.setsockopt(zmq.RCVTIMEO, int(TIMEOUT * 1000))
+        if curve:
+            self.sock.curve_serverkey, self.sock.curve_publickey, \
+                self.sock.curve_secretkey = curve
+        self.endpoint = endpoint
         self.sock.connect(endpoint)
         self.n = 0
 
     def close(self):
         self.sock.close()
 
-    def send(self, msg):
-        self.sock.send(msg.SerializeToString())
+    def send(self, msg, timeout=None):
+        """Sends MSG; raises SendTimeout when there is no room for it within
+        TIMEOUT seconds (default SEND_TIMEOUT_MS)."""
+        ms = SEND_TIMEOUT_MS if timeout is None else int(timeout * 1000)
+        try:
+            if self.sock.poll(ms, zmq.POLLOUT):
+                self.sock.send(msg.SerializeToString(), zmq.NOBLOCK)
+                return
+        except zmq.Again:
+            pass
+        raise SendTimeout("no connection to %s to send on within %d ms" % (self.endpoint, ms))
 
     def recv(self, timeout=TIMEOUT):
         if not self.sock.poll(int(timeout * 1000)):
@@ -200,9 +233,14 @@ class Client:
         return self.wait(rid, timeout)
 
     def health(self, timeout=TIMEOUT):
+        """The daemon's Health, or None when it gives none within TIMEOUT
+        seconds (or the send finds no connection in that time)."""
         m = pb.ClientMessage()
         m.health.SetInParent()
-        self.send(m)
+        try:
+            self.send(m, timeout)
+        except SendTimeout:
+            return None
         r = self.recv(timeout)
         return r.health if r is not None and r.HasField("health") else None
 
@@ -825,9 +863,11 @@ def test_external_worker(config):
                           "  - {name: cpu1, device: cpu, pool_mb: 64, spawn: external}")
     assert text != config
     d = Daemon(text, wait=False)
+    # The worker's output, kept with batond.log as evidence.
+    wlog = open(os.path.join(d.dir, "cpu1.log"), "w")
     worker = subprocess.Popen([os.path.join(BUILD, "baton-worker"), "--config", d.config,
                                "--name", "cpu1", "--run-id", "ext%d" % os.getpid()],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                              stdout=wlog, stderr=subprocess.STDOUT)
     try:
         d.wait_ready()
         c = d.client()
@@ -852,7 +892,7 @@ def test_external_worker(config):
         # when it speaks again; a new one registers and serves.
         worker = subprocess.Popen([os.path.join(BUILD, "baton-worker"), "--config", d.config,
                                    "--name", "cpu1", "--run-id", "ext%d" % os.getpid()],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                  stdout=wlog, stderr=subprocess.STDOUT)
         d.wait_ready()
         worker.send_signal(signal.SIGSTOP)
         deadline = time.time() + 8
@@ -865,7 +905,7 @@ def test_external_worker(config):
         assert worker.wait(timeout=10) == 0  # it obeyed the Shutdown
         worker = subprocess.Popen([os.path.join(BUILD, "baton-worker"), "--config", d.config,
                                    "--name", "cpu1", "--run-id", "ext%d" % os.getpid()],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                  stdout=wlog, stderr=subprocess.STDOUT)
         d.wait_ready()
         _, r = c.infer("hop", X(6))
         assert r.status.code == pb.OK, r.status
@@ -873,12 +913,13 @@ def test_external_worker(config):
     finally:
         if worker.poll() is None:
             worker.kill()
+        wlog.close()
         d.stop()
 
 
 def test_sd_notify(config):
     """READY=1 once loaded, WATCHDOG=1 from the loop, STOPPING=1 on SIGTERM."""
-    path = os.path.join(tempfile.mkdtemp(prefix="baton-notify-"), "notify.sock")
+    path = os.path.join(evidence.scratch_dir("notify"), "notify.sock")
     s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     s.bind(path)
     s.settimeout(5)
@@ -1472,10 +1513,11 @@ def main():
                 t(d, c)
                 passed += 1
                 print("ok   %s" % t.__name__, flush=True)
+                evidence.passed()
             except Exception:
                 failed += 1
                 print("FAIL %s\n%s" % (t.__name__, traceback.format_exc()), flush=True)
-                print(d.tail(), flush=True)
+                evidence.failed(t.__name__)
             finally:
                 c.close()
     finally:
@@ -1489,13 +1531,15 @@ def main():
             t(config)
             passed += 1
             print("ok   %s" % t.__name__, flush=True)
+            evidence.passed()
         except Skip as e:
             skipped += 1
             print("SKIP %s: %s" % (t.__name__, e), flush=True)
+            evidence.passed()
         except Exception:
             failed += 1
             print("FAIL %s\n%s" % (t.__name__, traceback.format_exc()), flush=True)
-    shutil.rmtree(GEN, ignore_errors=True)
+            evidence.failed(t.__name__)
     print("e2e: %d passed, %d failed, %d skipped" % (passed, failed, skipped))
     return 1 if failed else 0
 

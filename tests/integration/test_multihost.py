@@ -23,22 +23,23 @@ Checked:
   - a SIGKILLed remote worker, started again by hand, rejoins.
 
 Needs root for `ip netns`; prints SKIP and exits 77 where it cannot make
-namespaces.  The closing line is "multihost: N passed, N failed".
+namespaces.  The daemon's and workers' logs are kept, with the keys and
+configs, when a check fails (tests/integration/evidence.py).  The closing
+line is "multihost: N passed, N failed".
 """
 import hashlib
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import traceback
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import evidence  # noqa: E402
 import netns  # noqa: E402
 
 ok, why = netns.available()
@@ -114,22 +115,17 @@ def keygen(keys, name):
 
 
 def curve_client(ctx, endpoint, server_pub, keys, name):
-    """A Client whose socket speaks CURVE with key pair NAME (or a fresh one)."""
-    c = Client.__new__(Client)
-    c.sock = ctx.socket(zmq.DEALER)
-    c.sock.setsockopt(zmq.LINGER, 0)
-    c.sock.curve_serverkey = server_pub.encode()
+    """A Client whose socket speaks CURVE with key pair NAME (or a fresh
+    one).  A refused one's sends time out (its connection is torn down):
+    its health() is None, it does not block."""
     if name:
         with open(os.path.join(keys, name + ".pub")) as f:
-            c.sock.curve_publickey = f.read().strip().encode()
+            pub = f.read().strip().encode()
         with open(os.path.join(keys, name + ".key")) as f:
-            c.sock.curve_secretkey = f.read().strip().encode()
+            sec = f.read().strip().encode()
     else:
         pub, sec = zmq.curve_keypair()
-        c.sock.curve_publickey, c.sock.curve_secretkey = pub, sec
-    c.sock.connect(endpoint)
-    c.n = 0
-    return c
+    return Client(ctx, endpoint, curve=(server_pub.encode(), pub, sec))
 
 
 class Worker:
@@ -189,14 +185,6 @@ class Cluster:
         self.batond = hosts.popen("c", [os.path.join(BUILD, "batond"), "--config", self.config],
                                   stdout=self.log, stderr=subprocess.STDOUT)
         self.workers = {}
-
-    def tail(self):
-        out = []
-        for f in (self.log, self.wlog):
-            f.flush()
-            with open(f.name) as r:
-                out.append("--- %s\n%s" % (os.path.basename(f.name), r.read()[-3000:]))
-        return "\n".join(out)
 
     def stop(self):
         for w in self.workers.values():
@@ -273,7 +261,7 @@ def single_host_outputs(tmp):
 
 
 def main():
-    tmp = tempfile.mkdtemp(prefix="baton-mh-")
+    tmp = evidence.new_dir()
     os.chmod(tmp, 0o755)
     keys = os.path.join(tmp, "keys")
     os.mkdir(keys)
@@ -306,10 +294,13 @@ def main():
                 fn()
                 passed += 1
                 print("ok   %s" % name, flush=True)
+                evidence.passed()
             except Exception:
                 failed += 1
                 print("FAIL %s\n%s" % (name, traceback.format_exc()), flush=True)
-                print(cl.tail(), flush=True)
+                cl.log.flush()
+                cl.wlog.flush()
+                evidence.failed(name)
 
         def same_results():
             wait_ready(c)
@@ -389,7 +380,7 @@ def main():
             c.close()
             ctx.destroy(linger=0)
             cl.stop()
-    shutil.rmtree(tmp, ignore_errors=True)
+    evidence.release(tmp)
     print("multihost: %d passed, %d failed" % (passed, failed))
     return 1 if failed else 0
 

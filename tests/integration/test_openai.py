@@ -7,7 +7,9 @@ raw sockets for what clients do wrong.
 
 Exit status: 0 when every check passed, 1 on a failure, 77 when the model
 file is absent (the caller reports SKIP).  When PyPI cannot be reached the
-`openai` package checks are reported as SKIP and the rest still runs."""
+`openai` package checks are reported as SKIP and the rest still runs.  On
+a failure the daemon's folder is kept with its batond.log
+(tests/integration/evidence.py)."""
 import http.client
 import json
 import os
@@ -17,10 +19,11 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
+
+import evidence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BUILD = os.environ.get("BUILD", "build")
@@ -51,7 +54,7 @@ def free_port():
 
 class Server:
     def __init__(self):
-        self.dir = tempfile.mkdtemp(prefix="baton-openai-")
+        self.dir = evidence.new_dir()
         self.port = free_port()
         with open(os.path.join(ROOT, "config/examples/chat-cpu.yaml")) as f:
             text = f.read()
@@ -132,7 +135,7 @@ class Server:
             self.proc.kill()
             self.proc.wait()
         self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        evidence.release(self.dir)
 
 
 def chat_body(content, **kw):
@@ -614,7 +617,8 @@ def main():
                 check(False, "%s raised %r" % (t.__name__, e))
     finally:
         if failures:
-            print(s.tail())
+            s.log.flush()
+            evidence.failed("%d failed" % len(failures))
         s.stop()
     print("openai: %d failed" % len(failures))
     return 1 if failures else 0

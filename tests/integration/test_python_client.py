@@ -103,6 +103,16 @@ def main():
         check(raises(bc.ProtocolError, lambda: c.infer("garbage", {}, wait_ms=2000)),
               "malformed frame")
         check(c.health().ready, "still usable after errors")
+        check(c.wait_ms == bc.DEFAULT_WAIT_MS and bc.DEFAULT_WAIT_MS > 0, "default wait_ms")
+
+    # A call that sets no bound of its own waits the client's wait_ms, then
+    # raises Timeout: a daemon that never answers does not hold it for ever.
+    with bc.Client(ep, wait_ms=300) as c:
+        check(raises(bc.Timeout, lambda: c.infer("slow", {})), "infer past the client's wait_ms")
+        check(raises(bc.Timeout, lambda: list(c.stream("slow", {}))),
+              "stream past the client's wait_ms")
+        check(raises(bc.Timeout, c.recv), "recv past the client's wait_ms")
+        check(c.health().ready, "usable after the client's wait_ms ran out")
 
     with bc.Client("ipc:///tmp/baton-no-such-daemon.sock", connect_timeout_ms=200) as c:
         check(raises(bc.ConnectError, c.health), "no daemon: ConnectError")

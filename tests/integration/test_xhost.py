@@ -17,6 +17,7 @@ import time
 import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import evidence  # noqa: E402
 import test_e2e as e2e  # noqa: E402  (Daemon, Client, helpers, generated protobuf)
 from test_e2e import pb, I32, X, as_i32, i32  # noqa: E402
 
@@ -295,10 +296,11 @@ def main():
                 t(d, c)
                 passed += 1
                 print("ok   %s" % t.__name__, flush=True)
+                evidence.passed()
             except Exception:
                 failed += 1
                 print("FAIL %s\n%s" % (t.__name__, traceback.format_exc()), flush=True)
-                print(d.tail(), flush=True)
+                evidence.failed(t.__name__)
             finally:
                 c.close()
     finally:
@@ -310,9 +312,11 @@ def main():
             t()
             passed += 1
             print("ok   %s" % t.__name__, flush=True)
+            evidence.passed()
         except Exception:
             failed += 1
             print("FAIL %s\n%s" % (t.__name__, traceback.format_exc()), flush=True)
+            evidence.failed(t.__name__)
     print("xhost: %d passed, %d failed" % (passed, failed))
     return 1 if failed else 0
 

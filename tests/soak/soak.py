@@ -243,6 +243,8 @@ def main():
     print("faults: %d (%s)" % (len(faults), ", ".join(sorted(set(f[1].split(" (")[0] for f in faults)))))
     print("/dev/shm segments left by batond %d: %d %s" % (d.proc.pid, len(left), left))
     bad = stats.lost or stats.twice or left
+    if bad:
+        E.evidence.failed("soak")  # the daemon's folder and batond.log stay
     print("soak: %s" % ("FAIL" if bad else "ok"))
     return 1 if bad else 0
 

@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include "tests/unit/skip.h"
+#include "tests/unit/sock_limits.h"
 #include <pthread.h>
 #include <zmq.h>
 
@@ -53,6 +54,7 @@ static server *server_start(server_script script, bool curve)
     s->script = script;
     s->ctx = zmq_ctx_new();
     s->router = zmq_socket(s->ctx, ZMQ_ROUTER);
+    test_sock_limit(s->router);
     zmq_msg_init(&s->peer);
     if (curve) {
         char secret[41];

@@ -26,6 +26,7 @@
 #include <cmocka.h>
 
 #include "proto/baton.pb-c.h"
+#include "tests/unit/sock_limits.h"
 
 typedef Baton__V1__WorkerMessage wmsg;
 
@@ -116,8 +117,7 @@ static void c_start(conductor *c, const char *run_tag, int n_workers)
     fclose(f);
     c->zctx = zmq_ctx_new();
     c->router = zmq_socket(c->zctx, ZMQ_ROUTER);
-    int zero = 0;
-    zmq_setsockopt(c->router, ZMQ_LINGER, &zero, sizeof(zero));
+    test_sock_limit(c->router);
     assert_int_equal(zmq_bind(c->router, c->endpoint), 0);
     char exe[512];
     worker_path(exe, sizeof(exe));

@@ -20,6 +20,7 @@
 #include "common/evloop.h"
 #include "worker/xfer.h"
 #include "tests/unit/skip.h"
+#include "tests/unit/sock_limits.h"
 
 #define MIB (1u << 20)
 
@@ -317,8 +318,7 @@ static void test_forged_request_answered(void **state)
 {
     rig *r = *state;
     void *s = zmq_socket(r->zctx, ZMQ_DEALER);
-    int zero = 0;
-    assert_int_equal(zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof(zero)), 0);
+    test_sock_limit(s);
     assert_int_equal(zmq_connect(s, wk_xfer_endpoint(r->producer)), 0);
     const uint64_t lengths[][2] = {{900, 200}, {0, 0}, {UINT64_MAX - 10, 20}};
     for (size_t k = 0; k < 3; k++) {
@@ -428,10 +428,9 @@ static void test_silent_producer_times_out(void **state)
     size_t len = sizeof(ep);
     fake_pull f[1] = {0};
     uint8_t buf[1000];
-    int zero = 0;
     done_order = 0;
     void *mute = zmq_socket(r->zctx, ZMQ_ROUTER);
-    assert_int_equal(zmq_setsockopt(mute, ZMQ_LINGER, &zero, sizeof(zero)), 0);
+    test_sock_limit(mute);
     assert_int_equal(zmq_bind(mute, "tcp://127.0.0.1:*"), 0);
     assert_int_equal(zmq_getsockopt(mute, ZMQ_LAST_ENDPOINT, ep, &len), 0);
     assert_int_equal(wk_xfer_peer_update(r->consumer, 3, "mute", ep, 1, true), 0);

@@ -16,6 +16,7 @@
 #include "daemon/dispatch.h"
 #include "daemon/supervisor.h"
 #include "proto/baton.pb-c.h"
+#include "tests/unit/sock_limits.h"
 
 static const char yaml[] =
     "version: 1\n"
@@ -59,10 +60,9 @@ static void hook_burst(void *arg)
 static void *register_worker(void *ctx, const char *name, const char *host, const char *ep)
 {
     void *d = zmq_socket(ctx, ZMQ_DEALER);
-    int zero = 0;
     assert_non_null(d);
     assert_int_equal(zmq_setsockopt(d, ZMQ_ROUTING_ID, name, strlen(name)), 0);
-    assert_int_equal(zmq_setsockopt(d, ZMQ_LINGER, &zero, sizeof(zero)), 0);
+    test_sock_limit(d);
     assert_int_equal(zmq_connect(d, "inproc://test-xhost-kind"), 0);
     Baton__V1__Register r = BATON__V1__REGISTER__INIT;
     r.protocol_version = BATON__V1__PROTOCOL_VERSION__PROTOCOL_VERSION_CURRENT;
@@ -88,8 +88,7 @@ static void test_kinds_from_registered_hosts(void **state)
     assert_int_equal(cfg_load_string(yaml, strlen(yaml), "t.yaml", diag, &cfg), 0);
     void *ctx = zmq_ctx_new();
     void *router = zmq_socket(ctx, ZMQ_ROUTER);
-    int zero = 0;
-    assert_int_equal(zmq_setsockopt(router, ZMQ_LINGER, &zero, sizeof(zero)), 0);
+    test_sock_limit(router);
     assert_int_equal(zmq_bind(router, "inproc://test-xhost-kind"), 0);
     sup_options opt = {cfg, "/nonexistent/t.yaml", "t", "/bin/false", router};
     sup_hooks hooks = {NULL, hook_ready, hook_lost, hook_message, hook_burst, hook_burst};
