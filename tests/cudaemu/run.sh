@@ -93,7 +93,7 @@ fi
 # CUDAEMU_GPU_WORKER_TESTS names the tests to run (default all; the chat
 # test takes a few minutes, too long under ASan).
 # shellcheck disable=SC2086
-run "GPU workers end to end" any 2400 --stream env BUILD="$BUILD" /usr/bin/python3 tests/cudaemu/test_gpu_worker.py ${CUDAEMU_GPU_WORKER_TESTS:-}
+run "GPU workers end to end" any 3600 --stream env BUILD="$BUILD" /usr/bin/python3 tests/cudaemu/test_gpu_worker.py ${CUDAEMU_GPU_WORKER_TESTS:-}
 echo "cudaemu: ${pass} passed, ${fail} failed, ${skip} skipped"
 [ -n "${TEST_COUNTS:-}" ] && echo "cudaemu $pass $fail $skip" >> "$TEST_COUNTS"
 [ "$fail" -eq 0 ]
