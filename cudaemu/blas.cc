@@ -26,7 +26,7 @@ extern "C" {
 
 cublasStatus_t cublasCreate(cublasHandle_t *handle)
 {
-    std::lock_guard<std::recursive_mutex> g(emu_lock);
+    std::lock_guard<emu_mutex> g(emu_lock);
     if (!handle)
         return CUBLAS_STATUS_INVALID_VALUE;
     if (sticky_error() || capture_check_unsafe("cublasCreate"))
@@ -38,7 +38,7 @@ cublasStatus_t cublasCreate(cublasHandle_t *handle)
 
 cublasStatus_t cublasDestroy(cublasHandle_t handle)
 {
-    std::lock_guard<std::recursive_mutex> g(emu_lock);
+    std::lock_guard<emu_mutex> g(emu_lock);
     if (!handle)
         return CUBLAS_STATUS_NOT_INITIALIZED;
     delete handle;
@@ -78,7 +78,7 @@ cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t h, cublasOperation_t ta,
                                          const float *beta, float *c, int ldc, long long sc,
                                          int batch)
 {
-    std::lock_guard<std::recursive_mutex> g(emu_lock);
+    std::lock_guard<emu_mutex> g(emu_lock);
     if (!h)
         return CUBLAS_STATUS_NOT_INITIALIZED;
     if (sticky_error())

@@ -4,22 +4,55 @@
  * One lock (emu_lock) serialises the whole emulator: the CUDA calls of
  * every host thread and all device work, which runs on the host thread
  * that waits for it (a synchronisation point drains the streams it needs).
- * Inside, everything is single-threaded. */
+ * Inside, everything is single-threaded.  The lock is let go of, entirely,
+ * while a thread waits for another process (a collective whose peer rank
+ * has not arrived) and between two commands when another thread asks for
+ * it: on a GPU, a host thread's CUDA call never waits for a kernel of
+ * another stream, so a process whose compute thread waits in an
+ * all-reduce must still be able to copy, map and launch from its other
+ * threads (a worker's I/O thread sends the very message the peer rank
+ * waits for).  No device memory is open while the lock is free. */
 #ifndef CUDAEMU_EMU_H
 #define CUDAEMU_EMU_H
 
 #include <stdint.h>
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 
 #include "cuda_runtime.h"
 
 namespace cudaemu {
 
-extern std::recursive_mutex emu_lock;
+/* The emulator's one lock: recursive like std::recursive_mutex, and able
+ * to be let go of entirely by its holder and taken back at the same depth
+ * (a lock_guard above the call keeps working). */
+class emu_mutex {
+public:
+    void lock();
+    void unlock();
+    /* Releases every level the calling thread holds; returns how many. */
+    unsigned release_all();
+    /* Takes the lock back at DEPTH levels. */
+    void reacquire(unsigned depth);
+    /* Whether another thread waits for the lock now. */
+    bool contended() const { return waiting_.load(std::memory_order_relaxed) > 0; }
+    /* Lets the threads waiting for the lock in, then takes it back; the
+     * caller has closed the device memory it had open. */
+    void yield_to_waiters();
+
+private:
+    std::mutex m_;
+    std::atomic<std::thread::id> owner_{};
+    unsigned depth_ = 0;          /* levels the owner holds; the owner's */
+    std::atomic<int> waiting_{0}; /* threads blocked in lock() or reacquire() */
+};
+
+extern emu_mutex emu_lock;
 
 /* ---- reports (streams.cc) -------------------------------------------------------- */
 

@@ -590,7 +590,7 @@ void launch_enqueue(const char *name, const char *file, int line, const void *fn
                     const launch_cfg &cfg, std::shared_ptr<const kernel_call> call,
                     const void *const *ptrs, int n_ptrs)
 {
-    std::lock_guard<std::recursive_mutex> g(emu_lock);
+    std::lock_guard<emu_mutex> g(emu_lock);
     if (sticky_error()) {
         set_error(sticky_error());
         return;
@@ -617,12 +617,12 @@ void launch_enqueue(const char *name, const char *file, int line, const void *fn
 
 extern "C" unsigned long long cudaemu_launches(void)
 {
-    std::lock_guard<std::recursive_mutex> g(cudaemu::emu_lock);
+    std::lock_guard<cudaemu::emu_mutex> g(cudaemu::emu_lock);
     return cudaemu::n_launches;
 }
 
 extern "C" unsigned long long cudaemu_switches(void)
 {
-    std::lock_guard<std::recursive_mutex> g(cudaemu::emu_lock);
+    std::lock_guard<cudaemu::emu_mutex> g(cudaemu::emu_lock);
     return cudaemu::n_switches;
 }

@@ -411,7 +411,7 @@ extern "C" {
 
 cudaError_t cudaMalloc(void **ptr, size_t bytes)
 {
-    std::lock_guard<std::recursive_mutex> g(emu_lock);
+    std::lock_guard<emu_mutex> g(emu_lock);
     if (sticky_error())
         return sticky_error();
     if (!ptr)
@@ -443,7 +443,7 @@ cudaError_t cudaMalloc(void **ptr, size_t bytes)
 
 cudaError_t cudaFree(void *ptr)
 {
-    std::lock_guard<std::recursive_mutex> g(emu_lock);
+    std::lock_guard<emu_mutex> g(emu_lock);
     if (sticky_error())
         return sticky_error();
     if (!ptr)
@@ -464,13 +464,13 @@ cudaError_t cudaFree(void *ptr)
 
 void cudaemu_install_fault_handler(void)
 {
-    std::lock_guard<std::recursive_mutex> g(emu_lock);
+    std::lock_guard<emu_mutex> g(emu_lock);
     install_fault_handler();
 }
 
 cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attr, const void *ptr)
 {
-    std::lock_guard<std::recursive_mutex> g(emu_lock);
+    std::lock_guard<emu_mutex> g(emu_lock);
     if (!attr)
         return set_error(cudaErrorInvalidValue);
     memset(attr, 0, sizeof(*attr));
@@ -490,19 +490,19 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attr, const v
 
 size_t cudaemu_bytes_allocated(void)
 {
-    std::lock_guard<std::recursive_mutex> g(emu_lock);
+    std::lock_guard<emu_mutex> g(emu_lock);
     return allocated;
 }
 
 int cudaemu_is_device_ptr(const void *p)
 {
-    std::lock_guard<std::recursive_mutex> g(emu_lock);
+    std::lock_guard<emu_mutex> g(emu_lock);
     return mem_is_device(p, 1);
 }
 
 cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *ptr)
 {
-    std::lock_guard<std::recursive_mutex> g(emu_lock);
+    std::lock_guard<emu_mutex> g(emu_lock);
     if (sticky_error())
         return sticky_error();
     auto it = live.find((uintptr_t)ptr);
@@ -524,7 +524,7 @@ cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *ptr)
 
 cudaError_t cudaIpcOpenMemHandle(void **ptr, cudaIpcMemHandle_t handle, unsigned flags)
 {
-    std::lock_guard<std::recursive_mutex> g(emu_lock);
+    std::lock_guard<emu_mutex> g(emu_lock);
     if (sticky_error())
         return sticky_error();
     ipc_handle h;
@@ -569,7 +569,7 @@ cudaError_t cudaIpcOpenMemHandle(void **ptr, cudaIpcMemHandle_t handle, unsigned
 
 cudaError_t cudaIpcCloseMemHandle(void *ptr)
 {
-    std::lock_guard<std::recursive_mutex> g(emu_lock);
+    std::lock_guard<emu_mutex> g(emu_lock);
     if (sticky_error())
         return sticky_error();
     auto it = opened.find((uintptr_t)ptr);

@@ -165,7 +165,7 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId *id)
     memset(id, 0, sizeof(*id));
     uint64_t r;
     {
-        std::lock_guard<std::recursive_mutex> g(emu_lock);
+        std::lock_guard<emu_mutex> g(emu_lock);
         r = rng() ^ (uint64_t)seconds_now() * 1000003u;
     }
     snprintf(id->internal, sizeof(id->internal), "/cudaemu-nccl-%d-%016llx", (int)getpid(),
@@ -292,7 +292,7 @@ ncclResult_t ncclCommAbort(ncclComm_t comm)
 {
     if (!comm)
         return ncclSuccess;
-    std::lock_guard<std::recursive_mutex> g(emu_lock);
+    std::lock_guard<emu_mutex> g(emu_lock);
     comm->aborted = true;
     if (comm->joining)
         shm_unlink(comm->name); /* it will never form */
@@ -344,7 +344,7 @@ ncclResult_t ncclCommUserRank(const ncclComm_t comm, int *rank)
 ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t type,
                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream)
 {
-    std::lock_guard<std::recursive_mutex> g(emu_lock);
+    std::lock_guard<emu_mutex> g(emu_lock);
     if (!comm || op != ncclSum || (type != ncclFloat32 && type != ncclInt32))
         return ncclInvalidArgument;
     if (sticky_error())
@@ -420,7 +420,7 @@ ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataT
 static ncclResult_t p2p(bool send, void *buf, size_t count, ncclDataType_t type, int peer,
                         ncclComm_t comm, cudaStream_t stream)
 {
-    std::lock_guard<std::recursive_mutex> g(emu_lock);
+    std::lock_guard<emu_mutex> g(emu_lock);
     bool byte = type == ncclInt8 || type == ncclUint8;
     if (!comm || (type != ncclFloat32 && type != ncclInt32 && !byte) || peer < 0 ||
         peer >= comm->nranks || peer == comm->rank || comm->aborted || comm->joining)
@@ -480,7 +480,7 @@ ncclResult_t ncclGroupEnd(void)
     group_ops = NULL;
     if (ops->empty())
         return ncclSuccess;
-    std::lock_guard<std::recursive_mutex> g(emu_lock);
+    std::lock_guard<emu_mutex> g(emu_lock);
     cudaError_t e = stream_enqueue_polled(ops->front().stream, "ncclGroup", [ops]() {
         bool all = true;
         for (p2p_op &op : *ops)

@@ -37,7 +37,59 @@
 
 namespace cudaemu {
 
-std::recursive_mutex emu_lock;
+emu_mutex emu_lock;
+
+void emu_mutex::lock()
+{
+    std::thread::id me = std::this_thread::get_id();
+    if (owner_.load(std::memory_order_relaxed) == me) {
+        depth_++;
+        return;
+    }
+    waiting_++;
+    m_.lock();
+    waiting_--;
+    owner_.store(me, std::memory_order_relaxed);
+    depth_ = 1;
+}
+
+void emu_mutex::unlock()
+{
+    if (--depth_ > 0)
+        return;
+    owner_.store(std::thread::id(), std::memory_order_relaxed);
+    m_.unlock();
+}
+
+unsigned emu_mutex::release_all()
+{
+    unsigned d = depth_;
+    depth_ = 0;
+    owner_.store(std::thread::id(), std::memory_order_relaxed);
+    m_.unlock();
+    return d;
+}
+
+void emu_mutex::reacquire(unsigned depth)
+{
+    waiting_++;
+    m_.lock();
+    waiting_--;
+    owner_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+    depth_ = depth;
+}
+
+void emu_mutex::yield_to_waiters()
+{
+    int before = waiting_.load(std::memory_order_relaxed);
+    unsigned d = release_all();
+    /* std::mutex is not fair: without a pause the releasing thread would
+     * often take it straight back.  Give the waiters a moment to get in
+     * (each that does leaves the count). */
+    for (int i = 0; i < 200 && waiting_.load(std::memory_order_relaxed) >= before; i++)
+        std::this_thread::yield();
+    reacquire(d);
+}
 
 /* ---- reports, errors, the seeded order ------------------------------------------ */
 
@@ -114,6 +166,7 @@ struct command {
     std::function<poll_result()> poll; /* polled until POLL_DONE */
     std::vector<dep> deps;
     bool self_open; /* FN opens the device memory it touches itself (a copy) */
+    bool running;   /* a thread runs FN now (it may let the lock go meanwhile) */
 };
 
 struct gnode {
@@ -182,7 +235,7 @@ static bool dep_met(const dep &d)
 
 static bool head_ready(const cudaemu_stream *s)
 {
-    if (s->q.empty())
+    if (s->q.empty() || s->q.front().running)
         return false;
     for (const dep &d : s->q.front().deps)
         if (!dep_met(d))
@@ -202,8 +255,11 @@ static bool run_head(cudaemu_stream *s, bool *opened)
     }
     if (!sticky && h.poll && h.poll() == POLL_WAIT)
         return false;
-    if (!sticky && h.fn)
+    if (!sticky && h.fn) {
+        h.running = true;
         h.fn();
+        h.running = false;
+    }
     s->done = h.seq;
     s->q.pop_front();
     return true;
@@ -222,11 +278,27 @@ double wait_limit_s(void)
     return s && atof(s) > 0 ? atof(s) : 60.0;
 }
 
+/* Lets the other threads in while this one waits for another process:
+ * device memory this thread opened (*OPENED) is closed first, since none
+ * may be open while the lock is free, and opened again by the next command
+ * that needs it. */
+static void wait_for_peer(bool *opened)
+{
+    if (*opened) {
+        mem_close();
+        *opened = false;
+    }
+    unsigned depth = emu_lock.release_all();
+    usleep(50);
+    emu_lock.reacquire(depth);
+}
+
 /* Runs ready stream heads, in seeded order, until DONE holds (or MAX_STEPS
- * commands ran).  When every ready head waits for another process, sleeps
- * a little and polls again.  False (and a problem) when nothing can run any
- * more, which needs an event that is never recorded (impossible through
- * this API, so a bug here), or when a wait outlasts the limit. */
+ * commands ran).  When every ready head waits for another process, lets
+ * the lock go a little and polls again; between two commands, it lets in a
+ * thread that asks for the lock.  False (and a problem) when nothing can
+ * run any more, which needs an event that is never recorded (impossible
+ * through this API, so a bug here), or when a wait outlasts the limit. */
 static bool drain(const std::function<bool()> &done, int max_steps = -1)
 {
     std::vector<cudaemu_stream *> ready;
@@ -254,6 +326,13 @@ static bool drain(const std::function<bool()> &done, int max_steps = -1)
             waiting_since = 0;
             if (max_steps > 0)
                 max_steps--;
+            if (emu_lock.contended()) {
+                if (opened) {
+                    mem_close();
+                    opened = false;
+                }
+                emu_lock.yield_to_waiters();
+            }
             continue;
         }
         double now = seconds_now();
@@ -267,7 +346,7 @@ static bool drain(const std::function<bool()> &done, int max_steps = -1)
         }
         if (max_steps > 0) /* a query: report not ready rather than sleep */
             break;
-        usleep(50);
+        wait_for_peer(&opened);
     }
     if (opened)
         mem_close();
@@ -330,7 +409,12 @@ static cudaError_t enqueue(cudaStream_t stream, const char *what, std::function<
                         set_sticky(cudaErrorLaunchFailure);
                         return;
                     }
-                    usleep(50);
+                    /* The graph's command is marked running, so no other
+                     * thread runs it meanwhile; the memory the drain
+                     * opened for it is opened again after. */
+                    bool opened = true;
+                    wait_for_peer(&opened);
+                    mem_open();
                 }
             };
         gnode n = {what, std::move(fn), s->tail};
@@ -338,7 +422,7 @@ static cudaError_t enqueue(cudaStream_t stream, const char *what, std::function<
         s->tail.assign(1, (int)c->nodes.size() - 1);
         return cudaSuccess;
     }
-    command c = {++s->enq, what, std::move(fn), std::move(poll), {}, self_open};
+    command c = {++s->enq, what, std::move(fn), std::move(poll), {}, self_open, false};
     if (s->legacy) {
         for (auto &o : streams)
             if (!o->destroyed && !(o->flags & cudaStreamNonBlocking)) {
@@ -386,7 +470,7 @@ static cudaError_t sync_stream(cudaemu_stream *s)
 
 using namespace cudaemu;
 
-#define LOCK() std::lock_guard<std::recursive_mutex> lock_(emu_lock)
+#define LOCK() std::lock_guard<emu_mutex> lock_(emu_lock)
 #define STICKY()                      \
     do {                              \
         if (sticky)                   \

@@ -32,7 +32,7 @@ cudaemu:  cudaemu
 # carries the component's name (its public types), never one after it.
 order_daemon='zap deadlines clients metrics textlimit door openai gateway pairs workers spawner tpgroups roster supervisor tensors dispatch outbound frontend conductor main_batond'
 order_runtime='core speculation registry progress runtime'
-order_worker='pool join segment device peers plugin xfer events store wire item inputs ctx executor runahead tp pull nccl report load accept tensorio worker main_worker'
+order_worker='pool join segment device peers plugin xfer events copier store wire item inputs ctx executor runahead tp pull nccl report load accept tensorio worker main_worker'
 
 allowed_for() {
     awk -v c="$1" -F': *' '$1 == c { print $2 }' <<<"$rules"

@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "common/clock.h"
+#include "common/log.h"
 #include "worker/join.h"
 
 static const wk_ctx_env *ctx_env(const baton_ctx *ctx)
@@ -134,9 +135,13 @@ static int ctx_emit_chunk(baton_ctx *ctx, baton_item *item, uint32_t output,
         c.has_ref = true;
         c.ref = s->ref;
         c.created = s->created;
+        c.host = wk_ctx_inline_copy(env, ctx->stream, s->t.data, wk_ctx_slot_on_device(env, s),
+                                    s->t.nbytes, item->outputs[output].client);
     }
-    if (env->chunk(env->arg, it, &c) != 0)
+    if (env->chunk(env->arg, it, &c) != 0) {
+        free(c.host);
         return -1;
+    }
     it->chunk_next[output]++;
     if (s)
         s->chunked = true;
@@ -156,7 +161,10 @@ static int ctx_set_output(baton_ctx *ctx, baton_item *item, uint32_t output,
     wk_slot *s = slot_of(it, tensor);
     if (!s)
         return -1;
-    it->results[output] = (wk_result){.set = true, .created = s->created, .ref = s->ref};
+    free(it->results[output].host);
+    it->results[output] = (wk_result){.set = true, .created = s->created, .ref = s->ref,
+                                      .data = s->t.data,
+                                      .device = wk_ctx_slot_on_device(ctx_env(ctx), s)};
     return 0;
 }
 
@@ -223,6 +231,29 @@ static baton_status ctx_sleep_ms(baton_ctx *ctx, const baton_item *item, uint32_
         pthread_cond_timedwait(env->wake, env->lock, &ts);
     pthread_mutex_unlock(env->lock);
     return st;
+}
+
+bool wk_ctx_slot_on_device(const wk_ctx_env *env, const wk_slot *s)
+{
+    if (s->map)
+        return s->map->cuda_device >= 0;
+    return wk_device_space(env->dev) == WK_SPACE_CUDA;
+}
+
+void *wk_ctx_inline_copy(const wk_ctx_env *env, void *stream, const void *data, bool device,
+                         uint64_t n, bool client)
+{
+    if (!client || !device || n == 0 || n > WK_INLINE_MAX)
+        return NULL;
+    void *host = malloc(n);
+    char err[256];
+    if (host && wk_device_copy(env->dev, stream, host, data, n, err, sizeof(err)) != 0) {
+        bt_warn("a client output of %llu bytes stays on the device: %s", (unsigned long long)n,
+                err);
+        free(host);
+        host = NULL;
+    }
+    return host;
 }
 
 void wk_ctx_init(baton_ctx *ctx, const wk_ctx_env *env, void *stream)

@@ -31,6 +31,9 @@ typedef struct wk_chunk {
     bool has_ref;                 /* false: an empty closing chunk */
     bool created;                 /* the execution made the tensor */
     wk_ref ref;
+    void *host;                   /* a copy of its bytes for the Chunk (a small client-bound
+                                     tensor in device memory), or NULL; whoever takes the
+                                     chunk owns it */
 } wk_chunk;
 
 /* What a lane's ctx reaches; every pointer borrowed from the executor. */
@@ -52,5 +55,12 @@ typedef struct wk_ctx_env {
 
 /* Binds CTX's callbacks to ENV and the lane's STREAM (NULL on the host). */
 void wk_ctx_init(baton_ctx *ctx, const wk_ctx_env *env, void *stream);
+/* Whether slot S of an execution is device memory. */
+bool wk_ctx_slot_on_device(const wk_ctx_env *env, const wk_slot *s);
+/* A host copy of the N bytes of device memory at DATA, made on STREAM
+ * (malloc'd), when a client-bound output of that size goes inline; NULL
+ * when it does not (too large, empty, host memory) or the copy failed. */
+void *wk_ctx_inline_copy(const wk_ctx_env *env, void *stream, const void *data, bool device,
+                         uint64_t n, bool client);
 
 #endif

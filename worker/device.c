@@ -36,6 +36,8 @@ typedef struct wk_device_ops {
     int (*mark)(wk_device *d, void *stream, void **mark, char *err, size_t errlen);
     int (*mark_query)(wk_device *d, void *mark);
     void (*mark_free)(wk_device *d, void *mark);
+    int (*mark_wait)(wk_device *d, void *stream, void *mark, char *err, size_t errlen);
+    int (*mark_sync)(wk_device *d, void *mark, char *err, size_t errlen);
 } wk_device_ops;
 
 struct wk_device {
@@ -181,11 +183,26 @@ static void host_mark_free(wk_device *d, void *mark)
     (void)d, (void)mark;
 }
 
+/* A host device's marks are NULL, always reached: its copies are done
+ * when they return. */
+static int host_mark_wait(wk_device *d, void *stream, void *mark, char *err, size_t errlen)
+{
+    (void)d, (void)stream, (void)mark, (void)err, (void)errlen;
+    return 0;
+}
+
+static int host_mark_sync(wk_device *d, void *mark, char *err, size_t errlen)
+{
+    (void)d, (void)mark, (void)err, (void)errlen;
+    return 0;
+}
+
 static const wk_device_ops host_ops = {host_pool_open,   host_pool_close, host_stream_create,
                                        host_stream_destroy, host_copy_async, host_sync,
                                        host_lost,        host_pair_join,  host_pair_ready,
                                        host_pair_p2p,
-                                       host_mark,        host_mark_query, host_mark_free};
+                                       host_mark,        host_mark_query, host_mark_free,
+                                       host_mark_wait,   host_mark_sync};
 
 /* --- CUDA ------------------------------------------------------------------ */
 
@@ -339,11 +356,30 @@ static void cuda_mark_free(wk_device *d, void *mark)
         cudaEventDestroy((cudaEvent_t)mark);
 }
 
+static int cuda_mark_wait(wk_device *d, void *stream, void *mark, char *err, size_t errlen)
+{
+    if (!mark)
+        return 0;
+    cudaSetDevice(d->ordinal);
+    cudaError_t r = cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)mark, 0);
+    return r ? cuda_fail(r, "cudaStreamWaitEvent", err, errlen) : 0;
+}
+
+static int cuda_mark_sync(wk_device *d, void *mark, char *err, size_t errlen)
+{
+    if (!mark)
+        return 0;
+    cudaSetDevice(d->ordinal);
+    cudaError_t r = cudaEventSynchronize((cudaEvent_t)mark);
+    return r ? cuda_fail(r, "cudaEventSynchronize", err, errlen) : 0;
+}
+
 static const wk_device_ops cuda_ops = {cuda_pool_open,   cuda_pool_close, cuda_stream_create,
                                        cuda_stream_destroy, cuda_copy_async, cuda_sync,
                                        cuda_lost,        cuda_pair_join,  cuda_pair_ready,
                                        cuda_pair_p2p,
-                                       cuda_mark,        cuda_mark_query, cuda_mark_free};
+                                       cuda_mark,        cuda_mark_query, cuda_mark_free,
+                                       cuda_mark_wait,   cuda_mark_sync};
 #endif
 
 /* --- the interface ---------------------------------------------------------- */
@@ -482,26 +518,6 @@ int wk_device_copy(wk_device *d, void *stream, void *dst, const void *src, uint6
     return rc ? rc : wk_device_sync(d, stream, err, errlen);
 }
 
-void *wk_device_to_host(wk_device *d, void *stream, const void *p, bool device, uint64_t n,
-                        bool *copied)
-{
-    *copied = false;
-    if (!p || !device)
-        return (void *)p;
-    char err[256];
-    void *buf = malloc(n ? n : 1);
-    if (!buf)
-        return NULL;
-    if (wk_device_copy(d, stream, buf, p, n, err, sizeof(err)) != 0) {
-        bt_error("cannot copy %llu bytes of device memory to the host: %s",
-                 (unsigned long long)n, err);
-        free(buf);
-        return NULL;
-    }
-    *copied = true;
-    return buf;
-}
-
 int wk_device_lost(wk_device *d, char *err, size_t errlen)
 {
     return d->ops->lost(d, err, errlen);
@@ -601,6 +617,16 @@ int wk_device_mark_query(wk_device *d, void *mark)
 void wk_device_mark_free(wk_device *d, void *mark)
 {
     d->ops->mark_free(d, mark);
+}
+
+int wk_device_mark_wait(wk_device *d, void *stream, void *mark, char *err, size_t errlen)
+{
+    return d->ops->mark_wait(d, stream, mark, err, errlen);
+}
+
+int wk_device_mark_sync(wk_device *d, void *mark, char *err, size_t errlen)
+{
+    return d->ops->mark_sync(d, mark, err, errlen);
 }
 
 uint64_t wk_device_staged_bytes(const wk_device *d)

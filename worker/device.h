@@ -73,11 +73,6 @@ int wk_device_sync(wk_device *d, void *stream, char *err, size_t errlen);
 /* wk_device_copy_async, then wk_device_sync. */
 int wk_device_copy(wk_device *d, void *stream, void *dst, const void *src, uint64_t n, char *err,
                    size_t errlen);
-/* N bytes at P readable by the host: P itself, or (DEVICE memory) a
- * malloc'd copy made on STREAM, *COPIED then set (the caller frees it).
- * NULL when P is NULL or the copy failed (logged). */
-void *wk_device_to_host(wk_device *d, void *stream, const void *p, bool device, uint64_t n,
-                        bool *copied);
 /* Nonzero once the device context is unusable (a sticky CUDA error such
  * as an illegal address in a kernel), with the error in ERR.  Nothing can
  * be done on it any more: the worker exits and is restarted. */
@@ -125,6 +120,11 @@ int wk_device_pair_p2p(wk_device *d, void *comm, void *stream, bool send, void *
 int wk_device_mark(wk_device *d, void *stream, void **mark, char *err, size_t errlen);
 int wk_device_mark_query(wk_device *d, void *mark);
 void wk_device_mark_free(wk_device *d, void *mark);
+/* Makes everything queued on STREAM from now on wait for MARK, without
+ * the host waiting (cudaStreamWaitEvent).  0, or BT_EIO with ERR. */
+int wk_device_mark_wait(wk_device *d, void *stream, void *mark, char *err, size_t errlen);
+/* Waits on the host until MARK is reached.  0, or BT_EIO with ERR. */
+int wk_device_mark_sync(wk_device *d, void *mark, char *err, size_t errlen);
 
 /* Bytes the worker copied to stage inputs (joins, and values moved between
  * a CPU and a GPU pool), since it started.  Counted by the callers. */

@@ -244,8 +244,11 @@ static bool in_results(const wk_item *it, const wk_ref *ref)
 static void finish_item(wk_executor *ex, wk_item *it)
 {
     bool ok = it->status == BATON_STATUS_OK && !atomic_load(&it->cancelled);
-    if (it->results && it->status != BATON_STATUS_OK)
+    if (it->results && it->status != BATON_STATUS_OK) {
+        for (uint32_t o = 0; o < it->b.n_outputs; o++)
+            free(it->results[o].host);
         memset(it->results, 0, sizeof(*it->results) * it->b.n_outputs);
+    }
     for (uint32_t o = 0; ok && o < it->b.n_outputs; o++) {
         if (!it->outputs[o].stream || it->stream_closed[o])
             continue;
@@ -311,6 +314,20 @@ static void run_batch(wk_executor *ex, baton_ctx *ctx, wk_model *m, wk_item **ba
         char msg[512];
         snprintf(msg, sizeof(msg), "node '%s': %s", batch[i]->b.node_name, err);
         wk_item_fail(batch[i], BATON_STATUS_INTERNAL, msg);
+    }
+    /* Small client-bound outputs in device memory are copied to the host
+     * here, on the lane (they go inline in the Done), so that the I/O
+     * thread that sends it never waits for the device. */
+    for (size_t i = 0; !rc && i < n; i++) {
+        wk_item *it = batch[i];
+        if (it->status != BATON_STATUS_OK || atomic_load(&it->cancelled) || !it->results)
+            continue;
+        for (uint32_t o = 0; o < it->b.n_outputs; o++) {
+            wk_result *r = &it->results[o];
+            if (r->set && !it->outputs[o].stream && !r->host)
+                r->host = wk_ctx_inline_copy(&ex->ctx_env, ctx->stream, r->data, r->device,
+                                             r->ref.nbytes, it->outputs[o].client);
+        }
     }
     uint64_t end = bt_now_ns();
     pthread_mutex_lock(ex->opt.lock);

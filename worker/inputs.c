@@ -8,9 +8,11 @@
 #include "worker/join.h"
 #include "worker/wire.h"
 
-/* A join to carry out once the lock is dropped. */
+/* A join to carry out once the lock is dropped, or (WAIT set) a mark the
+ * lane's stream must wait for first: a tensor a Put is still filling. */
 struct wk_join_job {
     wk_item *item;                /* failed when the copy fails */
+    void *wait;                   /* the tensor's fill mark; its pin keeps it alive */
     wk_jpart *parts;
     size_t n_parts;
     wk_tview *views;
@@ -27,10 +29,11 @@ static void job_free(wk_join_job *j)
     free(j);
 }
 
-/* Pins REF into a new slot of IT.  [L]  NULL with *CODE and ERR when the
- * tensor cannot be had. */
+/* Pins REF into a new slot of IT; an own tensor still being filled adds a
+ * wait to *JOBS.  [L]  NULL with *CODE and ERR when the tensor cannot be
+ * had. */
 static wk_slot *pin_ref(const wk_inputs_env *env, wk_item *it, const wk_ref *ref,
-                        baton_status *code, char *err, size_t errlen)
+                        wk_join_job **jobs, baton_status *code, char *err, size_t errlen)
 {
     wk_slot *s = wk_item_slot_add(it);
     *code = BATON_STATUS_RESOURCE_EXHAUSTED;
@@ -50,6 +53,17 @@ static wk_slot *pin_ref(const wk_inputs_env *env, wk_item *it, const wk_ref *ref
         s->own = t;
         s->ref = t->ref;
         wk_item_slot_view(s, wk_store_tensor_data(env->store, t));
+        if (t->fill && !t->filled) {
+            wk_join_job *w = calloc(1, sizeof(*w));
+            if (!w) {
+                snprintf(err, errlen, "out of host memory");
+                return NULL;
+            }
+            w->item = it;
+            w->wait = t->fill;
+            w->next = *jobs;
+            *jobs = w;
+        }
         return s;
     }
     *code = BATON_STATUS_FAILED_PRECONDITION;
@@ -127,7 +141,7 @@ static int prepare_input(const wk_inputs_env *env, wk_item *it, uint32_t k, wk_j
     size_t at = 0;
     if (overridden) {
         /* A loop-back value replaces whatever the dispatch carried. */
-        if (!(last = pin_ref(env, it, it->overrides[k], &code, err, sizeof(err)))) {
+        if (!(last = pin_ref(env, it, it->overrides[k], jobs, &code, err, sizeof(err)))) {
             job_free(j);
             goto fail;
         }
@@ -150,7 +164,7 @@ static int prepare_input(const wk_inputs_env *env, wk_item *it, uint32_t k, wk_j
                 job_free(j);
                 goto fail;
             }
-            if (!(last = pin_ref(env, it, &r, &code, err, sizeof(err)))) {
+            if (!(last = pin_ref(env, it, &r, jobs, &code, err, sizeof(err)))) {
                 job_free(j);
                 goto fail;
             }
@@ -267,17 +281,26 @@ void wk_inputs_run_joins(const wk_inputs_env *env, wk_join_job *jobs, void *stre
     copy_arg a = {env->dev, stream, ""};
     wk_join_job *done = NULL;
     int rc = 0;
+    bool copies = false;
+    /* Fills first: the copies below and the backend after read those
+     * tensors on this stream.  The host does not wait for them. */
+    for (wk_join_job *j = jobs; j && !rc; j = j->next)
+        if (j->wait)
+            rc = wk_device_mark_wait(env->dev, stream, j->wait, a.err, sizeof(a.err));
     for (wk_join_job *j = jobs, *nx; j; j = nx) {
         nx = j->next;
-        if (!rc && (rc = wk_join_copy(j->parts, j->n_parts, j->shard_dim, &j->out, j->dst,
-                                      device_copy, &a)) == 0)
-            wk_device_count_staged(env->dev, j->out.nbytes);
+        if (!rc && !j->wait) {
+            copies = true;
+            if ((rc = wk_join_copy(j->parts, j->n_parts, j->shard_dim, &j->out, j->dst,
+                                   device_copy, &a)) == 0)
+                wk_device_count_staged(env->dev, j->out.nbytes);
+        }
         j->next = done;
         done = j;
     }
     /* The copies are queued on the lane's stream; the backend reads the
      * tensors after this returns. */
-    if (!rc && done)
+    if (!rc && copies)
         rc = wk_device_sync(env->dev, stream, a.err, sizeof(a.err));
     for (wk_join_job *j = done, *nx; j; j = nx) {
         nx = j->next;

@@ -132,6 +132,8 @@ void wk_item_destroy(wk_item *it)
     for (size_t i = 0; i < it->n_slots; i++)
         free(it->slots[i]);
     free(it->slots);
+    for (uint32_t o = 0; it->results && o < it->b.n_outputs; o++)
+        free(it->results[o].host);
     free(it->results);
     free(it->chunk_next);
     free(it->stream_closed);

@@ -26,6 +26,8 @@
 
 #define WK_MAX_DEPTH 16               /* iteration vector length accepted */
 #define WK_MAX_PORTS 1024             /* inputs or outputs of one node accepted */
+#define WK_INLINE_MAX (64u * 1024u)   /* client-bound outputs up to this many bytes go
+                                         inline in the Done or Chunk that reports them */
 
 /* A Dispatch shared by the items it gives rise to. */
 typedef struct wk_dispatch {
@@ -56,6 +58,11 @@ typedef struct wk_result {
     bool set;
     bool created;                 /* the worker made it: free it if never reported */
     wk_ref ref;
+    const void *data;             /* its element 0 where the backend saw it */
+    bool device;                  /* DATA is device memory */
+    void *host;                   /* a copy of its bytes made by the lane for the Done (a
+                                     small client-bound output in device memory), so that
+                                     the I/O thread never reads the device; owned */
 } wk_result;
 
 typedef enum wk_item_state { WK_ITEM_QUEUED, WK_ITEM_RUNNING } wk_item_state;

@@ -60,22 +60,21 @@ static const void *ref_bytes(const wk_report *rp, const wk_ref *ref, bool *devic
     return wk_peers_bytes(rp->peers, ref->owner, ref->pool, ref->offset, ref->nbytes, device);
 }
 
-/* Sets T->data to REF's bytes when the output is client-bound and small.
- * Returns a host copy the caller frees after sending (device memory), or
- * NULL (none made).  [L] */
-static void *maybe_inline(const wk_report *rp, const wk_ref *ref, bool client,
-                          Baton__V1__TensorRef *t)
+/* Sets T->data to REF's bytes when the output is client-bound and small:
+ * HOST, the copy the lane made of device memory, or the bytes in host
+ * memory themselves.  Device memory without a copy is not read here (the
+ * conductor fetches it).  [L] */
+static void maybe_inline(const wk_report *rp, const wk_ref *ref, bool client, const void *host,
+                         Baton__V1__TensorRef *t)
 {
     if (!client || ref->nbytes > WK_INLINE_MAX || ref->nbytes == 0)
-        return NULL;
-    bool copied, device = false;
-    const void *at = ref_bytes(rp, ref, &device);
-    void *p = wk_device_to_host(rp->dev, rp->io_stream, at, device, ref->nbytes, &copied);
-    if (p) {
-        t->data.data = p;
+        return;
+    bool device = false;
+    const void *at = host ? host : ref_bytes(rp, ref, &device);
+    if (at && !device) {
+        t->data.data = (uint8_t *)at;
         t->data.len = ref->nbytes;
     }
-    return copied ? p : NULL;
 }
 
 static void send_done(const wk_report *rp, wk_item *it)
@@ -85,7 +84,6 @@ static void send_done(const wk_report *rp, wk_item *it)
     Baton__V1__NamedRef named[n_out ? n_out : 1], *named_p[n_out ? n_out : 1];
     Baton__V1__TensorRef refs[n_out ? n_out : 1];
     int64_t dims[n_out ? n_out : 1][BATON_MAX_DIMS];
-    void *copies[n_out ? n_out : 1];
     size_t n = 0;
     for (uint32_t o = 0; it->status == BATON_STATUS_OK && o < n_out; o++) {
         if (it->outputs[o].stream || !it->results[o].set)
@@ -93,7 +91,8 @@ static void send_done(const wk_report *rp, wk_item *it)
         baton__v1__named_ref__init(&named[n]);
         baton__v1__tensor_ref__init(&refs[n]);
         ref_to_proto(rp, &it->results[o].ref, &refs[n], dims[n], it);
-        copies[n] = maybe_inline(rp, &it->results[o].ref, it->outputs[o].client, &refs[n]);
+        maybe_inline(rp, &it->results[o].ref, it->outputs[o].client, it->results[o].host,
+                     &refs[n]);
         named[n].name = (char *)it->outputs[o].name;
         named[n].ref = &refs[n];
         named_p[n] = &named[n];
@@ -133,8 +132,6 @@ static void send_done(const wk_report *rp, wk_item *it)
                  done.finish ? " finish" : "", (int)it->status, n, it->batch_size);
     }
     wk_wire_send(rp->sock, &m);
-    for (size_t k = 0; k < n; k++)
-        free(copies[k]);
 }
 
 static void send_chunk(const wk_report *rp, const wk_item *it, const wk_chunk *ch)
@@ -143,7 +140,6 @@ static void send_chunk(const wk_report *rp, const wk_item *it, const wk_chunk *c
     Baton__V1__TensorRef ref = BATON__V1__TENSOR_REF__INIT;
     int64_t dims[BATON_MAX_DIMS];
     Baton__V1__Chunk c = BATON__V1__CHUNK__INIT;
-    void *copy = NULL;
     c.request_key = it->req->key;
     c.node = d->node;
     c.graph = d->graph;
@@ -152,7 +148,7 @@ static void send_chunk(const wk_report *rp, const wk_item *it, const wk_chunk *c
     c.name = (char *)it->outputs[ch->output].name;
     if (ch->has_ref) {
         ref_to_proto(rp, &ch->ref, &ref, dims, it);
-        copy = maybe_inline(rp, &ch->ref, it->outputs[ch->output].client, &ref);
+        maybe_inline(rp, &ch->ref, it->outputs[ch->output].client, ch->host, &ref);
         c.ref = &ref;
     }
     c.final = ch->final;
@@ -162,7 +158,6 @@ static void send_chunk(const wk_report *rp, const wk_item *it, const wk_chunk *c
     m.msg_case = BATON__V1__WORKER_MESSAGE__MSG_CHUNK;
     m.chunk = &c;
     wk_wire_send(rp->sock, &m);
-    free(copy);
 }
 
 /* On the I/O thread: a chunk goes out, or what it carries is freed. */
@@ -180,6 +175,7 @@ static void on_chunk(wk_event *ev)
         send_chunk(rp, ce->it, &ce->c);
     }
     pthread_mutex_unlock(rp->lock);
+    free(ce->c.host);
     free(ce);
 }
 

@@ -30,15 +30,12 @@
 #include "worker/runahead.h"
 #include "worker/store.h"
 
-#define WK_INLINE_MAX (64u * 1024u)   /* client outputs up to this many bytes go inline */
-
 typedef struct wk_report {
     pthread_mutex_t *lock;        /* the worker's */
     const atomic_bool *stopping;
     wk_store *store;
     wk_peers *peers;              /* inline bytes of a peer's tensor passed through */
     wk_device *dev;
-    void *io_stream;              /* the I/O thread's stream, for inline copies */
     wk_events *events;
     void *sock;                   /* the conductor socket (I/O thread) */
     wk_executor *ex;

@@ -172,6 +172,7 @@ static void tensor_free(wk_store *s, wk_tensor *t)
         req->tensors = t->next;
     if (t->next)
         t->next->prev = t->prev;
+    wk_device_mark_free(s->dev, t->fill);
     wk_pool_free(s->pool, t->blk);
     free(t);
 }

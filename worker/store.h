@@ -42,6 +42,10 @@ typedef struct wk_tensor {
     wk_request *req;              /* the request it belongs to */
     uint32_t pins;                /* readers and writers now (executions, sends, copies) */
     bool released;                /* out of the table; freed when pins drops to 0 */
+    void *fill;                   /* a mark after the copy that fills it (a Put on a GPU
+                                     worker), which readers on the device wait for; owned,
+                                     freed with the tensor; NULL: written already */
+    bool filled;                  /* FILL is known reached: readers need not wait */
     struct wk_tensor *prev, *next; /* in req->tensors */
 } wk_tensor;
 

@@ -64,6 +64,7 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "worker/accept.h"
+#include "worker/copier.h"
 #include "worker/device.h"
 #include "worker/events.h"
 #include "worker/executor.h"
@@ -92,6 +93,7 @@ struct wk_worker {
     wk_peers peers;
     wk_store *store;
     wk_events *events;
+    wk_copier *copier;
     wk_registry *registry;
     wk_executor *ex;
     wk_runahead *ra;
@@ -200,7 +202,7 @@ static void on_fetch(wk_worker *w, Baton__V1__ConductorMessage *msg)
 
 static void on_put(wk_worker *w, Baton__V1__ConductorMessage *msg)
 {
-    wk_tensorio_put(&w->tio, msg->put);
+    wk_tensorio_put(&w->tio, msg);
 }
 
 static void on_shutdown(wk_worker *w, Baton__V1__ConductorMessage *msg)
@@ -262,7 +264,7 @@ static const handler HANDLERS[] = {
     [BATON__V1__CONDUCTOR_MESSAGE__MSG_SESSION_CLOSE] = {on_session_close, false, true},
     [BATON__V1__CONDUCTOR_MESSAGE__MSG_FETCH] = {on_fetch, false, false},
     [BATON__V1__CONDUCTOR_MESSAGE__MSG_SHUTDOWN] = {on_shutdown, false, false},
-    [BATON__V1__CONDUCTOR_MESSAGE__MSG_PUT] = {on_put, false, false},
+    [BATON__V1__CONDUCTOR_MESSAGE__MSG_PUT] = {on_put, true, false},
     [BATON__V1__CONDUCTOR_MESSAGE__MSG_PEERS] = {on_peers, false, false},
     [BATON__V1__CONDUCTOR_MESSAGE__MSG_PAIR_COMM] = {on_pair_comm, false, false},
     [BATON__V1__CONDUCTOR_MESSAGE__MSG_SEND] = {on_send, false, false},
@@ -593,11 +595,12 @@ static int modules_create(wk_worker *w, char *err, size_t errlen)
                           o->comm_streams};
     if ((rc = wk_load_create(&lo, &w->load)) != 0)
         return bt_errorf(err, errlen, rc, "out of memory");
-    w->report = (wk_report){&w->lock, &w->stopping, w->store, &w->peers, w->dev, w->io_stream,
-                            w->events, w->sock, w->ex, w->ra, w->pull};
+    w->report = (wk_report){&w->lock, &w->stopping, w->store, &w->peers, w->dev, w->events,
+                            w->sock, w->ex, w->ra, w->pull};
     w->accept = (wk_accept){&w->lock, w->store, w->ex, w->ra, w->pull, w->nccl, w->sock,
                             o->name};
-    w->tio = (wk_tensorio){&w->lock, w->store, w->dev, w->io_stream, w->sock, o->name};
+    w->tio = (wk_tensorio){&w->lock, w->store, w->dev, w->io_stream, w->copier, w->sock,
+                           o->name};
     return 0;
 }
 
@@ -635,7 +638,8 @@ int wk_worker_create(const wk_options *opt, wk_worker **out, char *err, size_t e
         snprintf(err, errlen, "%s", bt_strerror(rc));
         goto err;
     }
-    if ((rc = signals_open(w, err, errlen)) != 0 || (rc = socket_open(w, err, errlen)) != 0 ||
+    if ((rc = wk_copier_create(w->dev, w->events, &w->copier, err, errlen)) != 0 ||
+        (rc = signals_open(w, err, errlen)) != 0 || (rc = socket_open(w, err, errlen)) != 0 ||
         (rc = modules_create(w, err, errlen)) != 0)
         goto err;
     /* The signal pipe first: a stop ends the round before anything else. */
@@ -694,6 +698,7 @@ static void quiesce(wk_worker *w)
      * answered and what was made is freed. */
     if (w->load)
         wk_load_wait(w->load);
+    wk_copier_stop(w->copier);
     wk_nccl_stop(w->nccl);
     if (w->events)
         wk_events_run(w->events);
@@ -732,6 +737,7 @@ void wk_worker_destroy(wk_worker *w)
     wk_tp_destroy(w->tp);
     evloop_destroy(w->loop);
     signals_close(w);
+    wk_copier_destroy(w->copier);
     wk_events_destroy(w->events);
     wk_registry_destroy(w->registry);
     pthread_mutex_lock(&w->lock);

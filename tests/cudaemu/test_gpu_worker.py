@@ -599,9 +599,9 @@ def test_chat_cuda_equals_cpu():
         def prompt(p):
             return {"prompt": (pb.U8, [len(p)], p)}
 
-        def both_at_once(graph):
-            """Both prompts in flight together: each gives the CPU's ids."""
-            rids = {c.request(graph, prompt(p)): p for p in PROMPTS}
+        def both_at_once(graph, prompts=PROMPTS):
+            """The prompts in flight together: each gives the CPU's ids."""
+            rids = {c.request(graph, prompt(p)): p for p in prompts}
             got = {}
             deadline = time.time() + 600
             while len(got) < len(rids) and time.time() < deadline:
@@ -631,9 +631,15 @@ def test_chat_cuda_equals_cpu():
         _, r = c.infer("chat_split", prompt(p), timeout=600)
         assert ids(r) == want[p], (p, ids(r), want[p])
         assert settled(d, "gpu1") == 0, staged(d, "gpu1")
-        # Tensor parallel over gpu2 and gpu3, the two prompts at once (a
-        # batch of 2, which rank 1 runs too): the same ids.  When they end,
-        # both ranks closed their sessions.
+        # Four requests at once on the split deployment: the prefill
+        # worker's I/O thread places inputs and sends results while its
+        # lane and the decode worker run; none of them may go silent.
+        both_at_once("chat_split", PROMPTS * 2)
+        # Tensor parallel over gpu2 and gpu3, its decode loop run ahead
+        # (async), the two prompts at once (a batch of 2, which rank 1 runs
+        # too): the same ids.  Rank 0's I/O thread must go on sending the
+        # steps rank 1 waits for while its lane waits in an all-reduce.
+        # When they end, both ranks closed their sessions.
         both_at_once("chat_tp")
         assert wait_metric(d, "baton_worker_tp_steps_total", 'worker="gpu3"',
                            lambda v: v >= 3) >= 3
