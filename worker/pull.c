@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <zmq.h>
 
 #include "common/log.h"
 #include "common/status.h"
@@ -34,6 +35,7 @@ typedef struct pull_job {
 struct wk_pull {
     wk_pull_options opt;
     wk_pull_hooks hooks;
+    void *zctx;                   /* owned: the worker-to-worker sockets' context */
     wk_xfer *xfer;                /* owned: the worker-to-worker sockets */
     pull_job *jobs;               /* [L] parked dispatches */
 };
@@ -367,9 +369,14 @@ int wk_pull_create(const wk_pull_options *opt, const wk_pull_hooks *hooks, wk_pu
         return bt_errorf(err, errlen, BT_ENOMEM, "out of memory");
     p->opt = *opt;
     p->hooks = *hooks;
-    int rc = wk_xfer_create(opt->zctx, opt->loop, opt->listen, opt->own, opt->wake_fd, &ops, p,
+    if (!(p->zctx = zmq_ctx_new())) {
+        free(p);
+        return bt_errorf(err, errlen, BT_EIO, "zmq_ctx_new: %s", zmq_strerror(zmq_errno()));
+    }
+    int rc = wk_xfer_create(p->zctx, opt->loop, opt->listen, opt->own, opt->wake_fd, &ops, p,
                             &p->xfer, err, errlen);
     if (rc) {
+        zmq_ctx_term(p->zctx);
         free(p);
         return rc;
     }
@@ -379,8 +386,12 @@ int wk_pull_create(const wk_pull_options *opt, const wk_pull_hooks *hooks, wk_pu
 
 void wk_pull_close(wk_pull *p)
 {
-    if (p)
-        wk_xfer_close(p->xfer);
+    if (!p)
+        return;
+    wk_xfer_close(p->xfer);
+    if (p->zctx)
+        zmq_ctx_term(p->zctx);
+    p->zctx = NULL;
 }
 
 void wk_pull_destroy(wk_pull *p)

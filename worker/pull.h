@@ -50,7 +50,6 @@ typedef struct wk_pull_options {
     wk_device *dev;
     void *sock;                   /* the conductor socket: refusals (I/O thread) */
     const char *worker;           /* this worker's name, for messages */
-    void *zctx;                   /* the worker-to-worker sockets' context */
     evloop *loop;                 /* the I/O thread's */
     const char *listen;           /* peer_listen: this worker serves pulls there; NULL: none */
     const bt_curve_keypair *own;  /* CURVE on the worker-to-worker sockets; NULL: none */
@@ -59,12 +58,16 @@ typedef struct wk_pull_options {
 
 typedef struct wk_pull wk_pull;
 
-/* Every pointer of OPT is borrowed.  0, or a negative bt_err with ERR. */
+/* Every pointer of OPT is borrowed.  The worker-to-worker sockets get a
+ * ZeroMQ context of their own, hence an I/O thread of their own: the bytes
+ * of a large pull (encrypted, under CURVE) then never queue in front of
+ * the heartbeats on the conductor socket.  0, or a negative bt_err with
+ * ERR. */
 int wk_pull_create(const wk_pull_options *opt, const wk_pull_hooks *hooks, wk_pull **out,
                    char *err, size_t errlen);
-/* Closes the worker-to-worker sockets; then the ZeroMQ context may be
- * terminated, which hands back the last replies' pins, and then
- * wk_pull_destroy.  NULL is a no-op. */
+/* Closes the worker-to-worker sockets and terminates their context, which
+ * hands back the last replies' pins; wk_pull_destroy then unpins them.
+ * NULL is a no-op. */
 void wk_pull_close(wk_pull *p);
 void wk_pull_destroy(wk_pull *p);
 

@@ -580,8 +580,8 @@ static int modules_create(wk_worker *w, char *err, size_t errlen)
         rc = wk_runahead_create(w->ex, w->store, &w->stopping, &w->ra);
     if (rc)
         return bt_errorf(err, errlen, rc, "out of memory");
-    wk_pull_options po = {&w->lock, &w->stopping, w->store, w->dev, w->sock, o->name, w->zctx,
-                          w->loop, o->peer_listen, o->curve_own, wk_events_fd(w->events)};
+    wk_pull_options po = {&w->lock, &w->stopping, w->store, w->dev, w->sock, o->name, w->loop,
+                          o->peer_listen, o->curve_own, wk_events_fd(w->events)};
     wk_pull_hooks ph = {w, hook_pulled};
     if ((rc = wk_pull_create(&po, &ph, &w->pull, err, errlen)) != 0)
         return rc;
@@ -729,8 +729,9 @@ void wk_worker_destroy(wk_worker *w)
         zmq_close(w->monitor);
     if (w->zctx)
         zmq_ctx_term(w->zctx);
-    /* After the context: ZeroMQ hands back the last zero-copy replies by
-     * then, and their tensors are unpinned here. */
+    /* After the pulls' context is terminated (wk_pull_close): ZeroMQ has
+     * handed back the last zero-copy replies, whose tensors are unpinned
+     * here. */
     wk_pull_destroy(w->pull);
     wk_load_destroy(w->load);
     wk_runahead_destroy(w->ra);
