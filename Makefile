@@ -275,8 +275,9 @@ $(BATOND): $(BUILD)/obj/daemon/main_batond.o $(BATOND_LIBS)
 
 # batonctl is linked against the static client library, so that it runs
 # from the build folder without an rpath; common/curve.o reads its key files
-# (and common/vec.o grows its key sets).
-$(BATONCTL): $(BUILD)/obj/client/batonctl.o $(BUILD)/obj/client/ctl_format.o $(BUILD)/obj/common/curve.o $(BUILD)/obj/common/vec.o $(CLIENT_LIB) | $(CLIENT_SO)
+# (and common/vec.o grows its key sets); common/ipcfile.o tells an ipc://
+# socket file nobody listens on from a daemon that is there.
+$(BATONCTL): $(BUILD)/obj/client/batonctl.o $(BUILD)/obj/client/ctl_format.o $(BUILD)/obj/common/curve.o $(BUILD)/obj/common/vec.o $(BUILD)/obj/common/ipcfile.o $(CLIENT_LIB) | $(CLIENT_SO)
 	@echo "  LD      $@"
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 

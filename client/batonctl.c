@@ -15,12 +15,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "baton/client.h"
 #include "baton/version.h"
 #include "client/ctl_format.h"
 #include "common/curve.h"
+#include "common/ipcfile.h"
 
 enum { EXIT_STATUS = 1, EXIT_USAGE = 2, EXIT_CONN = 3 };
 
@@ -436,18 +436,23 @@ out:
 
 static int conn_error(const ctl_opts *o, int rc)
 {
-    fprintf(stderr, "batonctl: %s: %s\n", o->endpoint, baton_client_strerror(rc));
+    fprintf(stderr, "batonctl: %s: %s%s\n", o->endpoint, baton_client_strerror(rc),
+            rc == BATON_CLIENT_ECONNECT ? " (is batond running?)" : "");
     return EXIT_CONN;
 }
 
 static int connect_daemon(const ctl_opts *o, baton_client **out)
 {
-    /* An ipc socket that does not exist will not appear within a command's
-     * wait in any useful case: say so at once instead of timing out. */
-    struct stat st;
-    if (!strncmp(o->endpoint, "ipc://", 6) && stat(o->endpoint + 6, &st) != 0) {
+    /* An ipc socket file that does not exist, or that nobody listens on
+     * (left by a batond that did not stop cleanly), will not start serving
+     * within a command's wait in any useful case: say so at once instead of
+     * waiting for the connect timeout. */
+    const char *file = bt_ipcfile_path(o->endpoint);
+    bt_ipcfile_state st = file ? bt_ipcfile_probe(file) : BT_IPCFILE_UNKNOWN;
+    if (st == BT_IPCFILE_ABSENT || st == BT_IPCFILE_STALE) {
         fprintf(stderr, "batonctl: cannot connect to %s: %s (is batond running?)\n", o->endpoint,
-                strerror(errno));
+                st == BT_IPCFILE_ABSENT ? "there is no socket file"
+                                        : "nobody listens on its socket file");
         return EXIT_CONN;
     }
     char server[BT_CURVE_Z85_SIZE], err[600];

@@ -157,8 +157,11 @@ run_script test_xhost.py env BUILD="$BUILD" /usr/bin/python3 tests/integration/t
 # every socket, tensors pulled between hosts, a cut link, a killed worker.
 run_script test_multihost.py env BUILD="$BUILD" /usr/bin/python3 tests/integration/test_multihost.py
 
-# A failed event loop makes batond exit non-zero.
+# A failed event loop makes batond exit non-zero, leaving nothing behind.
 run_script test_loop_failure.sh env BUILD="$BUILD" bash tests/integration/test_loop_failure.sh
+# SIGTERM and SIGINT leave no pool segment, socket file or socket folder;
+# a stale socket file is replaced, a running batond's socket is not taken.
+run_script test_stop_cleanup.sh env BUILD="$BUILD" bash tests/integration/test_stop_cleanup.sh
 
 # The OpenAI-compatible HTTP API with the default model, through the openai
 # package, curl and raw sockets; exit 77 when the model is absent.

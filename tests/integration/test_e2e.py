@@ -9,6 +9,7 @@ Every test talks to the daemon the way an outside client does: a ZeroMQ
 DEALER sending serialized ClientMessages.  The closing line is
 "e2e: N passed, N failed".
 """
+import atexit
 import os
 import random
 import re
@@ -33,6 +34,9 @@ BUILD = os.environ.get("BUILD", "build")
 if not os.path.isabs(BUILD):
     BUILD = os.path.join(ROOT, BUILD)
 GEN = tempfile.mkdtemp(prefix="baton-e2e-pb-")
+# Every script that imports this module (test_xhost.py, test_multihost.py,
+# the GPU worker and soak tests) makes its own: each removes it on its way out.
+atexit.register(shutil.rmtree, GEN, ignore_errors=True)
 subprocess.check_call(["protoc", "--python_out=" + GEN, "-I" + ROOT, "proto/baton.proto"], cwd=ROOT)
 sys.path.insert(0, os.path.join(GEN, "proto"))
 import baton_pb2 as pb  # noqa: E402
@@ -1495,7 +1499,6 @@ def main():
         except Exception:
             failed += 1
             print("FAIL %s\n%s" % (t.__name__, traceback.format_exc()), flush=True)
-    shutil.rmtree(GEN, ignore_errors=True)
     print("e2e: %d passed, %d failed, %d skipped" % (passed, failed, skipped))
     return 1 if failed else 0
 
