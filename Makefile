@@ -194,7 +194,9 @@ check-names:
 deps:
 	@BATON_DEPS_QUIET=1 bash scripts/install-deps.sh
 
-$(PROTO_C) $(PROTO_H): proto/baton.proto
+# One protoc-c run writes both files: a grouped target (GNU make 4.3), so
+# that make runs it once, also under -j, rather than once per file.
+$(PROTO_C) $(PROTO_H) &: proto/baton.proto
 	@mkdir -p $(BUILD)/gen
 	@echo "  PROTOC  $<"
 	$(Q)protoc-c --c_out=$(BUILD)/gen proto/baton.proto
