@@ -434,25 +434,31 @@ out:
 
 /* ---- commands ---------------------------------------------------------------- */
 
+/* A connection that did not come up: on an ipc:// socket file that nobody
+ * listens on (left by a batond that did not stop cleanly), that is why. */
 static int conn_error(const ctl_opts *o, int rc)
 {
-    fprintf(stderr, "batonctl: %s: %s%s\n", o->endpoint, baton_client_strerror(rc),
-            rc == BATON_CLIENT_ECONNECT ? " (is batond running?)" : "");
+    const char *file = bt_ipcfile_path(o->endpoint);
+    if (rc == BATON_CLIENT_ECONNECT && file && bt_ipcfile_probe(file) == BT_IPCFILE_STALE)
+        fprintf(stderr, "batonctl: cannot connect to %s: nobody listens on its socket file (is "
+                "batond running?)\n", o->endpoint);
+    else
+        fprintf(stderr, "batonctl: %s: %s%s\n", o->endpoint, baton_client_strerror(rc),
+                rc == BATON_CLIENT_ECONNECT ? " (is batond running?)" : "");
     return EXIT_CONN;
 }
 
 static int connect_daemon(const ctl_opts *o, baton_client **out)
 {
-    /* An ipc socket file that does not exist, or that nobody listens on
-     * (left by a batond that did not stop cleanly), will not start serving
-     * within a command's wait in any useful case: say so at once instead of
-     * waiting for the connect timeout. */
+    /* An ipc socket file that does not exist will not appear within a
+     * command's wait in any useful case (batond removes it when it stops):
+     * say so at once instead of waiting for the connect timeout.  A file
+     * nobody listens on yet is waited for like any connection: a batond
+     * that is starting has bound it a moment before it listens. */
     const char *file = bt_ipcfile_path(o->endpoint);
-    bt_ipcfile_state st = file ? bt_ipcfile_probe(file) : BT_IPCFILE_UNKNOWN;
-    if (st == BT_IPCFILE_ABSENT || st == BT_IPCFILE_STALE) {
-        fprintf(stderr, "batonctl: cannot connect to %s: %s (is batond running?)\n", o->endpoint,
-                st == BT_IPCFILE_ABSENT ? "there is no socket file"
-                                        : "nobody listens on its socket file");
+    if (file && bt_ipcfile_probe(file) == BT_IPCFILE_ABSENT) {
+        fprintf(stderr, "batonctl: cannot connect to %s: there is no socket file (is batond "
+                "running?)\n", o->endpoint);
         return EXIT_CONN;
     }
     char server[BT_CURVE_Z85_SIZE], err[600];

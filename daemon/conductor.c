@@ -4,6 +4,7 @@
  * requests, let in-flight ones finish up to drain_timeout_ms), stop the
  * workers and exit 0.  SIGHUP re-reads the config and applies log level,
  * limits and the authorized CURVE keys (client_keys, worker_keys). */
+#include <assert.h>
 #include <errno.h>
 #include <grp.h>
 #include <libgen.h>
@@ -41,9 +42,8 @@
 #define STOP_GRACE_MS 3000
 /* Replies ZeroMQ queues for one client before they wait in its backlog. */
 #define CLIENT_SNDHWM 64
-/* Folders of ipc:// endpoints that batond may make: the two sockets' paths
- * have at most this many missing levels between them that it removes
- * again at exit. */
+/* The folders batond makes for its ipc:// sockets that it remembers, to
+ * remove at exit; past this many (two very deep new paths) the rest stay. */
 #define MAX_MADE_DIRS 16
 
 struct conductor {
@@ -601,8 +601,8 @@ static int claim_ipc_file(const char *endpoint)
         return 0;
     switch (bt_ipcfile_probe(file)) {
     case BT_IPCFILE_LISTENING:
-        bt_error("cannot bind %s: a process listens on %s (is another batond running on this "
-                 "config?); stop it first, or give this one other endpoints", endpoint, file);
+        bt_error("cannot bind %s: another process serves it (is another batond running on "
+                 "this config?); stop it first, or give this one other endpoints", endpoint);
         return BT_EEXIST;
     case BT_IPCFILE_STALE:
         if (unlink(file) == 0)
@@ -701,8 +701,10 @@ static int bind_router(conductor *c, void **sock, const char *endpoint, bool wor
         return BT_EIO;
     }
     /* From here the file is this batond's, to remove at exit. */
-    if (bt_ipcfile_path(endpoint))
+    if (bt_ipcfile_path(endpoint)) {
+        assert(c->n_bound_files < sizeof(c->bound_files) / sizeof(c->bound_files[0]));
         c->bound_files[c->n_bound_files++] = bt_ipcfile_path(endpoint);
+    }
     return ipc_protect(c, endpoint);
 }
 

@@ -68,7 +68,7 @@ for f in "${kept[@]}"; do
   echo "leftovers: $f (kept by the failed run; not counted again)"
 done
 if [ ${#left[@]} -eq 0 ]; then
-  echo "leftovers: this run left nothing in /dev/shm or /tmp"
+  echo "leftovers: this run left nothing${kept:+ else} in /dev/shm or /tmp"
   pass=1; fail=0
 else
   echo "FAIL leftovers: this run left ${#left[@]} thing(s) behind:"

@@ -3,9 +3,10 @@
 # left behind, without taking the socket of one that runs:
 #   1. SIGTERM and SIGINT: exit 0, no worker pool segment in /dev/shm (the
 #      run's are /baton-PID-...), no ipc socket file, and the socket folder
-#      it made is gone; batonctl then says at once that nobody serves;
-#   2. a socket file nobody listens on (a batond killed): batonctl says so,
-#      and a batond on that config removes it, binds and serves;
+#      it made is gone; batonctl then says at once that there is no socket;
+#   2. a socket file nobody listens on (a batond killed): batonctl says so
+#      once its connect timeout is over, and a batond on that config
+#      removes it, binds and serves;
 #   3. a second batond on the config of one that runs refuses to start,
 #      saying why, and the first one keeps its sockets and serves on.
 set -u
@@ -86,7 +87,7 @@ mkdir -p "$run"
 if python3 -c 'import socket, sys
 s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.close()' "$run/baton.sock" &&
    [ -S "$run/baton.sock" ]; then
-  out=$("$CTL" --endpoint "$ep" health 2>&1); rc=$?
+  out=$("$CTL" --endpoint "$ep" --timeout-ms 500 health 2>&1); rc=$?
   if [ $rc -eq 3 ] && grep -qF "nobody listens on its socket file (is batond running?)" <<<"$out"
   then pass "batonctl on a stale socket file: $out"
   else fail "batonctl on a stale socket file: exit $rc: $out"; fi
@@ -100,7 +101,7 @@ s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.close()' "$run/baton.s
     # ---- 3. a second batond on the same config -------------------------------
     start "$tmp/log2"
     wait "$pid"; rc=$?
-    if [ $rc -eq 1 ] && grep -q "a process listens on $run/workers.sock (is another batond running on this config?)" "$tmp/log2"
+    if [ $rc -eq 1 ] && grep -q "cannot bind ipc://$run/workers.sock: another process serves it (is another batond running on this config?)" "$tmp/log2"
     then pass "a second batond on the config refuses to start"
     else fail "a second batond exited $rc:"; cat "$tmp/log2"; fi
     left=$(segments "$pid")
