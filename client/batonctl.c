@@ -15,12 +15,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "baton/client.h"
 #include "baton/version.h"
 #include "client/ctl_format.h"
 #include "common/curve.h"
+#include "common/ipcfile.h"
 
 enum { EXIT_STATUS = 1, EXIT_USAGE = 2, EXIT_CONN = 3 };
 
@@ -434,20 +434,31 @@ out:
 
 /* ---- commands ---------------------------------------------------------------- */
 
+/* A connection that did not come up: on an ipc:// socket file that nobody
+ * listens on (left by a batond that did not stop cleanly), that is why. */
 static int conn_error(const ctl_opts *o, int rc)
 {
-    fprintf(stderr, "batonctl: %s: %s\n", o->endpoint, baton_client_strerror(rc));
+    const char *file = bt_ipcfile_path(o->endpoint);
+    if (rc == BATON_CLIENT_ECONNECT && file && bt_ipcfile_probe(file) == BT_IPCFILE_STALE)
+        fprintf(stderr, "batonctl: cannot connect to %s: nobody listens on its socket file (is "
+                "batond running?)\n", o->endpoint);
+    else
+        fprintf(stderr, "batonctl: %s: %s%s\n", o->endpoint, baton_client_strerror(rc),
+                rc == BATON_CLIENT_ECONNECT ? " (is batond running?)" : "");
     return EXIT_CONN;
 }
 
 static int connect_daemon(const ctl_opts *o, baton_client **out)
 {
-    /* An ipc socket that does not exist will not appear within a command's
-     * wait in any useful case: say so at once instead of timing out. */
-    struct stat st;
-    if (!strncmp(o->endpoint, "ipc://", 6) && stat(o->endpoint + 6, &st) != 0) {
-        fprintf(stderr, "batonctl: cannot connect to %s: %s (is batond running?)\n", o->endpoint,
-                strerror(errno));
+    /* An ipc socket file that does not exist will not appear within a
+     * command's wait in any useful case (batond removes it when it stops):
+     * say so at once instead of waiting for the connect timeout.  A file
+     * nobody listens on yet is waited for like any connection: a batond
+     * that is starting has bound it a moment before it listens. */
+    const char *file = bt_ipcfile_path(o->endpoint);
+    if (file && bt_ipcfile_probe(file) == BT_IPCFILE_ABSENT) {
+        fprintf(stderr, "batonctl: cannot connect to %s: there is no socket file (is batond "
+                "running?)\n", o->endpoint);
         return EXIT_CONN;
     }
     char server[BT_CURVE_Z85_SIZE], err[600];

@@ -4,6 +4,7 @@
  * requests, let in-flight ones finish up to drain_timeout_ms), stop the
  * workers and exit 0.  SIGHUP re-reads the config and applies log level,
  * limits and the authorized CURVE keys (client_keys, worker_keys). */
+#include <assert.h>
 #include <errno.h>
 #include <grp.h>
 #include <libgen.h>
@@ -13,10 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/signalfd.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/timerfd.h>
-#include <sys/un.h>
 #include <sys/wait.h>
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
@@ -24,6 +23,7 @@
 
 #include "common/clock.h"
 #include "common/curve.h"
+#include "common/ipcfile.h"
 #include "common/log.h"
 #include "config/config.h"
 #include "config/graph.h"
@@ -42,6 +42,9 @@
 #define STOP_GRACE_MS 3000
 /* Replies ZeroMQ queues for one client before they wait in its backlog. */
 #define CLIENT_SNDHWM 64
+/* The folders batond makes for its ipc:// sockets that it remembers, to
+ * remove at exit; past this many (two very deep new paths) the rest stay. */
+#define MAX_MADE_DIRS 16
 
 struct conductor {
     char *config_path;            /* absolute; owned */
@@ -78,6 +81,13 @@ struct conductor {
     bool done;                    /* the loop should end */
     uint64_t last_watchdog_ms;
     uint64_t watchdog_usec;       /* from sd_watchdog_enabled; 0: off */
+    /* What batond made in the file system for its ipc:// sockets, removed
+     * at exit: the socket files it bound (paths inside cfg's endpoints) and
+     * the folders it made for them, in the order made (owned). */
+    const char *bound_files[2];
+    size_t n_bound_files;
+    char *made_dirs[MAX_MADE_DIRS];
+    size_t n_made_dirs;
 };
 
 /* ---- admission and limits ---------------------------------------------- */
@@ -531,43 +541,78 @@ static int find_worker_exe(conductor *c)
     return rc;
 }
 
-/* An ipc:// endpoint needs its folder; it is made if missing. */
-static void ensure_ipc_dir(const char *endpoint)
+/* Makes DIR unless it is there, and remembers it for removal at exit. */
+static void make_dir(conductor *c, const char *dir)
 {
-    if (strncmp(endpoint, "ipc://", 6) != 0 || endpoint[6] == '@')
+    if (mkdir(dir, 0755) != 0)
+        return;
+    char *copy = c->n_made_dirs < MAX_MADE_DIRS ? strdup(dir) : NULL;
+    if (copy)
+        c->made_dirs[c->n_made_dirs++] = copy;
+}
+
+/* An ipc:// endpoint needs its folder; it is made if missing, each missing
+ * level remembered so that batond leaves no empty folder behind. */
+static void ensure_ipc_dir(conductor *c, const char *endpoint)
+{
+    const char *file = bt_ipcfile_path(endpoint);
+    if (!file)
         return;
     char path[PATH_MAX];
-    snprintf(path, sizeof(path), "%s", endpoint + 6);
+    snprintf(path, sizeof(path), "%s", file);
     char *dir = dirname(path);
     char buf[PATH_MAX] = "";
     for (char *p = dir; *p; p++) {
         if (*p == '/' && p != dir) {
             snprintf(buf, (size_t)(p - dir) + 1, "%s", dir);
-            mkdir(buf, 0755);
+            make_dir(c, buf);
         }
     }
-    mkdir(dir, 0755);
+    make_dir(c, dir);
 }
 
-/* Whether a process accepts connections on the ipc:// ENDPOINT's socket
- * file.  ZeroMQ binds an ipc endpoint by unlinking whatever file is there,
- * so a second batond on the same config would silently take the socket
- * from the first, which then serves nobody; a file nobody listens on is a
- * leftover of a crash and may go. */
-static bool ipc_in_use(const char *endpoint)
+/* Removes what batond made for its ipc:// sockets: the socket files it
+ * bound (ZeroMQ leaves them behind) and then the folders it made, deepest
+ * first, each only when empty: a folder that holds anything else, another
+ * batond's socket among them, stays. */
+static void remove_ipc_files(conductor *c)
 {
-    if (strncmp(endpoint, "ipc://", 6) != 0 || endpoint[6] == '@')
-        return false;
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    if (strlen(endpoint + 6) >= sizeof(sa.sun_path))
-        return false;
-    strcpy(sa.sun_path, endpoint + 6);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return false;
-    bool used = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
-    close(fd);
-    return used;
+    for (size_t i = 0; i < c->n_bound_files; i++)
+        if (unlink(c->bound_files[i]) != 0 && errno != ENOENT)
+            bt_warn("cannot remove the socket file %s: %s", c->bound_files[i], strerror(errno));
+    c->n_bound_files = 0;
+    while (c->n_made_dirs) {
+        char *dir = c->made_dirs[--c->n_made_dirs];
+        rmdir(dir);
+        free(dir);
+    }
+}
+
+/* Checks the socket file of an ipc:// ENDPOINT before binding.  ZeroMQ
+ * binds an ipc endpoint by unlinking whatever file is there, so a second
+ * batond on the same config would silently take the socket from the first,
+ * which then serves nobody: a file a process listens on is refused.  A
+ * socket file nobody listens on is the leftover of a batond that did not
+ * stop cleanly (a crash, SIGKILL) and goes.  0 or BT_EEXIST (logged). */
+static int claim_ipc_file(const char *endpoint)
+{
+    const char *file = bt_ipcfile_path(endpoint);
+    if (!file)
+        return 0;
+    switch (bt_ipcfile_probe(file)) {
+    case BT_IPCFILE_LISTENING:
+        bt_error("cannot bind %s: another process serves it (is another batond running on "
+                 "this config?); stop it first, or give this one other endpoints", endpoint);
+        return BT_EEXIST;
+    case BT_IPCFILE_STALE:
+        if (unlink(file) == 0)
+            bt_info("removed %s, a socket file nobody listened on (left by a batond that did "
+                    "not stop cleanly)", file);
+        return 0;
+    default:
+        /* Absent, or something the bind itself will report on. */
+        return 0;
+    }
 }
 
 /* Sets one option of the socket for ENDPOINT.  Each option is part of the
@@ -615,11 +660,9 @@ static int ipc_protect(conductor *c, const char *endpoint)
 
 static int bind_router(conductor *c, void **sock, const char *endpoint, bool workers)
 {
-    if (ipc_in_use(endpoint)) {
-        bt_error("cannot bind %s: another process serves it (is another batond running on "
-                 "this config?)", endpoint);
-        return BT_EEXIST;
-    }
+    int rc = claim_ipc_file(endpoint);
+    if (rc)
+        return rc;
     *sock = zmq_socket(c->zctx, ZMQ_ROUTER);
     if (!*sock)
         return BT_EIO;
@@ -644,18 +687,23 @@ static int bind_router(conductor *c, void **sock, const char *endpoint, bool wor
      * tells the handler which authorized keys apply.  ipc:// sockets stay
      * NULL mechanism: the file's mode and group guard them. */
     if (c->curve && cfg_endpoint_is_tcp(endpoint)) {
-        int rc = bt_curve_apply_server(*sock, &c->keys,
-                                       workers ? ZAP_DOMAIN_WORKER : ZAP_DOMAIN_CLIENT);
+        rc = bt_curve_apply_server(*sock, &c->keys,
+                                   workers ? ZAP_DOMAIN_WORKER : ZAP_DOMAIN_CLIENT);
         if (rc) {
             bt_error("cannot make the socket of %s a CURVE server: %s (%s)", endpoint,
                      bt_curve_strerror(rc), zmq_strerror(errno));
             return BT_EIO;
         }
     }
-    ensure_ipc_dir(endpoint);
+    ensure_ipc_dir(c, endpoint);
     if (zmq_bind(*sock, endpoint) < 0) {
         bt_error("cannot bind %s: %s", endpoint, zmq_strerror(errno));
         return BT_EIO;
+    }
+    /* From here the file is this batond's, to remove at exit. */
+    if (bt_ipcfile_path(endpoint)) {
+        assert(c->n_bound_files < sizeof(c->bound_files) / sizeof(c->bound_files[0]));
+        c->bound_files[c->n_bound_files++] = bt_ipcfile_path(endpoint);
     }
     return ipc_protect(c, endpoint);
 }
@@ -846,6 +894,12 @@ void conductor_destroy(conductor *c)
 {
     if (!c)
         return;
+    /* Every way out comes here (a drained stop, a failed loop, a failed
+     * start): no worker batond spawned may outlive it, nor their pool
+     * segments, which a worker killed before its own cleanup leaves behind.
+     * After a drain this finds nothing left to do. */
+    if (c->sup)
+        sup_kill_spawned(c->sup);
     gateway_destroy(c->http);
     front_destroy(c->front);
     out_destroy(c->out);
@@ -862,6 +916,7 @@ void conductor_destroy(conductor *c)
     bt_curve_keypair_wipe(&c->gw_keys);
     if (c->zctx)
         zmq_ctx_term(c->zctx);
+    remove_ipc_files(c);
     if (c->sigfd >= 0)
         close(c->sigfd);
     if (c->timerfd >= 0)

@@ -19,6 +19,13 @@ static const char *const completion_fields[] = {
     "user", "stop", "stream_options", "echo", "logprobs", NULL,
 };
 
+/* The largest max_tokens and top_k taken (2^20), spelled out in the
+ * messages that give the ranges. */
+#define OA_MAX_TOKENS 1048576
+#define OA_MAX_TOP_K 1048576
+#define OA_STR_(x) #x
+#define OA_STR(x) OA_STR_(x)
+
 static int fail(char *err, size_t errlen, char *param, size_t paramlen, const char *p,
                 const char *fmt, const char *arg)
 {
@@ -155,11 +162,21 @@ static int parse(const char *body, size_t len, oa_chat *c, bool completion, char
     c->temperature = 1.0f;
     c->top_p = 1.0f;
     *param = 0;
+    /* jansson answers an empty buffer with "wrong arguments" at line -1:
+     * say what is wrong instead. */
+    if (len == 0) {
+        snprintf(err, errlen, "the request body is empty: send a JSON object");
+        return BT_EINVAL;
+    }
     json_error_t je;
     json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
     if (!root) {
-        snprintf(err, errlen, "the body is not valid JSON: %s (line %d, column %d)", je.text,
-                 je.line, je.column);
+        /* A position only where jansson knows one. */
+        if (je.line >= 1 && je.column >= 0)
+            snprintf(err, errlen, "the body is not valid JSON: %s (line %d, column %d)", je.text,
+                     je.line, je.column);
+        else
+            snprintf(err, errlen, "the body is not valid JSON: %s", je.text);
         return BT_EINVAL;
     }
     int rc = BT_EINVAL;
@@ -194,8 +211,9 @@ static int parse(const char *body, size_t len, oa_chat *c, bool completion, char
     if (completion)
         c->max_tokens = OA_COMPLETION_MAX_TOKENS;
     if ((f = json_object_get(root, mt)) && !json_is_null(f)) {
-        if (!json_is_integer(f) || number_in(f, 1, 1 << 20, &x)) {
-            rc = fail(err, errlen, param, paramlen, mt, "'%s' must be an integer >= 1", mt);
+        if (!json_is_integer(f) || number_in(f, 1, OA_MAX_TOKENS, &x)) {
+            rc = fail(err, errlen, param, paramlen, mt,
+                      "'%s' must be an integer from 1 to " OA_STR(OA_MAX_TOKENS), mt);
             goto out;
         }
         c->max_tokens = (uint32_t)x;
@@ -218,9 +236,10 @@ static int parse(const char *body, size_t len, oa_chat *c, bool completion, char
     }
     if ((f = json_object_get(root, "top_k")) && !json_is_null(f)) {
         /* vLLM's convention: -1 (or 0) means no cut. */
-        if (!json_is_integer(f) || number_in(f, -1, 1 << 20, &x)) {
+        if (!json_is_integer(f) || number_in(f, -1, OA_MAX_TOP_K, &x)) {
             rc = fail(err, errlen, param, paramlen, "top_k", "%s",
-                      "'top_k' must be an integer >= -1 (-1 or 0: no cut)");
+                      "'top_k' must be an integer from -1 to " OA_STR(OA_MAX_TOP_K)
+                      " (-1 or 0: no cut)");
             goto out;
         }
         c->top_k = x > 0 ? (uint32_t)x : 0;

@@ -371,15 +371,28 @@ bool spawner_all_exited(const spawner *sp)
     return true;
 }
 
+/* Kills W's process if it runs, waits for it, and unlinks its pool. */
+static void kill_one(sup_worker *w)
+{
+    if (w->pid) {
+        kill(w->pid, SIGKILL);
+        waitpid(w->pid, NULL, 0);
+        w->pid = 0;
+    }
+    spawner_unlink_pool(w);
+}
+
 void spawner_kill_all(spawner *sp)
+{
+    for (size_t i = 0; i < workers_count(sp->ws); i++)
+        kill_one(workers_at(sp->ws, (int)i));
+}
+
+void spawner_kill_spawned(spawner *sp)
 {
     for (size_t i = 0; i < workers_count(sp->ws); i++) {
         sup_worker *w = workers_at(sp->ws, (int)i);
-        if (w->pid) {
-            kill(w->pid, SIGKILL);
-            waitpid(w->pid, NULL, 0);
-            w->pid = 0;
-        }
-        spawner_unlink_pool(w);
+        if (w->cfg->spawn == CFG_SPAWN_AUTO)
+            kill_one(w);
     }
 }

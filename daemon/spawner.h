@@ -83,5 +83,8 @@ void spawner_revoke_key(spawner *sp, sup_worker *w);
 bool spawner_all_exited(const spawner *sp);
 /* Kills what is still running, waits for it, and unlinks every pool segment. */
 void spawner_kill_all(spawner *sp);
+/* The same for the workers this spawner starts (`spawn: auto`) only: an
+ * external worker's process and segment are its own service manager's. */
+void spawner_kill_spawned(spawner *sp);
 
 #endif

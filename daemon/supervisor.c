@@ -329,6 +329,11 @@ void sup_kill_all(supervisor *s)
     spawner_kill_all(s->spawner);
 }
 
+void sup_kill_spawned(supervisor *s)
+{
+    spawner_kill_spawned(s->spawner);
+}
+
 int sup_create(const sup_options *opt, const sup_hooks *hooks, supervisor **out)
 {
     *out = NULL;

@@ -118,5 +118,11 @@ void sup_stop(supervisor *s, const char *reason);
 bool sup_all_exited(const supervisor *s);
 /* Kills what is still running and unlinks every pool segment. */
 void sup_kill_all(supervisor *s);
+/* batond goes without a drain (its loop failed, or it could not start), or
+ * after one: the workers it spawned are killed and waited for, and their
+ * pool segments unlinked, so that nothing of them outlives it.  Workers of
+ * `spawn: external`, which batond does not own, are left alone.  After
+ * sup_kill_all there is nothing left for it to do. */
+void sup_kill_spawned(supervisor *s);
 
 #endif

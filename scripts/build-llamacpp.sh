@@ -26,6 +26,10 @@ fi
 mkdir -p "$cache"
 tarball="$cache/llama_cpp_python-$version.tar.gz"
 if [[ ! -f "$tarball" ]]; then
+    if [[ "${BATON_OFFLINE:-}" = 1 ]]; then
+        echo "build-llamacpp: BATON_OFFLINE=1: not downloading llama-cpp-python $version from PyPI" >&2
+        exit 2
+    fi
     if ! python3 -m pip download --quiet --no-deps --no-binary :all: \
             "llama-cpp-python==$version" -d "$cache" >&2; then
         echo "build-llamacpp: cannot download llama-cpp-python $version from PyPI" >&2

@@ -23,7 +23,7 @@ config:   config backends/catalog.h kernels/sched.h common
 runtime:  runtime config common
 daemon:   daemon runtime config common
 worker:   worker backends/builtin.h config common
-client:   client common/curve.h
+client:   client common/curve.h common/ipcfile.h
 cudaemu:  cudaemu
 '
 

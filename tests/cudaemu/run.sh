@@ -86,7 +86,11 @@ elif [ "${BATON_CI:-}" = 1 ]; then
   echo "FAIL transformer on cuda:0: models/smollm2-135m-instruct-q4_1.gguf is absent, and with BATON_CI=1 the model tests must run"
 else
   skip=$((skip + 1))
-  echo "SKIP transformer on cuda:0: models/smollm2-135m-instruct-q4_1.gguf is absent (scripts/fetch-model.sh)"
+  if [ "${BATON_OFFLINE:-}" = 1 ]; then
+    echo "SKIP transformer on cuda:0: models/smollm2-135m-instruct-q4_1.gguf is absent (BATON_OFFLINE=1: scripts/fetch-model.sh did not fetch it)"
+  else
+    echo "SKIP transformer on cuda:0: models/smollm2-135m-instruct-q4_1.gguf is absent (scripts/fetch-model.sh)"
+  fi
 fi
 # GPU workers end to end; the test fails itself on an emulator problem in
 # the daemon's log (the workers' stderr).

@@ -587,7 +587,7 @@ def test_chat_cuda_equals_cpu():
         if os.environ.get("BATON_CI") == "1":
             raise AssertionError("%s is absent, and with BATON_CI=1 the model tests must run"
                                  % MODEL)
-        print("SKIP test_chat_cuda_equals_cpu: %s is absent (scripts/fetch-model.sh)" % MODEL)
+        print("SKIP test_chat_cuda_equals_cpu: %s" % E.model_absent(MODEL))
         return "skip"
     d = E.Daemon(CHAT_CONFIG.replace("MODEL", MODEL), wait=False)
     c = d.client()

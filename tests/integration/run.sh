@@ -166,6 +166,40 @@ if grep -q '^export BATON_CI=1$' .ci/run &&
    grep -A100 '^make test$' .ci/run | grep -q '^make asan-test$'; then ok
 else bad ".ci/run must export BATON_CI=1 and run make test, then make asan-test"; fi
 
+# The leftovers check of `make test` (tests/leftovers.sh): what appears in
+# /tmp and /dev/shm after the snapshot is named and fails; a /tmp folder
+# after failed suites is listed as kept, not failed again; nothing new
+# passes.  (Without TEST_COUNTS: these runs are not the real check; without
+# its watcher, so that other test runs on the machine do not change the
+# answers.)
+tmp=$(mktemp -d)
+snap=$tmp/snapshot
+TEST_COUNTS= BATON_LEFTOVERS_WATCH=0 bash tests/leftovers.sh snapshot "$snap"
+made=$(mktemp -d /tmp/baton-leftovers-selftest-XXXXXX)
+seg=/dev/shm/baton-999999999-selftest$$-cpu0
+: > "$seg"
+out=$(TEST_COUNTS= BATON_LEFTOVERS_WATCH=0 bash tests/leftovers.sh check "$snap" 2>&1); rc=$?
+if [ $rc -eq 1 ] && grep -qF "  $made/" <<<"$out" && grep -qF "  $seg" <<<"$out"; then ok
+else bad "leftovers.sh names what a run left: rc=$rc: $out"; fi
+out=$(TEST_COUNTS= BATON_LEFTOVERS_WATCH=0 bash tests/leftovers.sh check "$snap" 1 2>&1); rc=$?
+if [ $rc -eq 1 ] && grep -qF "$made (kept by the failed run" <<<"$out" && grep -qF "  $seg" <<<"$out"; then ok
+else bad "leftovers.sh after failed suites: rc=$rc: $out"; fi
+rm -rf "$made" "$seg"
+out=$(TEST_COUNTS= BATON_LEFTOVERS_WATCH=0 bash tests/leftovers.sh check "$snap" 2>&1); rc=$?
+# Another run on this machine may leave something meanwhile: only what
+# this check made must be gone from the answer.
+if ! grep -qF -e "$made" -e "$seg" <<<"$out"; then ok; else bad "leftovers.sh after the cleanup: $out"; fi
+rm -rf "$tmp"
+
+# Every integration script is run (here or by test_batonctl.sh) and listed
+# in tests/README.md.
+for f in tests/integration/test_*; do
+  n=${f##*/}
+  grep -qF "$n" tests/integration/run.sh tests/integration/test_batonctl.sh &&
+    grep -qF "\`$n\`" tests/README.md && ok || bad "$n: not run by run.sh or not listed in tests/README.md"
+done
+
+
 # The time limits themselves (tests/run-limited.py): a planted script that
 # hangs is stopped with the processes it started, and reported.
 run_script test_limits.sh env BUILD="$BUILD" bash tests/integration/test_limits.sh
@@ -187,8 +221,13 @@ run_script test_xhost.py env BUILD="$BUILD" /usr/bin/python3 tests/integration/t
 # every socket, tensors pulled between hosts, a cut link, a killed worker.
 run_script test_multihost.py env BUILD="$BUILD" /usr/bin/python3 tests/integration/test_multihost.py
 
-# A failed event loop makes batond exit non-zero.
+# A failed event loop makes batond exit non-zero, leaving nothing behind.
 run_script test_loop_failure.sh env BUILD="$BUILD" bash tests/integration/test_loop_failure.sh
+# SIGTERM and SIGINT leave no pool segment, socket file or socket folder;
+# a stale socket file is replaced, a running batond's socket is not taken.
+run_script test_stop_cleanup.sh env BUILD="$BUILD" bash tests/integration/test_stop_cleanup.sh
+# `make run` (scripts/run.sh) of test-loop.yaml, offline: no model fetched.
+run_script test_run.sh env BUILD="$BUILD" bash tests/integration/test_run.sh
 
 # The OpenAI-compatible HTTP API with the default model, through the openai
 # package, curl and raw sockets; exit 77 when the model is absent.

@@ -93,7 +93,11 @@ if [ ! -f models/smollm2-135m-instruct-q4_1.gguf ]; then
     echo "FAIL test_docker.sh: no model in models/, and with BATON_CI=1 the model tests must run"
     exit 1
   fi
-  echo "SKIP test_docker.sh (stage, runtime, serving): no model in models/ (scripts/fetch-model.sh)"
+  if [ "${BATON_OFFLINE:-}" = 1 ]; then
+    echo "SKIP test_docker.sh (stage, runtime, serving): no model in models/ (BATON_OFFLINE=1: scripts/fetch-model.sh did not fetch it)"
+  else
+    echo "SKIP test_docker.sh (stage, runtime, serving): no model in models/ (scripts/fetch-model.sh)"
+  fi
   exit 77
 fi
 

@@ -1116,7 +1116,14 @@ def need_model(model):
         return
     if os.environ.get("BATON_CI") == "1":
         raise AssertionError("%s is absent, and with BATON_CI=1 the model tests must run" % model)
-    raise Skip("%s is absent (scripts/fetch-model.sh)" % model)
+    raise Skip(model_absent(model))
+
+
+def model_absent(model):
+    """Why MODEL is not there, for a SKIP line."""
+    if os.environ.get("BATON_OFFLINE") == "1":
+        return "%s is absent (BATON_OFFLINE=1: scripts/fetch-model.sh did not fetch it)" % model
+    return "%s is absent (scripts/fetch-model.sh)" % model
 
 
 def test_transformer_serves(config):

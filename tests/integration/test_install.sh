@@ -47,6 +47,34 @@ if nm "$p/lib/libbatonclient.a" 2>/dev/null | grep -q ' T baton_client_create$';
 else
   fail "libbatonclient.a does not define baton_client_create"
 fi
+# The documents, with every relative link of each pointing at an installed
+# file (a link to what is not installed names the source tree's file).
+for f in README.md docs/architecture.md docs/operations.md docs/protocol.md docs/http-api.md \
+         docs/multihost.md docs/cuda-emulator.md config/README.md proto/baton.proto; do
+  [ -f "$p/share/baton/$f" ] && pass "share/baton/$f" || fail "share/baton/$f is not installed"
+done
+dead=$(python3 - "$p/share/baton" <<'EOF'
+import os, re, sys
+root = sys.argv[1]
+link = re.compile(r"\[([^\]]*)\]\((?![a-z][a-z0-9+.-]*:|#)([^)\s]+)\)")
+for d, _, files in os.walk(root):
+    for f in files:
+        if f.endswith(".md"):
+            path = os.path.join(d, f)
+            for m in link.finditer(open(path, encoding="utf-8").read()):
+                if not os.path.exists(os.path.join(d, m.group(2).split("#")[0])):
+                    print("%s: %s" % (os.path.relpath(path, root), m.group(0)))
+EOF
+)
+if [ -z "$dead" ]; then pass "every relative link of the installed documents reaches an installed file"
+else fail "dead links in the installed documents:"; echo "$dead"; fi
+if grep -qF '`tests/README.md` in baton'"'"'s source tree' "$p/share/baton/README.md" &&
+   grep -qF '](docs/operations.md)' "$p/share/baton/README.md"; then
+  pass "README.md: links to the installed docs kept, to tests/README.md named as a path"
+else
+  fail "share/baton/README.md: links not as expected"
+fi
+
 # No path of the build tree or of the DESTDIR may leak into the .pc files.
 if grep -qE "$tmp|$(pwd)" "$p"/lib/pkgconfig/*.pc; then
   fail "a .pc file names the build or DESTDIR path:"; cat "$p"/lib/pkgconfig/*.pc

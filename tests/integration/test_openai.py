@@ -2,13 +2,15 @@
 """The OpenAI-compatible HTTP API, end to end: a real batond serving the
 default model (config/examples/chat-cpu.yaml with an `openai:` entry and an
 HTTP port), driven by clients baton did not write: the official `openai`
-package (installed from PyPI into a private venv under ~/.cache), curl, and
-raw sockets for what clients do wrong.
+package (installed from PyPI into a private venv, by default
+~/.cache/baton-test/openai-venv: $BATON_TEST_CACHE/openai-venv, made once and
+reused), curl, and raw sockets for what clients do wrong.
 
 Exit status: 0 when every check passed, 1 on a failure, 77 when the model
-file is absent (the caller reports SKIP).  When PyPI cannot be reached the
-`openai` package checks are reported as SKIP and the rest still runs.  On
-a failure the daemon's folder is kept with its batond.log
+file is absent (the caller reports SKIP).  When PyPI cannot be reached, or
+BATON_OFFLINE=1 and the venv has no openai package yet, the `openai`
+package checks are reported as SKIP and the rest still runs.  On a failure
+the daemon's folder is kept with its batond.log
 (tests/integration/evidence.py)."""
 import http.client
 import json
@@ -32,6 +34,8 @@ if not os.path.isabs(BUILD):
 MODEL = os.path.join(ROOT, "models/smollm2-135m-instruct-q4_1.gguf")
 VENV = os.path.join(os.path.expanduser(os.environ.get("BATON_TEST_CACHE", "~/.cache/baton-test")),
                     "openai-venv")
+# BATON_OFFLINE=1: nothing is installed from PyPI; a venv made before is used.
+OFFLINE = os.environ.get("BATON_OFFLINE") == "1"
 
 failures = []
 
@@ -161,23 +165,25 @@ def sse_events(data):
 
 
 def openai_venv():
-    """The venv's python with the openai package, or None (PyPI unreachable)."""
+    """The venv's python with the openai package, and None or why not."""
     py = os.path.join(VENV, "bin", "python")
     if os.path.exists(py) and subprocess.run([py, "-c", "import openai"],
                                              capture_output=True).returncode == 0:
-        return py
+        return py, None
+    if OFFLINE:
+        return None, "BATON_OFFLINE=1: the openai package is not installed from PyPI into %s" % VENV
     shutil.rmtree(VENV, ignore_errors=True)
     os.makedirs(os.path.dirname(VENV), exist_ok=True)
     r = subprocess.run([sys.executable, "-m", "venv", VENV], capture_output=True, text=True)
     if r.returncode != 0:
-        print("  cannot make a venv: %s" % r.stderr.strip()[-300:])
-        return None
+        return None, "cannot make a venv in %s: %s" % (VENV, r.stderr.strip()[-300:])
+    print("  installing the openai package from PyPI into %s" % VENV, flush=True)
     r = subprocess.run([py, "-m", "pip", "install", "-q", "--disable-pip-version-check", "openai"],
                        capture_output=True, text=True, timeout=600)
     if r.returncode != 0:
-        print("  pip install openai failed: %s" % r.stderr.strip()[-300:])
-        return None
-    return py
+        return None, "pip install openai failed (PyPI cannot be reached?): %s" % (
+            r.stderr.strip()[-300:])
+    return py, None
 
 
 OPENAI_SCRIPT = r'''
@@ -259,9 +265,9 @@ print(json.dumps(out))
 
 
 def test_openai_package(s):
-    py = openai_venv()
+    py, why = openai_venv()
     if not py:
-        print("SKIP openai package checks: PyPI cannot be reached")
+        print("SKIP openai package checks: %s" % why)
         return
     r = subprocess.run([py, "-c", OPENAI_SCRIPT, s.base], capture_output=True, text=True,
                        timeout=300)
@@ -536,6 +542,28 @@ def test_bad_requests(s):
             err = json.loads(data).get("error", {})
             ok = isinstance(err.get("message"), str) and (param is None or err.get("param") == param)
         check(ok, "bad request, %s: %d (%s)" % (what, st, data[:160]))
+    # The words of a refusal: a number past the top of its range says the
+    # range, an empty body says it is empty, a parse error gives a position
+    # only where the parser knows one.
+    for path, body, param, want in (
+            ("/v1/chat/completions", chat_body("x", max_tokens=2147483648), "max_tokens",
+             "'max_tokens' must be an integer from 1 to 1048576"),
+            ("/v1/chat/completions", chat_body("x", max_completion_tokens=2 ** 31),
+             "max_completion_tokens",
+             "'max_completion_tokens' must be an integer from 1 to 1048576"),
+            ("/v1/completions", json.dumps({"model": "smollm2", "prompt": "x",
+                                            "max_tokens": 2147483648}).encode(), "max_tokens",
+             "'max_tokens' must be an integer from 1 to 1048576"),
+            ("/v1/chat/completions", b"", None, "the request body is empty"),
+            ("/v1/completions", b"", None, "the request body is empty"),
+            ("/v1/chat/completions", b'{"model": "smollm2",\n "messages": x}', None,
+             "(line 2, column")):
+        st, _, data = s.post(path, body)
+        err = json.loads(data).get("error", {}) if st == 400 else {}
+        msg = err.get("message") or ""
+        check(st == 400 and want in msg and "-1" not in msg and "wrong arguments" not in msg and
+              (param is None or err.get("param") == param),
+              "bad request to %s, %r: says %r (%d, %s)" % (path, body[:60], want, st, data[:200]))
     st, _, data = s.post("/v1/models", b"")
     check(st == 405, "POST /v1/models is 405")
     for body, param, what in (
@@ -602,7 +630,9 @@ def main():
             print("FAIL test_openai.py: %s is absent, and with BATON_CI=1 the model tests must "
                   "run" % MODEL)
             return 1
-        print("SKIP test_openai.py: %s is absent (scripts/fetch-model.sh)" % MODEL)
+        print("SKIP test_openai.py: %s is absent (%s)" % (
+            MODEL, "BATON_OFFLINE=1: scripts/fetch-model.sh did not fetch it" if OFFLINE
+            else "scripts/fetch-model.sh"))
         return 77
     s = Server()
     try:

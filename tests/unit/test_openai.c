@@ -150,6 +150,51 @@ static void test_parse_refusals(void **state)
     }
 }
 
+/* The refusals whose words matter: a number past the top of its range
+ * says the range (not only its bottom), an empty body says it is empty,
+ * and a body that is not JSON gives the parser's reason with a position
+ * only where there is one (never "line -1"). */
+static void test_refusal_messages(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *body, *param, *want;
+    } cases[] = {
+        {"{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+         "\"max_tokens\": 2147483648}", "max_tokens",
+         "'max_tokens' must be an integer from 1 to 1048576"},
+        {"{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+         "\"max_tokens\": 0}", "max_tokens", "'max_tokens' must be an integer from 1 to 1048576"},
+        {"{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+         "\"max_completion_tokens\": 1048577}", "max_completion_tokens",
+         "'max_completion_tokens' must be an integer from 1 to 1048576"},
+        {"{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+         "\"top_k\": 2147483648}", "top_k", "'top_k' must be an integer from -1 to 1048576"},
+        {"", "", "the request body is empty"},
+        {"{\"model\": \"m\", \"messages\": [", "", "the body is not valid JSON: "},
+        {"{\"model\": \"m\",\n \"messages\": x}", "", "(line 2, column"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        oa_chat c;
+        char param[64] = "unset", err[512] = "";
+        int rc = oa_chat_parse(cases[i].body, strlen(cases[i].body), &c, err, sizeof(err), param,
+                               sizeof(param));
+        if (rc != BT_EINVAL || strcmp(param, cases[i].param) != 0 || !strstr(err, cases[i].want) ||
+            strstr(err, "-1,") || strstr(err, "line -1") || strstr(err, "wrong arguments"))
+            fail_msg("case %zu (%s): rc %d, param '%s', error '%s', want '%s'", i, cases[i].body,
+                     rc, param, err, cases[i].want);
+    }
+    /* The gateway hands an empty body over as NULL. */
+    oa_chat c;
+    char param[64] = "unset", err[512] = "";
+    assert_int_equal(oa_chat_parse(NULL, 0, &c, err, sizeof(err), param, sizeof(param)),
+                     BT_EINVAL);
+    assert_string_equal(err, "the request body is empty: send a JSON object");
+    assert_int_equal(oa_completion_parse(NULL, 0, &c, err, sizeof(err), param, sizeof(param)),
+                     BT_EINVAL);
+    assert_string_equal(err, "the request body is empty: send a JSON object");
+}
+
 static void test_utf8_ready(void **state)
 {
     (void)state;
@@ -317,6 +362,7 @@ int main(void)
         cmocka_unit_test(test_completions),
         cmocka_unit_test(test_parse_fields),
         cmocka_unit_test(test_parse_refusals),
+        cmocka_unit_test(test_refusal_messages),
         cmocka_unit_test(test_utf8_ready),
         cmocka_unit_test(test_answers),
     };
