@@ -5,7 +5,8 @@
  * as with real NCCL): a header of per-rank counters and one chunk-sized
  * slot per rank.  ncclCommInitRank waits until every rank has joined, as
  * the real one does, and the last to join removes the name, so nothing is
- * left in /dev/shm.
+ * left in /dev/shm; the name of a group whose maker died before it formed
+ * is removed by the next ncclGetUniqueId on the host.
  *
  * Point-to-point: each ordered pair of ranks has a mailbox slot with a
  * posted and an acknowledged chunk count; a send posts chunks into it (the
@@ -35,7 +36,9 @@
  * rank has joined, and an abort before that removes the name. */
 #include <atomic>
 #include <vector>
+#include <dirent.h>
 #include <errno.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -158,10 +161,35 @@ const char *ncclGetErrorString(ncclResult_t r)
     return "unknown result";
 }
 
+/* Removes the names of communicators whose maker (the process that made
+ * the id, the PID in the name) is gone: a group whose rank 0 died before
+ * every rank joined never forms, and its name would stay in /dev/shm for
+ * good.  A rank still waiting in the join keeps its mapping. */
+static void remove_orphans(void)
+{
+    DIR *dir = opendir("/dev/shm");
+    if (!dir)
+        return;
+    struct dirent *e;
+    while ((e = readdir(dir)) != NULL) {
+        int pid;
+        char rest[64];
+        if (sscanf(e->d_name, "cudaemu-nccl-%d-%63s", &pid, rest) != 2 || pid <= 0)
+            continue;
+        if (kill(pid, 0) == 0 || errno != ESRCH)
+            continue;
+        char name[300];
+        snprintf(name, sizeof(name), "/%s", e->d_name);
+        shm_unlink(name);
+    }
+    closedir(dir);
+}
+
 ncclResult_t ncclGetUniqueId(ncclUniqueId *id)
 {
     if (!id)
         return ncclInvalidArgument;
+    remove_orphans();
     memset(id, 0, sizeof(*id));
     uint64_t r;
     {
