@@ -133,8 +133,10 @@ then ok; else bad "a failing script: exit $rc, folder '$kept', output:"; echo "$
 limited own124 60 "$tmp/own.out" bash -c 'exit 124'; rc=$?
 if [ $rc -eq 1 ] && ! grep -q TIMEOUT "$tmp/own.out"; then ok
 else bad "a script's own exit 124: run-limited exited $rc"; cat "$tmp/own.out"; fi
-got="$(BATON_TEST_TIMEOUT_SCALE=2.5 test_limit 10) $(BATON_TEST_SAN=1 test_limit 10)"
-got="$got $(BATON_TEST_TIMEOUT_SCALE=2 BATON_TEST_SAN=1 test_limit 10) $(BATON_TEST_TIMEOUT_SCALE=x test_limit 10)"
+# Each case sets both variables: `make asan-test` exports BATON_TEST_SAN=1
+# and a loaded machine may export a scale.
+got="$(BATON_TEST_TIMEOUT_SCALE=2.5 BATON_TEST_SAN=0 test_limit 10) $(BATON_TEST_TIMEOUT_SCALE=1 BATON_TEST_SAN=1 test_limit 10)"
+got="$got $(BATON_TEST_TIMEOUT_SCALE=2 BATON_TEST_SAN=1 test_limit 10) $(BATON_TEST_TIMEOUT_SCALE=x BATON_TEST_SAN=0 test_limit 10)"
 if [ "$got" = "25 30 60 10" ]; then ok; else bad "test_limit: got '$got', expected '25 30 60 10'"; fi
 
 echo "limits: $pass passed, $fail failed"
