@@ -1,13 +1,16 @@
 # baton: build, test and run.
 #
 #   make            build batond, baton-worker and batonctl
-#   make test       install deps if missing, build, run unit + integration tests
-#   make asan-test  the same tests built with AddressSanitizer + UBSan
+#   make test       install deps if missing, build, run the unit, integration
+#                   and emulated CUDA tests (all but the slow ones)
+#   make slow-test  the emulated CUDA tests that take minutes (CI runs them)
+#   make asan-test  the tests built with AddressSanitizer + UBSan
 #   make run        install deps, build, serve the default example
 #   make install    PREFIX=/usr/local DESTDIR=
 #   CUDA=0          build without the CUDA parts even when nvcc is present
 #   make emu        the emulated CUDA flavour in build/emu (no GPU, no nvcc)
 #   make emu-test   its tests: the CUDA code run on the CPU by cudaemu
+#                   (make emu-slow-test: the slow ones)
 #   make llamacpp-check  tokenizer and greedy decoding side by side with
 #                   llama.cpp (tests/llamacpp/; not part of `make test`)
 #   make fuzz       libFuzzer targets (tests/fuzz/), built by clang in build/fuzz,
@@ -175,7 +178,7 @@ FAILALLOC_TESTS := $(BUILD)/tests/test_alloc_fail $(BUILD)/tests/test_transforme
 FAILALLOC_WRAP := $(foreach f,malloc calloc realloc strdup strndup aligned_alloc posix_memalign free,-Wl,--wrap=$(f))
 
 .SECONDARY:
-.PHONY: all test asan-test run install clean deps model unit integration check-includes check-names check-calls
+.PHONY: all test slow-test asan-test run install clean deps model unit integration check-includes check-names check-calls
 all: check-includes check-names $(PROGRAMS) $(CLIENT_SO) $(PY_PB2) check-calls
 
 # The layering of docs/architecture.md: no file includes a header of a
@@ -358,13 +361,21 @@ test: deps model
 	LEFTOVERS_SNAPSHOT=$(BUILD)/leftovers-before \
 	  bash tests/run-suites.sh $(TEST_COUNTS_FILE) $(MAKE) --no-print-directory -- unit integration cudaemu
 
-# Under ASan the emulated checks run once (one seed), and of the
-# transformer's tests on cuda:0 only the load, and of the GPU worker tests
-# all but the chat graph: they are slow there.
+# The emulated tests that take minutes (tests/cudaemu/run.sh slow: the
+# transformer's whole-model tests on cuda:0 and the chat graph on GPU
+# workers, alone, split, tensor parallel and concurrent); kept out of
+# `make test` so that it stays near 15 minutes.  CI runs both.
+SLOW_COUNTS_FILE = $(abspath $(BUILD))/slow-test-counts
+slow-test: deps model
+	@mkdir -p $(BUILD); bash tests/leftovers.sh snapshot $(BUILD)/leftovers-before-slow; \
+	LEFTOVERS_SNAPSHOT=$(BUILD)/leftovers-before-slow \
+	  bash tests/run-suites.sh $(SLOW_COUNTS_FILE) $(MAKE) --no-print-directory -- cudaemu-slow
+
+# Under ASan the emulated checks run once (one seed), and not the slow
+# part (make slow-test): it would take an hour there.
 asan-test: deps model
 	@mkdir -p build/asan; bash tests/leftovers.sh snapshot build/asan/leftovers-before; \
-	LEFTOVERS_SNAPSHOT=build/asan/leftovers-before CUDAEMU_SEEDS=1 CUDAEMU_TF_TESTS=test_describe \
-	  CUDAEMU_GPU_WORKER_TESTS="test_ipc_in_place test_across_gpus test_mixed_cpu_gpu test_loop_and_streams test_loop_reads_staged_once test_gpu_worker_killed test_check_config test_device_lost test_tp_group test_nccl_between_hosts" \
+	LEFTOVERS_SNAPSHOT=build/asan/leftovers-before CUDAEMU_SEEDS=1 \
 	  bash tests/run-suites.sh $(abspath build/asan)/test-counts \
 	    $(MAKE) --no-print-directory BUILD=build/asan SAN=1 -- unit integration cudaemu
 
@@ -474,17 +485,20 @@ gpu-check: $(GPU_BINS)
 # The emulated flavour, from the top: `make emu` builds batond, baton-worker,
 # the GPU checks and the emulator's own tests (tests/cudaemu/*.cu) into
 # build/emu against cudaemu; `make emu-test` runs them
-# (tests/cudaemu/run.sh).  `make test` runs emu-test, `make asan-test` an
-# ASan build of it.
+# (tests/cudaemu/run.sh) but for the slow ones, which `make emu-slow-test`
+# runs.  `make test` runs emu-test, `make slow-test` emu-slow-test, and
+# `make asan-test` an ASan build of emu-test.
 EMU_BUILD ?= $(if $(filter 1,$(SAN)),build/asan-emu,build/emu)
 EMU_TEST_SRCS := $(wildcard tests/cudaemu/test_*.cu)
 EMU_TEST_BINS := $(EMU_TEST_SRCS:tests/cudaemu/%.cu=$(BUILD)/cudaemu/%)
-.PHONY: emu emu-test emu-programs
+.PHONY: emu emu-test emu-slow-test emu-programs
 emu:
 	@$(MAKE) --no-print-directory EMU=1 BUILD=$(EMU_BUILD) emu-programs
 emu-programs: $(BATOND) $(WORKER) $(GPU_BINS) $(EMU_TEST_BINS) $(BUILD)/tests/test_transformer
 emu-test: emu
-	@BUILD=$(EMU_BUILD) BATON_TEST_SAN=$(SAN) bash tests/cudaemu/run.sh
+	@BUILD=$(EMU_BUILD) BATON_TEST_SAN=$(SAN) bash tests/cudaemu/run.sh fast
+emu-slow-test: emu
+	@BUILD=$(EMU_BUILD) BATON_TEST_SAN=$(SAN) bash tests/cudaemu/run.sh slow
 # Plants known CUDA bugs one at a time and checks the emulated checks catch
 # each (a few minutes; not part of `make test`).
 .PHONY: emu-mutants

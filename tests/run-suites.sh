@@ -9,12 +9,13 @@
 # COUNTS is the file each runner appends "SUITE PASS FAIL SKIP" to
 # ($TEST_COUNTS); it is emptied first.  MAKE-COMMAND is the make command
 # line the suites' targets are made with (with BUILD= and SAN= for
-# asan-test).  SUITE is unit, integration or cudaemu:
+# asan-test).  SUITE is unit, integration, cudaemu or cudaemu-slow:
 #
 #   suite        built by                   run by
 #   unit         all unit-build             unit (tests/run-unit.sh)
 #   integration  integration-build          integration (tests/integration/run.sh)
 #   cudaemu      emu                        emu-test (tests/cudaemu/run.sh)
+#   cudaemu-slow emu                        emu-slow-test (tests/cudaemu/run.sh slow)
 #
 # A suite whose build failed, or whose runner ended without reporting its
 # counts, gets the line "SUITE notrun REASON" in COUNTS, which summary.sh
@@ -34,6 +35,7 @@ for suite in "$@"; do
     unit) build=(all unit-build); run=unit ;;
     integration) build=(integration-build); run=integration ;;
     cudaemu) build=(emu); run=emu-test ;;
+    cudaemu-slow) build=(emu); run=emu-slow-test ;;
     *) echo "run-suites: unknown suite '$suite'" >&2; exit 2 ;;
   esac
   "${mk[@]}" "${build[@]}"; r=$?

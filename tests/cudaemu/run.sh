@@ -1,7 +1,16 @@
 #!/usr/bin/env bash
 # Runs the CUDA code of baton on the CPU, through the CUDA emulator
 # (cudaemu/, docs/cuda-emulator.md), from the emulated build in $BUILD
-# (default build/emu; `make emu` builds it):
+# (default build/emu; `make emu` builds it).
+#
+#   tests/cudaemu/run.sh [fast|slow|all]
+#
+# "fast" (the default; `make emu-test`, part of `make test`) runs all but
+# the parts that take minutes on the emulator: the transformer's
+# whole-model tests and the chat graph on GPU workers.  "slow" (`make
+# emu-slow-test`, part of `make slow-test`) runs only those; "all" both.
+# The closing counts go to $TEST_COUNTS as the suite "cudaemu" (fast, all)
+# or "cudaemu-slow".  The parts:
 #   - the emulator's own tests (tests/cudaemu/test_emu.cu);
 #   - tests/gpu/check_kernels (every CUDA kernel against its C reference),
 #     tests/gpu/check_ops (every op of the executables on every device
@@ -35,7 +44,16 @@ set -u
 cd "$(dirname "$0")/../.."
 . tests/limits.sh
 BUILD=${BUILD:-build/emu}
+part=${1:-fast}
+case $part in
+  fast) suite=cudaemu ;;
+  slow) suite=cudaemu-slow ;;
+  all) suite=cudaemu ;;
+  *) echo "usage: tests/cudaemu/run.sh [fast|slow|all]" >&2; exit 2 ;;
+esac
 SEEDS=${CUDAEMU_SEEDS:-"1 2 3"}
+# The transformer's tests on cuda:0 that take a minute or more each.
+TF_SLOW="test_prefill_and_greedy_match_reference test_sampling_reproducible test_tensor_parallel_matches_reference"
 # Four emulated GPUs: the multi-process all-reduce checks run 2 and 3 ranks.
 export CUDAEMU_DEVICES=${CUDAEMU_DEVICES:-4}
 log=$(mktemp)
@@ -63,19 +81,26 @@ run() {
   fi
 }
 
-run "emulator tests" any 300 "$BUILD/cudaemu/test_emu"
-for s in $SEEDS; do
-  run "check_kernels, seed $s" clean 300 env CUDAEMU_SEED="$s" "$BUILD/gpu/check_kernels"
-  run "check_ops, seed $s" clean 300 env CUDAEMU_SEED="$s" CHECK_OPS_SEED="$s" "$BUILD/gpu/check_ops"
-  run "check_exec, seed $s" clean 300 env CUDAEMU_SEED="$s" "$BUILD/gpu/check_exec"
-done
+if [ "$part" != slow ]; then
+  run "emulator tests" any 300 "$BUILD/cudaemu/test_emu"
+  for s in $SEEDS; do
+    run "check_kernels, seed $s" clean 300 env CUDAEMU_SEED="$s" "$BUILD/gpu/check_kernels"
+    run "check_ops, seed $s" clean 300 env CUDAEMU_SEED="$s" CHECK_OPS_SEED="$s" "$BUILD/gpu/check_ops"
+    run "check_exec, seed $s" clean 300 env CUDAEMU_SEED="$s" "$BUILD/gpu/check_exec"
+  done
+fi
 # The transformer backend on an emulated GPU (TF_TEST_DEVICE=cuda:0), against
 # the same independent reference as on the CPU, its sampling on the device
 # against the CPU's, and its FFN split over two emulated GPUs (tp 2, NCCL
 # between two processes) against the reference.  The emulator is slow on a
-# whole model, so by default four of its tests run (CUDAEMU_TF_TESTS="*"
-# runs them all).
-TF_TESTS=${CUDAEMU_TF_TESTS:-"test_prefill_and_greedy_match_reference test_sampling_reproducible test_tensor_parallel_matches_reference test_describe"}
+# whole model, so four of its tests run: the load report in the fast part,
+# the three of $TF_SLOW in the slow part (CUDAEMU_TF_TESTS names others;
+# "*" runs them all).
+case $part in
+  fast) TF_TESTS=${CUDAEMU_TF_TESTS:-test_describe} ;;
+  slow) TF_TESTS=${CUDAEMU_TF_TESTS:-$TF_SLOW} ;;
+  all) TF_TESTS=${CUDAEMU_TF_TESTS:-"$TF_SLOW test_describe"} ;;
+esac
 if [ -f models/smollm2-135m-instruct-q4_1.gguf ]; then
   for t in $TF_TESTS; do
     run "transformer on cuda:0, $t" clean 1200 env TF_TEST_DEVICE=cuda:0 TF_TEST_FILTER="$t" \
@@ -94,10 +119,15 @@ else
 fi
 # GPU workers end to end; the test fails itself on an emulator problem in
 # the daemon's log (the workers' stderr).
-# CUDAEMU_GPU_WORKER_TESTS names the tests to run (default all; the chat
-# test takes a few minutes, too long under ASan).
+# CUDAEMU_GPU_WORKER_TESTS names the tests to run; by default the fast part
+# runs all but the chat graph's test (minutes), the slow part that one.
+case $part in
+  fast) gw=${CUDAEMU_GPU_WORKER_TESTS:---fast} ;;
+  slow) gw=${CUDAEMU_GPU_WORKER_TESTS:---slow} ;;
+  all) gw=${CUDAEMU_GPU_WORKER_TESTS:-} ;;
+esac
 # shellcheck disable=SC2086
-run "GPU workers end to end" any 3600 --stream env BUILD="$BUILD" /usr/bin/python3 tests/cudaemu/test_gpu_worker.py ${CUDAEMU_GPU_WORKER_TESTS:-}
-echo "cudaemu: ${pass} passed, ${fail} failed, ${skip} skipped"
-[ -n "${TEST_COUNTS:-}" ] && echo "cudaemu $pass $fail $skip" >> "$TEST_COUNTS"
+run "GPU workers end to end" any 3600 --stream env BUILD="$BUILD" /usr/bin/python3 tests/cudaemu/test_gpu_worker.py $gw
+echo "$suite: ${pass} passed, ${fail} failed, ${skip} skipped"
+[ -n "${TEST_COUNTS:-}" ] && echo "$suite $pass $fail $skip" >> "$TEST_COUNTS"
 [ "$fail" -eq 0 ]

@@ -3,7 +3,8 @@
 
 Real batond and baton-worker processes of the emulated build (build/emu:
 the worker's CUDA calls go to cudaemu, which runs them on the CPU), real
-sockets, a real client.  Run by tests/cudaemu/run.sh (`make test`).
+sockets, a real client.  Run by tests/cudaemu/run.sh: the chat graph's
+tests by `make slow-test`, the others by `make test`.
 
 What it shows:
   - two cuda:0 workers hand a 4 KiB and a 64 MiB tensor by CUDA IPC: the
@@ -652,8 +653,29 @@ def test_chat_cuda_equals_cpu():
     assert not found, "the emulator reported problems:\n" + "".join(found[:20])
 
 
+# The tests that take minutes on the emulator: run by `make slow-test`, not
+# by `make test` (tests/cudaemu/run.sh slow).
+SLOW_TESTS = ("test_chat_cuda_equals_cpu",)
+
+
 def main():
-    only = sys.argv[1:]
+    """Arguments: test names to run (default all), or --fast (all but
+    SLOW_TESTS) or --slow (SLOW_TESTS)."""
+    args = sys.argv[1:]
+    own_daemon = (test_check_config, test_device_lost, test_tp_group, test_nccl_between_hosts,
+                  test_chat_cuda_equals_cpu)
+    everything = [t.__name__ for t in GPU_TESTS + list(own_daemon)]
+    if args == ["--fast"]:
+        only = [n for n in everything if n not in SLOW_TESTS]
+    elif args == ["--slow"]:
+        only = list(SLOW_TESTS)
+    else:
+        unknown = [a for a in args if a not in everything]
+        if unknown:
+            print("test_gpu_worker: unknown test %s; the tests: %s"
+                  % (", ".join(unknown), " ".join(everything)), file=sys.stderr)
+            return 2
+        only = args
     passed = failed = skipped = 0
 
     def run(t, *args):
@@ -691,8 +713,7 @@ def main():
             failed += 1
             print("FAIL the emulator reported problems:\n%s" % "".join(found[:20]), flush=True)
             evidence.failed("the emulator reported problems")
-    for t in (test_check_config, test_device_lost, test_tp_group, test_nccl_between_hosts,
-              test_chat_cuda_equals_cpu):
+    for t in own_daemon:
         if not only or t.__name__ in only:
             run(t)
     print("gpu worker: %d passed, %d failed, %d skipped" % (passed, failed, skipped))
