@@ -15,6 +15,7 @@ PKGS=(
   libzmq3-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler
   libyaml-dev libjemalloc-dev libopenblas-dev libsystemd-dev
   libmicrohttpd-dev libjansson-dev
+  libfftw3-dev             # the FFT of Whisper's log-mel features
   python3 python3-pip python3-zmq python3-protobuf python3-yaml
   curl unzip
 )
