@@ -16,6 +16,7 @@ PKGS=(
   libyaml-dev libjemalloc-dev libopenblas-dev libsystemd-dev
   libmicrohttpd-dev libjansson-dev
   libfftw3-dev             # the FFT of Whisper's log-mel features
+  libsndfile1-dev libsoxr-dev  # audio files decoded, resampled to 16 kHz
   python3 python3-pip python3-zmq python3-protobuf python3-yaml
   curl unzip
 )
