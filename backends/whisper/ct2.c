@@ -91,7 +91,7 @@ static int read_u32(cursor *c, uint32_t *v, const char *what)
 static int read_str(cursor *c, const char **s, const char *what)
 {
     size_t at = c->off;
-    uint16_t len;
+    uint16_t len = 0;
     int rc = read_u16(c, &len, what);
     if (rc)
         return rc;
@@ -133,8 +133,8 @@ size_t ct2_dtype_size(uint32_t dtype)
 static int parse_var(cursor *c, ct2_var *v)
 {
     int rc;
-    uint8_t rank, dtype;
-    uint32_t nbytes;
+    uint8_t rank = 0, dtype = 0;
+    uint32_t nbytes = 0;
     if ((rc = read_str(c, &v->name, "a variable's name")))
         return rc;
     if ((rc = read_u8(c, &rank, v->name)))
@@ -212,7 +212,7 @@ static const ct2_var *find_var(const ct2_file *f, const char *name)
 static int parse(ct2_file *f, cursor *c)
 {
     int rc;
-    uint32_t n;
+    uint32_t n = 0;
     if ((rc = read_u32(c, &f->version, "the binary version")))
         return rc;
     if (f->version != CT2_BINARY_VERSION)
