@@ -7,14 +7,11 @@
  * ct2_find a binary search. */
 #include "backends/whisper/ct2.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
+
+#include "common/mapfile.h"
 
 typedef struct ct2_alias {
     const char *alias;   /* in the mapping */
@@ -318,50 +315,21 @@ int ct2_open(const char *path, ct2_file **out, char *err, size_t errlen)
     if (!out || !path)
         return bt_errorf(err, errlen, BT_EINVAL, "ct2_open: NULL %s", out ? "path" : "out");
     *out = NULL;
-    ct2_file *f = NULL;
     int rc;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        rc = bt_errorf(err, errlen, BT_EIO, "%s: %s", path, strerror(errno));
-        goto err;
-    }
-    struct stat st;
-    if (fstat(fd, &st) < 0) {
-        rc = bt_errorf(err, errlen, BT_EIO, "%s: fstat: %s", path, strerror(errno));
-        goto err;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        rc = bt_errorf(err, errlen, BT_EIO, "%s: not a regular file", path);
-        goto err;
-    }
-    f = calloc(1, sizeof(*f));
+    ct2_file *f = calloc(1, sizeof(*f));
     if (!f || !(f->path = strdup(path))) {
         rc = bt_errorf(err, errlen, BT_ENOMEM, "out of memory");
         goto err;
     }
-    if (st.st_size > 0) {
-        /* Read-only and private, as for GGUF: the weights are never
-         * written, and another process's later writes do not show. */
-        void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (m == MAP_FAILED) {
-            rc = bt_errorf(err, errlen, BT_EIO, "%s: mmap: %s", path, strerror(errno));
-            goto err;
-        }
-        f->map = m;
-        f->base = m;
-        f->size = (size_t)st.st_size;
-    }
-    /* The mapping holds the file; the fd is not kept (nor inherited). */
-    close(fd);
-    fd = -1;
+    if ((rc = bt_mapfile_map(path, NULL, &f->map, &f->size, err, errlen)))
+        goto err;
+    f->base = f->map;
     if ((rc = open_common(f, err, errlen)))
         goto err;
     *out = f;
     return 0;
 err:
     ct2_close(f);
-    if (fd >= 0)
-        close(fd);
     return rc;
 }
 
@@ -369,8 +337,7 @@ void ct2_close(ct2_file *f)
 {
     if (!f)
         return;
-    if (f->map)
-        munmap(f->map, f->size);
+    bt_mapfile_unmap(f->map, f->size);
     free(f->aliases);
     free(f->sorted);
     free(f->vars);

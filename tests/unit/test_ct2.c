@@ -17,32 +17,11 @@
 #include <cmocka.h>
 
 #include "tests/unit/skip.h"
+#include "tests/unit/wbuf.h"
 
 #include "backends/whisper/ct2.h"
 
 #define REAL_MODEL "models/whisper-base/model.bin"
-
-/* A growable byte buffer that the writer helpers append to. */
-typedef struct wbuf {
-    uint8_t *p;   /* owned */
-    size_t n;     /* bytes written */
-    size_t cap;   /* bytes allocated */
-} wbuf;
-
-static void put(wbuf *b, const void *src, size_t n)
-{
-    if (b->n + n > b->cap) {
-        b->cap = (b->n + n) * 2 + 64;
-        b->p = realloc(b->p, b->cap);
-        assert_non_null(b->p);
-    }
-    memcpy(b->p + b->n, src, n);
-    b->n += n;
-}
-
-static void put_u8(wbuf *b, uint8_t v) { put(b, &v, 1); }
-static void put_u16(wbuf *b, uint16_t v) { put(b, &v, 2); }
-static void put_u32(wbuf *b, uint32_t v) { put(b, &v, 4); }
 
 static void put_str(wbuf *b, const char *s)
 {
