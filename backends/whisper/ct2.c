@@ -276,10 +276,29 @@ static int parse(ct2_file *f, cursor *c)
     return 0;
 }
 
-static int open_common(ct2_file *f, char *err, size_t errlen)
+/* Parses what F holds (BASE and SIZE set, or MAP set from PATH when PATH
+ * is not NULL); on success *OUT is F, on failure F is closed. */
+static int finish_open(ct2_file *f, const char *path, ct2_file **out, char *err,
+                       size_t errlen)
 {
+    int rc;
+    if (!f->path) {
+        rc = bt_errorf(err, errlen, BT_ENOMEM, "out of memory");
+        goto err;
+    }
+    if (path) {
+        if ((rc = bt_mapfile_map(path, NULL, &f->map, &f->size, err, errlen)))
+            goto err;
+        f->base = f->map;
+    }
     cursor c = {f->base, f->size, 0, f->path, err, errlen};
-    return parse(f, &c);
+    if ((rc = parse(f, &c)))
+        goto err;
+    *out = f;
+    return 0;
+err:
+    ct2_close(f);
+    return rc;
 }
 
 int ct2_open_memory(const void *buf, size_t len, const char *name, ct2_file **out, char *err,
@@ -291,21 +310,13 @@ int ct2_open_memory(const void *buf, size_t len, const char *name, ct2_file **ou
         return bt_errorf(err, errlen, BT_EINVAL, "ct2_open_memory: NULL %s",
                          out ? "buffer" : "out");
     *out = NULL;
-    int rc;
     ct2_file *f = calloc(1, sizeof(*f));
-    if (!f || !(f->path = strdup(name ? name : "(memory)"))) {
-        rc = bt_errorf(err, errlen, BT_ENOMEM, "out of memory");
-        goto err;
-    }
+    if (!f)
+        return bt_errorf(err, errlen, BT_ENOMEM, "out of memory");
+    f->path = strdup(name ? name : "(memory)");
     f->base = buf;
     f->size = len;
-    if ((rc = open_common(f, err, errlen)))
-        goto err;
-    *out = f;
-    return 0;
-err:
-    ct2_close(f);
-    return rc;
+    return finish_open(f, NULL, out, err, errlen);
 }
 
 int ct2_open(const char *path, ct2_file **out, char *err, size_t errlen)
@@ -315,22 +326,11 @@ int ct2_open(const char *path, ct2_file **out, char *err, size_t errlen)
     if (!out || !path)
         return bt_errorf(err, errlen, BT_EINVAL, "ct2_open: NULL %s", out ? "path" : "out");
     *out = NULL;
-    int rc;
     ct2_file *f = calloc(1, sizeof(*f));
-    if (!f || !(f->path = strdup(path))) {
-        rc = bt_errorf(err, errlen, BT_ENOMEM, "out of memory");
-        goto err;
-    }
-    if ((rc = bt_mapfile_map(path, NULL, &f->map, &f->size, err, errlen)))
-        goto err;
-    f->base = f->map;
-    if ((rc = open_common(f, err, errlen)))
-        goto err;
-    *out = f;
-    return 0;
-err:
-    ct2_close(f);
-    return rc;
+    if (!f)
+        return bt_errorf(err, errlen, BT_ENOMEM, "out of memory");
+    f->path = strdup(path);
+    return finish_open(f, path, out, err, errlen);
 }
 
 void ct2_close(ct2_file *f)
