@@ -237,7 +237,9 @@ static int parse(ct2_file *f, cursor *c)
         f->sorted[i] = &f->vars[i];
         f->nvars++;
     }
-    qsort(f->sorted, f->nvars, sizeof(*f->sorted), cmp_var);
+    /* qsort and bsearch take no NULL array, even of no elements. */
+    if (f->nvars > 1)
+        qsort(f->sorted, f->nvars, sizeof(*f->sorted), cmp_var);
     for (size_t i = 1; i < f->nvars; i++)
         if (strcmp(f->sorted[i - 1]->name, f->sorted[i]->name) == 0)
             return bt_errorf(c->err, c->errlen, BT_EFORMAT, "%s: variable '%s' appears twice",
@@ -264,7 +266,8 @@ static int parse(ct2_file *f, cursor *c)
                              "%s: alias '%s' names '%s', which is not a variable", c->path,
                              a->alias, a->target);
     }
-    qsort(f->aliases, f->naliases, sizeof(*f->aliases), cmp_alias);
+    if (f->naliases > 1)
+        qsort(f->aliases, f->naliases, sizeof(*f->aliases), cmp_alias);
     for (size_t i = 1; i < f->naliases; i++)
         if (strcmp(f->aliases[i - 1].alias, f->aliases[i].alias) == 0)
             return bt_errorf(c->err, c->errlen, BT_EFORMAT, "%s: alias '%s' appears twice",
@@ -371,6 +374,8 @@ const ct2_var *ct2_find(const ct2_file *f, const char *name)
     const ct2_var *v = find_var(f, name);
     if (v)
         return v;
+    if (!f->naliases)
+        return NULL;
     ct2_alias key = {.alias = name};
     const ct2_alias *a = bsearch(&key, f->aliases, f->naliases, sizeof(*f->aliases), cmp_alias);
     return a ? a->var : NULL;
