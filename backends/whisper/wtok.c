@@ -64,9 +64,12 @@ static uint32_t next_cp(const unsigned char **s)
 
 static int set_piece(wtok *t, int32_t id, const char *bytes, size_t n)
 {
-    if (BT_RESERVE_N(t->arena, t->arena_len, t->arena_cap, n, 1 << 20))
+    /* At least one byte, so that the arena exists (memcpy takes no NULL,
+     * even for an empty piece). */
+    if (BT_RESERVE_N(t->arena, t->arena_len, t->arena_cap, n + 1, 1 << 20))
         return BT_ENOMEM;
-    memcpy(t->arena + t->arena_len, bytes, n);
+    if (n)
+        memcpy(t->arena + t->arena_len, bytes, n);
     t->off[id] = t->arena_len;
     t->len[id] = (uint32_t)n;
     t->arena_len += n;
