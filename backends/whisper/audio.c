@@ -29,11 +29,12 @@ static sf_count_t mem_seek(sf_count_t off, int whence, void *user)
 {
     memfile *m = user;
     sf_count_t base = whence == SEEK_CUR ? m->pos : whence == SEEK_END ? m->len : 0;
-    sf_count_t to = base + off;
-    if (to < 0 || to > m->len)
+    /* Checked before the sum: a hostile header's offset may be near the
+     * limits of the type. */
+    if (off > m->len - base || off < -base)
         return -1;
-    m->pos = to;
-    return to;
+    m->pos = base + off;
+    return m->pos;
 }
 
 static sf_count_t mem_read(void *buf, sf_count_t n, void *user)
@@ -172,9 +173,10 @@ int waudio_decode(const void *data, size_t len, size_t max_samples, float **out,
     SF_VIRTUAL_IO io = {mem_len, mem_seek, mem_read, mem_write, mem_tell};
     SF_INFO sfi = {0};
     if (!(sf = sf_open_virtual(&io, SFM_READ, &sfi, &mf))) {
+        /* sf_strerror(NULL) would say why, but from a process-wide
+         * variable that another thread's decode may have set. */
         rc = bt_errorf(err, errlen, BT_EINVAL,
-                       "not audio that can be read as WAV, FLAC, OGG or MP3 (%s)",
-                       sf_strerror(NULL));
+                       "not audio that can be read as WAV, FLAC, OGG or MP3");
         goto err;
     }
     SF_FORMAT_INFO fi = {.format = sfi.format & SF_FORMAT_TYPEMASK};
@@ -195,8 +197,9 @@ int waudio_decode(const void *data, size_t len, size_t max_samples, float **out,
         goto err;
     }
     /* A header that announces more than the limit is refused before any
-     * decoding (an MP3's count is an estimate; the sink checks again). */
-    if (max_samples && sfi.frames > 0 &&
+     * decoding (an MP3's count is an estimate, and SF_COUNT_MAX means
+     * unknown; the sink checks again). */
+    if (max_samples && sfi.frames > 0 && sfi.frames != SF_COUNT_MAX &&
         (double)sfi.frames * WAUDIO_RATE / sfi.samplerate > (double)max_samples + 1) {
         rc = too_long(err, errlen, max_samples, info);
         goto err;
@@ -249,7 +252,7 @@ int waudio_decode(const void *data, size_t len, size_t max_samples, float **out,
     s.p = NULL;
     rc = 0;
 err:
-    if (rc == BT_ENOMEM && err && !err[0])
+    if (rc == BT_ENOMEM && err && errlen && !err[0])
         bt_errorf(err, errlen, BT_ENOMEM, "out of memory");
     free(s.p);
     free(mono);

@@ -13,6 +13,9 @@
 
 #include "common/mapfile.h"
 
+/* The element count's overflow check needs one value past UINT32_MAX. */
+_Static_assert(SIZE_MAX > UINT32_MAX, "ct2.c needs a 64-bit size_t");
+
 typedef struct ct2_alias {
     const char *alias;   /* in the mapping */
     const char *target;  /* in the mapping */

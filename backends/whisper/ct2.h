@@ -15,9 +15,10 @@
  *
  * The whole file is mapped read-only and every count, length and dim is
  * checked against the file before use: a truncated, foreign or corrupt file
- * fails ct2_open with a message naming the file, the byte offset and the
- * variable it was reading; nothing after a successful open reads outside
- * the mapping.  Names and data are pointers into the mapping, valid until
+ * fails ct2_open with a message naming the file and, for a fault found
+ * while reading, the byte offset and the variable (a duplicate name or a
+ * dangling alias is found after, and named without an offset); nothing
+ * after a successful open reads outside the mapping.  Names and data are pointers into the mapping, valid until
  * ct2_close.  Data is not aligned in the file (a name's length sets the
  * offset of the bytes after it), so a reader copies it out with memcpy or
  * converts it; it never casts the pointer.
@@ -85,7 +86,8 @@ const ct2_var *ct2_var_at(const ct2_file *f, size_t i);  /* NULL past the end */
  * neither. */
 const ct2_var *ct2_find(const ct2_file *f, const char *name);
 size_t ct2_alias_count(const ct2_file *f);
-/* The I-th alias and the variable it names; BT_ERANGE past the end. */
+/* The I-th alias, in name order (not file order), and the variable it
+ * names; BT_ERANGE past the end. */
 int ct2_alias_at(const ct2_file *f, size_t i, const char **alias, const char **target);
 
 /* The variable NAME, checked: it exists, has dtype DTYPE (any when

@@ -1,7 +1,9 @@
 /* Whisper's log-mel features (mel.h).
  *
  * FFTW's planner is not thread-safe, its execution on new arrays is: the
- * plan is made once, under a process-wide mutex, in wmel_create, and each
+ * plan is made once, under a process-wide mutex, in wmel_create (this file
+ * is the only one in baton that plans with FFTW; another would have to
+ * take the same mutex, or FFTW's own thread-safe planner), and each
  * wmel_compute runs it with fftw_execute_dft_r2c on buffers of its own,
  * allocated with fftw_malloc so that they have the alignment the plan was
  * made for. */

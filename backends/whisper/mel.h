@@ -12,8 +12,8 @@
  *   5. log10 of each value, clamped below at 1e-10, then raised to at least
  *      the whole spectrogram's maximum minus 8, then (x + 4) / 4.
  *
- * So N samples give (N + 160) / 160 frames (integer division): 3000 for a
- * 30 s window.  The FFT is FFTW's, in double precision; the filterbank is
+ * So N samples give (N + 160) / 160 frames (integer division): 3001 for
+ * 30 s, of which Whisper's encoder takes the first 3000.  The FFT is FFTW's, in double precision; the filterbank is
  * computed here because it is a formula, not a transform.
  *
  * A wmel holds the filterbank and the FFT plan; wmel_compute may run on

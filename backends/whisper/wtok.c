@@ -172,12 +172,18 @@ static int read_added(wtok *t, const json_t *added, const char *path, char *err,
 int wtok_create(const char *path, int32_t n_vocab, wtok **out, char *err, size_t errlen)
 {
     *out = NULL;
+    if (err && errlen)
+        err[0] = '\0';
     if (n_vocab <= 0)
         return bt_errorf(err, errlen, BT_EINVAL, "%s: a vocabulary of %d ids", path, n_vocab);
     int rc;
     json_error_t jerr;
     json_t *root = json_load_file(path, 0, &jerr);
     wtok *t = calloc(1, sizeof(*t));
+    if (!root && json_error_code(&jerr) == json_error_cannot_open_file) {
+        rc = bt_errorf(err, errlen, BT_EIO, "%s: %s", path, jerr.text);
+        goto err;
+    }
     if (!root) {
         rc = bt_errorf(err, errlen, BT_EFORMAT, "%s: line %d, column %d: %s", path, jerr.line,
                        jerr.column, jerr.text);

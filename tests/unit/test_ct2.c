@@ -392,8 +392,8 @@ static void test_real_model(void **state)
     int64_t heads;
     assert_int_equal(ct2_get_int(f, "encoder/num_heads", &heads, err, sizeof(err)), 0);
     assert_int_equal(heads, 8);
-    /* Every byte of the file is some variable's or the table's: the data
-     * sum to less than the file. */
+    /* The data of all variables: most of the file, and less than all of
+     * it (the table of names and dims takes the rest). */
     size_t data = 0;
     for (size_t i = 0; i < ct2_var_count(f); i++)
         data += ct2_var_at(f, i)->nbytes;

@@ -1,7 +1,7 @@
 /* Whisper's log-mel features (backends/whisper/mel.c) against faster-whisper's
  * feature extractor: tests/unit/data/whisper_mel_reference.bin holds fixed
  * signals and the features faster-whisper computed for them
- * (scripts/gen-whisper-mel-reference.py); every value must be within 1e-4.
+ * (scripts/gen-whisper-mel-reference.py); every value must be within 1e-5.
  * Also the filterbank's shape, the frame count, and the refusals. */
 #include <math.h>
 #include <setjmp.h>
@@ -17,7 +17,9 @@
 #include "backends/whisper/mel.h"
 
 #define REFERENCE "tests/unit/data/whisper_mel_reference.bin"
-#define TOLERANCE 1e-4
+/* faster-whisper's promise is 1e-4; 2.5e-6 was measured, so a drift of
+ * the arithmetic shows long before that. */
+#define TOLERANCE 1e-5
 
 /* The whole reference file, and a cursor over it. */
 static uint8_t *ref;

@@ -175,7 +175,7 @@ static void test_refusals(void **state)
     wtok *t = NULL;
     char err[256];
     assert_int_equal(wtok_create("/nonexistent/tokenizer.json", 10, &t, err, sizeof(err)),
-                     BT_EFORMAT);
+                     BT_EIO);
     assert_non_null(strstr(err, "/nonexistent/tokenizer.json"));
     wtok_destroy(NULL);
 }
