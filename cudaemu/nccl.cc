@@ -497,7 +497,14 @@ ncclResult_t ncclGroupStart(void)
 }
 
 /* The group's sends and receives as one command that advances each as far
- * as its peer allows, until all are complete. */
+ * as its peer allows, until all are complete.  Two sends to one peer (or
+ * two receives from one) share the pair's mailbox and are matched in the
+ * order they were posted, as NCCL matches them: a later one waits until
+ * the earlier is complete.  Without that, the peer's ack arriving between
+ * the two checks of one pass let the later send fill the slot with its
+ * chunk while the earlier one still had chunks to send, and the receiver
+ * put it in the wrong buffer (seen under load, in a two-rank ring where
+ * left and right are the same peer). */
 ncclResult_t ncclGroupEnd(void)
 {
     if (group_depth <= 0)
@@ -511,8 +518,13 @@ ncclResult_t ncclGroupEnd(void)
     std::lock_guard<emu_mutex> g(emu_lock);
     cudaError_t e = stream_enqueue_polled(ops->front().stream, "ncclGroup", [ops]() {
         bool all = true;
-        for (p2p_op &op : *ops)
-            all = p2p_step(op) && all;
+        bool waiting[2][MAX_RANKS] = {}; /* [send][peer]: an earlier op is not done */
+        for (p2p_op &op : *ops) {
+            if (waiting[op.send][op.peer] || !p2p_step(op)) {
+                waiting[op.send][op.peer] = true;
+                all = false;
+            }
+        }
         return all ? POLL_DONE : POLL_WAIT;
     });
     return e ? ncclUnhandledCudaError : ncclSuccess;

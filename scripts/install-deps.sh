@@ -15,6 +15,8 @@ PKGS=(
   libzmq3-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler
   libyaml-dev libjemalloc-dev libopenblas-dev libsystemd-dev
   libmicrohttpd-dev libjansson-dev
+  libfftw3-dev             # the FFT of Whisper's log-mel features
+  libsndfile1-dev libsoxr-dev  # audio files decoded, resampled to 16 kHz
   python3 python3-pip python3-zmq python3-protobuf python3-yaml
   curl unzip
 )

@@ -10,8 +10,6 @@
  * time quadratic in a hostile count. */
 #include "backends/transformer/gguf.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <float.h>
 #include <inttypes.h>
 #include <math.h>
@@ -20,9 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
+#include "common/mapfile.h"
 #include "common/vec.h"
 
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -558,47 +555,24 @@ int gguf_open(const char *path, gguf_file **out, char *err, size_t errlen)
     if (!out || !path)
         return bt_errorf(err, errlen, BT_EINVAL, "gguf_open: NULL %s", out ? "path" : "out");
     *out = NULL;
-    gguf_file *f = NULL;
     int rc;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        rc = bt_errorf(err, errlen, BT_EIO, "%s: %s", path, strerror(errno));
-        goto err;
-    }
-    struct stat st;
-    if (fstat(fd, &st) < 0) {
-        rc = bt_errorf(err, errlen, BT_EIO, "%s: fstat: %s", path, strerror(errno));
-        goto err;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        rc = bt_errorf(err, errlen, BT_EIO, "%s: not a regular file", path);
-        goto err;
-    }
-    if (st.st_size < HEADER_BYTES) {
-        rc = bt_errorf(err, errlen, BT_EFORMAT,
-                       "file is %lld bytes, smaller than the %d-byte GGUF header",
-                       (long long)st.st_size, HEADER_BYTES);
-        goto err;
-    }
-    f = calloc(1, sizeof(*f));
+    gguf_file *f = calloc(1, sizeof(*f));
     if (!f) {
         rc = bt_errorf(err, errlen, BT_ENOMEM, "out of memory");
         goto err;
     }
-    /* MAP_PRIVATE and read-only: the weights are never written, and a
-     * private mapping keeps another process's later writes to the file from
-     * showing through (short of truncation, which raises SIGBUS). */
-    void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (m == MAP_FAILED) {
-        rc = bt_errorf(err, errlen, BT_EIO, "%s: mmap: %s", path, strerror(errno));
+    /* The mapping keeps its own reference to the file, so no fd is held
+     * for the life of the model (nor inherited by a forked worker). */
+    void *m;
+    if ((rc = bt_mapfile_map(path, NULL, &m, &f->size, err, errlen)))
+        goto err;
+    f->map = m;
+    if (f->size < HEADER_BYTES) {
+        rc = bt_errorf(err, errlen, BT_EFORMAT,
+                       "file is %zu bytes, smaller than the %d-byte GGUF header", f->size,
+                       HEADER_BYTES);
         goto err;
     }
-    f->map = m;
-    f->size = (size_t)st.st_size;
-    /* The mapping keeps its own reference to the file, so the fd is not
-     * held for the life of the model (nor inherited by a forked worker). */
-    close(fd);
-    fd = -1;
     parser p = {f->map, f->size, 0, err, errlen};
     if ((rc = parse(f, &p)))
         goto err;
@@ -606,8 +580,6 @@ int gguf_open(const char *path, gguf_file **out, char *err, size_t errlen)
     return 0;
 err:
     gguf_close(f);
-    if (fd >= 0)
-        close(fd);
     return rc;
 }
 
@@ -622,8 +594,7 @@ void gguf_close(gguf_file *f)
         free(f->kvs[i].str_off);
     free(f->kv_sorted);
     free(f->kvs);
-    if (f->map)
-        munmap((void *)f->map, f->size);
+    bt_mapfile_unmap((void *)f->map, f->size);
     for (size_t i = 0; i < f->n_owned; i++)
         free(f->owned[i]);
     free(f->owned);

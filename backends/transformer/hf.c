@@ -20,12 +20,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <jansson.h>
 
+#include "common/mapfile.h"
 #include "common/vec.h"
 #include "kernels/kernels.h"
 
@@ -688,27 +688,16 @@ static int map_file(reader *r, const char *file)
     char path[PATH_MAX];
     if (join(path, sizeof(path), r->dir, file))
         return bt_errorf(r->err, r->errlen, BT_ERANGE, "%s: the path is too long", file);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return bt_errorf(r->err, r->errlen, BT_EIO, "%s: %s", file, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        return bt_errorf(r->err, r->errlen, BT_EIO, "%s: not a readable regular file", file);
-    }
-    size_t size = (size_t)st.st_size;
+    void *m;
+    size_t size;
+    int mrc = bt_mapfile_map(path, file, &m, &size, r->err, r->errlen);
+    if (mrc)
+        return mrc;
     if (size < 8) {
-        close(fd);
+        bt_mapfile_unmap(m, size);
         return bt_errorf(r->err, r->errlen, BT_EFORMAT, "%s: %zu bytes, too short for the "
                          "8-byte length of a safetensors header", file, size);
     }
-    /* Read-only and private, as gguf_open maps: the weights are never
-     * written, and the fd need not outlive the mapping. */
-    void *m = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    int err = errno;
-    close(fd);
-    if (m == MAP_FAILED)
-        return bt_errorf(r->err, r->errlen, BT_EIO, "%s: mmap: %s", file, strerror(err));
     if (gguf_build_own_map(r->f, m, size))
         return bt_errorf(r->err, r->errlen, BT_ENOMEM, "out of memory");
     uint64_t n;

@@ -147,6 +147,40 @@ def gguf_seeds():
     put("fuzz_gguf", "truncated.gguf", gguf(meta, [f32])[:60])
 
 
+# ---- fuzz_ct2: CTranslate2 model files ------------------------------------------
+
+def cstr(s):
+    b = s.encode() + b"\0"
+    return struct.pack("<H", len(b)) + b
+
+
+def ct2(variables, aliases=(), version=6):
+    """A model.bin: VARIABLES are (name, dims, dtype, bytes); ALIASES
+    (alias, name)."""
+    out = struct.pack("<I", version) + cstr("WhisperSpec") + struct.pack("<II", 3, len(variables))
+    for name, dims, dtype, data in variables:
+        out += cstr(name) + struct.pack("<B", len(dims)) + struct.pack("<%dI" % len(dims), *dims)
+        out += struct.pack("<BI", dtype, len(data)) + data
+    out += struct.pack("<I", len(aliases))
+    for alias, name in aliases:
+        out += cstr(alias) + cstr(name)
+    return out
+
+
+def ct2_seeds():
+    emb = ("decoder/embeddings/weight", [3, 4], 4, struct.pack("<12e", *range(12)))
+    gamma = ("encoder/layer_norm/gamma", [4], 0, struct.pack("<4f", 1, 2, 3, 4))
+    heads = ("encoder/num_heads", [], 2, struct.pack("<h", 8))
+    act = ("decoder/activation", [], 1, struct.pack("<b", 1))
+    conv = ("encoder/conv1/weight", [2, 3, 3], 5, bytes(36))
+    ids = ("decoder/alignment_heads", [2, 2], 3, struct.pack("<4i", 3, 1, 4, 2))
+    every = [emb, gamma, heads, act, conv, ids]
+    put("fuzz_ct2", "whisper-like.bin", ct2(every, [("decoder/projection/weight", emb[0])]))
+    put("fuzz_ct2", "empty.bin", ct2([]))
+    put("fuzz_ct2", "aliases.bin", ct2([gamma, heads], [("a", gamma[0]), ("b", heads[0])]))
+    put("fuzz_ct2", "truncated.bin", ct2(every)[:70])
+
+
 def tokenizer_seeds():
     texts = {
         "ascii.txt": "Hello, world! The quick brown fox jumps over 13 lazy dogs.",
@@ -200,6 +234,7 @@ def frame_seeds():
 def main():
     config_seeds()
     gguf_seeds()
+    ct2_seeds()
     tokenizer_seeds()
     frame_seeds()
     return 0

@@ -160,8 +160,8 @@ else bad "a program linked against libbatonclient.so: $(cat "$tmp/err") $out"; f
 rm -rf "$tmp"
 if nm "$BUILD/baton-worker" | grep -q ' baton_client_'; then bad "baton-worker links client code"; else ok; fi
 
-# CI runs the tests twice, the second time under ASan and UBSan, with the
-# model tests required (BATON_CI=1).
+# CI runs the tests twice (between them `make slow-test`), the second time
+# under ASan and UBSan, with the model tests required (BATON_CI=1).
 if grep -q '^export BATON_CI=1$' .ci/run &&
    grep -A100 '^make test$' .ci/run | grep -q '^make asan-test$'; then ok
 else bad ".ci/run must export BATON_CI=1 and run make test, then make asan-test"; fi

@@ -19,34 +19,13 @@
 #include <cmocka.h>
 
 #include "tests/unit/skip.h"
+#include "tests/unit/wbuf.h"
 
 #include "backends/transformer/gguf.h"
 
 #define REAL_MODEL "models/smollm2-135m-instruct-q4_1.gguf"
 
 static char tmpdir[64];
-
-/* A growable byte buffer that the writer helpers append to. */
-typedef struct wbuf {
-    uint8_t *p;   /* owned */
-    size_t n;     /* bytes written */
-    size_t cap;   /* bytes allocated */
-} wbuf;
-
-static void put(wbuf *b, const void *src, size_t n)
-{
-    if (b->n + n > b->cap) {
-        b->cap = (b->n + n) * 2 + 64;
-        b->p = realloc(b->p, b->cap);
-        assert_non_null(b->p);
-    }
-    memcpy(b->p + b->n, src, n);
-    b->n += n;
-}
-
-static void put_u8(wbuf *b, uint8_t v) { put(b, &v, 1); }
-static void put_u32(wbuf *b, uint32_t v) { put(b, &v, 4); }
-static void put_u64(wbuf *b, uint64_t v) { put(b, &v, 8); }
 
 static void put_str(wbuf *b, const char *s)
 {

@@ -23,6 +23,7 @@
 #include <cmocka.h>
 
 #include "tests/unit/skip.h"
+#include "tests/unit/wbuf.h"
 
 #include "backends/transformer/gguf.h"
 #include "backends/transformer/tokenizer.h"
@@ -33,26 +34,6 @@
 static char tmpdir[64];
 
 /* ---- a writer of tokenizer-only GGUF files ---- */
-
-typedef struct wbuf {
-    uint8_t *p;  /* owned */
-    size_t n;    /* bytes written */
-    size_t cap;  /* bytes allocated */
-} wbuf;
-
-static void put(wbuf *b, const void *src, size_t n)
-{
-    if (b->n + n > b->cap) {
-        b->cap = 2 * (b->n + n) + 256;
-        b->p = realloc(b->p, b->cap);
-        assert_non_null(b->p);
-    }
-    memcpy(b->p + b->n, src, n);
-    b->n += n;
-}
-
-static void put_u32(wbuf *b, uint32_t v) { put(b, &v, 4); }
-static void put_u64(wbuf *b, uint64_t v) { put(b, &v, 8); }
 
 static void put_strn(wbuf *b, const char *s, size_t n)
 {
