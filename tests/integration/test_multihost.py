@@ -225,7 +225,10 @@ def run_graphs(c):
     out["fanin"] = as_i32(r.outputs[0])
     chunks, r = c.infer("stream", X(*range(8)), stream=True)
     assert r.status.code == pb.OK, r.status
-    out["stream"] = [as_i32(ch.value) for ch in chunks]
+    # How the streamed parts are cut into the consumer's dispatches (so how
+    # many chunks reach the client) depends on timing; the values in order
+    # do not.
+    out["stream"] = sum((as_i32(ch.value) for ch in chunks), [])
     return out
 
 
