@@ -11,11 +11,7 @@ if [ -n "${MAKEFLAGS:-}" ]; then
   export MAKEFLAGS
 fi
 
-# The checks' tally: fail counts and prints a failure, pass prints a success;
-# each test exits 0 only when FAILS is still 0.
-fails=0
-fail() { fails=$((fails + 1)); echo "FAIL: $*"; }
-pass() { echo "ok   $*"; }
+. tests/integration/lib_tally.sh
 
 # make_install DESTDIR [VAR=VALUE...]: `make install` of $BUILD into DESTDIR.
 make_install() {

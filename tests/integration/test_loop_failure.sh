@@ -10,31 +10,9 @@ set -u
 BUILD=${BUILD:-build}
 exe=$BUILD/tests/batond-pollfail
 CTL=$BUILD/batonctl
-tmp=$(mktemp -d /tmp/baton-loopfail-XXXXXX)
-pid=
-cleanup() {
-  [ -n "$pid" ] && kill -KILL "$pid" 2>/dev/null
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-fails=0
-fail() { fails=$((fails + 1)); echo "FAIL: $*"; }
-pass() { echo "ok   $*"; }
-cat > "$tmp/baton.yaml" <<YAML
-version: 1
-daemon:
-  listen: ipc://$tmp/baton.sock
-  workers_endpoint: ipc://$tmp/workers.sock
-workers:
-  - {name: cpu0, device: cpu, pool_mb: 16}
-models:
-  - {name: echo0, backend: echo, worker: cpu0}
-graphs:
-  - name: echo
-    inputs: [x]
-    body:
-      node: {name: e, model: echo0, inputs: [x], outputs: [{name: x, to: client}]}
-YAML
+. tests/integration/lib_daemon.sh
+scratch loopfail
+echo_deployment "$tmp/baton.yaml" "ipc://$tmp/baton.sock" "ipc://$tmp/workers.sock"
 
 # nothing_left PID WHAT: no pool segment of batond PID's run (its segments
 # are /baton-PID-...), no socket file in $tmp.

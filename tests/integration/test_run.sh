@@ -7,16 +7,8 @@
 set -u
 BUILD=${BUILD:-build}
 CTL=$BUILD/batonctl
-tmp=$(mktemp -d /tmp/baton-run-XXXXXX)
-pid=
-cleanup() {
-  [ -n "$pid" ] && kill -KILL "$pid" 2>/dev/null
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-fails=0
-fail() { fails=$((fails + 1)); echo "FAIL: $*"; }
-pass() { echo "ok   $*"; }
+. tests/integration/lib_daemon.sh
+scratch run
 
 sed "s#/tmp/baton-test/#$tmp/sock/#" config/examples/test-loop.yaml > "$tmp/test-loop.yaml"
 ep=ipc://$tmp/sock/baton.sock

@@ -13,36 +13,13 @@ set -u
 BUILD=${BUILD:-build}
 BATOND=$BUILD/batond
 CTL=$BUILD/batonctl
-tmp=$(mktemp -d /tmp/baton-stop-XXXXXX)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-fails=0
-fail() { fails=$((fails + 1)); echo "FAIL: $*"; }
-pass() { echo "ok   $*"; }
+. tests/integration/lib_daemon.sh
+scratch stop
 
 # The sockets live two levels below $tmp, in folders batond makes.
 run=$tmp/run/sockets
 ep=ipc://$run/baton.sock
-cat > "$tmp/baton.yaml" <<YAML
-version: 1
-daemon:
-  listen: $ep
-  workers_endpoint: ipc://$run/workers.sock
-  drain_timeout_ms: 2000
-workers:
-  - {name: cpu0, device: cpu, pool_mb: 16}
-models:
-  - {name: echo0, backend: echo, worker: cpu0}
-graphs:
-  - name: echo
-    inputs: [x]
-    body:
-      node: {name: e, model: echo0, inputs: [x], outputs: [{name: x, to: client}]}
-YAML
+echo_deployment "$tmp/baton.yaml" "$ep" "ipc://$run/workers.sock" "drain_timeout_ms: 2000"
 
 # start LOG: a batond on the config in the background; its pid in $pid.
 start() {
