@@ -34,10 +34,23 @@
 void k_embed(float *out, const float *table, int vocab, int dim, const int32_t *ids, int n);
 
 void k_add(float *out, const float *a, const float *b, size_t n);
+/* OUT[i] = A[i] + B[i % NB] for i < N: a bias row added to every row, or a
+ * table of positions to every sequence of a batch.  NB divides N. */
+void k_add_bcast(float *out, const float *a, size_t n, const float *b, size_t nb);
 void k_mul(float *out, const float *a, const float *b, size_t n);
 void k_silu(float *out, const float *x, size_t n);
 /* GELU, tanh approximation (GPT-2, ggml_gelu). */
 void k_gelu(float *out, const float *x, size_t n);
+/* GELU as defined, x * Phi(x) = x/2 (1 + erf(x / sqrt 2)): Whisper's. */
+void k_gelu_erf(float *out, const float *x, size_t n);
+
+/* The columns of a 1-D convolution, so that the convolution is one matrix
+ * product: X [BATCH, T_IN, C] (time-major, channels innermost) to COL
+ * [BATCH, T_OUT, C * K] with T_OUT = (T_IN + 2 PAD - K) / STRIDE + 1 and
+ * COL[b, t, c * K + j] = X[b, t * STRIDE + j - PAD, c] (0 outside).  A
+ * weight [C_OUT, C, K], as PyTorch stores Conv1d's, is then the product's
+ * [C_OUT, C * K] matrix as it lies. */
+void k_im2col(float *col, const float *x, int batch, int t_in, int c, int k, int stride, int pad);
 
 /* N elements from SRC of type ST to DST of type DT, each one of KD_F32,
  * KD_F16, KD_BF16 (round to nearest even).  -EINVAL for another type. */
@@ -199,6 +212,19 @@ int k_attn_decode_mt(kth_pool *pool, float *out, const float *q, const float *k,
                      void *const *kc, void *const *vc, kdtype cache_dt, int cap,
                      const int32_t *lens, int batch, int n_head, int n_kv, int hd);
 
+/* Attention without a mask or a cache (Whisper's encoder, and its
+ * decoder's cross-attention): for each of NB sequences, T queries Q [NB, T,
+ * N_HEAD * HD] attend over all S keys and values K, V [NB, S, N_HEAD * HD],
+ * head by head (no grouping); OUT [NB, T, N_HEAD * HD]; scale 1/sqrt(HD).
+ * k_attn_full_ref: a query at a time, as k_attn_prefill.  k_attn_full:
+ * for many queries an sgemm per (sequence, head) for the scores and one for
+ * their sum of V, else a query at a time on the threads of POOL (NULL or
+ * held elsewhere: the caller's thread).  0, or -ENOMEM. */
+int k_attn_full_ref(float *out, const float *q, const float *k, const float *v, int nb, int t,
+                    int s, int n_head, int hd);
+int k_attn_full(kth_pool *pool, float *out, const float *q, const float *k, const float *v, int nb,
+                int t, int s, int n_head, int hd);
+
 /* ---- sampling ------------------------------------------------------------------- */
 
 /* Largest top-k the GPU sampler supports (it selects candidates by repeated
@@ -227,6 +253,15 @@ int k_cuda_add(float *out, const float *a, const float *b, size_t n, void *strea
 int k_cuda_mul(float *out, const float *a, const float *b, size_t n, void *stream);
 int k_cuda_silu(float *out, const float *x, size_t n, void *stream);
 int k_cuda_gelu(float *out, const float *x, size_t n, void *stream);
+int k_cuda_gelu_erf(float *out, const float *x, size_t n, void *stream);
+int k_cuda_add_bcast(float *out, const float *a, size_t n, const float *b, size_t nb,
+                     void *stream);
+int k_cuda_im2col(float *col, const float *x, int batch, int t_in, int c, int k, int stride,
+                  int pad, void *stream);
+/* k_attn_full on the device: one block per (sequence, query, head) with the
+ * online softmax of the prefill kernel; HD at most 256 (-EINVAL else). */
+int k_cuda_attn_full(float *out, const float *q, const float *k, const float *v, int nb, int t,
+                     int s, int n_head, int hd, void *stream);
 int k_cuda_cast(void *dst, kdtype dt, const void *src, kdtype st, size_t n, void *stream);
 int k_cuda_rmsnorm(float *out, const float *x, const float *w, int rows, int dim, float eps,
                    void *stream);

@@ -48,7 +48,8 @@ const char *kop_name(kop op)
     static const char *names[KOP_COUNT] = {
         "embed",   "matmul",    "qmatvec",      "add",         "mul",     "silu",   "gelu",
         "rmsnorm", "layernorm", "rope",         "attn_prefill", "attn_decode", "softmax",
-        "argmax",  "sample",    "cast",         "allreduce",   "matmul_allreduce",
+        "argmax",  "sample",    "cast",         "allreduce",   "matmul_allreduce", "im2col",
+        "attn",
     };
     return op < KOP_COUNT ? names[op] : "?";
 }

@@ -39,8 +39,11 @@ const char *kdtype_name(kdtype t);
  *   MATMUL       in {a [.., M, K] f32, w [N, K] f32|f16|bf16|block}
  *                out {[.., M, N] f32}: every row of a times w^T.
  *   QMATVEC      in {w [N, K] block, x [M, K] f32} out {[M, N] f32}.
- *   ADD, MUL     in {a, b} out {y}, same element count, f32.
- *   SILU, GELU   in {x} out {y}, f32.
+ *   ADD, MUL     in {a, b} out {y}, same element count, f32; ADD also
+ *                takes a b whose count divides a's (a bias per row, a
+ *                table of positions per sequence): y[i] = a[i] + b[i % nb].
+ *   SILU, GELU   in {x} out {y}, f32; GELU attr {mode} (optional):
+ *                K_GELU_TANH (0, the default) or K_GELU_ERF (1).
  *   RMSNORM      in {x [R, D], w [D]} out {[R, D]}; attr {eps (f)}.
  *   LAYERNORM    in {x [R, D], w [D], b [D] (optional)} out; attr {eps (f)}.
  *   ROPE         in {x [N, H*HD], pos [N] i32} out {[N, H*HD]};
@@ -58,6 +61,12 @@ const char *kdtype_name(kdtype t);
  *   SAMPLE       in {logits [R, N], params [R, 3] f32 (temperature, top_k,
  *                top_p), rng [R, 2] i64 (seed, counter)} out {[R] i32}.
  *   CAST         in {x} out {y}: f32, f16, bf16 either way.
+ *   IM2COL       in {x [B, T, C]} out {[B, T', C*K]}; attr {K, stride,
+ *                pad}: the columns of a 1-D convolution (k_im2col), which a
+ *                MATMUL with the weight [C_OUT, C*K] then completes.
+ *   ATTN         in {q [B*T, H*HD], k [B', S, H*HD], v} out {o [B*T,
+ *                H*HD]}; attr {H, HD, T}: no mask, no cache; the B = rows
+ *                of q / T sequences use the first B of k and v (B <= B').
  *   ALLREDUCE    in {x} out {y} f32; attr {ranks} (1 when absent).
  *   MATMUL_ALLREDUCE  as MATMUL, then as ALLREDUCE; attr {ranks}.
  * Caches are f32 on the CPU. */
@@ -80,8 +89,13 @@ typedef enum kop {
     KOP_CAST,             /* f32 <-> f16 <-> bf16 */
     KOP_ALLREDUCE,        /* sum over ranks (NCCL on GPU; identity at one rank) */
     KOP_MATMUL_ALLREDUCE, /* fused compute + collective: holds both resources */
+    KOP_IM2COL,           /* a 1-D convolution's columns */
+    KOP_ATTN,             /* attention without mask or cache (encoders, cross-attention) */
     KOP_COUNT
 } kop;
+
+/* KOP_GELU's mode attribute. */
+enum { K_GELU_TANH = 0, K_GELU_ERF = 1 };
 
 /* What hardware an op occupies, for the scheduler. */
 typedef enum krole {

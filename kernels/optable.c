@@ -242,14 +242,27 @@ static int op_elementwise(const kx_op_ctx *c, int how)
     if (rc)
         return rc;
     const kg_value *y = out_val(c, 0);
-    int64_t n = elems_now(c, y);
+    int64_t n = elems_now(c, y), nb = n;
     for (int k = 0; k < c->op->n_in; k++)
-        NEED(in_val(c, k)->dtype == KD_F32 && elems_now(c, in_val(c, k)) == n);
-    NEED(y->dtype == KD_F32);
+        NEED(in_val(c, k)->dtype == KD_F32);
+    NEED(y->dtype == KD_F32 && elems_now(c, in_val(c, 0)) == n);
+    if (binary) {
+        /* ADD broadcasts a second operand whose count divides the first's. */
+        nb = elems_now(c, in_val(c, 1));
+        NEED(nb == n || (c->op->op == KOP_ADD && nb > 0 && n % nb == 0));
+    }
+    int64_t mode = c->op->op == KOP_GELU && c->op->n_attr ? c->op->attr[0] : K_GELU_TANH;
+    NEED(mode == K_GELU_TANH || mode == K_GELU_ERF);
     if (!(how & RUN))
         return 0;
     switch (c->op->op) {
     case KOP_ADD:
+        if (nb != n) {
+            ON_GPU(how, k_cuda_add_bcast(c->out[0], c->in[0], (size_t)n, c->in[1], (size_t)nb,
+                                         c->queue));
+            k_add_bcast(c->out[0], c->in[0], (size_t)n, c->in[1], (size_t)nb);
+            break;
+        }
         ON_GPU(how, k_cuda_add(c->out[0], c->in[0], c->in[1], (size_t)n, c->queue));
         k_add(c->out[0], c->in[0], c->in[1], (size_t)n);
         break;
@@ -262,6 +275,11 @@ static int op_elementwise(const kx_op_ctx *c, int how)
         k_silu(c->out[0], c->in[0], (size_t)n);
         break;
     default:
+        if (mode == K_GELU_ERF) {
+            ON_GPU(how, k_cuda_gelu_erf(c->out[0], c->in[0], (size_t)n, c->queue));
+            k_gelu_erf(c->out[0], c->in[0], (size_t)n);
+            break;
+        }
         ON_GPU(how, k_cuda_gelu(c->out[0], c->in[0], (size_t)n, c->queue));
         k_gelu(c->out[0], c->in[0], (size_t)n);
         break;
@@ -529,6 +547,52 @@ static int op_allreduce(const kx_op_ctx *c, int how)
     return 0;
 }
 
+static int op_im2col(const kx_op_ctx *c, int how)
+{
+    int rc = io(c, 1, 1, 1);
+    if (rc)
+        return rc;
+    const kg_value *x = in_val(c, 0), *y = out_val(c, 0);
+    NEED(c->op->n_attr >= 3 && x->dtype == KD_F32 && y->dtype == KD_F32);
+    NEED(x->ndim == 3 && y->ndim == 3);
+    int64_t k = c->op->attr[0], stride = c->op->attr[1], pad = c->op->attr[2];
+    int64_t b = dim_now(c, x, 0), t_in = x->shape[1], ch = x->shape[2];
+    NEED(k > 0 && stride > 0 && pad >= 0 && t_in + 2 * pad >= k && ch > 0);
+    NEED(k <= 64 && stride <= 64 && pad <= 64 && t_in <= INT_MAX / 2 && ch * k <= INT_MAX);
+    int64_t t_out = (t_in + 2 * pad - k) / stride + 1;
+    NEED(dim_now(c, y, 0) == b && y->shape[1] == t_out && y->shape[2] == ch * k);
+    if (!(how & RUN))
+        return 0;
+    ON_GPU(how, k_cuda_im2col(c->out[0], c->in[0], (int)b, (int)t_in, (int)ch, (int)k, (int)stride,
+                              (int)pad, c->queue));
+    k_im2col(c->out[0], c->in[0], (int)b, (int)t_in, (int)ch, (int)k, (int)stride, (int)pad);
+    return 0;
+}
+
+static int op_attn(const kx_op_ctx *c, int how)
+{
+    int rc = io(c, 3, 3, 1);
+    if (rc)
+        return rc;
+    const kg_value *q = in_val(c, 0), *k = in_val(c, 1), *v = in_val(c, 2), *o = out_val(c, 0);
+    NEED(c->op->n_attr >= 3);
+    int64_t h = c->op->attr[0], hd = c->op->attr[1], t = c->op->attr[2];
+    NEED(h > 0 && hd > 0 && t > 0 && h * hd <= INT_MAX);
+    NEED(q->dtype == KD_F32 && k->dtype == KD_F32 && v->dtype == KD_F32 && o->dtype == KD_F32);
+    NEED(k->ndim == 3 && v->ndim == 3 && memcmp(k->shape, v->shape, sizeof(k->shape)) == 0);
+    NEED(last_dim_now(c, q) == h * hd && k->shape[2] == h * hd);
+    int64_t n = rows_now(c, q), nb = n / t, s = k->shape[1];
+    NEED(n % t == 0 && nb <= dim_now(c, k, 0) && nb <= dim_now(c, v, 0) && s > 0);
+    NEED(rows_now(c, o) == n && last_dim_now(c, o) == h * hd && n <= INT_MAX && s <= INT_MAX);
+    NEED(!(how & CUDA) || hd <= 256);
+    if (!(how & RUN))
+        return 0;
+    ON_GPU(how, k_cuda_attn_full(c->out[0], c->in[0], c->in[1], c->in[2], (int)nb, (int)t, (int)s,
+                                 (int)h, (int)hd, c->queue));
+    return k_attn_full(cpu_opts(c)->pool, c->out[0], c->in[0], c->in[1], c->in[2], (int)nb, (int)t,
+                       (int)s, (int)h, (int)hd);
+}
+
 /* ---- the table -------------------------------------------------------------- */
 
 typedef int (*op_impl)(const kx_op_ctx *c, int how);
@@ -554,6 +618,8 @@ static op_impl impl_of(kop op)
     case KOP_SAMPLE: return op_sample;
     case KOP_CAST: return op_cast;
     case KOP_ALLREDUCE: return op_allreduce;
+    case KOP_IM2COL: return op_im2col;
+    case KOP_ATTN: return op_attn;
     case KOP_COUNT: break;
     }
     return NULL;

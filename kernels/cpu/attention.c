@@ -1,5 +1,6 @@
 /* KOP_ATTN_PREFILL and KOP_ATTN_DECODE: causal grouped-query attention over
- * a KV cache, the references of the CUDA kernels.  Both go through one
+ * a KV cache, and KOP_ATTN: attention without mask or cache; the
+ * references of the CUDA kernels.  Both go through one
  * function (attend_one) so that a decode step and the last row of a prefill
  * compute the same thing in the same order, which the unit tests rely on.
  *
@@ -100,5 +101,25 @@ int k_attn_decode(float *out, const float *q, const float *k, const float *v, fl
         if (s != buf)
             free(s);
     }
+    return 0;
+}
+
+int k_attn_full_ref(float *out, const float *q, const float *k, const float *v, int nb, int t,
+                    int s, int n_head, int hd)
+{
+    size_t row = (size_t)n_head * hd;
+    float buf[1024];
+    float *sc = scratch(buf, 1024, (size_t)s);
+    if (!sc)
+        return -ENOMEM;
+    for (int b = 0; b < nb; b++)
+        for (int i = 0; i < t; i++)
+            for (int h = 0; h < n_head; h++) {
+                size_t qo = ((size_t)b * t + i) * row + (size_t)h * hd;
+                size_t ko = (size_t)b * s * row + (size_t)h * hd;
+                attend_one(out + qo, q + qo, k + ko, v + ko, s, row, hd, sc);
+            }
+    if (sc != buf)
+        free(sc);
     return 0;
 }

@@ -201,30 +201,14 @@ __global__ static void prefill_append_kernel(const float *k, const float *v, flo
     }
 }
 
-__global__ static void prefill_kernel(float *out, const float *q, const float *kc,
-                                      const float *vc, int pos0, const int32_t *pos, int cap,
-                                      int n_tok, int n_head, int n_kv, int hd)
+/* OUT[HD] = softmax(QH . K[j] / sqrt(HD), j < CTX) . V[j] for one query
+ * head, keys and values ROW floats apart, computed by the whole block in
+ * tiles of PRE_THREADS keys with an online softmax; S, QS and RED are the
+ * block's shared memory (a tile, the query, the reductions). */
+__device__ static void attend_tiles(float *o, const float *qh, const float *kb, const float *vb,
+                                    size_t row, int ctx, int hd, float *s, float *qs, float *red)
 {
-    pos0 = first_pos(pos0, pos);
-    if (pos0 < 0 || pos0 > cap - n_tok) {
-        /* Bad data (flagged by the append): zeros, not reads past the cache. */
-        int t = n_tok - 1 - (int)blockIdx.x / n_head, h = (int)blockIdx.x % n_head;
-        for (int i = (int)threadIdx.x; i < hd; i += PRE_THREADS)
-            out[((size_t)t * n_head + h) * hd + i] = 0;
-        return;
-    }
-    __shared__ float s[PRE_THREADS]; /* one tile's softmax weights */
-    __shared__ float qs[PRE_MAX_HD];
-    __shared__ float red[32];
-    int tid = (int)threadIdx.x, bid = (int)blockIdx.x;
-    /* Block 0 takes the last token: the blocks with the longest contexts are
-     * scheduled first, so the grid does not end on a tail of long blocks. */
-    int t = n_tok - 1 - bid / n_head, h = bid % n_head;
-    int ctx = pos0 + t + 1;
-    size_t row = (size_t)hd;
-    const float *kb = kc + (size_t)(h / (n_head / n_kv)) * cap * hd;
-    const float *vb = vc + (size_t)(h / (n_head / n_kv)) * cap * hd;
-    const float *qh = q + ((size_t)t * n_head + h) * hd;
+    int tid = (int)threadIdx.x;
     for (int i = tid; i < hd; i += PRE_THREADS)
         qs[i] = qh[i];
     __syncthreads();
@@ -267,13 +251,37 @@ __global__ static void prefill_kernel(float *out, const float *q, const float *k
         __syncthreads(); /* every read of s[] done before the next tile writes it */
     }
     float inv = 1.0f / l;
-    float *o = out + ((size_t)t * n_head + h) * hd;
 #pragma unroll
     for (int a = 0; a < PRE_ACC; a++) {
         int i = tid + a * PRE_THREADS;
         if (i < hd)
             o[i] = acc[a] * inv;
     }
+}
+
+__global__ static void prefill_kernel(float *out, const float *q, const float *kc,
+                                      const float *vc, int pos0, const int32_t *pos, int cap,
+                                      int n_tok, int n_head, int n_kv, int hd)
+{
+    pos0 = first_pos(pos0, pos);
+    if (pos0 < 0 || pos0 > cap - n_tok) {
+        /* Bad data (flagged by the append): zeros, not reads past the cache. */
+        int t = n_tok - 1 - (int)blockIdx.x / n_head, h = (int)blockIdx.x % n_head;
+        for (int i = (int)threadIdx.x; i < hd; i += PRE_THREADS)
+            out[((size_t)t * n_head + h) * hd + i] = 0;
+        return;
+    }
+    __shared__ float s[PRE_THREADS]; /* one tile's softmax weights */
+    __shared__ float qs[PRE_MAX_HD];
+    __shared__ float red[32];
+    int bid = (int)blockIdx.x;
+    /* Block 0 takes the last token: the blocks with the longest contexts are
+     * scheduled first, so the grid does not end on a tail of long blocks. */
+    int t = n_tok - 1 - bid / n_head, h = bid % n_head;
+    const float *kb = kc + (size_t)(h / (n_head / n_kv)) * cap * hd;
+    const float *vb = vc + (size_t)(h / (n_head / n_kv)) * cap * hd;
+    attend_tiles(out + ((size_t)t * n_head + h) * hd, q + ((size_t)t * n_head + h) * hd, kb, vb,
+                 (size_t)hd, pos0 + t + 1, hd, s, qs, red);
 }
 
 static int prefill_launch(float *out, const float *q, const float *k, const float *v, float *kc,
@@ -315,4 +323,33 @@ extern "C" int k_cuda_attn_prefill_at(float *out, const float *q, const float *k
 {
     return prefill_launch(out, q, k, v, kc, vc, 0, pos, cap, flag, n_tok, n_head, n_kv, hd,
                           stream);
+}
+
+/* k_attn_full: one block per (sequence, query, head), over all S keys of
+ * its sequence (rows N_HEAD * HD floats apart, as a matrix product writes
+ * them). */
+__global__ static void full_kernel(float *out, const float *q, const float *k, const float *v,
+                                   int t, int s_len, int n_head, int hd)
+{
+    __shared__ float s[PRE_THREADS];
+    __shared__ float qs[PRE_MAX_HD];
+    __shared__ float red[32];
+    int bid = (int)blockIdx.x, h = bid % n_head, i = bid / n_head % t, b = bid / n_head / t;
+    size_t row = (size_t)n_head * hd;
+    size_t qo = ((size_t)b * t + i) * row + (size_t)h * hd, ko = (size_t)b * s_len * row + (size_t)h * hd;
+    attend_tiles(out + qo, q + qo, k + ko, v + ko, row, s_len, hd, s, qs, red);
+}
+
+extern "C" int k_cuda_attn_full(float *out, const float *q, const float *k, const float *v, int nb,
+                                int t, int s, int n_head, int hd, void *stream)
+{
+    if (nb < 0 || t < 0 || s <= 0 || n_head <= 0 || hd <= 0 || hd > PRE_MAX_HD ||
+        (long long)nb * t * n_head > INT_MAX)
+        return -EINVAL;
+    if (!nb || !t)
+        return 0;
+    full_kernel<<<nb * t * n_head, PRE_THREADS, 0, K_STREAM(stream)>>>(out, q, k, v, t, s, n_head,
+                                                                       hd);
+    K_CUDA_LAUNCHED();
+    return 0;
 }

@@ -123,18 +123,28 @@ static void check_elementwise(size_t n)
     char name[64];
     float *a = hrand(n, 4), *b = hrand(n, 4), *ref = malloc(n * 4);
     float *da = dup_dev(a, n * 4), *db = dup_dev(b, n * 4);
-    struct { const char *op; int bin; } ops[] = {{"add", 1}, {"mul", 1}, {"silu", 0}, {"gelu", 0}};
-    for (int o = 0; o < 4; o++) {
+    /* The broadcast add takes B's first NB elements over the first NN of A,
+     * NB dividing NN. */
+    size_t nb = n >= 77 ? 77 : 1, nn = n - n % nb;
+    struct { const char *op; int bin; } ops[] = {{"add", 1},  {"mul", 1},      {"silu", 0},
+                                                 {"gelu", 0}, {"gelu_erf", 0}, {"add_bcast", 1}};
+    for (int o = 0; o < 6; o++) {
         float *dout = dev_poison(n * 4);
         switch (o) {
         case 0: k_add(ref, a, b, n); OK(k_cuda_add(dout, da, db, n, NULL)); break;
         case 1: k_mul(ref, a, b, n); OK(k_cuda_mul(dout, da, db, n, NULL)); break;
         case 2: k_silu(ref, a, n); OK(k_cuda_silu(dout, da, n, NULL)); break;
-        default: k_gelu(ref, a, n); OK(k_cuda_gelu(dout, da, n, NULL)); break;
+        case 3: k_gelu(ref, a, n); OK(k_cuda_gelu(dout, da, n, NULL)); break;
+        case 4: k_gelu_erf(ref, a, n); OK(k_cuda_gelu_erf(dout, da, n, NULL)); break;
+        default:
+            k_add_bcast(ref, a, nn, b, nb);
+            OK(k_cuda_add_bcast(dout, da, nn, db, nb, NULL));
+            break;
         }
-        float *got = back(dout, n * 4);
-        snprintf(name, sizeof(name), "%s n=%zu", ops[o].op, n);
-        cmp(name, got, ref, n, 1e-6f, ops[o].bin ? 0 : 4e-6f);
+        size_t cn = o == 5 ? nn : n;
+        float *got = back(dout, cn * 4);
+        snprintf(name, sizeof(name), "%s n=%zu", ops[o].op, cn);
+        cmp(name, got, ref, cn, 1e-6f, ops[o].bin ? 0 : 4e-6f);
         free(got);
         cudaFree(dout);
     }
@@ -518,6 +528,39 @@ static void check_attn_prefill(int pos0, int n_tok, int n_head, int n_kv, int hd
     cudaFree(dout);
 }
 
+/* The columns of a convolution: a copy, so bit-exact. */
+static void check_im2col(int batch, int t_in, int c, int k, int stride, int pad)
+{
+    char name[64];
+    int t_out = (t_in + 2 * pad - k) / stride + 1;
+    size_t nx = (size_t)batch * t_in * c, ncol = (size_t)batch * t_out * c * k;
+    float *x = hrand(nx, 1), *ref = malloc(ncol * 4);
+    k_im2col(ref, x, batch, t_in, c, k, stride, pad);
+    float *dx = dup_dev(x, nx * 4), *dcol = dev_poison(ncol * 4);
+    OK(k_cuda_im2col(dcol, dx, batch, t_in, c, k, stride, pad, NULL));
+    float *got = back(dcol, ncol * 4);
+    snprintf(name, sizeof(name), "im2col %dx%dx%d k%d s%d p%d", batch, t_in, c, k, stride, pad);
+    cmp_exact(name, got, ref, ncol * 4);
+    free(x), free(ref), free(got);
+    cudaFree(dx), cudaFree(dcol);
+}
+
+static void check_attn_full(int nb, int t, int s, int n_head, int hd)
+{
+    char name[64];
+    size_t row = (size_t)n_head * hd, nq = (size_t)nb * t * row, nk = (size_t)nb * s * row;
+    float *q = hrand(nq, 1), *k = hrand(nk, 1), *v = hrand(nk, 1), *ref = malloc(nq * 4);
+    OK(k_attn_full_ref(ref, q, k, v, nb, t, s, n_head, hd));
+    float *dq = dup_dev(q, nq * 4), *dk = dup_dev(k, nk * 4), *dv = dup_dev(v, nk * 4);
+    float *dout = dev_poison(nq * 4);
+    OK(k_cuda_attn_full(dout, dq, dk, dv, nb, t, s, n_head, hd, NULL));
+    float *got = back(dout, nq * 4);
+    snprintf(name, sizeof(name), "attn_full %dx%d over %d, %d heads hd=%d", nb, t, s, n_head, hd);
+    cmp(name, got, ref, nq, 1e-5f, 1e-4f);
+    free(q), free(k), free(v), free(ref), free(got);
+    cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(dout);
+}
+
 static void check_philox(void)
 {
     size_t n = 100003;
@@ -861,6 +904,26 @@ int main(int argc, char **argv)
         failures++;
     } else {
         printf("ok   %-28s n_tok=0, hd=512, 8/3, past the capacity\n", "attn_prefill arguments");
+    }
+    check_im2col(1, 1, 1, 1, 1, 0);
+    check_im2col(2, 30, 8, 3, 1, 1);
+    check_im2col(3, 31, 5, 3, 2, 1);   /* an odd length at stride 2 */
+    check_im2col(1, 300, 80, 3, 1, 1); /* Whisper's first convolution, shortened */
+    check_attn_full(1, 1, 1, 1, 8);
+    check_attn_full(2, 1, 150, 8, 64);   /* a cross-attention step */
+    check_attn_full(3, 4, 300, 2, 64);   /* several queries, several key tiles */
+    check_attn_full(1, 37, 37, 6, 80);   /* self-attention, hd no power of two */
+    check_attn_full(2, 3, 130, 2, 256);  /* the largest head dimension */
+    checks++;
+    if (k_cuda_attn_full(NULL, NULL, NULL, NULL, 1, 1, 1, 1, 512, NULL) != -EINVAL ||
+        k_cuda_attn_full(NULL, NULL, NULL, NULL, 1, 1, 0, 1, 64, NULL) != -EINVAL ||
+        k_cuda_im2col(NULL, NULL, 1, 1, 1, 5, 1, 1, NULL) != -EINVAL ||
+        k_cuda_add_bcast(NULL, NULL, 10, NULL, 3, NULL) != -EINVAL) {
+        printf("FAIL %-28s accepted a bad argument\n", "attn_full/im2col arguments");
+        failures++;
+    } else {
+        printf("ok   %-28s hd=512, no keys, a window past the input, 3 into 10\n",
+               "attn_full/im2col arguments");
     }
     check_philox();
     check_allreduce();

@@ -338,25 +338,35 @@ static void case_op(kop o, int trial, const kx_device *gpu)
     case KOP_SILU:
     case KOP_GELU: {
         bool binary = o == KOP_ADD || o == KOP_MUL;
-        int n = irand(1, 5000);
-        float *a = own(c, frand(n, 4)), *b = own(c, frand(n, 4)), *want = own(c, xmalloc(n * 4));
+        /* Odd trials: ADD broadcasts a row of NB, GELU takes its erf form. */
+        int nb = irand(1, 40), n = nb * irand(1, 120);
+        bool bcast = o == KOP_ADD && trial % 2, erf_mode = o == KOP_GELU && trial % 2;
+        if (!bcast)
+            nb = n;
+        float *a = own(c, frand(n, 4)), *b = own(c, frand(nb, 4)), *want = own(c, xmalloc(n * 4));
         if (o == KOP_ADD)
-            k_add(want, a, b, n);
+            k_add_bcast(want, a, n, b, nb);
         else if (o == KOP_MUL)
             k_mul(want, a, b, n);
         else if (o == KOP_SILU)
             k_silu(want, a, n);
+        else if (erf_mode)
+            k_gelu_erf(want, a, n);
         else
             k_gelu(want, a, n);
-        int va = val(c, "a", KG_INPUT, KD_F32, 1, n, 0, 0, 0);
-        int vb = binary ? val(c, "b", KG_INPUT, KD_F32, 1, n, 0, 0, 0) : -1;
-        int vy = val(c, "y", KG_OUTPUT, KD_F32, 1, n, 0, 0, 0);
+        int va = val(c, "a", KG_INPUT, KD_F32, 2, n / nb, nb, 0, 0);
+        int vb = binary ? val(c, "b", KG_INPUT, KD_F32, 1, nb, 0, 0, 0) : -1;
+        int vy = val(c, "y", KG_OUTPUT, KD_F32, 2, n / nb, nb, 0, 0);
         int in[2] = {va, vb};
-        op(c, o, in, binary ? 2 : 1, &vy, 1, NULL, 0);
+        int64_t mode = K_GELU_ERF;
+        op(c, o, in, binary ? 2 : 1, &vy, 1, &mode, erf_mode);
         input(c, a, n * 4);
         if (binary)
-            input(c, b, n * 4);
+            input(c, b, nb * 4);
         output(c, want, n * 4, KD_F32);
+        if (bcast || erf_mode)
+            snprintf(c->name + strlen(c->name), sizeof(c->name) - strlen(c->name), "%s",
+                     bcast ? " (broadcast)" : " (erf)");
         break;
     }
     case KOP_RMSNORM:
@@ -552,6 +562,44 @@ static void case_op(kop o, int trial, const kx_device *gpu)
         input(c, x, n * 4);
         output(c, x, n * 4, KD_F32); /* one rank: the identity */
         c->tol = 0;
+        break;
+    }
+    case KOP_IM2COL: {
+        int B = irand(1, 3), T = irand(1, 40), C = irand(1, 9), K = irand(1, 4);
+        int stride = irand(1, 2), pad = irand(0, 1);
+        if (T + 2 * pad < K)
+            T = K;
+        int T2 = (T + 2 * pad - K) / stride + 1;
+        float *x = own(c, frand((size_t)B * T * C, 1));
+        float *want = own(c, xmalloc((size_t)B * T2 * C * K * 4));
+        k_im2col(want, x, B, T, C, K, stride, pad);
+        int vx = val(c, "x", KG_INPUT, KD_F32, 3, B, T, C, 0);
+        int vy = val(c, "col", KG_OUTPUT, KD_F32, 3, B, T2, (int64_t)C * K, 0);
+        int64_t attr[3] = {K, stride, pad};
+        op(c, o, &vx, 1, &vy, 1, attr, 3);
+        input(c, x, (size_t)B * T * C * 4);
+        output(c, want, (size_t)B * T2 * C * K * 4, KD_F32);
+        c->tol = 0;
+        break;
+    }
+    case KOP_ATTN: {
+        /* K and V hold one sequence more than the queries use. */
+        int H = irand(1, 4), HD = irand(1, 40) * 2, T = irand(1, 5), S = irand(1, 60);
+        int B = irand(1, 3);
+        size_t row = (size_t)H * HD, nq = (size_t)B * T * row, nk = (size_t)(B + 1) * S * row;
+        float *q = own(c, frand(nq, 1)), *k = own(c, frand(nk, 1)), *v = own(c, frand(nk, 1));
+        float *want = own(c, xmalloc(nq * 4));
+        k_attn_full_ref(want, q, k, v, B, T, S, H, HD);
+        int vq = val(c, "q", KG_INPUT, KD_F32, 2, (int64_t)B * T, (int64_t)row, 0, 0);
+        int vk = val(c, "k", KG_INPUT, KD_F32, 3, B + 1, S, (int64_t)row, 0);
+        int vv = val(c, "v", KG_INPUT, KD_F32, 3, B + 1, S, (int64_t)row, 0);
+        int vo = val(c, "o", KG_OUTPUT, KD_F32, 2, (int64_t)B * T, (int64_t)row, 0, 0);
+        int in[3] = {vq, vk, vv};
+        int64_t attr[3] = {H, HD, T};
+        op(c, o, in, 3, &vo, 1, attr, 3);
+        input(c, q, nq * 4), input(c, k, nk * 4), input(c, v, nk * 4);
+        output(c, want, nq * 4, KD_F32);
+        c->tol = 1e-4f;
         break;
     }
     case KOP_COUNT:

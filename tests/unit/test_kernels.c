@@ -957,6 +957,88 @@ static void test_nan_never_wins(void **state)
     }
 }
 
+/* GELU's erf form against the definition in double, the broadcast add
+ * against a loop with a modulo. */
+static void test_gelu_erf_add_bcast(void **state)
+{
+    (void)state;
+    size_t n = 1001, nb = 7 * 11;
+    float *x = rnd(n, 6), *y = poisoned(n), *b = rnd(nb, 2);
+    k_gelu_erf(y, x, n);
+    for (size_t i = 0; i < n; i++) {
+        double want = 0.5 * x[i] * (1.0 + erf(x[i] / sqrt(2.0)));
+        assert_true(fabs(y[i] - want) <= 1e-6 + 1e-6 * fabs(want));
+    }
+    size_t n2 = nb * 13;
+    float *a = rnd(n2, 3), *z = poisoned(n2);
+    k_add_bcast(z, a, n2, b, nb);
+    for (size_t i = 0; i < n2; i++)
+        assert_true(z[i] == a[i] + b[i % nb]);
+    free(x), free(y), free(b), free(a), free(z);
+}
+
+/* im2col then a matrix product is the convolution of its definition. */
+static void test_im2col_conv(void **state)
+{
+    (void)state;
+    int shapes[][6] = {{1, 1, 1, 1, 1, 0}, {2, 30, 8, 3, 1, 1}, {3, 31, 5, 3, 2, 1},
+                       {1, 9, 4, 5, 2, 2}, {2, 12, 3, 2, 3, 0}};
+    for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+        int B = shapes[si][0], T = shapes[si][1], C = shapes[si][2], K = shapes[si][3];
+        int st = shapes[si][4], pad = shapes[si][5], CO = 6;
+        int T2 = (T + 2 * pad - K) / st + 1;
+        float *x = rnd((size_t)B * T * C, 1), *w = rnd((size_t)CO * C * K, 1);
+        float *col = poisoned((size_t)B * T2 * C * K), *y = poisoned((size_t)B * T2 * CO);
+        k_im2col(col, x, B, T, C, K, st, pad);
+        k_matmul_ref(y, col, w, 1, B * T2, CO, C * K, 0, 0, 0);
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < T2; t++)
+                for (int o = 0; o < CO; o++) {
+                    double acc = 0;
+                    for (int c = 0; c < C; c++)
+                        for (int j = 0; j < K; j++) {
+                            int src = t * st + j - pad;
+                            if (src >= 0 && src < T)
+                                acc += (double)w[((size_t)o * C + c) * K + j] *
+                                       x[((size_t)b * T + src) * C + c];
+                        }
+                    assert_true(fabs(y[((size_t)b * T2 + t) * CO + o] - acc) < 1e-5);
+                }
+        free(x), free(w), free(col), free(y);
+    }
+}
+
+/* k_attn_full on both of its paths (a query at a time on the pool, sgemm
+ * for many queries) against the reference; the row path in the same
+ * order as the reference, to the bit. */
+static void test_attention_full(void **state)
+{
+    (void)state;
+    kth_pool *pool = NULL;
+    assert_int_equal(kth_pool_create(3, &pool), 0);
+    int shapes[][5] = {{1, 1, 1, 1, 8}, {2, 1, 150, 8, 64}, {3, 4, 37, 2, 32},
+                       {1, 40, 40, 3, 64}, {2, 17, 100, 2, 16}};
+    for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+        int nb = shapes[si][0], t = shapes[si][1], s = shapes[si][2], h = shapes[si][3];
+        int hd = shapes[si][4];
+        size_t nq = (size_t)nb * t * h * hd, nk = (size_t)nb * s * h * hd;
+        float *q = rnd(nq, 1), *k = rnd(nk, 1), *v = rnd(nk, 1);
+        float *ref = poisoned(nq), *got = poisoned(nq), *solo = poisoned(nq);
+        assert_int_equal(k_attn_full_ref(ref, q, k, v, nb, t, s, h, hd), 0);
+        assert_int_equal(k_attn_full(pool, got, q, k, v, nb, t, s, h, hd), 0);
+        assert_int_equal(k_attn_full(NULL, solo, q, k, v, nb, t, s, h, hd), 0);
+        if (t < 16) {
+            assert_memory_equal(got, ref, nq * sizeof(float));
+            assert_memory_equal(solo, ref, nq * sizeof(float));
+        } else {
+            assert_close(got, ref, nq, 1e-5f, 1e-4f, "attn_full sgemm");
+            assert_memory_equal(solo, got, nq * sizeof(float));
+        }
+        free(q), free(k), free(v), free(ref), free(got), free(solo);
+    }
+    kth_pool_destroy(pool);
+}
+
 static void test_sample(void **state)
 {
     (void)state;
@@ -1026,6 +1108,9 @@ int main(void)
         cmocka_unit_test(test_attention_fast_vs_ref),
         cmocka_unit_test(test_attention_split_decode),
         cmocka_unit_test(test_sample),
+        cmocka_unit_test(test_gelu_erf_add_bcast),
+        cmocka_unit_test(test_im2col_conv),
+        cmocka_unit_test(test_attention_full),
         cmocka_unit_test(test_nan_never_wins),
     };
     return cmocka_run_group_tests_name("kernels", tests, NULL, NULL);

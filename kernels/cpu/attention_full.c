@@ -1,0 +1,117 @@
+/* The fast CPU path of KOP_ATTN, attention without a mask or a cache.
+ *
+ * Whisper's encoder attends 1500 positions to 1500: as matrix products that
+ * is two sgemm calls per (sequence, head), scores = Q K^T and out = P V,
+ * which OpenBLAS runs on its own threads near the machine's peak, while a
+ * query at a time reads every key once per query from memory.  The score
+ * matrix of one head (T x S floats, 9 MB at 1500 x 1500) is the price.
+ *
+ * A decoder step's cross-attention has a query or a few per sequence: there
+ * the products are too thin for sgemm to pay, and the queries are spread
+ * over the kernels' thread pool instead, one (sequence, head, query) per
+ * task, with the reference's arithmetic (k_attn_full_ref) in the same order,
+ * so that both agree to the last bit. */
+#include <cblas.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+
+#include "kernels/cpu/threads.h"
+#include "kernels/kernels.h"
+
+/* From this many queries per sequence on, the scores are one sgemm. */
+#define FULL_GEMM_MIN_T 16
+
+typedef struct full_job {
+    float *out;
+    const float *q, *k, *v;
+    int nb, t, s, n_head, hd;
+    int failed;     /* set by a thread that found no memory */
+} full_job;
+
+/* One query of one head: the reference's loop (attention.c's attend_one),
+ * with its scratch row SC of S floats. */
+static void attend_row(float *out, const float *q, const float *k, const float *v, int s,
+                       size_t row, int hd, float *sc)
+{
+    float scale = 1.0f / sqrtf((float)hd), m = -INFINITY;
+    for (int j = 0; j < s; j++) {
+        const float *kj = k + (size_t)j * row;
+        float d = 0;
+        for (int i = 0; i < hd; i++)
+            d += q[i] * kj[i];
+        sc[j] = d * scale;
+        m = sc[j] > m ? sc[j] : m;
+    }
+    float sum = 0;
+    for (int j = 0; j < s; j++) {
+        sc[j] = expf(sc[j] - m);
+        sum += sc[j];
+    }
+    float inv = 1.0f / sum;
+    for (int i = 0; i < hd; i++)
+        out[i] = 0;
+    for (int j = 0; j < s; j++) {
+        const float *vj = v + (size_t)j * row;
+        float p = sc[j] * inv;
+        for (int i = 0; i < hd; i++)
+            out[i] += p * vj[i];
+    }
+}
+
+static void full_rows(void *arg, int ith, int nth)
+{
+    full_job *j = arg;
+    int n = j->nb * j->t * j->n_head, lo, hi;
+    kth_split(n, 1, ith, nth, &lo, &hi);
+    if (lo >= hi)
+        return;
+    float *sc = malloc((size_t)j->s * sizeof(float));
+    if (!sc) {
+        __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    size_t row = (size_t)j->n_head * j->hd;
+    for (int r = lo; r < hi; r++) {
+        int h = r % j->n_head, i = r / j->n_head % j->t, b = r / j->n_head / j->t;
+        size_t qo = ((size_t)b * j->t + i) * row + (size_t)h * j->hd;
+        size_t ko = (size_t)b * j->s * row + (size_t)h * j->hd;
+        attend_row(j->out + qo, j->q + qo, j->k + ko, j->v + ko, j->s, row, j->hd, sc);
+    }
+    free(sc);
+}
+
+int k_attn_full(kth_pool *pool, float *out, const float *q, const float *k, const float *v, int nb,
+                int t, int s, int n_head, int hd)
+{
+    if (nb <= 0 || t <= 0)
+        return 0;
+    if (t < FULL_GEMM_MIN_T) {
+        full_job j = {out, q, k, v, nb, t, s, n_head, hd, 0};
+        if (pool && kth_acquire(pool) == 0) {
+            kth_run(pool, full_rows, &j);
+            kth_release(pool);
+        } else {
+            full_rows(&j, 0, 1);
+        }
+        return j.failed ? -ENOMEM : 0;
+    }
+    int row = n_head * hd;
+    float *p = malloc((size_t)t * s * sizeof(float));
+    if (!p)
+        return -ENOMEM;
+    float scale = 1.0f / sqrtf((float)hd);
+    for (int b = 0; b < nb; b++)
+        for (int h = 0; h < n_head; h++) {
+            const float *qb = q + (size_t)b * t * row + (size_t)h * hd;
+            const float *kb = k + (size_t)b * s * row + (size_t)h * hd;
+            const float *vb = v + (size_t)b * s * row + (size_t)h * hd;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, t, s, hd, scale, qb, row, kb, row,
+                        0.0f, p, s);
+            k_softmax(p, p, t, s);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, t, hd, s, 1.0f, p, s, vb, row,
+                        0.0f, out + (size_t)b * t * row + (size_t)h * hd, row);
+        }
+    free(p);
+    return 0;
+}
