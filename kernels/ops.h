@@ -66,7 +66,8 @@ const char *kdtype_name(kdtype t);
  *                MATMUL with the weight [C_OUT, C*K] then completes.
  *   ATTN         in {q [B*T, H*HD], k [B', S, H*HD], v} out {o [B*T,
  *                H*HD]}; attr {H, HD, T}: no mask, no cache; the B = rows
- *                of q / T sequences use the first B of k and v (B <= B').
+ *                of q / T sequences use the first B of k and v (B <= B');
+ *                T 0: q's rows, however many this run, are one sequence.
  *   ALLREDUCE    in {x} out {y} f32; attr {ranks} (1 when absent).
  *   MATMUL_ALLREDUCE  as MATMUL, then as ALLREDUCE; attr {ranks}.
  * Caches are f32 on the CPU. */

@@ -577,12 +577,16 @@ static int op_attn(const kx_op_ctx *c, int how)
     const kg_value *q = in_val(c, 0), *k = in_val(c, 1), *v = in_val(c, 2), *o = out_val(c, 0);
     NEED(c->op->n_attr >= 3);
     int64_t h = c->op->attr[0], hd = c->op->attr[1], t = c->op->attr[2];
-    NEED(h > 0 && hd > 0 && t > 0 && h * hd <= INT_MAX);
+    NEED(h > 0 && hd > 0 && t >= 0 && h * hd <= INT_MAX);
     NEED(q->dtype == KD_F32 && k->dtype == KD_F32 && v->dtype == KD_F32 && o->dtype == KD_F32);
     NEED(k->ndim == 3 && v->ndim == 3 && memcmp(k->shape, v->shape, sizeof(k->shape)) == 0);
     NEED(last_dim_now(c, q) == h * hd && k->shape[2] == h * hd);
-    int64_t n = rows_now(c, q), nb = n / t, s = k->shape[1];
-    NEED(n % t == 0 && nb <= dim_now(c, k, 0) && nb <= dim_now(c, v, 0) && s > 0);
+    /* T 0: all of q's rows are one sequence's queries. */
+    int64_t n = rows_now(c, q), s = k->shape[1];
+    if (!t)
+        t = n;
+    int64_t nb = t ? n / t : 0;
+    NEED(t && n % t == 0 && nb <= dim_now(c, k, 0) && nb <= dim_now(c, v, 0) && s > 0);
     NEED(rows_now(c, o) == n && last_dim_now(c, o) == h * hd && n <= INT_MAX && s <= INT_MAX);
     NEED(!(how & CUDA) || hd <= 256);
     if (!(how & RUN))

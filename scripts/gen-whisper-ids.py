@@ -1,0 +1,66 @@
+#!/usr/bin/env python3
+"""
+gen-whisper-ids.py -- writes tests/unit/data/whisper-ids.tsv: the token ids
+that faster-whisper (CTranslate2) decodes from audio clips with Whisper
+base, which tests/unit/test_whisper_engine.c compares baton's decoder
+against.
+
+Settings, those of the comparison: compute_type float32, beam 1,
+temperature 0 with no fallback, language en, task transcribe, without
+timestamps, without conditioning on previous text, no VAD.  One line per
+30-second window: the clip's file name, the window's first frame (its
+"seek"), the ids (space-separated, without the prompt and the end of text)
+and the text.
+
+INDEPENDENCE: the ids come from faster-whisper and CTranslate2 as
+published on PyPI; no code of baton is used.
+
+How to run (from the repository root, after scripts/fetch-model.sh
+whisper-base and scripts/fetch-model.sh jfk):
+
+    /usr/bin/python3 -m venv /tmp/fwvenv
+    /tmp/fwvenv/bin/pip install faster-whisper==1.2.1
+    /tmp/fwvenv/bin/python scripts/gen-whisper-ids.py CLIP...
+
+Versions used for the checked-in file: Python 3.11.2, faster-whisper
+1.2.1, ctranslate2 4.8.5.
+"""
+import json
+import os
+import sys
+
+from faster_whisper import WhisperModel
+from faster_whisper.transcribe import get_suppressed_tokens
+from faster_whisper.tokenizer import Tokenizer
+
+MODEL = "models/whisper-base"
+OUT = "tests/unit/data/whisper-ids.tsv"
+
+
+def main():
+    clips = sys.argv[1:]
+    if not clips:
+        sys.exit(__doc__)
+    model = WhisperModel(MODEL, device="cpu", compute_type="float32", cpu_threads=2)
+    # The decoder in baton suppresses config.json's suppress_ids plus the
+    # special tokens; check that this is the set faster-whisper passes.
+    tok = Tokenizer(model.hf_tokenizer, True, task="transcribe", language="en")
+    cfg = json.load(open(os.path.join(MODEL, "config.json")))
+    ours = set(cfg["suppress_ids"]) | {tok.transcribe, tok.translate, tok.sot, tok.sot_prev,
+                                       tok.sot_lm, tok.no_speech}
+    theirs = set(get_suppressed_tokens(tok, [-1]))
+    assert ours == theirs, (sorted(ours ^ theirs))
+    with open(OUT, "w") as out:
+        out.write("# clip\tseek\tids\ttext (scripts/gen-whisper-ids.py)\n")
+        for clip in clips:
+            segments, _ = model.transcribe(
+                clip, beam_size=1, temperature=0.0, language="en", task="transcribe",
+                without_timestamps=True, condition_on_previous_text=False, vad_filter=False)
+            for s in segments:
+                out.write("%s\t%d\t%s\t%s\n" % (os.path.basename(clip), s.seek,
+                                              " ".join(str(t) for t in s.tokens), s.text))
+    print("wrote", OUT)
+
+
+if __name__ == "__main__":
+    main()
