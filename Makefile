@@ -341,7 +341,7 @@ integration: $(PROGRAMS) $(POLLFAIL_BATOND)
 # other test: those skip and say why.  BATON_CI=1 requires the model
 # tests, so with BATON_OFFLINE=1 too and a model missing there is nothing
 # to wait for: it stops at once.
-TEST_MODELS := smollm2 whisper-base
+TEST_MODELS := smollm2 whisper-base jfk
 model:
 	@bash scripts/fetch-model.sh $(TEST_MODELS) && exit 0; \
 	if [ "$$BATON_CI" = 1 ] && [ "$$BATON_OFFLINE" = 1 ]; then \
@@ -496,7 +496,8 @@ EMU_TEST_BINS := $(EMU_TEST_SRCS:tests/cudaemu/%.cu=$(BUILD)/cudaemu/%)
 .PHONY: emu emu-test emu-slow-test emu-programs
 emu:
 	@$(MAKE) --no-print-directory EMU=1 BUILD=$(EMU_BUILD) emu-programs
-emu-programs: $(BATOND) $(WORKER) $(GPU_BINS) $(EMU_TEST_BINS) $(BUILD)/tests/test_transformer
+emu-programs: $(BATOND) $(WORKER) $(GPU_BINS) $(EMU_TEST_BINS) $(BUILD)/tests/test_transformer \
+	$(BUILD)/tests/test_whisper_engine
 emu-test: emu
 	@BUILD=$(EMU_BUILD) BATON_TEST_SAN=$(SAN) bash tests/cudaemu/run.sh fast
 emu-slow-test: emu

@@ -7,6 +7,7 @@
 #include "backends/builtin.h"
 #include "backends/testing/testing.h"
 #include "backends/transformer/transformer.h"
+#include "backends/whisper/whisper.h"
 #include "common/status.h"
 #include "kernels/kernels.h"
 
@@ -17,8 +18,11 @@ const baton_backend *bk_builtin_find(const char *name)
     const baton_backend *b = bk_testing_backend(name);
     if (b)
         return b;
-    b = bk_transformer_backend();
-    return strcmp(b->name, name) == 0 ? b : NULL;
+    const baton_backend *const own[] = {bk_transformer_backend(), bk_whisper_backend()};
+    for (size_t i = 0; i < sizeof(own) / sizeof(own[0]); i++)
+        if (strcmp(own[i]->name, name) == 0)
+            return own[i];
+    return NULL;
 }
 
 int bk_comm_unique_id(void *id, size_t *len, char *err, size_t errlen)

@@ -70,6 +70,19 @@ static const bt_opt_desc transformer_options[] = {
      .doc = "CPU threads one kernel may use; 0: the worker's `threads`"},
 };
 
+static const bt_opt_desc whisper_options[] = {
+    {.name = "path", .type = BT_OPT_PATH, .required = 1,
+     .doc = "folder of a CTranslate2 Whisper model: model.bin, config.json, tokenizer.json "
+            "(faster-whisper's format)"},
+    {.name = "activations", .type = BT_OPT_STRING, .def = "q8", .allowed = activation_kinds,
+     .doc = "CPU only: q8 keeps the matrices in 8 bits and multiplies 8-bit activations as "
+            "integers; f32 widens the weights to f32 (the reference)"},
+    {.name = "max_audio_s", .type = BT_OPT_INT, .def = "600", .min = 1, .max = 86400,
+     .doc = "longest audio a request may send, in seconds; longer is refused"},
+    {.name = "threads", .type = BT_OPT_INT, .def = "0", .min = 0, .max = 1024,
+     .doc = "CPU threads one kernel may use; 0: the worker's `threads`"},
+};
+
 /* Backends without options point at no array; n_options says 0. */
 static const bt_backend_desc echo_backend = {
     "echo", "every output X carries input X if there is one, else the first input", NULL, 0};
@@ -91,10 +104,14 @@ static const bt_backend_desc transformer_backend = {
     "transformer", "Llama-family decoder with prefill and decode modes, from GGUF or safetensors",
     transformer_options, N_OPTS(transformer_options)};
 
+static const bt_backend_desc whisper_backend = {
+    "whisper", "Whisper speech to text with features, encode and decode modes, from a "
+    "CTranslate2 folder", whisper_options, N_OPTS(whisper_options)};
+
 /* The order here is the order of listings (README, --help). */
 static const bt_backend_desc *const all_backends[] = {
-    &transformer_backend, &echo_backend, &add_backend,  &counter_backend,
-    &chunks_backend,      &sleep_backend, &fail_backend,
+    &transformer_backend, &whisper_backend, &echo_backend, &add_backend,
+    &counter_backend,     &chunks_backend,  &sleep_backend, &fail_backend,
 };
 
 const bt_backend_desc *bt_backend_find(const char *name)

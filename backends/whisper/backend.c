@@ -1,0 +1,773 @@
+/* The `whisper` backend (backends/whisper/whisper.h): Whisper speech
+ * recognition as three node modes, which a graph chains into nested loops
+ * (config/examples/voice.yaml):
+ *
+ *   features  audio (a file's bytes as U8, or F32 PCM at 16 kHz) and
+ *             options (U8 JSON, may be empty) in; the log-mel features of
+ *             the whole audio (F32 [frames, n_mels], time-major) and the
+ *             first window's frame (`seek`, I32 [1] = 0) out.
+ *   encode    one 30-second window: the features and the window's first
+ *             frame in; the window's audio states (F32 [n_audio, d_model])
+ *             and the decoder's prompt (`token`, I32: start of transcript,
+ *             language, task, no timestamps) out.  The items of one call
+ *             share one encoder run (max_batch windows).  A window that
+ *             starts past the audio's end gives empty states and ends the
+ *             window loop; without timestamps, the window that reaches the
+ *             end ends it too.
+ *   decode    one token: iteration 0 takes the prompt and the states (which
+ *             fill the request's decoding slot: its cross-attention K and V
+ *             and its first self-attention rows), later iterations the token
+ *             before; the items of one call at iterations past 0 share one
+ *             decoder step.  Out: `token` (I32 [1]), `text` (U8, the token's
+ *             UTF-8, whole characters only) and `seek` (I32 [1], the frame
+ *             the next window starts at); the end of text raises the finish
+ *             signal.
+ *
+ * The options JSON: {"language": "en" (default: detected from the first
+ * step, as Whisper does), "task": "transcribe" | "translate"}.
+ *
+ * A request keeps its decoding slot (the KV caches, in the engine) from its
+ * first decode to its end; more requests than slots at once are refused
+ * with RESOURCE_EXHAUSTED. */
+#include "backends/whisper/whisper.h"
+
+#include <assert.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/catalog.h"
+#include "backends/whisper/audio.h"
+#include "backends/whisper/mel.h"
+#include "backends/whisper/wdecode.h"
+#include "backends/whisper/wengine.h"
+#include "backends/whisper/wtok.h"
+#include "common/status.h"
+#include "common/utf8.h"
+#include "kernels/exec.h"
+
+#define WH_NAME "whisper"
+#define WH_PROMPT 8     /* most prompt tokens: start, language, task, no timestamps */
+#define WH_MAX_NEW 224  /* tokens per window: half the decoder's positions, as faster-whisper */
+
+typedef struct wh_session {
+    int slot;                    /* decoding slot, -1: none */
+    int32_t lang;                /* language token, -1: detect at the first window */
+    int32_t task;                /* <|transcribe|> or <|translate|> */
+    int content;                 /* feature frames of the audio */
+    int seek;                    /* the current window's first frame */
+    int n_prompt;                /* tokens of the prompt in the slot */
+    int32_t sampled[WH_MAX_NEW]; /* this window's tokens after the prompt */
+    int n_sampled;
+    char carry[8];               /* UTF-8 bytes held back: an unfinished character */
+    int n_carry;
+    uint64_t counter;            /* RNG counter of sampling */
+} wh_session;
+
+struct baton_model {
+    weng *eng;                   /* owned */
+    wtok *tok;                   /* owned */
+    wdec_rules rules;            /* owned */
+    wmel *mel;                   /* owned */
+    const wm_shape *s;           /* the engine's */
+    int slots;
+    wh_session **owner;          /* owned; slots of them, NULL: free */
+    size_t max_samples;          /* audio limit, at 16 kHz */
+    float *logits;               /* owned; slots x vocab, host */
+    float *win;                  /* owned; slots windows of n_frames x n_mels, host */
+    char device[32];
+    char *report;                /* owned */
+};
+
+/* ---- loading ---------------------------------------------------------------- */
+
+static int opt_get(const baton_load_params *p, const char *name, bt_opt_value *v, char *err,
+                   size_t errlen)
+{
+    const bt_backend_desc *b = bt_backend_find(WH_NAME);
+    const bt_opt_desc *d = bt_backend_option(b, name);
+    assert(d); /* the options read here are declared */
+    return bt_opt_parse(b, d, baton_load_option(p, name), v, err, errlen);
+}
+
+static void model_unload(baton_model *m)
+{
+    if (!m)
+        return;
+    weng_destroy(m->eng);
+    wtok_destroy(m->tok);
+    wdec_rules_free(&m->rules);
+    wmel_destroy(m->mel);
+    free(m->owner);
+    free(m->logits);
+    free(m->win);
+    free(m->report);
+    free(m);
+}
+
+static baton_status model_load(const baton_load_params *p, baton_model **out, char *err,
+                               size_t errlen)
+{
+    *out = NULL;
+    bt_opt_value path, act, threads, max_audio;
+    if (opt_get(p, "path", &path, err, errlen) || opt_get(p, "activations", &act, err, errlen) ||
+        opt_get(p, "threads", &threads, err, errlen) ||
+        opt_get(p, "max_audio_s", &max_audio, err, errlen))
+        return BATON_STATUS_INVALID_ARGUMENT;
+    if (!path.set || !*path.s) {
+        snprintf(err, errlen, "option path is required (a folder with model.bin, config.json "
+                              "and tokenizer.json)");
+        return BATON_STATUS_INVALID_ARGUMENT;
+    }
+    const kx_device *dev = NULL;
+    if (p->device && strcmp(p->device, "cpu") != 0) {
+        char *end = NULL;
+        long ord = strncmp(p->device, "cuda:", 5) == 0 ? strtol(p->device + 5, &end, 10) : -1;
+        if (ord < 0 || !end || *end || end == p->device + 5) {
+            snprintf(err, errlen, "device %s: whisper runs on cpu or cuda:N", p->device);
+            return BATON_STATUS_INVALID_ARGUMENT;
+        }
+#ifdef BATON_CUDA
+        dev = kx_device_cuda((int)ord);
+#endif
+        if (!dev) {
+            snprintf(err, errlen, "device %s: %s", p->device,
+#ifdef BATON_CUDA
+                     "no such GPU on this machine"
+#else
+                     "this build of baton has no CUDA"
+#endif
+            );
+            return BATON_STATUS_FAILED_PRECONDITION;
+        }
+    }
+    if (p->tp_size > 1) {
+        snprintf(err, errlen, "whisper does not shard over ranks (tp %u)", p->tp_size);
+        return BATON_STATUS_INVALID_ARGUMENT;
+    }
+    baton_model *m = calloc(1, sizeof(*m));
+    if (!m) {
+        snprintf(err, errlen, "out of memory");
+        return BATON_STATUS_RESOURCE_EXHAUSTED;
+    }
+    snprintf(m->device, sizeof(m->device), "%s", p->device ? p->device : "cpu");
+    m->slots = p->max_batch ? (int)p->max_batch : 1;
+    m->max_samples = (size_t)max_audio.i * WMEL_SAMPLE_RATE;
+    char file[1024], why[512];
+    weng_opts o = {dev, threads.i > 0 ? (int)threads.i : p->threads ? (int)p->threads : 1,
+                   strcmp(act.s, "q8") == 0, m->slots, WH_PROMPT};
+    baton_status st = BATON_STATUS_FAILED_PRECONDITION;
+    snprintf(file, sizeof(file), "%s/model.bin", path.s);
+    int rc = weng_create(file, &o, &m->eng, why, sizeof(why));
+    if (rc) {
+        snprintf(err, errlen, "%s", why);
+        if (rc == BT_ENOMEM)
+            st = BATON_STATUS_RESOURCE_EXHAUSTED;
+        goto err;
+    }
+    m->s = weng_shape(m->eng);
+    snprintf(file, sizeof(file), "%s/tokenizer.json", path.s);
+    if (wtok_create(file, m->s->vocab, &m->tok, why, sizeof(why))) {
+        snprintf(err, errlen, "%s", why);
+        goto err;
+    }
+    snprintf(file, sizeof(file), "%s/config.json", path.s);
+    if (wdec_rules_load(file, wtok_specials(m->tok), m->s->vocab, &m->rules, why, sizeof(why))) {
+        snprintf(err, errlen, "%s", why);
+        goto err;
+    }
+    if (wmel_create(m->s->n_mels, &m->mel)) {
+        snprintf(err, errlen, "cannot make a filterbank of %d mel bands", m->s->n_mels);
+        goto err;
+    }
+    m->owner = calloc((size_t)m->slots, sizeof(*m->owner));
+    m->logits = malloc((size_t)m->slots * m->s->vocab * sizeof(float));
+    m->win = malloc((size_t)m->slots * m->s->n_frames * m->s->n_mels * sizeof(float));
+    char report[512];
+    snprintf(report, sizeof(report),
+             "whisper on %s: d_model %d, %d+%d layers, %d mel bands, vocabulary %d; %s products; "
+             "%d decoding slots; %.1f MiB of weights",
+             m->device, m->s->d_model, m->s->enc_layers, m->s->dec_layers, m->s->n_mels,
+             m->s->vocab, m->s->weight == KD_Q8_0 ? "8-bit" : "f32", m->slots,
+             (double)weng_weight_bytes(m->eng) / (1024.0 * 1024.0));
+    m->report = strdup(report);
+    if (!m->owner || !m->logits || !m->win || !m->report) {
+        snprintf(err, errlen, "out of memory");
+        st = BATON_STATUS_RESOURCE_EXHAUSTED;
+        goto err;
+    }
+    *out = m;
+    return BATON_STATUS_OK;
+err:
+    model_unload(m);
+    return st;
+}
+
+static uint64_t model_bytes(const baton_model *m)
+{
+    return weng_weight_bytes(m->eng);
+}
+
+static int model_describe(const baton_model *m, char *buf, size_t len)
+{
+    return snprintf(buf, len, "%s", m->report);
+}
+
+static baton_status session_open(baton_model *m, uint64_t key, baton_session **out, char *err,
+                                 size_t errlen)
+{
+    (void)key;
+    wh_session *s = calloc(1, sizeof(*s));
+    if (!s) {
+        snprintf(err, errlen, "out of memory opening a session");
+        return BATON_STATUS_RESOURCE_EXHAUSTED;
+    }
+    s->slot = -1;
+    s->lang = -1;
+    s->task = wtok_specials(m->tok)->transcribe;
+    *out = (baton_session *)s;
+    return BATON_STATUS_OK;
+}
+
+static void session_close(baton_model *m, baton_session *bs)
+{
+    wh_session *s = (wh_session *)bs;
+    if (!s)
+        return;
+    if (s->slot >= 0)
+        m->owner[s->slot] = NULL;
+    free(s);
+}
+
+/* ---- items ------------------------------------------------------------------ */
+
+static void failf(baton_ctx *ctx, baton_item *it, baton_status code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static void failf(baton_ctx *ctx, baton_item *it, baton_status code, const char *fmt, ...)
+{
+    /* The worker names the node in front of the message. */
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    ctx->fail(ctx, it, code, msg);
+}
+
+static const baton_input *input(const baton_item *it, const char *name)
+{
+    for (uint32_t i = 0; i < it->n_inputs; i++)
+        if (strcmp(it->inputs[i].name, name) == 0)
+            return &it->inputs[i];
+    return NULL;
+}
+
+static const baton_input *need(baton_ctx *ctx, baton_item *it, const char *name)
+{
+    const baton_input *in = input(it, name);
+    if (!in)
+        failf(ctx, it, BATON_STATUS_INVALID_ARGUMENT, "input '%s' is missing (mode %s)", name,
+              it->mode);
+    return in;
+}
+
+static uint64_t elems(const baton_tensor *t)
+{
+    uint64_t n = 1;
+    for (uint32_t d = 0; d < t->ndim; d++)
+        n *= (uint64_t)t->dims[d];
+    return n;
+}
+
+/* Sets output NAME of IT (when the node has it) to a new tensor of DT and
+ * DIMS holding BYTES of host memory SRC.  0, or -1 after failing IT. */
+static int put(baton_ctx *ctx, baton_item *it, const char *name, baton_dtype dt, uint32_t ndim,
+               const int64_t *dims, const void *src, uint64_t bytes)
+{
+    for (uint32_t o = 0; o < it->n_outputs; o++) {
+        if (strcmp(it->outputs[o].name, name) != 0)
+            continue;
+        baton_tensor *t = ctx->alloc(ctx, it, dt, ndim, dims);
+        if (!t || (bytes && ctx->write(ctx, it, t, 0, src, bytes) != 0) ||
+            ctx->set_output(ctx, it, o, t) != 0) {
+            failf(ctx, it, BATON_STATUS_RESOURCE_EXHAUSTED, "the worker's pool is full");
+            return -1;
+        }
+        return 0;
+    }
+    return 0;
+}
+
+static int put_i32(baton_ctx *ctx, baton_item *it, const char *name, int32_t v)
+{
+    int64_t one = 1;
+    return put(ctx, it, name, BATON_DTYPE_I32, 1, &one, &v, sizeof(v));
+}
+
+/* Checks that every output of IT is one MODE makes. */
+static int outputs_known(baton_ctx *ctx, baton_item *it, const char *const *names)
+{
+    for (uint32_t o = 0; o < it->n_outputs; o++) {
+        bool ok = false;
+        for (const char *const *n = names; *n && !ok; n++)
+            ok = strcmp(it->outputs[o].name, *n) == 0;
+        if (!ok) {
+            char list[128] = "";
+            for (const char *const *n = names; *n; n++)
+                snprintf(list + strlen(list), sizeof(list) - strlen(list), "%s%s",
+                         n == names ? "" : ", ", *n);
+            failf(ctx, it, BATON_STATUS_INVALID_ARGUMENT,
+                  "unknown output '%s' (mode %s makes %s)", it->outputs[o].name, it->mode, list);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The options JSON of input `options` (absent or empty: the defaults)
+ * into S.  0, or -1 after failing IT. */
+static int read_options(baton_model *m, baton_ctx *ctx, baton_item *it, wh_session *s)
+{
+    const baton_input *in = input(it, "options");
+    if (!in || !in->tensor.nbytes)
+        return 0;
+    if (in->tensor.dtype != BATON_DTYPE_U8 || in->tensor.nbytes > 4096) {
+        failf(ctx, it, BATON_STATUS_INVALID_ARGUMENT,
+              "input 'options' is JSON text (U8, at most 4096 bytes)");
+        return -1;
+    }
+    char text[4097];
+    if (ctx->read(ctx, it, &in->tensor, 0, text, in->tensor.nbytes) != 0)
+        return -1;
+    json_error_t je;
+    json_t *o = json_loadb(text, in->tensor.nbytes, 0, &je);
+    if (!json_is_object(o)) {
+        failf(ctx, it, BATON_STATUS_INVALID_ARGUMENT, "input 'options': %s",
+              o ? "not a JSON object" : je.text);
+        json_decref(o);
+        return -1;
+    }
+    const char *key;
+    json_t *v;
+    int rc = 0;
+    json_object_foreach(o, key, v)
+    {
+        const char *str = json_string_value(v);
+        if (!strcmp(key, "language")) {
+            int32_t id = str && *str && strcmp(str, "auto") ? wtok_lang_id(m->tok, str) : -1;
+            if (!str || (id < 0 && *str && strcmp(str, "auto"))) {
+                failf(ctx, it, BATON_STATUS_INVALID_ARGUMENT,
+                      "input 'options': language %s%s%s is not one of Whisper's (a code such as "
+                      "\"en\", or \"auto\")", str ? "'" : "", str ? str : "(not a string)",
+                      str ? "'" : "");
+                rc = -1;
+                break;
+            }
+            s->lang = id;
+        } else if (!strcmp(key, "task")) {
+            const wtok_special *sp = wtok_specials(m->tok);
+            if (str && !strcmp(str, "transcribe")) {
+                s->task = sp->transcribe;
+            } else if (str && !strcmp(str, "translate")) {
+                s->task = sp->translate;
+            } else {
+                failf(ctx, it, BATON_STATUS_INVALID_ARGUMENT,
+                      "input 'options': task is \"transcribe\" or \"translate\"");
+                rc = -1;
+                break;
+            }
+        } else {
+            failf(ctx, it, BATON_STATUS_INVALID_ARGUMENT,
+                  "input 'options': unknown key '%s' (language, task)", key);
+            rc = -1;
+            break;
+        }
+    }
+    json_decref(o);
+    return rc;
+}
+
+/* Mode features: audio to the whole log-mel spectrogram. */
+static void features_one(baton_model *m, baton_ctx *ctx, baton_item *it)
+{
+    static const char *const outs[] = {"mel", "seek", NULL};
+    wh_session *s = (wh_session *)it->session;
+    const baton_input *in = need(ctx, it, "audio");
+    if (!in || outputs_known(ctx, it, outs) || read_options(m, ctx, it, s))
+        return;
+    const baton_tensor *t = &in->tensor;
+    float *pcm = NULL, *feat = NULL, *mel = NULL;
+    size_t n = 0;
+    char why[384];
+    if (t->dtype == BATON_DTYPE_U8) {
+        void *bytes = malloc(t->nbytes ? t->nbytes : 1);
+        if (!bytes || ctx->read(ctx, it, t, 0, bytes, t->nbytes) != 0) {
+            free(bytes);
+            if (!bytes)
+                failf(ctx, it, BATON_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+            return;
+        }
+        int rc = waudio_decode(bytes, t->nbytes, m->max_samples, &pcm, &n, NULL, why, sizeof(why));
+        free(bytes);
+        if (rc) {
+            failf(ctx, it,
+                  rc == BT_ENOMEM ? BATON_STATUS_RESOURCE_EXHAUSTED : BATON_STATUS_INVALID_ARGUMENT,
+                  "input 'audio': %s%s", why,
+                  rc == BT_ERANGE ? " (option max_audio_s of the model)" : "");
+            return;
+        }
+    } else if (t->dtype == BATON_DTYPE_F32 && (t->ndim == 1 || (t->ndim == 2 && t->dims[0] == 1))) {
+        n = (size_t)elems(t);
+        if (!n || (m->max_samples && n > m->max_samples)) {
+            failf(ctx, it, BATON_STATUS_INVALID_ARGUMENT,
+                  "input 'audio': %zu samples at 16 kHz; the model takes 1 to %zu (option "
+                  "max_audio_s)", n, m->max_samples);
+            return;
+        }
+        if (!(pcm = malloc(n * sizeof(float))) || ctx->read(ctx, it, t, 0, pcm, n * 4) != 0) {
+            if (!pcm)
+                failf(ctx, it, BATON_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+            free(pcm);
+            return;
+        }
+    } else {
+        failf(ctx, it, BATON_STATUS_INVALID_ARGUMENT,
+              "input 'audio' is a file's bytes (U8) or samples at 16 kHz (F32 [n]), not %s of %u "
+              "dims", t->dtype == BATON_DTYPE_F32 ? "F32" : "this type", t->ndim);
+        return;
+    }
+    size_t frames = wmel_frames(n), M = (size_t)m->s->n_mels;
+    /* faster-whisper's windows leave the features' last frame out. */
+    size_t content = frames - 1;
+    feat = malloc(frames * M * sizeof(float));
+    mel = malloc((content ? content : 1) * M * sizeof(float));
+    if (!feat || !mel || wmel_compute(m->mel, pcm, n, feat) != 0) {
+        failf(ctx, it, BATON_STATUS_RESOURCE_EXHAUSTED, "out of memory computing features");
+        goto out;
+    }
+    if (!content) {
+        failf(ctx, it, BATON_STATUS_INVALID_ARGUMENT,
+              "input 'audio': %zu samples is less than one 10 ms frame", n);
+        goto out;
+    }
+    for (size_t f = 0; f < content; f++)
+        for (size_t b = 0; b < M; b++)
+            mel[f * M + b] = feat[b * frames + f];
+    s->content = (int)content;
+    int64_t dims[2] = {(int64_t)content, (int64_t)M};
+    if (put(ctx, it, "mel", BATON_DTYPE_F32, 2, dims, mel, content * M * sizeof(float)) == 0)
+        put_i32(ctx, it, "seek", 0);
+out:
+    free(pcm);
+    free(feat);
+    free(mel);
+}
+
+/* Reads an I32 [1] input NAME into *V.  0, or -1 after failing IT. */
+static int read_i32(baton_ctx *ctx, baton_item *it, const char *name, int32_t *v)
+{
+    const baton_input *in = need(ctx, it, name);
+    if (!in)
+        return -1;
+    if (in->tensor.dtype != BATON_DTYPE_I32 || elems(&in->tensor) != 1) {
+        failf(ctx, it, BATON_STATUS_INVALID_ARGUMENT, "input '%s' is one I32", name);
+        return -1;
+    }
+    return ctx->read(ctx, it, &in->tensor, 0, v, 4);
+}
+
+/* The prompt of S: start of transcript, then language, task and no
+ * timestamps, or the start alone when the language is to be detected. */
+static int prompt_of(const baton_model *m, const wh_session *s, int32_t *p)
+{
+    const wtok_special *sp = wtok_specials(m->tok);
+    p[0] = sp->sot;
+    if (s->lang < 0)
+        return 1;
+    p[1] = s->lang, p[2] = s->task, p[3] = sp->no_timestamps;
+    return 4;
+}
+
+/* Mode encode: the items' windows in one encoder run. */
+static void encode_batch(baton_model *m, baton_ctx *ctx, baton_item *const *items, size_t n)
+{
+    static const char *const outs[] = {"states", "token", NULL};
+    size_t F = (size_t)m->s->n_frames, M = (size_t)m->s->n_mels;
+    int row[n ? n : 1], rows = 0;
+    for (size_t i = 0; i < n; i++) {
+        baton_item *it = items[i];
+        wh_session *s = (wh_session *)it->session;
+        row[i] = -1;
+        int32_t seek;
+        const baton_input *mel = need(ctx, it, "mel");
+        if (!mel || outputs_known(ctx, it, outs) || read_i32(ctx, it, "seek", &seek))
+            continue;
+        int64_t frames = mel->tensor.ndim == 2 ? mel->tensor.dims[0] : -1;
+        if (mel->tensor.dtype != BATON_DTYPE_F32 || frames < 1 ||
+            mel->tensor.dims[1] != (int64_t)M) {
+            failf(ctx, it, BATON_STATUS_INVALID_ARGUMENT,
+                  "input 'mel' is F32 [frames, %zu] (mode features makes it)", M);
+            continue;
+        }
+        s->content = (int)frames;
+        if (seek < 0 || seek >= frames) {
+            /* Past the end: no more windows.  Empty states tell decode. */
+            int64_t dims[2] = {0, m->s->d_model};
+            int32_t p[WH_PROMPT];
+            int64_t np = prompt_of(m, s, p);
+            if (put(ctx, it, "states", BATON_DTYPE_F32, 2, dims, NULL, 0) == 0 &&
+                put(ctx, it, "token", BATON_DTYPE_I32, 1, &np, p, (uint64_t)np * 4) == 0)
+                ctx->finish(ctx, it);
+            continue;
+        }
+        s->seek = seek;
+        size_t take = (size_t)(frames - seek) < F ? (size_t)(frames - seek) : F;
+        float *w = m->win + (size_t)rows * F * M;
+        memset(w, 0, F * M * sizeof(float));
+        if (ctx->read(ctx, it, &mel->tensor, (uint64_t)seek * M * 4, w, take * M * 4) != 0)
+            continue;
+        row[i] = rows++;
+    }
+    if (!rows)
+        return;
+    int rc = weng_encode(m->eng, m->win, rows);
+    for (size_t i = 0; i < n; i++) {
+        baton_item *it = items[i];
+        wh_session *s = (wh_session *)it->session;
+        if (row[i] < 0)
+            continue;
+        if (rc) {
+            failf(ctx, it, rc == BT_ENOMEM ? BATON_STATUS_RESOURCE_EXHAUSTED : BATON_STATUS_INTERNAL,
+                  "the encoder failed: %s", bt_strerror(rc));
+            continue;
+        }
+        int64_t dims[2] = {m->s->n_audio, m->s->d_model};
+        baton_tensor *t = ctx->alloc(ctx, it, BATON_DTYPE_F32, 2, dims);
+        uint32_t o = 0;
+        while (o < it->n_outputs && strcmp(it->outputs[o].name, "states") != 0)
+            o++;
+        if (o < it->n_outputs &&
+            (!t || weng_copy(m->eng, t->data, weng_audio(m->eng, row[i]), t->nbytes) != 0 ||
+             ctx->set_output(ctx, it, o, t) != 0)) {
+            failf(ctx, it, BATON_STATUS_RESOURCE_EXHAUSTED, "the worker's pool is full");
+            continue;
+        }
+        int32_t p[WH_PROMPT];
+        int64_t np = prompt_of(m, s, p);
+        if (put(ctx, it, "token", BATON_DTYPE_I32, 1, &np, p, (uint64_t)np * 4) != 0)
+            continue;
+        /* Without timestamps a window always moves on by its whole length:
+         * the one that reaches the end is the last. */
+        if ((size_t)s->seek + F >= (size_t)s->content)
+            ctx->finish(ctx, it);
+    }
+}
+
+/* Takes a free decoding slot for S.  0, or -1 after failing IT. */
+static int acquire_slot(baton_model *m, baton_ctx *ctx, baton_item *it, wh_session *s)
+{
+    if (s->slot >= 0)
+        return 0;
+    for (int k = 0; k < m->slots; k++)
+        if (!m->owner[k]) {
+            m->owner[k] = s;
+            s->slot = k;
+            return 0;
+        }
+    failf(ctx, it, BATON_STATUS_RESOURCE_EXHAUSTED,
+          "all %d decoding slots are taken (the model's max_batch)", m->slots);
+    return -1;
+}
+
+/* The UTF-8 bytes token T adds to S's text, up to the last whole
+ * character (the rest is held back), into BUF (room for 64 bytes); END
+ * flushes what was held back.  Returns the length. */
+static size_t text_of(const baton_model *m, wh_session *s, int32_t t, bool end, char *buf)
+{
+    memcpy(buf, s->carry, (size_t)s->n_carry);
+    size_t all = (size_t)s->n_carry, len = 0;
+    const char *piece = t < wtok_specials(m->tok)->eot ? wtok_piece(m->tok, t, &len) : NULL;
+    if (piece && len <= 48) {
+        memcpy(buf + all, piece, len);
+        all += len;
+    }
+    size_t done = end ? all : bt_utf8_cut(buf, all);
+    /* A sequence that can never complete is sent as it is. */
+    if (all - done >= sizeof(s->carry))
+        done = all;
+    s->n_carry = (int)(all - done);
+    memcpy(s->carry, buf + done, (size_t)s->n_carry);
+    return done;
+}
+
+/* Chooses IT's next token from its logits ROW and sets its outputs. */
+static void choose(baton_model *m, baton_ctx *ctx, baton_item *it, float *row)
+{
+    wh_session *s = (wh_session *)it->session;
+    const wtok_special *sp = wtok_specials(m->tok);
+    wdec_filter(&m->rules, row, s->sampled, s->n_sampled, false);
+    int32_t t = wdec_pick(&m->rules, row, it->sampling.temperature, it->sampling.seed,
+                          s->counter++);
+    bool end = t == sp->eot || s->n_sampled >= WH_MAX_NEW ||
+               s->n_prompt + s->n_sampled >= weng_ctx(m->eng);
+    char text[64];
+    size_t len = text_of(m, s, t, end, text);
+    if (!end) {
+        s->sampled[s->n_sampled++] = t;
+        ctx->count_tokens(ctx, it, 0, 1);
+    }
+    int F = m->s->n_frames;
+    int32_t next = s->seek + (s->content - s->seek < F ? s->content - s->seek : F);
+    int64_t n = (int64_t)len;
+    if (put_i32(ctx, it, "token", t) || put(ctx, it, "text", BATON_DTYPE_U8, 1, &n, text, len) ||
+        put_i32(ctx, it, "seek", next))
+        return;
+    if (end)
+        ctx->finish(ctx, it);
+}
+
+/* Iteration 0 of decode: the window's prompt, after the language is found
+ * when it was not given. */
+static void decode_first(baton_model *m, baton_ctx *ctx, baton_item *it)
+{
+    wh_session *s = (wh_session *)it->session;
+    const baton_input *st = need(ctx, it, "states"), *tk = need(ctx, it, "token");
+    if (!st || !tk)
+        return;
+    if (st->tensor.dtype != BATON_DTYPE_F32 || st->tensor.ndim != 2 ||
+        (st->tensor.dims[0] && (st->tensor.dims[0] != m->s->n_audio ||
+                                st->tensor.dims[1] != m->s->d_model))) {
+        failf(ctx, it, BATON_STATUS_INVALID_ARGUMENT,
+              "input 'states' is F32 [%d, %d] (mode encode makes it)", m->s->n_audio,
+              m->s->d_model);
+        return;
+    }
+    if (!st->tensor.dims[0]) {
+        /* No window left (the audio ended): nothing to say. */
+        int64_t zero = 0;
+        if (!put_i32(ctx, it, "token", wtok_specials(m->tok)->eot) &&
+            !put(ctx, it, "text", BATON_DTYPE_U8, 1, &zero, NULL, 0) &&
+            !put_i32(ctx, it, "seek", s->content))
+            ctx->finish(ctx, it);
+        return;
+    }
+    if (acquire_slot(m, ctx, it, s))
+        return;
+    float *row = m->logits + (size_t)s->slot * m->s->vocab;
+    int32_t p[WH_PROMPT];
+    int np = prompt_of(m, s, p);
+    int rc = weng_prompt(m->eng, s->slot, st->tensor.data, p, np, row);
+    if (!rc && s->lang < 0) {
+        /* Whisper's language detection: the most probable language token
+         * after the start of transcript. */
+        s->lang = wdec_language(&m->rules, row, NULL);
+        np = prompt_of(m, s, p);
+        rc = weng_prompt(m->eng, s->slot, st->tensor.data, p, np, row);
+    }
+    if (rc) {
+        failf(ctx, it, rc == BT_ENOMEM ? BATON_STATUS_RESOURCE_EXHAUSTED : BATON_STATUS_INTERNAL,
+              "the decoder's prompt failed: %s", bt_strerror(rc));
+        return;
+    }
+    s->n_prompt = np;
+    s->n_sampled = 0;
+    s->n_carry = 0;
+    ctx->count_tokens(ctx, it, (uint32_t)np, 0);
+    choose(m, ctx, it, row);
+}
+
+static void decode_batch(baton_model *m, baton_ctx *ctx, baton_item *const *items, size_t n)
+{
+    static const char *const outs[] = {"token", "text", "seek", NULL};
+    int32_t *tokens = calloc((size_t)m->slots * 2, sizeof(int32_t)), *lens = tokens + m->slots;
+    bool *step = calloc(n ? n : 1, sizeof(bool));
+    if (!tokens || !step) {
+        for (size_t i = 0; i < n; i++)
+            failf(ctx, items[i], BATON_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        goto out;
+    }
+    for (int k = 0; k < m->slots; k++)
+        lens[k] = -1;
+    int rows = 0;
+    for (size_t i = 0; i < n; i++) {
+        baton_item *it = items[i];
+        wh_session *s = (wh_session *)it->session;
+        if (outputs_known(ctx, it, outs))
+            continue;
+        if (baton_item_iteration(it) == 0) {
+            decode_first(m, ctx, it);
+            continue;
+        }
+        int32_t t;
+        if (read_i32(ctx, it, "token", &t))
+            continue;
+        if (s->slot < 0 || !s->n_prompt || (s->n_sampled && t != s->sampled[s->n_sampled - 1])) {
+            failf(ctx, it, BATON_STATUS_FAILED_PRECONDITION,
+                  "token %d is not the one this request's decoder chose last", (int)t);
+            continue;
+        }
+        if (lens[s->slot] >= 0) {
+            failf(ctx, it, BATON_STATUS_INTERNAL, "two decode steps of one request in one call");
+            continue;
+        }
+        tokens[s->slot] = t;
+        lens[s->slot] = s->n_prompt + s->n_sampled - 1;
+        rows = s->slot + 1 > rows ? s->slot + 1 : rows;
+        step[i] = true;
+    }
+    if (!rows)
+        goto out;
+    int rc = weng_step(m->eng, tokens, lens, rows, m->logits);
+    for (size_t i = 0; i < n; i++) {
+        if (!step[i])
+            continue;
+        wh_session *s = (wh_session *)items[i]->session;
+        if (rc)
+            failf(ctx, items[i],
+                  rc == BT_ENOMEM ? BATON_STATUS_RESOURCE_EXHAUSTED : BATON_STATUS_INTERNAL,
+                  "the decoder step failed: %s", bt_strerror(rc));
+        else
+            choose(m, ctx, items[i], m->logits + (size_t)s->slot * m->s->vocab);
+    }
+out:
+    free(tokens);
+    free(step);
+}
+
+static void execute(baton_model *m, baton_ctx *ctx, baton_item *const *items, size_t n)
+{
+    const char *mode = n ? items[0]->mode : "";
+    if (!strcmp(mode, "features")) {
+        for (size_t i = 0; i < n; i++)
+            features_one(m, ctx, items[i]);
+    } else if (!strcmp(mode, "encode")) {
+        encode_batch(m, ctx, items, n);
+    } else if (!strcmp(mode, "decode")) {
+        decode_batch(m, ctx, items, n);
+    } else {
+        for (size_t i = 0; i < n; i++)
+            failf(ctx, items[i], BATON_STATUS_INVALID_ARGUMENT,
+                  "mode '%s' (whisper has features, encode and decode)", mode);
+    }
+}
+
+static const baton_backend whisper_backend = {
+    .abi_version = BATON_BACKEND_ABI_VERSION,
+    .name = WH_NAME,
+    .model_load = model_load,
+    .model_unload = model_unload,
+    .model_bytes = model_bytes,
+    .session_open = session_open,
+    .session_close = session_close,
+    .execute = execute,
+    .model_describe = model_describe,
+};
+
+const baton_backend *bk_whisper_backend(void)
+{
+    return &whisper_backend;
+}
