@@ -138,3 +138,17 @@ const char *kg_kind_name(kg_kind k)
     static const char *names[] = {"input", "output", "param", "inter", "handle"};
     return k <= KG_HANDLE ? names[k] : "?";
 }
+
+int kg_op_add_streamed(kg_graph *g, kop op, const int *in, int n_in, int out,
+                       const int64_t *attr, int n_attr, double flops)
+{
+    if (!g || out < 0 || (size_t)out >= g->n_values || n_in < 0 || n_in > KG_MAX_IO)
+        return BT_EINVAL;
+    double bytes = (double)g->values[out].bytes;
+    for (int i = 0; i < n_in; i++) {
+        if (in[i] < 0 || (size_t)in[i] >= g->n_values)
+            return BT_EINVAL;
+        bytes += (double)g->values[in[i]].bytes;
+    }
+    return kg_op_add(g, op, in, n_in, &out, 1, attr, n_attr, flops, bytes);
+}

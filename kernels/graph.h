@@ -86,6 +86,12 @@ int kg_value_set_dynamic(kg_graph *g, int v);
 int kg_op_add(kg_graph *g, kop op, const int *in, int n_in, const int *out, int n_out,
               const int64_t *attr, int n_attr, double flops, double bytes);
 
+/* kg_op_add for an op with the one output OUT, costed as streaming its
+ * operands: BYTES is the size of every input and of the output, once
+ * each, which is what a roofline wants from such a kernel. */
+int kg_op_add_streamed(kg_graph *g, kop op, const int *in, int n_in, int out,
+                       const int64_t *attr, int n_attr, double flops);
+
 /* A real-valued attribute as int64 (the bits of a double), and back. */
 static inline int64_t kg_attr_f(double v)
 {

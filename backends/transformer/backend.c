@@ -52,6 +52,7 @@
 #include <string.h>
 
 #include "backends/catalog.h"
+#include "backends/device.h"
 #include "kernels/exec.h"
 #include "backends/transformer/gguf.h"
 #include "backends/transformer/hf.h"
@@ -598,29 +599,11 @@ static kdtype cache_dtype(const char *kv, bool gpu)
 static baton_status load_device(baton_model *m, const baton_load_params *p, const tf_options *o,
                                 char *err, size_t errlen)
 {
-    const kx_device *dev = NULL;
-    long ord = -1;
-    if (p->device && strcmp(p->device, "cpu") != 0) {
-        char *end = NULL;
-        ord = strncmp(p->device, "cuda:", 5) == 0 ? strtol(p->device + 5, &end, 10) : -1;
-        if (ord < 0 || !end || *end || end == p->device + 5) {
-            snprintf(err, errlen, "device %s: the transformer runs on cpu or cuda:N", p->device);
-            return BATON_STATUS_INVALID_ARGUMENT;
-        }
-#ifdef BATON_CUDA
-        dev = kx_device_cuda((int)ord);
-#endif
-        if (!dev) {
-            snprintf(err, errlen, "device %s: %s", p->device,
-#ifdef BATON_CUDA
-                     "no such GPU on this machine"
-#else
-                     "this build of baton has no CUDA"
-#endif
-            );
-            return BATON_STATUS_FAILED_PRECONDITION;
-        }
-    }
+    const kx_device *dev;
+    int ord;
+    baton_status st = bk_device_open(p->device, "the transformer", &dev, &ord, err, errlen);
+    if (st != BATON_STATUS_OK)
+        return st;
     if (p->tp_size > 1 && (!dev || !p->comm_id || p->tp_rank >= p->tp_size)) {
         snprintf(err, errlen, "tensor parallelism (tp %u) %s", p->tp_size,
                  !dev ? "runs on GPUs only (its all-reduce is NCCL's)"
@@ -634,7 +617,7 @@ static baton_status load_device(baton_model *m, const baton_load_params *p, cons
         return BATON_STATUS_INVALID_ARGUMENT;
     }
     m->dev = dev;
-    m->ordinal = dev ? (int)ord : -1;
+    m->ordinal = ord;
     return BATON_STATUS_OK;
 }
 

@@ -40,6 +40,7 @@
 #include <string.h>
 
 #include "backends/catalog.h"
+#include "backends/device.h"
 #include "backends/whisper/audio.h"
 #include "backends/whisper/mel.h"
 #include "backends/whisper/wdecode.h"
@@ -122,28 +123,11 @@ static baton_status model_load(const baton_load_params *p, baton_model **out, ch
                               "and tokenizer.json)");
         return BATON_STATUS_INVALID_ARGUMENT;
     }
-    const kx_device *dev = NULL;
-    if (p->device && strcmp(p->device, "cpu") != 0) {
-        char *end = NULL;
-        long ord = strncmp(p->device, "cuda:", 5) == 0 ? strtol(p->device + 5, &end, 10) : -1;
-        if (ord < 0 || !end || *end || end == p->device + 5) {
-            snprintf(err, errlen, "device %s: whisper runs on cpu or cuda:N", p->device);
-            return BATON_STATUS_INVALID_ARGUMENT;
-        }
-#ifdef BATON_CUDA
-        dev = kx_device_cuda((int)ord);
-#endif
-        if (!dev) {
-            snprintf(err, errlen, "device %s: %s", p->device,
-#ifdef BATON_CUDA
-                     "no such GPU on this machine"
-#else
-                     "this build of baton has no CUDA"
-#endif
-            );
-            return BATON_STATUS_FAILED_PRECONDITION;
-        }
-    }
+    const kx_device *dev;
+    int ordinal;
+    baton_status dst = bk_device_open(p->device, "whisper", &dev, &ordinal, err, errlen);
+    if (dst != BATON_STATUS_OK)
+        return dst;
     if (p->tp_size > 1) {
         snprintf(err, errlen, "whisper does not shard over ranks (tp %u)", p->tp_size);
         return BATON_STATUS_INVALID_ARGUMENT;

@@ -51,13 +51,7 @@ static int act(builder *b, const char *name, bool dyn, int ndim, int64_t d0, int
 static void op(builder *b, kop k, const int *in, int n_in, int out, double flops,
                const int64_t *attr, int n_attr)
 {
-    if (b->fail)
-        return;
-    double bytes = 0;
-    for (int i = 0; i < n_in; i++)
-        bytes += (double)b->g->values[in[i]].bytes;
-    bytes += (double)b->g->values[out].bytes;
-    if (kg_op_add(b->g, k, in, n_in, &out, 1, attr, n_attr, flops, bytes) < 0)
+    if (!b->fail && kg_op_add_streamed(b->g, k, in, n_in, out, attr, n_attr, flops) < 0)
         b->fail = 1;
 }
 
