@@ -34,13 +34,19 @@ static const char usage_text[] =
     "                      streamed text as it arrives, then a summary on stderr;\n"
     "                      with --system, TEXT and the system prompt go as messages;\n"
     "                      with --raw, TEXT reaches the model without its chat template\n"
+    "  transcribe FILE [--language CODE] [--task transcribe|translate] [--graph NAME]\n"
+    "                      [REQUEST OPTIONS]   send an audio file (WAV, FLAC, OGG, MP3)\n"
+    "                      as input 'audio' and the options as input 'options' to\n"
+    "                      graph NAME (default: transcribe), print the streamed text\n"
+    "                      as it arrives, then a summary on stderr; without\n"
+    "                      --language the model detects it\n"
     "  health              liveness and readiness (exit 1 when not ready)\n"
     "  stats               metrics (Prometheus text)\n"
     "  inspect [GRAPH]     graph, partition and schedule\n"
     "  cancel ID           ask the daemon to end request ID (of any connection,\n"
     "                      when only one has a request of that id in flight);\n"
     "                      exit 1 when no such request is in flight.\n"
-    "                      Ctrl-C during infer/generate cancels that request\n"
+    "                      Ctrl-C during infer/generate/transcribe cancels that request\n"
     "  keygen [--out DIR] NAME   write a CURVE key pair: DIR/NAME.key (the secret key,\n"
     "                      mode 0600) and DIR/NAME.pub (the public key, 0644); never\n"
     "                      overwrites; prints the public key, never the secret one\n"
@@ -101,6 +107,9 @@ typedef struct ctl_opts {
     bool raw;          /* generate --raw: no chat template */
     bool request_opts; /* an option only infer/generate take was seen */
     const char *input_name;
+    const char *language; /* transcribe --language */
+    const char *task;     /* transcribe --task */
+    const char *graph;    /* transcribe --graph */
     const char *system;  /* generate --system: the system turn */
     const char *request_id;
     baton_client_sampling sampling;
@@ -249,6 +258,12 @@ static int parse_args(int argc, char **argv, ctl_opts *o)
                 o->input_name = val;
             } else if (!strcmp(name, "--system")) {
                 o->system = val;
+            } else if (!strcmp(name, "--language")) {
+                o->language = val;
+            } else if (!strcmp(name, "--task")) {
+                o->task = val;
+            } else if (!strcmp(name, "--graph")) {
+                o->graph = val;
             } else if (!strcmp(name, "--request-id")) {
                 o->request_id = val;
             } else if (!strcmp(name, "--temperature")) {
@@ -562,6 +577,36 @@ static int add_max_iters(baton_client_request *r, const char *spec)
     return 0;
 }
 
+/* transcribe: FILE as the U8 input 'audio' (read by add_input) and the
+ * options JSON as the text input 'options'.  0, or the usage exit status
+ * (reported). */
+static int add_audio(baton_client_request *r, const ctl_opts *o)
+{
+    static const char *const tasks[] = {"transcribe", "translate"};
+    if (o->task && strcmp(o->task, tasks[0]) && strcmp(o->task, tasks[1]))
+        return usage_error("--task: '%s' is transcribe or translate", o->task);
+    /* A language code is letters (en, yue, haw): nothing to escape in JSON. */
+    for (const char *c = o->language; c && *c; c++)
+        if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z')) || c - o->language >= 16)
+            return usage_error("--language: '%s' is not a language code such as en", o->language);
+    char spec[4200], json[128];
+    int n = snprintf(json, sizeof json, "{");
+    if (o->language && *o->language)
+        n += snprintf(json + n, sizeof json - (size_t)n, "\"language\": \"%s\"", o->language);
+    if (o->task)
+        n += snprintf(json + n, sizeof json - (size_t)n, "%s\"task\": \"%s\"",
+                      n > 1 ? ", " : "", o->task);
+    snprintf(json + n, sizeof json - (size_t)n, "}");
+    if (strlen(o->pos[1]) > 4000)
+        return usage_error("%s", "transcribe: the file name is too long");
+    snprintf(spec, sizeof spec, "audio=u8:@%s", o->pos[1]);
+    int status = add_input(r, spec);
+    if (status)
+        return status;
+    snprintf(spec, sizeof spec, "options=text:%s", json);
+    return add_input(r, spec);
+}
+
 /* infer GRAPH, generate GRAPH TEXT: the request that the command line
  * asks for (its graph, id, --input, --max-iters, sampling and text limits)
  * into *OUT, all but generate's TEXT, which needs the daemon.  0, or the
@@ -570,10 +615,12 @@ static int request_from_args(const ctl_opts *o, bool generate, baton_client_requ
 {
     int status;
     *out = NULL;
-    if (o->n_pos != (generate ? 3u : 2u))
-        return usage_error("%s", generate ? "generate takes GRAPH and TEXT"
-                                          : "infer takes one GRAPH (inputs go in --input)");
-    const char *graph = o->pos[1];
+    bool transcribe = !strcmp(o->pos[0], "transcribe");
+    if (o->n_pos != (generate && !transcribe ? 3u : 2u))
+        return usage_error("%s", transcribe ? "transcribe takes one FILE"
+                                 : generate ? "generate takes GRAPH and TEXT"
+                                            : "infer takes one GRAPH (inputs go in --input)");
+    const char *graph = transcribe ? (o->graph ? o->graph : "transcribe") : o->pos[1];
     if (baton_client_request_create(graph, o->request_id, out) != 0)
         return usage_error("bad graph name or --request-id '%s' (1 to 256 bytes)",
                            o->request_id ? o->request_id : graph);
@@ -584,6 +631,8 @@ static int request_from_args(const ctl_opts *o, bool generate, baton_client_requ
     for (size_t i = 0; i < o->n_caps; i++)
         if ((status = add_max_iters(r, o->caps[i])) != 0)
             return status;
+    if (transcribe && (status = add_audio(r, o)) != 0)
+        return status;
     if (o->have_sampling)
         baton_client_request_set_sampling(r, &o->sampling);
     for (size_t i = 0; i < o->n_stops; i++)
@@ -781,7 +830,7 @@ static int cmd_run(const ctl_opts *o, bool generate)
     int status = request_from_args(o, generate, &r);
     if (status == 0)
         status = connect_daemon(o, &c);
-    if (status == 0 && generate)
+    if (status == 0 && generate && strcmp(o->pos[0], "transcribe") != 0)
         status = add_prompt(c, o, r);
     if (status == 0)
         status = send_request(c, o, generate, r);
@@ -887,7 +936,8 @@ int main(int argc, char **argv)
     if (!o.client_key && getenv("BATON_CLIENT_KEY") && *getenv("BATON_CLIENT_KEY"))
         o.client_key = getenv("BATON_CLIENT_KEY");
     const char *cmd = o.n_pos ? o.pos[0] : NULL;
-    bool run = cmd && (!strcmp(cmd, "infer") || !strcmp(cmd, "generate"));
+    bool run = cmd && (!strcmp(cmd, "infer") || !strcmp(cmd, "generate") ||
+                       !strcmp(cmd, "transcribe"));
     if (!cmd) {
         fputs(usage_text, stderr);
         status = EXIT_USAGE;
@@ -900,12 +950,14 @@ int main(int argc, char **argv)
                                 : cmd_keygen(&o);
     } else if (o.request_opts && !run) {
         status = usage_error("%s takes no request options (--input, --stream, ...)", cmd);
+    } else if ((o.language || o.task || o.graph) && strcmp(cmd, "transcribe")) {
+        status = usage_error("%s", "--language, --task and --graph are for transcribe");
     } else if ((o.input_name || o.system || o.raw) && strcmp(cmd, "generate")) {
         status = usage_error("%s", "--input-name, --system and --raw are for generate");
     } else if (o.raw && o.system) {
         status = usage_error("%s", "--raw sends TEXT as it is: it does not go with --system");
     } else if (run) {
-        status = cmd_run(&o, cmd[0] == 'g');
+        status = cmd_run(&o, cmd[0] == 'g' || cmd[0] == 't');
     } else if (!strcmp(cmd, "health")) {
         status = cmd_probe(&o, BATON_CLIENT_EVENT_HEALTH);
     } else if (!strcmp(cmd, "stats")) {

@@ -42,8 +42,7 @@ if grep -qx chat <<<"$GRAPHS"; then
 MSG
 elif grep -qx transcribe <<<"$GRAPHS"; then
   cat <<MSG
-  $BUILD/batonctl --endpoint $ENDPOINT infer transcribe --stream \\
-    --input audio=u8:@models/samples/jfk.wav --input options=text:'{"language": "en"}'
+  $BUILD/batonctl --endpoint $ENDPOINT transcribe models/samples/jfk.wav --language en
 MSG
 elif [ -n "$GRAPHS" ]; then
   cat <<MSG

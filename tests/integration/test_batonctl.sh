@@ -53,6 +53,7 @@ expect_out() {
 nosock=ipc:///tmp/baton-ctl-test-none-$$.sock
 expect_rc 0 "--help" "$CTL" --help;                  expect_out "usage: batonctl" "--help"
 expect_out "generate GRAPH TEXT" "--help lists generate"
+expect_out "transcribe FILE" "--help lists transcribe"
 expect_rc 2 "no arguments" "$CTL"
 expect_rc 0 "--version" "$CTL" --version;            expect_out "batonctl 0." "--version"
 expect_rc 2 "unknown command" "$CTL" frobnicate;     expect_out "unknown command 'frobnicate'" "unknown command"
@@ -179,6 +180,24 @@ EOF
   # A cancel of an id nothing has in flight: said, and exit 1.
   expect_rc 1 "cancel unknown" "$CTL" "${E[@]}" cancel some-id
   expect_out "NOT_FOUND: no request 'some-id' is in flight" "cancel unknown"
+  # transcribe: the file's bytes as 'audio', the options as JSON text, to
+  # graph transcribe (or --graph), streamed.
+  printf 'RIFF fake audio' >"$tmp/clip.wav"
+  expect_rc 0 "transcribe" "$CTL" "${E[@]}" transcribe "$tmp/clip.wav" --language en \
+    --task translate
+  tr_req=$("$PY" -c 'import base64,json,sys; q=json.loads(open(sys.argv[1]).readlines()[-1])["infer"]; i={t["name"]: base64.b64decode(t.get("data", "")).decode() for t in q["inputs"]}; print(q["graph"], q["stream"], i["audio"], i["options"], [t["dtype"] for t in q["inputs"]])' "$tmp/requests.log")
+  [ "$tr_req" = "transcribe True RIFF fake audio {\"language\": \"en\", \"task\": \"translate\"} ['U8', 'U8']" ] &&
+    ok || bad "transcribe: the request had $tr_req"
+  expect_rc 0 "transcribe --graph" "$CTL" "${E[@]}" transcribe "$tmp/clip.wav" --graph voice
+  tr_req=$("$PY" -c 'import base64,json,sys; q=json.loads(open(sys.argv[1]).readlines()[-1])["infer"]; print(q["graph"], [base64.b64decode(t.get("data", "")).decode() for t in q["inputs"]][1])' "$tmp/requests.log")
+  [ "$tr_req" = "voice {}" ] && ok || bad "transcribe --graph: the request had $tr_req"
+  expect_rc 2 "transcribe --task" "$CTL" "${E[@]}" transcribe "$tmp/clip.wav" --task sing
+  expect_out "--task: 'sing' is transcribe or translate" "transcribe --task"
+  expect_rc 2 "transcribe --language" "$CTL" "${E[@]}" transcribe "$tmp/clip.wav" --language 'e"n'
+  expect_out "is not a language code" "transcribe --language"
+  expect_rc 2 "transcribe without a file" "$CTL" "${E[@]}" transcribe
+  expect_rc 2 "--language with infer" "$CTL" "${E[@]}" infer g --language en
+  expect_out "--language, --task and --graph are for transcribe" "--language is for transcribe"
   # Stop strings, max_tokens, the text output and raw text go on the wire.
   expect_rc 0 "generate --stop" "$CTL" "${E[@]}" generate chat "a b" --stop "User:" \
     --stop END --max-tokens 7 --text-output text --raw --request-id stop-1
