@@ -396,6 +396,7 @@ void cfg_config_destroy(cfg_config *c)
     for (size_t i = 0; i < c->n_openai; i++) {
         cfg_openai *o = &c->openai[i];
         free(o->model), free(o->graph), free(o->input), free(o->output), free(o->loop);
+        free(o->options);
     }
     free(c->openai);
     for (size_t i = 0; i < c->n_models; i++) {

@@ -181,15 +181,21 @@ typedef struct cfg_graph {
 } cfg_graph;
 
 /* A model name served by the OpenAI-compatible HTTP API (`openai:`): which
- * graph answers it, which graph input takes the user's text, which
- * client-bound text stream carries the answer, and which loop max_tokens
- * caps (NULL: none). */
+ * graph answers it, which graph input takes the user's text (a chat) or
+ * the uploaded file (audio), which client-bound text stream carries the
+ * answer, and which loop max_tokens caps (NULL: none).  API says which
+ * endpoints serve it: chat and completions, or the audio transcriptions
+ * and translations, whose form fields go as JSON to graph input OPTIONS. */
+typedef enum cfg_openai_api { CFG_OPENAI_CHAT = 0, CFG_OPENAI_AUDIO = 1 } cfg_openai_api;
+
 typedef struct cfg_openai {
     char *model;
     char *graph;
     char *input;
     char *output;
     char *loop;
+    cfg_openai_api api;
+    char *options;         /* api audio: the graph input of the options JSON */
     cfg_pos pos;
 } cfg_openai;
 

@@ -515,7 +515,8 @@ static void scan_section(const cfg_section *s, const char *name, const char *loo
 
 static void load_openai_one(cfg__loader *l, const yt_node *v, cfg_openai *o)
 {
-    static const char *const keys[] = {"model", "graph", "input", "output", "loop"};
+    static const char *const keys[] = {"model", "graph", "input", "output", "loop", "api",
+                                       "options"};
     const yt_node *f[N_OF(keys)];
     o->pos = cfg__pos(v);
     yt_fields(v, "an openai entry", keys, N_OF(keys), f, l->diag);
@@ -533,6 +534,33 @@ static void load_openai_one(cfg__loader *l, const yt_node *v, cfg_openai *o)
         cfg__str(l, f[3], "output", &o->output);
     if (f[4])
         cfg__str(l, f[4], "loop", &o->loop);
+    char *api = NULL;
+    /* One error per mistake: a bad api or a missing options says so and
+     * the inputs are not checked against it. */
+    bool api_ok = true;
+    if (f[5] && cfg__str(l, f[5], "api", &api)) {
+        if (strcmp(api, "audio") == 0) {
+            o->api = CFG_OPENAI_AUDIO;
+        } else if (strcmp(api, "chat") != 0) {
+            bt_diag_error(l->diag, f[5]->line, f[5]->col,
+                          "openai model '%s': api '%s' is chat (the default) or audio",
+                          o->model ? o->model : "?", api);
+            api_ok = false;
+        }
+    }
+    free(api);
+    if (f[6])
+        cfg__str(l, f[6], "options", &o->options);
+    if (api_ok && o->api == CFG_OPENAI_AUDIO && !o->options) {
+        bt_diag_error(l->diag, v->line, v->col,
+                      "openai model '%s': api audio needs 'options', the graph input that takes "
+                      "the request's options as JSON", o->model ? o->model : "?");
+        api_ok = false;
+    } else if (api_ok && o->api != CFG_OPENAI_AUDIO && f[6]) {
+        bt_diag_error(l->diag, f[6]->line, f[6]->col,
+                      "openai model '%s': 'options' is for api audio", o->model ? o->model : "?");
+        api_ok = false;
+    }
     if (f[1] && cfg__str(l, f[1], "graph", &o->graph)) {
         /* A graph whose name was missing or mistyped is already an error
          * of its own; it matches no openai entry. */
@@ -544,14 +572,23 @@ static void load_openai_one(cfg__loader *l, const yt_node *v, cfg_openai *o)
             bt_diag_error(l->diag, f[1]->line, f[1]->col,
                           "openai model '%s' uses graph '%s', which is not defined",
                           o->model ? o->model : "?", o->graph);
-        } else if (o->input) {
-            bool found = false;
-            for (size_t i = 0; i < g->n_inputs; i++)
+        } else if (o->input && api_ok) {
+            /* A chat graph takes the text alone; an audio graph the file
+             * and the options. */
+            bool found = false, opts = !o->options;
+            for (size_t i = 0; i < g->n_inputs; i++) {
                 found |= strcmp(g->inputs[i].s, o->input) == 0;
-            if (!found || g->n_inputs != 1)
+                opts |= o->options && strcmp(g->inputs[i].s, o->options) == 0;
+            }
+            size_t want = o->options ? 2 : 1;
+            if (!found || !opts || g->n_inputs != want || (o->options && !strcmp(o->input, o->options)))
                 bt_diag_error(l->diag, f[2]->line, f[2]->col,
-                              "openai model '%s': graph '%s' must have exactly one input, "
-                              "'%s'", o->model ? o->model : "?", o->graph, o->input);
+                              o->options ? "openai model '%s': graph '%s' must have exactly two "
+                                           "inputs, '%s' and '%s'"
+                                         : "openai model '%s': graph '%s' must have exactly one "
+                                           "input, '%s'%s",
+                              o->model ? o->model : "?", o->graph, o->input,
+                              o->options ? o->options : "");
         }
         bool has_text = false, has_loop = false;
         if (g && o->output) {

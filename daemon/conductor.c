@@ -825,8 +825,10 @@ static int watch(conductor *c)
         /* The gateway is a client of the client socket like any other: on
          * a CURVE socket it uses the pair made (and authorized) for it. */
         bool gw_curve = c->curve && cfg_endpoint_is_tcp(c->cfg->daemon.listen);
+        /* An audio upload may be as large as a client message. */
         gateway_options go = {c->cfg->daemon.http_listen, c->cfg->daemon.listen, 0,
                               c->cfg->openai, c->cfg->n_openai, 0,
+                              c->cfg->daemon.max_message_bytes,
                               gw_curve ? c->keys.public_z85 : NULL,
                               gw_curve ? &c->gw_keys : NULL};
         return gateway_create(&go, &c->http);

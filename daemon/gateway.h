@@ -15,6 +15,12 @@
  *                               as server-sent events (daemon/openai.h)
  *   POST /v1/completions        OpenAI's (legacy) completions, the same way;
  *                               the prompt reaches the model as raw text
+ *   POST /v1/audio/transcriptions, /v1/audio/translations
+ *                               speech to text for the models of `api:
+ *                               audio`: a multipart form (file, model,
+ *                               language, response_format, temperature,
+ *                               stream) in; the text whole in a format, or
+ *                               streamed as transcript.text.delta events
  * Anything else is 404, a wrong method 405, each with a JSON error body in
  * OpenAI's shape. */
 #ifndef BATON_DAEMON_GATEWAY_H
@@ -34,6 +40,7 @@ typedef struct gateway_options {
     const cfg_openai *openai;    /* the models served by the OpenAI API (copied) */
     size_t n_openai;
     uint32_t max_body_bytes;     /* a larger request body is refused (413); 0: 1 MiB */
+    uint64_t max_upload_bytes;   /* the same for an audio upload; 0: max_body_bytes */
     const char *server_public;   /* the client socket's CURVE public key (Z85), or NULL */
     const bt_curve_keypair *own; /* the gateway's key pair (copied), authorized by the
                                   * conductor; with server_public, NULL otherwise */

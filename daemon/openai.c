@@ -504,3 +504,91 @@ char *oa_error(const char *message, const char *type, const char *param)
                           text_json(message, strlen(message)), "type", type, "param", p,
                           "code"));
 }
+
+/* ---- audio ------------------------------------------------------------------- */
+
+static const char *const audio_formats[] = {"json", "text", "srt", "vtt", "verbose_json"};
+
+int oa_audio_format_of(const char *name)
+{
+    for (int i = 0; i < (int)(sizeof(audio_formats) / sizeof(audio_formats[0])); i++)
+        if (strcmp(name, audio_formats[i]) == 0)
+            return i;
+    return -1;
+}
+
+/* SECONDS as HH:MM:SS,mmm (SEP ',') or HH:MM:SS.mmm (SEP '.'). */
+static void clock_of(double seconds, char sep, char *out, size_t len)
+{
+    long long ms = seconds > 0 ? (long long)(seconds * 1000.0 + 0.5) : 0;
+    snprintf(out, len, "%02lld:%02lld:%02lld%c%03lld", ms / 3600000, ms / 60000 % 60,
+             ms / 1000 % 60, sep, ms % 1000);
+}
+
+/* TEXT without its leading and trailing spaces (Whisper's text starts with
+ * one): *LEN updated. */
+static const char *trimmed(const char *text, size_t *len)
+{
+    while (*len && (*text == ' ' || *text == '\n'))
+        text++, (*len)--;
+    while (*len && (text[*len - 1] == ' ' || text[*len - 1] == '\n'))
+        (*len)--;
+    return text;
+}
+
+static json_t *audio_usage_json(const oa_usage *u)
+{
+    return json_pack("{s:s, s:I, s:I, s:I}", "type", "tokens", "input_tokens",
+                     (json_int_t)u->prompt, "output_tokens", (json_int_t)u->completion,
+                     "total_tokens", (json_int_t)u->prompt + (json_int_t)u->completion);
+}
+
+char *oa_audio_response(oa_audio_format format, const char *text, size_t len, double duration,
+                        const char *task, const char *language, const oa_usage *usage,
+                        const char **ctype)
+{
+    *ctype = "application/json";
+    if (format == OA_AUDIO_JSON)
+        return dump(json_pack("{s:o, s:o}", "text", text_json(text, len), "usage",
+                              audio_usage_json(usage)));
+    double end = duration > 0 ? duration : 0;
+    if (format == OA_AUDIO_VERBOSE_JSON) {
+        json_t *seg = json_pack("{s:i, s:i, s:f, s:f, s:o, s:[], s:f}", "id", 0, "seek", 0,
+                                "start", 0.0, "end", end, "text", text_json(text, len), "tokens",
+                                "temperature", 0.0);
+        return dump(json_pack("{s:s, s:s, s:f, s:o, s:[o], s:o}", "task", task, "language",
+                              language, "duration", end, "text", text_json(text, len),
+                              "segments", seg, "usage", audio_usage_json(usage)));
+    }
+    size_t n = len;
+    const char *t = trimmed(text, &n);
+    char *out = malloc(n + 128);
+    if (!out)
+        return NULL;
+    char a[32], b[32];
+    if (format == OA_AUDIO_TEXT) {
+        *ctype = "text/plain; charset=utf-8";
+        snprintf(out, n + 128, "%.*s\n", (int)n, t);
+    } else if (format == OA_AUDIO_SRT) {
+        *ctype = "application/x-subrip; charset=utf-8";
+        clock_of(0, ',', a, sizeof(a)), clock_of(end, ',', b, sizeof(b));
+        snprintf(out, n + 128, "1\n%s --> %s\n%.*s\n\n", a, b, (int)n, t);
+    } else {
+        *ctype = "text/vtt; charset=utf-8";
+        clock_of(0, '.', a, sizeof(a)), clock_of(end, '.', b, sizeof(b));
+        snprintf(out, n + 128, "WEBVTT\n\n%s --> %s\n%.*s\n\n", a, b, (int)n, t);
+    }
+    return out;
+}
+
+char *oa_audio_delta_event(const char *text, size_t len)
+{
+    return sse(dump(json_pack("{s:s, s:o}", "type", "transcript.text.delta", "delta",
+                              text_json(text, len))));
+}
+
+char *oa_audio_done_event(const char *text, size_t len, const oa_usage *usage)
+{
+    return sse(dump(json_pack("{s:s, s:o, s:o}", "type", "transcript.text.done", "text",
+                              text_json(text, len), "usage", audio_usage_json(usage))));
+}

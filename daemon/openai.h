@@ -96,4 +96,33 @@ size_t oa_utf8_ready(const char *s, size_t len, bool final);
 /* An error body: {"error": {"message", "type", "param", "code"}}. */
 char *oa_error(const char *message, const char *type, const char *param);
 
+/* ---- audio: POST /v1/audio/transcriptions and /v1/audio/translations ---- */
+
+/* The response formats of the audio endpoints. */
+typedef enum oa_audio_format {
+    OA_AUDIO_JSON = 0,      /* {"text"} */
+    OA_AUDIO_TEXT,          /* the text as text/plain */
+    OA_AUDIO_SRT,           /* SubRip subtitles */
+    OA_AUDIO_VTT,           /* WebVTT subtitles */
+    OA_AUDIO_VERBOSE_JSON   /* {"task", "language", "duration", "text", "segments"} */
+} oa_audio_format;
+
+/* The format called NAME; -1 when there is none. */
+int oa_audio_format_of(const char *name);
+
+/* The whole answer in FORMAT, with its content type in *CTYPE.  TEXT (LEN
+ * bytes) is the transcript, DURATION the audio's seconds (< 0: unknown),
+ * TASK "transcribe" or "translate", LANGUAGE the code asked for ("" when
+ * the model detected it).  The segments of verbose_json and the cues of
+ * srt and vtt are one span over the whole audio, since segment timestamps
+ * are not built.  Malloc'd, or NULL. */
+char *oa_audio_response(oa_audio_format format, const char *text, size_t len, double duration,
+                        const char *task, const char *language, const oa_usage *usage,
+                        const char **ctype);
+
+/* A streamed piece: data: {"type": "transcript.text.delta", "delta"}, and
+ * the end: data: {"type": "transcript.text.done", "text", "usage"}. */
+char *oa_audio_delta_event(const char *text, size_t len);
+char *oa_audio_done_event(const char *text, size_t len, const oa_usage *usage);
+
 #endif

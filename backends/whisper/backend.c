@@ -4,8 +4,10 @@
  *
  *   features  audio (a file's bytes as U8, or F32 PCM at 16 kHz) and
  *             options (U8 JSON, may be empty) in; the log-mel features of
- *             the whole audio (F32 [frames, n_mels], time-major) and the
- *             first window's frame (`seek`, I32 [1] = 0) out.
+ *             the whole audio (F32 [frames, n_mels], time-major), the
+ *             first window's frame (`seek`, I32 [1] = 0) and, when the node
+ *             has it, the audio's length (`duration`, F32 [1], seconds)
+ *             out.
  *   encode    one 30-second window: the features and the window's first
  *             frame in; the window's audio states (F32 [n_audio, d_model])
  *             and the decoder's prompt (`token`, I32: start of transcript,
@@ -378,7 +380,7 @@ static int read_options(baton_model *m, baton_ctx *ctx, baton_item *it, wh_sessi
 /* Mode features: audio to the whole log-mel spectrogram. */
 static void features_one(baton_model *m, baton_ctx *ctx, baton_item *it)
 {
-    static const char *const outs[] = {"mel", "seek", NULL};
+    static const char *const outs[] = {"mel", "seek", "duration", NULL};
     wh_session *s = (wh_session *)it->session;
     const baton_input *in = need(ctx, it, "audio");
     if (!in || outputs_known(ctx, it, outs) || read_options(m, ctx, it, s))
@@ -443,8 +445,11 @@ static void features_one(baton_model *m, baton_ctx *ctx, baton_item *it)
             mel[f * M + b] = feat[b * frames + f];
     s->content = (int)content;
     int64_t dims[2] = {(int64_t)content, (int64_t)M};
-    if (put(ctx, it, "mel", BATON_DTYPE_F32, 2, dims, mel, content * M * sizeof(float)) == 0)
-        put_i32(ctx, it, "seek", 0);
+    float seconds = (float)n / WMEL_SAMPLE_RATE;
+    int64_t one = 1;
+    if (put(ctx, it, "mel", BATON_DTYPE_F32, 2, dims, mel, content * M * sizeof(float)) == 0 &&
+        put_i32(ctx, it, "seek", 0) == 0)
+        put(ctx, it, "duration", BATON_DTYPE_F32, 1, &one, &seconds, sizeof(seconds));
 out:
     free(pcm);
     free(feat);

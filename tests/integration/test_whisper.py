@@ -10,15 +10,24 @@ through the Python client (client/python/baton_client.py):
   - four requests at once (their windows and steps batched) each give the
     text alone gives;
   - bad input (not audio, bad options, too few samples, a wrong dtype) ends
-    INVALID_ARGUMENT with a message, and the daemon serves on; afterwards
-    no tensor is left in the worker's pool.
+    INVALID_ARGUMENT with a message, and the daemon serves on;
+  - the OpenAI-compatible endpoints POST /v1/audio/transcriptions and
+    /v1/audio/translations through curl -F (every response_format, the
+    stream of transcript.text.delta events), an MP3 upload (written here by
+    libsndfile, when it writes MP3), the `openai` package (when
+    test_openai.py's venv is there; else SKIP), and the 400/404/413 answers
+    to bad uploads;
+  - afterwards no tensor is left in the worker's pool.
 
 Exit status: 0 when every check passed, 1 on a failure, 77 when the model
 or the clip is absent (the caller reports SKIP; scripts/fetch-model.sh
 whisper-base jfk).  On a failure the daemon's folder is kept with its
 batond.log (tests/integration/evidence.py)."""
 import array
+import ctypes
+import ctypes.util
 import json
+import socket
 import os
 import re
 import subprocess
@@ -38,6 +47,7 @@ BUILD = os.environ.get("BUILD", "build")
 if not os.path.isabs(BUILD):
     BUILD = os.path.join(ROOT, BUILD)
 MODEL = os.path.join(ROOT, "models/whisper-base/model.bin")
+README = os.path.join(ROOT, "README.md")
 JFK = os.path.join(ROOT, "models/samples/jfk.wav")
 
 failures = []
@@ -66,7 +76,16 @@ class Server:
         text = text.replace("/tmp/baton", self.dir)
         text = text.replace("models/whisper-base", os.path.join(ROOT, "models/whisper-base"))
         text = re.sub(r"(?m)^  log_level: .*$", "  log_level: warning", text)
-        text = re.sub(r"(?m)^  http_listen: .*\n", "", text)
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        self.port = s.getsockname()[1]
+        s.close()
+        text, n = re.subn(r"(?m)^  http_listen: .*$", "  http_listen: 127.0.0.1:%d" % self.port,
+                          text)
+        assert n == 1, "voice.yaml no longer has http_listen"
+        # A small upload limit, so that 413 is cheap to reach.
+        text, n = re.subn(r"(?m)^  max_message_bytes: .*$", "  max_message_bytes: 4194304", text)
+        assert n == 1, "voice.yaml no longer sets max_message_bytes"
         text, n = re.subn(r"max_batch: \d+", "max_batch: 4", text)
         assert n == 1, "voice.yaml no longer sets the whisper model's max_batch"
         self.config = os.path.join(self.dir, "baton.yaml")
@@ -126,6 +145,125 @@ def transcribe(c, audio, opts, stream=True):
     return c.infer("transcribe", {"audio": audio, "options": opts}, stream=stream)
 
 
+def to_mp3(wav, out):
+    """WAV file WAV as an MP3 file OUT, by libsndfile (ctypes); False when
+    this libsndfile writes no MP3 (before 1.1)."""
+    lib = ctypes.util.find_library("sndfile")
+    if not lib:
+        return False
+    sf = ctypes.CDLL(lib)
+
+    class Info(ctypes.Structure):
+        _fields_ = [("frames", ctypes.c_int64), ("samplerate", ctypes.c_int),
+                    ("channels", ctypes.c_int), ("format", ctypes.c_int),
+                    ("sections", ctypes.c_int), ("seekable", ctypes.c_int)]
+    sf.sf_open.restype = ctypes.c_void_p
+    sf.sf_open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(Info)]
+    sf.sf_writef_short.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    sf.sf_close.argtypes = [ctypes.c_void_p]
+    with wave.open(wav) as w:
+        frames = w.readframes(w.getnframes())
+    info = Info(0, 16000, 1, 0x230000 | 0x0082, 0, 0)  # SF_FORMAT_MPEG | MPEG_LAYER_III
+    f = sf.sf_open(out.encode(), 0x20, ctypes.byref(info))  # SFM_WRITE
+    if not f:
+        return False
+    buf = ctypes.create_string_buffer(frames)
+    sf.sf_writef_short(f, buf, len(frames) // 2)
+    sf.sf_close(f)
+    return os.path.getsize(out) > 0
+
+
+def curl(srv, path, *fields):
+    """POST a form to the gateway with curl -F: (status, body)."""
+    args = ["curl", "-s", "-N", "-w", "\n%{http_code}", "http://127.0.0.1:%d%s" % (srv.port, path)]
+    for f in fields:
+        args += ["-F", f]
+    out = subprocess.run(args, capture_output=True, timeout=limits.test_limit(300)).stdout
+    body, _, code = out.rpartition(b"\n")
+    return int(code or 0), body.decode("utf-8", "replace")
+
+
+def check_http(srv, want):
+    t = "/v1/audio/transcriptions"
+    f = "file=@" + JFK
+    code, body = curl(srv, t, f, "model=whisper-base", "language=en")
+    check(code == 200 and json.loads(body)["text"] == want, "POST %s: %d %s" % (t, code, body))
+    code, body = curl(srv, t, f, "model=whisper-base", "response_format=text")
+    check(code == 200 and body == want.strip() + "\n", "response_format text: %r" % body)
+    code, body = curl(srv, t, f, "model=whisper-base", "response_format=verbose_json")
+    v = json.loads(body) if code == 200 else {}
+    check(v.get("text") == want and abs(v.get("duration", 0) - 11.0) < 0.01 and
+          v["segments"][0]["end"] == v["duration"], "verbose_json: %s" % body)
+    code, body = curl(srv, t, f, "model=whisper-base", "response_format=srt")
+    check(code == 200 and body.startswith("1\n00:00:00,000 --> 00:00:11,000\n" + want.strip()),
+          "srt: %r" % body)
+    code, body = curl(srv, t, f, "model=whisper-base", "response_format=vtt")
+    check(code == 200 and body.startswith("WEBVTT\n\n00:00:00.000 --> 00:00:11.000\n"),
+          "vtt: %r" % body)
+    code, body = curl(srv, t, f, "model=whisper-base", "stream=true")
+    events = [json.loads(ln[6:]) for ln in body.splitlines() if ln.startswith("data: ")]
+    deltas = "".join(e.get("delta", "") for e in events if e["type"] == "transcript.text.delta")
+    check(code == 200 and len(events) > 10 and deltas == want and
+          events[-1]["type"] == "transcript.text.done" and events[-1]["text"] == want,
+          "stream: %d events" % len(events))
+    code, body = curl(srv, "/v1/audio/translations", f, "model=whisper-base")
+    check(code == 200 and json.loads(body)["text"].strip(), "translations: %d %s" % (code, body))
+    mp3 = os.path.join(srv.dir, "jfk.mp3")
+    if to_mp3(JFK, mp3):
+        code, body = curl(srv, t, "file=@" + mp3, "model=whisper-base", "language=en")
+        text = json.loads(body).get("text", "") if code == 200 else ""
+        check("ask not what your country can do for you" in text, "an MP3 upload: %d %s" % (code, body))
+    else:
+        print("SKIP an MP3 upload: this libsndfile writes no MP3 (it needs 1.1 or later)")
+    junk = os.path.join(srv.dir, "junk.bin")
+    with open(junk, "wb") as fh:
+        fh.write(b"not audio " * 500000)  # 5 MB, over the 4 MiB limit
+    empty = os.path.join(srv.dir, "empty.wav")
+    open(empty, "wb").close()
+    for fields, want_code, words, what in [
+            (("file=@" + JFK, "model=nope"), 404, "does not exist", "an unknown model"),
+            (("file=@" + README, "model=whisper-base"), 400, "WAV, FLAC, OGG or MP3", "not audio"),
+            (("file=@" + empty, "model=whisper-base"), 400, "the file is empty", "an empty file"),
+            (("model=whisper-base",), 400, "no file", "no file"),
+            (("file=@" + JFK, "model=whisper-base", "response_format=xml"), 400,
+             "response_format", "a bad response_format"),
+            (("file=@" + JFK, "model=whisper-base", "bogus=1"), 400, "unknown form field",
+             "an unknown field"),
+            (("file=@" + junk, "model=whisper-base"), 413, "max_message_bytes", "over the limit")]:
+        code, body = curl(srv, t, *fields)
+        err = json.loads(body).get("error", {}) if body.startswith("{") else {}
+        check(code == want_code and words in err.get("message", ""),
+              "%s: %d %s" % (what, code, body[:200]))
+    out = subprocess.run(["curl", "-s", "-w", "\n%{http_code}", "-H",
+                          "Content-Type: application/json", "-d", '{"model": "whisper-base"}',
+                          "http://127.0.0.1:%d%s" % (srv.port, t)], capture_output=True).stdout
+    check(out.endswith(b"400") and b"not a form" in out, "a JSON body: %r" % out[:200])
+    venv_py = os.path.join(os.path.expanduser(os.environ.get("BATON_TEST_CACHE",
+                                                             "~/.cache/baton-test")),
+                           "openai-venv", "bin", "python")
+    if not os.path.exists(venv_py):
+        print("SKIP the openai package: no venv (tests/integration/test_openai.py makes it)")
+        return
+    script = r"""
+import json, sys, openai
+c = openai.OpenAI(base_url=sys.argv[1], api_key="none")
+r = c.audio.transcriptions.create(model="whisper-base", file=open(sys.argv[2], "rb"), language="en")
+s = c.audio.transcriptions.create(model="whisper-base", file=open(sys.argv[2], "rb"), stream=True)
+ev = [e.type for e in s]
+try:
+    c.audio.transcriptions.create(model="whisper-base", file=("x.wav", b"junk" * 100))
+    bad = "accepted"
+except openai.BadRequestError as e:
+    bad = "400"
+print(json.dumps({"text": r.text, "events": ev, "bad": bad}))
+"""
+    r = subprocess.run([venv_py, "-c", script, "http://127.0.0.1:%d/v1" % srv.port, JFK],
+                       capture_output=True, text=True, timeout=limits.test_limit(300))
+    got = json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else {}
+    check(got.get("text") == want and got.get("events", [""])[-1] == "transcript.text.done" and
+          got.get("bad") == "400", "the openai package: %s %s" % (got, r.stderr[-300:]))
+
+
 def main():
     if not os.path.exists(MODEL) or not os.path.exists(JFK):
         if os.environ.get("BATON_CI") == "1":
@@ -174,6 +312,8 @@ def main():
                 check(r.status == "INVALID_ARGUMENT" and words in r.message,
                       "%s: %s %s" % (what, r.status, r.message))
             check(c.health().ready, "ready after the bad requests")
+
+        check_http(srv, want)
 
         # Four at once: batched windows and steps, each the text alone gives.
         results = [None] * 4
