@@ -14,6 +14,7 @@
 #include <cblas.h>
 #include <errno.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 
 #include "kernels/cpu/threads.h"
@@ -81,6 +82,21 @@ static void full_rows(void *arg, int ith, int nth)
     free(sc);
 }
 
+/* The softmax of rows of a score matrix, shared out over the pool. */
+typedef struct softmax_job {
+    float *p;
+    int t, s;
+} softmax_job;
+
+static void softmax_rows(void *arg, int ith, int nth)
+{
+    softmax_job *j = arg;
+    int lo, hi;
+    kth_split(j->t, 8, ith, nth, &lo, &hi);
+    if (lo < hi)
+        k_softmax(j->p + (size_t)lo * j->s, j->p + (size_t)lo * j->s, hi - lo, j->s);
+}
+
 int k_attn_full(kth_pool *pool, float *out, const float *q, const float *k, const float *v, int nb,
                 int t, int s, int n_head, int hd)
 {
@@ -101,6 +117,11 @@ int k_attn_full(kth_pool *pool, float *out, const float *q, const float *k, cons
     if (!p)
         return -ENOMEM;
     float scale = 1.0f / sqrtf((float)hd);
+    /* The products run on OpenBLAS's threads, the softmax between them on
+     * the pool's (each row as k_softmax computes it, so the threads change
+     * no bit). */
+    bool held = pool && kth_acquire(pool) == 0;
+    softmax_job sj = {p, t, s};
     for (int b = 0; b < nb; b++)
         for (int h = 0; h < n_head; h++) {
             const float *qb = q + (size_t)b * t * row + (size_t)h * hd;
@@ -108,10 +129,15 @@ int k_attn_full(kth_pool *pool, float *out, const float *q, const float *k, cons
             const float *vb = v + (size_t)b * s * row + (size_t)h * hd;
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, t, s, hd, scale, qb, row, kb, row,
                         0.0f, p, s);
-            k_softmax(p, p, t, s);
+            if (held)
+                kth_run(pool, softmax_rows, &sj);
+            else
+                k_softmax(p, p, t, s);
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, t, hd, s, 1.0f, p, s, vb, row,
                         0.0f, out + (size_t)b * t * row + (size_t)h * hd, row);
         }
+    if (held)
+        kth_release(pool);
     free(p);
     return 0;
 }
