@@ -289,13 +289,15 @@ def main():
         for compute in ("int8", "float32"):
             results["faster-whisper " + compute] = bench_fw(py, compute, clips, a.runs, tmp)
     ref = results["faster-whisper int8"]
+    f32 = results["faster-whisper float32"]
     print("%-24s %8s %8s %10s %9s %9s  %s" % ("", "RTF 30s", "RTF 66s", "RTF 8x30s", "TTFT 10s",
-                                            "peak MiB", "text of 30 s = fw int8's"))
+                                            "peak MiB", "texts = fw float32's (30 s, 66 s)"))
     for name, r in results.items():
+        same = [r[c]["text"].strip() == f32[c]["text"].strip() for c in ("c30", "c66")]
         print("%-24s %8.3f %8.3f %10.3f %8.2fs %9.0f  %s" % (
             name, r["c30"]["seconds"] / 30, r["c66"]["seconds"] / 66,
             r["concurrent"]["seconds"] / (30 * CONCURRENT), r["ttft_c10"],
-            r["peak_rss_kb"] / 1024, r["c30"]["text"].strip() == ref["c30"]["text"].strip()))
+            r["peak_rss_kb"] / 1024, "/".join("yes" if s else "no" for s in same)))
     b = results["baton q8"]
     print("\nbaton q8 / faster-whisper int8 (above 1: baton is slower): RTF 30 s %.2f, 66 s %.2f, "
           "8 at once %.2f, TTFT %.2f, peak memory %.2f" % (

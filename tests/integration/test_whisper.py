@@ -4,7 +4,8 @@ through the Python client (client/python/baton_client.py):
 
   - the JFK clip as a WAV file's bytes gives faster-whisper's text (the
     text of tests/unit/data/whisper-ids.tsv), streamed token by token,
-    with the language given and with it detected;
+    with the language given and with it detected; sampled at temperature
+    0.9 twice with one seed, one text;
   - the same audio as F32 samples, three times over (33 s): two windows,
     the second starting where the first ended;
   - four requests at once (their windows and steps batched) each give the
@@ -287,6 +288,15 @@ def main():
 
             r = transcribe(c, wav, bc.Tensor("options", "u8", [0], b""))
             check(r.ok and r.text() == want, "language detected: %r" % r.text())
+
+            # Sampling: one seed gives one text, whatever runs around it.
+            texts = []
+            for _ in range(2):
+                r = c.infer("transcribe", {"audio": wav, "options": options(language="en")},
+                            sampling={"temperature": 0.9, "seed": 11})
+                texts.append(r.text() if r.ok else "(%s %s)" % (r.status, r.message))
+            check(texts[0] == texts[1] and "country" in texts[0],
+                  "sampling at temperature 0.9, seed 11, twice: %r" % texts)
 
             pcm = samples(JFK)
             long = pcm + pcm + pcm
