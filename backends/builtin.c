@@ -2,7 +2,10 @@
  * baton_backend, and this file is the only place that names them all. */
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <unistd.h>
 
 #include "backends/builtin.h"
 #include "backends/testing/testing.h"
@@ -23,6 +26,38 @@ const baton_backend *bk_builtin_find(const char *name)
         if (strcmp(own[i]->name, name) == 0)
             return own[i];
     return NULL;
+}
+
+char *openblas_get_corename(void);
+
+const char *bk_blas_better_core(void)
+{
+    if (getenv("OPENBLAS_CORETYPE") || getenv("BATON_BLAS_CORE_SET"))
+        return NULL;
+    const char *core = openblas_get_corename();
+    if (!core || strcasecmp(core, "Prescott") != 0)
+        return NULL;
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512cd"))
+        return "SkylakeX";
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return "Haswell";
+    return NULL;
+}
+
+void bk_blas_check_core(char **argv)
+{
+    const char *want = bk_blas_better_core();
+    if (!want)
+        return;
+    /* The marker keeps a second start from trying again, whatever the
+     * library chooses then. */
+    if (setenv("OPENBLAS_CORETYPE", want, 1) != 0 || setenv("BATON_BLAS_CORE_SET", want, 1) != 0)
+        return;
+    execv("/proc/self/exe", argv);
+    unsetenv("OPENBLAS_CORETYPE");
 }
 
 int bk_comm_unique_id(void *id, size_t *len, char *err, size_t errlen)

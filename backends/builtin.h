@@ -6,9 +6,22 @@
 
 #include "baton/backend.h"
 
-/* The built-in backend called NAME (transformer, echo, add, counter,
- * chunks, sleep, fail), or NULL. */
+/* The built-in backend called NAME (transformer, whisper, echo, add,
+ * counter, chunks, sleep, fail), or NULL. */
 const baton_backend *bk_builtin_find(const char *name);
+
+/* Called first thing in main: when OpenBLAS chose its Prescott (SSE3)
+ * kernels on a CPU with AVX2 or AVX-512, runs the program again (ARGV,
+ * execv of /proc/self/exe) with OPENBLAS_CORETYPE set to Haswell or
+ * SkylakeX.  OpenBLAS 0.3.21 (Debian 12's) does not know the newer Xeons
+ * and falls back to Prescott, whose sgemm ran at a quarter of SkylakeX's
+ * speed here; the core is chosen when the library loads, so only a new
+ * start can change it.  Does nothing when OPENBLAS_CORETYPE is set (the
+ * user's choice) or OpenBLAS chose another core; returns when exec fails. */
+void bk_blas_check_core(char **argv);
+/* The core bk_blas_check_core would ask for: "SkylakeX", "Haswell", or
+ * NULL when it would leave OpenBLAS's choice alone. */
+const char *bk_blas_better_core(void);
 
 /* Makes the communicator id of a tensor-parallel group that the calling
  * process will be rank 0 of (an NCCL unique id: it names a bootstrap

@@ -22,6 +22,7 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include "backends/builtin.h"
 #include "common/curve.h"
 #include "common/log.h"
 #include "config/config.h"
@@ -269,6 +270,7 @@ static int serve(const wk_options *opt)
 
 int main(int argc, char **argv)
 {
+    bk_blas_check_core(argv);
     cmdline cl = {0};
     int rc = parse_args(argc, argv, &cl);
     if (rc >= 0)
@@ -276,6 +278,10 @@ int main(int argc, char **argv)
     char ident[160];
     snprintf(ident, sizeof(ident), "baton-worker[%s]", cl.name);
     bt_log_init(ident, BT_LOG_INFO);
+    if (getenv("BATON_BLAS_CORE_SET"))
+        bt_info("OpenBLAS runs its %s kernels: it took Prescott's (SSE3) on this CPU, and "
+                "baton-worker started again with OPENBLAS_CORETYPE set",
+                getenv("BATON_BLAS_CORE_SET"));
 
     /* Die with the conductor.  The check after the prctl closes the race
      * where the parent died before it took effect. */

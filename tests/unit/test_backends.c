@@ -4,15 +4,18 @@
  * plugin tests/unit/plugin/example.c. */
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 #include <cmocka.h>
 
+#include "backends/builtin.h"
 #include "backends/catalog.h"
 #include "backends/testing/testing.h"
 #include "backends/transformer/transformer.h"
@@ -188,6 +191,27 @@ static void unload(const char *name, baton_model *m)
 }
 
 /* --- tests --------------------------------------------------------------- */
+
+char *openblas_get_corename(void);
+
+/* The OpenBLAS core check: a CPU with AVX2 never keeps Prescott's kernels
+ * (unless the user chose a core), and another choice is left alone. */
+static void test_blas_core(void **state)
+{
+    (void)state;
+    const char *core = openblas_get_corename(), *want = bk_blas_better_core();
+    __builtin_cpu_init();
+    bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    print_message("OpenBLAS core %s; baton would ask for %s\n", core, want ? want : "nothing");
+    if (getenv("OPENBLAS_CORETYPE") || strcasecmp(core, "Prescott") != 0 || !avx2)
+        assert_null(want);
+    else
+        assert_true(!strcmp(want, "Haswell") || !strcmp(want, "SkylakeX"));
+    /* The user's choice wins. */
+    setenv("OPENBLAS_CORETYPE", "Prescott", 1);
+    assert_null(bk_blas_better_core());
+    unsetenv("OPENBLAS_CORETYPE");
+}
 
 static void test_echo_by_reference(void **state)
 {
@@ -568,6 +592,7 @@ static void test_plugin(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_blas_core),
         cmocka_unit_test(test_echo_by_reference),
         cmocka_unit_test(test_add),
         cmocka_unit_test(test_counter),
