@@ -500,6 +500,59 @@ static const gw_model *find_model(const gateway *g, const char *name)
     return NULL;
 }
 
+/* Sends R (destroyed here) for CH on a connection of the pool, streamed,
+ * unless RC (the building of R) already failed.  0 or RC, or the client's
+ * error; CH->client is set only when the request went out. */
+static int chat_send(gw_chat *ch, baton_client_request *r, int rc)
+{
+    if (rc == 0) {
+        baton_client_request_set_stream(r, true);
+        if (!(ch->client = client_take(ch->g)))
+            rc = BATON_CLIENT_ECONNECT;
+    }
+    if (rc == 0 && (rc = baton_client_send(ch->client, r)) != 0) {
+        baton_client_destroy(ch->client);
+        ch->client = NULL;
+    }
+    baton_client_request_destroy(r);
+    return rc;
+}
+
+/* CH's failed response as an OpenAI error (CH freed): a 400 is the
+ * request's fault, about PARAM when given; anything else the server's. */
+static enum MHD_Result chat_error(struct MHD_Connection *conn, gw_chat *ch, const char *param)
+{
+    unsigned status = http_status(ch->code);
+    bool bad = status == MHD_HTTP_BAD_REQUEST;
+    enum MHD_Result ok = reply_oa_error(conn, status, bad ? "invalid_request_error"
+                                                          : "server_error",
+                                        ch->message, bad ? param : NULL);
+    chat_free(ch);
+    return ok;
+}
+
+/* Answers CH (handed over) as server-sent events.  The first message
+ * decides the status: a request refused at once (a full daemon, a bad
+ * input) gets its HTTP error (chat_error with PARAM), not a stream. */
+static enum MHD_Result chat_stream(struct MHD_Connection *conn, gw_chat *ch, const char *param)
+{
+    while (!ch->ended && !ch->tokens)
+        chat_step(ch, GW_RECV_MS);
+    if (ch->ended && ch->code != BATON_CLIENT_CODE_OK && !ch->tokens)
+        return chat_error(conn, ch, param);
+    struct MHD_Response *resp = MHD_create_response_from_callback(
+        MHD_SIZE_UNKNOWN, GW_STREAM_BLOCK, chat_read, ch, chat_read_free);
+    if (!resp) {
+        chat_free(ch);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    enum MHD_Result ok = MHD_queue_response(conn, MHD_HTTP_OK, resp);
+    MHD_destroy_response(resp);
+    return ok;
+}
+
 /* POST /v1/chat/completions, or /v1/completions when COMPLETION. */
 static enum MHD_Result serve_chat(gateway *g, struct MHD_Connection *conn, const gw_conn *hc,
                                   bool completion)
@@ -566,50 +619,19 @@ static enum MHD_Result serve_chat(gateway *g, struct MHD_Connection *conn, const
         rc = baton_client_request_set_text_output(r, ch->model->output);
     if (rc == 0 && ch->req.max_tokens && ch->model->loop)
         rc = baton_client_request_set_max_iters(r, ch->model->loop, ch->req.max_tokens);
-    if (rc == 0) {
-        baton_client_request_set_stream(r, true);
-        if (!(ch->client = client_take(g)))
-            rc = BATON_CLIENT_ECONNECT;
-    }
-    if (rc == 0 && (rc = baton_client_send(ch->client, r)) != 0) {
-        baton_client_destroy(ch->client);
-        ch->client = NULL;
-    }
-    baton_client_request_destroy(r);
-    if (rc != 0) {
+    if ((rc = chat_send(ch, r, rc)) != 0) {
         snprintf(err, sizeof(err), "cannot send the request to the conductor: %s",
                  baton_client_strerror(rc));
         chat_free(ch);
         return reply_oa_error(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "server_error", err, NULL);
     }
-    if (ch->req.stream) {
-        /* The first message decides the status: a request refused at once
-         * (a full daemon, a bad input) gets its HTTP error, not a stream. */
-        while (!ch->ended && !ch->tokens)
-            chat_step(ch, GW_RECV_MS);
-        if (ch->ended && ch->code != BATON_CLIENT_CODE_OK && !ch->tokens) {
-            enum MHD_Result ok = reply_oa_error(conn, http_status(ch->code), "server_error",
-                                                ch->message, NULL);
-            chat_free(ch);
-            return ok;
-        }
-        struct MHD_Response *resp = MHD_create_response_from_callback(
-            MHD_SIZE_UNKNOWN, GW_STREAM_BLOCK, chat_read, ch, chat_read_free);
-        if (!resp) {
-            chat_free(ch);
-            return MHD_NO;
-        }
-        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
-        MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
-        enum MHD_Result ok = MHD_queue_response(conn, MHD_HTTP_OK, resp);
-        MHD_destroy_response(resp);
-        return ok;
-    }
+    if (ch->req.stream)
+        return chat_stream(conn, ch, NULL);
     while (!ch->ended)
         chat_step(ch, GW_RECV_MS);
     enum MHD_Result ok;
     if (ch->code != BATON_CLIENT_CODE_OK) {
-        ok = reply_oa_error(conn, http_status(ch->code), "server_error", ch->message, NULL);
+        ok = chat_error(conn, ch, NULL);
     } else {
         oa_usage u = {ch->prompt_tokens, ch->completion_tokens};
         char *body = (completion ? oa_completion_response : oa_chat_response)(
@@ -774,53 +796,20 @@ static enum MHD_Result serve_audio(gateway *g, struct MHD_Connection *conn, gw_c
     if (rc == 0)
         rc = baton_client_request_set_sampling(r, &sp);
     free(options);
-    if (rc == 0) {
-        baton_client_request_set_stream(r, true);
-        if (!(ch->client = client_take(g)))
-            rc = BATON_CLIENT_ECONNECT;
-    }
-    if (rc == 0 && (rc = baton_client_send(ch->client, r)) != 0) {
-        baton_client_destroy(ch->client);
-        ch->client = NULL;
-    }
-    baton_client_request_destroy(r);
-    if (rc != 0) {
+    if ((rc = chat_send(ch, r, rc)) != 0) {
         snprintf(err, sizeof(err), "cannot send the request to the conductor: %s",
                  baton_client_strerror(rc));
         chat_free(ch);
         return reply_oa_error(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "server_error", err, NULL);
     }
-    /* The first text or the end decides the status, as for a chat. */
-    while (!ch->ended && !ch->tokens)
-        chat_step(ch, GW_RECV_MS);
-    if (ch->ended && ch->code != BATON_CLIENT_CODE_OK) {
-        unsigned status = http_status(ch->code);
-        enum MHD_Result ok = reply_oa_error(conn, status,
-                                            status == MHD_HTTP_BAD_REQUEST
-                                                ? "invalid_request_error" : "server_error",
-                                            ch->message, status == MHD_HTTP_BAD_REQUEST ? "file"
-                                                                                          : NULL);
-        chat_free(ch);
-        return ok;
-    }
-    if (stream) {
-        struct MHD_Response *resp = MHD_create_response_from_callback(
-            MHD_SIZE_UNKNOWN, GW_STREAM_BLOCK, chat_read, ch, chat_read_free);
-        if (!resp) {
-            chat_free(ch);
-            return MHD_NO;
-        }
-        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
-        MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
-        enum MHD_Result ok = MHD_queue_response(conn, MHD_HTTP_OK, resp);
-        MHD_destroy_response(resp);
-        return ok;
-    }
+    /* A bad file is the request's fault: the decoder's refusal names it. */
+    if (stream)
+        return chat_stream(conn, ch, "file");
     while (!ch->ended)
         chat_step(ch, GW_RECV_MS);
     enum MHD_Result ok;
     if (ch->code != BATON_CLIENT_CODE_OK) {
-        ok = reply_oa_error(conn, http_status(ch->code), "server_error", ch->message, NULL);
+        ok = chat_error(conn, ch, "file");
     } else {
         oa_usage u = {ch->prompt_tokens, ch->completion_tokens};
         const char *ctype;

@@ -63,8 +63,8 @@ typedef struct wh_session {
     int content;                 /* feature frames of the audio */
     int seek;                    /* the current window's first frame */
     int n_prompt;                /* tokens of the prompt in the slot */
-    int32_t sampled[WH_MAX_NEW]; /* this window's tokens after the prompt */
-    int n_sampled;
+    int n_sampled;               /* this window's tokens after the prompt */
+    int32_t last;                /* the last of them */
     char carry[8];               /* UTF-8 bytes held back: an unfinished character */
     int n_carry;
     uint64_t counter;            /* RNG counter of sampling */
@@ -598,7 +598,7 @@ static void choose(baton_model *m, baton_ctx *ctx, baton_item *it, float *row)
 {
     wh_session *s = (wh_session *)it->session;
     const wtok_special *sp = wtok_specials(m->tok);
-    wdec_filter(&m->rules, row, s->sampled, s->n_sampled, false);
+    wdec_filter(&m->rules, row, s->n_sampled);
     int32_t t = wdec_pick(&m->rules, row, it->sampling.temperature, it->sampling.seed,
                           s->counter++);
     bool end = t == sp->eot || s->n_sampled >= WH_MAX_NEW ||
@@ -606,7 +606,7 @@ static void choose(baton_model *m, baton_ctx *ctx, baton_item *it, float *row)
     char text[64];
     size_t len = text_of(m, s, t, end, text);
     if (!end) {
-        s->sampled[s->n_sampled++] = t;
+        s->n_sampled++, s->last = t;
         ctx->count_tokens(ctx, it, 0, 1);
     }
     int F = m->s->n_frames;
@@ -694,7 +694,7 @@ static void decode_batch(baton_model *m, baton_ctx *ctx, baton_item *const *item
         int32_t t;
         if (read_i32(ctx, it, "token", &t))
             continue;
-        if (s->slot < 0 || !s->n_prompt || (s->n_sampled && t != s->sampled[s->n_sampled - 1])) {
+        if (s->slot < 0 || !s->n_prompt || (s->n_sampled && t != s->last)) {
             failf(ctx, it, BATON_STATUS_FAILED_PRECONDITION,
                   "token %d is not the one this request's decoder chose last", (int)t);
             continue;

@@ -1,8 +1,6 @@
 /* Whisper's token rules (backends/whisper/wdecode.h), after CTranslate2's
- * SuppressTokens, SuppressTokensBegin and ApplyTimestampRules, which
- * faster-whisper's decoding runs: the same ids are disabled in the same
- * order, and the timestamp test compares the log-probabilities of the
- * filtered logits as they do. */
+ * SuppressTokens and SuppressTokensBegin, which faster-whisper's decoding
+ * runs. */
 #include "backends/whisper/wdecode.h"
 
 #include <jansson.h>
@@ -60,7 +58,6 @@ int wdec_rules_load(const char *path, const wtok_special *sp, int32_t vocab, wde
     }
     r->vocab = vocab;
     r->sp = *sp;
-    r->max_initial = 50; /* faster-whisper's max_initial_timestamp, 1 s */
     /* The special tokens that never follow a prompt, as faster-whisper
      * adds them to the suppressed ids. */
     int32_t specials[6] = {sp->transcribe, sp->translate, sp->sot,
@@ -87,13 +84,26 @@ void wdec_rules_free(wdec_rules *r)
     r->n_suppress = r->n_begin = 0;
 }
 
-static void disable(float *logits, int32_t lo, int32_t hi)
+void wdec_filter(const wdec_rules *r, float *logits, int n)
 {
-    for (int32_t i = lo; i < hi; i++)
-        logits[i] = -INFINITY;
+    for (size_t i = 0; i < r->n_suppress; i++)
+        logits[r->suppress[i]] = -INFINITY;
+    if (n == 0)
+        for (size_t i = 0; i < r->n_begin; i++)
+            logits[r->suppress_begin[i]] = -INFINITY;
 }
 
-/* log(sum(exp(x))) over N values, and the largest of them. */
+int32_t wdec_pick(const wdec_rules *r, const float *logits, float temperature, uint64_t seed,
+                  uint64_t counter)
+{
+    int32_t tok = 0;
+    if (temperature <= 0 ||
+        k_sample(&tok, logits, 1, r->vocab, temperature, 0, 1.0f, seed, counter) != 0)
+        k_argmax(&tok, logits, 1, r->vocab);
+    return tok;
+}
+
+/* log(sum(exp(x))) over N values. */
 static double logsumexp(const float *x, int32_t n)
 {
     float m = -INFINITY;
@@ -105,70 +115,6 @@ static double logsumexp(const float *x, int32_t n)
     for (int32_t i = 0; i < n; i++)
         s += exp((double)x[i] - m);
     return m + log(s);
-}
-
-void wdec_filter(const wdec_rules *r, float *logits, const int32_t *sampled, int n,
-                 bool timestamps)
-{
-    for (size_t i = 0; i < r->n_suppress; i++)
-        logits[r->suppress[i]] = -INFINITY;
-    if (n == 0)
-        for (size_t i = 0; i < r->n_begin; i++)
-            logits[r->suppress_begin[i]] = -INFINITY;
-    if (!timestamps || r->sp.no_timestamps < 0)
-        return;
-    int32_t tb = r->sp.timestamp_begin, te = r->vocab, eot = r->sp.eot;
-    logits[r->sp.no_timestamps] = -INFINITY;
-    bool check = false;
-    if (n == 0) {
-        /* The first token is a timestamp, no later than max_initial. */
-        disable(logits, 0, tb);
-        disable(logits, tb + r->max_initial + 1, te);
-    } else {
-        int32_t last = sampled[n - 1];
-        if (last >= tb) {
-            int32_t before = n > 1 ? sampled[n - 2] : last;
-            if (before >= tb) {
-                /* A pair just closed: text (or the end) comes next. */
-                disable(logits, tb, te);
-            } else {
-                /* An end timestamp needs its start: no text, and not an
-                 * earlier time. */
-                disable(logits, 0, eot);
-                disable(logits, tb, last);
-                check = true;
-            }
-        } else {
-            check = true;
-            /* Timestamps never decrease. */
-            for (int i = n - 1; i >= 0; i--)
-                if (sampled[i] >= tb) {
-                    disable(logits, tb, sampled[i] + 1);
-                    break;
-                }
-        }
-    }
-    if (!check)
-        return;
-    /* When all timestamps together are more probable than any one text
-     * token, a timestamp is taken.  Compared as log-probabilities of the
-     * filtered logits (the shared normaliser cancels). */
-    double ts = logsumexp(logits + tb, te - tb);
-    float best = -INFINITY;
-    for (int32_t i = 0; i < tb; i++)
-        best = logits[i] > best ? logits[i] : best;
-    if (ts > (double)best)
-        disable(logits, 0, tb);
-}
-
-int32_t wdec_pick(const wdec_rules *r, const float *logits, float temperature, uint64_t seed,
-                  uint64_t counter)
-{
-    int32_t tok = 0;
-    if (temperature <= 0 ||
-        k_sample(&tok, logits, 1, r->vocab, temperature, 0, 1.0f, seed, counter) != 0)
-        k_argmax(&tok, logits, 1, r->vocab);
-    return tok;
 }
 
 int32_t wdec_language(const wdec_rules *r, const float *logits, float *prob)

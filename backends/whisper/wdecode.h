@@ -8,11 +8,6 @@
  *   - at the first sampled token, config.json's "suppress_ids_begin" (the
  *     blank and the end of text), so that a transcript does not start
  *     empty;
- *   - with timestamps, Whisper's timestamp rules: the first token is a
- *     timestamp no later than max_initial; timestamps come in pairs (an
- *     end then a start) except right before the end of text; they never
- *     decrease; and when the timestamps together are more probable than
- *     any single text token, a timestamp is taken;
  *   - then the largest logit at temperature 0 (the lowest id on ties), or
  *     a sample of softmax(logits / temperature) over all tokens.
  *
@@ -21,7 +16,6 @@
 #ifndef BATON_BACKENDS_WHISPER_WDECODE_H
 #define BATON_BACKENDS_WHISPER_WDECODE_H
 
-#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -34,7 +28,6 @@ typedef struct wdec_rules {
     size_t n_suppress;
     int32_t *suppress_begin;    /* owned; disabled at the first sampled token */
     size_t n_begin;
-    int32_t max_initial;        /* the latest first timestamp, in steps of 20 ms (50: 1 s) */
 } wdec_rules;
 
 /* Reads the suppressed ids of the model's config.json at PATH (jansson).
@@ -43,12 +36,11 @@ int wdec_rules_load(const char *path, const wtok_special *sp, int32_t vocab, wde
                     char *err, size_t errlen);
 void wdec_rules_free(wdec_rules *r); /* releases what load took; R may be zeroed */
 
-/* Disables (sets to -inf) what the rules forbid at this point in LOGITS
- * (r->vocab floats), given the N tokens sampled so far after the prompt.
- * TIMESTAMPS: the prompt asked for timestamps (it does not end with
- * <|notimestamps|>). */
-void wdec_filter(const wdec_rules *r, float *logits, const int32_t *sampled, int n,
-                 bool timestamps);
+/* Disables (sets to -inf) what the rules forbid in LOGITS (r->vocab
+ * floats) when N tokens were sampled after the prompt.  Decoding with
+ * timestamps (Whisper's timestamp rules) is not built: prompts end with
+ * <|notimestamps|>. */
+void wdec_filter(const wdec_rules *r, float *logits, int n);
 
 /* The token of LOGITS (after wdec_filter): the argmax when TEMPERATURE <= 0,
  * else a sample drawn with the counter-based RNG (SEED, COUNTER). */

@@ -15,6 +15,7 @@
  * them, and nothing is copied. */
 #include "backends/whisper/wengine.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -229,19 +230,28 @@ static int convert(weng *e, const kg_value *v, void **out, char *err, size_t err
     return 0;
 }
 
-/* The weight called NAME, converted and on the device on first use. */
-static weight *weight_get(weng *e, const kg_value *v, char *err, size_t errlen)
+/* The weight of parameter V into *OUT, converted and on the device on
+ * first use.  0, or a negative bt_err with ERR. */
+static int weight_get(weng *e, const kg_value *v, weight **out, char *err, size_t errlen)
 {
     for (size_t i = 0; i < e->n_w; i++)
-        if (!strcmp(e->w[i].name, v->name))
-            return e->w[i].dtype == v->dtype && e->w[i].bytes == v->bytes ? &e->w[i] : NULL;
+        if (!strcmp(e->w[i].name, v->name)) {
+            /* Every graph declares a parameter by wm_param_dtype of one
+             * shape: the same name is the same weight. */
+            assert(e->w[i].dtype == v->dtype && e->w[i].bytes == v->bytes);
+            *out = &e->w[i];
+            return 0;
+        }
     weight *grown = realloc(e->w, (e->n_w + 1) * sizeof(*e->w));
-    if (!grown)
-        return NULL;
+    if (!grown) {
+        snprintf(err, errlen, "%s: parameter %s: out of memory", ct2_path(e->file), v->name);
+        return BT_ENOMEM;
+    }
     e->w = grown;
     void *host;
-    if (convert(e, v, &host, err, errlen))
-        return NULL;
+    int rc = convert(e, v, &host, err, errlen);
+    if (rc)
+        return rc;
     weight *w = &e->w[e->n_w];
     snprintf(w->name, sizeof(w->name), "%s", v->name);
     w->bytes = v->bytes, w->dtype = v->dtype, w->data = host;
@@ -253,14 +263,15 @@ static weight *weight_get(weng *e, const kg_value *v, char *err, size_t errlen)
             free(host);
             snprintf(err, errlen, "%s: no device memory for %s (%zu bytes)", ct2_path(e->file),
                      v->name, v->bytes);
-            return NULL;
+            return BT_ENOMEM;
         }
         free(host);
         w->data = d;
     }
     e->n_w++;
     e->weight_bytes += v->bytes;
-    return w;
+    *out = w;
+    return 0;
 }
 
 static int bind_weights(weng *e, kx_exec *x, const kg_graph *g, char *err, size_t errlen)
@@ -269,14 +280,11 @@ static int bind_weights(weng *e, kx_exec *x, const kg_graph *g, char *err, size_
         const kg_value *v = &g->values[i];
         if (v->kind != KG_PARAM)
             continue;
-        *err = 0;
-        weight *w = weight_get(e, v, err, errlen);
-        if (!w) {
-            if (!*err)
-                snprintf(err, errlen, "%s: parameter %s: no memory", ct2_path(e->file), v->name);
-            return BT_ENOMEM;
-        }
-        int rc = kx_param_borrow(x, v->name, v->dtype, w->data, w->bytes);
+        weight *w;
+        int rc = weight_get(e, v, &w, err, errlen);
+        if (rc)
+            return rc;
+        rc = kx_param_borrow(x, v->name, v->dtype, w->data, w->bytes);
         if (rc) {
             snprintf(err, errlen, "binding %s: %s", v->name, bt_strerror(rc));
             return rc;

@@ -177,7 +177,7 @@ static int greedy(fixture *fx, int slot, int win, int32_t *out, int max, float *
     assert_int_equal(weng_prompt(fx->eng, slot, weng_audio(fx->eng, win), p, np, row), 0);
     int32_t lens[8], toks[8];
     for (;;) {
-        wdec_filter(&fx->rules, row, out, n, false);
+        wdec_filter(&fx->rules, row, n);
         if (keep)
             memcpy(keep + (size_t)n * fx->s->vocab, row, (size_t)fx->s->vocab * sizeof(float));
         int32_t t = wdec_pick(&fx->rules, row, 0, 0, 0);
@@ -325,7 +325,7 @@ static void test_slots(void **state)
             lens[w] = -1, toks[w] = 0;
             if (done[w])
                 continue;
-            wdec_filter(&fx.rules, lg + w * V, together[w], nt[w], false);
+            wdec_filter(&fx.rules, lg + w * V, nt[w]);
             int32_t t = wdec_pick(&fx.rules, lg + w * V, 0, 0, 0);
             if (t == eot || nt[w] == MAX_NEW) {
                 done[w] = true;
