@@ -629,17 +629,14 @@ static enum MHD_Result serve_chat(gateway *g, struct MHD_Connection *conn, const
         return chat_stream(conn, ch, NULL);
     while (!ch->ended)
         chat_step(ch, GW_RECV_MS);
-    enum MHD_Result ok;
-    if (ch->code != BATON_CLIENT_CODE_OK) {
-        ok = chat_error(conn, ch, NULL);
-    } else {
-        oa_usage u = {ch->prompt_tokens, ch->completion_tokens};
-        char *body = (completion ? oa_completion_response : oa_chat_response)(
-            ch->id, ch->created, ch->req.model, ch->text ? ch->text : "", ch->len, ch->finish,
-            &u);
-        ok = body ? reply(conn, MHD_HTTP_OK, "application/json", body, strlen(body)) : MHD_NO;
-        free(body);
-    }
+    if (ch->code != BATON_CLIENT_CODE_OK)
+        return chat_error(conn, ch, NULL); /* frees CH */
+    oa_usage u = {ch->prompt_tokens, ch->completion_tokens};
+    char *body = (completion ? oa_completion_response : oa_chat_response)(
+        ch->id, ch->created, ch->req.model, ch->text ? ch->text : "", ch->len, ch->finish, &u);
+    enum MHD_Result ok = body ? reply(conn, MHD_HTTP_OK, "application/json", body, strlen(body))
+                              : MHD_NO;
+    free(body);
     chat_free(ch);
     return ok;
 }
@@ -807,20 +804,17 @@ static enum MHD_Result serve_audio(gateway *g, struct MHD_Connection *conn, gw_c
         return chat_stream(conn, ch, "file");
     while (!ch->ended)
         chat_step(ch, GW_RECV_MS);
-    enum MHD_Result ok;
-    if (ch->code != BATON_CLIENT_CODE_OK) {
-        ok = chat_error(conn, ch, "file");
-    } else {
-        oa_usage u = {ch->prompt_tokens, ch->completion_tokens};
-        const char *ctype;
-        const char *lang = f->field[F_LANGUAGE] && !translate ? f->field[F_LANGUAGE] : "";
-        char *body = oa_audio_response((oa_audio_format)format, ch->all ? ch->all : "",
-                                       ch->all_len, ch->duration,
-                                       translate ? "translate" : "transcribe",
-                                       translate ? "en" : lang, &u, &ctype);
-        ok = body ? reply(conn, MHD_HTTP_OK, ctype, body, strlen(body)) : MHD_NO;
-        free(body);
-    }
+    if (ch->code != BATON_CLIENT_CODE_OK)
+        return chat_error(conn, ch, "file"); /* frees CH */
+    oa_usage u = {ch->prompt_tokens, ch->completion_tokens};
+    const char *ctype;
+    const char *lang = f->field[F_LANGUAGE] && !translate ? f->field[F_LANGUAGE] : "";
+    char *body = oa_audio_response((oa_audio_format)format, ch->all ? ch->all : "",
+                                   ch->all_len, ch->duration,
+                                   translate ? "translate" : "transcribe",
+                                   translate ? "en" : lang, &u, &ctype);
+    enum MHD_Result ok = body ? reply(conn, MHD_HTTP_OK, ctype, body, strlen(body)) : MHD_NO;
+    free(body);
     chat_free(ch);
     return ok;
 }

@@ -621,6 +621,18 @@ def test_bad_requests(s):
     check(st == 200 and fin == "length" and done == s.max_iters + 1,
           "the graph's max_iters is finish_reason length (%r after %r tokens; the loop allows "
           "%d)" % (fin, done, s.max_iters + 1))
+    # A request the worker refuses (a prompt longer than max_seq) is the
+    # request's fault, answered once with the worker's words, streamed or
+    # not: the gateway frees the request exactly once on either path.
+    long_prompt = "one two three four " * 700
+    for stream in (False, True):
+        st, _, data = s.post("/v1/chat/completions",
+                             chat_body(long_prompt, max_tokens=2, stream=stream))
+        err = json.loads(data).get("error", {}) if st == 400 else {}
+        check(st == 400 and "max_seq" in (err.get("message") or "") and
+              err.get("type") == "invalid_request_error",
+              "a prompt over max_seq, stream=%s: 400 naming max_seq (%d, %s)"
+              % (stream, st, data[:200]))
     # The daemon still serves after all of that.
     st, _, data = s.post("/v1/chat/completions", chat_body("Hi", max_tokens=2))
     check(st == 200 and json.loads(data)["choices"][0]["finish_reason"] == "length",
