@@ -75,8 +75,9 @@ static const bt_opt_desc whisper_options[] = {
      .doc = "folder of a CTranslate2 Whisper model: model.bin, config.json, tokenizer.json "
             "(faster-whisper's format)"},
     {.name = "activations", .type = BT_OPT_STRING, .def = "q8", .allowed = activation_kinds,
-     .doc = "CPU only: q8 keeps the matrices in 8 bits and multiplies 8-bit activations as "
-            "integers; f32 widens the weights to f32 (the reference)"},
+     .doc = "CPU only: q8 keeps the decoder's per-token matrices in 8 bits and multiplies "
+            "8-bit activations as integers (the products over the audio stay f32, faster "
+            "through sgemm); f32 widens every weight to f32 (the reference)"},
     {.name = "max_audio_s", .type = BT_OPT_INT, .def = "600", .min = 1, .max = 86400,
      .doc = "longest audio a request may send, in seconds; longer is refused"},
     {.name = "threads", .type = BT_OPT_INT, .def = "0", .min = 0, .max = 1024,

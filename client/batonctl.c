@@ -689,10 +689,13 @@ static int send_request(baton_client *c, const ctl_opts *o, bool generate,
 typedef struct run_output {
     bool midline;                 /* stdout's last text did not end its line */
     size_t chunks;                /* chunks printed */
+    char stream[64];              /* the name of the text stream printed last */
 } run_output;
 
 /* A chunk as it arrives: streamed text as it is, any other value on a line
- * of its own after its sequence number. */
+ * of its own after its sequence number.  A graph may stream several texts
+ * (a voice chat's transcript and answer): a text stream named other than
+ * `text` starts on a line of its own after its name. */
 static void print_chunk(const ctl_opts *o, const baton_client_event *ev, run_output *out)
 {
     if (o->json) {
@@ -701,6 +704,17 @@ static void print_chunk(const ctl_opts *o, const baton_client_event *ev, run_out
     }
     out->chunks++;
     if (ctl_is_text(&ev->value)) {
+        const char *name = ev->value.name ? ev->value.name : "";
+        if (strncmp(out->stream, name, sizeof(out->stream) - 1) != 0) {
+            snprintf(out->stream, sizeof(out->stream), "%s", name);
+            if (out->midline)
+                fputc('\n', stdout);
+            out->midline = false;
+            if (strcmp(name, "text") != 0) {
+                printf("%s: ", name);
+                out->midline = true;
+            }
+        }
         fwrite(ev->value.data, 1, ev->value.nbytes, stdout);
         if (ev->value.nbytes)
             out->midline = ev->value.data[ev->value.nbytes - 1] != '\n';
@@ -781,7 +795,7 @@ static int receive_answer(baton_client *c, const ctl_opts *o, bool generate, con
     /* Without --timeout-ms the daemon's deadline ends the request; with
      * it, the client waits 2 s longer than the request may take. */
     int wait_ms = o->timeout_ms >= 0 ? o->timeout_ms + 2000 : -1;
-    run_output out = {false, 0};
+    run_output out = {0};
     bool cancelled = false;
     for (;;) {
         baton_client_event *ev;

@@ -327,6 +327,7 @@ static void edges_free(cfg_edge *e, size_t n)
     for (size_t i = 0; i < n; i++) {
         free(e[i].name);
         free(e[i].to);
+        free(e[i].as);
         free(e[i].modality);
     }
     free(e);
@@ -397,6 +398,7 @@ void cfg_config_destroy(cfg_config *c)
         cfg_openai *o = &c->openai[i];
         free(o->model), free(o->graph), free(o->input), free(o->output), free(o->loop);
         free(o->options);
+        free(o->transcript);
     }
     free(c->openai);
     for (size_t i = 0; i < c->n_models; i++) {

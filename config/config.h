@@ -118,6 +118,7 @@ typedef struct cfg_model {
 typedef struct cfg_edge {
     char *name;            /* the value's name */
     char *to;              /* a node name, "client", or NULL (declares the value only) */
+    char *as;              /* to the client: the name it sees the value by; NULL: name */
     bool persist;
     bool stream;
     bool new_token;
@@ -186,7 +187,14 @@ typedef struct cfg_graph {
  * answer, and which loop max_tokens caps (NULL: none).  API says which
  * endpoints serve it: chat and completions, or the audio transcriptions
  * and translations, whose form fields go as JSON to graph input OPTIONS. */
-typedef enum cfg_openai_api { CFG_OPENAI_CHAT = 0, CFG_OPENAI_AUDIO = 1 } cfg_openai_api;
+/* Which endpoints serve an openai model: chat completions with text
+ * (chat), the audio transcription and translation endpoints (audio), or
+ * chat completions whose user message is audio (voice). */
+typedef enum cfg_openai_api {
+    CFG_OPENAI_CHAT = 0,
+    CFG_OPENAI_AUDIO = 1,
+    CFG_OPENAI_VOICE = 2
+} cfg_openai_api;
 
 typedef struct cfg_openai {
     char *model;
@@ -195,7 +203,8 @@ typedef struct cfg_openai {
     char *output;
     char *loop;
     cfg_openai_api api;
-    char *options;         /* api audio: the graph input of the options JSON */
+    char *options;         /* api audio, voice: the graph input of the options JSON */
+    char *transcript;      /* api voice: the text stream of the transcript */
     cfg_pos pos;
 } cfg_openai;
 

@@ -60,6 +60,7 @@ typedef struct graph_edge {
     int common_depth;      /* loops around both ends (== the producer's depth) */
     bool persist, stream, new_token;
     const char *modality;  /* borrowed */
+    const char *client_name; /* borrowed; to the client: `as`, else the value's name; else NULL */
     uint32_t shard_dim;
     /* Applicability over the consumer's loop levels (bit k: level k,
      * outermost 0): the edge delivers to iteration vector v iff every level

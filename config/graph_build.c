@@ -321,6 +321,7 @@ static void add_edge(builder *b, int producer, int value, const cfg_edge *ce)
 
     if (strcmp(ce->to, "client") == 0) {
         e.kind = GRAPH_EDGE_CLIENT;
+        e.client_name = ce->as ? ce->as : ce->name;
         if (ce->persist) {
             ERR(b, ce->pos, "edge '%s' from '%s' to the client has persist: true; persist "
                 "applies only to edges that enter a loop", ce->name, pname);

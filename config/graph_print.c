@@ -2,6 +2,8 @@
  * and what `batonctl inspect` shows: graphs, loops, producers, partition. */
 #include "config/graph.h"
 
+#include <string.h>
+
 static void print_edge(const graph *g, const graph_edge *e, FILE *out)
 {
     const graph_value *v = &g->values[e->value];
@@ -9,6 +11,8 @@ static void print_edge(const graph *g, const graph_edge *e, FILE *out)
                        : v->role == GRAPH_VALUE_LOOP_ACCUM ? " (every iteration, joined)" : "";
     fprintf(out, "%s.%s%s -> %s", g->entities[e->producer].name, v->name, role,
             e->consumer < 0 ? "client" : g->entities[e->consumer].name);
+    if (e->consumer < 0 && strcmp(e->client_name, v->name) != 0)
+        fprintf(out, " as %s", e->client_name);
     fprintf(out, " [%s", graph_edge_kind_name(e->kind));
     if (e->loopback && e->kind != GRAPH_EDGE_LOOPBACK)
         fprintf(out, ", loop-back");

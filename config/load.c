@@ -496,7 +496,8 @@ static void scan_section(const cfg_section *s, const char *name, const char *loo
     case CFG_SEC_NODE:
         for (size_t i = 0; i < s->u.node.n_outputs; i++) {
             const cfg_edge *e = &s->u.node.outputs[i];
-            if (e->name && strcmp(e->name, name) == 0 && e->to && strcmp(e->to, "client") == 0 &&
+            const char *seen = e->as ? e->as : e->name;
+            if (seen && strcmp(seen, name) == 0 && e->to && strcmp(e->to, "client") == 0 &&
                 e->new_token && e->modality && strcmp(e->modality, "text") == 0)
                 *has_text = true;
         }
@@ -516,7 +517,7 @@ static void scan_section(const cfg_section *s, const char *name, const char *loo
 static void load_openai_one(cfg__loader *l, const yt_node *v, cfg_openai *o)
 {
     static const char *const keys[] = {"model", "graph", "input", "output", "loop", "api",
-                                       "options"};
+                                       "options", "transcript"};
     const yt_node *f[N_OF(keys)];
     o->pos = cfg__pos(v);
     yt_fields(v, "an openai entry", keys, N_OF(keys), f, l->diag);
@@ -541,9 +542,11 @@ static void load_openai_one(cfg__loader *l, const yt_node *v, cfg_openai *o)
     if (f[5] && cfg__str(l, f[5], "api", &api)) {
         if (strcmp(api, "audio") == 0) {
             o->api = CFG_OPENAI_AUDIO;
+        } else if (strcmp(api, "voice") == 0) {
+            o->api = CFG_OPENAI_VOICE;
         } else if (strcmp(api, "chat") != 0) {
             bt_diag_error(l->diag, f[5]->line, f[5]->col,
-                          "openai model '%s': api '%s' is chat (the default) or audio",
+                          "openai model '%s': api '%s' is chat (the default), audio or voice",
                           o->model ? o->model : "?", api);
             api_ok = false;
         }
@@ -551,14 +554,29 @@ static void load_openai_one(cfg__loader *l, const yt_node *v, cfg_openai *o)
     free(api);
     if (f[6])
         cfg__str(l, f[6], "options", &o->options);
-    if (api_ok && o->api == CFG_OPENAI_AUDIO && !o->options) {
+    if (f[7])
+        cfg__str(l, f[7], "transcript", &o->transcript);
+    const char *api_name = o->api == CFG_OPENAI_AUDIO ? "audio" : "voice";
+    if (api_ok && o->api != CFG_OPENAI_CHAT && !o->options) {
         bt_diag_error(l->diag, v->line, v->col,
-                      "openai model '%s': api audio needs 'options', the graph input that takes "
-                      "the request's options as JSON", o->model ? o->model : "?");
+                      "openai model '%s': api %s needs 'options', the graph input that takes "
+                      "the request's options as JSON", o->model ? o->model : "?", api_name);
         api_ok = false;
-    } else if (api_ok && o->api != CFG_OPENAI_AUDIO && f[6]) {
+    } else if (api_ok && o->api == CFG_OPENAI_CHAT && f[6]) {
         bt_diag_error(l->diag, f[6]->line, f[6]->col,
-                      "openai model '%s': 'options' is for api audio", o->model ? o->model : "?");
+                      "openai model '%s': 'options' is for api audio and voice",
+                      o->model ? o->model : "?");
+        api_ok = false;
+    }
+    if (api_ok && o->api == CFG_OPENAI_VOICE && !f[7]) {
+        bt_diag_error(l->diag, v->line, v->col,
+                      "openai model '%s': api voice needs 'transcript', the text stream of "
+                      "what was heard", o->model ? o->model : "?");
+        api_ok = false;
+    } else if (api_ok && o->api != CFG_OPENAI_VOICE && f[7]) {
+        bt_diag_error(l->diag, f[7]->line, f[7]->col,
+                      "openai model '%s': 'transcript' is for api voice",
+                      o->model ? o->model : "?");
         api_ok = false;
     }
     if (f[1] && cfg__str(l, f[1], "graph", &o->graph)) {
@@ -602,6 +620,16 @@ static void load_openai_one(cfg__loader *l, const yt_node *v, cfg_openai *o)
                 bt_diag_error(l->diag, f[4]->line, f[4]->col,
                               "openai model '%s': graph '%s' has no loop '%s'",
                               o->model ? o->model : "?", o->graph, o->loop);
+        }
+        if (g && o->transcript && api_ok) {
+            has_text = false;
+            scan_section(g->body, o->transcript, NULL, &has_text, &has_loop);
+            if (!has_text || (o->output && strcmp(o->output, o->transcript) == 0))
+                bt_diag_error(l->diag, f[7]->line, f[7]->col,
+                              "openai model '%s': graph '%s' streams no text value '%s' to the "
+                              "client apart from the answer's (an output with to: client, "
+                              "new_token: true, modality: text, and a name of its own: `as`)",
+                              o->model ? o->model : "?", o->graph, o->transcript);
         }
     }
 }

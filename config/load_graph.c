@@ -57,8 +57,8 @@ static void load_name_list(cfg__loader *l, const yt_node *v, const char *key, co
 
 static void load_edge(cfg__loader *l, const yt_node *v, cfg_edge *e)
 {
-    static const char *const keys[] = {"name",      "to",       "persist",  "stream",
-                                       "new_token", "modality", "shard_dim"};
+    static const char *const keys[] = {"name",      "to",       "persist",   "stream",
+                                       "new_token", "modality", "shard_dim", "as"};
     static const char *const modalities[] = {"text", "image", "audio", "tensor"};
     const yt_node *f[N_OF(keys)];
     const char *peek = cfg__peek_name(v);
@@ -106,6 +106,18 @@ static void load_edge(cfg__loader *l, const yt_node *v, cfg_edge *e)
     }
     if (f[6])
         yt_u32(f[6], "shard_dim", 0, 63, &e->shard_dim, l->diag);
+    /* Only the client reads values by a name of the edge's choosing: a node
+     * takes a value as the input of its own name. */
+    if (f[7] && cfg__str(l, f[7], "as", &e->as)) {
+        if (!e->as[0])
+            bt_diag_error(l->diag, f[7]->line, f[7]->col, "'as' must not be empty");
+        else if (!e->to || strcmp(e->to, "client") != 0)
+            bt_diag_error(l->diag, f[7]->line, f[7]->col,
+                          "'as' names a value for the client, and edge '%.64s' goes %s%s%s; a "
+                          "node takes a value as the input of the value's name",
+                          e->name ? e->name : "?", e->to ? "to '" : "nowhere",
+                          e->to ? e->to : "", e->to ? "'" : "");
+    }
 }
 
 static void load_edges(cfg__loader *l, const yt_node *v, const char *key, cfg_edge **out,

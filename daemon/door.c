@@ -336,8 +336,8 @@ static const char *is_text_stream(const graph *g, const char *name)
     for (size_t i = 0; i < g->n_edges; i++) {
         const graph_edge *e = &g->edges[i];
         if (e->consumer < 0 && e->new_token && e->modality && strcmp(e->modality, "text") == 0 &&
-            strcmp(g->values[e->value].name, name) == 0)
-            return g->values[e->value].name;
+            strcmp(e->client_name, name) == 0)
+            return e->client_name;
     }
     return NULL;
 }
@@ -359,7 +359,9 @@ static const char *text_stream(const graph *g, const char *named, char *why, siz
     const char *found = NULL;
     for (size_t i = 0; i < g->n_edges; i++) {
         const graph_edge *e = &g->edges[i];
-        const char *name = g->values[e->value].name;
+        if (e->consumer >= 0)
+            continue;
+        const char *name = e->client_name;
         if (!is_text_stream(g, name) || (found && strcmp(found, name) == 0))
             continue;
         if (found) {

@@ -40,7 +40,9 @@
 typedef struct gw_model {
     char *name, *graph, *input, *output, *loop;
     bool audio;                  /* api audio: the audio endpoints serve it, not chat */
-    char *options;               /* audio: the graph input of the options JSON */
+    bool voice;                  /* api voice: a chat whose one message is audio */
+    char *options;               /* audio, voice: the graph input of the options JSON */
+    char *transcript;            /* voice: the text stream of what was heard */
 } gw_model;
 
 struct gateway {
@@ -51,6 +53,7 @@ struct gateway {
     char server_public[BT_CURVE_Z85_SIZE]; /* the conductor's public key, Z85 */
     bt_curve_keypair keys;       /* the gateway's own pair; wiped at destroy */
     uint32_t max_body;           /* bytes */
+    uint64_t max_chat_body;      /* bytes of a chat body: more with a voice model's audio */
     uint64_t max_upload;         /* bytes of an audio form */
     pthread_mutex_t admin_mu;    /* guards admin */
     baton_client *admin;         /* owned: health and stats probes */
@@ -230,8 +233,9 @@ typedef struct gw_chat {
     size_t len, cap;
     bool completion;             /* POST /v1/completions: a text_completion, no chat */
     bool audio;                  /* an audio endpoint: transcript events and formats */
-    char *all;                   /* owned (audio): the whole transcript */
+    char *all;                   /* owned (audio, voice): the whole transcript */
     size_t all_len, all_cap;
+    size_t heard_sent;           /* voice, streamed: bytes of ALL sent as events */
     double duration;             /* audio: seconds, from the response's `duration`; -1 */
     uint32_t tokens;             /* text chunks received */
     bool ended;                  /* the terminal response came */
@@ -279,16 +283,26 @@ static int chat_step(gw_chat *ch, int timeout_ms)
     /* Stop strings and max_tokens are the conductor's (the native request
      * carries them): the text that comes is the answer's, and the response
      * says what ended it. */
+    bool heard = ev->kind == BATON_CLIENT_EVENT_CHUNK && !ch->cancelled &&
+                 ch->model->transcript && strcmp(ev->value.name, ch->model->transcript) == 0;
     if (ev->kind == BATON_CLIENT_EVENT_CHUNK && !ch->cancelled &&
-        strcmp(ev->value.name, ch->model->output) == 0) {
-        ch->tokens++;
-        if (ch->audio && ev->value.nbytes &&
-            BT_RESERVE_N(ch->all, ch->all_len, ch->all_cap, ev->value.nbytes + 1, 256) == 0) {
-            memcpy(ch->all + ch->all_len, ev->value.data, ev->value.nbytes);
-            ch->all_len += ev->value.nbytes;
-            ch->all[ch->all_len] = 0;
+        (heard || strcmp(ev->value.name, ch->model->output) == 0)) {
+        /* An audio transcription's text, or a voice chat's transcript, is
+         * kept whole as well. */
+        if (!heard)
+            ch->tokens++;
+        int keep = 0;
+        if ((heard || ch->audio) && ev->value.nbytes) {
+            keep = BT_RESERVE_N(ch->all, ch->all_len, ch->all_cap, ev->value.nbytes + 1, 256);
+            if (keep == 0) {
+                memcpy(ch->all + ch->all_len, ev->value.data, ev->value.nbytes);
+                ch->all_len += ev->value.nbytes;
+                ch->all[ch->all_len] = 0;
+            }
         }
-        if (text_add(ch, ev->value.data, ev->value.nbytes) != 0) {
+        if (keep == 0 && !heard)
+            keep = text_add(ch, ev->value.data, ev->value.nbytes);
+        if (keep != 0) {
             ch->cancelled = true;
             baton_client_cancel(ch->client, ch->id);
         }
@@ -384,6 +398,16 @@ static int next_event(gw_chat *ch)
     for (;;) {
         if (ch->sent_done)
             return 1;
+        if (ch->model->voice && ch->all_len > ch->heard_sent) {
+            /* A voice chat's transcript streams before the answer (whose
+             * prompt it is), as chunks with no choices. */
+            const char *h = ch->all + ch->heard_sent;
+            size_t n = oa_utf8_ready(h, ch->all_len - ch->heard_sent, ch->ended);
+            if (n) {
+                ch->heard_sent += n;
+                return set_out(ch, oa_transcript_event(ch->id, ch->created, ch->req.model, h, n));
+            }
+        }
         size_t ready = oa_utf8_ready(ch->text, ch->len, ch->ended);
         if (ready > 4096) {
             /* Long text goes in pieces, each cut between characters. */
@@ -536,9 +560,9 @@ static enum MHD_Result chat_error(struct MHD_Connection *conn, gw_chat *ch, cons
  * input) gets its HTTP error (chat_error with PARAM), not a stream. */
 static enum MHD_Result chat_stream(struct MHD_Connection *conn, gw_chat *ch, const char *param)
 {
-    while (!ch->ended && !ch->tokens)
+    while (!ch->ended && !ch->tokens && !ch->all_len)
         chat_step(ch, GW_RECV_MS);
-    if (ch->ended && ch->code != BATON_CLIENT_CODE_OK && !ch->tokens)
+    if (ch->ended && ch->code != BATON_CLIENT_CODE_OK && !ch->tokens && !ch->all_len)
         return chat_error(conn, ch, param);
     struct MHD_Response *resp = MHD_create_response_from_callback(
         MHD_SIZE_UNKNOWN, GW_STREAM_BLOCK, chat_read, ch, chat_read_free);
@@ -589,6 +613,26 @@ static enum MHD_Result serve_chat(gateway *g, struct MHD_Connection *conn, const
         chat_free(ch);
         return reply_oa_error(conn, MHD_HTTP_BAD_REQUEST, "invalid_request_error", err, "model");
     }
+    const gw_model *m = ch->model;
+    err[0] = 0;
+    if (m->voice && completion)
+        snprintf(err, sizeof(err), "the model '%.200s' answers speech: POST "
+                 "/v1/chat/completions with an input_audio part", m->name);
+    else if (m->voice && (ch->req.n_msgs != 1 || strcmp(ch->req.msgs[0].role, "user") != 0 ||
+                          !ch->req.audio || ch->req.msgs[0].content[0]))
+        /* The graph takes the audio alone: a system prompt or earlier turns
+         * would be dropped without a word, so they are refused. */
+        snprintf(err, sizeof(err), "the model '%.200s' answers one user message whose content "
+                 "is one input_audio part (graph '%.100s' takes the audio alone)", m->name,
+                 m->graph);
+    else if (!m->voice && ch->req.audio)
+        snprintf(err, sizeof(err), "the model '%.200s' takes text: an input_audio part is for "
+                 "a voice model", m->name);
+    if (err[0]) {
+        chat_free(ch);
+        return reply_oa_error(conn, MHD_HTTP_BAD_REQUEST, "invalid_request_error", err,
+                              completion ? "model" : "messages");
+    }
     snprintf(ch->id, sizeof(ch->id), "%s-%d-%llu", completion ? "cmpl" : "chatcmpl",
              (int)getpid(), (unsigned long long)++g->seq);
     ch->created = (int64_t)time(NULL);
@@ -596,16 +640,28 @@ static enum MHD_Result serve_chat(gateway *g, struct MHD_Connection *conn, const
     baton_client_sampling sp = {ch->req.temperature, ch->req.top_k, ch->req.top_p,
                                 ch->req.seed};
     rc = baton_client_request_create(ch->model->graph, ch->id, &r);
-    /* A chat goes as messages, which the model renders with its chat
-     * template; a completion's prompt as raw text, which it takes as is. */
-    for (size_t i = 0; rc == 0 && i < ch->req.n_msgs; i++)
-        rc = baton_client_request_add_message(r, ch->req.msgs[i].role, ch->req.msgs[i].content);
-    if (rc == 0 && completion)
-        rc = baton_client_request_add_text(r, ch->model->input, ch->req.prompt);
-    if (rc == 0 && completion)
-        rc = baton_client_request_add_raw_input(r, ch->model->input);
-    if (rc == 0 && !completion)
-        rc = baton_client_request_set_messages_input(r, ch->model->input);
+    if (m->voice) {
+        /* The audio file, and the transcription's options: greedy, so
+         * that the request's temperature samples the answer only. */
+        int64_t n = (int64_t)ch->req.audio_len;
+        if (rc == 0)
+            rc = baton_client_request_add_input(r, m->input, BATON_CLIENT_DTYPE_U8, &n, 1,
+                                                ch->req.audio, ch->req.audio_len);
+        if (rc == 0)
+            rc = baton_client_request_add_text(r, m->options, "{\"temperature\": 0}");
+    } else {
+        /* A chat goes as messages, which the model renders with its chat
+         * template; a completion's prompt as raw text, which it takes as is. */
+        for (size_t i = 0; rc == 0 && i < ch->req.n_msgs; i++)
+            rc = baton_client_request_add_message(r, ch->req.msgs[i].role,
+                                                  ch->req.msgs[i].content);
+        if (rc == 0 && completion)
+            rc = baton_client_request_add_text(r, ch->model->input, ch->req.prompt);
+        if (rc == 0 && completion)
+            rc = baton_client_request_add_raw_input(r, ch->model->input);
+        if (rc == 0 && !completion)
+            rc = baton_client_request_set_messages_input(r, ch->model->input);
+    }
     if (rc == 0)
         rc = baton_client_request_set_sampling(r, &sp);
     /* max_tokens and stop are the native request's own, on the model's
@@ -625,15 +681,22 @@ static enum MHD_Result serve_chat(gateway *g, struct MHD_Connection *conn, const
         chat_free(ch);
         return reply_oa_error(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "server_error", err, NULL);
     }
+    /* A voice model's bad audio is the message's fault: the decoder's
+     * refusal names it. */
+    const char *bad_param = m->voice ? "messages" : NULL;
     if (ch->req.stream)
-        return chat_stream(conn, ch, NULL);
+        return chat_stream(conn, ch, bad_param);
     while (!ch->ended)
         chat_step(ch, GW_RECV_MS);
     if (ch->code != BATON_CLIENT_CODE_OK)
-        return chat_error(conn, ch, NULL); /* frees CH */
+        return chat_error(conn, ch, bad_param); /* frees CH */
     oa_usage u = {ch->prompt_tokens, ch->completion_tokens};
-    char *body = (completion ? oa_completion_response : oa_chat_response)(
-        ch->id, ch->created, ch->req.model, ch->text ? ch->text : "", ch->len, ch->finish, &u);
+    const char *answer = ch->text ? ch->text : "";
+    char *body = m->voice ? oa_voice_response(ch->id, ch->created, ch->req.model, answer, ch->len,
+                                              ch->finish, &u, ch->all ? ch->all : "",
+                                              ch->all_len)
+                 : (completion ? oa_completion_response : oa_chat_response)(
+                       ch->id, ch->created, ch->req.model, answer, ch->len, ch->finish, &u);
     enum MHD_Result ok = body ? reply(conn, MHD_HTTP_OK, "application/json", body, strlen(body))
                               : MHD_NO;
     free(body);
@@ -837,7 +900,7 @@ static enum MHD_Result serve_models(gateway *g, struct MHD_Connection *conn)
 /* ---- routing -------------------------------------------------------------- */
 
 /* Collects a request body in HC, up to MAX bytes. */
-static void body_add(gw_conn *hc, const char *data, size_t n, uint32_t max)
+static void body_add(gw_conn *hc, const char *data, size_t n, uint64_t max)
 {
     if (hc->too_big || hc->len + n > max) {
         hc->too_big = true;
@@ -903,7 +966,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                      !f->bad[0])
                 snprintf(f->bad, sizeof(f->bad), "the multipart form is malformed");
         } else {
-            body_add(hc, upload_data, *upload_data_size, g->max_body);
+            body_add(hc, upload_data, *upload_data_size, g->max_chat_body);
         }
         *upload_data_size = 0;
         return MHD_YES;
@@ -1020,13 +1083,21 @@ int gateway_create(const gateway_options *opts, gateway **out)
         m->name = strdup(o->model), m->graph = strdup(o->graph), m->input = strdup(o->input);
         m->output = strdup(o->output), m->loop = o->loop ? strdup(o->loop) : NULL;
         m->audio = o->api == CFG_OPENAI_AUDIO;
+        m->voice = o->api == CFG_OPENAI_VOICE;
         m->options = o->options ? strdup(o->options) : NULL;
+        m->transcript = o->transcript ? strdup(o->transcript) : NULL;
         if (!m->name || !m->graph || !m->input || !m->output || (o->loop && !m->loop) ||
-            (o->options && !m->options)) {
+            (o->options && !m->options) || (o->transcript && !m->transcript)) {
             g->n_models++;
             goto err;
         }
     }
+    /* A voice chat's body carries its audio file in base64 (4 bytes for
+     * 3), up to the upload limit, besides the JSON around it. */
+    g->max_chat_body = g->max_body;
+    for (size_t i = 0; i < g->n_models; i++)
+        if (g->models[i].voice && g->max_upload / 3 * 4 + 65536 > g->max_chat_body)
+            g->max_chat_body = g->max_upload / 3 * 4 + 65536;
     if (opts->server_public && opts->own) {
         g->curve = true;
         memcpy(g->server_public, opts->server_public, sizeof(g->server_public));
@@ -1080,7 +1151,7 @@ void gateway_destroy(gateway *g)
     for (size_t i = 0; i < g->n_models; i++) {
         gw_model *m = &g->models[i];
         free(m->name), free(m->graph), free(m->input), free(m->output), free(m->loop);
-        free(m->options);
+        free(m->options), free(m->transcript);
     }
     free(g->models);
     free(g->endpoint);

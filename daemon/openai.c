@@ -1,6 +1,7 @@
 /* OpenAI's chat completions and completions APIs (daemon/openai.h), with
  * jansson. */
 #include <jansson.h>
+#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,24 +61,75 @@ static const char *role_of(const char *r)
     return NULL;
 }
 
-/* A message's content: a string, or an array of parts of which only
- * {"type": "text", "text": ...} are taken, joined in order.  Malloc'd, or
- * NULL with *WHAT set. */
-static char *content_of(const json_t *content, const char **what)
+/* An input_audio part's {"data", "format"} into C: the file's bytes from
+ * standard base64 (libsodium's decoder; line breaks are skipped).  0, or
+ * -1 with *WHAT set. */
+static int audio_of(const json_t *a, oa_chat *c, const char **what)
+{
+    static const char *const formats[] = {"wav", "mp3", "flac", "ogg"};
+    const json_t *data = json_object_get(a, "data"), *format = json_object_get(a, "format");
+    *what = "an input_audio part is {\"type\": \"input_audio\", \"input_audio\": {\"data\": "
+            "BASE64, \"format\": \"wav\"}}";
+    if (!json_is_object(a) || !json_is_string(data) || !json_is_string(format) ||
+        json_object_size(a) != 2)
+        return -1;
+    bool known = false;
+    for (size_t k = 0; k < sizeof(formats) / sizeof(*formats); k++)
+        known |= strcmp(json_string_value(format), formats[k]) == 0;
+    if (!known) {
+        *what = "an input_audio part's 'format' must be wav, mp3, flac or ogg";
+        return -1;
+    }
+    if (c->audio) {
+        *what = "only one input_audio part is taken in a request";
+        return -1;
+    }
+    size_t b64 = json_string_length(data), len = 0;
+    if (!(c->audio = malloc(b64 / 4 * 3 + 3))) {
+        *what = "out of memory";
+        return -1;
+    }
+    if (b64 == 0 ||
+        sodium_base642bin(c->audio, b64 / 4 * 3 + 3, json_string_value(data), b64, "\r\n", &len,
+                          NULL, sodium_base64_VARIANT_ORIGINAL) != 0 ||
+        len == 0) {
+        free(c->audio);
+        c->audio = NULL;
+        *what = b64 ? "an input_audio part's 'data' is not valid base64"
+                    : "an input_audio part's 'data' is empty";
+        return -1;
+    }
+    c->audio_len = len;
+    c->audio_msg = c->n_msgs;
+    snprintf(c->audio_format, sizeof(c->audio_format), "%s", json_string_value(format));
+    return 0;
+}
+
+/* A message's content: a string, or an array of parts: text parts
+ * ({"type": "text", "text": ...}), joined in order, and input_audio parts
+ * ({"type": "input_audio", "input_audio": {"data": BASE64, "format"}}),
+ * whose file goes to C (one in a request).  Malloc'd, or NULL with *WHAT
+ * set. */
+static char *content_of(const json_t *content, oa_chat *c, const char **what)
 {
     if (json_is_string(content))
         return strndup(json_string_value(content), json_string_length(content));
-    *what = "a message's 'content' must be a string or an array of text parts";
+    *what = "a message's 'content' must be a string or an array of text or input_audio parts";
     if (!json_is_array(content))
         return NULL;
     size_t i, n = 0;
     const json_t *part;
     json_array_foreach(content, i, part) {
         const json_t *type = json_object_get(part, "type"), *text = json_object_get(part, "text");
+        if (json_is_string(type) && strcmp(json_string_value(type), "input_audio") == 0) {
+            if (audio_of(json_object_get(part, "input_audio"), c, what) != 0)
+                return NULL;
+            continue;
+        }
         if (!json_is_string(type) || strcmp(json_string_value(type), "text") != 0 ||
             !json_is_string(text)) {
-            *what = "only text parts ({\"type\": \"text\", \"text\": ...}) are supported in "
-                    "a message's content";
+            *what = "only text parts ({\"type\": \"text\", \"text\": ...}) and input_audio "
+                    "parts are supported in a message's content";
             return NULL;
         }
         n += json_string_length(text);
@@ -87,6 +139,8 @@ static char *content_of(const json_t *content, const char **what)
         return NULL;
     json_array_foreach(content, i, part) {
         const json_t *text = json_object_get(part, "text");
+        if (!json_is_string(text))
+            continue;
         memcpy(at, json_string_value(text), json_string_length(text));
         at += json_string_length(text);
     }
@@ -116,7 +170,7 @@ static int parse_messages(const json_t *msgs, oa_chat *c, char *err, size_t errl
                         "(or developer), user and assistant",
                         json_string_value(role));
         const char *what = "out of memory";
-        char *text = content_of(content, &what);
+        char *text = content_of(content, c, &what);
         if (!text)
             return fail(err, errlen, param, paramlen, "messages", "%s", what);
         c->msgs[c->n_msgs++] = (oa_msg){r, text};
@@ -338,6 +392,9 @@ void oa_chat_free(oa_chat *c)
     c->n_msgs = 0;
     free(c->prompt);
     c->prompt = NULL;
+    free(c->audio);
+    c->audio = NULL;
+    c->audio_len = 0;
     for (size_t i = 0; i < c->n_stop; i++)
         free(c->stop[i]);
     c->n_stop = 0;
@@ -408,15 +465,34 @@ static json_t *usage_json(const oa_usage *u)
                      (json_int_t)u->prompt + (json_int_t)u->completion);
 }
 
-char *oa_chat_response(const char *id, int64_t created, const char *model, const char *text,
-                       size_t len, const char *finish, const oa_usage *usage)
+static json_t *chat_response(const char *id, int64_t created, const char *model,
+                             const char *text, size_t len, const char *finish,
+                             const oa_usage *usage)
 {
     json_t *msg = json_pack("{s:s, s:o}", "role", "assistant", "content", text_json(text, len));
     json_t *choice = json_pack("{s:i, s:o, s:s, s:n}", "index", 0, "message", msg,
                                "finish_reason", finish, "logprobs");
-    return dump(json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", id, "object",
-                          "chat.completion", "created", (json_int_t)created, "model", model,
-                          "choices", choice, "usage", usage_json(usage)));
+    return json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", id, "object", "chat.completion",
+                     "created", (json_int_t)created, "model", model, "choices", choice, "usage",
+                     usage_json(usage));
+}
+
+char *oa_chat_response(const char *id, int64_t created, const char *model, const char *text,
+                       size_t len, const char *finish, const oa_usage *usage)
+{
+    return dump(chat_response(id, created, model, text, len, finish, usage));
+}
+
+char *oa_voice_response(const char *id, int64_t created, const char *model, const char *text,
+                        size_t len, const char *finish, const oa_usage *usage,
+                        const char *heard, size_t heard_len)
+{
+    json_t *r = chat_response(id, created, model, text, len, finish, usage);
+    if (r && json_object_set_new(r, "transcript", text_json(heard, heard_len)) != 0) {
+        json_decref(r);
+        r = NULL;
+    }
+    return dump(r);
 }
 
 /* "data: JS\n\n" for the JSON text JS (freed).  Malloc'd, or NULL. */
@@ -438,6 +514,14 @@ char *oa_chat_usage_event(const char *id, int64_t created, const char *model,
     return sse(dump(json_pack("{s:s, s:s, s:I, s:s, s:[], s:o}", "id", id, "object",
                               "chat.completion.chunk", "created", (json_int_t)created, "model",
                               model, "choices", "usage", usage_json(usage))));
+}
+
+char *oa_transcript_event(const char *id, int64_t created, const char *model, const char *heard,
+                          size_t len)
+{
+    return sse(dump(json_pack("{s:s, s:s, s:I, s:s, s:[], s:o}", "id", id, "object",
+                              "chat.completion.chunk", "created", (json_int_t)created, "model",
+                              model, "choices", "transcript", text_json(heard, len))));
 }
 
 char *oa_chat_event(const char *id, int64_t created, const char *model, const char *text,

@@ -34,10 +34,19 @@ typedef struct oa_chat {
     bool include_usage;     /* stream_options.include_usage: a last event with the usage */
     char *stop[OA_MAX_STOP];  /* owned: strings the answer stops before (not included) */
     size_t n_stop;
+    /* An {"type": "input_audio"} part of a message (at most one per
+     * request): its file's bytes, decoded from base64. */
+    uint8_t *audio;         /* owned; NULL: none */
+    size_t audio_len;       /* bytes */
+    size_t audio_msg;       /* the message that holds it */
+    char audio_format[8];   /* wav, mp3, flac or ogg */
 } oa_chat;
 
 /* Parses BODY (LEN bytes).  0, or BT_EINVAL with ERR saying what is wrong
- * and PARAM (may be "") naming the field, in OpenAI's terms. */
+ * and PARAM (may be "") naming the field, in OpenAI's terms.  A message's
+ * content may hold one {"type": "input_audio", "input_audio": {"data":
+ * BASE64, "format": "wav"}} part in the whole request (wav, mp3, flac,
+ * ogg); whether the model takes it is the caller's to say. */
 int oa_chat_parse(const char *body, size_t len, oa_chat *out, char *err, size_t errlen,
                   char *param, size_t paramlen);
 /* The same for POST /v1/completions: prompt (one string), max_tokens
@@ -59,6 +68,16 @@ typedef struct oa_usage {
  * "completion_tokens", "total_tokens"}}.  Malloc'd, or NULL. */
 char *oa_chat_response(const char *id, int64_t created, const char *model, const char *text,
                        size_t len, const char *finish, const oa_usage *usage);
+/* The same with "transcript": HEARD, the text of the audio the request's
+ * message held (a voice model's answer; an extension of OpenAI's shape). */
+char *oa_voice_response(const char *id, int64_t created, const char *model, const char *text,
+                        size_t len, const char *finish, const oa_usage *usage,
+                        const char *heard, size_t heard_len);
+/* A stream's piece of that transcript: a chat.completion.chunk with no
+ * choices and "transcript": HEARD (LEN bytes); the pieces in order are the
+ * transcript.  Malloc'd, or NULL. */
+char *oa_transcript_event(const char *id, int64_t created, const char *model, const char *heard,
+                          size_t len);
 
 /* The last event of a stream that asked for it (stream_options
  * include_usage): a chunk with no choices and the usage. */

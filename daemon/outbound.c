@@ -248,11 +248,13 @@ int out_queue_limit(out_queue *q, const graph *g, const char *text_output,
         return BT_ENOMEM;
     for (size_t i = 0; i < g->n_edges; i++) {
         const graph_edge *e = &g->edges[i];
-        const char *name = g->values[e->value].name;
+        if (e->consumer >= 0 || !e->new_token)
+            continue;
+        const char *name = e->client_name;
         bool seen = false;
         for (size_t k = 0; k < q->n_kept && !seen; k++)
             seen = strcmp(q->kept[k].name, name) == 0;
-        if (e->consumer >= 0 || !e->new_token || seen)
+        if (seen)
             continue;
         q->kept[q->n_kept].name = name;
         q->kept[q->n_kept].modality = e->modality ? e->modality : "";

@@ -121,7 +121,7 @@ static void send_chunk(rt_runtime *rt, rt_request *r, const graph_value *gv,
     if (!a)
         return;
     a->u.chunk.seq = r->seq++;
-    a->u.chunk.name = gv->name;
+    a->u.chunk.name = e->client_name;
     a->u.chunk.modality = e->modality;
     a->u.chunk.tensor = t;
     a->u.chunk.node = gv->producer;
@@ -155,7 +155,7 @@ void reg_emit(rt_runtime *rt, rt_request *r, int vi, const rt_iter *p, rt_tensor
                 if (r->stream)
                     send_chunk(rt, r, gv, e, p, t);
                 else
-                    out_append(rt, r, gv->name, e->modality, t);
+                    out_append(rt, r, e->client_name, e->modality, t);
             } else if (e->consumer >= 0 && e->stream) {
                 /* The final mark rides on the last chunk: one dispatch less. */
                 deliver_chunk(rt, r, gv->edges[k], p, t, final);
@@ -176,12 +176,12 @@ void reg_emit(rt_runtime *rt, rt_request *r, int vi, const rt_iter *p, rt_tensor
         const graph_edge *e = &g->edges[gv->edges[k]];
         if (e->consumer < 0) {
             if (!e->new_token) {
-                out_append(rt, r, gv->name, e->modality, (rt_tensor){0, 0});
+                out_append(rt, r, e->client_name, e->modality, (rt_tensor){0, 0});
                 for (uint32_t i = 0; i < vs->parts.n; i++)
-                    out_append(rt, r, gv->name, e->modality, vs->parts.t[i]);
+                    out_append(rt, r, e->client_name, e->modality, vs->parts.t[i]);
             } else if (!r->stream) {
                 /* A client value that produced nothing still appears. */
-                out_append(rt, r, gv->name, e->modality, (rt_tensor){0, 0});
+                out_append(rt, r, e->client_name, e->modality, (rt_tensor){0, 0});
             }
         } else if (e->stream) {
             if (!t.id)

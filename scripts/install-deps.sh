@@ -15,6 +15,7 @@ PKGS=(
   libzmq3-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler
   libyaml-dev libjemalloc-dev libopenblas-dev libsystemd-dev
   libmicrohttpd-dev libjansson-dev
+  libsodium-dev            # base64 of the audio in a voice chat's message
   libfftw3-dev             # the FFT of Whisper's log-mel features
   libsndfile1-dev libsoxr-dev  # audio files decoded, resampled to 16 kHz
   python3 python3-pip python3-zmq python3-protobuf python3-yaml
@@ -24,6 +25,7 @@ TEST_PKGS=(
   libcmocka-dev
   prometheus               # promtool, which checks the /metrics text in the tests
   iproute2                 # `ip netns`, the hosts of the multi-host tests
+  espeak-ng                # spoken clips of known sentences for bench_whisper's WER
 )
 case "${1:-}" in
   --build) ;;

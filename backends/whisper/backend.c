@@ -26,7 +26,10 @@
  *             signal.
  *
  * The options JSON: {"language": "en" (default: detected from the first
- * step, as Whisper does), "task": "transcribe" | "translate"}.
+ * step, as Whisper does), "task": "transcribe" | "translate",
+ * "temperature": 0 (default: the request's)}.  A temperature of its own
+ * lets a graph that chains Whisper into an LLM (a voice chat) transcribe
+ * greedily while the request's temperature samples the answer.
  *
  * A request keeps its decoding slot (the KV caches, in the engine) from its
  * first decode to its end; more requests than slots at once are refused
@@ -60,6 +63,7 @@ typedef struct wh_session {
     int slot;                    /* decoding slot, -1: none */
     int32_t lang;                /* language token, -1: detect at the first window */
     int32_t task;                /* <|transcribe|> or <|translate|> */
+    float temperature;           /* options' temperature; < 0: the request's */
     int content;                 /* feature frames of the audio */
     int seek;                    /* the current window's first frame */
     int n_prompt;                /* tokens of the prompt in the slot */
@@ -174,10 +178,11 @@ static baton_status model_load(const baton_load_params *p, baton_model **out, ch
     m->win = malloc((size_t)m->slots * m->s->n_frames * m->s->n_mels * sizeof(float));
     char report[512];
     snprintf(report, sizeof(report),
-             "whisper on %s: d_model %d, %d+%d layers, %d mel bands, vocabulary %d; %s products; "
-             "%d decoding slots; %.1f MiB of weights",
+             "whisper on %s: d_model %d, %d+%d layers, %d mel bands, vocabulary %d; %s products "
+             "for the audio, %s for the tokens; %d decoding slots; %.1f MiB of weights",
              m->device, m->s->d_model, m->s->enc_layers, m->s->dec_layers, m->s->n_mels,
-             m->s->vocab, m->s->weight == KD_Q8_0 ? "8-bit" : "f32", m->slots,
+             m->s->vocab, m->s->audio_weight == KD_Q8_0 ? "8-bit" : "f32",
+             m->s->weight == KD_Q8_0 ? "8-bit" : "f32", m->slots,
              (double)weng_weight_bytes(m->eng) / (1024.0 * 1024.0));
     m->report = strdup(report);
     if (!m->owner || !m->logits || !m->win || !m->report) {
@@ -214,6 +219,7 @@ static baton_status session_open(baton_model *m, uint64_t key, baton_session **o
     s->slot = -1;
     s->lang = -1;
     s->task = wtok_specials(m->tok)->transcribe;
+    s->temperature = -1.0f;
     *out = (baton_session *)s;
     return BATON_STATUS_OK;
 }
@@ -366,9 +372,18 @@ static int read_options(baton_model *m, baton_ctx *ctx, baton_item *it, wh_sessi
                 rc = -1;
                 break;
             }
+        } else if (!strcmp(key, "temperature")) {
+            double t = json_number_value(v);
+            if (!json_is_number(v) || !(t >= 0 && t <= 2)) {
+                failf(ctx, it, BATON_STATUS_INVALID_ARGUMENT,
+                      "input 'options': temperature is a number from 0 to 2");
+                rc = -1;
+                break;
+            }
+            s->temperature = (float)t;
         } else {
             failf(ctx, it, BATON_STATUS_INVALID_ARGUMENT,
-                  "input 'options': unknown key '%s' (language, task)", key);
+                  "input 'options': unknown key '%s' (language, task, temperature)", key);
             rc = -1;
             break;
         }
@@ -599,8 +614,8 @@ static void choose(baton_model *m, baton_ctx *ctx, baton_item *it, float *row)
     wh_session *s = (wh_session *)it->session;
     const wtok_special *sp = wtok_specials(m->tok);
     wdec_filter(&m->rules, row, s->n_sampled);
-    int32_t t = wdec_pick(&m->rules, row, it->sampling.temperature, it->sampling.seed,
-                          s->counter++);
+    float temp = s->temperature >= 0 ? s->temperature : it->sampling.temperature;
+    int32_t t = wdec_pick(&m->rules, row, temp, it->sampling.seed, s->counter++);
     bool end = t == sp->eot || s->n_sampled >= WH_MAX_NEW ||
                s->n_prompt + s->n_sampled >= weng_ctx(m->eng);
     char text[64];

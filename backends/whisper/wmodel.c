@@ -22,6 +22,10 @@ kdtype wm_param_dtype(const wm_shape *s, const char *name)
 {
     size_t n = strlen(name);
     bool matrix = n > 2 && !strcmp(name + n - 2, ".w") && strcmp(name, "e.conv1.w") != 0;
+    bool audio = !strncmp(name, "e.", 2) || (n > 5 && (!strcmp(name + n - 5, ".xk.w") ||
+                                                      !strcmp(name + n - 5, ".xv.w")));
+    if (matrix && audio)
+        return s->audio_weight;
     return matrix || !strcmp(name, "d.emb") ? s->weight : KD_F32;
 }
 
@@ -160,7 +164,8 @@ static bool shape_ok(const wm_shape *s)
     return s && s->d_model > 0 && s->heads > 0 && s->d_model % s->heads == 0 &&
            s->enc_layers > 0 && s->dec_layers > 0 && s->ffn > 0 && s->n_mels > 0 &&
            s->n_frames > 2 && s->n_audio == (s->n_frames + 1) / 2 && s->n_text > 0 &&
-           s->vocab > 0 && (s->weight == KD_F32 || s->weight == KD_Q8_0);
+           s->vocab > 0 && (s->weight == KD_F32 || s->weight == KD_Q8_0) &&
+           (s->audio_weight == KD_F32 || s->audio_weight == KD_Q8_0);
 }
 
 static kg_graph *finish(builder *b)

@@ -35,7 +35,6 @@ import array
 import json
 import os
 import re
-import resource
 import statistics
 import subprocess
 import sys
@@ -143,6 +142,31 @@ def clip(jfk, seconds):
     return out[:n]
 
 
+def start_batond(folder, text):
+    """batond serving the config TEXT (written into FOLDER, whose baton.sock
+    is its client endpoint) once it is ready: (process, log file, endpoint)."""
+    cfg = os.path.join(folder, "baton.yaml")
+    with open(cfg, "w") as f:
+        f.write(text)
+    log = open(os.path.join(folder, "batond.log"), "w")
+    proc = subprocess.Popen([os.path.join(BUILD, "batond"), "--config", cfg], stdout=log,
+                            stderr=subprocess.STDOUT)
+    endpoint = "ipc://%s/baton.sock" % folder
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            with bc.Client(endpoint, connect_timeout_ms=1000) as c:
+                if c.health().ready:
+                    return proc, log, endpoint
+        except Exception:
+            pass
+        if proc.poll() is not None:
+            break
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("batond did not start; see %s/batond.log" % folder)
+
+
 class Baton:
     def __init__(self, activations, tmp):
         self.dir = tempfile.mkdtemp(prefix="baton-bench-whisper-", dir=tmp)
@@ -152,38 +176,27 @@ class Baton:
         text = text.replace("models/whisper-base", MODEL)
         text = re.sub(r"(?m)^  http_listen: .*\n", "", text)
         text = re.sub(r"(?m)^  log_level: .*$", "  log_level: warning", text)
-        text = re.sub(r"max_batch: \d+", "max_batch: %d" % CONCURRENT, text)
+        text = re.sub(r"(name: whisper\n(?:    .*\n)*?    max_batch: )\d+",
+                      r"\g<1>%d" % CONCURRENT, text)
+        text = text.replace("models/smollm2", os.path.join(ROOT, "models/smollm2"))
         text = re.sub(r"threads: \d+", "threads: %d" % THREADS, text)
         text = text.replace("max_audio_s: 600}", "max_audio_s: 600, activations: %s}" % activations)
-        cfg = os.path.join(self.dir, "baton.yaml")
-        with open(cfg, "w") as f:
-            f.write(text)
-        self.log = open(os.path.join(self.dir, "batond.log"), "w")
-        self.proc = subprocess.Popen([os.path.join(BUILD, "batond"), "--config", cfg],
-                                     stdout=self.log, stderr=subprocess.STDOUT)
-        self.endpoint = "ipc://%s/baton.sock" % self.dir
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            try:
-                with bc.Client(self.endpoint, connect_timeout_ms=1000) as c:
-                    if c.health().ready:
-                        return
-            except Exception:
-                pass
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.2)
-        raise RuntimeError("batond did not start; see %s/batond.log" % self.dir)
+        self.proc, self.log, self.endpoint = start_batond(self.dir, text)
 
     def peak_rss_kb(self):
-        """VmHWM of batond and of its children (the worker)."""
+        """VmHWM of batond and of Whisper's worker, cpu0 (voice.yaml's
+        second worker holds the LLM of its voice chat, idle here)."""
         total = 0
         pids = [self.proc.pid]
         try:
             with open("/proc/%d/task/%d/children" % (self.proc.pid, self.proc.pid)) as f:
-                pids += [int(p) for p in f.read().split()]
+                kids = [int(p) for p in f.read().split()]
         except OSError:
-            pass
+            kids = []
+        for pid in kids:
+            with open("/proc/%d/cmdline" % pid, "rb") as f:
+                if b"\0cpu0\0" in f.read():
+                    pids.append(pid)
         for pid in pids:
             with open("/proc/%d/status" % pid) as f:
                 for line in f:

@@ -13,8 +13,9 @@ test can check what the client put on the wire. Graphs:
               a cancel is answered at once (NOT_FOUND for an id not held)
   garbage  -> a frame that is not a ServerMessage, then nothing
   other    -> echo: with stream, each U8 input is sent as text chunks (one per
-              word) and left out of the response; every other input comes back
-              as an output of the same name. One timing entry per input.
+              word, named "text"; for graph "named", named as the input) and
+              left out of the response; every other input comes back as an
+              output of the same name. One timing entry per input.
 It exits after 60 s without a message, or on SIGTERM.
 """
 
@@ -57,7 +58,7 @@ def echo(sock, peer, req):
                 m = pb.ServerMessage()
                 m.chunk.request_id = req.request_id
                 m.chunk.seq = seq
-                m.chunk.value.name = "text"
+                m.chunk.value.name = t.name if req.graph == "named" else "text"
                 m.chunk.value.dtype = pb.U8
                 m.chunk.value.dims.append(len(piece))
                 m.chunk.value.data = piece

@@ -191,6 +191,12 @@ EOF
   expect_rc 0 "transcribe --graph" "$CTL" "${E[@]}" transcribe "$tmp/clip.wav" --graph voice
   tr_req=$("$PY" -c 'import base64,json,sys; q=json.loads(open(sys.argv[1]).readlines()[-1])["infer"]; print(q["graph"], [base64.b64decode(t.get("data", "")).decode() for t in q["inputs"]][1])' "$tmp/requests.log")
   [ "$tr_req" = "voice {}" ] && ok || bad "transcribe --graph: the request had $tr_req"
+  # Two text streams (a voice chat's): each from a line of its own after
+  # its name; a stream called text keeps no label.
+  expect_rc 0 "two text streams" "$CTL" "${E[@]}" infer named --stream \
+    --input transcript=text:'what is it' --input answer=text:'a test' --input text=text:'plain'
+  [ "$(printf '%s\n' "$out" | head -3)" = "$(printf 'transcript: what is it\nanswer: a test\nplain')" ] &&
+    ok || bad "two text streams: printed $out"
   expect_rc 2 "transcribe --task" "$CTL" "${E[@]}" transcribe "$tmp/clip.wav" --task sing
   expect_out "--task: 'sing' is transcribe or translate" "transcribe --task"
   expect_rc 2 "transcribe --language" "$CTL" "${E[@]}" transcribe "$tmp/clip.wav" --language 'e"n'

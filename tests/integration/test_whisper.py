@@ -1,6 +1,7 @@
 """Speech to text end to end: a real batond serving
-config/examples/voice.yaml (the whisper backend on one CPU worker), driven
-through the Python client (client/python/baton_client.py):
+config/examples/voice.yaml (the whisper backend on one CPU worker, SmolLM2
+on another), driven through the Python client
+(client/python/baton_client.py):
 
   - the JFK clip as a WAV file's bytes gives faster-whisper's text (the
     text of tests/unit/data/whisper-ids.tsv), streamed token by token,
@@ -18,13 +19,18 @@ through the Python client (client/python/baton_client.py):
     libsndfile, when it writes MP3), the `openai` package (when
     test_openai.py's venv is there; else SKIP), and the 400/404/413 answers
     to bad uploads;
-  - afterwards no tensor is left in the worker's pool.
+  - the voice chat (graph voice_chat): the transcript streams as
+    `transcript`, then the answer as `answer`; the answer is the one the
+    chat graph gives for the transcript as its prompt; without stream both
+    come as outputs of those names;
+  - afterwards no tensor is left in the workers' pools.
 
-Exit status: 0 when every check passed, 1 on a failure, 77 when the model
-or the clip is absent (the caller reports SKIP; scripts/fetch-model.sh
-whisper-base jfk).  On a failure the daemon's folder is kept with its
+Exit status: 0 when every check passed, 1 on a failure, 77 when a model or
+the clip is absent (the caller reports SKIP; scripts/fetch-model.sh
+whisper-base smollm2 jfk).  On a failure the daemon's folder is kept with its
 batond.log (tests/integration/evidence.py)."""
 import array
+import base64
 import ctypes
 import ctypes.util
 import json
@@ -48,10 +54,39 @@ BUILD = os.environ.get("BUILD", "build")
 if not os.path.isabs(BUILD):
     BUILD = os.path.join(ROOT, BUILD)
 MODEL = os.path.join(ROOT, "models/whisper-base/model.bin")
+LLM = os.path.join(ROOT, "models/smollm2-135m-instruct-q4_1.gguf")
 README = os.path.join(ROOT, "README.md")
 JFK = os.path.join(ROOT, "models/samples/jfk.wav")
 
 failures = []
+
+# Appended to voice.yaml's graphs: the chat of config/examples/chat-cpu.yaml
+# on voice_chat's LLM.
+CHAT_GRAPH = """  - name: chat
+    inputs: [prompt]
+    body:
+      sequential:
+        - node:
+            name: prefill
+            model: llm
+            mode: prefill
+            inputs: [prompt]
+            outputs:
+              - {name: token, to: decode}
+              - {name: text, to: client, new_token: true, modality: text}
+        - loop:
+            name: decode_loop
+            max_iters: 256
+            body:
+              node:
+                name: decode
+                model: llm
+                mode: decode
+                inputs: [token]
+                outputs:
+                  - {name: token, to: decode}
+                  - {name: text, to: client, new_token: true, modality: text}
+"""
 
 
 def check(cond, what):
@@ -76,6 +111,7 @@ class Server:
             text = f.read()
         text = text.replace("/tmp/baton", self.dir)
         text = text.replace("models/whisper-base", os.path.join(ROOT, "models/whisper-base"))
+        text = text.replace("models/smollm2", os.path.join(ROOT, "models/smollm2"))
         text = re.sub(r"(?m)^  log_level: .*$", "  log_level: warning", text)
         s = socket.socket()
         s.bind(("127.0.0.1", 0))
@@ -87,8 +123,19 @@ class Server:
         # A small upload limit, so that 413 is cheap to reach.
         text, n = re.subn(r"(?m)^  max_message_bytes: .*$", "  max_message_bytes: 4194304", text)
         assert n == 1, "voice.yaml no longer sets max_message_bytes"
-        text, n = re.subn(r"max_batch: \d+", "max_batch: 4", text)
+        text, n = re.subn(r"(name: whisper\n(?:    .*\n)*?    max_batch: )\d+", r"\g<1>4", text)
         assert n == 1, "voice.yaml no longer sets the whisper model's max_batch"
+        # The LLM of voice_chat on its own: the answer to the transcript.
+        text, n = re.subn(r"\n(# The OpenAI)", "\n" + CHAT_GRAPH + r"\n\1", text)
+        assert n == 1, "voice.yaml no longer ends with its openai section"
+        text += "  - {model: smollm2, graph: chat, input: prompt, output: text}\n"
+        if os.environ.get("BATON_TEST_SAN") == "1":
+            # Under the sanitizers the 8-bit kernels run instrumented, 3x
+            # slower than OpenBLAS's (which is not): f32 activations keep
+            # this test within its limit.  The q8 path is checked under
+            # them by test_whisper_engine, and here by `make test`.
+            text, n = re.subn(r"max_audio_s: 600}", "max_audio_s: 600, activations: f32}", text)
+            assert n == 1, "voice.yaml's whisper options changed"
         self.config = os.path.join(self.dir, "baton.yaml")
         with open(self.config, "w") as f:
             f.write(text)
@@ -239,12 +286,6 @@ def check_http(srv, want):
                           "Content-Type: application/json", "-d", '{"model": "whisper-base"}',
                           "http://127.0.0.1:%d%s" % (srv.port, t)], capture_output=True).stdout
     check(out.endswith(b"400") and b"not a form" in out, "a JSON body: %r" % out[:200])
-    venv_py = os.path.join(os.path.expanduser(os.environ.get("BATON_TEST_CACHE",
-                                                             "~/.cache/baton-test")),
-                           "openai-venv", "bin", "python")
-    if not os.path.exists(venv_py):
-        print("SKIP the openai package: no venv (tests/integration/test_openai.py makes it)")
-        return
     script = r"""
 import json, sys, openai
 c = openai.OpenAI(base_url=sys.argv[1], api_key="none")
@@ -258,20 +299,157 @@ except openai.BadRequestError as e:
     bad = "400"
 print(json.dumps({"text": r.text, "events": ev, "bad": bad}))
 """
+    got = openai_script(srv, script, "the openai package")
+    if got is not None:
+        check(got.get("text") == want and got.get("events", [""])[-1] == "transcript.text.done"
+              and got.get("bad") == "400", "the openai package: %s" % got)
+
+
+def joined(chunks, name):
+    return b"".join(c.tensor.data for c in chunks if c.tensor.name == name).decode()
+
+
+def check_voice_chat(srv, wav, want):
+    with srv.client() as c:
+        r = c.infer("voice_chat", {"audio": wav, "options": options(language="en")}, stream=True)
+        check(r.ok, "voice_chat: %s %s" % (r.status, r.message))
+        names = [ch.tensor.name for ch in r.chunks]
+        heard, answer = joined(r.chunks, "transcript"), joined(r.chunks, "answer")
+        check(heard == want, "voice_chat: the transcript streams as 'transcript': %r" % heard)
+        check(answer.strip() and set(names) == {"transcript", "answer"} and
+              names.index("answer") > len(names) - 1 - names[::-1].index("transcript"),
+              "voice_chat: then the answer as 'answer': %r" % answer)
+        check(r.loop_ends.get("answer_loop") in ("finish", "max_iters"),
+              "voice_chat: the answer's loop ended: %r" % r.loop_ends)
+        # The LLM's answer is the chat graph's for the transcript as the
+        # prompt (both greedy, one at a time).
+        chat = c.infer("chat", {"prompt": want})
+        check(chat.ok and chat.text() == answer,
+              "voice_chat: the chat graph answers the transcript alike: %r" % chat.text())
+        r2 = c.infer("voice_chat", {"audio": wav, "options": options(language="en")},
+                     stream=False)
+        check(r2.ok and r2.text("transcript") == want and r2.text("answer") == answer,
+              "voice_chat without stream: outputs transcript and answer: %r" %
+              sorted(r2.tensors))
+        # The transcription's own temperature (options) over the request's:
+        # greedy words, whatever the answer samples at.
+        r3 = c.infer("voice_chat", {"audio": wav, "options": options(language="en",
+                                                                      temperature=0)},
+                     sampling={"temperature": 1.5, "seed": 3}, max_iters={"answer_loop": 4})
+        check(r3.ok and r3.text("transcript") == want,
+              "options temperature 0, request temperature 1.5: the greedy transcript (%s %r)"
+              % (r3.status, r3.text("transcript") if r3.ok else r3.message))
+        r3 = transcribe(c, wav, options(temperature=3), stream=False)
+        check(r3.status == "INVALID_ARGUMENT" and "temperature" in r3.message,
+              "options temperature 3: %s %s" % (r3.status, r3.message))
+    return answer
+
+
+def post_json(srv, body, path="/v1/chat/completions"):
+    """POST BODY (a dict) as JSON to the gateway with curl: (status, body)."""
+    args = ["curl", "-s", "-N", "-w", "\n%{http_code}", "-H", "Content-Type: application/json",
+            "--data-binary", "@-", "http://127.0.0.1:%d%s" % (srv.port, path)]
+    out = subprocess.run(args, input=json.dumps(body).encode(), capture_output=True,
+                         timeout=limits.test_limit(300)).stdout
+    body, _, code = out.rpartition(b"\n")
+    return int(code or 0), body.decode("utf-8", "replace")
+
+
+def check_voice_http(srv, wav, want, answer):
+    """voice-chat over POST /v1/chat/completions: an input_audio part in,
+    the answer as the message and the transcript beside it."""
+    b64 = base64.b64encode(wav).decode()
+    audio = {"type": "input_audio", "input_audio": {"data": b64, "format": "wav"}}
+    msgs = [{"role": "user", "content": [audio]}]
+    code, body = post_json(srv, {"model": "voice-chat", "messages": msgs, "temperature": 0})
+    r = json.loads(body) if code == 200 else {}
+    content = r.get("choices", [{}])[0].get("message", {}).get("content")
+    check(code == 200 and r.get("transcript") == want and content == answer,
+          "voice-chat: the answer, and the transcript beside it (%d %s)" % (code, body[:300]))
+    code, body = post_json(srv, {"model": "voice-chat", "messages": msgs, "temperature": 0,
+                                 "stream": True, "stream_options": {"include_usage": True}})
+    events = [ln[6:] for ln in body.splitlines() if ln.startswith("data: ")]
+    chunks = [json.loads(e) for e in events if e != "[DONE]"]
+    heard = "".join(c.get("transcript", "") for c in chunks)
+    said = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    kinds = ["t" if "transcript" in c else "a" for c in chunks if "transcript" in c or c["choices"]]
+    check(code == 200 and heard == want and said == answer and events[-1] == "[DONE]" and
+          "".join(kinds).startswith("t") and "t" not in "".join(kinds).lstrip("t") and
+          chunks[-1].get("usage", {}).get("completion_tokens", 0) > 0,
+          "voice-chat streamed: the transcript's pieces, then the answer's (%d, %d events)"
+          % (code, len(events)))
+    code, body = post_json(srv, {"model": "voice-chat", "messages": msgs, "temperature": 0,
+                                 "max_tokens": 3})
+    r = json.loads(body) if code == 200 else {}
+    check(code == 200 and r["choices"][0]["finish_reason"] == "length" and
+          r.get("transcript") == want,
+          "voice-chat: max_tokens cuts the answer, not the transcript (%d %s)" % (code, body[:300]))
+    for b, words, what in [
+            ({"model": "voice-chat", "messages": [{"role": "user", "content": "hi"}]},
+             "one input_audio part", "a text message to voice-chat"),
+            ({"model": "voice-chat", "messages": [{"role": "system", "content": "Be brief."}] +
+              msgs}, "one input_audio part", "a system message beside the audio"),
+            ({"model": "smollm2", "messages": msgs}, "takes text", "audio to a text model"),
+            ({"model": "voice-chat", "messages": [{"role": "user", "content": [
+                {"type": "input_audio", "input_audio": {"data": "!!", "format": "wav"}}]}]},
+             "not valid base64", "bad base64"),
+            ({"model": "voice-chat", "messages": [{"role": "user", "content": [
+                {"type": "input_audio", "input_audio": {"data": b64, "format": "aiff"}}]}]},
+             "'format'", "an unknown format"),
+            ({"model": "voice-chat", "messages": [{"role": "user", "content": [audio, audio]}]},
+             "only one input_audio", "two audio parts"),
+            ({"model": "voice-chat", "messages": [{"role": "user", "content": [
+                {"type": "input_audio", "input_audio": {
+                    "data": base64.b64encode(b"not audio" * 100).decode(), "format": "wav"}}]}]},
+             "WAV, FLAC, OGG or MP3", "not audio")]:
+        for stream in (False, True):
+            code, body = post_json(srv, dict(b, stream=stream))
+            err = json.loads(body).get("error", {}) if body.startswith("{") else {}
+            check(code == 400 and words in err.get("message", "") and
+                  err.get("param") == "messages",
+                  "voice-chat, %s, stream=%s: 400 (%d %s)" % (what, stream, code, body[:200]))
+    script = r"""
+import json, sys, base64, openai
+c = openai.OpenAI(base_url=sys.argv[1], api_key="none")
+b64 = base64.b64encode(open(sys.argv[2], "rb").read()).decode()
+r = c.chat.completions.create(model="voice-chat", temperature=0, messages=[{"role": "user",
+    "content": [{"type": "input_audio", "input_audio": {"data": b64, "format": "wav"}}]}])
+print(json.dumps({"answer": r.choices[0].message.content,
+                  "transcript": (r.model_extra or {}).get("transcript")}))
+"""
+    got = openai_script(srv, script, "voice-chat through the openai package")
+    if got is not None:
+        check(got.get("answer") == answer and got.get("transcript") == want,
+              "voice-chat through the openai package: %s" % got)
+
+
+def openai_script(srv, script, what):
+    """Runs SCRIPT with the openai package (test_openai.py's venv), given the
+    gateway's base URL and the JFK clip: its last line of output as JSON,
+    {} when it failed, or None (after a SKIP line for WHAT) without the venv."""
+    venv_py = os.path.join(os.path.expanduser(os.environ.get("BATON_TEST_CACHE",
+                                                             "~/.cache/baton-test")),
+                           "openai-venv", "bin", "python")
+    if not os.path.exists(venv_py):
+        print("SKIP %s: no venv (tests/integration/test_openai.py makes it)" % what)
+        return None
     r = subprocess.run([venv_py, "-c", script, "http://127.0.0.1:%d/v1" % srv.port, JFK],
                        capture_output=True, text=True, timeout=limits.test_limit(300))
-    got = json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else {}
-    check(got.get("text") == want and got.get("events", [""])[-1] == "transcript.text.done" and
-          got.get("bad") == "400", "the openai package: %s %s" % (got, r.stderr[-300:]))
+    if r.returncode != 0:
+        print(r.stderr[-1000:])
+        return {}
+    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def main():
-    if not os.path.exists(MODEL) or not os.path.exists(JFK):
+    missing = [p for p in (MODEL, LLM, JFK) if not os.path.exists(p)]
+    if missing:
         if os.environ.get("BATON_CI") == "1":
-            print("FAIL %s or %s is absent, and with BATON_CI=1 the model tests must run"
-                  % (MODEL, JFK))
+            print("FAIL %s absent, and with BATON_CI=1 the model tests must run"
+                  % " and ".join(missing))
             return 1
-        print("SKIP: %s or %s is absent (scripts/fetch-model.sh whisper-base jfk)" % (MODEL, JFK))
+        print("SKIP: %s absent (scripts/fetch-model.sh whisper-base smollm2 jfk)"
+              % " and ".join(missing))
         return 77
     want = expected_text()
     wav = open(JFK, "rb").read()
@@ -323,7 +501,9 @@ def main():
                       "%s: %s %s" % (what, r.status, r.message))
             check(c.health().ready, "ready after the bad requests")
 
+        answer = check_voice_chat(srv, wav, want)
         check_http(srv, want)
+        check_voice_http(srv, wav, want, answer)
 
         # Four at once: batched windows and steps, each the text alone gives.
         results = [None] * 4

@@ -381,6 +381,9 @@ void h_pump(harness *h)
             snprintf(buf, sizeof(buf), "%s%llu:%s", h->chunks[0] ? " " : "",
                      (unsigned long long)a->u.chunk.seq, t ? t->label : "?");
             cat(h->chunks, sizeof(h->chunks), buf);
+            if (h->chunk_names[0])
+                cat(h->chunk_names, sizeof(h->chunk_names), " ");
+            cat(h->chunk_names, sizeof(h->chunk_names), a->u.chunk.name);
             break;
         }
         case RT_RESPONSE: {

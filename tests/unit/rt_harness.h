@@ -60,6 +60,8 @@ typedef struct harness {
     size_t n_responses, cap_responses;
     /* Client chunks, in order, for every request: "req:seq:label". */
     char chunks[16384];
+    /* The names the client gets those chunks by, in the same order. */
+    char chunk_names[4096];
     uint64_t next_seq[256]; /* expected next chunk seq by req (req < 256) */
     size_t n_dispatch_total;
     size_t n_drops, n_extends;

@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -462,6 +463,47 @@ static void test_omni_stream(void **state)
     built_free(&b);
 }
 
+/* voice.yaml's voice_chat: the decoder's text reaches the client as
+ * `transcript` and the LLM's as `answer` (`as`), and the transcript enters
+ * prefill through the accumulate of both loops; the summary says so. */
+static void test_voice_chat_names(void **state)
+{
+    (void)state;
+    built b = build_file("config/examples/voice.yaml");
+    const graph *g = NULL;
+    for (size_t i = 0; i < b.gs->n_graphs; i++)
+        if (strcmp(b.gs->graphs[i].name, "voice_chat") == 0)
+            g = &b.gs->graphs[i];
+    assert_non_null(g);
+    int transcript = 0, answer = 0, into_prefill = 0;
+    for (size_t i = 0; i < g->n_edges; i++) {
+        const graph_edge *e = &g->edges[i];
+        const char *producer = g->entities[e->producer].name;
+        if (e->consumer < 0) {
+            assert_string_equal(g->values[e->value].name, "text");
+            transcript += strcmp(e->client_name, "transcript") == 0 && !strcmp(producer, "decode");
+            answer += strcmp(e->client_name, "answer") == 0 &&
+                      (!strcmp(producer, "prefill") || !strcmp(producer, "answer"));
+        } else if (!strcmp(g->entities[e->consumer].name, "prefill")) {
+            assert_string_equal(producer, "windows");
+            assert_int_equal(g->values[e->value].role, GRAPH_VALUE_LOOP_ACCUM);
+            into_prefill++;
+        }
+    }
+    assert_int_equal(transcript, 1);
+    assert_int_equal(answer, 2);
+    assert_int_equal(into_prefill, 1);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    graph_set_print(b.gs, f);
+    fclose(f);
+    assert_non_null(strstr(text, "decode.text -> client as transcript [client, new_token, text]"));
+    assert_non_null(strstr(text, "answer.text -> client as answer"));
+    free(text);
+    built_free(&b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -488,6 +530,7 @@ int main(void)
         cmocka_unit_test(test_tp_partition),
         cmocka_unit_test(test_cross_host_kinds),
         cmocka_unit_test(test_omni_stream),
+        cmocka_unit_test(test_voice_chat_names),
     };
     return cmocka_run_group_tests_name("graph", tests, NULL, NULL);
 }

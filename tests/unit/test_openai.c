@@ -147,7 +147,69 @@ static void test_parse_refusals(void **state)
                      err);
         assert_null(c.model);
         assert_null(c.msgs);
+        assert_null(c.audio);
     }
+}
+
+/* An input_audio part: its base64 decoded (line breaks skipped) beside the
+ * text of the message that holds it; one per request; a bad part refused
+ * naming messages; and the voice answers with their transcript. */
+static void test_input_audio(void **state)
+{
+    (void)state;
+    oa_chat c;
+    char param[64];
+    /* "RIFF\0\x01" in base64, with a line break in it. */
+    assert_int_equal(parse("{\"model\": \"v\", \"messages\": [{\"role\": \"user\", \"content\": "
+                           "\"x\"}, {\"role\": \"user\", \"content\": [{\"type\": \"text\", "
+                           "\"text\": \"a\"}, {\"type\": \"input_audio\", \"input_audio\": "
+                           "{\"data\": \"UklG\\nRgAB\", \"format\": \"mp3\"}}]}]}",
+                           &c, param),
+                     0);
+    assert_int_equal(c.audio_len, 6);
+    assert_memory_equal(c.audio, "RIFF\0\x01", 6);
+    assert_int_equal(c.audio_msg, 1);
+    assert_string_equal(c.audio_format, "mp3");
+    assert_string_equal(c.msgs[1].content, "a");
+    oa_chat_free(&c);
+    assert_null(c.audio);
+    static const char *const bad[] = {
+        "{\"type\": \"input_audio\", \"input_audio\": {\"data\": \"UklG\", \"format\": \"aiff\"}}",
+        "{\"type\": \"input_audio\", \"input_audio\": {\"data\": \"U!lG\", \"format\": \"wav\"}}",
+        "{\"type\": \"input_audio\", \"input_audio\": {\"data\": \"\", \"format\": \"wav\"}}",
+        "{\"type\": \"input_audio\", \"input_audio\": {\"data\": 5, \"format\": \"wav\"}}",
+        "{\"type\": \"input_audio\", \"input_audio\": {\"data\": \"UklG\"}}",
+        "{\"type\": \"input_audio\", \"input_audio\": {\"data\": \"UklG\", \"format\": \"wav\", "
+        "\"x\": 1}}",
+        "{\"type\": \"input_audio\", \"input_audio\": {\"data\": \"UklG\", \"format\": \"wav\"}}, "
+        "{\"type\": \"input_audio\", \"input_audio\": {\"data\": \"UklG\", \"format\": \"wav\"}}",
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char body[512];
+        snprintf(body, sizeof(body), "{\"model\": \"v\", \"messages\": [{\"role\": \"user\", "
+                 "\"content\": [%s]}]}", bad[i]);
+        strcpy(param, "unset");
+        if (parse(body, &c, param) != BT_EINVAL || strcmp(param, "messages") != 0)
+            fail_msg("case %zu (%s): param '%s'", i, body, param);
+        assert_null(c.audio);
+        assert_null(c.msgs);
+    }
+    oa_usage u = {5, 7};
+    char *r = oa_voice_response("id", 1, "v", "Yes.", 4, "stop", &u, " Hello", 6);
+    json_t *j = json_loads(r, 0, NULL);
+    assert_non_null(j);
+    assert_string_equal(json_string_value(json_object_get(j, "transcript")), " Hello");
+    assert_string_equal(json_string_value(json_object_get(json_object_get(json_array_get(
+                            json_object_get(j, "choices"), 0), "message"), "content")),
+                        "Yes.");
+    json_decref(j), free(r);
+    r = oa_transcript_event("id", 1, "v", " Hel", 4);
+    assert_non_null(r);
+    assert_true(strncmp(r, "data: ", 6) == 0);
+    j = json_loads(r + 6, 0, NULL);
+    assert_string_equal(json_string_value(json_object_get(j, "transcript")), " Hel");
+    assert_int_equal(json_array_size(json_object_get(j, "choices")), 0);
+    json_decref(j), free(r);
 }
 
 /* The refusals whose words matter: a number past the top of its range
@@ -362,6 +424,7 @@ int main(void)
         cmocka_unit_test(test_completions),
         cmocka_unit_test(test_parse_fields),
         cmocka_unit_test(test_parse_refusals),
+        cmocka_unit_test(test_input_audio),
         cmocka_unit_test(test_refusal_messages),
         cmocka_unit_test(test_utf8_ready),
         cmocka_unit_test(test_answers),

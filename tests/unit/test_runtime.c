@@ -198,6 +198,49 @@ static void test_request_max_iters(void **state)
     finish_ok(h);
 }
 
+/* Two values of one name reach the client under two names (`as`), from a
+ * node in a loop and from a loop's accumulate, streamed or joined. */
+static const char *as_yaml = HEAD
+    "      sequential:\n"
+    "        - loop:\n"
+    "            name: L\n"
+    "            max_iters: 2\n"
+    "            body:\n"
+    "              node: {name: step, model: m, inputs: [x], outputs: [\n"
+    "                     {name: tok, to: client, new_token: true, as: heard}]}\n"
+    "            accumulate: [{name: tok, to: post}, {name: tok, to: client, as: all}]\n"
+    "        - node: {name: post, model: m1, inputs: [tok], outputs: [\n"
+    "                 {name: tok, to: client, new_token: true}]}\n";
+
+static void test_client_names(void **state)
+{
+    (void)state;
+    for (int stream = 0; stream < 2; stream++) {
+        harness *h = h_create(as_yaml, 0);
+        h_start(h, 1, stream, NULL, 0);
+        rt_iter i0 = IT1(0), i1 = IT1(1);
+        h_complete(h, h_find(h, 1, "step", &i0), false);
+        h_complete(h, h_find(h, 1, "step", &i1), false);
+        h_dispatch *p = h_find(h, 1, "post", &I0);
+        assert_non_null(p);
+        assert_string_equal(p->inputs[0], "step@0.tok,step@1.tok");
+        h_complete(h, p, false);
+        const h_response *r = h_response_of(h, 1);
+        assert_int_equal(r->code, BT_CODE_OK);
+        if (stream) {
+            assert_string_equal(h->chunks, "0:step@0.tok 1:step@1.tok 2:post.tok");
+            assert_string_equal(h->chunk_names, "heard heard tok");
+            assert_string_equal(r->outputs, "all=step@0.tok,step@1.tok");
+        } else {
+            assert_string_equal(h->chunk_names, "");
+            assert_string_equal(r->outputs,
+                                "heard=step@0.tok,step@1.tok;all=step@0.tok,step@1.tok;"
+                                "tok=post.tok");
+        }
+        finish_ok(h);
+    }
+}
+
 static const char *early_yaml = HEAD
     "      sequential:\n"
     "        - node: {name: pre, model: m, inputs: [x], outputs: [{name: s, to: f}]}\n"
@@ -739,6 +782,7 @@ int main(void)
         cmocka_unit_test(test_parallel_fanout_fanin),
         cmocka_unit_test(test_loop_max_iters),
         cmocka_unit_test(test_loop_finish_at_k),
+        cmocka_unit_test(test_client_names),
         cmocka_unit_test(test_request_max_iters),
         cmocka_unit_test(test_loopback_lands_in_next_slot),
         cmocka_unit_test(test_persist),
