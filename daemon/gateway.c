@@ -402,7 +402,10 @@ static int next_event(gw_chat *ch)
             /* A voice chat's transcript streams before the answer (whose
              * prompt it is), as chunks with no choices. */
             const char *h = ch->all + ch->heard_sent;
-            size_t n = oa_utf8_ready(h, ch->all_len - ch->heard_sent, ch->ended);
+            /* Once the answer has begun the transcript is whole (it was
+             * the answer's prompt): a tail that is not whole UTF-8 goes
+             * now, before the answer, not at the end. */
+            size_t n = oa_utf8_ready(h, ch->all_len - ch->heard_sent, ch->ended || ch->tokens);
             if (n) {
                 ch->heard_sent += n;
                 return set_out(ch, oa_transcript_event(ch->id, ch->created, ch->req.model, h, n));
@@ -632,6 +635,13 @@ static enum MHD_Result serve_chat(gateway *g, struct MHD_Connection *conn, const
         chat_free(ch);
         return reply_oa_error(conn, MHD_HTTP_BAD_REQUEST, "invalid_request_error", err,
                               completion ? "model" : "messages");
+    }
+    if (m->voice && ch->req.audio_len > g->max_upload) {
+        snprintf(err, sizeof(err), "the audio is over %llu bytes (daemon.max_message_bytes less "
+                 "64 KiB for the rest of the request)", (unsigned long long)g->max_upload);
+        chat_free(ch);
+        return reply_oa_error(conn, MHD_HTTP_CONTENT_TOO_LARGE, "invalid_request_error", err,
+                              "messages");
     }
     snprintf(ch->id, sizeof(ch->id), "%s-%d-%llu", completion ? "cmpl" : "chatcmpl",
              (int)getpid(), (unsigned long long)++g->seq);
@@ -977,7 +987,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                                   "this path takes POST", NULL);
         if (hc->too_big) {
             char msg[160];
-            snprintf(msg, sizeof(msg), "the upload is over %llu bytes (daemon.max_message_bytes)",
+            snprintf(msg, sizeof(msg), "the upload is over %llu bytes (daemon.max_message_bytes "
+                     "less 64 KiB for the rest of the request)",
                      (unsigned long long)g->max_upload);
             return reply_oa_error(conn, MHD_HTTP_CONTENT_TOO_LARGE, "invalid_request_error", msg,
                                   "file");

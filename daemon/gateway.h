@@ -33,6 +33,11 @@
 
 typedef struct gateway gateway;
 
+/* Bytes of a client message left for what a request carries besides an
+ * uploaded file (its options, names, framing): an upload may be as large
+ * as daemon.max_message_bytes less this. */
+#define GW_UPLOAD_ROOM 65536u
+
 typedef struct gateway_options {
     const char *hostport;        /* where to listen: "host:port" (host may be empty) */
     const char *endpoint;        /* the conductor's client endpoint */

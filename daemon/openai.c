@@ -138,8 +138,10 @@ static char *content_of(const json_t *content, oa_chat *c, const char **what)
     if (!s)
         return NULL;
     json_array_foreach(content, i, part) {
-        const json_t *text = json_object_get(part, "text");
-        if (!json_is_string(text))
+        /* The text parts only, as counted above: an input_audio part's
+         * stray "text" key is not part of the message. */
+        const json_t *type = json_object_get(part, "type"), *text = json_object_get(part, "text");
+        if (strcmp(json_string_value(type), "text") != 0)
             continue;
         memcpy(at, json_string_value(text), json_string_length(text));
         at += json_string_length(text);

@@ -266,6 +266,9 @@ def check_http(srv, want):
     junk = os.path.join(srv.dir, "junk.bin")
     with open(junk, "wb") as fh:
         fh.write(b"not audio " * 500000)  # 5 MB, over the 4 MiB limit
+    near = os.path.join(srv.dir, "near.bin")
+    with open(near, "wb") as fh:
+        fh.write(b"x" * (4194304 - 20000))
     empty = os.path.join(srv.dir, "empty.wav")
     open(empty, "wb").close()
     for fields, want_code, words, what in [
@@ -277,7 +280,10 @@ def check_http(srv, want):
              "response_format", "a bad response_format"),
             (("file=@" + JFK, "model=whisper-base", "bogus=1"), 400, "unknown form field",
              "an unknown field"),
-            (("file=@" + junk, "model=whisper-base"), 413, "max_message_bytes", "over the limit")]:
+            (("file=@" + junk, "model=whisper-base"), 413, "max_message_bytes", "over the limit"),
+            # Under max_message_bytes but without room for the rest of the
+            # request: refused here, never sent to be dropped unanswered.
+            (("file=@" + near, "model=whisper-base"), 413, "less 64 KiB", "near the limit")]:
         code, body = curl(srv, t, *fields)
         err = json.loads(body).get("error", {}) if body.startswith("{") else {}
         check(code == want_code and words in err.get("message", ""),
@@ -400,14 +406,20 @@ def check_voice_http(srv, wav, want, answer):
              "only one input_audio", "two audio parts"),
             ({"model": "voice-chat", "messages": [{"role": "user", "content": [
                 {"type": "input_audio", "input_audio": {
+                    "data": base64.b64encode(b"x" * (4194304 - 20000)).decode(),
+                    "format": "wav"}}]}]}, "less 64 KiB", "audio near the limit"),
+            ({"model": "voice-chat", "messages": [{"role": "user", "content": [
+                {"type": "input_audio", "input_audio": {
                     "data": base64.b64encode(b"not audio" * 100).decode(), "format": "wav"}}]}]},
              "WAV, FLAC, OGG or MP3", "not audio")]:
+        want_code = 413 if "limit" in what else 400
         for stream in (False, True):
             code, body = post_json(srv, dict(b, stream=stream))
             err = json.loads(body).get("error", {}) if body.startswith("{") else {}
-            check(code == 400 and words in err.get("message", "") and
+            check(code == want_code and words in err.get("message", "") and
                   err.get("param") == "messages",
-                  "voice-chat, %s, stream=%s: 400 (%d %s)" % (what, stream, code, body[:200]))
+                  "voice-chat, %s, stream=%s: %d (%d %s)" % (what, stream, want_code, code,
+                                                             body[:200]))
     script = r"""
 import json, sys, base64, openai
 c = openai.OpenAI(base_url=sys.argv[1], api_key="none")

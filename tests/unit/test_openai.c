@@ -173,6 +173,18 @@ static void test_input_audio(void **state)
     assert_string_equal(c.msgs[1].content, "a");
     oa_chat_free(&c);
     assert_null(c.audio);
+    /* A stray "text" key in an input_audio part is no text of the message
+     * (the buffer for the text is sized by the text parts alone). */
+    char big[3000];
+    int at = snprintf(big, sizeof(big), "{\"model\": \"v\", \"messages\": [{\"role\": \"user\", "
+                      "\"content\": [{\"type\": \"input_audio\", \"input_audio\": {\"data\": "
+                      "\"UklG\", \"format\": \"wav\"}, \"text\": \"");
+    memset(big + at, 'A', 2000);
+    snprintf(big + at + 2000, sizeof(big) - (size_t)at - 2000, "\"}]}]}");
+    assert_int_equal(parse(big, &c, param), 0);
+    assert_string_equal(c.msgs[0].content, "");
+    assert_int_equal(c.audio_len, 3);
+    oa_chat_free(&c);
     static const char *const bad[] = {
         "{\"type\": \"input_audio\", \"input_audio\": {\"data\": \"UklG\", \"format\": \"aiff\"}}",
         "{\"type\": \"input_audio\", \"input_audio\": {\"data\": \"U!lG\", \"format\": \"wav\"}}",
