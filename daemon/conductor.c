@@ -825,14 +825,9 @@ static int watch(conductor *c)
         /* The gateway is a client of the client socket like any other: on
          * a CURVE socket it uses the pair made (and authorized) for it. */
         bool gw_curve = c->curve && cfg_endpoint_is_tcp(c->cfg->daemon.listen);
-        /* An audio upload may be as large as a client message, less room
-         * for the rest of the native request (options, names): a message
-         * over the limit is refused before its request id is read, so the
-         * gateway must never send one. */
-        uint64_t most = c->cfg->daemon.max_message_bytes;
         gateway_options go = {c->cfg->daemon.http_listen, c->cfg->daemon.listen, 0,
                               c->cfg->openai, c->cfg->n_openai, 0,
-                              most > 2 * GW_UPLOAD_ROOM ? most - GW_UPLOAD_ROOM : most / 2,
+                              c->cfg->daemon.max_message_bytes,
                               gw_curve ? c->keys.public_z85 : NULL,
                               gw_curve ? &c->gw_keys : NULL};
         return gateway_create(&go, &c->http);

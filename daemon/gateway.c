@@ -35,6 +35,11 @@
 #define GW_DRAIN_MS 10000        /* how long a cancelled request's end is awaited */
 #define GW_STREAM_BLOCK 16384    /* bytes MHD asks of a stream at a time */
 #define GW_KEEPALIVE_MS 15000    /* a silent stream gets an SSE comment this often */
+/* Bytes of a client message left for what a request carries besides an
+ * uploaded file (options, names, framing).  A message over the conductor's
+ * limit is refused before its request id is read, so the gateway must
+ * never send one: an upload may be the limit less this. */
+#define GW_UPLOAD_ROOM 65536u
 
 /* One model of the OpenAI API (cfg_openai, copied). */
 typedef struct gw_model {
@@ -250,13 +255,15 @@ typedef struct gw_chat {
     size_t out_len, out_at;      /* bytes in OUT, and how many MHD has taken */
 } gw_chat;
 
-static int text_add(gw_chat *ch, const uint8_t *p, size_t n)
+/* Appends N bytes at P to the NUL-terminated buffer *BUF (LEN bytes in
+ * it, CAP allocated).  0 or BT_ENOMEM. */
+static int bytes_add(char **buf, size_t *len, size_t *cap, const void *p, size_t n)
 {
-    if (BT_RESERVE_N(ch->text, ch->len, ch->cap, n + 1, 256) < 0)
+    if (BT_RESERVE_N(*buf, *len, *cap, n + 1, 256) < 0)
         return BT_ENOMEM;
-    memcpy(ch->text + ch->len, p, n);
-    ch->len += n;
-    ch->text[ch->len] = 0;
+    memcpy(*buf + *len, p, n);
+    *len += n;
+    (*buf)[*len] = 0;
     return 0;
 }
 
@@ -283,26 +290,24 @@ static int chat_step(gw_chat *ch, int timeout_ms)
     /* Stop strings and max_tokens are the conductor's (the native request
      * carries them): the text that comes is the answer's, and the response
      * says what ended it. */
-    bool heard = ev->kind == BATON_CLIENT_EVENT_CHUNK && !ch->cancelled &&
-                 ch->model->transcript && strcmp(ev->value.name, ch->model->transcript) == 0;
-    if (ev->kind == BATON_CLIENT_EVENT_CHUNK && !ch->cancelled &&
-        (heard || strcmp(ev->value.name, ch->model->output) == 0)) {
-        /* An audio transcription's text, or a voice chat's transcript, is
-         * kept whole as well. */
-        if (!heard)
+    const char *name = ev->kind == BATON_CLIENT_EVENT_CHUNK && !ch->cancelled ? ev->value.name
+                                                                               : NULL;
+    bool heard = name && ch->model->transcript && strcmp(name, ch->model->transcript) == 0;
+    if (name && (heard || strcmp(name, ch->model->output) == 0)) {
+        /* A voice chat's transcript is kept whole (and streamed from
+         * there); an audio transcription's text both whole and as it
+         * comes; an answer's as it comes. */
+        const uint8_t *p = ev->value.data;
+        size_t n = ev->value.nbytes;
+        rc = 0;
+        if (heard || ch->audio)
+            rc = bytes_add(&ch->all, &ch->all_len, &ch->all_cap, p, n);
+        if (!heard) {
             ch->tokens++;
-        int keep = 0;
-        if ((heard || ch->audio) && ev->value.nbytes) {
-            keep = BT_RESERVE_N(ch->all, ch->all_len, ch->all_cap, ev->value.nbytes + 1, 256);
-            if (keep == 0) {
-                memcpy(ch->all + ch->all_len, ev->value.data, ev->value.nbytes);
-                ch->all_len += ev->value.nbytes;
-                ch->all[ch->all_len] = 0;
-            }
+            if (rc == 0)
+                rc = bytes_add(&ch->text, &ch->len, &ch->cap, p, n);
         }
-        if (keep == 0 && !heard)
-            keep = text_add(ch, ev->value.data, ev->value.nbytes);
-        if (keep != 0) {
+        if (rc != 0) {
             ch->cancelled = true;
             baton_client_cancel(ch->client, ch->id);
         }
@@ -916,13 +921,8 @@ static void body_add(gw_conn *hc, const char *data, size_t n, uint64_t max)
         hc->too_big = true;
         return;
     }
-    if (BT_RESERVE_N(hc->body, hc->len, hc->cap, n + 1, 4096) < 0) {
+    if (bytes_add(&hc->body, &hc->len, &hc->cap, data, n) < 0)
         hc->too_big = true;
-        return;
-    }
-    memcpy(hc->body + hc->len, data, n);
-    hc->len += n;
-    hc->body[hc->len] = 0;
 }
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
@@ -1082,7 +1082,8 @@ int gateway_create(const gateway_options *opts, gateway **out)
     pthread_mutex_init(&g->admin_mu, NULL);
     pthread_mutex_init(&g->pool_mu, NULL);
     g->max_body = opts->max_body_bytes ? opts->max_body_bytes : GW_MAX_BODY;
-    g->max_upload = opts->max_upload_bytes ? opts->max_upload_bytes : g->max_body;
+    uint64_t most = opts->max_message_bytes ? opts->max_message_bytes : g->max_body;
+    g->max_upload = most > 2 * GW_UPLOAD_ROOM ? most - GW_UPLOAD_ROOM : most / 2;
     int rc = BT_ENOMEM;
     if (!(g->endpoint = strdup(opts->endpoint)))
         goto err;
@@ -1107,8 +1108,8 @@ int gateway_create(const gateway_options *opts, gateway **out)
      * 3), up to the upload limit, besides the JSON around it. */
     g->max_chat_body = g->max_body;
     for (size_t i = 0; i < g->n_models; i++)
-        if (g->models[i].voice && g->max_upload / 3 * 4 + 65536 > g->max_chat_body)
-            g->max_chat_body = g->max_upload / 3 * 4 + 65536;
+        if (g->models[i].voice && g->max_upload / 3 * 4 + GW_UPLOAD_ROOM > g->max_chat_body)
+            g->max_chat_body = g->max_upload / 3 * 4 + GW_UPLOAD_ROOM;
     if (opts->server_public && opts->own) {
         g->curve = true;
         memcpy(g->server_public, opts->server_public, sizeof(g->server_public));

@@ -33,11 +33,6 @@
 
 typedef struct gateway gateway;
 
-/* Bytes of a client message left for what a request carries besides an
- * uploaded file (its options, names, framing): an upload may be as large
- * as daemon.max_message_bytes less this. */
-#define GW_UPLOAD_ROOM 65536u
-
 typedef struct gateway_options {
     const char *hostport;        /* where to listen: "host:port" (host may be empty) */
     const char *endpoint;        /* the conductor's client endpoint */
@@ -45,7 +40,9 @@ typedef struct gateway_options {
     const cfg_openai *openai;    /* the models served by the OpenAI API (copied) */
     size_t n_openai;
     uint32_t max_body_bytes;     /* a larger request body is refused (413); 0: 1 MiB */
-    uint64_t max_upload_bytes;   /* the same for an audio upload; 0: max_body_bytes */
+    uint64_t max_message_bytes;  /* the conductor's limit on a client message: an upload
+                                  * (an audio file) may be as large, less room for the
+                                  * rest of the request; 0: max_body_bytes */
     const char *server_public;   /* the client socket's CURVE public key (Z85), or NULL */
     const bt_curve_keypair *own; /* the gateway's key pair (copied), authorized by the
                                   * conductor; with server_public, NULL otherwise */

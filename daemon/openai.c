@@ -99,9 +99,9 @@ static int audio_of(const json_t *a, oa_chat *c, const char **what)
                     : "an input_audio part's 'data' is empty";
         return -1;
     }
+    /* The format is checked but not kept: the decoder reads the file's own
+     * header, whatever the client called it. */
     c->audio_len = len;
-    c->audio_msg = c->n_msgs;
-    snprintf(c->audio_format, sizeof(c->audio_format), "%s", json_string_value(format));
     return 0;
 }
 

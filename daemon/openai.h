@@ -38,8 +38,6 @@ typedef struct oa_chat {
      * request): its file's bytes, decoded from base64. */
     uint8_t *audio;         /* owned; NULL: none */
     size_t audio_len;       /* bytes */
-    size_t audio_msg;       /* the message that holds it */
-    char audio_format[8];   /* wav, mp3, flac or ogg */
 } oa_chat;
 
 /* Parses BODY (LEN bytes).  0, or BT_EINVAL with ERR saying what is wrong

@@ -178,11 +178,10 @@ static baton_status model_load(const baton_load_params *p, baton_model **out, ch
     m->win = malloc((size_t)m->slots * m->s->n_frames * m->s->n_mels * sizeof(float));
     char report[512];
     snprintf(report, sizeof(report),
-             "whisper on %s: d_model %d, %d+%d layers, %d mel bands, vocabulary %d; %s products "
-             "for the audio, %s for the tokens; %d decoding slots; %.1f MiB of weights",
+             "whisper on %s: d_model %d, %d+%d layers, %d mel bands, vocabulary %d; f32 "
+             "products for the audio, %s for the tokens; %d decoding slots; %.1f MiB of weights",
              m->device, m->s->d_model, m->s->enc_layers, m->s->dec_layers, m->s->n_mels,
-             m->s->vocab, m->s->audio_weight == KD_Q8_0 ? "8-bit" : "f32",
-             m->s->weight == KD_Q8_0 ? "8-bit" : "f32", m->slots,
+             m->s->vocab, m->s->weight == KD_Q8_0 ? "8-bit" : "f32", m->slots,
              (double)weng_weight_bytes(m->eng) / (1024.0 * 1024.0));
     m->report = strdup(report);
     if (!m->owner || !m->logits || !m->win || !m->report) {

@@ -368,10 +368,6 @@ int weng_create(const char *path, const weng_opts *o, weng **out, char *err, siz
         goto err;
     e->dev = o->device;
     e->shape.weight = o->act_q8 && !e->dev ? KD_Q8_0 : KD_F32;
-    /* The products over a window's 1500 audio positions run faster in f32
-     * through OpenBLAS's sgemm than as 8-bit products (built for a few
-     * rows), so only the decoder's per-token matrices are quantized. */
-    e->shape.audio_weight = KD_F32;
     e->slots = o->slots;
     e->ctx = e->shape.n_text;
     e->max_prompt = o->max_prompt < e->ctx ? o->max_prompt : e->ctx;

@@ -35,18 +35,16 @@ typedef struct wm_shape {
     int n_audio;     /* encoder positions, n_frames / 2 = 1500 */
     int n_text;      /* decoder positions, 448 */
     int vocab;       /* 51865 */
-    kdtype weight;   /* the decoder's matrices: KD_F32, or KD_Q8_0 (8-bit products) */
-    kdtype audio_weight; /* the matrices that multiply a window's audio positions
-                            (the encoder's, cross-attention's K and V): KD_F32 or
-                            KD_Q8_0 */
+    kdtype weight;   /* the decoder's per-token matrices: KD_F32, or KD_Q8_0 (8-bit
+                        products) */
     float eps;       /* layer norm epsilon, 1e-5 */
 } wm_shape;
 
-/* The dtype graph parameter NAME has in a graph of S: `audio_weight` for
- * the matrices that multiply the audio positions (1500 rows a window),
- * `weight` for the decoder's other matrices, f32 for the rest (norms,
- * biases, positions, and the first convolution, whose rows of n_mels * 3 =
- * 240 values are no multiple of 32). */
+/* The dtype graph parameter NAME has in a graph of S: `weight` for the
+ * decoder's per-token matrices, f32 for the rest: the matrices that
+ * multiply a window's audio positions (the encoder's, cross-attention's K
+ * and V: 1500 rows, faster through sgemm than as 8-bit products, which are
+ * built for a few rows), norms, biases and positions. */
 kdtype wm_param_dtype(const wm_shape *s, const char *name);
 
 kg_graph *wm_build_encoder(const wm_shape *s, int batch);

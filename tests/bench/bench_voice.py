@@ -2,7 +2,8 @@
 """bench_voice.py -- a spoken question answered in one request (the graph
 voice_chat of config/examples/voice.yaml: Whisper base on one worker,
 SmolLM2 on another) against the same done as two requests, a
-transcription followed by a chat of its text, side by side in one run.
+transcription followed by a chat of its text (voice.yaml's graphs
+transcribe and chat), side by side in one run.
 
 Measured from the end of the upload of the JFK clip (models/samples/jfk.wav,
 11 s) to the first token of the answer, the median of --runs runs of each
@@ -47,24 +48,6 @@ NEEDS = [os.path.join(ROOT, p) for p in ("models/whisper-base/model.bin",
                                          "models/smollm2-135m-instruct-q4_1.gguf",
                                          "models/samples/jfk.wav")]
 
-# The chat of config/examples/chat-cpu.yaml on voice.yaml's LLM, and its
-# OpenAI entry: the second request of the two-request way.
-CHAT = """  - name: chat
-    inputs: [prompt]
-    body:
-      sequential:
-        - node: {name: prefill, model: llm, mode: prefill, inputs: [prompt],
-                 outputs: [{name: token, to: decode},
-                           {name: text, to: client, new_token: true, modality: text}]}
-        - loop:
-            name: decode_loop
-            max_iters: 256
-            body:
-              node: {name: decode, model: llm, mode: decode, inputs: [token],
-                     outputs: [{name: token, to: decode},
-                               {name: text, to: client, new_token: true, modality: text}]}
-"""
-
 
 class Server:
     def __init__(self, tmp):
@@ -79,8 +62,6 @@ class Server:
         self.port = s.getsockname()[1]
         s.close()
         text = re.sub(r"(?m)^  http_listen: .*$", "  http_listen: 127.0.0.1:%d" % self.port, text)
-        text = re.sub(r"\n(# The OpenAI)", "\n" + CHAT + r"\n\1", text)
-        text += "  - {model: smollm2, graph: chat, input: prompt, output: text}\n"
         self.proc, self.log, self.endpoint = bw.start_batond(self.dir, text)
 
     def stop(self):
@@ -119,16 +100,24 @@ def sse_until_answer(resp, t0):
     return heard_at, first, answer
 
 
-def http_one(port, wav_b64):
-    body = json.dumps({"model": "voice-chat", "temperature": 0, "stream": True, "messages": [
-        {"role": "user", "content": [{"type": "input_audio", "input_audio": {
-            "data": wav_b64, "format": "wav"}}]}]})
-    conn, t0 = post(port, "/v1/chat/completions", body, "application/json")
+def chat_stream(port, model, content, t0=None):
+    """A greedy chat completion of one user message, streamed: (seconds to
+    the transcript's end or None, to the first answer token, the answer),
+    from T0 or else from the end of this request's upload."""
+    body = json.dumps({"model": model, "temperature": 0, "stream": True,
+                       "messages": [{"role": "user", "content": content}]})
+    conn, sent = post(port, "/v1/chat/completions", body, "application/json")
     resp = conn.getresponse()
     if resp.status != 200:
-        raise RuntimeError("voice-chat: %d %s" % (resp.status, resp.read()[:300]))
-    heard, first, answer = sse_until_answer(resp, t0)
+        raise RuntimeError("%s: %d %s" % (model, resp.status, resp.read()[:300]))
+    out = sse_until_answer(resp, sent if t0 is None else t0)
     conn.close()
+    return out
+
+
+def http_one(port, wav_b64):
+    heard, first, answer = chat_stream(port, "voice-chat", [
+        {"type": "input_audio", "input_audio": {"data": wav_b64, "format": "wav"}}])
     return {"transcript_s": heard, "first_token_s": first, "answer": answer}
 
 
@@ -147,15 +136,7 @@ def http_two(port, wav):
     if resp.status != 200:
         raise RuntimeError("transcription: %d %s" % (resp.status, data[:300]))
     heard = time.perf_counter() - t0
-    text = json.loads(data)["text"]
-    body = json.dumps({"model": "smollm2", "temperature": 0, "stream": True,
-                       "messages": [{"role": "user", "content": text}]})
-    conn, _ = post(port, "/v1/chat/completions", body, "application/json")
-    resp = conn.getresponse()
-    if resp.status != 200:
-        raise RuntimeError("chat: %d %s" % (resp.status, resp.read()[:300]))
-    _, first, answer = sse_until_answer(resp, t0)
-    conn.close()
+    _, first, answer = chat_stream(port, "smollm2", json.loads(data)["text"], t0)
     return {"transcript_s": heard, "first_token_s": first, "answer": answer}
 
 

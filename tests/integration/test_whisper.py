@@ -60,34 +60,6 @@ JFK = os.path.join(ROOT, "models/samples/jfk.wav")
 
 failures = []
 
-# Appended to voice.yaml's graphs: the chat of config/examples/chat-cpu.yaml
-# on voice_chat's LLM.
-CHAT_GRAPH = """  - name: chat
-    inputs: [prompt]
-    body:
-      sequential:
-        - node:
-            name: prefill
-            model: llm
-            mode: prefill
-            inputs: [prompt]
-            outputs:
-              - {name: token, to: decode}
-              - {name: text, to: client, new_token: true, modality: text}
-        - loop:
-            name: decode_loop
-            max_iters: 256
-            body:
-              node:
-                name: decode
-                model: llm
-                mode: decode
-                inputs: [token]
-                outputs:
-                  - {name: token, to: decode}
-                  - {name: text, to: client, new_token: true, modality: text}
-"""
-
 
 def check(cond, what):
     print("%s %s" % ("ok  " if cond else "FAIL", what), flush=True)
@@ -125,10 +97,6 @@ class Server:
         assert n == 1, "voice.yaml no longer sets max_message_bytes"
         text, n = re.subn(r"(name: whisper\n(?:    .*\n)*?    max_batch: )\d+", r"\g<1>4", text)
         assert n == 1, "voice.yaml no longer sets the whisper model's max_batch"
-        # The LLM of voice_chat on its own: the answer to the transcript.
-        text, n = re.subn(r"\n(# The OpenAI)", "\n" + CHAT_GRAPH + r"\n\1", text)
-        assert n == 1, "voice.yaml no longer ends with its openai section"
-        text += "  - {model: smollm2, graph: chat, input: prompt, output: text}\n"
         if os.environ.get("BATON_TEST_SAN") == "1":
             # Under the sanitizers the 8-bit kernels run instrumented, 3x
             # slower than OpenBLAS's (which is not): f32 activations keep
