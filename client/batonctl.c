@@ -9,6 +9,7 @@
  * broken answer. */
 #include <errno.h>
 #include <inttypes.h>
+#include <jansson.h>
 #include <math.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -35,11 +36,14 @@ static const char usage_text[] =
     "                      with --system, TEXT and the system prompt go as messages;\n"
     "                      with --raw, TEXT reaches the model without its chat template\n"
     "  transcribe FILE [--language CODE] [--task transcribe|translate] [--graph NAME]\n"
-    "                      [REQUEST OPTIONS]   send an audio file (WAV, FLAC, OGG, MP3)\n"
-    "                      as input 'audio' and the options as input 'options' to\n"
-    "                      graph NAME (default: transcribe), print the streamed text\n"
-    "                      as it arrives, then a summary on stderr; without\n"
-    "                      --language the model detects it\n"
+    "                      [--segments] [--no-timestamps] [REQUEST OPTIONS]\n"
+    "                      send an audio file (WAV, FLAC, OGG, MP3) as input 'audio'\n"
+    "                      and the options as input 'options' to graph NAME (default:\n"
+    "                      transcribe), print the streamed text as it arrives, then a\n"
+    "                      summary on stderr; without --language the model detects\n"
+    "                      it; --segments prints each segment on a line of its own\n"
+    "                      with its times instead; --no-timestamps decodes without\n"
+    "                      them (no segments, the text a token at a time)\n"
     "  health              liveness and readiness (exit 1 when not ready)\n"
     "  stats               metrics (Prometheus text)\n"
     "  inspect [GRAPH]     graph, partition and schedule\n"
@@ -109,6 +113,8 @@ typedef struct ctl_opts {
     const char *input_name;
     const char *language; /* transcribe --language */
     const char *task;     /* transcribe --task */
+    bool segments;        /* transcribe --segments */
+    bool no_timestamps;   /* transcribe --no-timestamps */
     const char *graph;    /* transcribe --graph */
     const char *system;  /* generate --system: the system turn */
     const char *request_id;
@@ -203,9 +209,10 @@ static int parse_args(int argc, char **argv, ctl_opts *o)
             return usage_error("unknown option %s", a);
         memcpy(name, a, n);
         name[n] = 0;
-        static const char *const flags[] = {"--json", "--stream", "--timings", "--raw"};
+        static const char *const flags[] = {"--json", "--stream",   "--timings",
+                                            "--raw",  "--segments", "--no-timestamps"};
         bool is_flag = false;
-        for (size_t k = 0; k < 4; k++)
+        for (size_t k = 0; k < sizeof(flags) / sizeof(flags[0]); k++)
             is_flag |= !strcmp(name, flags[k]);
         if (is_flag) {
             if (eq)
@@ -240,6 +247,10 @@ static int parse_args(int argc, char **argv, ctl_opts *o)
                 o->timings = true;
             } else if (!strcmp(name, "--raw")) {
                 o->raw = true;
+            } else if (!strcmp(name, "--segments")) {
+                o->segments = true;
+            } else if (!strcmp(name, "--no-timestamps")) {
+                o->no_timestamps = true;
             } else if (!strcmp(name, "--stop")) {
                 if (!*val)
                     return usage_error("%s", "--stop: a stop string cannot be empty");
@@ -596,6 +607,9 @@ static int add_audio(baton_client_request *r, const ctl_opts *o)
     if (o->task)
         n += snprintf(json + n, sizeof json - (size_t)n, "%s\"task\": \"%s\"",
                       n > 1 ? ", " : "", o->task);
+    if (o->no_timestamps)
+        n += snprintf(json + n, sizeof json - (size_t)n, "%s\"timestamps\": false",
+                      n > 1 ? ", " : "");
     snprintf(json + n, sizeof json - (size_t)n, "}");
     if (strlen(o->pos[1]) > 4000)
         return usage_error("%s", "transcribe: the file name is too long");
@@ -696,6 +710,29 @@ typedef struct run_output {
  * of its own after its sequence number.  A graph may stream several texts
  * (a voice chat's transcript and answer): a text stream named other than
  * `text` starts on a line of its own after its name. */
+/* transcribe --segments: each JSON line of a `segments` chunk as
+ * "[start --> end] text". */
+static void print_segments(const baton_client_tensor *v, run_output *out)
+{
+    const char *p = (const char *)v->data, *end = p + v->nbytes;
+    while (p < end) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        size_t n = nl ? (size_t)(nl - p) : (size_t)(end - p);
+        json_t *o = json_loadb(p, n, 0, NULL);
+        const char *text = json_string_value(json_object_get(o, "text"));
+        if (text) {
+            char a[32], b[32];
+            ctl_clock(json_number_value(json_object_get(o, "start")), a, sizeof(a));
+            ctl_clock(json_number_value(json_object_get(o, "end")), b, sizeof(b));
+            printf("%s[%s --> %s] %s\n", out->midline ? "\n" : "", a, b,
+                   text + (*text == ' '));
+            out->midline = false;
+        }
+        json_decref(o);
+        p += n + 1;
+    }
+}
+
 static void print_chunk(const ctl_opts *o, const baton_client_event *ev, run_output *out)
 {
     if (o->json) {
@@ -703,6 +740,17 @@ static void print_chunk(const ctl_opts *o, const baton_client_event *ev, run_out
         return;
     }
     out->chunks++;
+    if (!strcmp(o->pos[0], "transcribe") && ev->value.name) {
+        /* A transcription's segments are its text again, with times:
+         * printed instead of the text with --segments, else not at all. */
+        bool seg = !strcmp(ev->value.name, "segments");
+        if (seg && o->segments)
+            print_segments(&ev->value, out);
+        if (seg || (o->segments && !strcmp(ev->value.name, "text"))) {
+            fflush(stdout);
+            return;
+        }
+    }
     if (ctl_is_text(&ev->value)) {
         const char *name = ev->value.name ? ev->value.name : "";
         if (strncmp(out->stream, name, sizeof(out->stream) - 1) != 0) {
@@ -964,8 +1012,13 @@ int main(int argc, char **argv)
                                 : cmd_keygen(&o);
     } else if (o.request_opts && !run) {
         status = usage_error("%s takes no request options (--input, --stream, ...)", cmd);
-    } else if ((o.language || o.task || o.graph) && strcmp(cmd, "transcribe")) {
-        status = usage_error("%s", "--language, --task and --graph are for transcribe");
+    } else if ((o.language || o.task || o.graph || o.segments || o.no_timestamps) &&
+               strcmp(cmd, "transcribe")) {
+        status = usage_error("%s", "--language, --task, --graph, --segments and --no-timestamps "
+                                   "are for transcribe");
+    } else if (o.segments && o.no_timestamps) {
+        status = usage_error("%s", "--segments needs timestamps: it does not go with "
+                                   "--no-timestamps");
     } else if ((o.input_name || o.system || o.raw) && strcmp(cmd, "generate")) {
         status = usage_error("%s", "--input-name, --system and --raw are for generate");
     } else if (o.raw && o.system) {

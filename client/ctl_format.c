@@ -310,3 +310,13 @@ void ctl_print_json(FILE *out, const baton_client_event *ev)
     fputs("}\n", out);
     fflush(out);
 }
+
+void ctl_clock(double seconds, char *out, size_t len)
+{
+    long long ms = seconds > 0 ? (long long)(seconds * 1000.0 + 0.5) : 0;
+    if (ms >= 3600000)
+        snprintf(out, len, "%lld:%02lld:%02lld.%03lld", ms / 3600000, ms / 60000 % 60,
+                 ms / 1000 % 60, ms % 1000);
+    else
+        snprintf(out, len, "%02lld:%02lld.%03lld", ms / 60000, ms / 1000 % 60, ms % 1000);
+}

@@ -24,6 +24,9 @@ bool ctl_is_text(const baton_client_tensor *t);
  * when it is large. */
 void ctl_print_tensor(FILE *out, const baton_client_tensor *t);
 
+/* SECONDS as MM:SS.mmm, or H:MM:SS.mmm from an hour on, into OUT. */
+void ctl_clock(double seconds, char *out, size_t len);
+
 /* The per-node timings of a response as a table on stderr. */
 void ctl_print_timings(const baton_client_event *ev);
 

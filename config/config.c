@@ -399,6 +399,7 @@ void cfg_config_destroy(cfg_config *c)
         free(o->model), free(o->graph), free(o->input), free(o->output), free(o->loop);
         free(o->options);
         free(o->transcript);
+        free(o->segments);
     }
     free(c->openai);
     for (size_t i = 0; i < c->n_models; i++) {

@@ -205,6 +205,8 @@ typedef struct cfg_openai {
     cfg_openai_api api;
     char *options;         /* api audio, voice: the graph input of the options JSON */
     char *transcript;      /* api voice: the text stream of the transcript */
+    char *segments;        /* api audio: the text stream of segment JSON lines;
+                              NULL: verbose_json and subtitles get one span */
     cfg_pos pos;
 } cfg_openai;
 

@@ -514,10 +514,26 @@ static void scan_section(const cfg_section *s, const char *name, const char *loo
     }
 }
 
+/* An openai entry's second text stream NAME (a voice chat's transcript, a
+ * transcription's segments), at key K: streamed by graph G to the client,
+ * and not the answer's own (OTHER names that, WHAT says what it holds). */
+static void second_stream(cfg__loader *l, const yt_node *k, const cfg_openai *o,
+                          const cfg_graph *g, const char *name, const char *other,
+                          const char *what)
+{
+    bool has_text = false, has_loop = false;
+    scan_section(g->body, name, NULL, &has_text, &has_loop);
+    if (!has_text || (o->output && strcmp(o->output, name) == 0))
+        bt_diag_error(l->diag, k->line, k->col,
+                      "openai model '%s': graph '%s' streams no text value '%s' to the client "
+                      "apart from %s (an output with to: client, new_token: true, modality: "
+                      "text, %s)", o->model ? o->model : "?", o->graph, name, other, what);
+}
+
 static void load_openai_one(cfg__loader *l, const yt_node *v, cfg_openai *o)
 {
-    static const char *const keys[] = {"model", "graph", "input", "output", "loop", "api",
-                                       "options", "transcript"};
+    static const char *const keys[] = {"model", "graph", "input",   "output",    "loop",
+                                       "api",   "options", "transcript", "segments"};
     const yt_node *f[N_OF(keys)];
     o->pos = cfg__pos(v);
     yt_fields(v, "an openai entry", keys, N_OF(keys), f, l->diag);
@@ -556,6 +572,8 @@ static void load_openai_one(cfg__loader *l, const yt_node *v, cfg_openai *o)
         cfg__str(l, f[6], "options", &o->options);
     if (f[7])
         cfg__str(l, f[7], "transcript", &o->transcript);
+    if (f[8])
+        cfg__str(l, f[8], "segments", &o->segments);
     const char *api_name = o->api == CFG_OPENAI_AUDIO ? "audio" : "voice";
     if (api_ok && o->api != CFG_OPENAI_CHAT && !o->options) {
         bt_diag_error(l->diag, v->line, v->col,
@@ -577,6 +595,11 @@ static void load_openai_one(cfg__loader *l, const yt_node *v, cfg_openai *o)
         bt_diag_error(l->diag, f[7]->line, f[7]->col,
                       "openai model '%s': 'transcript' is for api voice",
                       o->model ? o->model : "?");
+        api_ok = false;
+    }
+    if (api_ok && o->api != CFG_OPENAI_AUDIO && f[8]) {
+        bt_diag_error(l->diag, f[8]->line, f[8]->col,
+                      "openai model '%s': 'segments' is for api audio", o->model ? o->model : "?");
         api_ok = false;
     }
     if (f[1] && cfg__str(l, f[1], "graph", &o->graph)) {
@@ -621,16 +644,12 @@ static void load_openai_one(cfg__loader *l, const yt_node *v, cfg_openai *o)
                               "openai model '%s': graph '%s' has no loop '%s'",
                               o->model ? o->model : "?", o->graph, o->loop);
         }
-        if (g && o->transcript && api_ok) {
-            has_text = false;
-            scan_section(g->body, o->transcript, NULL, &has_text, &has_loop);
-            if (!has_text || (o->output && strcmp(o->output, o->transcript) == 0))
-                bt_diag_error(l->diag, f[7]->line, f[7]->col,
-                              "openai model '%s': graph '%s' streams no text value '%s' to the "
-                              "client apart from the answer's (an output with to: client, "
-                              "new_token: true, modality: text, and a name of its own: `as`)",
-                              o->model ? o->model : "?", o->graph, o->transcript);
-        }
+        if (g && o->transcript && api_ok)
+            second_stream(l, f[7], o, g, o->transcript, "the answer's",
+                          "and a name of its own: `as`");
+        if (g && o->segments && api_ok)
+            second_stream(l, f[8], o, g, o->segments, "the text's",
+                          "holding the segments' JSON lines");
     }
 }
 

@@ -48,6 +48,7 @@ typedef struct gw_model {
     bool voice;                  /* api voice: a chat whose one message is audio */
     char *options;               /* audio, voice: the graph input of the options JSON */
     char *transcript;            /* voice: the text stream of what was heard */
+    char *segments;              /* audio: the text stream of segment JSON lines; NULL */
 } gw_model;
 
 struct gateway {
@@ -241,6 +242,8 @@ typedef struct gw_chat {
     char *all;                   /* owned (audio, voice): the whole transcript */
     size_t all_len, all_cap;
     size_t heard_sent;           /* voice, streamed: bytes of ALL sent as events */
+    char *segs;                  /* owned (audio): the segments' JSON lines */
+    size_t segs_len, segs_cap;
     double duration;             /* audio: seconds, from the response's `duration`; -1 */
     uint32_t tokens;             /* text chunks received */
     bool ended;                  /* the terminal response came */
@@ -293,7 +296,14 @@ static int chat_step(gw_chat *ch, int timeout_ms)
     const char *name = ev->kind == BATON_CLIENT_EVENT_CHUNK && !ch->cancelled ? ev->value.name
                                                                                : NULL;
     bool heard = name && ch->model->transcript && strcmp(name, ch->model->transcript) == 0;
-    if (name && (heard || strcmp(name, ch->model->output) == 0)) {
+    if (name && ch->audio && ch->model->segments && strcmp(name, ch->model->segments) == 0) {
+        /* Kept for verbose_json and subtitles; a stream sends text only. */
+        if (bytes_add(&ch->segs, &ch->segs_len, &ch->segs_cap, ev->value.data,
+                      ev->value.nbytes) != 0) {
+            ch->cancelled = true;
+            baton_client_cancel(ch->client, ch->id);
+        }
+    } else if (name && (heard || strcmp(name, ch->model->output) == 0)) {
         /* A voice chat's transcript is kept whole (and streamed from
          * there); an audio transcription's text both whole and as it
          * comes; an answer's as it comes. */
@@ -377,6 +387,7 @@ static void chat_free(gw_chat *ch)
     }
     oa_chat_free(&ch->req);
     free(ch->all);
+    free(ch->segs);
     free(ch->text);
     free(ch->out);
     free(ch);
@@ -888,7 +899,7 @@ static enum MHD_Result serve_audio(gateway *g, struct MHD_Connection *conn, gw_c
     const char *ctype;
     const char *lang = f->field[F_LANGUAGE] && !translate ? f->field[F_LANGUAGE] : "";
     char *body = oa_audio_response((oa_audio_format)format, ch->all ? ch->all : "",
-                                   ch->all_len, ch->duration,
+                                   ch->all_len, ch->segs, ch->segs_len, ch->duration,
                                    translate ? "translate" : "transcribe",
                                    translate ? "en" : lang, &u, &ctype);
     enum MHD_Result ok = body ? reply(conn, MHD_HTTP_OK, ctype, body, strlen(body)) : MHD_NO;
@@ -1098,8 +1109,10 @@ int gateway_create(const gateway_options *opts, gateway **out)
         m->voice = o->api == CFG_OPENAI_VOICE;
         m->options = o->options ? strdup(o->options) : NULL;
         m->transcript = o->transcript ? strdup(o->transcript) : NULL;
+        m->segments = o->segments ? strdup(o->segments) : NULL;
         if (!m->name || !m->graph || !m->input || !m->output || (o->loop && !m->loop) ||
-            (o->options && !m->options) || (o->transcript && !m->transcript)) {
+            (o->options && !m->options) || (o->transcript && !m->transcript) ||
+            (o->segments && !m->segments)) {
             g->n_models++;
             goto err;
         }
@@ -1163,7 +1176,7 @@ void gateway_destroy(gateway *g)
     for (size_t i = 0; i < g->n_models; i++) {
         gw_model *m = &g->models[i];
         free(m->name), free(m->graph), free(m->input), free(m->output), free(m->loop);
-        free(m->options), free(m->transcript);
+        free(m->options), free(m->transcript), free(m->segments);
     }
     free(g->models);
     free(g->endpoint);

@@ -629,40 +629,93 @@ static json_t *audio_usage_json(const oa_usage *u)
                      "total_tokens", (json_int_t)u->prompt + (json_int_t)u->completion);
 }
 
-char *oa_audio_response(oa_audio_format format, const char *text, size_t len, double duration,
-                        const char *task, const char *language, const oa_usage *usage,
-                        const char **ctype)
+/* The segments of SEGS (LEN bytes of JSON lines, as the Whisper backend
+ * writes them), each with id, seek, start, end, text, tokens and
+ * temperature; without any (no segments stream, or none in it), one span
+ * of TEXT over the whole audio.  A line that is not a segment is skipped. */
+static json_t *segments_json(const char *segs, size_t len, const char *text, size_t text_len,
+                             double end)
+{
+    json_t *a = json_array();
+    if (!a)
+        return NULL;
+    for (size_t at = 0; segs && at < len;) {
+        const char *nl = memchr(segs + at, '\n', len - at);
+        size_t n = nl ? (size_t)(nl - (segs + at)) : len - at;
+        json_t *o = json_loadb(segs + at, n, 0, NULL);
+        if (json_is_object(o) && json_is_number(json_object_get(o, "start")) &&
+            json_is_number(json_object_get(o, "end")) &&
+            json_is_string(json_object_get(o, "text"))) {
+            json_object_set_new(o, "id", json_integer((json_int_t)json_array_size(a)));
+            json_array_append_new(a, o);
+        } else {
+            json_decref(o);
+        }
+        at += n + 1;
+    }
+    if (json_array_size(a) == 0)
+        json_array_append_new(a, json_pack("{s:i, s:i, s:f, s:f, s:o, s:[], s:f}", "id", 0,
+                                           "seek", 0, "start", 0.0, "end", end, "text",
+                                           text_json(text, text_len), "tokens", "temperature",
+                                           0.0));
+    return a;
+}
+
+char *oa_audio_response(oa_audio_format format, const char *text, size_t len, const char *segs,
+                        size_t segs_len, double duration, const char *task, const char *language,
+                        const oa_usage *usage, const char **ctype)
 {
     *ctype = "application/json";
     if (format == OA_AUDIO_JSON)
         return dump(json_pack("{s:o, s:o}", "text", text_json(text, len), "usage",
                               audio_usage_json(usage)));
     double end = duration > 0 ? duration : 0;
-    if (format == OA_AUDIO_VERBOSE_JSON) {
-        json_t *seg = json_pack("{s:i, s:i, s:f, s:f, s:o, s:[], s:f}", "id", 0, "seek", 0,
-                                "start", 0.0, "end", end, "text", text_json(text, len), "tokens",
-                                "temperature", 0.0);
-        return dump(json_pack("{s:s, s:s, s:f, s:o, s:[o], s:o}", "task", task, "language",
-                              language, "duration", end, "text", text_json(text, len),
-                              "segments", seg, "usage", audio_usage_json(usage)));
-    }
-    size_t n = len;
-    const char *t = trimmed(text, &n);
-    char *out = malloc(n + 128);
-    if (!out)
+    json_t *segments = segments_json(segs, segs_len, text, len, end);
+    if (!segments)
         return NULL;
-    char a[32], b[32];
+    if (format == OA_AUDIO_VERBOSE_JSON)
+        return dump(json_pack("{s:s, s:s, s:f, s:o, s:o, s:o}", "task", task, "language",
+                              language, "duration", end, "text", text_json(text, len),
+                              "segments", segments, "usage", audio_usage_json(usage)));
+    char *out = NULL;
+    size_t out_len = 0;
+    FILE *f = open_memstream(&out, &out_len);
+    if (!f) {
+        json_decref(segments);
+        return NULL;
+    }
     if (format == OA_AUDIO_TEXT) {
+        size_t n = len;
+        const char *t = trimmed(text, &n);
         *ctype = "text/plain; charset=utf-8";
-        snprintf(out, n + 128, "%.*s\n", (int)n, t);
-    } else if (format == OA_AUDIO_SRT) {
-        *ctype = "application/x-subrip; charset=utf-8";
-        clock_of(0, ',', a, sizeof(a)), clock_of(end, ',', b, sizeof(b));
-        snprintf(out, n + 128, "1\n%s --> %s\n%.*s\n\n", a, b, (int)n, t);
+        fprintf(f, "%.*s\n", (int)n, t);
     } else {
-        *ctype = "text/vtt; charset=utf-8";
-        clock_of(0, '.', a, sizeof(a)), clock_of(end, '.', b, sizeof(b));
-        snprintf(out, n + 128, "WEBVTT\n\n%s --> %s\n%.*s\n\n", a, b, (int)n, t);
+        bool srt = format == OA_AUDIO_SRT;
+        *ctype = srt ? "application/x-subrip; charset=utf-8" : "text/vtt; charset=utf-8";
+        if (!srt)
+            fputs("WEBVTT\n\n", f);
+        size_t i;
+        json_t *seg;
+        json_array_foreach(segments, i, seg)
+        {
+            /* One cue per segment, numbered from 1 in SubRip. */
+            char a[32], b[32];
+            clock_of(json_number_value(json_object_get(seg, "start")), srt ? ',' : '.', a,
+                     sizeof(a));
+            clock_of(json_number_value(json_object_get(seg, "end")), srt ? ',' : '.', b,
+                     sizeof(b));
+            json_t *jt = json_object_get(seg, "text");
+            size_t n = json_string_length(jt);
+            const char *t = trimmed(json_string_value(jt), &n);
+            if (srt)
+                fprintf(f, "%zu\n", i + 1);
+            fprintf(f, "%s --> %s\n%.*s\n\n", a, b, (int)n, t);
+        }
+    }
+    json_decref(segments);
+    if (fclose(f) != 0) {
+        free(out);
+        return NULL;
     }
     return out;
 }

@@ -128,14 +128,15 @@ typedef enum oa_audio_format {
 int oa_audio_format_of(const char *name);
 
 /* The whole answer in FORMAT, with its content type in *CTYPE.  TEXT (LEN
- * bytes) is the transcript, DURATION the audio's seconds (< 0: unknown),
- * TASK "transcribe" or "translate", LANGUAGE the code asked for ("" when
- * the model detected it).  The segments of verbose_json and the cues of
- * srt and vtt are one span over the whole audio, since segment timestamps
- * are not built.  Malloc'd, or NULL. */
-char *oa_audio_response(oa_audio_format format, const char *text, size_t len, double duration,
-                        const char *task, const char *language, const oa_usage *usage,
-                        const char **ctype);
+ * bytes) is the transcript, SEGS (SEGS_LEN bytes, may be NULL) its
+ * segments as JSON lines {"start", "end", "text", ...} in seconds, which
+ * give verbose_json its segments and srt and vtt their cues (without them,
+ * one span over the whole audio), DURATION the audio's seconds (< 0:
+ * unknown), TASK "transcribe" or "translate", LANGUAGE the code asked for
+ * ("" when the model detected it).  Malloc'd, or NULL. */
+char *oa_audio_response(oa_audio_format format, const char *text, size_t len, const char *segs,
+                        size_t segs_len, double duration, const char *task, const char *language,
+                        const oa_usage *usage, const char **ctype);
 
 /* A streamed piece: data: {"type": "transcript.text.delta", "delta"}, and
  * the end: data: {"type": "transcript.text.done", "text", "usage"}. */

@@ -3,7 +3,8 @@
 gen-whisper-ids.py -- writes tests/unit/data/whisper-ids.tsv: the token ids
 that faster-whisper (CTranslate2) decodes from audio clips with Whisper
 base, which tests/unit/test_whisper_engine.c compares baton's decoder
-against.
+against; and tests/unit/data/whisper-segments.tsv, the same with
+timestamps.
 
 Settings, those of the comparison: compute_type float32, beam 1,
 temperature 0 with no fallback, language en, task transcribe, without
@@ -11,6 +12,15 @@ timestamps, without conditioning on previous text, no VAD.  One line per
 30-second window: the clip's file name, the window's first frame (its
 "seek"), the ids (space-separated, without the prompt and the end of text)
 and the text.
+
+With timestamps (whisper-segments.tsv) the settings are the same but for
+timestamps on and no skipping of windows judged silent
+(no_speech_threshold None).  Its clips are jfk.wav and "jfk.wav*3": the
+JFK clip three times with one second of silence between (35 s), so that a
+window ends inside speech and the next one seeks back.  Lines:
+"window CLIP K IDS" for the K-th window decoded (every id the decoder
+chose, timestamps included), and "segment CLIP SEEK START END TEXT" for
+each segment faster-whisper yields.
 
 INDEPENDENCE: the ids come from faster-whisper and CTranslate2 as
 published on PyPI; no code of baton is used.
@@ -35,6 +45,62 @@ from faster_whisper.tokenizer import Tokenizer
 
 MODEL = "models/whisper-base"
 OUT = "tests/unit/data/whisper-ids.tsv"
+SEGMENTS = "tests/unit/data/whisper-segments.tsv"
+
+
+def audio_of(name):
+    """The samples of clip NAME: a file of models/samples, or FILE*N, the
+    file N times with one second of silence between."""
+    import numpy as np
+    from faster_whisper.audio import decode_audio
+    path, _, times = name.partition("*")
+    a = decode_audio(os.path.join("models/samples", path), sampling_rate=16000)
+    parts = []
+    for i in range(int(times or 1)):
+        if i:
+            parts.append(np.zeros(16000, dtype=np.float32))
+        parts.append(a)
+    return np.concatenate(parts)
+
+
+class Recorder:
+    """Stands in for the CTranslate2 model and keeps every sequence that
+    generate returns (one per window)."""
+
+    def __init__(self, model):
+        self.model = model
+        self.sequences = []
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def generate(self, *args, **kwargs):
+        results = self.model.generate(*args, **kwargs)
+        self.sequences.append(list(results[0].sequences_ids[0]))
+        return results
+
+
+def write_segments(model, clips):
+    rec = Recorder(model.model)
+    model.model = rec
+    with open(SEGMENTS, "w") as out:
+        out.write("# window CLIP K IDS | segment CLIP SEEK START END TEXT "
+                  "(scripts/gen-whisper-ids.py)\n")
+        for clip in clips:
+            rec.sequences = []
+            segments, _ = model.transcribe(
+                audio_of(clip), beam_size=1, temperature=0.0, language="en",
+                task="transcribe", without_timestamps=False,
+                condition_on_previous_text=False, vad_filter=False,
+                no_speech_threshold=None)
+            segments = list(segments)
+            for k, ids in enumerate(rec.sequences):
+                out.write("window\t%s\t%d\t%s\n" % (clip, k, " ".join(str(t) for t in ids)))
+            for s in segments:
+                out.write("segment\t%s\t%d\t%.2f\t%.2f\t%s\n" % (clip, s.seek, s.start,
+                                                                  s.end, s.text))
+    model.model = rec.model
+    print("wrote", SEGMENTS)
 
 
 def main():
@@ -60,6 +126,7 @@ def main():
                 out.write("%s\t%d\t%s\t%s\n" % (os.path.basename(clip), s.seek,
                                               " ".join(str(t) for t in s.tokens), s.text))
     print("wrote", OUT)
+    write_segments(model, ["jfk.wav", "jfk.wav*3"])
 
 
 if __name__ == "__main__":

@@ -11,25 +11,37 @@
  *   encode    one 30-second window: the features and the window's first
  *             frame in; the window's audio states (F32 [n_audio, d_model])
  *             and the decoder's prompt (`token`, I32: start of transcript,
- *             language, task, no timestamps) out.  The items of one call
- *             share one encoder run (max_batch windows).  A window that
- *             starts past the audio's end gives empty states and ends the
- *             window loop; without timestamps, the window that reaches the
- *             end ends it too.
+ *             language, task, and no timestamps when decoding without them)
+ *             out.  The items of one call share one encoder run (max_batch
+ *             windows).  A window that starts past the audio's end gives
+ *             empty states and ends the window loop; without timestamps,
+ *             the window that reaches the end ends it too.
  *   decode    one token: iteration 0 takes the prompt and the states (which
  *             fill the request's decoding slot: its cross-attention K and V
  *             and its first self-attention rows), later iterations the token
  *             before; the items of one call at iterations past 0 share one
- *             decoder step.  Out: `token` (I32 [1]), `text` (U8, the token's
- *             UTF-8, whole characters only) and `seek` (I32 [1], the frame
- *             the next window starts at); the end of text raises the finish
- *             signal.
+ *             decoder step.  Out: `token` (I32 [1]), `text` (U8, UTF-8),
+ *             `segments` (U8, JSON lines, when the node has it) and `seek`
+ *             (I32 [1], the frame the next window starts at); the end of
+ *             text raises the finish signal.
+ *
+ * Decoding with timestamps (the default, as faster-whisper's), the text of
+ * a window comes a segment at a time, when the timestamp that closes the
+ * segment is decoded: the window's unfinished last segment is decoded again
+ * by the next window, which starts at its first timestamp, so nothing of it
+ * may be sent before.  `segments` then carries one JSON line per segment:
+ * {"id", "seek", "start", "end", "text", "tokens", "temperature"}, times in
+ * seconds of the whole audio.  Segments of zero length or blank text are
+ * left out of both, as faster-whisper leaves them out.  Without timestamps
+ * the text streams a token at a time (whole UTF-8 characters), and each
+ * window is one segment.
  *
  * The options JSON: {"language": "en" (default: detected from the first
  * step, as Whisper does), "task": "transcribe" | "translate",
- * "temperature": 0 (default: the request's)}.  A temperature of its own
- * lets a graph that chains Whisper into an LLM (a voice chat) transcribe
- * greedily while the request's temperature samples the answer.
+ * "temperature": 0 (default: the request's), "timestamps": true|false
+ * (default true)}.  A temperature of its own lets a graph that chains
+ * Whisper into an LLM (a voice chat) transcribe greedily while the
+ * request's temperature samples the answer.
  *
  * A request keeps its decoding slot (the KV caches, in the engine) from its
  * first decode to its end; more requests than slots at once are refused
@@ -37,7 +49,9 @@
 #include "backends/whisper/whisper.h"
 
 #include <assert.h>
+#include <ctype.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -53,6 +67,7 @@
 #include "backends/whisper/wtok.h"
 #include "common/status.h"
 #include "common/utf8.h"
+#include "common/vec.h"
 #include "kernels/exec.h"
 
 #define WH_NAME "whisper"
@@ -64,11 +79,15 @@ typedef struct wh_session {
     int32_t lang;                /* language token, -1: detect at the first window */
     int32_t task;                /* <|transcribe|> or <|translate|> */
     float temperature;           /* options' temperature; < 0: the request's */
+    bool timestamps;             /* decode with timestamps (segments, seeking) */
     int content;                 /* feature frames of the audio */
     int seek;                    /* the current window's first frame */
     int n_prompt;                /* tokens of the prompt in the slot */
     int n_sampled;               /* this window's tokens after the prompt */
     int32_t last;                /* the last of them */
+    int32_t toks[WH_MAX_NEW];    /* all of them (the timestamp rules read them) */
+    int n_closed;                /* this window's segments sent so far */
+    int n_segments;              /* segments sent in all windows (their ids) */
     char carry[8];               /* UTF-8 bytes held back: an unfinished character */
     int n_carry;
     uint64_t counter;            /* RNG counter of sampling */
@@ -219,6 +238,7 @@ static baton_status session_open(baton_model *m, uint64_t key, baton_session **o
     s->lang = -1;
     s->task = wtok_specials(m->tok)->transcribe;
     s->temperature = -1.0f;
+    s->timestamps = true;
     *out = (baton_session *)s;
     return BATON_STATUS_OK;
 }
@@ -380,9 +400,18 @@ static int read_options(baton_model *m, baton_ctx *ctx, baton_item *it, wh_sessi
                 break;
             }
             s->temperature = (float)t;
+        } else if (!strcmp(key, "timestamps")) {
+            if (!json_is_boolean(v)) {
+                failf(ctx, it, BATON_STATUS_INVALID_ARGUMENT,
+                      "input 'options': timestamps is true or false");
+                rc = -1;
+                break;
+            }
+            s->timestamps = json_is_true(v);
         } else {
             failf(ctx, it, BATON_STATUS_INVALID_ARGUMENT,
-                  "input 'options': unknown key '%s' (language, task, temperature)", key);
+                  "input 'options': unknown key '%s' (language, task, temperature, timestamps)",
+                  key);
             rc = -1;
             break;
         }
@@ -483,8 +512,9 @@ static int read_i32(baton_ctx *ctx, baton_item *it, const char *name, int32_t *v
     return ctx->read(ctx, it, &in->tensor, 0, v, 4);
 }
 
-/* The prompt of S: start of transcript, then language, task and no
- * timestamps, or the start alone when the language is to be detected. */
+/* The prompt of S: start of transcript, then language, task and (without
+ * timestamps) no timestamps, or the start alone when the language is to be
+ * detected. */
 static int prompt_of(const baton_model *m, const wh_session *s, int32_t *p)
 {
     const wtok_special *sp = wtok_specials(m->tok);
@@ -492,7 +522,7 @@ static int prompt_of(const baton_model *m, const wh_session *s, int32_t *p)
     if (s->lang < 0)
         return 1;
     p[1] = s->lang, p[2] = s->task, p[3] = sp->no_timestamps;
-    return 4;
+    return s->timestamps ? 3 : 4;
 }
 
 /* Mode encode: the items' windows in one encoder run. */
@@ -564,8 +594,9 @@ static void encode_batch(baton_model *m, baton_ctx *ctx, baton_item *const *item
         if (put(ctx, it, "token", BATON_DTYPE_I32, 1, &np, p, (uint64_t)np * 4) != 0)
             continue;
         /* Without timestamps a window always moves on by its whole length:
-         * the one that reaches the end is the last. */
-        if ((size_t)s->seek + F >= (size_t)s->content)
+         * the one that reaches the end is the last.  With them, where the
+         * next one starts is known once this one is decoded. */
+        if (!s->timestamps && (size_t)s->seek + F >= (size_t)s->content)
             ctx->finish(ctx, it);
     }
 }
@@ -607,30 +638,129 @@ static size_t text_of(const baton_model *m, wh_session *s, int32_t t, bool end, 
     return done;
 }
 
+/* A growing buffer of bytes, NUL-terminated. */
+typedef struct wh_bytes {
+    char *p;
+    size_t len, cap;
+} wh_bytes;
+
+static int bytes_add(wh_bytes *b, const void *src, size_t n)
+{
+    if (BT_RESERVE_N(b->p, b->len, b->cap, n + 1, 256) < 0)
+        return BT_ENOMEM;
+    memcpy(b->p + b->len, src, n);
+    b->len += n;
+    b->p[b->len] = 0;
+    return 0;
+}
+
+static bool blank(const char *t, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!isspace((unsigned char)t[i]))
+            return false;
+    return true;
+}
+
+/* Seconds rounded to 10 ms, as a JSON number that prints short. */
+static json_t *seconds_json(double x)
+{
+    return json_real(round(x * 100.0) / 100.0);
+}
+
+/* Decoding with timestamps: the segments of S's window that its last token
+ * closed (at the END of the window, all that are left), their texts joined
+ * into TEXT and their JSON lines into LINES; *NEXT the frame the next
+ * window starts at (set at the END only).  0 or BT_ENOMEM. */
+static int segments_of(baton_model *m, wh_session *s, float temperature, bool end, int size,
+                       wh_bytes *text, wh_bytes *lines, int32_t *next)
+{
+    wdec_segment seg[WH_MAX_NEW + 1];
+    int nx = *next;
+    int n = wdec_split(&m->rules, s->toks, s->n_sampled, s->seek, size, end, seg, &nx);
+    int rc = 0;
+    for (int k = s->n_closed; k < n && !rc; k++) {
+        char *t = NULL;
+        size_t tl = 0;
+        const int32_t *ids = s->toks + seg[k].first;
+        rc = wtok_decode(m->tok, ids, (size_t)seg[k].count, &t, &tl);
+        if (rc) {
+            rc = BT_ENOMEM;
+            break;
+        }
+        /* faster-whisper leaves these out (their timestamps still count). */
+        if (round(seg[k].start * 100) == round(seg[k].end * 100) || blank(t, tl)) {
+            free(t);
+            continue;
+        }
+        json_t *tokens = json_array();
+        for (int i = 0; tokens && i < seg[k].count; i++)
+            if (json_array_append_new(tokens, json_integer(ids[i])))
+                json_decref(tokens), tokens = NULL;
+        json_t *o = tokens ? json_pack("{s:i, s:i, s:o, s:o, s:s%, s:o, s:f}", "id", s->n_segments,
+                                       "seek", s->seek, "start", seconds_json(seg[k].start), "end",
+                                       seconds_json(seg[k].end), "text", t, tl, "tokens", tokens,
+                                       "temperature", (double)temperature)
+                           : NULL;
+        char *line = o ? json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(10)) : NULL;
+        if (!line || bytes_add(text, t, tl) || bytes_add(lines, line, strlen(line)) ||
+            bytes_add(lines, "\n", 1))
+            rc = BT_ENOMEM;
+        s->n_segments++;
+        free(line);
+        json_decref(o);
+        free(t);
+    }
+    s->n_closed = n;
+    if (end)
+        *next = nx;
+    return rc;
+}
+
 /* Chooses IT's next token from its logits ROW and sets its outputs. */
 static void choose(baton_model *m, baton_ctx *ctx, baton_item *it, float *row)
 {
     wh_session *s = (wh_session *)it->session;
     const wtok_special *sp = wtok_specials(m->tok);
-    wdec_filter(&m->rules, row, s->n_sampled);
+    wdec_filter(&m->rules, row, s->toks, s->n_sampled, s->timestamps);
     float temp = s->temperature >= 0 ? s->temperature : it->sampling.temperature;
     int32_t t = wdec_pick(&m->rules, row, temp, it->sampling.seed, s->counter++);
-    bool end = t == sp->eot || s->n_sampled >= WH_MAX_NEW ||
-               s->n_prompt + s->n_sampled >= weng_ctx(m->eng);
-    char text[64];
-    size_t len = text_of(m, s, t, end, text);
-    if (!end) {
-        s->n_sampled++, s->last = t;
+    /* A window ends at the end of text, or with its WH_MAX_NEW-th token
+     * (kept, as CTranslate2's max_length keeps it): this step, not the
+     * loop's max_iters, must end it, so that its last segments are cut and
+     * sent and the next window starts where they end. */
+    bool eot = t == sp->eot;
+    bool end = eot || s->n_sampled + 1 >= WH_MAX_NEW ||
+               s->n_prompt + s->n_sampled + 1 >= weng_ctx(m->eng);
+    char small[64];
+    wh_bytes text = {0}, lines = {0};
+    size_t len = 0;
+    if (!s->timestamps)
+        len = text_of(m, s, t, end, small);
+    if (!eot) {
+        s->toks[s->n_sampled++] = t, s->last = t;
         ctx->count_tokens(ctx, it, 0, 1);
     }
-    int F = m->s->n_frames;
-    int32_t next = s->seek + (s->content - s->seek < F ? s->content - s->seek : F);
-    int64_t n = (int64_t)len;
-    if (put_i32(ctx, it, "token", t) || put(ctx, it, "text", BATON_DTYPE_U8, 1, &n, text, len) ||
+    int F = m->s->n_frames, size = s->content - s->seek < F ? s->content - s->seek : F;
+    int32_t next = s->seek + size;
+    if (s->timestamps) {
+        if (segments_of(m, s, temp, end, size, &text, &lines, &next)) {
+            failf(ctx, it, BATON_STATUS_RESOURCE_EXHAUSTED, "out of memory cutting segments");
+            goto out;
+        }
+        len = text.len;
+    }
+    int64_t n = (int64_t)len, nl = (int64_t)lines.len;
+    if (put_i32(ctx, it, "token", t) ||
+        put(ctx, it, "text", BATON_DTYPE_U8, 1, &n, s->timestamps ? text.p : small, len) ||
+        put(ctx, it, "segments", BATON_DTYPE_U8, 1, &nl, lines.p, lines.len) ||
         put_i32(ctx, it, "seek", next))
-        return;
+        goto out;
     if (end)
         ctx->finish(ctx, it);
+out:
+    free(text.p);
+    free(lines.p);
 }
 
 /* Iteration 0 of decode: the window's prompt, after the language is found
@@ -654,6 +784,7 @@ static void decode_first(baton_model *m, baton_ctx *ctx, baton_item *it)
         int64_t zero = 0;
         if (!put_i32(ctx, it, "token", wtok_specials(m->tok)->eot) &&
             !put(ctx, it, "text", BATON_DTYPE_U8, 1, &zero, NULL, 0) &&
+            !put(ctx, it, "segments", BATON_DTYPE_U8, 1, &zero, NULL, 0) &&
             !put_i32(ctx, it, "seek", s->content))
             ctx->finish(ctx, it);
         return;
@@ -679,13 +810,14 @@ static void decode_first(baton_model *m, baton_ctx *ctx, baton_item *it)
     s->n_prompt = np;
     s->n_sampled = 0;
     s->n_carry = 0;
+    s->n_closed = 0;
     ctx->count_tokens(ctx, it, (uint32_t)np, 0);
     choose(m, ctx, it, row);
 }
 
 static void decode_batch(baton_model *m, baton_ctx *ctx, baton_item *const *items, size_t n)
 {
-    static const char *const outs[] = {"token", "text", "seek", NULL};
+    static const char *const outs[] = {"token", "text", "segments", "seek", NULL};
     int32_t *tokens = calloc((size_t)m->slots * 2, sizeof(int32_t)), *lens = tokens + m->slots;
     bool *step = calloc(n ? n : 1, sizeof(bool));
     if (!tokens || !step) {

@@ -1,6 +1,7 @@
 /* Whisper's token rules (backends/whisper/wdecode.h), after CTranslate2's
- * SuppressTokens and SuppressTokensBegin, which faster-whisper's decoding
- * runs. */
+ * SuppressTokens, SuppressTokensBegin and ApplyTimestampRules, which
+ * faster-whisper's decoding runs, and faster-whisper's cutting of a
+ * window into segments. */
 #include "backends/whisper/wdecode.h"
 
 #include <jansson.h>
@@ -58,6 +59,8 @@ int wdec_rules_load(const char *path, const wtok_special *sp, int32_t vocab, wde
     }
     r->vocab = vocab;
     r->sp = *sp;
+    /* faster-whisper's max_initial_timestamp: 1 s. */
+    r->max_initial = 50;
     /* The special tokens that never follow a prompt, as faster-whisper
      * adds them to the suppressed ids. */
     int32_t specials[6] = {sp->transcribe, sp->translate, sp->sot,
@@ -84,25 +87,6 @@ void wdec_rules_free(wdec_rules *r)
     r->n_suppress = r->n_begin = 0;
 }
 
-void wdec_filter(const wdec_rules *r, float *logits, int n)
-{
-    for (size_t i = 0; i < r->n_suppress; i++)
-        logits[r->suppress[i]] = -INFINITY;
-    if (n == 0)
-        for (size_t i = 0; i < r->n_begin; i++)
-            logits[r->suppress_begin[i]] = -INFINITY;
-}
-
-int32_t wdec_pick(const wdec_rules *r, const float *logits, float temperature, uint64_t seed,
-                  uint64_t counter)
-{
-    int32_t tok = 0;
-    if (temperature <= 0 ||
-        k_sample(&tok, logits, 1, r->vocab, temperature, 0, 1.0f, seed, counter) != 0)
-        k_argmax(&tok, logits, 1, r->vocab);
-    return tok;
-}
-
 /* log(sum(exp(x))) over N values. */
 static double logsumexp(const float *x, int32_t n)
 {
@@ -115,6 +99,119 @@ static double logsumexp(const float *x, int32_t n)
     for (int32_t i = 0; i < n; i++)
         s += exp((double)x[i] - m);
     return m + log(s);
+}
+
+static void disable(float *logits, int32_t from, int32_t to)
+{
+    for (int32_t i = from; i < to; i++)
+        logits[i] = -INFINITY;
+}
+
+/* Whisper's timestamp rules, in the order and form of CTranslate2's
+ * ApplyTimestampRules (which differs from OpenAI's reference in small
+ * ways: the probability test is skipped right after a pair). */
+static void timestamp_rules(const wdec_rules *r, float *logits, const int32_t *sampled, int n)
+{
+    const int32_t tb = r->sp.timestamp_begin, end = r->vocab, eot = r->sp.eot;
+    logits[r->sp.no_timestamps] = -INFINITY;
+    bool check = false;
+    if (n == 0) {
+        /* A window starts with a timestamp, and not a late one. */
+        disable(logits, 0, tb);
+        disable(logits, tb + r->max_initial + 1, end);
+    } else if (sampled[n - 1] >= tb) {
+        int32_t last = sampled[n - 1], before = n >= 2 ? sampled[n - 2] : last;
+        if (before >= tb) {
+            /* A pair closed a segment: text follows. */
+            disable(logits, tb, end);
+        } else {
+            /* A segment's end: another timestamp (the next one's start,
+             * not earlier) or the end of text. */
+            disable(logits, 0, eot);
+            disable(logits, tb, last);
+            check = true;
+        }
+    } else {
+        check = true;
+        /* Inside a segment: its end comes after its start. */
+        for (int k = n - 1; k >= 0; k--)
+            if (sampled[k] >= tb) {
+                disable(logits, tb, sampled[k] + 1);
+                break;
+            }
+    }
+    /* When the timestamps together outweigh every text token, one of them
+     * comes next.  Comparing log-sum-exp with the largest logit equals
+     * CTranslate2's comparison of log-probabilities (the same shift). */
+    if (check) {
+        float best = -INFINITY;
+        for (int32_t i = 0; i < tb; i++)
+            best = logits[i] > best ? logits[i] : best;
+        if (logsumexp(logits + tb, end - tb) > (double)best)
+            disable(logits, 0, tb);
+    }
+}
+
+void wdec_filter(const wdec_rules *r, float *logits, const int32_t *sampled, int n,
+                 bool timestamps)
+{
+    for (size_t i = 0; i < r->n_suppress; i++)
+        logits[r->suppress[i]] = -INFINITY;
+    if (n == 0)
+        for (size_t i = 0; i < r->n_begin; i++)
+            logits[r->suppress_begin[i]] = -INFINITY;
+    if (timestamps && r->sp.timestamp_begin > 0 && r->sp.timestamp_begin < r->vocab)
+        timestamp_rules(r, logits, sampled, n);
+}
+
+int wdec_split(const wdec_rules *r, const int32_t *toks, int n, int seek, int size, bool final,
+               wdec_segment *out, int *next_seek)
+{
+    const int32_t tb = r->sp.timestamp_begin;
+    const double offset = seek * WDEC_FRAME_S;
+    int k = 0, last = 0;
+    for (int i = 1; i < n; i++) {
+        if (toks[i] < tb || toks[i - 1] < tb)
+            continue;
+        /* Two timestamps in a row: the segment before them ends. */
+        out[k++] = (wdec_segment){last, i - last, offset + (toks[last] - tb) * WDEC_TS_S,
+                                  offset + (toks[i - 1] - tb) * WDEC_TS_S};
+        last = i;
+    }
+    if (!final)
+        return k;
+    bool single_end = n >= 2 && toks[n - 2] < tb && toks[n - 1] >= tb;
+    int next = seek + size;
+    if (k && single_end) {
+        /* One timestamp at the end: no speech after it. */
+        out[k++] = (wdec_segment){last, n - last, offset + (toks[last] - tb) * WDEC_TS_S,
+                                  offset + (toks[n - 1] - tb) * WDEC_TS_S};
+    } else if (k) {
+        /* The unfinished tail is decoded again, from the last timestamp. */
+        next = seek + (toks[last - 1] - tb) * WDEC_TS_FRAMES;
+    } else {
+        double duration = size * WDEC_FRAME_S;
+        for (int i = n - 1; i >= 0; i--)
+            if (toks[i] >= tb) {
+                if (toks[i] != tb)
+                    duration = (toks[i] - tb) * WDEC_TS_S;
+                break;
+            }
+        out[k++] = (wdec_segment){0, n, offset, offset + duration};
+    }
+    if (next_seek)
+        *next_seek = next;
+    return k;
+}
+
+int32_t wdec_pick(const wdec_rules *r, const float *logits, float temperature, uint64_t seed,
+                  uint64_t counter)
+{
+    int32_t tok = 0;
+    if (temperature <= 0 ||
+        k_sample(&tok, logits, 1, r->vocab, temperature, 0, 1.0f, seed, counter) != 0)
+        k_argmax(&tok, logits, 1, r->vocab);
+    return tok;
 }
 
 int32_t wdec_language(const wdec_rules *r, const float *logits, float *prob)

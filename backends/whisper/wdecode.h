@@ -8,14 +8,19 @@
  *   - at the first sampled token, config.json's "suppress_ids_begin" (the
  *     blank and the end of text), so that a transcript does not start
  *     empty;
+ *   - when decoding with timestamps, Whisper's timestamp rules as
+ *     CTranslate2 applies them (wdec_filter);
  *   - then the largest logit at temperature 0 (the lowest id on ties), or
  *     a sample of softmax(logits / temperature) over all tokens.
  *
- * Language detection reads the first step's logits over the language
- * tokens (wdec_language). */
+ * With timestamps, a window's tokens are cut into segments the way
+ * faster-whisper cuts them, which also says where the next window starts
+ * (wdec_split).  Language detection reads the first step's logits over the
+ * language tokens (wdec_language). */
 #ifndef BATON_BACKENDS_WHISPER_WDECODE_H
 #define BATON_BACKENDS_WHISPER_WDECODE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -28,7 +33,15 @@ typedef struct wdec_rules {
     size_t n_suppress;
     int32_t *suppress_begin;    /* owned; disabled at the first sampled token */
     size_t n_begin;
+    int32_t max_initial;        /* with timestamps: the latest first timestamp, in
+                                   steps of WDEC_TS_S after <|0.00|> (50: 1 s) */
 } wdec_rules;
+
+/* Time steps: a feature frame is 10 ms (hop 160 at 16 kHz), a timestamp
+ * token 20 ms, so a timestamp step is two frames. */
+#define WDEC_FRAME_S 0.01
+#define WDEC_TS_S 0.02
+#define WDEC_TS_FRAMES 2
 
 /* Reads the suppressed ids of the model's config.json at PATH (jansson).
  * BT_EIO, BT_EFORMAT (with the file and the key in ERR), BT_ENOMEM. */
@@ -37,10 +50,38 @@ int wdec_rules_load(const char *path, const wtok_special *sp, int32_t vocab, wde
 void wdec_rules_free(wdec_rules *r); /* releases what load took; R may be zeroed */
 
 /* Disables (sets to -inf) what the rules forbid in LOGITS (r->vocab
- * floats) when N tokens were sampled after the prompt.  Decoding with
- * timestamps (Whisper's timestamp rules) is not built: prompts end with
- * <|notimestamps|>. */
-void wdec_filter(const wdec_rules *r, float *logits, int n);
+ * floats) after the N tokens SAMPLED (those after the prompt).  With
+ * TIMESTAMPS (a prompt without <|notimestamps|>) the timestamp rules apply
+ * too: the first token is a timestamp of at most r->max_initial;
+ * timestamps come in pairs except right before the end of text, never
+ * decrease, and close a segment of nonzero length; and when the
+ * timestamps together are more probable than any text token, the next
+ * token is a timestamp. */
+void wdec_filter(const wdec_rules *r, float *logits, const int32_t *sampled, int n,
+                 bool timestamps);
+
+/* A segment of a window decoded with timestamps: tokens FIRST to
+ * FIRST + COUNT - 1 of the window's sampled tokens (timestamps included),
+ * from START to END seconds of the whole audio. */
+typedef struct wdec_segment {
+    int first, count;
+    double start, end;
+} wdec_segment;
+
+/* The segments of the N tokens TOKS that a window decoded with timestamps
+ * (without the end of text), as faster-whisper cuts them: at every two
+ * timestamps in a row; the tail after the last such pair is a segment only
+ * when it ends in one timestamp, and is otherwise decoded again by the
+ * next window; a window with no such pair is one segment.  SEEK is the
+ * window's first feature frame, SIZE its frames (up to 30 s).
+ *
+ * With FINAL false (decoding goes on) only the segments that two
+ * timestamps in a row have closed; with FINAL true all, and *NEXT_SEEK (may
+ * be NULL) the frame the next window starts at.  Writes at most N + 1
+ * segments to OUT (N / 3 + 1 when the tokens obey the timestamp rules) and
+ * returns how many. */
+int wdec_split(const wdec_rules *r, const int32_t *toks, int n, int seek, int size, bool final,
+               wdec_segment *out, int *next_seek);
 
 /* The token of LOGITS (after wdec_filter): the argmax when TEMPERATURE <= 0,
  * else a sample drawn with the counter-based RNG (SEED, COUNTER). */

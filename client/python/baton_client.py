@@ -285,14 +285,19 @@ class Response:
         return self
 
     def text(self, name=None):
-        """The text of output NAME, or of the first text output, or of the
-        streamed text chunks when no output holds text."""
-        if name is not None:
+        """The text of output NAME, or of the first text output; when no
+        output holds it (a stream), the streamed chunks of NAME, or of the
+        first text stream, joined."""
+        if name is not None and name in self.tensors:
             return self.tensors[name].text()
-        for t in self.tensors.values():
-            if t.is_text:
-                return t.text()
-        data = b"".join(c.tensor.data for c in self.chunks if c.tensor.is_text)
+        if name is None:
+            for t in self.tensors.values():
+                if t.is_text:
+                    return t.text()
+        chunks = [c for c in self.chunks if c.tensor.is_text]
+        if name is None and chunks:
+            name = chunks[0].tensor.name
+        data = b"".join(c.tensor.data for c in chunks if c.tensor.name == name)
         return data.decode("utf-8", errors="replace")
 
     def __repr__(self):

@@ -212,7 +212,7 @@ class Baton:
 
 def transcribe(client, audio, first=None):
     t = bc.Tensor("audio", "f32", [len(audio)], audio.tobytes())
-    opts = json.dumps({"language": "en"}).encode()
+    opts = json.dumps({"language": "en", "timestamps": False}).encode()
     t0 = time.perf_counter()
     rid = client.send("transcribe", {"audio": t, "options": bc.Tensor("options", "u8", [len(opts)],
                                                                          opts)}, stream=True)

@@ -11,7 +11,10 @@ to 8, 44.1 and 48 kHz, some in stereo; and one clip over 60 s, the
 sentences one after another.  Each system gets the same WAV files (baton
 decodes them with libsndfile and resamples with libsoxr; faster-whisper
 with PyAV).  Settings of both: beam 1, temperature 0 without fallback,
-language en, no timestamps, no conditioning on previous text.
+language en, no conditioning on previous text, no skipping of windows
+judged silent (faster-whisper's no_speech_threshold None: baton does not
+judge them); once with timestamps (both systems' default: windows end at
+the last whole segment) and once without.
 
 WER: word-level edit distance over the words of the reference, after
 lower-casing, dropping punctuation and spelling numbers as espeak-ng read
@@ -151,11 +154,11 @@ FW_SCRIPT = r'''
 import json, sys, time
 from faster_whisper import WhisperModel
 model = WhisperModel(sys.argv[1], device="cpu", compute_type=sys.argv[2], cpu_threads=2)
-KW = dict(beam_size=1, temperature=0.0, language="en", without_timestamps=True,
-          condition_on_previous_text=False, vad_filter=False)
+KW = dict(beam_size=1, temperature=0.0, language="en", without_timestamps=sys.argv[3] == "0",
+          condition_on_previous_text=False, vad_filter=False, no_speech_threshold=None)
 out = {}
 t0 = time.perf_counter()
-for path in sys.argv[3:]:
+for path in sys.argv[4:]:
     segs, _ = model.transcribe(path, **KW)
     out[path] = "".join(s.text for s in segs)
 out["seconds"] = time.perf_counter() - t0
@@ -163,18 +166,18 @@ print(json.dumps(out))
 '''
 
 
-def run_fw(py, compute, paths):
-    r = subprocess.run([py, "-c", FW_SCRIPT, bw.MODEL, compute] + paths, capture_output=True,
-                       text=True)
+def run_fw(py, compute, timestamps, paths):
+    r = subprocess.run([py, "-c", FW_SCRIPT, bw.MODEL, compute, "1" if timestamps else "0"] +
+                       paths, capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError("faster-whisper: %s" % r.stderr[-2000:])
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def run_baton(activations, paths, tmp):
+def run_baton(activations, timestamps, paths, tmp):
     srv = bw.Baton(activations, tmp)
     out = {}
-    opts = json.dumps({"language": "en"}).encode()
+    opts = json.dumps({"language": "en", "timestamps": timestamps}).encode()
     try:
         with bc.Client(srv.endpoint) as c:
             t0 = time.perf_counter()
@@ -184,7 +187,7 @@ def run_baton(activations, paths, tmp):
                     "options", "u8", [len(opts)], opts)})
                 if not r.ok:
                     raise RuntimeError("baton %s: %s %s" % (path, r.status, r.message))
-                out[path] = r.text()
+                out[path] = r.text("text")
             out["seconds"] = time.perf_counter() - t0
     finally:
         srv.stop()
@@ -204,20 +207,23 @@ def main():
     with tempfile.TemporaryDirectory(prefix="bench-whisper-wer-") as tmp:
         clips, long = make_clips(tmp)
         paths = [c["path"] for c in clips] + [long["path"]]
-        for act in ("q8", "f32"):
-            results["baton " + act] = run_baton(act, paths, tmp)
-        for compute in ("int8", "float32"):
-            results["faster-whisper " + compute] = run_fw(py, compute, paths)
+        for ts in (True, False):
+            mode = "" if ts else ", no ts"
+            for act in ("q8", "f32"):
+                results["baton " + act + mode] = run_baton(act, ts, paths, tmp)
+            for compute in ("int8", "float32"):
+                results["faster-whisper " + compute + mode] = run_fw(py, compute, ts, paths)
     print("%d clips of %d voices and speeds at 8, 22.05, 44.1 and 48 kHz, and one of %.0f s "
           "at 32 kHz" % (len(clips), len(STYLES), long["seconds"]))
-    print("%-24s %10s %12s %10s" % ("", "WER short", "WER long", "seconds"))
+    print("(\"no ts\": without timestamps)")
+    print("%-30s %10s %12s %10s" % ("", "WER short", "WER long", "seconds"))
     table = {}
     for name, r in results.items():
         short = wer([(c["text"], r[c["path"]]) for c in clips])
         lw = wer([(long["text"], r[long["path"]])])
         table[name] = {"wer_short": short, "wer_long": lw, "seconds": r["seconds"],
                        "texts": {os.path.basename(p): r[p] for p in paths}}
-        print("%-24s %9.1f%% %11.1f%% %10.1f" % (name, 100 * short, 100 * lw, r["seconds"]))
+        print("%-30s %9.1f%% %11.1f%% %10.1f" % (name, 100 * short, 100 * lw, r["seconds"]))
     os.makedirs(os.path.dirname(a.json), exist_ok=True)
     with open(a.json, "w") as f:
         json.dump({"clips": [{k: v for k, v in c.items() if k != "path"} for c in clips],

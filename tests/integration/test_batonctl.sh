@@ -191,6 +191,25 @@ EOF
   expect_rc 0 "transcribe --graph" "$CTL" "${E[@]}" transcribe "$tmp/clip.wav" --graph voice
   tr_req=$("$PY" -c 'import base64,json,sys; q=json.loads(open(sys.argv[1]).readlines()[-1])["infer"]; print(q["graph"], [base64.b64decode(t.get("data", "")).decode() for t in q["inputs"]][1])' "$tmp/requests.log")
   [ "$tr_req" = "voice {}" ] && ok || bad "transcribe --graph: the request had $tr_req"
+  # --no-timestamps goes in the options; --segments prints the segments'
+  # JSON lines as timed lines instead of the text, which otherwise prints
+  # alone.
+  expect_rc 0 "transcribe --no-timestamps" "$CTL" "${E[@]}" transcribe "$tmp/clip.wav" \
+    --no-timestamps
+  tr_req=$("$PY" -c 'import base64,json,sys; q=json.loads(open(sys.argv[1]).readlines()[-1])["infer"]; print([base64.b64decode(t.get("data", "")).decode() for t in q["inputs"]][1])' "$tmp/requests.log")
+  [ "$tr_req" = '{"timestamps": false}' ] && ok || bad "transcribe --no-timestamps: options $tr_req"
+  seg='{"id":0,"start":61.5,"end":67.25,"text":"Hello"}'
+  expect_rc 0 "transcribe --segments" "$CTL" "${E[@]}" transcribe "$tmp/clip.wav" --graph named \
+    --segments --input "segments=text:$seg" --input text=text:Hello
+  expect_out "[01:01.500 --> 01:07.250] Hello" "transcribe --segments"
+  [ "$(grep -c Hello <<<"$out")" = 1 ] && ok || bad "transcribe --segments printed the text too: $out"
+  expect_rc 0 "transcribe, segments not asked for" "$CTL" "${E[@]}" transcribe "$tmp/clip.wav" \
+    --graph named --input "segments=text:$seg" --input text=text:Hello
+  [ "$(grep -c Hello <<<"$out")" = 1 ] && ! grep -q '"start"' <<<"$out" && ok ||
+    bad "transcribe without --segments printed them: $out"
+  expect_rc 2 "--segments with --no-timestamps" "$CTL" "${E[@]}" transcribe "$tmp/clip.wav" \
+    --segments --no-timestamps
+  expect_out "does not go with --no-timestamps" "--segments with --no-timestamps"
   # Two text streams (a voice chat's): each from a line of its own after
   # its name; a stream called text keeps no label.
   expect_rc 0 "two text streams" "$CTL" "${E[@]}" infer named --stream \
@@ -203,7 +222,8 @@ EOF
   expect_out "is not a language code" "transcribe --language"
   expect_rc 2 "transcribe without a file" "$CTL" "${E[@]}" transcribe
   expect_rc 2 "--language with infer" "$CTL" "${E[@]}" infer g --language en
-  expect_out "--language, --task and --graph are for transcribe" "--language is for transcribe"
+  expect_out "--language, --task, --graph, --segments and --no-timestamps are for transcribe" \
+    "--language is for transcribe"
   # Stop strings, max_tokens, the text output and raw text go on the wire.
   expect_rc 0 "generate --stop" "$CTL" "${E[@]}" generate chat "a b" --stop "User:" \
     --stop END --max-tokens 7 --text-output text --raw --request-id stop-1

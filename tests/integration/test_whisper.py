@@ -3,19 +3,23 @@ config/examples/voice.yaml (the whisper backend on one CPU worker, SmolLM2
 on another), driven through the Python client
 (client/python/baton_client.py):
 
-  - the JFK clip as a WAV file's bytes gives faster-whisper's text (the
-    text of tests/unit/data/whisper-ids.tsv), streamed token by token,
-    with the language given and with it detected; sampled at temperature
-    0.9 twice with one seed, one text;
-  - the same audio as F32 samples, three times over (33 s): two windows,
-    the second starting where the first ended;
+  - the JFK clip as a WAV file's bytes gives faster-whisper's segments
+    (times and texts of tests/unit/data/whisper-segments.tsv), streamed a
+    segment at a time, with the language given and with it detected;
+    without timestamps, faster-whisper's text of whisper-ids.tsv, streamed
+    token by token; sampled at temperature 0.9 twice with one seed, one
+    text;
+  - the same audio as F32 samples, three times over with a second of
+    silence between (35 s): the first window ends inside speech, and the
+    second starts at its last timestamp, as faster-whisper's does;
   - four requests at once (their windows and steps batched) each give the
     text alone gives;
   - bad input (not audio, bad options, too few samples, a wrong dtype) ends
     INVALID_ARGUMENT with a message, and the daemon serves on;
   - the OpenAI-compatible endpoints POST /v1/audio/transcriptions and
-    /v1/audio/translations through curl -F (every response_format, the
-    stream of transcript.text.delta events), an MP3 upload (written here by
+    /v1/audio/translations through curl -F (every response_format, with
+    the segments' times in verbose_json, srt and vtt; the stream of
+    transcript.text.delta events), an MP3 upload (written here by
     libsndfile, when it writes MP3), the `openai` package (when
     test_openai.py's venv is there; else SKIP), and the 400/404/413 answers
     to bad uploads;
@@ -68,12 +72,42 @@ def check(cond, what):
 
 
 def expected_text():
+    """faster-whisper's text of the JFK clip without timestamps."""
     with open(os.path.join(ROOT, "tests/unit/data/whisper-ids.tsv")) as f:
         for line in f:
             cols = line.rstrip("\n").split("\t")
             if cols[0] == "jfk.wav":
                 return cols[3]
     raise RuntimeError("whisper-ids.tsv has no line for jfk.wav")
+
+
+def expected_segments(clip):
+    """faster-whisper's segments of CLIP with timestamps: (seek, start, end,
+    text) each."""
+    segs = []
+    with open(os.path.join(ROOT, "tests/unit/data/whisper-segments.tsv")) as f:
+        for line in f:
+            cols = line.rstrip("\n").split("\t")
+            if cols[0] == "segment" and cols[1] == clip:
+                segs.append((int(cols[2]), float(cols[3]), float(cols[4]), cols[5]))
+    if not segs:
+        raise RuntimeError("whisper-segments.tsv has no segment of %s" % clip)
+    return segs
+
+
+def segments_of(data):
+    """The backend's segments (JSON lines) as (seek, start, end, text)."""
+    out = []
+    for ln in data.decode().splitlines():
+        s = json.loads(ln)
+        out.append((s["seek"], s["start"], s["end"], s["text"]))
+    return out
+
+
+def same_segments(got, want):
+    return len(got) == len(want) and all(
+        g[0] == w[0] and abs(g[1] - w[1]) < 0.005 and abs(g[2] - w[2]) < 0.005 and g[3] == w[3]
+        for g, w in zip(got, want))
 
 
 class Server:
@@ -199,7 +233,7 @@ def curl(srv, path, *fields):
     return int(code or 0), body.decode("utf-8", "replace")
 
 
-def check_http(srv, want):
+def check_http(srv, want, want_segs):
     t = "/v1/audio/transcriptions"
     f = "file=@" + JFK
     code, body = curl(srv, t, f, "model=whisper-base", "language=en")
@@ -208,18 +242,23 @@ def check_http(srv, want):
     check(code == 200 and body == want.strip() + "\n", "response_format text: %r" % body)
     code, body = curl(srv, t, f, "model=whisper-base", "response_format=verbose_json")
     v = json.loads(body) if code == 200 else {}
+    segs = [(x["seek"], x["start"], x["end"], x["text"]) for x in v.get("segments", [])]
     check(v.get("text") == want and abs(v.get("duration", 0) - 11.0) < 0.01 and
-          v["segments"][0]["end"] == v["duration"], "verbose_json: %s" % body)
+          same_segments(segs, want_segs) and [x["id"] for x in v["segments"]] == [0, 1] and
+          v["segments"][0]["tokens"][0] == 50364, "verbose_json: %s" % body)
+    def clock(x):
+        return ("00:00:%06.3f" % x).replace(".", ",")
+    cues = "".join("%d\n%s --> %s\n%s\n\n" % (k + 1, clock(x[1]), clock(x[2]), x[3].strip())
+                   for k, x in enumerate(want_segs))
     code, body = curl(srv, t, f, "model=whisper-base", "response_format=srt")
-    check(code == 200 and body.startswith("1\n00:00:00,000 --> 00:00:11,000\n" + want.strip()),
-          "srt: %r" % body)
+    check(code == 200 and body == cues, "srt: %r" % body)
     code, body = curl(srv, t, f, "model=whisper-base", "response_format=vtt")
-    check(code == 200 and body.startswith("WEBVTT\n\n00:00:00.000 --> 00:00:11.000\n"),
-          "vtt: %r" % body)
+    check(code == 200 and body.startswith("WEBVTT\n\n00:00:00.000 --> 00:00:07.600\n") and
+          "\n00:00:07.600 --> 00:00:10.600\nask what" in body, "vtt: %r" % body)
     code, body = curl(srv, t, f, "model=whisper-base", "stream=true")
     events = [json.loads(ln[6:]) for ln in body.splitlines() if ln.startswith("data: ")]
     deltas = "".join(e.get("delta", "") for e in events if e["type"] == "transcript.text.delta")
-    check(code == 200 and len(events) > 10 and deltas == want and
+    check(code == 200 and len(events) == len(want_segs) + 1 and deltas == want and
           events[-1]["type"] == "transcript.text.done" and events[-1]["text"] == want,
           "stream: %d events" % len(events))
     code, body = curl(srv, "/v1/audio/translations", f, "model=whisper-base")
@@ -431,7 +470,9 @@ def main():
         print("SKIP: %s absent (scripts/fetch-model.sh whisper-base smollm2 jfk)"
               % " and ".join(missing))
         return 77
-    want = expected_text()
+    want_plain = expected_text()
+    want_segs = expected_segments("jfk.wav")
+    want = "".join(x[3] for x in want_segs)
     wav = open(JFK, "rb").read()
     srv = Server()
     try:
@@ -439,10 +480,28 @@ def main():
             r = transcribe(c, wav, options(language="en"))
             check(r.ok, "jfk.wav transcribed: %s %s" % (r.status, r.message))
             check(r.text() == want, "the text is faster-whisper's: %r" % r.text())
-            check(len(r.chunks) > 10, "the text streamed in %d chunks" % len(r.chunks))
+            segs = segments_of(b"".join(ch.tensor.data for ch in r.chunks
+                                        if ch.tensor.name == "segments"))
+            check(same_segments(segs, want_segs),
+                  "the segments are faster-whisper's: %r" % segs)
+            check(len([ch for ch in r.chunks if ch.tensor.name == "text"]) == len(want_segs),
+                  "the text streamed a segment at a time: %d chunks" % len(r.chunks))
+            check(r.usage.get("completion_tokens") == 28 and r.usage.get("prompt_tokens") == 3,
+                  "usage counts the prompt and the 28 tokens (4 timestamps): %r" % r.usage)
+            check(r.loop_ends.get("windows") == "finish", "windows ended: %r" % r.loop_ends)
+
+            r = transcribe(c, wav, options(language="en", timestamps=False))
+            check(r.ok and r.text() == want_plain,
+                  "without timestamps, faster-whisper's text: %r" % r.text())
+            check(len(r.chunks) > 10 and not r.text("segments"),
+                  "without timestamps the text streamed in %d chunks, no segments"
+                  % len(r.chunks))
             check(r.usage.get("completion_tokens") == 25 and r.usage.get("prompt_tokens") == 4,
-                  "usage counts the prompt and the 25 tokens: %r" % r.usage)
-            check(r.loop_ends.get("windows") == "finish", "one window: %r" % r.loop_ends)
+                  "usage without timestamps: the prompt and 25 tokens: %r" % r.usage)
+            r2 = transcribe(c, wav, options(language="en"), stream=False)
+            check(r2.ok and r2.text("text") == want and
+                  same_segments(segments_of(r2.tensors["segments"].data), want_segs),
+                  "without stream: outputs text and segments: %r" % sorted(r2.tensors))
 
             r = transcribe(c, wav, bc.Tensor("options", "u8", [0], b""))
             check(r.ok and r.text() == want, "language detected: %r" % r.text())
@@ -457,14 +516,23 @@ def main():
                   "sampling at temperature 0.9, seed 11, twice: %r" % texts)
 
             pcm = samples(JFK)
-            long = pcm + pcm + pcm
-            r = transcribe(c, long, options(language="en"))
-            t = r.text()
-            check(r.ok, "33 s of samples: %s %s" % (r.status, r.message))
-            n = t.count("ask not what your country can do for you")
-            check(n >= 2, "two windows, the sentence %d times: %r" % (n, t))
+            gap = array.array("f", [0.0] * 16000)
+            r = transcribe(c, pcm + gap + pcm + gap + pcm, options(language="en"))
+            check(r.ok, "35 s of samples: %s %s" % (r.status, r.message))
+            segs = segments_of(b"".join(ch.tensor.data for ch in r.chunks
+                                        if ch.tensor.name == "segments"))
+            check(same_segments(segs, expected_segments("jfk.wav*3")),
+                  "35 s: faster-whisper's segments, the last from the window that seeked back: %r"
+                  % segs)
             runs = [x for x in r.timings if x.node == "encode"]
-            check(len(runs) == 2, "the encoder ran for 2 windows: %d" % len(runs))
+            check(len(runs) == 3, "the encoder ran for 2 windows and the empty one that ends "
+                  "the loop: %d" % len(runs))
+            r = transcribe(c, pcm + pcm + pcm, options(language="en", timestamps=False))
+            n = r.text().count("ask not what your country can do for you")
+            runs = [x for x in r.timings if x.node == "encode"]
+            check(r.ok and n >= 2 and len(runs) == 2,
+                  "33 s without timestamps: 2 windows, the second where the first ended (%d "
+                  "runs): %r" % (len(runs), r.text()))
 
             # Bad input: a clear error each, and the daemon serves on.
             for audio, opts, what, words in [
@@ -473,6 +541,8 @@ def main():
                     (wav, options(language="xx"), "unknown language", "language 'xx'"),
                     (wav, options(task="summarize"), "unknown task", "task"),
                     (wav, options(beam=5), "unknown option", "unknown key 'beam'"),
+                    (wav, options(timestamps="yes"), "timestamps not a boolean",
+                     "timestamps is true or false"),
                     (array.array("f", [0.0] * 10), options(), "ten samples", "frame"),
                     (bc.Tensor("audio", "i32", [4], bytes(16)), options(), "I32 audio",
                      "U8")]:
@@ -482,7 +552,7 @@ def main():
             check(c.health().ready, "ready after the bad requests")
 
         answer = check_voice_chat(srv, wav, want)
-        check_http(srv, want)
+        check_http(srv, want, want_segs)
         check_voice_http(srv, wav, want, answer)
 
         # Four at once: batched windows and steps, each the text alone gives.

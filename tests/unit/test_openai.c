@@ -428,10 +428,53 @@ static void test_completions(void **state)
     json_decref(j), free(ev);
 }
 
+/* The audio answers: segments from the backend's JSON lines give
+ * verbose_json its segments (numbered from 0) and srt and vtt one cue each;
+ * a line that is no segment is skipped; without any, one span. */
+static void test_audio_formats(void **state)
+{
+    (void)state;
+    const char *text = " Hello there. General Kenobi.";
+    const char *segs = "{\"id\":3,\"seek\":0,\"start\":0.0,\"end\":1.5,\"text\":\" Hello there.\","
+                       "\"tokens\":[50364,1],\"temperature\":0.0}\n"
+                       "not json\n"
+                       "{\"id\":4,\"seek\":300,\"start\":3661.25,\"end\":3662.0,"
+                       "\"text\":\" General Kenobi.\",\"tokens\":[],\"temperature\":0.0}\n";
+    oa_usage u = {3, 9};
+    const char *ct;
+    char *srt = oa_audio_response(OA_AUDIO_SRT, text, strlen(text), segs, strlen(segs), 3662.5,
+                                  "transcribe", "en", &u, &ct);
+    assert_non_null(srt);
+    assert_string_equal(srt, "1\n00:00:00,000 --> 00:00:01,500\nHello there.\n\n"
+                             "2\n01:01:01,250 --> 01:01:02,000\nGeneral Kenobi.\n\n");
+    assert_non_null(strstr(ct, "subrip"));
+    char *vtt = oa_audio_response(OA_AUDIO_VTT, text, strlen(text), segs, strlen(segs), 3662.5,
+                                  "transcribe", "en", &u, &ct);
+    assert_string_equal(vtt, "WEBVTT\n\n00:00:00.000 --> 00:00:01.500\nHello there.\n\n"
+                             "01:01:01.250 --> 01:01:02.000\nGeneral Kenobi.\n\n");
+    char *vj = oa_audio_response(OA_AUDIO_VERBOSE_JSON, text, strlen(text), segs, strlen(segs),
+                                 3662.5, "transcribe", "en", &u, &ct);
+    json_t *v = json_loads(vj, 0, NULL);
+    json_t *a = json_object_get(v, "segments");
+    assert_int_equal(json_array_size(a), 2);
+    assert_int_equal(json_integer_value(json_object_get(json_array_get(a, 0), "id")), 0);
+    assert_int_equal(json_integer_value(json_object_get(json_array_get(a, 1), "id")), 1);
+    assert_int_equal(json_integer_value(json_object_get(json_array_get(a, 1), "seek")), 300);
+    assert_true(json_real_value(json_object_get(json_array_get(a, 1), "start")) == 3661.25);
+    assert_string_equal(json_string_value(json_object_get(v, "text")), text);
+    json_decref(v);
+    /* No segments: one span over the audio. */
+    char *one = oa_audio_response(OA_AUDIO_SRT, text, strlen(text), NULL, 0, 2.0, "transcribe",
+                                  "", &u, &ct);
+    assert_string_equal(one, "1\n00:00:00,000 --> 00:00:02,000\nHello there. General Kenobi.\n\n");
+    free(srt), free(vtt), free(vj), free(one);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_completions),
+        cmocka_unit_test(test_audio_formats),
         cmocka_unit_test(test_parse_fields),
         cmocka_unit_test(test_parse_refusals),
         cmocka_unit_test(test_input_audio),

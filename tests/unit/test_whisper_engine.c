@@ -6,8 +6,11 @@
  * faster-whisper's rules; the ids must equal faster-whisper's, with f32
  * activations.  With 8-bit products (the CPU's fast path) the ids may
  * differ only where the f32 logits were at a near tie, by the rule of the
- * transformer's tests.  And slots: two sequences stepped together give the
- * ids each gives alone.
+ * transformer's tests.  With timestamps (tests/unit/data/whisper-segments.tsv,
+ * same script), every window's ids, where each window starts, and the
+ * segments' times and texts equal faster-whisper's, on a clip long enough
+ * that a window ends inside speech.  And slots: two sequences stepped
+ * together give the ids each gives alone.
  *
  * WHISPER_TEST_DEVICE=cuda:0 runs the engine on that device (the CUDA
  * emulator in make test), f32 only. */
@@ -37,6 +40,7 @@
 #define DIR "models/whisper-base"
 #define MODEL DIR "/model.bin"
 #define IDS "tests/unit/data/whisper-ids.tsv"
+#define SEGMENTS "tests/unit/data/whisper-segments.tsv"
 #define SAMPLES "models/samples"
 
 typedef struct want {
@@ -121,63 +125,97 @@ static void teardown(fixture *fx)
     wmel_destroy(fx->mel);
 }
 
-/* The window of the clip's features at frame SEEK, time-major and padded
- * with zeros to n_frames, as faster-whisper cuts it (the features' last
- * frame left out). */
-static float *window(fixture *fx, const char *clip, int seek)
+/* The samples of clip NAME: a file of SAMPLES, or "FILE*N", the file N
+ * times with one second of silence between (as scripts/gen-whisper-ids.py
+ * makes it). */
+static float *clip_audio(const char *name, size_t *n)
 {
     char path[256];
-    snprintf(path, sizeof(path), SAMPLES "/%.63s", clip);
+    int times = 1;
+    const char *star = strchr(name, '*');
+    if (star)
+        times = atoi(star + 1);
+    snprintf(path, sizeof(path), SAMPLES "/%.*s", star ? (int)(star - name) : 63, name);
     void *data;
     size_t size;
     char err[256];
     if (bt_mapfile_map(path, path, &data, &size, err, sizeof(err)) != 0)
         fail_msg("%s", err);
     float *pcm = NULL;
-    size_t n = 0;
-    int rc = waudio_decode(data, size, 0, &pcm, &n, NULL, err, sizeof(err));
+    size_t len = 0;
+    int rc = waudio_decode(data, size, 0, &pcm, &len, NULL, err, sizeof(err));
     bt_mapfile_unmap(data, size);
     if (rc)
         fail_msg("%s: %s", path, err);
+    size_t gap = WMEL_SAMPLE_RATE, all = len * (size_t)times + gap * (size_t)(times - 1);
+    float *out = calloc(all, sizeof(float));
+    assert_non_null(out);
+    for (int i = 0; i < times; i++)
+        memcpy(out + (size_t)i * (len + gap), pcm, len * sizeof(float));
+    free(pcm);
+    *n = all;
+    return out;
+}
+
+/* The window of the clip's features at frame SEEK, time-major and padded
+ * with zeros to n_frames, as faster-whisper cuts it (the features' last
+ * frame left out); the clip's frames in *CONTENT (may be NULL). */
+static float *window_of(fixture *fx, const char *clip, int seek, int *content)
+{
+    size_t n = 0;
+    float *pcm = clip_audio(clip, &n);
     size_t frames = wmel_frames(n), M = (size_t)fx->s->n_mels, F = (size_t)fx->s->n_frames;
     float *feat = malloc(frames * M * sizeof(float)), *w = calloc(F * M, sizeof(float));
     assert_non_null(feat);
     assert_non_null(w);
     assert_int_equal(wmel_compute(fx->mel, pcm, n, feat), 0);
-    size_t content = frames - 1;
-    for (size_t t = 0; t < F && (size_t)seek + t < content; t++)
+    size_t frames_in = frames - 1;
+    for (size_t t = 0; t < F && (size_t)seek + t < frames_in; t++)
         for (size_t m = 0; m < M; m++)
             w[t * M + m] = feat[m * frames + (size_t)seek + t];
+    if (content)
+        *content = (int)frames_in;
     free(feat);
     free(pcm);
     return w;
 }
 
-/* The prompt for English transcription without timestamps. */
-static int prompt(fixture *fx, int32_t *p)
+static float *window(fixture *fx, const char *clip, int seek)
+{
+    return window_of(fx, clip, seek, NULL);
+}
+
+/* The prompt for English transcription, with or without TIMESTAMPS. */
+static int prompt_ts(fixture *fx, int32_t *p, bool timestamps)
 {
     const wtok_special *sp = wtok_specials(fx->tok);
     p[0] = sp->sot;
     p[1] = wtok_lang_id(fx->tok, "en");
     p[2] = sp->transcribe;
     p[3] = sp->no_timestamps;
-    return 4;
+    return timestamps ? 3 : 4;
+}
+
+static int prompt(fixture *fx, int32_t *p)
+{
+    return prompt_ts(fx, p, false);
 }
 
 /* Greedy ids of window WIN of the last encode, in slot SLOT (the slots
- * below it left out of every step); with KEEP non-NULL, the filtered logits
- * of step i are kept at KEEP + i * vocab. */
-static int greedy(fixture *fx, int slot, int win, int32_t *out, int max, float *keep)
+ * below it left out of every step), with or without TIMESTAMPS; with KEEP
+ * non-NULL, the filtered logits of step i are kept at KEEP + i * vocab. */
+static int greedy_ts(fixture *fx, int slot, int win, int32_t *out, int max, float *keep,
+                     bool timestamps)
 {
     int32_t p[8];
-    int np = prompt(fx, p), n = 0;
+    int np = prompt_ts(fx, p, timestamps), n = 0;
     float *lg = malloc((size_t)fx->s->vocab * sizeof(float) * (size_t)(slot + 1));
     assert_non_null(lg);
     float *row = lg + (size_t)slot * fx->s->vocab;
     assert_int_equal(weng_prompt(fx->eng, slot, weng_audio(fx->eng, win), p, np, row), 0);
     int32_t lens[8], toks[8];
     for (;;) {
-        wdec_filter(&fx->rules, row, n);
+        wdec_filter(&fx->rules, row, out, n, timestamps);
         if (keep)
             memcpy(keep + (size_t)n * fx->s->vocab, row, (size_t)fx->s->vocab * sizeof(float));
         int32_t t = wdec_pick(&fx->rules, row, 0, 0, 0);
@@ -190,6 +228,11 @@ static int greedy(fixture *fx, int slot, int win, int32_t *out, int max, float *
     }
     free(lg);
     return n;
+}
+
+static int greedy(fixture *fx, int slot, int win, int32_t *out, int max, float *keep)
+{
+    return greedy_ts(fx, slot, win, out, max, keep, false);
 }
 
 #define MAX_NEW 224 /* faster-whisper's limit: half the decoder's positions */
@@ -289,6 +332,138 @@ static void test_ids_q8(void **state)
     check_clips(1);
 }
 
+/* One line of whisper-segments.tsv. */
+typedef struct seg_line {
+    bool window;           /* a window's ids, else a segment */
+    char clip[64];
+    int k_or_seek;         /* the window's index, or the segment's seek */
+    double start, end;
+    char text[512];
+    int32_t ids[448];
+    int n;
+} seg_line;
+
+static int read_segment_lines(seg_line *l, int max)
+{
+    FILE *f = fopen(SEGMENTS, "r");
+    assert_non_null(f);
+    char line[8192];
+    int n = 0;
+    while (fgets(line, sizeof(line), f)) {
+        if (line[0] == '#')
+            continue;
+        line[strcspn(line, "\n")] = 0;
+        assert_true(n < max);
+        seg_line *x = &l[n++];
+        memset(x, 0, sizeof(*x));
+        char *kind = strtok(line, "\t"), *clip = strtok(NULL, "\t"), *k = strtok(NULL, "\t");
+        assert_non_null(k);
+        x->window = !strcmp(kind, "window");
+        snprintf(x->clip, sizeof(x->clip), "%s", clip);
+        x->k_or_seek = atoi(k);
+        if (x->window) {
+            for (char *p = strtok(NULL, " "); p; p = strtok(NULL, " "))
+                x->ids[x->n++] = (int32_t)atoi(p);
+        } else {
+            x->start = atof(strtok(NULL, "\t"));
+            x->end = atof(strtok(NULL, "\t"));
+            char *text = strtok(NULL, "");
+            snprintf(x->text, sizeof(x->text), "%s", text ? text : "");
+        }
+    }
+    fclose(f);
+    return n;
+}
+
+/* Decoding with timestamps, window after window as the backend seeks:
+ * every window's ids, the frames the windows start at, and the segments
+ * (times, texts, which are left out) equal faster-whisper's. */
+static void test_segments_f32(void **state)
+{
+    (void)state;
+    need_files();
+    static seg_line want_l[64];
+    int n_lines = read_segment_lines(want_l, 64);
+    fixture fx;
+    setup(&fx, 0, 1);
+    int line = 0, clips = 0, seeks_back = 0;
+    while (line < n_lines) {
+        const char *clip = want_l[line].clip;
+        int seek = 0, content = 0, k = 0;
+        clips++;
+        for (;;) {
+            float *win = window_of(&fx, clip, seek, &content);
+            if (seek >= content) {
+                free(win);
+                break;
+            }
+            assert_int_equal(weng_encode(fx.eng, win, 1), 0);
+            free(win);
+            int32_t got[448];
+            int n = greedy_ts(&fx, 0, 0, got, MAX_NEW, NULL, true);
+            seg_line *w = &want_l[line++];
+            assert_true(w->window && !strcmp(w->clip, clip) && w->k_or_seek == k);
+            int same = 0;
+            while (same < n && same < w->n && got[same] == w->ids[same])
+                same++;
+            if (same != n || n != w->n)
+                fail_msg("%s window %d (frame %d): ids differ from faster-whisper's at %d (got "
+                         "%d, want %d)", clip, k, seek, same, same < n ? got[same] : -1,
+                         same < w->n ? w->ids[same] : -1);
+            /* The segments come after all of the clip's windows. */
+            int size = content - seek < fx.s->n_frames ? content - seek : fx.s->n_frames, next;
+            wdec_segment seg[MAX_NEW + 1];
+            int ns = wdec_split(&fx.rules, got, n, seek, size, true, seg, &next);
+            static struct {
+                int seek;
+                double start, end;
+                char *text;
+            } mine[64];
+            static int n_mine;
+            if (k == 0)
+                n_mine = 0;
+            for (int i = 0; i < ns; i++) {
+                char *text;
+                size_t len;
+                assert_int_equal(wtok_decode(fx.tok, got + seg[i].first, (size_t)seg[i].count,
+                                             &text, &len), 0);
+                bool blank = strspn(text, " \t\n") == len;
+                if (round(seg[i].start * 100) == round(seg[i].end * 100) || blank) {
+                    free(text);
+                    continue;
+                }
+                mine[n_mine].seek = seek, mine[n_mine].start = seg[i].start;
+                mine[n_mine].end = seg[i].end, mine[n_mine].text = text;
+                n_mine++;
+            }
+            assert_true(next > seek || next >= content);
+            seeks_back += next < seek + size;
+            print_message("%s window %d at frame %d: %d ids, %d segments, next at %d\n", clip, k,
+                          seek, n, ns, next);
+            seek = next, k++;
+            if (seek >= content) {
+                for (int i = 0; i < n_mine; i++) {
+                    seg_line *e = &want_l[line++];
+                    assert_false(e->window);
+                    assert_string_equal(e->clip, clip);
+                    assert_int_equal(mine[i].seek, e->k_or_seek);
+                    assert_true(fabs(mine[i].start - e->start) < 0.005);
+                    assert_true(fabs(mine[i].end - e->end) < 0.005);
+                    assert_string_equal(mine[i].text, e->text);
+                    free(mine[i].text);
+                }
+                /* No segment of faster-whisper's is missing. */
+                assert_true(line >= n_lines || want_l[line].window);
+                break;
+            }
+        }
+    }
+    assert_int_equal(clips, 2);
+    /* The long clip's first window ends inside speech. */
+    assert_true(seeks_back >= 1);
+    teardown(&fx);
+}
+
 /* Two windows encoded in one run and decoded in slots 0 and 1 stepped
  * together give the ids each gives alone, in slot 0 with one window. */
 static void test_slots(void **state)
@@ -325,7 +500,7 @@ static void test_slots(void **state)
             lens[w] = -1, toks[w] = 0;
             if (done[w])
                 continue;
-            wdec_filter(&fx.rules, lg + w * V, nt[w]);
+            wdec_filter(&fx.rules, lg + w * V, together[w], nt[w], false);
             int32_t t = wdec_pick(&fx.rules, lg + w * V, 0, 0, 0);
             if (t == eot || nt[w] == MAX_NEW) {
                 done[w] = true;
@@ -391,6 +566,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ids_f32),
         cmocka_unit_test(test_ids_q8),
+        cmocka_unit_test(test_segments_f32),
         cmocka_unit_test(test_slots),
         cmocka_unit_test(test_bad_calls),
     };
