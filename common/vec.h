@@ -38,4 +38,9 @@ static inline int bt_reserve_(void **arr, size_t n, size_t more, size_t *cap, si
     return bt_grow_(arr, n, more, cap, elem, first);
 }
 
+/* Appends the N bytes at P to the NUL-terminated text *BUF (LEN bytes in
+ * it, CAP allocated; NULL and 0 before the first), keeping the NUL.  0 or
+ * BT_ENOMEM (nothing appended). */
+int bt_bytes_add(char **buf, size_t *len, size_t *cap, const void *p, size_t n);
+
 #endif

@@ -258,18 +258,6 @@ typedef struct gw_chat {
     size_t out_len, out_at;      /* bytes in OUT, and how many MHD has taken */
 } gw_chat;
 
-/* Appends N bytes at P to the NUL-terminated buffer *BUF (LEN bytes in
- * it, CAP allocated).  0 or BT_ENOMEM. */
-static int bytes_add(char **buf, size_t *len, size_t *cap, const void *p, size_t n)
-{
-    if (BT_RESERVE_N(*buf, *len, *cap, n + 1, 256) < 0)
-        return BT_ENOMEM;
-    memcpy(*buf + *len, p, n);
-    *len += n;
-    (*buf)[*len] = 0;
-    return 0;
-}
-
 /* Waits for the next message of the request and takes it in: a text chunk
  * of the model's output, or the end.  Returns 0, or -1 when the conductor
  * stays silent (the request is then ended as UNAVAILABLE). */
@@ -296,30 +284,22 @@ static int chat_step(gw_chat *ch, int timeout_ms)
     const char *name = ev->kind == BATON_CLIENT_EVENT_CHUNK && !ch->cancelled ? ev->value.name
                                                                                : NULL;
     bool heard = name && ch->model->transcript && strcmp(name, ch->model->transcript) == 0;
+    const uint8_t *p = name ? ev->value.data : NULL;
+    size_t n = name ? ev->value.nbytes : 0;
+    rc = 0;
     if (name && ch->audio && ch->model->segments && strcmp(name, ch->model->segments) == 0) {
         /* Kept for verbose_json and subtitles; a stream sends text only. */
-        if (bytes_add(&ch->segs, &ch->segs_len, &ch->segs_cap, ev->value.data,
-                      ev->value.nbytes) != 0) {
-            ch->cancelled = true;
-            baton_client_cancel(ch->client, ch->id);
-        }
+        rc = bt_bytes_add(&ch->segs, &ch->segs_len, &ch->segs_cap, p, n);
     } else if (name && (heard || strcmp(name, ch->model->output) == 0)) {
         /* A voice chat's transcript is kept whole (and streamed from
          * there); an audio transcription's text both whole and as it
          * comes; an answer's as it comes. */
-        const uint8_t *p = ev->value.data;
-        size_t n = ev->value.nbytes;
-        rc = 0;
         if (heard || ch->audio)
-            rc = bytes_add(&ch->all, &ch->all_len, &ch->all_cap, p, n);
+            rc = bt_bytes_add(&ch->all, &ch->all_len, &ch->all_cap, p, n);
         if (!heard) {
             ch->tokens++;
             if (rc == 0)
-                rc = bytes_add(&ch->text, &ch->len, &ch->cap, p, n);
-        }
-        if (rc != 0) {
-            ch->cancelled = true;
-            baton_client_cancel(ch->client, ch->id);
+                rc = bt_bytes_add(&ch->text, &ch->len, &ch->cap, p, n);
         }
     } else if (ev->kind == BATON_CLIENT_EVENT_RESPONSE) {
         ch->ended = true;
@@ -347,6 +327,11 @@ static int chat_step(gw_chat *ch, int timeout_ms)
                     ev->loop_ends[i].how == BATON_CLIENT_LOOP_MAX_ITERS)
                     ch->finish = "length";
         }
+    }
+    if (rc != 0) {
+        /* Out of memory keeping what came: the request is given up. */
+        ch->cancelled = true;
+        baton_client_cancel(ch->client, ch->id);
     }
     baton_client_event_free(ev);
     return 0;
@@ -932,7 +917,7 @@ static void body_add(gw_conn *hc, const char *data, size_t n, uint64_t max)
         hc->too_big = true;
         return;
     }
-    if (bytes_add(&hc->body, &hc->len, &hc->cap, data, n) < 0)
+    if (bt_bytes_add(&hc->body, &hc->len, &hc->cap, data, n) < 0)
         hc->too_big = true;
 }
 

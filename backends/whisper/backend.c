@@ -49,7 +49,6 @@
 #include "backends/whisper/whisper.h"
 
 #include <assert.h>
-#include <ctype.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
@@ -84,7 +83,6 @@ typedef struct wh_session {
     int seek;                    /* the current window's first frame */
     int n_prompt;                /* tokens of the prompt in the slot */
     int n_sampled;               /* this window's tokens after the prompt */
-    int32_t last;                /* the last of them */
     int32_t toks[WH_MAX_NEW];    /* all of them (the timestamp rules read them) */
     int n_closed;                /* this window's segments sent so far */
     int n_segments;              /* segments sent in all windows (their ids) */
@@ -638,58 +636,38 @@ static size_t text_of(const baton_model *m, wh_session *s, int32_t t, bool end, 
     return done;
 }
 
-/* A growing buffer of bytes, NUL-terminated. */
-typedef struct wh_bytes {
-    char *p;
-    size_t len, cap;
-} wh_bytes;
-
-static int bytes_add(wh_bytes *b, const void *src, size_t n)
-{
-    if (BT_RESERVE_N(b->p, b->len, b->cap, n + 1, 256) < 0)
-        return BT_ENOMEM;
-    memcpy(b->p + b->len, src, n);
-    b->len += n;
-    b->p[b->len] = 0;
-    return 0;
-}
-
-static bool blank(const char *t, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        if (!isspace((unsigned char)t[i]))
-            return false;
-    return true;
-}
-
 /* Seconds rounded to 10 ms, as a JSON number that prints short. */
 static json_t *seconds_json(double x)
 {
     return json_real(round(x * 100.0) / 100.0);
 }
 
+/* What a decode step sends: its text and its segments' JSON lines (each
+ * NUL-terminated, bt_bytes_add's; owned). */
+typedef struct wh_out {
+    char *text, *lines;
+    size_t len, cap, lines_len, lines_cap;
+} wh_out;
+
 /* Decoding with timestamps: the segments of S's window that its last token
- * closed (at the END of the window, all that are left), their texts joined
- * into TEXT and their JSON lines into LINES; *NEXT the frame the next
- * window starts at (set at the END only).  0 or BT_ENOMEM. */
+ * closed (at the END of the window, all that are left), their texts and
+ * JSON lines appended to O; at the END, *NEXT the frame the next window
+ * starts at.  0 or BT_ENOMEM. */
 static int segments_of(baton_model *m, wh_session *s, float temperature, bool end, int size,
-                       wh_bytes *text, wh_bytes *lines, int32_t *next)
+                       wh_out *o, int *next)
 {
     wdec_segment seg[WH_MAX_NEW + 1];
-    int nx = *next;
-    int n = wdec_split(&m->rules, s->toks, s->n_sampled, s->seek, size, end, seg, &nx);
+    int n = wdec_split(&m->rules, s->toks, s->n_sampled, s->seek, size, end, seg, next);
     int rc = 0;
     for (int k = s->n_closed; k < n && !rc; k++) {
-        char *t = NULL;
+        char *t = NULL, *line = NULL;
         size_t tl = 0;
         const int32_t *ids = s->toks + seg[k].first;
-        rc = wtok_decode(m->tok, ids, (size_t)seg[k].count, &t, &tl);
-        if (rc) {
+        if (wtok_decode(m->tok, ids, (size_t)seg[k].count, &t, &tl) != 0) {
             rc = BT_ENOMEM;
             break;
         }
-        /* faster-whisper leaves these out (their timestamps still count). */
-        if (round(seg[k].start * 100) == round(seg[k].end * 100) || blank(t, tl)) {
+        if (!wdec_segment_shown(&seg[k], t, tl)) {
             free(t);
             continue;
         }
@@ -697,23 +675,23 @@ static int segments_of(baton_model *m, wh_session *s, float temperature, bool en
         for (int i = 0; tokens && i < seg[k].count; i++)
             if (json_array_append_new(tokens, json_integer(ids[i])))
                 json_decref(tokens), tokens = NULL;
-        json_t *o = tokens ? json_pack("{s:i, s:i, s:o, s:o, s:s%, s:o, s:f}", "id", s->n_segments,
+        json_t *js = tokens ? json_pack("{s:i, s:i, s:o, s:o, s:s%, s:o, s:f}", "id", s->n_segments,
                                        "seek", s->seek, "start", seconds_json(seg[k].start), "end",
                                        seconds_json(seg[k].end), "text", t, tl, "tokens", tokens,
                                        "temperature", (double)temperature)
-                           : NULL;
-        char *line = o ? json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(10)) : NULL;
-        if (!line || bytes_add(text, t, tl) || bytes_add(lines, line, strlen(line)) ||
-            bytes_add(lines, "\n", 1))
+                            : NULL;
+        if (js)
+            line = json_dumps(js, JSON_COMPACT | JSON_REAL_PRECISION(10));
+        if (!line || bt_bytes_add(&o->text, &o->len, &o->cap, t, tl) ||
+            bt_bytes_add(&o->lines, &o->lines_len, &o->lines_cap, line, strlen(line)) ||
+            bt_bytes_add(&o->lines, &o->lines_len, &o->lines_cap, "\n", 1))
             rc = BT_ENOMEM;
         s->n_segments++;
         free(line);
-        json_decref(o);
+        json_decref(js);
         free(t);
     }
     s->n_closed = n;
-    if (end)
-        *next = nx;
     return rc;
 }
 
@@ -732,35 +710,36 @@ static void choose(baton_model *m, baton_ctx *ctx, baton_item *it, float *row)
     bool eot = t == sp->eot;
     bool end = eot || s->n_sampled + 1 >= WH_MAX_NEW ||
                s->n_prompt + s->n_sampled + 1 >= weng_ctx(m->eng);
-    char small[64];
-    wh_bytes text = {0}, lines = {0};
-    size_t len = 0;
-    if (!s->timestamps)
-        len = text_of(m, s, t, end, small);
+    wh_out o = {0};
+    int rc = 0;
+    if (!s->timestamps) {
+        char piece[64];
+        size_t n = text_of(m, s, t, end, piece);
+        rc = bt_bytes_add(&o.text, &o.len, &o.cap, piece, n);
+    }
     if (!eot) {
-        s->toks[s->n_sampled++] = t, s->last = t;
+        s->toks[s->n_sampled++] = t;
         ctx->count_tokens(ctx, it, 0, 1);
     }
     int F = m->s->n_frames, size = s->content - s->seek < F ? s->content - s->seek : F;
-    int32_t next = s->seek + size;
-    if (s->timestamps) {
-        if (segments_of(m, s, temp, end, size, &text, &lines, &next)) {
-            failf(ctx, it, BATON_STATUS_RESOURCE_EXHAUSTED, "out of memory cutting segments");
-            goto out;
-        }
-        len = text.len;
+    int next = s->seek + size;
+    if (!rc && s->timestamps)
+        rc = segments_of(m, s, temp, end, size, &o, &next);
+    if (rc) {
+        failf(ctx, it, BATON_STATUS_RESOURCE_EXHAUSTED, "out of memory for the text");
+        goto out;
     }
-    int64_t n = (int64_t)len, nl = (int64_t)lines.len;
+    int64_t n = (int64_t)o.len, nl = (int64_t)o.lines_len;
     if (put_i32(ctx, it, "token", t) ||
-        put(ctx, it, "text", BATON_DTYPE_U8, 1, &n, s->timestamps ? text.p : small, len) ||
-        put(ctx, it, "segments", BATON_DTYPE_U8, 1, &nl, lines.p, lines.len) ||
+        put(ctx, it, "text", BATON_DTYPE_U8, 1, &n, o.text, o.len) ||
+        put(ctx, it, "segments", BATON_DTYPE_U8, 1, &nl, o.lines, o.lines_len) ||
         put_i32(ctx, it, "seek", next))
         goto out;
     if (end)
         ctx->finish(ctx, it);
 out:
-    free(text.p);
-    free(lines.p);
+    free(o.text);
+    free(o.lines);
 }
 
 /* Iteration 0 of decode: the window's prompt, after the language is found
@@ -840,7 +819,7 @@ static void decode_batch(baton_model *m, baton_ctx *ctx, baton_item *const *item
         int32_t t;
         if (read_i32(ctx, it, "token", &t))
             continue;
-        if (s->slot < 0 || !s->n_prompt || (s->n_sampled && t != s->last)) {
+        if (s->slot < 0 || !s->n_prompt || (s->n_sampled && t != s->toks[s->n_sampled - 1])) {
             failf(ctx, it, BATON_STATUS_FAILED_PRECONDITION,
                   "token %d is not the one this request's decoder chose last", (int)t);
             continue;

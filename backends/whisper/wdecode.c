@@ -4,6 +4,7 @@
  * window into segments. */
 #include "backends/whisper/wdecode.h"
 
+#include <ctype.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -202,6 +203,17 @@ int wdec_split(const wdec_rules *r, const int32_t *toks, int n, int seek, int si
     if (next_seek)
         *next_seek = next;
     return k;
+}
+
+bool wdec_segment_shown(const wdec_segment *s, const char *text, size_t len)
+{
+    /* The times differ by whole frames (of 10 ms) or not at all. */
+    if (fabs(s->end - s->start) < WDEC_FRAME_S / 2)
+        return false;
+    for (size_t i = 0; i < len; i++)
+        if (!isspace((unsigned char)text[i]))
+            return true;
+    return false;
 }
 
 int32_t wdec_pick(const wdec_rules *r, const float *logits, float temperature, uint64_t seed,

@@ -83,6 +83,11 @@ typedef struct wdec_segment {
 int wdec_split(const wdec_rules *r, const int32_t *toks, int n, int seek, int size, bool final,
                wdec_segment *out, int *next_seek);
 
+/* Whether segment S, whose text is the LEN bytes at TEXT, is one to show:
+ * faster-whisper leaves out segments of zero length and of blank text
+ * (their timestamps still move the next window). */
+bool wdec_segment_shown(const wdec_segment *s, const char *text, size_t len);
+
 /* The token of LOGITS (after wdec_filter): the argmax when TEMPERATURE <= 0,
  * else a sample drawn with the counter-based RNG (SEED, COUNTER). */
 int32_t wdec_pick(const wdec_rules *r, const float *logits, float temperature, uint64_t seed,

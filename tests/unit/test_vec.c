@@ -76,12 +76,30 @@ static void test_reserve_too_much(void **state)
     free(v);
 }
 
+/* Bytes appended keep their NUL; nothing appended is still a string. */
+static void test_bytes_add(void **state)
+{
+    (void)state;
+    char *b = NULL;
+    size_t len = 0, cap = 0;
+    assert_int_equal(bt_bytes_add(&b, &len, &cap, NULL, 0), 0);
+    assert_string_equal(b, "");
+    for (int i = 0; i < 100; i++)
+        assert_int_equal(bt_bytes_add(&b, &len, &cap, "abcd", 4), 0);
+    assert_int_equal(len, 400);
+    assert_true(cap > len);
+    assert_int_equal(b[400], 0);
+    assert_memory_equal(b + 396, "abcd", 4);
+    free(b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reserve_one),
         cmocka_unit_test(test_reserve_n),
         cmocka_unit_test(test_reserve_too_much),
+        cmocka_unit_test(test_bytes_add),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -148,11 +148,23 @@ static void test_split(void **state)
     assert_int_equal(s[0].count, 0);
 }
 
+/* Segments faster-whisper leaves out: zero length, blank text. */
+static void test_segment_shown(void **state)
+{
+    (void)state;
+    wdec_segment a = {0, 3, 1.10, 1.18}, z = {0, 3, 1.10, 1.10};
+    assert_true(wdec_segment_shown(&a, " Hi.", 4));
+    assert_false(wdec_segment_shown(&z, " Hi.", 4));
+    assert_false(wdec_segment_shown(&a, " \n ", 3));
+    assert_false(wdec_segment_shown(&a, "", 0));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_filter_timestamps),
         cmocka_unit_test(test_split),
+        cmocka_unit_test(test_segment_shown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
