@@ -277,7 +277,7 @@ static int op_elementwise(const kx_op_ctx *c, int how)
     default:
         if (mode == K_GELU_ERF) {
             ON_GPU(how, k_cuda_gelu_erf(c->out[0], c->in[0], (size_t)n, c->queue));
-            k_gelu_erf(c->out[0], c->in[0], (size_t)n);
+            k_gelu_erf_mt(cpu_opts(c)->pool, c->out[0], c->in[0], (size_t)n);
             break;
         }
         ON_GPU(how, k_cuda_gelu(c->out[0], c->in[0], (size_t)n, c->queue));

@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cpu/attention_fast.h"
 #include "kernels/cpu/half.h"
 #include "kernels/cpu/quant.h"
 #include "kernels/cpu/threads.h"
@@ -73,40 +74,7 @@ static inline float cache_at(const void *c, size_t i, kv_fmt fmt)
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 
-#define AVX2 __attribute__((target("avx2,fma,f16c")))
-
-AVX2 static inline float hsum8(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-/* e^x for x <= 0 (scores minus their maximum), Cephes' polynomial after
- * range reduction by ln 2: about 2 ulp, and 0 below -87 (where expf
- * underflows to subnormals, whose share of a softmax row is nothing). */
-AVX2 static inline __m256 exp_neg(__m256 x)
-{
-    const __m256 lo = _mm256_set1_ps(-87.3f);
-    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-    x = _mm256_max_ps(x, lo);
-    __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
-    __m256 x2 = _mm256_mul_ps(x, x);
-    y = _mm256_fmadd_ps(y, x2, _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
-    y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-    return _mm256_andnot_ps(under, y);
-}
+#include "kernels/cpu/vmath_avx2.h"
 
 /* Softmax numerators of S[0, N) in place (the maximum subtracted), their
  * sum returned and the maximum in *MAX when MAX is not NULL; S[N, PAD) are
@@ -525,7 +493,49 @@ static int have_avx2(void)
     return k_cpu_isa() >= K_ISA_AVX2;
 }
 
+int k__attend_f32_ok(int hd)
+{
+    return have_avx2() && hd % 8 == 0;
+}
+
+AVX2 void k__attend_f32(float *out, const float *q, const float *k, const float *v, int ctx,
+                        size_t row, int hd, float *s)
+{
+    attend(out, q, k, v, ctx, row, hd, s, KV_F32);
+}
+
+AVX2 void k__softmax_f32(float *p, int rows, int n)
+{
+    for (int r = 0; r < rows; r++, p += n) {
+        __m256 inv = _mm256_set1_ps(1.0f / softmax_row(p, n, n, NULL));
+        int j = 0;
+        for (; j + 8 <= n; j += 8)
+            _mm256_storeu_ps(p + j, _mm256_mul_ps(_mm256_loadu_ps(p + j), inv));
+        for (; j < n; j++)
+            p[j] *= _mm256_cvtss_f32(inv);
+    }
+}
+
 #else
+
+int k__attend_f32_ok(int hd)
+{
+    (void)hd;
+    return 0;
+}
+
+void k__attend_f32(float *out, const float *q, const float *k, const float *v, int ctx, size_t row,
+                   int hd, float *s)
+{
+    (void)out, (void)q, (void)k, (void)v, (void)ctx, (void)row, (void)hd, (void)s;
+    abort(); /* k__attend_f32_ok() is 0: never called */
+}
+
+void k__softmax_f32(float *p, int rows, int n)
+{
+    (void)p, (void)rows, (void)n;
+    abort(); /* k__attend_f32_ok() is 0: never called */
+}
 
 static int have_avx2(void)
 {

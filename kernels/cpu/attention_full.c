@@ -9,14 +9,19 @@
  * A decoder step's cross-attention has a query or a few per sequence: there
  * the products are too thin for sgemm to pay, and the queries are spread
  * over the kernels' thread pool instead, one (sequence, head, query) per
- * task, with the reference's arithmetic (k_attn_full_ref) in the same order,
- * so that both agree to the last bit. */
+ * task.  With AVX2 a task is attention_fast.c's vectorized query (sums 8
+ * lanes at a time, e^x from a polynomial), which took a cross-attention of
+ * Whisper base from about 8 ms a token to a few tenths of one; without it,
+ * the reference's arithmetic (k_attn_full_ref) in the same order, to the
+ * last bit.  Either way a query is one task on one thread, so the number of
+ * threads changes no bit. */
 #include <cblas.h>
 #include <errno.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
 
+#include "kernels/cpu/attention_fast.h"
 #include "kernels/cpu/threads.h"
 #include "kernels/kernels.h"
 
@@ -73,11 +78,15 @@ static void full_rows(void *arg, int ith, int nth)
         return;
     }
     size_t row = (size_t)j->n_head * j->hd;
+    bool fast = k__attend_f32_ok(j->hd);
     for (int r = lo; r < hi; r++) {
         int h = r % j->n_head, i = r / j->n_head % j->t, b = r / j->n_head / j->t;
         size_t qo = ((size_t)b * j->t + i) * row + (size_t)h * j->hd;
         size_t ko = (size_t)b * j->s * row + (size_t)h * j->hd;
-        attend_row(j->out + qo, j->q + qo, j->k + ko, j->v + ko, j->s, row, j->hd, sc);
+        if (fast)
+            k__attend_f32(j->out + qo, j->q + qo, j->k + ko, j->v + ko, j->s, row, j->hd, sc);
+        else
+            attend_row(j->out + qo, j->q + qo, j->k + ko, j->v + ko, j->s, row, j->hd, sc);
     }
     free(sc);
 }
@@ -93,8 +102,13 @@ static void softmax_rows(void *arg, int ith, int nth)
     softmax_job *j = arg;
     int lo, hi;
     kth_split(j->t, 8, ith, nth, &lo, &hi);
-    if (lo < hi)
-        k_softmax(j->p + (size_t)lo * j->s, j->p + (size_t)lo * j->s, hi - lo, j->s);
+    if (lo >= hi)
+        return;
+    float *p = j->p + (size_t)lo * j->s;
+    if (k__attend_f32_ok(8))
+        k__softmax_f32(p, hi - lo, j->s);
+    else
+        k_softmax(p, p, hi - lo, j->s);
 }
 
 int k_attn_full(kth_pool *pool, float *out, const float *q, const float *k, const float *v, int nb,
@@ -118,7 +132,7 @@ int k_attn_full(kth_pool *pool, float *out, const float *q, const float *k, cons
         return -ENOMEM;
     float scale = 1.0f / sqrtf((float)hd);
     /* The products run on OpenBLAS's threads, the softmax between them on
-     * the pool's (each row as k_softmax computes it, so the threads change
+     * the pool's (each row as one call computes it, so the threads change
      * no bit). */
     bool held = pool && kth_acquire(pool) == 0;
     softmax_job sj = {p, t, s};
@@ -132,7 +146,7 @@ int k_attn_full(kth_pool *pool, float *out, const float *q, const float *k, cons
             if (held)
                 kth_run(pool, softmax_rows, &sj);
             else
-                k_softmax(p, p, t, s);
+                softmax_rows(&sj, 0, 1);
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, t, hd, s, 1.0f, p, s, vb, row,
                         0.0f, out + (size_t)b * t * row + (size_t)h * hd, row);
         }
