@@ -147,7 +147,9 @@ endif
 # before main with signals unblocked, which the conductor's signalfd must
 # not have to live with.
 OPENBLAS_CFLAGS := $(shell pkg-config --cflags openblas 2>/dev/null)
-OPENBLAS_LIBS := $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas)
+# oneDNN (bf16 products, kernels/cpu/matmul_bf16.c) and the OpenMP runtime
+# it runs on link beside it.
+MATH_LIBS := $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas) -ldnnl -lgomp
 CFLAGS += $(OPENBLAS_CFLAGS)
 
 BATOND := $(BUILD)/batond
@@ -296,7 +298,7 @@ integration: $(PY_PB2)
 
 $(WORKER): $(BUILD)/obj/worker/main_worker.o $(WORKER_LIBS)
 	@echo "  LD      $@"
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(NCCL_LIBS) $(OPENBLAS_LIBS) -ldl $(JEMALLOC_LIBS)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(NCCL_LIBS) $(MATH_LIBS) -ldl $(JEMALLOC_LIBS)
 
 $(PLUGIN_EXAMPLE): tests/unit/plugin/example.c include/baton/backend.h
 	@mkdir -p $(dir $@)
@@ -308,7 +310,7 @@ $(PLUGIN_EXAMPLE): tests/unit/plugin/example.c include/baton/backend.h
 $(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(UNIT_HELPER_OBJS) $(ALL_LIBS) | $(WORKER) $(PLUGIN_EXAMPLE)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(NCCL_LIBS) $(OPENBLAS_LIBS) -ldl $(CMOCKA_LIBS)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(NCCL_LIBS) $(MATH_LIBS) -ldl $(CMOCKA_LIBS)
 
 $(FAILALLOC_TESTS): $(BUILD)/obj/tests/unit/failalloc.o
 $(FAILALLOC_TESTS): private LDFLAGS += $(FAILALLOC_WRAP)
@@ -461,7 +463,7 @@ BENCH_ORDER := $(filter $(BENCH_BINS),$(BENCH_FIRST)) $(filter-out $(BENCH_FIRST
 $(BUILD)/bench/%: $(BUILD)/obj/tests/bench/%.o $(BENCH_HELPER_OBJS) $(CLIENT_LIB) $(COMMON_LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(OPENBLAS_LIBS)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(MATH_LIBS)
 $(BUILD)/bench/bench_ops: $(KERNEL_LIB) $(COMMON_LIB)
 # The cross-host benchmark drives the worker's transfer module itself; $^
 # lists the common archive once, before it, so it goes again at the end.
@@ -479,7 +481,7 @@ GPU_BINS := $(if $(CU_LIB),$(BUILD)/gpu/check_kernels $(BUILD)/gpu/check_exec $(
 $(BUILD)/gpu/%: $(BUILD)/obj/tests/gpu/%.o $(BACKEND_LIB) $(KERNEL_LIB) $(COMMON_LIB) $(CU_LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(OPENBLAS_LIBS) $(NCCL_LIBS)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(MATH_LIBS) $(NCCL_LIBS)
 
 .PHONY: gpu-check
 gpu-check: $(GPU_BINS)
@@ -517,7 +519,7 @@ $(BUILD)/obj/tests/cudaemu/%.o: $(BUILD)/gen/emu/tests/cudaemu/%.cc
 $(BUILD)/cudaemu/%: $(BUILD)/obj/tests/cudaemu/%.o $(CU_LIB) $(COMMON_LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
-	$(Q)$(CXX) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(OPENBLAS_LIBS) $(CMOCKA_LIBS)
+	$(Q)$(CXX) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(MATH_LIBS) $(CMOCKA_LIBS)
 endif
 # The planning and scheduling benchmarks link the kernels archive too.
 $(BUILD)/bench/bench_arena: $(BACKEND_LIB) $(KERNEL_LIB) $(COMMON_LIB)
@@ -537,7 +539,7 @@ $(LLAMACPP_BINS): $(BUILD)/llamacpp/%: $(BUILD)/obj/tests/llamacpp/%.o \
 		$(BUILD)/obj/tests/unit/fake_ctx.o $(ALL_LIBS)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(NCCL_LIBS) $(OPENBLAS_LIBS) -ldl
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(NCCL_LIBS) $(MATH_LIBS) -ldl
 
 .PHONY: llamacpp-check
 llamacpp-check: model $(LLAMACPP_BINS)
@@ -564,7 +566,7 @@ FUZZ_MAKE = $(MAKE) --no-print-directory BUILD=$(FUZZ_BUILD) CC=$(FUZZ_CC) SAN=1
 $(BUILD)/fuzz/%: $(BUILD)/obj/tests/fuzz/%.o $(FUZZ_HELPER_OBJS) $(ALL_LIBS)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
-	$(Q)$(CC) $(LDFLAGS) -fsanitize=fuzzer -o $@ $^ $(LDLIBS) $(OPENBLAS_LIBS) -ldl
+	$(Q)$(CC) $(LDFLAGS) -fsanitize=fuzzer -o $@ $^ $(LDLIBS) $(MATH_LIBS) -ldl
 
 .PHONY: fuzz fuzz-build fuzz-bins fuzz-replay
 fuzz-bins: $(FUZZ_BINS)

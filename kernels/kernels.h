@@ -76,6 +76,16 @@ void k_matmul_ref(float *c, const float *a, const float *b, int batch, int m, in
 void k_matmul(float *c, const float *a, const float *b, int batch, int m, int n, int k,
               size_t sa, size_t sb, size_t sc);
 
+/* Y[M, N] = A[M, K] x W[N, K]^T with W in bf16 and A rounded to bf16 (to
+ * nearest even), sums in f32, by oneDNN on the threads of POOL (NULL or
+ * held elsewhere: the caller's thread): kernels/cpu/matmul_bf16.c says why.  0, -EINVAL (oneDNN did not start,
+ * or a bad shape), -ENOMEM or -EIO (oneDNN failed).
+ * k_matmul_bf16_native: whether oneDNN multiplies bf16 in hardware here (AMX
+ * or AVX-512 BF16, and k_cpu_isa not lowered below K_ISA_VNNI); elsewhere
+ * its product is slower than sgemm in f32 and should not be chosen. */
+int k_matmul_bf16(kth_pool *pool, float *y, const float *a, const uint16_t *w, int m, int n, int k);
+int k_matmul_bf16_native(void);
+
 /* Bytes of one 32-element block of a GGUF type (0 for a non-block type). */
 size_t k_block_bytes(kdtype t);
 /* Quantizes N floats (a multiple of 32) into blocks of T (KD_Q8_0, KD_Q4_0,

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cpu/threads.h"
 #include "kernels/kernels.h"
 
 /* What an op function is asked to do. */
@@ -164,6 +165,8 @@ static int matmul_any(const kt_cpu_opts *o, float *y, const float *a, const void
         k_matmul(y, a, w, 1, (int)m, (int)n, (int)k, 0, 0, 0);
         return 0;
     }
+    if (wt == KD_BF16 && k_matmul_bf16_native())
+        return k_matmul_bf16(o->pool, y, a, w, (int)m, (int)n, (int)k);
     if (is_block(wt) && (o->act_q8 || m <= QMATMUL_MAX_ROWS))
         return k_qmatmul_mt(o->pool, y, w, wt, a, (int)m, (int)n, (int)k, o->act_q8);
     /* Many rows (prefill): widen the weights once and use sgemm. */

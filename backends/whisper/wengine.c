@@ -214,7 +214,9 @@ static int convert(weng *e, const kg_value *v, void **out, char *err, size_t err
         memcpy(raw, (const uint8_t *)cv->data + (size_t)part * src_bytes, src_bytes);
         rc = k_widen(f, src_t, raw, n);
     }
-    if (!rc && v->dtype != KD_F32)
+    if (!rc && v->dtype == KD_BF16)
+        rc = k_cast(dst, KD_BF16, f, KD_F32, n);
+    else if (!rc && v->dtype != KD_F32)
         rc = k_quantize(dst, v->dtype, f, n);
     free(raw);
     if (dst != f)
@@ -368,6 +370,8 @@ int weng_create(const char *path, const weng_opts *o, weng **out, char *err, siz
         goto err;
     e->dev = o->device;
     e->shape.weight = o->act_q8 && !e->dev ? KD_Q8_0 : KD_F32;
+    /* bf16 only where it is faster than sgemm: never a slow emulation. */
+    e->shape.audio = o->act_q8 && !e->dev && k_matmul_bf16_native() ? KD_BF16 : KD_F32;
     e->slots = o->slots;
     e->ctx = e->shape.n_text;
     e->max_prompt = o->max_prompt < e->ctx ? o->max_prompt : e->ctx;

@@ -27,7 +27,9 @@ kdtype wm_param_dtype(const wm_shape *s, const char *name)
     bool matrix = n > 2 && !strcmp(name + n - 2, ".w");
     bool audio = !strncmp(name, "e.", 2) || (n > 5 && (!strcmp(name + n - 5, ".xk.w") ||
                                                       !strcmp(name + n - 5, ".xv.w")));
-    return (matrix && !audio) || !strcmp(name, "d.emb") ? s->weight : KD_F32;
+    if (matrix && audio)
+        return s->audio;
+    return matrix || !strcmp(name, "d.emb") ? s->weight : KD_F32;
 }
 
 /* A value of up to four dims; DYN: its outermost dim is the dynamic one. */
@@ -165,7 +167,8 @@ static bool shape_ok(const wm_shape *s)
     return s && s->d_model > 0 && s->heads > 0 && s->d_model % s->heads == 0 &&
            s->enc_layers > 0 && s->dec_layers > 0 && s->ffn > 0 && s->n_mels > 0 &&
            s->n_frames > 2 && s->n_audio == (s->n_frames + 1) / 2 && s->n_text > 0 &&
-           s->vocab > 0 && (s->weight == KD_F32 || s->weight == KD_Q8_0);
+           s->vocab > 0 && (s->weight == KD_F32 || s->weight == KD_Q8_0) &&
+           (s->audio == KD_F32 || s->audio == KD_BF16);
 }
 
 static kg_graph *finish(builder *b)

@@ -37,14 +37,16 @@ typedef struct wm_shape {
     int vocab;       /* 51865 */
     kdtype weight;   /* the decoder's per-token matrices: KD_F32, or KD_Q8_0 (8-bit
                         products) */
+    kdtype audio;    /* the matrices over a window's positions: KD_F32, or KD_BF16
+                        (a CPU that multiplies bf16 in hardware, 8-bit mode) */
     float eps;       /* layer norm epsilon, 1e-5 */
 } wm_shape;
 
 /* The dtype graph parameter NAME has in a graph of S: `weight` for the
- * decoder's per-token matrices, f32 for the rest: the matrices that
- * multiply a window's audio positions (the encoder's, cross-attention's K
- * and V: 1500 rows, faster through sgemm than as 8-bit products, which are
- * built for a few rows), norms, biases and positions. */
+ * decoder's per-token matrices; `audio` for the matrices that multiply a
+ * window's audio positions (the encoder's, cross-attention's K and V: 1500
+ * rows, faster through sgemm or a bf16 product than as 8-bit products,
+ * which are built for a few rows); f32 for norms, biases and positions. */
 kdtype wm_param_dtype(const wm_shape *s, const char *name);
 
 kg_graph *wm_build_encoder(const wm_shape *s, int batch);

@@ -18,6 +18,8 @@
 
 #include <cmocka.h>
 
+#include "tests/unit/skip.h"
+
 #include "kernels/cpu/attention_fast.h"
 #include "kernels/cpu/half.h"
 #include "kernels/cpu/philox.h"
@@ -167,6 +169,41 @@ static void test_matmul_blas_vs_ref(void **state)
             free(got);
         }
     }
+}
+
+/* k_matmul_bf16 (oneDNN) against the reference on the operands rounded to
+ * bf16 as it rounds them, on a pool (rows in blocks per thread) and alone,
+ * which must agree to the bit. */
+static void test_matmul_bf16(void **state)
+{
+    (void)state;
+    static const int shapes[][3] = {{1, 1, 1}, {3, 5, 7}, {130, 48, 240}, {300, 64, 512}};
+    kth_pool *pool = NULL;
+    assert_int_equal(kth_pool_create(2, &pool), 0);
+    for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
+        int m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
+        size_t na = (size_t)m * k, nw = (size_t)n * k, ny = (size_t)m * n;
+        float *a = rnd(na, 1), *w = rnd(nw, 1), *ar = poisoned(na), *wr = poisoned(nw);
+        float *ref = poisoned(ny), *got = poisoned(ny), *solo = poisoned(ny);
+        uint16_t *wb = malloc(nw * 2), *ab = malloc(na * 2);
+        assert_true(wb && ab);
+        assert_int_equal(k_cast(wb, KD_BF16, w, KD_F32, nw), 0);
+        assert_int_equal(k_cast(ab, KD_BF16, a, KD_F32, na), 0);
+        assert_int_equal(k_cast(wr, KD_F32, wb, KD_BF16, nw), 0);
+        assert_int_equal(k_cast(ar, KD_F32, ab, KD_BF16, na), 0);
+        int rc = k_matmul_bf16(pool, got, a, wb, m, n, k);
+        if (rc && !k_matmul_bf16_native()) {
+            kth_pool_destroy(pool);
+            skip_because("oneDNN has no bf16 product on this CPU (%d)", rc);
+        }
+        assert_int_equal(rc, 0);
+        assert_int_equal(k_matmul_bf16(NULL, solo, a, wb, m, n, k), 0);
+        assert_memory_equal(got, solo, ny * sizeof(float));
+        k_matmul_ref(ref, ar, wr, 1, m, n, k, 0, 0, 0);
+        assert_close(got, ref, ny, 2e-6f * k + 1e-6f, 1e-5f, "bf16 product vs reference");
+        free(a), free(w), free(ar), free(wr), free(ref), free(got), free(solo), free(wb), free(ab);
+    }
+    kth_pool_destroy(pool);
 }
 
 static const kdtype qtypes[] = {KD_Q8_0, KD_Q4_0, KD_Q4_1};
@@ -1132,6 +1169,7 @@ int main(void)
         cmocka_unit_test(test_gelu_erf_add_bcast),
         cmocka_unit_test(test_im2col_conv),
         cmocka_unit_test(test_attention_full),
+        cmocka_unit_test(test_matmul_bf16),
         cmocka_unit_test(test_nan_never_wins),
     };
     return cmocka_run_group_tests_name("kernels", tests, NULL, NULL);
