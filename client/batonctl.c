@@ -36,13 +36,16 @@ static const char usage_text[] =
     "                      with --system, TEXT and the system prompt go as messages;\n"
     "                      with --raw, TEXT reaches the model without its chat template\n"
     "  transcribe FILE [--language CODE] [--task transcribe|translate] [--graph NAME]\n"
-    "                      [--segments] [--no-timestamps] [REQUEST OPTIONS]\n"
+    "                      [--prompt TEXT] [--segments] [--no-timestamps]\n"
+    "                      [REQUEST OPTIONS]\n"
     "                      send an audio file (WAV, FLAC, OGG, MP3) as input 'audio'\n"
     "                      and the options as input 'options' to graph NAME (default:\n"
     "                      transcribe), print the streamed text as it arrives, then a\n"
     "                      summary on stderr; without --language the model detects\n"
-    "                      it; --segments prints each segment on a line of its own\n"
-    "                      with its times instead; --no-timestamps decodes without\n"
+    "                      it; --prompt gives previous text (names, spellings) to the\n"
+    "                      first window; --segments prints each segment on a line of\n"
+    "                      its own with its times instead; --no-timestamps decodes\n"
+    "                      without\n"
     "                      them (no segments, the text a token at a time)\n"
     "  health              liveness and readiness (exit 1 when not ready)\n"
     "  stats               metrics (Prometheus text)\n"
@@ -112,6 +115,7 @@ typedef struct ctl_opts {
     bool request_opts; /* an option only infer/generate take was seen */
     const char *input_name;
     const char *language; /* transcribe --language */
+    const char *prompt;   /* transcribe --prompt */
     const char *task;     /* transcribe --task */
     bool segments;        /* transcribe --segments */
     bool no_timestamps;   /* transcribe --no-timestamps */
@@ -271,6 +275,8 @@ static int parse_args(int argc, char **argv, ctl_opts *o)
                 o->system = val;
             } else if (!strcmp(name, "--language")) {
                 o->language = val;
+            } else if (!strcmp(name, "--prompt")) {
+                o->prompt = val;
             } else if (!strcmp(name, "--task")) {
                 o->task = val;
             } else if (!strcmp(name, "--graph")) {
@@ -600,25 +606,41 @@ static int add_audio(baton_client_request *r, const ctl_opts *o)
     for (const char *c = o->language; c && *c; c++)
         if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z')) || c - o->language >= 16)
             return usage_error("--language: '%s' is not a language code such as en", o->language);
-    char spec[4200], json[128];
-    int n = snprintf(json, sizeof json, "{");
-    if (o->language && *o->language)
-        n += snprintf(json + n, sizeof json - (size_t)n, "\"language\": \"%s\"", o->language);
-    if (o->task)
-        n += snprintf(json + n, sizeof json - (size_t)n, "%s\"task\": \"%s\"",
-                      n > 1 ? ", " : "", o->task);
-    if (o->no_timestamps)
-        n += snprintf(json + n, sizeof json - (size_t)n, "%s\"timestamps\": false",
-                      n > 1 ? ", " : "");
-    snprintf(json + n, sizeof json - (size_t)n, "}");
-    if (strlen(o->pos[1]) > 4000)
+    json_t *opts = json_object(), *prompt = o->prompt ? json_string(o->prompt) : NULL;
+    if (o->prompt && !prompt) {
+        json_decref(opts);
+        return usage_error("%s", "--prompt: the text is not valid UTF-8");
+    }
+    if (opts && o->language && *o->language)
+        json_object_set_new(opts, "language", json_string(o->language));
+    if (opts && o->task)
+        json_object_set_new(opts, "task", json_string(o->task));
+    if (opts && o->no_timestamps)
+        json_object_set_new(opts, "timestamps", json_false());
+    if (opts && prompt)
+        json_object_set_new(opts, "prompt", prompt);
+    else
+        json_decref(prompt);
+    char *json = opts ? json_dumps(opts, 0) : NULL;
+    json_decref(opts);
+    char spec[4200];
+    /* The Whisper backend takes options of at most 4096 bytes. */
+    if (!json || strlen(json) > 4096) {
+        free(json);
+        return usage_error("%s", "--prompt: too long (the options JSON takes at most 4096 bytes)");
+    }
+    if (strlen(o->pos[1]) > 4000) {
+        free(json);
         return usage_error("%s", "transcribe: the file name is too long");
+    }
     snprintf(spec, sizeof spec, "audio=u8:@%s", o->pos[1]);
     int status = add_input(r, spec);
-    if (status)
-        return status;
-    snprintf(spec, sizeof spec, "options=text:%s", json);
-    return add_input(r, spec);
+    if (!status) {
+        snprintf(spec, sizeof spec, "options=text:%s", json);
+        status = add_input(r, spec);
+    }
+    free(json);
+    return status;
 }
 
 /* infer GRAPH, generate GRAPH TEXT: the request that the command line
@@ -1012,10 +1034,10 @@ int main(int argc, char **argv)
                                 : cmd_keygen(&o);
     } else if (o.request_opts && !run) {
         status = usage_error("%s takes no request options (--input, --stream, ...)", cmd);
-    } else if ((o.language || o.task || o.graph || o.segments || o.no_timestamps) &&
+    } else if ((o.language || o.task || o.graph || o.prompt || o.segments || o.no_timestamps) &&
                strcmp(cmd, "transcribe")) {
-        status = usage_error("%s", "--language, --task, --graph, --segments and --no-timestamps "
-                                   "are for transcribe");
+        status = usage_error("%s", "--language, --task, --graph, --prompt, --segments and "
+                                   "--no-timestamps are for transcribe");
     } else if (o.segments && o.no_timestamps) {
         status = usage_error("%s", "--segments needs timestamps: it does not go with "
                                    "--no-timestamps");

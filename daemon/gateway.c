@@ -22,6 +22,7 @@
 #include "baton/client.h"
 #include "common/log.h"
 #include "common/status.h"
+#include "common/utf8.h"
 #include "common/vec.h"
 #include "daemon/gateway.h"
 #include "daemon/openai.h"
@@ -30,6 +31,11 @@
 #define GW_IDLE_S 30             /* a connection idle this long is closed */
 #define GW_PROBE_MS 1000         /* how long /health and /metrics wait for the conductor */
 #define GW_MAX_BODY (1u << 20)   /* default of gateway_options.max_body_bytes */
+/* Bytes of a transcription's prompt (Whisper keeps its last 223 tokens),
+ * and of the options JSON that carries it to the Whisper backend, which
+ * takes no more. */
+#define GW_MAX_PROMPT 2000
+#define GW_MAX_OPTIONS 4096
 #define GW_IDLE_CLIENTS 32       /* client connections kept for reuse */
 #define GW_RECV_MS 1000          /* one wait for the conductor's next message */
 #define GW_DRAIN_MS 10000        /* how long a cancelled request's end is awaited */
@@ -773,18 +779,33 @@ static void form_free(gw_form *f)
 }
 
 /* The options JSON of an audio request: the language asked for (not for
- * a translation, whose text is English) and the task. */
+ * a translation, whose text is English), the task and the prompt (checked
+ * to be UTF-8 before). */
 static char *audio_options(const gw_form *f, bool translate)
 {
     json_t *o = json_object();
-    const char *lang = f->field[F_LANGUAGE];
+    const char *lang = f->field[F_LANGUAGE], *prompt = f->field[F_PROMPT];
     if (o && lang && *lang && !translate)
         json_object_set_new(o, "language", json_string(lang));
+    if (o && prompt && *prompt && json_object_set_new(o, "prompt", json_string(prompt))) {
+        json_decref(o);
+        return NULL;
+    }
     if (o && translate)
         json_object_set_new(o, "task", json_string("translate"));
     char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
     return s;
+}
+
+/* Bytes of the options JSON of F (0 when out of memory, which the request
+ * meets again when it builds them). */
+static size_t options_len(const gw_form *f, bool translate)
+{
+    char *o = audio_options(f, translate);
+    size_t n = o ? strlen(o) : 0;
+    free(o);
+    return n;
 }
 
 /* POST /v1/audio/transcriptions, or /v1/audio/translations (TRANSLATE). */
@@ -799,6 +820,7 @@ static enum MHD_Result serve_audio(gateway *g, struct MHD_Connection *conn, gw_c
     int format = OA_AUDIO_JSON;
     bool stream = false;
     const char *fmt = f->field[F_FORMAT], *temp = f->field[F_TEMPERATURE];
+    const char *prompt = f->field[F_PROMPT] && *f->field[F_PROMPT] ? f->field[F_PROMPT] : NULL;
     const char *st = f->field[F_STREAM], *gran = f->field[F_GRANULARITY];
     err[0] = 0;
     if (!f->pp) {
@@ -827,9 +849,17 @@ static enum MHD_Result serve_audio(gateway *g, struct MHD_Connection *conn, gw_c
     } else if (st && strcmp(st, "true") && strcmp(st, "false")) {
         snprintf(err, sizeof(err), "stream is true or false");
         param = "stream";
-    } else if (f->field[F_PROMPT] && *f->field[F_PROMPT]) {
-        snprintf(err, sizeof(err), "prompt is not supported yet: baton's Whisper does not "
-                 "encode text");
+    } else if (prompt && strlen(prompt) > GW_MAX_PROMPT) {
+        snprintf(err, sizeof(err), "prompt is %zu bytes; at most %d are taken", strlen(prompt),
+                 GW_MAX_PROMPT);
+        param = "prompt";
+    } else if (prompt && !bt_utf8_valid(prompt, strlen(prompt))) {
+        snprintf(err, sizeof(err), "prompt is not valid UTF-8");
+        param = "prompt";
+    } else if (prompt && options_len(f, translate) > GW_MAX_OPTIONS) {
+        snprintf(err, sizeof(err), "prompt is too long once written as JSON (its quotes and "
+                 "control characters escaped): the options take at most %d bytes",
+                 GW_MAX_OPTIONS);
         param = "prompt";
     } else if (gran && strcmp(gran, "segment") != 0) {
         snprintf(err, sizeof(err), "timestamp_granularities '%.32s': only segment", gran);

@@ -4,7 +4,8 @@ gen-whisper-ids.py -- writes tests/unit/data/whisper-ids.tsv: the token ids
 that faster-whisper (CTranslate2) decodes from audio clips with Whisper
 base, which tests/unit/test_whisper_engine.c compares baton's decoder
 against; and tests/unit/data/whisper-segments.tsv, the same with
-timestamps.
+timestamps; and tests/unit/data/whisper-prompt.tsv, the same with a
+prompt (initial_prompt: previous text).
 
 Settings, those of the comparison: compute_type float32, beam 1,
 temperature 0 with no fallback, language en, task transcribe, without
@@ -21,6 +22,13 @@ window ends inside speech and the next one seeks back.  Lines:
 "window CLIP K IDS" for the K-th window decoded (every id the decoder
 chose, timestamps included), and "segment CLIP SEEK START END TEXT" for
 each segment faster-whisper yields.
+
+With a prompt (whisper-prompt.tsv), the JFK clip's first window is decoded
+with initial_prompt, without and with timestamps.  Lines: "encode PROMPT
+IDS", the ids faster-whisper encodes PROMPT into (those of " " + the
+prompt stripped, its Tokenizer.encode), and "window PROMPT TIMESTAMPS
+PROMPT_IDS IDS": the whole prompt handed to the decoder and the ids it
+chose.  PROMPT is written as a JSON string.
 
 INDEPENDENCE: the ids come from faster-whisper and CTranslate2 as
 published on PyPI; no code of baton is used.
@@ -46,6 +54,11 @@ from faster_whisper.tokenizer import Tokenizer
 MODEL = "models/whisper-base"
 OUT = "tests/unit/data/whisper-ids.tsv"
 SEGMENTS = "tests/unit/data/whisper-segments.tsv"
+PROMPTS = "tests/unit/data/whisper-prompt.tsv"
+# Prompts: plain, with spaces, digits, punctuation and letters beyond ASCII
+# to strip and pre-tokenize, and empty (faster-whisper still encodes " ").
+PROMPT_TEXTS = ["The following is a speech by President Kennedy.",
+                "  JFK\u2019s   inaugural address, 1961:\tcaf\u00e9 \u65e5\u672c  \n", ""]
 
 
 def audio_of(name):
@@ -70,6 +83,7 @@ class Recorder:
     def __init__(self, model):
         self.model = model
         self.sequences = []
+        self.prompts = []
 
     def __getattr__(self, name):
         return getattr(self.model, name)
@@ -77,6 +91,7 @@ class Recorder:
     def generate(self, *args, **kwargs):
         results = self.model.generate(*args, **kwargs)
         self.sequences.append(list(results[0].sequences_ids[0]))
+        self.prompts.append(list(args[1][0]))
         return results
 
 
@@ -103,6 +118,32 @@ def write_segments(model, clips):
     print("wrote", SEGMENTS)
 
 
+def write_prompts(model):
+    rec = Recorder(model.model)
+    model.model = rec
+    tok = Tokenizer(model.hf_tokenizer, True, task="transcribe", language="en")
+    with open(PROMPTS, "w") as out:
+        out.write("# encode PROMPT IDS | window PROMPT TIMESTAMPS PROMPT_IDS IDS "
+                  "(scripts/gen-whisper-ids.py)\n")
+        for text in PROMPT_TEXTS:
+            ids = tok.encode(" " + text.strip())
+            out.write("encode\t%s\t%s\n" % (json.dumps(text), " ".join(str(t) for t in ids)))
+        for text in PROMPT_TEXTS[:2]:
+            for ts in (0, 1):
+                rec.sequences, rec.prompts = [], []
+                segments, _ = model.transcribe(
+                    audio_of("jfk.wav"), beam_size=1, temperature=0.0, language="en",
+                    task="transcribe", without_timestamps=not ts, initial_prompt=text,
+                    condition_on_previous_text=False, vad_filter=False,
+                    no_speech_threshold=None)
+                list(segments)
+                out.write("window\t%s\t%d\t%s\t%s\n" % (
+                    json.dumps(text), ts, " ".join(str(t) for t in rec.prompts[0]),
+                    " ".join(str(t) for t in rec.sequences[0])))
+    model.model = rec.model
+    print("wrote", PROMPTS)
+
+
 def main():
     clips = sys.argv[1:]
     if not clips:
@@ -127,6 +168,7 @@ def main():
                                               " ".join(str(t) for t in s.tokens), s.text))
     print("wrote", OUT)
     write_segments(model, ["jfk.wav", "jfk.wav*3"])
+    write_prompts(model)
 
 
 if __name__ == "__main__":

@@ -1369,6 +1369,37 @@ out:
     return rc;
 }
 
+int hf_tokenizer_open(const char *dir, int64_t n_vocab, gguf_file **out, char *err, size_t errlen)
+{
+    if (err && errlen)
+        err[0] = '\0';
+    if (!out || !dir || n_vocab < 1 || n_vocab > INT32_MAX)
+        return bt_errorf(err, errlen, BT_EINVAL, "hf_tokenizer_open: bad arguments");
+    *out = NULL;
+    /* No config.json: no bos or eos of its own, and VOCAB ids. */
+    reader r = {.dir = dir, .err = err, .errlen = errlen};
+    r.c.vocab = (uint32_t)n_vocab, r.c.bos = -1, r.c.eos = -1;
+    int rc = gguf_build_create(&r.f);
+    if (rc)
+        return bt_errorf(err, errlen, rc, "out of memory");
+    char path[PATH_MAX];
+    struct stat st;
+    errno = 0;
+    if (join(path, sizeof(path), dir, "tokenizer.json") || stat(path, &st) < 0)
+        rc = bt_errorf(err, errlen, BT_ENOENT, "%s/tokenizer.json: %s", dir,
+                       errno ? strerror(errno) : "path too long");
+    else
+        rc = add_tokenizer(&r);
+    if (rc) {
+        gguf_close(r.f);
+        return rc;
+    }
+    *out = r.f;
+    if (err && errlen)
+        err[0] = '\0';
+    return 0;
+}
+
 int tf_weights_open(const char *path, gguf_file **out, char *err, size_t errlen)
 {
     if (!path || !out)

@@ -45,6 +45,7 @@
 #define BATON_BACKENDS_TRANSFORMER_HF_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "backends/transformer/gguf.h"
 
@@ -53,6 +54,14 @@
  * the status is returned and ERR[ERRLEN] (may be NULL) says what was wrong,
  * naming the file of the folder and the field or tensor. */
 int hf_open(const char *dir, gguf_file **out, char *err, size_t errlen);
+
+/* The tokenizer of the folder DIR alone: its tokenizer.json (and
+ * tokenizer_config.json when present) as the tokenizer.ggml.* keys of a
+ * built gguf_file, as hf_open reads them, for a model of N_VOCAB ids (the
+ * rows of its embedding).  For models whose weights are no Llama's
+ * (Whisper), whose text is encoded by the same byte-level BPE.  BT_ENOENT
+ * without tokenizer.json; else as hf_open. */
+int hf_tokenizer_open(const char *dir, int64_t n_vocab, gguf_file **out, char *err, size_t errlen);
 
 /* What the transformer backend opens its `path` with: a folder, or a path
  * whose last component is config.json, goes to hf_open (the folder of that

@@ -37,7 +37,9 @@
  * window is one segment.
  *
  * The options JSON: {"language": "en" (default: detected from the first
- * step, as Whisper does), "task": "transcribe" | "translate",
+ * step, as Whisper does), "prompt": "text" (previous text for the first
+ * window, as faster-whisper's initial_prompt), "task": "transcribe" |
+ * "translate",
  * "temperature": 0 (default: the request's), "timestamps": true|false
  * (default true)}.  A temperature of its own lets a graph that chains
  * Whisper into an LLM (a voice chat) transcribe greedily while the
@@ -59,6 +61,8 @@
 
 #include "backends/catalog.h"
 #include "backends/device.h"
+#include "backends/transformer/hf.h"
+#include "backends/transformer/tokenizer.h"
 #include "backends/whisper/audio.h"
 #include "backends/whisper/mel.h"
 #include "backends/whisper/wdecode.h"
@@ -70,7 +74,11 @@
 #include "kernels/exec.h"
 
 #define WH_NAME "whisper"
-#define WH_PROMPT 8     /* most prompt tokens: start, language, task, no timestamps */
+#define WH_PREV_MAX 223 /* most tokens of previous text: half the decoder's positions less
+                           one, as faster-whisper */
+/* Most prompt tokens: start of previous text and the text, then start of
+ * transcript, language, task, no timestamps. */
+#define WH_PROMPT (1 + WH_PREV_MAX + 4)
 #define WH_MAX_NEW 224  /* tokens per window: half the decoder's positions, as faster-whisper */
 
 typedef struct wh_session {
@@ -89,11 +97,15 @@ typedef struct wh_session {
     char carry[8];               /* UTF-8 bytes held back: an unfinished character */
     int n_carry;
     uint64_t counter;            /* RNG counter of sampling */
+    int32_t prev[WH_PREV_MAX];   /* the options' prompt, encoded: the first window's
+                                    previous text */
+    int n_prev;                  /* its tokens; 0: no prompt */
 } wh_session;
 
 struct baton_model {
     weng *eng;                   /* owned */
-    wtok *tok;                   /* owned */
+    wtok *tok;                   /* owned; ids to text */
+    tok_vocab *enc;              /* owned; text to ids (a request's prompt) */
     wdec_rules rules;            /* owned */
     wmel *mel;                   /* owned */
     const wm_shape *s;           /* the engine's */
@@ -123,6 +135,7 @@ static void model_unload(baton_model *m)
         return;
     weng_destroy(m->eng);
     wtok_destroy(m->tok);
+    tok_vocab_destroy(m->enc);
     wdec_rules_free(&m->rules);
     wmel_destroy(m->mel);
     free(m->owner);
@@ -181,6 +194,16 @@ static baton_status model_load(const baton_load_params *p, baton_model **out, ch
         snprintf(err, errlen, "%s", why);
         goto err;
     }
+    /* The prompt's text is encoded by the transformer backend's byte-level
+     * BPE, built from the same tokenizer.json. */
+    gguf_file *tf = NULL;
+    if (hf_tokenizer_open(path.s, m->s->vocab, &tf, why, sizeof(why)) ||
+        tok_vocab_create(tf, &m->enc, why, sizeof(why))) {
+        gguf_close(tf);
+        snprintf(err, errlen, "%s/tokenizer.json: cannot encode text: %s", path.s, why);
+        goto err;
+    }
+    gguf_close(tf);
     snprintf(file, sizeof(file), "%s/config.json", path.s);
     if (wdec_rules_load(file, wtok_specials(m->tok), m->s->vocab, &m->rules, why, sizeof(why))) {
         snprintf(err, errlen, "%s", why);
@@ -195,10 +218,11 @@ static baton_status model_load(const baton_load_params *p, baton_model **out, ch
     m->win = malloc((size_t)m->slots * m->s->n_frames * m->s->n_mels * sizeof(float));
     char report[512];
     snprintf(report, sizeof(report),
-             "whisper on %s: d_model %d, %d+%d layers, %d mel bands, vocabulary %d; f32 "
+             "whisper on %s: d_model %d, %d+%d layers, %d mel bands, vocabulary %d; %s "
              "products for the audio, %s for the tokens; %d decoding slots; %.1f MiB of weights",
              m->device, m->s->d_model, m->s->enc_layers, m->s->dec_layers, m->s->n_mels,
-             m->s->vocab, m->s->weight == KD_Q8_0 ? "8-bit" : "f32", m->slots,
+             m->s->vocab, m->s->audio == KD_BF16 ? "bf16" : "f32",
+             m->s->weight == KD_Q8_0 ? "8-bit" : "f32", m->slots,
              (double)weng_weight_bytes(m->eng) / (1024.0 * 1024.0));
     m->report = strdup(report);
     if (!m->owner || !m->logits || !m->win || !m->report) {
@@ -337,6 +361,41 @@ static int outputs_known(baton_ctx *ctx, baton_item *it, const char *const *name
     return 0;
 }
 
+/* ASCII whitespace, which Python's str.strip removes (with Unicode's
+ * other spaces, which a prompt keeps here). */
+static bool is_space(char c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+}
+
+/* The previous text of S from TEXT[LEN] as faster-whisper takes its
+ * initial_prompt: " " and the text without the whitespace around it,
+ * encoded, of which the last WH_PREV_MAX ids are kept.  0, or -1 when the
+ * tokenizer fails. */
+static int prompt_set(const baton_model *m, wh_session *s, const char *text, size_t len)
+{
+    while (len && is_space(*text))
+        text++, len--;
+    while (len && is_space(text[len - 1]))
+        len--;
+    char *spaced = malloc(len + 1);
+    if (!spaced)
+        return -1;
+    spaced[0] = ' ';
+    memcpy(spaced + 1, text, len);
+    /* At most one id per byte. */
+    int32_t *ids = malloc((len + 1) * sizeof(*ids));
+    int n = ids ? tok_encode(m->enc, spaced, len + 1, false, ids, len + 1) : -1;
+    if (n >= 0) {
+        int keep = n < WH_PREV_MAX ? n : WH_PREV_MAX;
+        memcpy(s->prev, ids + (n - keep), (size_t)keep * sizeof(*ids));
+        s->n_prev = keep;
+    }
+    free(ids);
+    free(spaced);
+    return n >= 0 ? 0 : -1;
+}
+
 /* The options JSON of input `options` (absent or empty: the defaults)
  * into S.  0, or -1 after failing IT. */
 static int read_options(baton_model *m, baton_ctx *ctx, baton_item *it, wh_session *s)
@@ -398,6 +457,14 @@ static int read_options(baton_model *m, baton_ctx *ctx, baton_item *it, wh_sessi
                 break;
             }
             s->temperature = (float)t;
+        } else if (!strcmp(key, "prompt")) {
+            if (!str || prompt_set(m, s, str, json_string_length(v))) {
+                failf(ctx, it, BATON_STATUS_INVALID_ARGUMENT,
+                      "input 'options': prompt is %s", str ? "text this tokenizer cannot encode"
+                                                           : "a string");
+                rc = -1;
+                break;
+            }
         } else if (!strcmp(key, "timestamps")) {
             if (!json_is_boolean(v)) {
                 failf(ctx, it, BATON_STATUS_INVALID_ARGUMENT,
@@ -408,7 +475,8 @@ static int read_options(baton_model *m, baton_ctx *ctx, baton_item *it, wh_sessi
             s->timestamps = json_is_true(v);
         } else {
             failf(ctx, it, BATON_STATUS_INVALID_ARGUMENT,
-                  "input 'options': unknown key '%s' (language, task, temperature, timestamps)",
+                  "input 'options': unknown key '%s' (language, prompt, task, temperature, "
+                  "timestamps)",
                   key);
             rc = -1;
             break;
@@ -510,17 +578,29 @@ static int read_i32(baton_ctx *ctx, baton_item *it, const char *name, int32_t *v
     return ctx->read(ctx, it, &in->tensor, 0, v, 4);
 }
 
-/* The prompt of S: start of transcript, then language, task and (without
- * timestamps) no timestamps, or the start alone when the language is to be
- * detected. */
-static int prompt_of(const baton_model *m, const wh_session *s, int32_t *p)
+/* The prompt of S into P (WH_PROMPT ids): start of transcript, then
+ * language, task and (without timestamps) no timestamps, or the start
+ * alone when the language is to be detected.  In the FIRST window the
+ * options' prompt goes before them, after start of previous text: as
+ * faster-whisper's initial_prompt without conditioning on previous text,
+ * later windows have none. */
+static int prompt_of(const baton_model *m, const wh_session *s, bool first, int32_t *p)
 {
     const wtok_special *sp = wtok_specials(m->tok);
-    p[0] = sp->sot;
-    if (s->lang < 0)
+    int n = 0;
+    if (s->lang < 0) {
+        p[0] = sp->sot;
         return 1;
-    p[1] = s->lang, p[2] = s->task, p[3] = sp->no_timestamps;
-    return s->timestamps ? 3 : 4;
+    }
+    if (first && s->n_prev) {
+        p[n++] = sp->sot_prev;
+        memcpy(p + n, s->prev, (size_t)s->n_prev * sizeof(*p));
+        n += s->n_prev;
+    }
+    p[n++] = sp->sot, p[n++] = s->lang, p[n++] = s->task;
+    if (!s->timestamps)
+        p[n++] = sp->no_timestamps;
+    return n;
 }
 
 /* Mode encode: the items' windows in one encoder run. */
@@ -549,7 +629,7 @@ static void encode_batch(baton_model *m, baton_ctx *ctx, baton_item *const *item
             /* Past the end: no more windows.  Empty states tell decode. */
             int64_t dims[2] = {0, m->s->d_model};
             int32_t p[WH_PROMPT];
-            int64_t np = prompt_of(m, s, p);
+            int64_t np = prompt_of(m, s, false, p);
             if (put(ctx, it, "states", BATON_DTYPE_F32, 2, dims, NULL, 0) == 0 &&
                 put(ctx, it, "token", BATON_DTYPE_I32, 1, &np, p, (uint64_t)np * 4) == 0)
                 ctx->finish(ctx, it);
@@ -588,7 +668,7 @@ static void encode_batch(baton_model *m, baton_ctx *ctx, baton_item *const *item
             continue;
         }
         int32_t p[WH_PROMPT];
-        int64_t np = prompt_of(m, s, p);
+        int64_t np = prompt_of(m, s, s->seek == 0, p);
         if (put(ctx, it, "token", BATON_DTYPE_I32, 1, &np, p, (uint64_t)np * 4) != 0)
             continue;
         /* Without timestamps a window always moves on by its whole length:
@@ -772,13 +852,13 @@ static void decode_first(baton_model *m, baton_ctx *ctx, baton_item *it)
         return;
     float *row = m->logits + (size_t)s->slot * m->s->vocab;
     int32_t p[WH_PROMPT];
-    int np = prompt_of(m, s, p);
+    int np = prompt_of(m, s, s->seek == 0, p);
     int rc = weng_prompt(m->eng, s->slot, st->tensor.data, p, np, row);
     if (!rc && s->lang < 0) {
         /* Whisper's language detection: the most probable language token
          * after the start of transcript. */
         s->lang = wdec_language(&m->rules, row, NULL);
-        np = prompt_of(m, s, p);
+        np = prompt_of(m, s, s->seek == 0, p);
         rc = weng_prompt(m->eng, s->slot, st->tensor.data, p, np, row);
     }
     if (rc) {

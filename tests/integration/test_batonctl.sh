@@ -198,6 +198,15 @@ EOF
     --no-timestamps
   tr_req=$("$PY" -c 'import base64,json,sys; q=json.loads(open(sys.argv[1]).readlines()[-1])["infer"]; print([base64.b64decode(t.get("data", "")).decode() for t in q["inputs"]][1])' "$tmp/requests.log")
   [ "$tr_req" = '{"timestamps": false}' ] && ok || bad "transcribe --no-timestamps: options $tr_req"
+  # --prompt: previous text in the options, escaped as JSON; text that is
+  # not UTF-8 is refused before anything is sent.
+  expect_rc 0 "transcribe --prompt" "$CTL" "${E[@]}" transcribe "$tmp/clip.wav" \
+    --prompt 'Hello "JFK" café'
+  tr_req=$("$PY" -c 'import base64,json,sys; q=json.loads(open(sys.argv[1]).readlines()[-1])["infer"]; print(json.loads([base64.b64decode(t.get("data", "")).decode() for t in q["inputs"]][1]))' "$tmp/requests.log")
+  [ "$tr_req" = "{'prompt': 'Hello \"JFK\" café'}" ] && ok || bad "transcribe --prompt: options $tr_req"
+  expect_rc 2 "transcribe --prompt, not UTF-8" "$CTL" "${E[@]}" transcribe "$tmp/clip.wav" \
+    --prompt "$(printf 'caf\xe9')"
+  expect_out "not valid UTF-8" "transcribe --prompt, not UTF-8"
   seg='{"id":0,"start":61.5,"end":67.25,"text":"Hello"}'
   expect_rc 0 "transcribe --segments" "$CTL" "${E[@]}" transcribe "$tmp/clip.wav" --graph named \
     --segments --input "segments=text:$seg" --input text=text:Hello
@@ -222,7 +231,7 @@ EOF
   expect_out "is not a language code" "transcribe --language"
   expect_rc 2 "transcribe without a file" "$CTL" "${E[@]}" transcribe
   expect_rc 2 "--language with infer" "$CTL" "${E[@]}" infer g --language en
-  expect_out "--language, --task, --graph, --segments and --no-timestamps are for transcribe" \
+  expect_out "--language, --task, --graph, --prompt, --segments and --no-timestamps are for transcribe" \
     "--language is for transcribe"
   # Stop strings, max_tokens, the text output and raw text go on the wire.
   expect_rc 0 "generate --stop" "$CTL" "${E[@]}" generate chat "a b" --stop "User:" \

@@ -95,6 +95,57 @@ def expected_segments(clip):
     return segs
 
 
+def expected_prompted():
+    """faster-whisper's first window of the JFK clip after a prompt:
+    (prompt, timestamps, prompt ids, ids) each (whisper-prompt.tsv)."""
+    out = []
+    with open(os.path.join(ROOT, "tests/unit/data/whisper-prompt.tsv")) as f:
+        for line in f:
+            cols = line.rstrip("\n").split("\t")
+            if cols[0] == "window":
+                out.append((json.loads(cols[1]), cols[2] == "1",
+                            [int(x) for x in cols[3].split()], [int(x) for x in cols[4].split()]))
+    if len(out) < 4:
+        raise RuntimeError("whisper-prompt.tsv has %d windows, not 4" % len(out))
+    return out
+
+
+def plain_ids():
+    """faster-whisper's ids of the JFK clip without timestamps."""
+    with open(os.path.join(ROOT, "tests/unit/data/whisper-ids.tsv")) as f:
+        for line in f:
+            cols = line.rstrip("\n").split("\t")
+            if cols[0] == "jfk.wav":
+                return [int(x) for x in cols[2].split()]
+    raise RuntimeError("whisper-ids.tsv has no line for jfk.wav")
+
+
+def segment_tokens(data):
+    """Every token of the backend's segments (JSON lines), in order."""
+    return [t for ln in data.decode().splitlines() for t in json.loads(ln)["tokens"]]
+
+
+def check_prompts(c, wav, want_plain):
+    """A prompt (previous text): faster-whisper's ids after it, the prompt's
+    tokens in usage; a prompt that is no string is refused."""
+    for text, ts, pids, ids in expected_prompted():
+        r = transcribe(c, wav, options(language="en", prompt=text, timestamps=ts))
+        what = "prompt %r, timestamps %s" % (text[:24], ts)
+        check(r.ok and r.usage.get("prompt_tokens") == len(pids) and
+              r.usage.get("completion_tokens") == len(ids),
+              "%s: %d prompt and %d tokens, as faster-whisper: %r %s" % (
+                  what, len(pids), len(ids), r.usage, r.message))
+        if ts:
+            got = segment_tokens(b"".join(ch.tensor.data for ch in r.chunks
+                                          if ch.tensor.name == "segments"))
+            check(got == ids, "%s: the segments' tokens are faster-whisper's: %r" % (what, got))
+        elif ids == plain_ids():
+            check(r.text() == want_plain, "%s: faster-whisper's text: %r" % (what, r.text()))
+    r = transcribe(c, wav, options(language="en", prompt=5))
+    check(not r.ok and r.status == "INVALID_ARGUMENT" and "prompt is a string" in r.message,
+          "a prompt that is no string: %s %s" % (r.status, r.message))
+
+
 def segments_of(data):
     """The backend's segments (JSON lines) as (seek, start, end, text)."""
     out = []
@@ -246,6 +297,22 @@ def check_http(srv, want, want_segs):
     check(v.get("text") == want and abs(v.get("duration", 0) - 11.0) < 0.01 and
           same_segments(segs, want_segs) and [x["id"] for x in v["segments"]] == [0, 1] and
           v["segments"][0]["tokens"][0] == 50364, "verbose_json: %s" % body)
+    # A prompt (previous text): faster-whisper's tokens after it; one that
+    # is not UTF-8, or too long, is a 400 naming it.
+    text, _, _, ids = [x for x in expected_prompted() if x[1]][0]
+    code, body = curl(srv, t, f, "model=whisper-base", "language=en",
+                      "response_format=verbose_json", "prompt=" + text)
+    v = json.loads(body) if code == 200 else {}
+    check([x for s in v.get("segments", []) for x in s["tokens"]] == ids,
+          "verbose_json after a prompt: faster-whisper's tokens: %d %s" % (code, body[:300]))
+    bad = os.path.join(evidence.new_dir(), "prompt.bin")
+    with open(bad, "wb") as pf:
+        pf.write(b"caf\xe9")
+    for field, why in (("prompt=<" + bad, "not valid UTF-8"), ("prompt=" + "x" * 2001, "at most")):
+        code, body = curl(srv, t, f, "model=whisper-base", field)
+        e = json.loads(body).get("error", {}) if code == 400 else {}
+        check(e.get("param") == "prompt" and why in e.get("message", ""),
+              "a prompt %s: %d %s" % (why, code, body[:200]))
     def clock(x):
         return ("00:00:%06.3f" % x).replace(".", ",")
     cues = "".join("%d\n%s --> %s\n%s\n\n" % (k + 1, clock(x[1]), clock(x[2]), x[3].strip())
@@ -304,18 +371,25 @@ import json, sys, openai
 c = openai.OpenAI(base_url=sys.argv[1], api_key="none")
 r = c.audio.transcriptions.create(model="whisper-base", file=open(sys.argv[2], "rb"), language="en")
 s = c.audio.transcriptions.create(model="whisper-base", file=open(sys.argv[2], "rb"), stream=True)
+p = c.audio.transcriptions.create(model="whisper-base", file=open(sys.argv[2], "rb"), language="en",
+                                  prompt="The following is a speech by President Kennedy.",
+                                  response_format="verbose_json")
 ev = [e.type for e in s]
 try:
     c.audio.transcriptions.create(model="whisper-base", file=("x.wav", b"junk" * 100))
     bad = "accepted"
 except openai.BadRequestError as e:
     bad = "400"
-print(json.dumps({"text": r.text, "events": ev, "bad": bad}))
+print(json.dumps({"text": r.text, "events": ev, "bad": bad,
+                  "prompted": [t for x in p.segments for t in x.tokens]}))
 """
     got = openai_script(srv, script, "the openai package")
+    prompted = [x[3] for x in expected_prompted()
+                if x[0] == "The following is a speech by President Kennedy." and x[1]][0]
     if got is not None:
         check(got.get("text") == want and got.get("events", [""])[-1] == "transcript.text.done"
-              and got.get("bad") == "400", "the openai package: %s" % got)
+              and got.get("bad") == "400" and got.get("prompted") == prompted,
+              "the openai package (a prompt: faster-whisper's tokens): %s" % got)
 
 
 def joined(chunks, name):
@@ -498,6 +572,7 @@ def main():
                   % len(r.chunks))
             check(r.usage.get("completion_tokens") == 25 and r.usage.get("prompt_tokens") == 4,
                   "usage without timestamps: the prompt and 25 tokens: %r" % r.usage)
+            check_prompts(c, wav, want_plain)
             r2 = transcribe(c, wav, options(language="en"), stream=False)
             check(r2.ok and r2.text("text") == want and
                   same_segments(segments_of(r2.tensors["segments"].data), want_segs),

@@ -26,9 +26,12 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <jansson.h>
 
 #include "tests/unit/skip.h"
 
+#include "backends/transformer/hf.h"
+#include "backends/transformer/tokenizer.h"
 #include "backends/whisper/audio.h"
 #include "backends/whisper/mel.h"
 #include "backends/whisper/wdecode.h"
@@ -41,6 +44,7 @@
 #define MODEL DIR "/model.bin"
 #define IDS "tests/unit/data/whisper-ids.tsv"
 #define SEGMENTS "tests/unit/data/whisper-segments.tsv"
+#define PROMPTS "tests/unit/data/whisper-prompt.tsv"
 #define SAMPLES "models/samples"
 
 typedef struct want {
@@ -201,14 +205,14 @@ static int prompt(fixture *fx, int32_t *p)
     return prompt_ts(fx, p, false);
 }
 
-/* Greedy ids of window WIN of the last encode, in slot SLOT (the slots
- * below it left out of every step), with or without TIMESTAMPS; with KEEP
- * non-NULL, the filtered logits of step i are kept at KEEP + i * vocab. */
-static int greedy_ts(fixture *fx, int slot, int win, int32_t *out, int max, float *keep,
-                     bool timestamps)
+/* Greedy ids of window WIN of the last encode after the NP ids of prompt
+ * P, in slot SLOT (the slots below it left out of every step), with or
+ * without TIMESTAMPS; with KEEP non-NULL, the filtered logits of step i
+ * are kept at KEEP + i * vocab. */
+static int greedy_after(fixture *fx, int slot, int win, const int32_t *p, int np, int32_t *out,
+                        int max, float *keep, bool timestamps)
 {
-    int32_t p[8];
-    int np = prompt_ts(fx, p, timestamps), n = 0;
+    int n = 0;
     float *lg = malloc((size_t)fx->s->vocab * sizeof(float) * (size_t)(slot + 1));
     assert_non_null(lg);
     float *row = lg + (size_t)slot * fx->s->vocab;
@@ -228,6 +232,14 @@ static int greedy_ts(fixture *fx, int slot, int win, int32_t *out, int max, floa
     }
     free(lg);
     return n;
+}
+
+static int greedy_ts(fixture *fx, int slot, int win, int32_t *out, int max, float *keep,
+                     bool timestamps)
+{
+    int32_t p[8];
+    int np = prompt_ts(fx, p, timestamps);
+    return greedy_after(fx, slot, win, p, np, out, max, keep, timestamps);
 }
 
 static int greedy(fixture *fx, int slot, int win, int32_t *out, int max, float *keep)
@@ -373,6 +385,92 @@ static int read_segment_lines(seg_line *l, int max)
     }
     fclose(f);
     return n;
+}
+
+/* Space-separated ids of TEXT into IDS (at most MAX); how many. */
+static int ids_of(char *text, int32_t *ids, int max)
+{
+    int n = 0;
+    for (char *t = strtok(text, " \n"); t; t = strtok(NULL, " \n")) {
+        assert_true(n < max);
+        ids[n++] = (int32_t)atoi(t);
+    }
+    return n;
+}
+
+/* A prompt (previous text) as faster-whisper takes it
+ * (tests/unit/data/whisper-prompt.tsv, scripts/gen-whisper-ids.py): the
+ * transformer backend's byte-level BPE, built from Whisper's
+ * tokenizer.json (hf_tokenizer_open), encodes " " and each prompt
+ * stripped into faster-whisper's ids, the way the backend's prompt_set
+ * does; and the JFK clip's first window, decoded after faster-whisper's
+ * whole prompt (start of previous text, the text, then start of
+ * transcript...), gives faster-whisper's ids, with and without
+ * timestamps. */
+static void test_prompt_f32(void **state)
+{
+    (void)state;
+    need_files();
+    fixture fx;
+    setup(&fx, 0, 1);
+    char err[512];
+    gguf_file *tf = NULL;
+    tok_vocab *enc = NULL;
+    if (hf_tokenizer_open(DIR, fx.s->vocab, &tf, err, sizeof(err)) ||
+        tok_vocab_create(tf, &enc, err, sizeof(err)))
+        fail_msg("the tokenizer: %s", err);
+    gguf_close(tf);
+    FILE *f = fopen(PROMPTS, "r");
+    assert_non_null(f);
+    float *win = window(&fx, "jfk.wav", 0);
+    assert_int_equal(weng_encode(fx.eng, win, 1), 0);
+    char line[8192];
+    int encodes = 0, windows = 0;
+    while (fgets(line, sizeof(line), f)) {
+        if (line[0] == '#')
+            continue;
+        char *kind = strtok(line, "\t"), *js = strtok(NULL, "\t");
+        assert_non_null(js);
+        json_error_t je;
+        json_t *str = json_loads(js, JSON_DECODE_ANY, &je);
+        assert_true(json_is_string(str));
+        const char *text = json_string_value(str);
+        size_t len = json_string_length(str);
+        int32_t ref[448], got[448];
+        if (!strcmp(kind, "encode")) {
+            int n = ids_of(strtok(NULL, "\t"), ref, 448);
+            while (len && strchr(" \t\n", *text))
+                text++, len--;
+            while (len && strchr(" \t\n", text[len - 1]))
+                len--;
+            char spaced[1024];
+            assert_true(len + 1 < sizeof(spaced));
+            spaced[0] = ' ';
+            memcpy(spaced + 1, text, len);
+            int m = tok_encode(enc, spaced, len + 1, false, got, 448);
+            assert_int_equal(m, n);
+            assert_memory_equal(got, ref, (size_t)n * sizeof(int32_t));
+            encodes++;
+        } else {
+            bool ts = atoi(strtok(NULL, "\t")) != 0;
+            int32_t p[448];
+            char *pids = strtok(NULL, "\t"), *rest = strtok(NULL, "\t");
+            int np = ids_of(pids, p, 448), n = ids_of(rest, ref, 448);
+            int m = greedy_after(&fx, 0, 0, p, np, got, MAX_NEW, NULL, ts);
+            print_message("prompt %.30s%s, timestamps %d: %d prompt ids, %d ids\n", js,
+                          strlen(js) > 30 ? "..." : "", ts, np, m);
+            assert_int_equal(m, n);
+            assert_memory_equal(got, ref, (size_t)n * sizeof(int32_t));
+            windows++;
+        }
+        json_decref(str);
+    }
+    fclose(f);
+    assert_int_equal(encodes, 3);
+    assert_int_equal(windows, 4);
+    free(win);
+    tok_vocab_destroy(enc);
+    teardown(&fx);
 }
 
 /* Decoding with timestamps, window after window as the backend seeks:
@@ -566,6 +664,7 @@ int main(void)
         cmocka_unit_test(test_ids_f32),
         cmocka_unit_test(test_ids_q8),
         cmocka_unit_test(test_segments_f32),
+        cmocka_unit_test(test_prompt_f32),
         cmocka_unit_test(test_slots),
         cmocka_unit_test(test_bad_calls),
     };
