@@ -7,7 +7,7 @@
 #
 # "fast" (the default; `make emu-test`, part of `make test`) runs all but
 # the parts that take minutes on the emulator: the transformer's
-# whole-model tests and the chat graph on GPU workers.  "slow" (`make
+# whole-model tests, and the chat and transcribe graphs on GPU workers.  "slow" (`make
 # emu-slow-test`, part of `make slow-test`) runs only those; "all" both.
 # The closing counts go to $TEST_COUNTS as the suite "cudaemu" (fast, all)
 # or "cudaemu-slow".  The parts:

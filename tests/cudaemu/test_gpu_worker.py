@@ -13,6 +13,8 @@ What it shows:
   - an edge between two GPUs, and edges between a CPU and a GPU worker, are
     staged by exactly one copy of the value;
   - loops and streams whose tensors live in device memory;
+  - Whisper's transcribe graph on a cuda:0 worker gives the CPU worker's
+    f32 tokens (timestamps included) and text for the JFK clip;
   - the chat graph on a cuda:0 worker gives the CPU worker's greedy ids,
     alone and batched, ids and text; so does it split over two GPU workers
     (prefill on one, decode on the other) and tensor parallel over two;
@@ -36,6 +38,7 @@ failed test's daemon folder (its batond.log, the workers' output) is kept
 and named (tests/integration/evidence.py).  The closing line is "gpu
 worker: N passed, N failed".
 """
+import json
 import os
 import signal
 import struct
@@ -653,9 +656,90 @@ def test_chat_cuda_equals_cpu():
     assert not found, "the emulator reported problems:\n" + "".join(found[:20])
 
 
+WHISPER = os.path.join(ROOT, "models/whisper-base")
+JFK = os.path.join(ROOT, "models/samples/jfk.wav")
+# Whisper on a GPU worker and on a CPU worker in f32, each serving
+# voice.yaml's transcribe graph (features, then windows of encode and a
+# decode loop).
+WHISPER_CONFIG = daemon_yaml(600000) + """workers:
+  - {name: cpu0, device: cpu, pool_mb: 256}
+  - {name: gpu0, device: 'cuda:0', pool_mb: 256}
+models:
+  - {name: whisper_cpu, backend: whisper, worker: cpu0, max_batch: 1,
+     options: {path: WHISPER, activations: f32}}
+  - {name: whisper_gpu, backend: whisper, worker: gpu0, max_batch: 1,
+     options: {path: WHISPER}}
+graphs:
+"""
+for dev in ("cpu", "gpu"):
+    WHISPER_CONFIG += """
+  - name: transcribe_%(d)s
+    inputs: [audio, options]
+    body:
+      sequential:
+        - node: {name: features, model: whisper_%(d)s, mode: features, inputs: [audio, options],
+                 outputs: [{name: mel, to: encode, persist: true}, {name: seek, to: encode}]}
+        - loop:
+            name: windows
+            max_iters: 4
+            body:
+              sequential:
+                - node: {name: encode, model: whisper_%(d)s, mode: encode, inputs: [mel, seek],
+                         outputs: [{name: states, to: decode, persist: true},
+                                   {name: token, to: decode}]}
+                - loop:
+                    name: decode_loop
+                    max_iters: 224
+                    body:
+                      node: {name: decode, model: whisper_%(d)s, mode: decode,
+                             inputs: [states, token],
+                             outputs: [{name: token, to: decode},
+                                       {name: text, to: client, modality: text},
+                                       {name: segments, to: client, modality: text},
+                                       {name: seek}]}
+                    outputs: [{name: seek, to: encode}]
+                    accumulate: []
+""" % {"d": dev}
+
+
+def test_whisper_cuda_equals_cpu():
+    """Whisper's encoder and decoder on a GPU worker: the JFK clip's
+    segments, every token of them (timestamps included) and their text,
+    equal the CPU worker's in f32."""
+    if not os.path.exists(os.path.join(WHISPER, "model.bin")) or not os.path.exists(JFK):
+        if os.environ.get("BATON_CI") == "1":
+            raise AssertionError("%s or %s is absent, and with BATON_CI=1 the model tests must "
+                                 "run" % (WHISPER, JFK))
+        print("SKIP test_whisper_cuda_equals_cpu: %s" % E.model_absent(WHISPER))
+        return "skip"
+    d = E.Daemon(WHISPER_CONFIG.replace("WHISPER", WHISPER), wait=False)
+    c = d.client()
+    try:
+        d.wait_ready(timeout=300)
+        wav = open(JFK, "rb").read()
+        opts = b'{"language": "en"}'
+        got = {}
+        for dev in ("cpu", "gpu"):
+            _, r = c.infer("transcribe_" + dev, {"audio": (pb.U8, [len(wav)], wav),
+                                                 "options": (pb.U8, [len(opts)], opts)},
+                           timeout=900)
+            assert r.status.code == pb.OK, (dev, r.status)
+            out = {o.name: o.data for o in r.outputs}
+            segs = [json.loads(ln) for ln in out["segments"].decode().splitlines()]
+            got[dev] = (out["text"].decode(), [t for x in segs for t in x["tokens"]])
+        assert got["gpu"] == got["cpu"], got
+        assert "ask what you can do for your country" in got["cpu"][0], got
+        assert len(got["cpu"][1]) >= 20, got
+    finally:
+        c.close()
+        found = problems(d)
+        d.stop()
+    assert not found, "the emulator reported problems:\n" + "".join(found[:20])
+
+
 # The tests that take minutes on the emulator: run by `make slow-test`, not
 # by `make test` (tests/cudaemu/run.sh slow).
-SLOW_TESTS = ("test_chat_cuda_equals_cpu",)
+SLOW_TESTS = ("test_chat_cuda_equals_cpu", "test_whisper_cuda_equals_cpu")
 
 
 def main():
@@ -663,7 +747,7 @@ def main():
     SLOW_TESTS) or --slow (SLOW_TESTS)."""
     args = sys.argv[1:]
     own_daemon = (test_check_config, test_device_lost, test_tp_group, test_nccl_between_hosts,
-                  test_chat_cuda_equals_cpu)
+                  test_chat_cuda_equals_cpu, test_whisper_cuda_equals_cpu)
     everything = [t.__name__ for t in GPU_TESTS + list(own_daemon)]
     if args == ["--fast"]:
         only = [n for n in everything if n not in SLOW_TESTS]
