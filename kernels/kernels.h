@@ -60,6 +60,8 @@ void k_im2col(float *col, const float *x, int batch, int t_in, int c, int k, int
 /* N elements from SRC of type ST to DST of type DT, each one of KD_F32,
  * KD_F16, KD_BF16 (round to nearest even).  -EINVAL for another type. */
 int k_cast(void *dst, kdtype dt, const void *src, kdtype st, size_t n);
+/* F32 to F16 as k_cast, bit for bit, with F16C where the CPU has AVX2. */
+void k_cast_f16_fast(uint16_t *dst, const float *src, size_t n);
 
 /* Sum over ranks, in place.  On the CPU there is only one rank: the identity
  * (NRANKS must be 1, else -EINVAL). */
@@ -237,6 +239,12 @@ int k_attn_full_ref(float *out, const float *q, const float *k, const float *v, 
                     int s, int n_head, int hd);
 int k_attn_full(kth_pool *pool, float *out, const float *q, const float *k, const float *v, int nb,
                 int t, int s, int n_head, int hd);
+/* The same with K and V in f16 (Whisper's cross-attention K and V in its
+ * 8-bit mode: half the bytes a decoder step reads).  A few queries are the
+ * decode path's AVX2 query, widening them as it reads; many queries, or a
+ * CPU without AVX2, widen K and V to f32 first.  0, or -ENOMEM. */
+int k_attn_full_kv16(kth_pool *pool, float *out, const float *q, const uint16_t *k,
+                     const uint16_t *v, int nb, int t, int s, int n_head, int hd);
 
 /* ---- sampling ------------------------------------------------------------------- */
 

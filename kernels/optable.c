@@ -515,6 +515,10 @@ static int op_cast(const kx_op_ctx *c, int how)
     if (!(how & RUN))
         return 0;
     ON_GPU(how, k_cuda_cast(c->out[0], y->dtype, c->in[0], x->dtype, (size_t)elems_now(c, y), c->queue));
+    if (x->dtype == KD_F32 && y->dtype == KD_F16) {
+        k_cast_f16_fast(c->out[0], c->in[0], (size_t)elems_now(c, y));
+        return 0;
+    }
     return k_cast(c->out[0], y->dtype, c->in[0], x->dtype, (size_t)elems_now(c, y));
 }
 
@@ -581,7 +585,9 @@ static int op_attn(const kx_op_ctx *c, int how)
     NEED(c->op->n_attr >= 3);
     int64_t h = c->op->attr[0], hd = c->op->attr[1], t = c->op->attr[2];
     NEED(h > 0 && hd > 0 && t >= 0 && h * hd <= INT_MAX);
-    NEED(q->dtype == KD_F32 && k->dtype == KD_F32 && v->dtype == KD_F32 && o->dtype == KD_F32);
+    NEED(q->dtype == KD_F32 && o->dtype == KD_F32 && k->dtype == v->dtype);
+    /* K and V in f16: the CPU's only. */
+    NEED(k->dtype == KD_F32 || (k->dtype == KD_F16 && !(how & CUDA)));
     NEED(k->ndim == 3 && v->ndim == 3 && memcmp(k->shape, v->shape, sizeof(k->shape)) == 0);
     NEED(last_dim_now(c, q) == h * hd && k->shape[2] == h * hd);
     /* T 0: all of q's rows are one sequence's queries. */
@@ -596,6 +602,9 @@ static int op_attn(const kx_op_ctx *c, int how)
         return 0;
     ON_GPU(how, k_cuda_attn_full(c->out[0], c->in[0], c->in[1], c->in[2], (int)nb, (int)t, (int)s,
                                  (int)h, (int)hd, c->queue));
+    if (k->dtype == KD_F16)
+        return k_attn_full_kv16(cpu_opts(c)->pool, c->out[0], c->in[0], c->in[1], c->in[2],
+                                (int)nb, (int)t, (int)s, (int)h, (int)hd);
     return k_attn_full(cpu_opts(c)->pool, c->out[0], c->in[0], c->in[1], c->in[2], (int)nb, (int)t,
                        (int)s, (int)h, (int)hd);
 }

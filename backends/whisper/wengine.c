@@ -372,6 +372,7 @@ int weng_create(const char *path, const weng_opts *o, weng **out, char *err, siz
     e->shape.weight = o->act_q8 && !e->dev ? KD_Q8_0 : KD_F32;
     /* bf16 only where it is faster than sgemm: never a slow emulation. */
     e->shape.audio = o->act_q8 && !e->dev && k_matmul_bf16_native() ? KD_BF16 : KD_F32;
+    e->shape.cross = o->act_q8 && !e->dev ? KD_F16 : KD_F32;
     e->slots = o->slots;
     e->ctx = e->shape.n_text;
     e->max_prompt = o->max_prompt < e->ctx ? o->max_prompt : e->ctx;

@@ -24,9 +24,9 @@
 typedef struct weng_opts {
     const kx_device *device; /* NULL: the CPU */
     int threads;             /* CPU threads for the kernels (and OpenBLAS); 0: 1 */
-    int act_q8;              /* CPU: matrices in q8_0 and 8-bit products, and those over
-                                the audio in bf16 where the CPU multiplies bf16 in
-                                hardware; 0: f32 */
+    int act_q8;              /* CPU: matrices in q8_0 and 8-bit products, those over the
+                                audio in bf16 where the CPU multiplies bf16 in hardware,
+                                and cross-attention's K and V in f16; 0: f32 */
     int slots;               /* sequences decoded at once, and windows per encoder run */
     int max_prompt;          /* most tokens of a prompt (previous text, specials) */
 } weng_opts;

@@ -168,7 +168,8 @@ static bool shape_ok(const wm_shape *s)
            s->enc_layers > 0 && s->dec_layers > 0 && s->ffn > 0 && s->n_mels > 0 &&
            s->n_frames > 2 && s->n_audio == (s->n_frames + 1) / 2 && s->n_text > 0 &&
            s->vocab > 0 && (s->weight == KD_F32 || s->weight == KD_Q8_0) &&
-           (s->audio == KD_F32 || s->audio == KD_BF16);
+           (s->audio == KD_F32 || s->audio == KD_BF16) &&
+           (s->cross == KD_F32 || s->cross == KD_F16);
 }
 
 static kg_graph *finish(builder *b)
@@ -259,8 +260,8 @@ static kg_graph *decoder(const wm_shape *s, int batch, int seq, int ctx, bool pr
         int64_t csh[4] = {batch, H, ctx, hd}, xsh[3] = {batch, A, D};
         int kc = val(&b, HNAME(WM_SELF_K), KG_HANDLE, KD_F32, false, 4, csh);
         int vc = val(&b, HNAME(WM_SELF_V), KG_HANDLE, KD_F32, false, 4, csh);
-        int xk = val(&b, HNAME(WM_CROSS_K), KG_HANDLE, KD_F32, false, 3, xsh);
-        int xv = val(&b, HNAME(WM_CROSS_V), KG_HANDLE, KD_F32, false, 3, xsh);
+        int xk = val(&b, HNAME(WM_CROSS_K), KG_HANDLE, s->cross, false, 3, xsh);
+        int xv = val(&b, HNAME(WM_CROSS_V), KG_HANDLE, s->cross, false, 3, xsh);
         /* Self-attention: causal, over the sequence's cache. */
         int h = norm(&b, NAME("ln1"), x);
         int q = linear(&b, NAME("q"), h, D, D);
@@ -278,9 +279,14 @@ static kg_graph *decoder(const wm_shape *s, int batch, int seq, int ctx, bool pr
          * states into the handles, which every step then reads. */
         h = norm(&b, NAME("ln2"), x);
         q = linear(&b, NAME("xq"), h, D, D);
-        if (prompt) {
+        if (prompt && s->cross == KD_F32) {
             linear_to(&b, NAME("xk"), audio, D, D, xk);
             linear_to(&b, NAME("xv"), audio, D, D, xv);
+        } else if (prompt) {
+            /* Computed in f32, kept in f16. */
+            int yk = linear(&b, NAME("xk"), audio, D, D), yv = linear(&b, NAME("xv"), audio, D, D);
+            op(&b, KOP_CAST, &yk, 1, xk, (double)A * D, NULL, 0);
+            op(&b, KOP_CAST, &yv, 1, xv, (double)A * D, NULL, 0);
         }
         in[0] = q, in[1] = xk, in[2] = xv;
         int ca = like(&b, NAME("cross"), q, D);

@@ -39,6 +39,8 @@ typedef struct wm_shape {
                         products) */
     kdtype audio;    /* the matrices over a window's positions: KD_F32, or KD_BF16
                         (a CPU that multiplies bf16 in hardware, 8-bit mode) */
+    kdtype cross;    /* the cross-attention K and V handles: KD_F32, or KD_F16 (the
+                        CPU's 8-bit mode: half the bytes a step reads) */
     float eps;       /* layer norm epsilon, 1e-5 */
 } wm_shape;
 

@@ -504,6 +504,12 @@ AVX2 void k__attend_f32(float *out, const float *q, const float *k, const float 
     attend(out, q, k, v, ctx, row, hd, s, KV_F32);
 }
 
+AVX2 void k__attend_f16(float *out, const float *q, const uint16_t *k, const uint16_t *v, int ctx,
+                        size_t row, int hd, float *s)
+{
+    attend(out, q, k, v, ctx, row, hd, s, KV_F16);
+}
+
 AVX2 void k__softmax_f32(float *p, int rows, int n)
 {
     for (int r = 0; r < rows; r++, p += n) {
@@ -526,6 +532,13 @@ int k__attend_f32_ok(int hd)
 
 void k__attend_f32(float *out, const float *q, const float *k, const float *v, int ctx, size_t row,
                    int hd, float *s)
+{
+    (void)out, (void)q, (void)k, (void)v, (void)ctx, (void)row, (void)hd, (void)s;
+    abort(); /* k__attend_f32_ok() is 0: never called */
+}
+
+void k__attend_f16(float *out, const float *q, const uint16_t *k, const uint16_t *v, int ctx,
+                   size_t row, int hd, float *s)
 {
     (void)out, (void)q, (void)k, (void)v, (void)ctx, (void)row, (void)hd, (void)s;
     abort(); /* k__attend_f32_ok() is 0: never called */

@@ -5,6 +5,7 @@
 #define BATON_KERNELS_CPU_ATTENTION_FAST_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* Whether the two below may run: an x86-64 CPU with AVX2 and FMA (and not
  * lowered by BATON_CPU_ISA=ref), and HD a multiple of 8 (for
@@ -16,6 +17,10 @@ int k__attend_f32_ok(int hd);
  * arithmetic (attention.c) with sums taken 8 lanes at a time and e^x from
  * a polynomial: within a few ulp of it, not equal. */
 void k__attend_f32(float *out, const float *q, const float *k, const float *v, int ctx,
+                   size_t row, int hd, float *s);
+
+/* The same over K and V in f16, widened by F16C as they are read. */
+void k__attend_f16(float *out, const float *q, const uint16_t *k, const uint16_t *v, int ctx,
                    size_t row, int hd, float *s);
 
 /* Softmax of ROWS rows of N floats in place, as k_softmax up to the

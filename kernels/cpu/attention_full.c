@@ -31,6 +31,7 @@
 typedef struct full_job {
     float *out;
     const float *q, *k, *v;
+    const uint16_t *k16, *v16;  /* non-NULL: K and V in f16 (then K, V are NULL) */
     int nb, t, s, n_head, hd;
     int failed;     /* set by a thread that found no memory */
 } full_job;
@@ -83,7 +84,9 @@ static void full_rows(void *arg, int ith, int nth)
         int h = r % j->n_head, i = r / j->n_head % j->t, b = r / j->n_head / j->t;
         size_t qo = ((size_t)b * j->t + i) * row + (size_t)h * j->hd;
         size_t ko = (size_t)b * j->s * row + (size_t)h * j->hd;
-        if (fast)
+        if (j->k16)
+            k__attend_f16(j->out + qo, j->q + qo, j->k16 + ko, j->v16 + ko, j->s, row, j->hd, sc);
+        else if (fast)
             k__attend_f32(j->out + qo, j->q + qo, j->k + ko, j->v + ko, j->s, row, j->hd, sc);
         else
             attend_row(j->out + qo, j->q + qo, j->k + ko, j->v + ko, j->s, row, j->hd, sc);
@@ -117,7 +120,7 @@ int k_attn_full(kth_pool *pool, float *out, const float *q, const float *k, cons
     if (nb <= 0 || t <= 0)
         return 0;
     if (t < FULL_GEMM_MIN_T) {
-        full_job j = {out, q, k, v, nb, t, s, n_head, hd, 0};
+        full_job j = {out, q, k, v, NULL, NULL, nb, t, s, n_head, hd, 0};
         if (pool && kth_acquire(pool) == 0) {
             kth_run(pool, full_rows, &j);
             kth_release(pool);
@@ -154,4 +157,31 @@ int k_attn_full(kth_pool *pool, float *out, const float *q, const float *k, cons
         kth_release(pool);
     free(p);
     return 0;
+}
+
+int k_attn_full_kv16(kth_pool *pool, float *out, const float *q, const uint16_t *k,
+                     const uint16_t *v, int nb, int t, int s, int n_head, int hd)
+{
+    if (nb <= 0 || t <= 0)
+        return 0;
+    if (t < FULL_GEMM_MIN_T && k__attend_f32_ok(hd)) {
+        full_job j = {out, q, NULL, NULL, k, v, nb, t, s, n_head, hd, 0};
+        if (pool && kth_acquire(pool) == 0) {
+            kth_run(pool, full_rows, &j);
+            kth_release(pool);
+        } else {
+            full_rows(&j, 0, 1);
+        }
+        return j.failed ? -ENOMEM : 0;
+    }
+    /* Many queries (a prompt), or no AVX2: K and V widened, then the f32
+     * path. */
+    size_t n = (size_t)nb * s * n_head * hd;
+    float *kf = malloc(n * sizeof(float)), *vf = malloc(n * sizeof(float));
+    int rc = kf && vf ? 0 : -ENOMEM;
+    if (!rc && !(rc = k_cast(kf, KD_F32, k, KD_F16, n)) && !(rc = k_cast(vf, KD_F32, v, KD_F16, n)))
+        rc = k_attn_full(pool, out, q, kf, vf, nb, t, s, n_head, hd);
+    free(kf);
+    free(vf);
+    return rc;
 }

@@ -1064,7 +1064,8 @@ static void test_im2col_conv(void **state)
 }
 
 /* k_attn_full on both of its paths (a query at a time on the pool, sgemm
- * for many queries) against the reference: the row path vectorized (a head
+ * for many queries), and k_attn_full_kv16 on its own, against the
+ * reference: the row path vectorized (a head
  * dimension that is a multiple of 8 on an AVX2 CPU) within rounding of it,
  * else in the same order, to the bit; either path gives the same bits on
  * the pool and alone. */
@@ -1092,6 +1093,22 @@ static void test_attention_full(void **state)
             assert_close(got, ref, nq, 1e-6f, 1e-5f, "attn_full rows, AVX2");
         else
             assert_memory_equal(got, ref, nq * sizeof(float));
+        /* K and V in f16 (k_cast_f16_fast, which rounds as k_cast): the
+         * reference over them widened. */
+        uint16_t *k16 = malloc(nk * 2), *v16 = malloc(nk * 2), *cast = malloc(nk * 2);
+        assert_true(k16 && v16 && cast);
+        k_cast_f16_fast(k16, k, nk);
+        k_cast_f16_fast(v16, v, nk);
+        assert_int_equal(k_cast(cast, KD_F16, k, KD_F32, nk), 0);
+        assert_memory_equal(cast, k16, nk * 2);
+        assert_int_equal(k_cast(k, KD_F32, k16, KD_F16, nk), 0);
+        assert_int_equal(k_cast(v, KD_F32, v16, KD_F16, nk), 0);
+        assert_int_equal(k_attn_full_ref(ref, q, k, v, nb, t, s, h, hd), 0);
+        assert_int_equal(k_attn_full_kv16(pool, got, q, k16, v16, nb, t, s, h, hd), 0);
+        assert_int_equal(k_attn_full_kv16(NULL, solo, q, k16, v16, nb, t, s, h, hd), 0);
+        assert_memory_equal(solo, got, nq * sizeof(float));
+        assert_close(got, ref, nq, 1e-5f, 1e-4f, "attn_full, K and V in f16");
+        free(k16), free(v16), free(cast);
         free(q), free(k), free(v), free(ref), free(got), free(solo);
     }
     kth_pool_destroy(pool);
