@@ -61,8 +61,7 @@
 
 #include "backends/catalog.h"
 #include "backends/device.h"
-#include "backends/transformer/hf.h"
-#include "backends/transformer/tokenizer.h"
+#include "backends/text_encode.h"
 #include "backends/whisper/audio.h"
 #include "backends/whisper/mel.h"
 #include "backends/whisper/wdecode.h"
@@ -105,7 +104,7 @@ typedef struct wh_session {
 struct baton_model {
     weng *eng;                   /* owned */
     wtok *tok;                   /* owned; ids to text */
-    tok_vocab *enc;              /* owned; text to ids (a request's prompt) */
+    bk_text_encoder *enc;        /* owned; text to ids (a request's prompt) */
     wdec_rules rules;            /* owned */
     wmel *mel;                   /* owned */
     const wm_shape *s;           /* the engine's */
@@ -135,7 +134,7 @@ static void model_unload(baton_model *m)
         return;
     weng_destroy(m->eng);
     wtok_destroy(m->tok);
-    tok_vocab_destroy(m->enc);
+    bk_text_encoder_close(m->enc);
     wdec_rules_free(&m->rules);
     wmel_destroy(m->mel);
     free(m->owner);
@@ -196,14 +195,10 @@ static baton_status model_load(const baton_load_params *p, baton_model **out, ch
     }
     /* The prompt's text is encoded by the transformer backend's byte-level
      * BPE, built from the same tokenizer.json. */
-    gguf_file *tf = NULL;
-    if (hf_tokenizer_open(path.s, m->s->vocab, &tf, why, sizeof(why)) ||
-        tok_vocab_create(tf, &m->enc, why, sizeof(why))) {
-        gguf_close(tf);
+    if (bk_text_encoder_open(path.s, m->s->vocab, &m->enc, why, sizeof(why))) {
         snprintf(err, errlen, "%s/tokenizer.json: cannot encode text: %s", path.s, why);
         goto err;
     }
-    gguf_close(tf);
     snprintf(file, sizeof(file), "%s/config.json", path.s);
     if (wdec_rules_load(file, wtok_specials(m->tok), m->s->vocab, &m->rules, why, sizeof(why))) {
         snprintf(err, errlen, "%s", why);
@@ -385,7 +380,7 @@ static int prompt_set(const baton_model *m, wh_session *s, const char *text, siz
     memcpy(spaced + 1, text, len);
     /* At most one id per byte. */
     int32_t *ids = malloc((len + 1) * sizeof(*ids));
-    int n = ids ? tok_encode(m->enc, spaced, len + 1, false, ids, len + 1) : -1;
+    int n = ids ? bk_text_encode(m->enc, spaced, len + 1, ids, len + 1) : -1;
     if (n >= 0) {
         int keep = n < WH_PREV_MAX ? n : WH_PREV_MAX;
         memcpy(s->prev, ids + (n - keep), (size_t)keep * sizeof(*ids));

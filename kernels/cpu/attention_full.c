@@ -94,6 +94,19 @@ static void full_rows(void *arg, int ith, int nth)
     free(sc);
 }
 
+/* J's queries on the threads of POOL (NULL or held elsewhere: the
+ * caller's).  0, or -ENOMEM. */
+static int run_rows(kth_pool *pool, full_job *j)
+{
+    if (pool && kth_acquire(pool) == 0) {
+        kth_run(pool, full_rows, j);
+        kth_release(pool);
+    } else {
+        full_rows(j, 0, 1);
+    }
+    return j->failed ? -ENOMEM : 0;
+}
+
 /* The softmax of rows of a score matrix, shared out over the pool. */
 typedef struct softmax_job {
     float *p;
@@ -121,13 +134,7 @@ int k_attn_full(kth_pool *pool, float *out, const float *q, const float *k, cons
         return 0;
     if (t < FULL_GEMM_MIN_T) {
         full_job j = {out, q, k, v, NULL, NULL, nb, t, s, n_head, hd, 0};
-        if (pool && kth_acquire(pool) == 0) {
-            kth_run(pool, full_rows, &j);
-            kth_release(pool);
-        } else {
-            full_rows(&j, 0, 1);
-        }
-        return j.failed ? -ENOMEM : 0;
+        return run_rows(pool, &j);
     }
     int row = n_head * hd;
     float *p = malloc((size_t)t * s * sizeof(float));
@@ -166,13 +173,7 @@ int k_attn_full_kv16(kth_pool *pool, float *out, const float *q, const uint16_t 
         return 0;
     if (t < FULL_GEMM_MIN_T && k__attend_f32_ok(hd)) {
         full_job j = {out, q, NULL, NULL, k, v, nb, t, s, n_head, hd, 0};
-        if (pool && kth_acquire(pool) == 0) {
-            kth_run(pool, full_rows, &j);
-            kth_release(pool);
-        } else {
-            full_rows(&j, 0, 1);
-        }
-        return j.failed ? -ENOMEM : 0;
+        return run_rows(pool, &j);
     }
     /* Many queries (a prompt), or no AVX2: K and V widened, then the f32
      * path. */

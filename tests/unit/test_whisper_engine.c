@@ -30,8 +30,7 @@
 
 #include "tests/unit/skip.h"
 
-#include "backends/transformer/hf.h"
-#include "backends/transformer/tokenizer.h"
+#include "backends/text_encode.h"
 #include "backends/whisper/audio.h"
 #include "backends/whisper/mel.h"
 #include "backends/whisper/wdecode.h"
@@ -401,7 +400,7 @@ static int ids_of(char *text, int32_t *ids, int max)
 /* A prompt (previous text) as faster-whisper takes it
  * (tests/unit/data/whisper-prompt.tsv, scripts/gen-whisper-ids.py): the
  * transformer backend's byte-level BPE, built from Whisper's
- * tokenizer.json (hf_tokenizer_open), encodes " " and each prompt
+ * tokenizer.json (bk_text_encoder_open), encodes " " and each prompt
  * stripped into faster-whisper's ids, the way the backend's prompt_set
  * does; and the JFK clip's first window, decoded after faster-whisper's
  * whole prompt (start of previous text, the text, then start of
@@ -414,12 +413,9 @@ static void test_prompt_f32(void **state)
     fixture fx;
     setup(&fx, 0, 1);
     char err[512];
-    gguf_file *tf = NULL;
-    tok_vocab *enc = NULL;
-    if (hf_tokenizer_open(DIR, fx.s->vocab, &tf, err, sizeof(err)) ||
-        tok_vocab_create(tf, &enc, err, sizeof(err)))
+    bk_text_encoder *enc = NULL;
+    if (bk_text_encoder_open(DIR, fx.s->vocab, &enc, err, sizeof(err)))
         fail_msg("the tokenizer: %s", err);
-    gguf_close(tf);
     FILE *f = fopen(PROMPTS, "r");
     assert_non_null(f);
     float *win = window(&fx, "jfk.wav", 0);
@@ -447,7 +443,7 @@ static void test_prompt_f32(void **state)
             assert_true(len + 1 < sizeof(spaced));
             spaced[0] = ' ';
             memcpy(spaced + 1, text, len);
-            int m = tok_encode(enc, spaced, len + 1, false, got, 448);
+            int m = bk_text_encode(enc, spaced, len + 1, got, 448);
             assert_int_equal(m, n);
             assert_memory_equal(got, ref, (size_t)n * sizeof(int32_t));
             encodes++;
@@ -469,7 +465,7 @@ static void test_prompt_f32(void **state)
     assert_int_equal(encodes, 3);
     assert_int_equal(windows, 4);
     free(win);
-    tok_vocab_destroy(enc);
+    bk_text_encoder_close(enc);
     teardown(&fx);
 }
 
