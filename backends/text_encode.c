@@ -1,7 +1,9 @@
 /* Text to token ids from a tokenizer.json (backends/text_encode.h). */
 #include "backends/text_encode.h"
 
+#include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "backends/transformer/hf.h"
 #include "backends/transformer/tokenizer.h"
@@ -44,4 +46,37 @@ int bk_text_encode(const bk_text_encoder *e, const char *text, size_t len, int32
                    size_t cap)
 {
     return tok_encode(e->vocab, text, len, false, ids, cap);
+}
+
+static bool is_space(char c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+}
+
+int bk_text_encode_prompt(const bk_text_encoder *e, const char *text, size_t len, int32_t *ids,
+                          int max)
+{
+    while (len && is_space(*text))
+        text++, len--;
+    while (len && is_space(text[len - 1]))
+        len--;
+    char *spaced = malloc(len + 1);
+    /* Byte-level BPE gives at most one id per byte (no normalizer). */
+    int32_t *all = malloc((len + 1) * sizeof(*all));
+    int n = spaced && all ? 0 : BT_ENOMEM;
+    if (!n) {
+        spaced[0] = ' ';
+        memcpy(spaced + 1, text, len);
+        n = bk_text_encode(e, spaced, len + 1, all, len + 1);
+    }
+    if (n > (int)(len + 1))
+        n = BT_ERANGE; /* more ids than bytes: not byte-level BPE after all */
+    if (n >= 0) {
+        int keep = n < max ? n : max;
+        memcpy(ids, all + (n - keep), (size_t)keep * sizeof(*ids));
+        n = keep;
+    }
+    free(all);
+    free(spaced);
+    return n;
 }

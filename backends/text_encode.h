@@ -29,4 +29,12 @@ void bk_text_encoder_close(bk_text_encoder *e); /* NULL is a no-op */
 int bk_text_encode(const bk_text_encoder *e, const char *text, size_t len, int32_t *ids,
                    size_t cap);
 
+/* Previous text as Whisper models take it (faster-whisper's
+ * initial_prompt): " " and TEXT[LEN] without the ASCII whitespace around
+ * it (Python's str.strip also removes Unicode's other spaces, which are
+ * kept here), encoded, of which the last MAX ids go to IDS.  How many were
+ * kept, or BT_ENOMEM, or the tokenizer's error. */
+int bk_text_encode_prompt(const bk_text_encoder *e, const char *text, size_t len, int32_t *ids,
+                          int max);
+
 #endif

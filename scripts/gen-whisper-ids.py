@@ -25,7 +25,7 @@ each segment faster-whisper yields.
 
 With a prompt (whisper-prompt.tsv), the JFK clip's first window is decoded
 with initial_prompt, without and with timestamps.  Lines: "encode PROMPT
-IDS", the ids faster-whisper encodes PROMPT into (those of " " + the
+IDS", all the ids faster-whisper encodes PROMPT into (those of " " + the
 prompt stripped, its Tokenizer.encode), and "window PROMPT TIMESTAMPS
 PROMPT_IDS IDS": the whole prompt handed to the decoder and the ids it
 chose.  PROMPT is written as a JSON string.
@@ -57,8 +57,11 @@ SEGMENTS = "tests/unit/data/whisper-segments.tsv"
 PROMPTS = "tests/unit/data/whisper-prompt.tsv"
 # Prompts: plain, with spaces, digits, punctuation and letters beyond ASCII
 # to strip and pre-tokenize, and empty (faster-whisper still encodes " ").
+# The last is longer than the 223 tokens a prompt keeps.
 PROMPT_TEXTS = ["The following is a speech by President Kennedy.",
-                "  JFK\u2019s   inaugural address, 1961:\tcaf\u00e9 \u65e5\u672c  \n", ""]
+                "  JFK\u2019s   inaugural address, 1961:\tcaf\u00e9 \u65e5\u672c  \n", "",
+                " ".join("Speech %d of the inaugural addresses, read aloud in Washington on "
+                         "January 20th." % i for i in range(1, 21))]
 
 
 def audio_of(name):
@@ -128,7 +131,7 @@ def write_prompts(model):
         for text in PROMPT_TEXTS:
             ids = tok.encode(" " + text.strip())
             out.write("encode\t%s\t%s\n" % (json.dumps(text), " ".join(str(t) for t in ids)))
-        for text in PROMPT_TEXTS[:2]:
+        for text in PROMPT_TEXTS[:2] + PROMPT_TEXTS[3:]:
             for ts in (0, 1):
                 rec.sequences, rec.prompts = [], []
                 segments, _ = model.transcribe(

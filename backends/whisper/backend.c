@@ -104,7 +104,8 @@ typedef struct wh_session {
 struct baton_model {
     weng *eng;                   /* owned */
     wtok *tok;                   /* owned; ids to text */
-    bk_text_encoder *enc;        /* owned; text to ids (a request's prompt) */
+    bk_text_encoder *enc;        /* owned; text to ids (a request's prompt); NULL: none */
+    char enc_why[256];           /* why ENC is NULL */
     wdec_rules rules;            /* owned */
     wmel *mel;                   /* owned */
     const wm_shape *s;           /* the engine's */
@@ -195,10 +196,9 @@ static baton_status model_load(const baton_load_params *p, baton_model **out, ch
     }
     /* The prompt's text is encoded by the transformer backend's byte-level
      * BPE, built from the same tokenizer.json. */
-    if (bk_text_encoder_open(path.s, m->s->vocab, &m->enc, why, sizeof(why))) {
-        snprintf(err, errlen, "%s/tokenizer.json: cannot encode text: %s", path.s, why);
-        goto err;
-    }
+    /* Without it the model serves requests without a prompt (its report
+     * says why). */
+    (void)bk_text_encoder_open(path.s, m->s->vocab, &m->enc, m->enc_why, sizeof(m->enc_why));
     snprintf(file, sizeof(file), "%s/config.json", path.s);
     if (wdec_rules_load(file, wtok_specials(m->tok), m->s->vocab, &m->rules, why, sizeof(why))) {
         snprintf(err, errlen, "%s", why);
@@ -211,14 +211,16 @@ static baton_status model_load(const baton_load_params *p, baton_model **out, ch
     m->owner = calloc((size_t)m->slots, sizeof(*m->owner));
     m->logits = malloc((size_t)m->slots * m->s->vocab * sizeof(float));
     m->win = malloc((size_t)m->slots * m->s->n_frames * m->s->n_mels * sizeof(float));
-    char report[512];
+    char report[1024];
     snprintf(report, sizeof(report),
              "whisper on %s: d_model %d, %d+%d layers, %d mel bands, vocabulary %d; %s "
-             "products for the audio, %s for the tokens; %d decoding slots; %.1f MiB of weights",
+             "products for the audio, %s for the tokens; %d decoding slots; %.1f MiB of "
+             "weights%s%s",
              m->device, m->s->d_model, m->s->enc_layers, m->s->dec_layers, m->s->n_mels,
              m->s->vocab, m->s->audio == KD_BF16 ? "bf16" : "f32",
              m->s->weight == KD_Q8_0 ? "8-bit" : "f32", m->slots,
-             (double)weng_weight_bytes(m->eng) / (1024.0 * 1024.0));
+             (double)weng_weight_bytes(m->eng) / (1024.0 * 1024.0),
+             m->enc ? "" : "; prompts refused: ", m->enc ? "" : m->enc_why);
     m->report = strdup(report);
     if (!m->owner || !m->logits || !m->win || !m->report) {
         snprintf(err, errlen, "out of memory");
@@ -356,41 +358,6 @@ static int outputs_known(baton_ctx *ctx, baton_item *it, const char *const *name
     return 0;
 }
 
-/* ASCII whitespace, which Python's str.strip removes (with Unicode's
- * other spaces, which a prompt keeps here). */
-static bool is_space(char c)
-{
-    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
-}
-
-/* The previous text of S from TEXT[LEN] as faster-whisper takes its
- * initial_prompt: " " and the text without the whitespace around it,
- * encoded, of which the last WH_PREV_MAX ids are kept.  0, or -1 when the
- * tokenizer fails. */
-static int prompt_set(const baton_model *m, wh_session *s, const char *text, size_t len)
-{
-    while (len && is_space(*text))
-        text++, len--;
-    while (len && is_space(text[len - 1]))
-        len--;
-    char *spaced = malloc(len + 1);
-    if (!spaced)
-        return -1;
-    spaced[0] = ' ';
-    memcpy(spaced + 1, text, len);
-    /* At most one id per byte. */
-    int32_t *ids = malloc((len + 1) * sizeof(*ids));
-    int n = ids ? bk_text_encode(m->enc, spaced, len + 1, ids, len + 1) : -1;
-    if (n >= 0) {
-        int keep = n < WH_PREV_MAX ? n : WH_PREV_MAX;
-        memcpy(s->prev, ids + (n - keep), (size_t)keep * sizeof(*ids));
-        s->n_prev = keep;
-    }
-    free(ids);
-    free(spaced);
-    return n >= 0 ? 0 : -1;
-}
-
 /* The options JSON of input `options` (absent or empty: the defaults)
  * into S.  0, or -1 after failing IT. */
 static int read_options(baton_model *m, baton_ctx *ctx, baton_item *it, wh_session *s)
@@ -453,13 +420,22 @@ static int read_options(baton_model *m, baton_ctx *ctx, baton_item *it, wh_sessi
             }
             s->temperature = (float)t;
         } else if (!strcmp(key, "prompt")) {
-            if (!str || prompt_set(m, s, str, json_string_length(v))) {
-                failf(ctx, it, BATON_STATUS_INVALID_ARGUMENT,
-                      "input 'options': prompt is %s", str ? "text this tokenizer cannot encode"
-                                                           : "a string");
+            int n = !str        ? BT_EINVAL
+                    : !m->enc   ? BT_EUNSUPPORTED
+                                : bk_text_encode_prompt(m->enc, str, json_string_length(v),
+                                                        s->prev, WH_PREV_MAX);
+            if (n < 0) {
+                failf(ctx, it,
+                      n == BT_ENOMEM    ? BATON_STATUS_RESOURCE_EXHAUSTED
+                      : n == BT_EUNSUPPORTED  ? BATON_STATUS_FAILED_PRECONDITION
+                                        : BATON_STATUS_INVALID_ARGUMENT,
+                      "input 'options': prompt %s%s", !str ? "is a string"
+                      : n == BT_EUNSUPPORTED ? "cannot be encoded: " : "failed: ",
+                      !str ? "" : n == BT_EUNSUPPORTED ? m->enc_why : bt_strerror(n));
                 rc = -1;
                 break;
             }
+            s->n_prev = n;
         } else if (!strcmp(key, "timestamps")) {
             if (!json_is_boolean(v)) {
                 failf(ctx, it, BATON_STATUS_INVALID_ARGUMENT,

@@ -372,7 +372,12 @@ int weng_create(const char *path, const weng_opts *o, weng **out, char *err, siz
     e->shape.weight = o->act_q8 && !e->dev ? KD_Q8_0 : KD_F32;
     /* bf16 only where it is faster than sgemm: never a slow emulation. */
     e->shape.audio = o->act_q8 && !e->dev && k_matmul_bf16_native() ? KD_BF16 : KD_F32;
-    e->shape.cross = o->act_q8 && !e->dev ? KD_F16 : KD_F32;
+    /* f16 only where the decode path's query reads it (AVX2, heads of a
+     * multiple of 8): elsewhere every step would widen all of K and V. */
+    e->shape.cross = o->act_q8 && !e->dev && k_cpu_isa() >= K_ISA_AVX2 &&
+                             (e->shape.d_model / e->shape.heads) % 8 == 0
+                         ? KD_F16
+                         : KD_F32;
     e->slots = o->slots;
     e->ctx = e->shape.n_text;
     e->max_prompt = o->max_prompt < e->ctx ? o->max_prompt : e->ctx;

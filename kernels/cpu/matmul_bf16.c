@@ -30,8 +30,6 @@
 /* Rows a thread takes at a time: whole AMX tiles of 16 rows, and enough
  * that a thread's block is worth a oneDNN call. */
 #define ROW_GRAIN 64
-/* Threads of a pool that one product uses at most. */
-#define KTH_MAX_THREADS 64
 
 void omp_set_num_threads(int n);
 
@@ -143,7 +141,7 @@ typedef struct bf16_job {
     const float *a;
     const uint16_t *w;
     int m, n, k;
-    int rc[KTH_MAX_THREADS]; /* per thread */
+    int rc;                  /* the first thread's error, 0 while none */
 } bf16_job;
 
 static void bf16_rows(void *arg, int ith, int nth)
@@ -151,7 +149,9 @@ static void bf16_rows(void *arg, int ith, int nth)
     bf16_job *j = arg;
     int lo, hi;
     kth_split(j->m, ROW_GRAIN, ith, nth, &lo, &hi);
-    j->rc[ith] = lo < hi ? rows(j->y, j->a, j->w, lo, hi, j->n, j->k) : 0;
+    int rc = lo < hi ? rows(j->y, j->a, j->w, lo, hi, j->n, j->k) : 0, none = 0;
+    if (rc)
+        __atomic_compare_exchange_n(&j->rc, &none, rc, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
 }
 
 int k_matmul_bf16(kth_pool *pool, float *y, const float *a, const uint16_t *w, int m, int n, int k)
@@ -161,15 +161,11 @@ int k_matmul_bf16(kth_pool *pool, float *y, const float *a, const uint16_t *w, i
     pthread_once(&g.once, start);
     if (!g.engine || n <= 0 || k <= 0)
         return -EINVAL;
-    if (m < 2 * ROW_GRAIN || !pool || kth_pool_size(pool) > KTH_MAX_THREADS ||
-        kth_acquire(pool) != 0)
+    if (m < 2 * ROW_GRAIN || !pool || kth_acquire(pool) != 0)
         return rows(y, a, w, 0, m, n, k);
-    bf16_job j = {y, a, w, m, n, k, {0}};
+    bf16_job j = {y, a, w, m, n, k, 0};
     kth_run(pool, bf16_rows, &j);
     kth_release(pool);
-    for (int i = 0; i < KTH_MAX_THREADS; i++)
-        if (j.rc[i])
-            return j.rc[i];
-    return 0;
+    return j.rc;
 }
 

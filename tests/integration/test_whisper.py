@@ -608,6 +608,14 @@ def main():
             check(r.ok and n >= 2 and len(runs) == 2,
                   "33 s without timestamps: 2 windows, the second where the first ended (%d "
                   "runs): %r" % (len(runs), r.text()))
+            # A prompt goes to the first window only (faster-whisper's
+            # initial_prompt without conditioning on previous text).
+            text, _, pids, _ = [x for x in expected_prompted() if not x[1]][0]
+            r2 = transcribe(c, pcm + pcm + pcm, options(language="en", timestamps=False,
+                                                         prompt=text))
+            check(r2.ok and r2.usage.get("prompt_tokens") == len(pids) + 4,
+                  "33 s with a prompt: %d prompt tokens in the first window, 4 in the second: "
+                  "%r" % (len(pids), r2.usage))
 
             # Bad input: a clear error each, and the daemon serves on.
             for audio, opts, what, words in [

@@ -44,6 +44,9 @@
 #define IDS "tests/unit/data/whisper-ids.tsv"
 #define SEGMENTS "tests/unit/data/whisper-segments.tsv"
 #define PROMPTS "tests/unit/data/whisper-prompt.tsv"
+/* The backend's longest prompt: start of previous text, 223 ids of it, and
+ * 4 of the start of transcript. */
+#define MAX_PROMPT 228
 #define SAMPLES "models/samples"
 
 typedef struct want {
@@ -102,7 +105,7 @@ typedef struct fixture {
 static void setup(fixture *fx, int act_q8, int slots)
 {
     char err[512];
-    weng_opts o = {device(), 2, act_q8, slots, 64};
+    weng_opts o = {device(), 2, act_q8, slots, MAX_PROMPT};
     int rc = weng_create(MODEL, &o, &fx->eng, err, sizeof(err));
     if (rc)
         fail_msg("weng_create: %s: %s", bt_strerror(rc), err);
@@ -401,8 +404,9 @@ static int ids_of(char *text, int32_t *ids, int max)
  * (tests/unit/data/whisper-prompt.tsv, scripts/gen-whisper-ids.py): the
  * transformer backend's byte-level BPE, built from Whisper's
  * tokenizer.json (bk_text_encoder_open), encodes " " and each prompt
- * stripped into faster-whisper's ids, the way the backend's prompt_set
- * does; and the JFK clip's first window, decoded after faster-whisper's
+ * stripped into faster-whisper's ids (bk_text_encode_prompt, as the
+ * backend does), of which a long prompt keeps faster-whisper's last 223;
+ * and the JFK clip's first window, decoded after faster-whisper's
  * whole prompt (start of previous text, the text, then start of
  * transcript...), gives faster-whisper's ids, with and without
  * timestamps. */
@@ -435,15 +439,7 @@ static void test_prompt_f32(void **state)
         int32_t ref[448], got[448];
         if (!strcmp(kind, "encode")) {
             int n = ids_of(strtok(NULL, "\t"), ref, 448);
-            while (len && strchr(" \t\n", *text))
-                text++, len--;
-            while (len && strchr(" \t\n", text[len - 1]))
-                len--;
-            char spaced[1024];
-            assert_true(len + 1 < sizeof(spaced));
-            spaced[0] = ' ';
-            memcpy(spaced + 1, text, len);
-            int m = bk_text_encode(enc, spaced, len + 1, got, 448);
+            int m = bk_text_encode_prompt(enc, text, len, got, 448);
             assert_int_equal(m, n);
             assert_memory_equal(got, ref, (size_t)n * sizeof(int32_t));
             encodes++;
@@ -462,8 +458,32 @@ static void test_prompt_f32(void **state)
         json_decref(str);
     }
     fclose(f);
-    assert_int_equal(encodes, 3);
-    assert_int_equal(windows, 4);
+    assert_int_equal(encodes, 4);
+    assert_int_equal(windows, 6);
+    /* The backend keeps the last 223: those of faster-whisper's prompt. */
+    f = fopen(PROMPTS, "r");
+    assert_non_null(f);
+    int longs = 0;
+    while (fgets(line, sizeof(line), f)) {
+        char *kind = strtok(line, "\t"), *js = strtok(NULL, "\t");
+        json_error_t je;
+        json_t *str = js && !strcmp(kind, "window") ? json_loads(js, JSON_DECODE_ANY, &je) : NULL;
+        if (!str)
+            continue;
+        bool ts = atoi(strtok(NULL, "\t")) != 0;
+        int32_t p[448], got[223];
+        int np = ids_of(strtok(NULL, "\t"), p, 448);
+        int m = bk_text_encode_prompt(enc, json_string_value(str), json_string_length(str), got,
+                                      223);
+        /* p: start of previous text, the text, then 3 (4 without
+         * timestamps) ids of the start of transcript. */
+        assert_int_equal(m, np - 1 - (ts ? 3 : 4));
+        assert_memory_equal(got, p + 1, (size_t)m * sizeof(int32_t));
+        longs += m == 223;
+        json_decref(str);
+    }
+    fclose(f);
+    assert_int_equal(longs, 2);
     free(win);
     bk_text_encoder_close(enc);
     teardown(&fx);
@@ -632,7 +652,7 @@ static void test_bad_calls(void **state)
     assert_null(weng_audio(fx.eng, 1));                                 /* no window 1 */
     assert_int_equal(weng_prompt(fx.eng, 1, a, t, 1, NULL), BT_EINVAL); /* no slot 1 */
     assert_int_equal(weng_prompt(fx.eng, 0, NULL, t, 1, NULL), BT_EINVAL);
-    assert_int_equal(weng_prompt(fx.eng, 0, a, t, 65, NULL), BT_EINVAL); /* over max_prompt */
+    assert_int_equal(weng_prompt(fx.eng, 0, a, t, MAX_PROMPT + 1, NULL), BT_EINVAL);
     assert_int_equal(weng_step(fx.eng, t, lens, 2, NULL), BT_EINVAL);
     lens[0] = weng_ctx(fx.eng);
     assert_int_equal(weng_step(fx.eng, t, lens, 1, NULL), BT_ERANGE); /* cache full */
