@@ -798,16 +798,6 @@ static char *audio_options(const gw_form *f, bool translate)
     return s;
 }
 
-/* Bytes of the options JSON of F (0 when out of memory, which the request
- * meets again when it builds them). */
-static size_t options_len(const gw_form *f, bool translate)
-{
-    char *o = audio_options(f, translate);
-    size_t n = o ? strlen(o) : 0;
-    free(o);
-    return n;
-}
-
 /* POST /v1/audio/transcriptions, or /v1/audio/translations (TRANSLATE). */
 static enum MHD_Result serve_audio(gateway *g, struct MHD_Connection *conn, gw_conn *hc,
                                    bool translate)
@@ -822,6 +812,8 @@ static enum MHD_Result serve_audio(gateway *g, struct MHD_Connection *conn, gw_c
     const char *fmt = f->field[F_FORMAT], *temp = f->field[F_TEMPERATURE];
     const char *prompt = f->field[F_PROMPT] && *f->field[F_PROMPT] ? f->field[F_PROMPT] : NULL;
     const char *st = f->field[F_STREAM], *gran = f->field[F_GRANULARITY];
+    /* Built once: its length is checked below, then it is sent. */
+    char *options = audio_options(f, translate);
     err[0] = 0;
     if (!f->pp) {
         snprintf(err, sizeof(err), "the body is not a form: send multipart/form-data with the "
@@ -856,7 +848,7 @@ static enum MHD_Result serve_audio(gateway *g, struct MHD_Connection *conn, gw_c
     } else if (prompt && !bt_utf8_valid(prompt, strlen(prompt))) {
         snprintf(err, sizeof(err), "prompt is not valid UTF-8");
         param = "prompt";
-    } else if (prompt && options_len(f, translate) > GW_MAX_OPTIONS) {
+    } else if (prompt && options && strlen(options) > GW_MAX_OPTIONS) {
         snprintf(err, sizeof(err), "prompt is too long once written as JSON (its quotes and "
                  "control characters escaped): the options take at most %d bytes",
                  GW_MAX_OPTIONS);
@@ -869,12 +861,12 @@ static enum MHD_Result serve_audio(gateway *g, struct MHD_Connection *conn, gw_c
         /* A model that is not there is 404, as for a chat; the rest 400. */
         bool missing = param && !strcmp(param, "model") && !m && f->field[F_MODEL] &&
                        *f->field[F_MODEL];
+        free(options);
         return reply_oa_error(conn, missing ? MHD_HTTP_NOT_FOUND : MHD_HTTP_BAD_REQUEST,
                               "invalid_request_error", err, param);
     }
     stream = st && strcmp(st, "true") == 0;
     gw_chat *ch = calloc(1, sizeof(*ch));
-    char *options = audio_options(f, translate);
     if (!ch || !options || !(ch->req.model = strdup(m->name))) {
         free(ch), free(options);
         return MHD_NO;

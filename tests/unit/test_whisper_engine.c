@@ -59,6 +59,17 @@ typedef struct want {
 static want wants[64];
 static int n_wants;
 
+/* Space-separated ids of TEXT into IDS (at most MAX); how many. */
+static int ids_of(char *text, int32_t *ids, int max)
+{
+    int n = 0;
+    for (char *t = strtok(text, " \n"); t; t = strtok(NULL, " \n")) {
+        assert_true(n < max);
+        ids[n++] = (int32_t)atoi(t);
+    }
+    return n;
+}
+
 static void read_wants(void)
 {
     FILE *f = fopen(IDS, "r");
@@ -73,9 +84,7 @@ static void read_wants(void)
         assert_non_null(ids);
         snprintf(w->clip, sizeof(w->clip), "%s", clip);
         w->seek = atoi(seek);
-        w->n = 0;
-        for (char *p = strtok(ids, " "); p; p = strtok(NULL, " "))
-            w->ids[w->n++] = (int32_t)atoi(p);
+        w->n = ids_of(ids, w->ids, 448);
         assert_true(++n_wants < 64);
     }
     fclose(f);
@@ -376,8 +385,7 @@ static int read_segment_lines(seg_line *l, int max)
         snprintf(x->clip, sizeof(x->clip), "%s", clip);
         x->k_or_seek = atoi(k);
         if (x->window) {
-            for (char *p = strtok(NULL, " "); p; p = strtok(NULL, " "))
-                x->ids[x->n++] = (int32_t)atoi(p);
+            x->n = ids_of(strtok(NULL, ""), x->ids, (int)(sizeof(x->ids) / sizeof(x->ids[0])));
         } else {
             x->start = atof(strtok(NULL, "\t"));
             x->end = atof(strtok(NULL, "\t"));
@@ -386,17 +394,6 @@ static int read_segment_lines(seg_line *l, int max)
         }
     }
     fclose(f);
-    return n;
-}
-
-/* Space-separated ids of TEXT into IDS (at most MAX); how many. */
-static int ids_of(char *text, int32_t *ids, int max)
-{
-    int n = 0;
-    for (char *t = strtok(text, " \n"); t; t = strtok(NULL, " \n")) {
-        assert_true(n < max);
-        ids[n++] = (int32_t)atoi(t);
-    }
     return n;
 }
 
