@@ -48,6 +48,13 @@ void k_gelu_erf(float *out, const float *x, size_t n);
  * 2e-7 of k_gelu_erf relatively (a few ulp). */
 typedef struct kth_pool kth_pool;
 void k_gelu_erf_mt(kth_pool *pool, float *out, const float *x, size_t n);
+/* k_add (NB == N) or k_add_bcast, and k_layernorm, shared out over the
+ * threads of POOL (NULL or held elsewhere: the caller's thread) when they
+ * are large: each value or row is computed as alone, so the bits are the
+ * same. */
+void k_add_mt(kth_pool *pool, float *out, const float *a, size_t n, const float *b, size_t nb);
+void k_layernorm_mt(kth_pool *pool, float *out, const float *x, const float *w, const float *b,
+                    int rows, int dim, float eps);
 
 /* The columns of a 1-D convolution, so that the convolution is one matrix
  * product: X [BATCH, T_IN, C] (time-major, channels innermost) to COL
@@ -87,6 +94,15 @@ void k_matmul(float *c, const float *a, const float *b, int batch, int m, int n,
  * its product is slower than sgemm in f32 and should not be chosen. */
 int k_matmul_bf16(kth_pool *pool, float *y, const float *a, const uint16_t *w, int m, int n, int k);
 int k_matmul_bf16_native(void);
+/* The same with W packed once by k_matmul_bf16_pack into the layout
+ * oneDNN's product reads (repacking plain rows costs it more than the
+ * product on every call).  k_matmul_bf16_packed_bytes: the packed size of
+ * N x K weights, 0 when oneDNN did not start; k_matmul_bf16_pack: W[N, K]
+ * in plain bf16 rows into DST of that size. */
+int k_matmul_bf16_packed(kth_pool *pool, float *y, const float *a, const void *w, int m, int n,
+                         int k);
+size_t k_matmul_bf16_packed_bytes(int n, int k);
+int k_matmul_bf16_pack(void *dst, const uint16_t *w, int n, int k);
 
 /* Bytes of one 32-element block of a GGUF type (0 for a non-block type). */
 size_t k_block_bytes(kdtype t);
@@ -245,6 +261,14 @@ int k_attn_full(kth_pool *pool, float *out, const float *q, const float *k, cons
  * CPU without AVX2, widen K and V to f32 first.  0, or -ENOMEM. */
 int k_attn_full_kv16(kth_pool *pool, float *out, const float *q, const uint16_t *k,
                      const uint16_t *v, int nb, int t, int s, int n_head, int hd);
+/* The same with bf16 products on oneDNN (kernels/cpu/matmul_bf16.c): the
+ * scores from Q (scaled) and K each split into two bf16 halves, which
+ * keeps about 16 bits of them; the scores' e^x and V rounded to bf16; sums
+ * in f32.  For many queries (Whisper's encoder: half its time went to the
+ * f32 products and the 9 MB score matrix of a head) where
+ * k_matmul_bf16_native.  0, -EINVAL, -ENOMEM or -EIO. */
+int k_attn_full_bf16(kth_pool *pool, float *out, const float *q, const float *k, const float *v,
+                     int nb, int t, int s, int n_head, int hd);
 
 /* ---- sampling ------------------------------------------------------------------- */
 

@@ -38,6 +38,9 @@ const char *kdtype_name(kdtype t);
  *                out {[N, D] f32}; an id outside [0, V) gives zeros.
  *   MATMUL       in {a [.., M, K] f32, w [N, K] f32|f16|bf16|block}
  *                out {[.., M, N] f32}: every row of a times w^T.
+ *                attr {layout} (optional): K_MM_PLAIN (0, w's rows as
+ *                they are) or K_MM_PACKED (1: bf16 packed by
+ *                k_matmul_bf16_pack, the CPU's only).
  *   QMATVEC      in {w [N, K] block, x [M, K] f32} out {[M, N] f32}.
  *   ADD, MUL     in {a, b} out {y}, same element count, f32; ADD also
  *                takes a b whose count divides a's (a bias per row, a
@@ -68,6 +71,8 @@ const char *kdtype_name(kdtype t);
  *                H*HD]}; attr {H, HD, T}: no mask, no cache; the B = rows
  *                of q / T sequences use the first B of k and v (B <= B');
  *                T 0: q's rows, however many this run, are one sequence.
+ *                attr[3] (optional): K_ATTN_F32 (0) or K_ATTN_BF16 (1:
+ *                the products in bf16, k_attn_full_bf16; the CPU's only).
  *   ALLREDUCE    in {x} out {y} f32; attr {ranks} (1 when absent).
  *   MATMUL_ALLREDUCE  as MATMUL, then as ALLREDUCE; attr {ranks}.
  * Caches are f32 on the CPU. */
@@ -94,6 +99,12 @@ typedef enum kop {
     KOP_ATTN,             /* attention without mask or cache (encoders, cross-attention) */
     KOP_COUNT
 } kop;
+
+/* KOP_ATTN's precision attribute. */
+enum { K_ATTN_F32 = 0, K_ATTN_BF16 = 1 };
+
+/* KOP_MATMUL's layout attribute. */
+enum { K_MM_PLAIN = 0, K_MM_PACKED = 1 };
 
 /* KOP_GELU's mode attribute. */
 enum { K_GELU_TANH = 0, K_GELU_ERF = 1 };

@@ -157,10 +157,13 @@ static const kt_cpu_opts *cpu_opts(const kx_op_ctx *c)
     return c->user ? (const kt_cpu_opts *)c->user : &NO_OPTS;
 }
 
-/* Y[M, N] = A[M, K] W[N, K]^T for a W of any weight type. */
+/* Y[M, N] = A[M, K] W[N, K]^T for a W of any weight type, or packed bf16
+ * (PACKED). */
 static int matmul_any(const kt_cpu_opts *o, float *y, const float *a, const void *w, kdtype wt,
-                      int64_t m, int64_t n, int64_t k)
+                      bool packed, int64_t m, int64_t n, int64_t k)
 {
+    if (packed)
+        return k_matmul_bf16_packed(o->pool, y, a, w, (int)m, (int)n, (int)k);
     if (wt == KD_F32) {
         k_matmul(y, a, w, 1, (int)m, (int)n, (int)k, 0, 0, 0);
         return 0;
@@ -193,6 +196,9 @@ static int op_matmul(const kx_op_ctx *c, int how)
     NEED(!is_block(w->dtype) || k % 32 == 0);
     NEED(!(how & CUDA) || w->dtype == KD_F32 || is_block(w->dtype));
     NEED(c->op->op != KOP_MATMUL_ALLREDUCE || c->op->n_attr == 0 || c->op->attr[0] == 1);
+    bool packed = c->op->op == KOP_MATMUL && c->op->n_attr && c->op->attr[0] == K_MM_PACKED;
+    NEED(c->op->op != KOP_MATMUL || c->op->n_attr == 0 || c->op->attr[0] == K_MM_PLAIN || packed);
+    NEED(!packed || (w->dtype == KD_BF16 && !(how & CUDA)));
     if (!(how & RUN))
         return 0;
 #ifdef BATON_CUDA
@@ -209,7 +215,7 @@ static int op_matmul(const kx_op_ctx *c, int how)
     }
 #endif
     ON_GPU(how, -ENOSYS);
-    if ((rc = matmul_any(cpu_opts(c), c->out[0], c->in[0], c->in[1], w->dtype, m, n, k)))
+    if ((rc = matmul_any(cpu_opts(c), c->out[0], c->in[0], c->in[1], w->dtype, packed, m, n, k)))
         return rc;
     if (c->op->op == KOP_MATMUL_ALLREDUCE)
         return k_allreduce_sum(c->out[0], (size_t)(m * n), c->op->n_attr ? (int)c->op->attr[0] : 1);
@@ -263,11 +269,11 @@ static int op_elementwise(const kx_op_ctx *c, int how)
         if (nb != n) {
             ON_GPU(how, k_cuda_add_bcast(c->out[0], c->in[0], (size_t)n, c->in[1], (size_t)nb,
                                          c->queue));
-            k_add_bcast(c->out[0], c->in[0], (size_t)n, c->in[1], (size_t)nb);
+            k_add_mt(cpu_opts(c)->pool, c->out[0], c->in[0], (size_t)n, c->in[1], (size_t)nb);
             break;
         }
         ON_GPU(how, k_cuda_add(c->out[0], c->in[0], c->in[1], (size_t)n, c->queue));
-        k_add(c->out[0], c->in[0], c->in[1], (size_t)n);
+        k_add_mt(cpu_opts(c)->pool, c->out[0], c->in[0], (size_t)n, c->in[1], (size_t)n);
         break;
     case KOP_MUL:
         ON_GPU(how, k_cuda_mul(c->out[0], c->in[0], c->in[1], (size_t)n, c->queue));
@@ -309,7 +315,8 @@ static int op_norm(const kx_op_ctx *c, int how)
     if (ln) {
         ON_GPU(how, k_cuda_layernorm(c->out[0], c->in[0], c->in[1], bias, (int)r, (int)d, eps,
                                      c->queue));
-        k_layernorm(c->out[0], c->in[0], c->in[1], bias, (int)r, (int)d, eps);
+        k_layernorm_mt(cpu_opts(c)->pool, c->out[0], c->in[0], c->in[1], bias, (int)r, (int)d,
+                       eps);
     } else {
         ON_GPU(how, k_cuda_rmsnorm(c->out[0], c->in[0], c->in[1], (int)r, (int)d, eps, c->queue));
         k_rmsnorm(c->out[0], c->in[0], c->in[1], (int)r, (int)d, eps);
@@ -584,6 +591,9 @@ static int op_attn(const kx_op_ctx *c, int how)
     const kg_value *q = in_val(c, 0), *k = in_val(c, 1), *v = in_val(c, 2), *o = out_val(c, 0);
     NEED(c->op->n_attr >= 3);
     int64_t h = c->op->attr[0], hd = c->op->attr[1], t = c->op->attr[2];
+    bool bf16 = c->op->n_attr > 3 && c->op->attr[3] == K_ATTN_BF16;
+    NEED(c->op->n_attr <= 3 || c->op->attr[3] == K_ATTN_F32 || bf16);
+    NEED(!bf16 || (k->dtype == KD_F32 && !(how & CUDA)));
     NEED(h > 0 && hd > 0 && t >= 0 && h * hd <= INT_MAX);
     NEED(q->dtype == KD_F32 && o->dtype == KD_F32 && k->dtype == v->dtype);
     /* K and V in f16: the CPU's only. */
@@ -602,6 +612,9 @@ static int op_attn(const kx_op_ctx *c, int how)
         return 0;
     ON_GPU(how, k_cuda_attn_full(c->out[0], c->in[0], c->in[1], c->in[2], (int)nb, (int)t, (int)s,
                                  (int)h, (int)hd, c->queue));
+    if (bf16)
+        return k_attn_full_bf16(cpu_opts(c)->pool, c->out[0], c->in[0], c->in[1], c->in[2],
+                                (int)nb, (int)t, (int)s, (int)h, (int)hd);
     if (k->dtype == KD_F16)
         return k_attn_full_kv16(cpu_opts(c)->pool, c->out[0], c->in[0], c->in[1], c->in[2],
                                 (int)nb, (int)t, (int)s, (int)h, (int)hd);

@@ -214,8 +214,18 @@ static int convert(weng *e, const kg_value *v, void **out, char *err, size_t err
         memcpy(raw, (const uint8_t *)cv->data + (size_t)part * src_bytes, src_bytes);
         rc = k_widen(f, src_t, raw, n);
     }
-    if (!rc && v->dtype == KD_BF16)
-        rc = k_cast(dst, KD_BF16, f, KD_F32, n);
+    if (!rc && v->dtype == KD_BF16) {
+        /* Rounded to bf16 in plain rows, then packed for oneDNN in the
+         * same bytes (wm_param_dtype chose bf16 only where they fit). */
+        uint16_t *plain = malloc(n * sizeof(uint16_t));
+        rc = plain ? k_cast(plain, KD_BF16, f, KD_F32, n) : BT_ENOMEM;
+        if (!rc && (v->ndim != 2 || k_matmul_bf16_packed_bytes((int)v->shape[0], (int)v->shape[1]) !=
+                                        v->bytes))
+            rc = BT_EINVAL;
+        if (!rc)
+            rc = k_matmul_bf16_pack(dst, plain, (int)v->shape[0], (int)v->shape[1]);
+        free(plain);
+    }
     else if (!rc && v->dtype != KD_F32)
         rc = k_quantize(dst, v->dtype, f, n);
     free(raw);

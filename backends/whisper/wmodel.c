@@ -12,13 +12,15 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "kernels/kernels.h"
+
 typedef struct builder {
     kg_graph *g;
     const wm_shape *s;
     int fail;
 } builder;
 
-kdtype wm_param_dtype(const wm_shape *s, const char *name)
+kdtype wm_param_dtype(const wm_shape *s, const char *name, int64_t rows, int64_t cols)
 {
     /* The encoder's matrices (the first convolution among them, whose rows
      * of 240 values are no whole blocks) and cross-attention's K and V
@@ -27,8 +29,11 @@ kdtype wm_param_dtype(const wm_shape *s, const char *name)
     bool matrix = n > 2 && !strcmp(name + n - 2, ".w");
     bool audio = !strncmp(name, "e.", 2) || (n > 5 && (!strcmp(name + n - 5, ".xk.w") ||
                                                       !strcmp(name + n - 5, ".xv.w")));
-    if (matrix && audio)
-        return s->audio;
+    if (matrix && audio) {
+        bool fits = cols > 0 && k_matmul_bf16_packed_bytes((int)rows, (int)cols) ==
+                                    (size_t)(rows * cols) * sizeof(uint16_t);
+        return s->audio == KD_BF16 && !fits ? KD_F32 : s->audio;
+    }
     return matrix || !strcmp(name, "d.emb") ? s->weight : KD_F32;
 }
 
@@ -45,7 +50,7 @@ static int val(builder *b, const char *name, kg_kind kind, kdtype dt, bool dyn, 
 static int param(builder *b, const char *name, int64_t d0, int64_t d1)
 {
     int64_t sh[2] = {d0, d1};
-    return val(b, name, KG_PARAM, wm_param_dtype(b->s, name), false, d1 ? 2 : 1, sh);
+    return val(b, name, KG_PARAM, wm_param_dtype(b->s, name, d0, d1), false, d1 ? 2 : 1, sh);
 }
 
 /* An f32 intermediate. */
@@ -97,7 +102,9 @@ static int linear_to(builder *b, const char *prefix, int x, int64_t n, int64_t k
     int y = like(b, nm, x, n);
     int in[2] = {x, w};
     double rows = (double)rows_of(b, x);
-    op(b, KOP_MATMUL, in, 2, y, 2.0 * rows * (double)n * (double)k, NULL, 0);
+    /* bf16 weights are packed for oneDNN (wengine.c packs them). */
+    int64_t layout = b->g->values[w].dtype == KD_BF16 ? K_MM_PACKED : K_MM_PLAIN;
+    op(b, KOP_MATMUL, in, 2, y, 2.0 * rows * (double)n * (double)k, &layout, 1);
     if (out < 0) {
         snprintf(nm, sizeof(nm), "%s.y", prefix);
         out = like(b, nm, x, n);
@@ -201,7 +208,8 @@ kg_graph *wm_build_encoder(const wm_shape *s, int batch)
     op(&b, KOP_IM2COL, &x, 1, col2, 0, c2, 3);
     x = gelu(&b, "e.conv2.gelu", linear(&b, "e.conv2", col2, D, D * 3));
     x = add(&b, "e.x0", x, param(&b, "e.pos", A, D));
-    int64_t heads[3] = {s->heads, hd, A};
+    /* With bf16 matrices, the attention's products are bf16 too. */
+    int64_t heads[4] = {s->heads, hd, A, s->audio == KD_BF16 ? K_ATTN_BF16 : K_ATTN_F32};
     for (int l = 0; l < s->enc_layers && !b.fail; l++) {
         char p[16];
         snprintf(p, sizeof(p), "e.%d", l);
@@ -212,7 +220,7 @@ kg_graph *wm_build_encoder(const wm_shape *s, int batch)
         int v = linear(&b, NAME("v"), h, D, D);
         int in[3] = {q, k, v};
         int at = like(&b, NAME("attn"), q, D);
-        op(&b, KOP_ATTN, in, 3, at, 4.0 * (double)B * A * A * D, heads, 3);
+        op(&b, KOP_ATTN, in, 3, at, 4.0 * (double)B * A * A * D, heads, 4);
         int o = linear(&b, NAME("o"), at, D, D);
         x = add(&b, NAME("attn_out"), x, o);
         x = ffn(&b, p, "ln2", x);

@@ -38,7 +38,9 @@ typedef struct wm_shape {
     kdtype weight;   /* the decoder's per-token matrices: KD_F32, or KD_Q8_0 (8-bit
                         products) */
     kdtype audio;    /* the matrices over a window's positions: KD_F32, or KD_BF16
-                        (a CPU that multiplies bf16 in hardware, 8-bit mode) */
+                        (a CPU that multiplies bf16 in hardware, 8-bit mode),
+                        packed by k_matmul_bf16_pack and multiplied as
+                        K_MM_PACKED */
     kdtype cross;    /* the cross-attention K and V handles: KD_F32, or KD_F16 (the
                         CPU's 8-bit mode: half the bytes a step reads) */
     float eps;       /* layer norm epsilon, 1e-5 */
@@ -48,8 +50,11 @@ typedef struct wm_shape {
  * decoder's per-token matrices; `audio` for the matrices that multiply a
  * window's audio positions (the encoder's, cross-attention's K and V: 1500
  * rows, faster through sgemm or a bf16 product than as 8-bit products,
- * which are built for a few rows); f32 for norms, biases and positions. */
-kdtype wm_param_dtype(const wm_shape *s, const char *name);
+ * which are built for a few rows), except that a matrix of ROWS x COLS
+ * whose packed bf16 would not take the bytes of its plain rows (the first
+ * convolution's 240 columns) stays f32; f32 for norms, biases and
+ * positions.  COLS: 0 for a vector. */
+kdtype wm_param_dtype(const wm_shape *s, const char *name, int64_t rows, int64_t cols);
 
 kg_graph *wm_build_encoder(const wm_shape *s, int batch);
 /* SEQ: the most prompt tokens; CTX: the self KV cache's positions. */

@@ -81,21 +81,12 @@ static inline float cache_at(const void *c, size_t i, kv_fmt fmt)
  * zeroed so that a tile may read them. */
 AVX2 static float softmax_row(float *s, int n, int pad, float *max)
 {
-    __m256 vmax = _mm256_set1_ps(-INFINITY);
-    int j = 0;
-    for (; j + 8 <= n; j += 8)
-        vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(s + j));
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_max_ss(h, _mm_movehdup_ps(h));
-    float m = _mm_cvtss_f32(h);
-    for (; j < n; j++)
-        m = s[j] > m ? s[j] : m;
+    float m = max_row(s, n);
     if (max)
         *max = m;
     __m256 vm = _mm256_set1_ps(m), vsum = _mm256_setzero_ps();
     float sum = 0;
-    j = 0;
+    int j = 0;
     for (; j + 8 <= n; j += 8) {
         __m256 e = exp_neg(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
         _mm256_storeu_ps(s + j, e);

@@ -1,6 +1,7 @@
-/* Fast CPU paths of elementwise ops.  KOP_GELU in its erf form (Whisper's
- * activation): erf from a rational polynomial on AVX2 (vmath_avx2.h),
- * spread over the kernels' thread pool.  Whisper base's encoder applies it to 21 million
+/* Fast CPU paths of elementwise ops.  KOP_ADD and KOP_LAYERNORM over the
+ * kernels' thread pool when they are large.  KOP_GELU in its erf form
+ * (Whisper's activation): erf from a rational polynomial on AVX2
+ * (vmath_avx2.h), spread over the pool.  Whisper base's encoder applies it to 21 million
  * values a window; libm's erff, one value at a time on one thread, took
  * about 0.4 s of a 1.5 s window on this project's 2-core test machine. */
 #include <stddef.h>
@@ -104,4 +105,75 @@ void k_cast_f16_fast(uint16_t *dst, const float *src, size_t n)
         to_f16_avx2(dst, src, n);
     else
         k_cast(dst, KD_F16, src, KD_F32, n);
+}
+
+/* ---- additions and layer norms over the pool ------------------------------------ */
+
+/* From this many values on, an addition or a layer norm is shared out over
+ * the pool: Whisper's encoder adds a bias or a residual to 0.8 to 3
+ * million values at a time, which took a tenth of a window on one thread,
+ * while a decoder step's few thousand are not worth waking the pool. */
+#define SPLIT_MIN 65536
+
+typedef struct add_job {
+    float *out;
+    const float *a, *b;
+    size_t n, nb, chunk; /* CHUNK: values a task, a multiple of NB */
+} add_job;
+
+static void add_chunks(void *arg, int ith, int nth)
+{
+    add_job *j = arg;
+    int chunks = (int)((j->n + j->chunk - 1) / j->chunk), lo, hi;
+    kth_split(chunks, 1, ith, nth, &lo, &hi);
+    size_t a = (size_t)lo * j->chunk, b = (size_t)hi * j->chunk;
+    b = b < j->n ? b : j->n;
+    if (a >= b)
+        return;
+    if (j->nb == j->n)
+        k_add(j->out + a, j->a + a, j->b + a, b - a);
+    else
+        k_add_bcast(j->out + a, j->a + a, b - a, j->b, j->nb);
+}
+
+void k_add_mt(kth_pool *pool, float *out, const float *a, size_t n, const float *b, size_t nb)
+{
+    /* Tasks start on whole rows of B, so each is one k_add_bcast. */
+    size_t chunk = nb == n ? GELU_CHUNK : (GELU_CHUNK / nb > 0 ? GELU_CHUNK / nb : 1) * nb;
+    add_job j = {out, a, b, n, nb, chunk};
+    if (n >= SPLIT_MIN && pool && kth_acquire(pool) == 0) {
+        kth_run(pool, add_chunks, &j);
+        kth_release(pool);
+        return;
+    }
+    add_chunks(&j, 0, 1);
+}
+
+typedef struct norm_job {
+    float *out;
+    const float *x, *w, *b;
+    int rows, dim;
+    float eps;
+} norm_job;
+
+static void norm_rows(void *arg, int ith, int nth)
+{
+    norm_job *j = arg;
+    int lo, hi;
+    kth_split(j->rows, 1, ith, nth, &lo, &hi);
+    if (lo < hi)
+        k_layernorm(j->out + (size_t)lo * j->dim, j->x + (size_t)lo * j->dim, j->w, j->b, hi - lo,
+                    j->dim, j->eps);
+}
+
+void k_layernorm_mt(kth_pool *pool, float *out, const float *x, const float *w, const float *b,
+                    int rows, int dim, float eps)
+{
+    norm_job j = {out, x, w, b, rows, dim, eps};
+    if ((size_t)rows * (size_t)dim >= SPLIT_MIN && pool && kth_acquire(pool) == 0) {
+        kth_run(pool, norm_rows, &j);
+        kth_release(pool);
+        return;
+    }
+    norm_rows(&j, 0, 1);
 }

@@ -7,6 +7,7 @@
 #define BATON_KERNELS_CPU_VMATH_AVX2_H
 
 #include <immintrin.h>
+#include <math.h>
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 
@@ -16,6 +17,22 @@ AVX2 static inline float hsum8(__m256 v)
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
+}
+
+/* The largest of S[0..N) (-inf for N = 0). */
+AVX2 static inline float max_row(const float *s, int n)
+{
+    __m256 vmax = _mm256_set1_ps(-INFINITY);
+    int j = 0;
+    for (; j + 8 <= n; j += 8)
+        vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(s + j));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    float m = _mm_cvtss_f32(h);
+    for (; j < n; j++)
+        m = s[j] > m ? s[j] : m;
+    return m;
 }
 
 /* e^x for x <= 0 (scores minus their maximum), Cephes' polynomial after

@@ -173,11 +173,13 @@ static void test_matmul_blas_vs_ref(void **state)
 
 /* k_matmul_bf16 (oneDNN) against the reference on the operands rounded to
  * bf16 as it rounds them, on a pool (rows in blocks per thread) and
- * alone. */
+ * alone, with the weights in plain rows and packed. */
 static void test_matmul_bf16(void **state)
 {
     (void)state;
-    static const int shapes[][3] = {{1, 1, 1}, {3, 5, 7}, {130, 48, 240}, {300, 64, 512}};
+    /* 300 and 700 rows: oneDNN calls of 128 rows and a padded last one. */
+    static const int shapes[][3] = {{1, 1, 1}, {3, 5, 7}, {130, 48, 240}, {300, 64, 512},
+                                    {700, 32, 2048}};
     kth_pool *pool = NULL;
     assert_int_equal(kth_pool_create(2, &pool), 0);
     for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
@@ -203,6 +205,18 @@ static void test_matmul_bf16(void **state)
         k_matmul_ref(ref, ar, wr, 1, m, n, k, 0, 0, 0);
         assert_close(got, ref, ny, 2e-6f * k + 1e-6f, 1e-5f, "bf16 product on the pool");
         assert_close(solo, ref, ny, 2e-6f * k + 1e-6f, 1e-5f, "bf16 product alone");
+        /* The same weights packed once for oneDNN: the same products. */
+        size_t pb = k_matmul_bf16_packed_bytes(n, k);
+        assert_true(pb >= nw * 2);
+        void *packed = malloc(pb);
+        float *pgot = poisoned(ny), *psolo = poisoned(ny);
+        assert_non_null(packed);
+        assert_int_equal(k_matmul_bf16_pack(packed, wb, n, k), 0);
+        assert_int_equal(k_matmul_bf16_packed(pool, pgot, a, packed, m, n, k), 0);
+        assert_int_equal(k_matmul_bf16_packed(NULL, psolo, a, packed, m, n, k), 0);
+        assert_close(pgot, ref, ny, 2e-6f * k + 1e-6f, 1e-5f, "packed bf16 product on the pool");
+        assert_close(psolo, ref, ny, 2e-6f * k + 1e-6f, 1e-5f, "packed bf16 product alone");
+        free(packed), free(pgot), free(psolo);
         free(a), free(w), free(ar), free(wr), free(ref), free(got), free(solo), free(wb), free(ab);
     }
     kth_pool_destroy(pool);
@@ -1034,6 +1048,38 @@ static void test_gelu_erf_add_bcast(void **state)
     free(x), free(y), free(b), free(a), free(z);
 }
 
+/* Additions and layer norms shared out over a pool: the bits of one thread,
+ * for sizes past the split (rows of B of several widths, a second operand
+ * as long as the first) and below it. */
+static void test_add_norm_mt(void **state)
+{
+    (void)state;
+    kth_pool *pool = NULL;
+    assert_int_equal(kth_pool_create(3, &pool), 0);
+    static const size_t widths[] = {512, 77, 5000, 100000};
+    for (size_t wi = 0; wi < sizeof(widths) / sizeof(widths[0]); wi++) {
+        size_t nb = widths[wi], n = nb * (nb > 70000 ? 2 : 300000 / nb + 3);
+        float *a = rnd(n, 3), *b = rnd(n, 2), *y = poisoned(n), *want = poisoned(n);
+        k_add_mt(pool, y, a, n, b, nb);
+        for (size_t i = 0; i < n; i++)
+            if (y[i] != a[i] + b[i % nb])
+                fail_msg("add_mt, rows of %zu: element %zu", nb, i);
+        k_add_mt(pool, y, a, n, b, n);
+        k_add(want, a, b, n);
+        assert_memory_equal(y, want, n * sizeof(float));
+        int dim = (int)nb, rows = (int)(n / nb);
+        float *w = rnd(nb, 1), *bias = rnd(nb, 1);
+        k_layernorm_mt(pool, y, a, w, bias, rows, dim, 1e-5f);
+        k_layernorm(want, a, w, bias, rows, dim, 1e-5f);
+        assert_memory_equal(y, want, n * sizeof(float));
+        k_layernorm_mt(pool, y, a, w, NULL, 2, dim, 1e-5f);
+        k_layernorm(want, a, w, NULL, 2, dim, 1e-5f);
+        assert_memory_equal(y, want, 2 * nb * sizeof(float));
+        free(a), free(b), free(y), free(want), free(w), free(bias);
+    }
+    kth_pool_destroy(pool);
+}
+
 /* im2col then a matrix product is the convolution of its definition. */
 static void test_im2col_conv(void **state)
 {
@@ -1116,6 +1162,48 @@ static void test_attention_full(void **state)
     kth_pool_destroy(pool);
 }
 
+/* k_attn_full_bf16 against the reference over V rounded to bf16: within
+ * the rounding of the weights (peaked scores, so that a wrong row or head
+ * would be far off), the same bits on
+ * the pool and alone, over blocks of 128 queries, a padded last block and
+ * fewer queries than a block. */
+static void test_attention_full_bf16(void **state)
+{
+    (void)state;
+    if (!k_matmul_bf16_native())
+        skip_because("oneDNN has no bf16 product on this CPU");
+    kth_pool *pool = NULL;
+    assert_int_equal(kth_pool_create(2, &pool), 0);
+    int shapes[][5] = {{1, 1, 1, 1, 32}, {2, 150, 150, 2, 64}, {1, 20, 300, 3, 32},
+                       {2, 256, 77, 1, 64}};
+    for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+        int nb = shapes[si][0], t = shapes[si][1], s = shapes[si][2], h = shapes[si][3];
+        int hd = shapes[si][4];
+        size_t nq = (size_t)nb * t * h * hd, nk = (size_t)nb * s * h * hd;
+        float *q = rnd(nq, 2), *k = rnd(nk, 1), *v = rnd(nk, 1);
+        float *ref = poisoned(nq), *got = poisoned(nq), *solo = poisoned(nq);
+        /* V is rounded to bf16; Q and K go in two halves each. */
+        uint16_t *vb = malloc(nk * 2);
+        assert_non_null(vb);
+        assert_int_equal(k_cast(vb, KD_BF16, v, KD_F32, nk), 0);
+        assert_int_equal(k_cast(v, KD_F32, vb, KD_BF16, nk), 0);
+        free(vb);
+        assert_int_equal(k_attn_full_ref(ref, q, k, v, nb, t, s, h, hd), 0);
+        assert_int_equal(k_attn_full_bf16(pool, got, q, k, v, nb, t, s, h, hd), 0);
+        assert_int_equal(k_attn_full_bf16(NULL, solo, q, k, v, nb, t, s, h, hd), 0);
+        assert_memory_equal(solo, got, nq * sizeof(float));
+        double sum = 0;
+        for (size_t i = 0; i < nq; i++)
+            sum += fabsf(got[i] - ref[i]);
+        print_message("attn_full_bf16 %dx%dx%dx%dx%d: largest error within bounds, mean %.2g\n",
+                      nb, t, s, h, hd, sum / (double)nq);
+        assert_close(got, ref, nq, 1e-2f, 1e-2f, "attn_full bf16");
+        assert_true(sum / (double)nq < 3e-4);
+        free(q), free(k), free(v), free(ref), free(got), free(solo);
+    }
+    kth_pool_destroy(pool);
+}
+
 static void test_sample(void **state)
 {
     (void)state;
@@ -1189,6 +1277,8 @@ int main(void)
         cmocka_unit_test(test_im2col_conv),
         cmocka_unit_test(test_attention_full),
         cmocka_unit_test(test_matmul_bf16),
+        cmocka_unit_test(test_attention_full_bf16),
+        cmocka_unit_test(test_add_norm_mt),
         cmocka_unit_test(test_nan_never_wins),
     };
     return cmocka_run_group_tests_name("kernels", tests, NULL, NULL);
