@@ -30,7 +30,7 @@ kdtype wm_param_dtype(const wm_shape *s, const char *name, int64_t rows, int64_t
     bool audio = !strncmp(name, "e.", 2) || (n > 5 && (!strcmp(name + n - 5, ".xk.w") ||
                                                       !strcmp(name + n - 5, ".xv.w")));
     if (matrix && audio) {
-        bool fits = cols > 0 && k_matmul_bf16_packed_bytes((int)rows, (int)cols) ==
+        bool fits = s->audio == KD_BF16 && cols > 0 && k_matmul_bf16_packed_bytes((int)rows, (int)cols) ==
                                     (size_t)(rows * cols) * sizeof(uint16_t);
         return s->audio == KD_BF16 && !fits ? KD_F32 : s->audio;
     }

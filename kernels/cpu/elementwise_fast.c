@@ -4,6 +4,7 @@
  * (vmath_avx2.h), spread over the pool.  Whisper base's encoder applies it to 21 million
  * values a window; libm's erff, one value at a time on one thread, took
  * about 0.4 s of a 1.5 s window on this project's 2-core test machine. */
+#include <assert.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -138,6 +139,9 @@ static void add_chunks(void *arg, int ith, int nth)
 
 void k_add_mt(kth_pool *pool, float *out, const float *a, size_t n, const float *b, size_t nb)
 {
+    assert(nb > 0 || n == 0);
+    if (n == 0)
+        return;
     /* Tasks start on whole rows of B, so each is one k_add_bcast. */
     size_t chunk = nb == n ? GELU_CHUNK : (GELU_CHUNK / nb > 0 ? GELU_CHUNK / nb : 1) * nb;
     add_job j = {out, a, b, n, nb, chunk};

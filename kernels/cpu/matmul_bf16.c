@@ -9,17 +9,20 @@
  * and a hand-written AMX kernel would repeat what oneDNN already tunes.
  *
  * oneDNN has no product of f32 activations with bf16 weights: the
- * activations are first rounded to bf16 by a oneDNN reorder (to nearest
- * even, as k_cast), and the sums are kept in f32.  Primitives are created
- * per call; oneDNN's primitive cache makes a repeated shape a lookup.
+ * activations are first rounded to bf16 (to nearest even, as k_cast; with
+ * AVX2 where the CPU has it), and the sums are kept in f32.  Primitives
+ * are created per call; oneDNN's primitive cache makes a repeated shape a
+ * lookup.
  *
  * Weights in plain rows ("ba" to oneDNN) are repacked by oneDNN on every
  * call into the blocks its AMX kernel reads: with a Whisper-sized matrix
  * that took most of a call, and for a block of rows that is no multiple of
  * 16 (the second thread's 732 of 1500 rows) a call ran ten times slower
  * than the whole product.  So a model packs its weights once, at load
- * (k_matmul_bf16_pack), into the layout oneDNN chooses for the shape, which
- * does not depend on the number of rows, and passes them packed.
+ * (k_matmul_bf16_pack), into the layout oneDNN chooses for the shape, and
+ * passes them packed.  That layout may depend on the number of rows and of
+ * OpenMP threads oneDNN would use: it is always asked for ROW_GRAIN rows on
+ * one thread, the products' own setting (packed_desc).
  *
  * oneDNN runs on OpenMP's threads (Debian builds it so).  On them, which
  * spin beside OpenBLAS's threads and the kernels' pool, the ops after each
@@ -44,6 +47,7 @@
 #define CHUNK 128
 
 void omp_set_num_threads(int n);
+int omp_get_max_threads(void);
 
 static struct {
     pthread_once_t once;
@@ -92,6 +96,12 @@ int k_matmul_bf16_native(void)
     return g.native && k_cpu_isa() >= K_ISA_VNNI;
 }
 
+/* oneDNN's status as an error code. */
+static int status_rc(dnnl_status_t s)
+{
+    return s == dnnl_success ? 0 : s == dnnl_out_of_memory ? -ENOMEM : -EIO;
+}
+
 /* Creates the primitive of descriptor OP_DESC (or a reorder from SRC to
  * DST when OP_DESC is NULL) and runs it with ARGS. */
 static int run(const void *op_desc, const dnnl_memory_desc_t *src, const dnnl_memory_desc_t *dst,
@@ -110,12 +120,11 @@ static int run(const void *op_desc, const dnnl_memory_desc_t *src, const dnnl_me
         s = dnnl_stream_wait(st);
     dnnl_primitive_destroy(p);
     dnnl_primitive_desc_destroy(pd);
-    return s == dnnl_success ? 0 : s == dnnl_out_of_memory ? -ENOMEM : -EIO;
+    return status_rc(s);
 }
 
-/* The layout oneDNN's product of N x K bf16 weights prefers, into *WD:
- * the same for any number of rows (asked for ROW_GRAIN). */
-static int packed_desc(dnnl_memory_desc_t *wd, int n, int k)
+/* packed_desc on the OpenMP setting of the calling thread. */
+static int packed_desc_one(dnnl_memory_desc_t *wd, int n, int k)
 {
     dnnl_memory_desc_t a, y;
     mm_desc(&a, wd, &y, NULL, ROW_GRAIN, n, k);
@@ -134,8 +143,20 @@ static int packed_desc(dnnl_memory_desc_t *wd, int n, int k)
     return rc;
 }
 
+/* The layout oneDNN's product of N x K bf16 weights prefers, into *WD, as
+ * the products see it: for ROW_GRAIN rows on one OpenMP thread (oneDNN
+ * narrows its blocks, and so the layout, when it has threads to spare). */
+static int packed_desc(dnnl_memory_desc_t *wd, int n, int k)
+{
+    int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    int rc = packed_desc_one(wd, n, k);
+    omp_set_num_threads(threads);
+    return rc;
+}
+
 /* A[N] rounded to bf16 as k_cast rounds (to nearest even, NaN kept
- * quiet), eight at a time with AVX2 where the CPU has it. */
+ * quiet), sixteen at a time with AVX2 where the CPU has it. */
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include "kernels/cpu/vmath_avx2.h"
 
@@ -210,13 +231,21 @@ static int rows(float *y, const float *a, const void *w, bool packed, int r0, in
     int rc = ab && yt ? 0 : -ENOMEM;
     if (!rc && dnnl_matmul_desc_init(&md, &ad, &wd, NULL, &yd))
         rc = -EINVAL;
-    if (!rc && (dnnl_stream_create(&st, g.engine, dnnl_stream_default_flags) ||
-                dnnl_memory_create(&mem[0], &ad, g.engine, ab) ||
-                dnnl_memory_create(&mem[1], &wd, g.engine, (void *)w) ||
-                dnnl_memory_create(&mem[2], &yd, g.engine, yt) ||
-                dnnl_primitive_desc_create(&pd, &md, NULL, g.engine, NULL) ||
-                dnnl_primitive_create(&p, pd)))
-        rc = -ENOMEM;
+    dnnl_status_t s = dnnl_success;
+    if (!rc) {
+        s = dnnl_stream_create(&st, g.engine, dnnl_stream_default_flags);
+        if (s == dnnl_success)
+            s = dnnl_memory_create(&mem[0], &ad, g.engine, ab);
+        if (s == dnnl_success)
+            s = dnnl_memory_create(&mem[1], &wd, g.engine, (void *)w);
+        if (s == dnnl_success)
+            s = dnnl_memory_create(&mem[2], &yd, g.engine, yt);
+        if (s == dnnl_success)
+            s = dnnl_primitive_desc_create(&pd, &md, NULL, g.engine, NULL);
+        if (s == dnnl_success)
+            s = dnnl_primitive_create(&p, pd);
+        rc = status_rc(s);
+    }
     for (int r = r0; !rc && r < r1; r += cm) {
         int h = r1 - r < cm ? r1 - r : cm;
         to_bf16(ab, a + (size_t)r * k, (size_t)h * k);
@@ -492,17 +521,19 @@ static void attn_chunks(void *arg, int ith, int nth)
     if (!rc && (dnnl_matmul_desc_init(&m1, &qd, &j->kd, NULL, &sd) ||
                 dnnl_matmul_desc_init(&m2, &pdd, &j->vd, NULL, &od)))
         rc = -EINVAL;
-    if (!rc && (dnnl_stream_create(&st, g.engine, dnnl_stream_default_flags) ||
-                dnnl_primitive_desc_create(&pd[0], &m1, NULL, g.engine, NULL) ||
-                dnnl_primitive_desc_create(&pd[1], &m2, NULL, g.engine, NULL) ||
-                dnnl_primitive_create(&p[0], pd[0]) || dnnl_primitive_create(&p[1], pd[1]) ||
-                dnnl_memory_create(&mem[0], &qd, g.engine, qb) ||
-                dnnl_memory_create(&mem[1], &j->kd, g.engine, DNNL_MEMORY_NONE) ||
-                dnnl_memory_create(&mem[2], &sd, g.engine, sc) ||
-                dnnl_memory_create(&mem[3], &pdd, g.engine, pb) ||
-                dnnl_memory_create(&mem[4], &j->vd, g.engine, DNNL_MEMORY_NONE) ||
-                dnnl_memory_create(&mem[5], &od, g.engine, ot)))
-        rc = -ENOMEM;
+    if (!rc) {
+        dnnl_status_t s = dnnl_stream_create(&st, g.engine, dnnl_stream_default_flags);
+        for (int i = 0; i < 2 && s == dnnl_success; i++) {
+            s = dnnl_primitive_desc_create(&pd[i], i ? &m2 : &m1, NULL, g.engine, NULL);
+            if (s == dnnl_success)
+                s = dnnl_primitive_create(&p[i], pd[i]);
+        }
+        const dnnl_memory_desc_t *md[6] = {&qd, &j->kd, &sd, &pdd, &j->vd, &od};
+        void *data[6] = {qb, DNNL_MEMORY_NONE, sc, pb, DNNL_MEMORY_NONE, ot};
+        for (int i = 0; i < 6 && s == dnnl_success; i++)
+            s = dnnl_memory_create(&mem[i], md[i], g.engine, data[i]);
+        rc = status_rc(s);
+    }
     float scale = 1.0f / sqrtf((float)j->hd);
     for (int task = lo; !rc && task < hi; task++) {
         int bh = task / chunks, r0 = task % chunks * cm;
@@ -558,8 +589,7 @@ static void attn_chunks(void *arg, int ith, int nth)
         attn_fail(j, rc);
 }
 
-/* The packed layout of weights {K, N} in order TAG's plain rows would take
- * (packed_desc for K^T, as weights {HD, S}; for V, {S, HD}). */
+/* The packed layout of weights {K, N} (K^T's is {3 HD, S}, V's {S, HD}). */
 static int attn_desc(dnnl_memory_desc_t *out, int k, int n)
 {
     return packed_desc(out, n, k);
