@@ -335,11 +335,12 @@ int k_matmul_bf16_pack(void *dst, const uint16_t *w, int n, int k)
     mm_desc(&a, &wd, &y, NULL, 1, n, k);
     dnnl_stream_t st = NULL;
     dnnl_memory_t from = NULL, to = NULL;
-    int rc = 0;
-    if (dnnl_stream_create(&st, g.engine, dnnl_stream_default_flags) ||
-        dnnl_memory_create(&from, &wd, g.engine, (void *)w) ||
-        dnnl_memory_create(&to, &pd, g.engine, dst))
-        rc = -ENOMEM;
+    dnnl_status_t s = dnnl_stream_create(&st, g.engine, dnnl_stream_default_flags);
+    if (s == dnnl_success)
+        s = dnnl_memory_create(&from, &wd, g.engine, (void *)w);
+    if (s == dnnl_success)
+        s = dnnl_memory_create(&to, &pd, g.engine, dst);
+    int rc = status_rc(s);
     if (!rc) {
         dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}};
         rc = run(NULL, &wd, &pd, st, 2, args);
@@ -589,12 +590,6 @@ static void attn_chunks(void *arg, int ith, int nth)
         attn_fail(j, rc);
 }
 
-/* The packed layout of weights {K, N} (K^T's is {3 HD, S}, V's {S, HD}). */
-static int attn_desc(dnnl_memory_desc_t *out, int k, int n)
-{
-    return packed_desc(out, n, k);
-}
-
 int k_attn_full_bf16(kth_pool *pool, float *out, const float *q, const float *k, const float *v,
                      int nb, int t, int s, int n_head, int hd)
 {
@@ -605,7 +600,8 @@ int k_attn_full_bf16(kth_pool *pool, float *out, const float *q, const float *k,
         return -EINVAL;
     attn_job j = {.out = out, .q = q, .k = k, .v = v, .nb = nb, .t = t, .s = s,
                   .n_head = n_head, .hd = hd};
-    if (attn_desc(&j.kd, QK_SPLIT * hd, s) || attn_desc(&j.vd, s, hd))
+    /* As weights {K, N}: K^T is {3 HD, S}, V is {S, HD}. */
+    if (packed_desc(&j.kd, s, QK_SPLIT * hd) || packed_desc(&j.vd, hd, s))
         return -EINVAL;
     j.kb = dnnl_memory_desc_get_size(&j.kd), j.vb = dnnl_memory_desc_get_size(&j.vd);
     j.kp = malloc(j.kb * (size_t)nb * n_head);
