@@ -25,6 +25,10 @@
 static const bt_opt_desc counter_options[] = {
     {.name = "finish_after", .type = BT_OPT_INT, .min = 0, .max = INT64_MAX,
      .doc = "raise the finish signal when iteration + 1 equals this; unset: never"},
+    {.name = "slots", .type = BT_OPT_INT, .min = 1, .max = 1024,
+     .doc = "places a request's loop holds from its iteration 0 to its finish; an "
+            "iteration 0 that finds none free waits in the worker's queue (defer); unset: "
+            "no limit"},
 };
 
 static const bt_opt_desc chunks_options[] = {

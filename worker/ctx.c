@@ -181,6 +181,13 @@ static void ctx_finish(baton_ctx *ctx, baton_item *item)
     ((wk_item *)item)->finish = true;
 }
 
+/* The executor queues the item again after execute (executor.c). */
+static void ctx_defer(baton_ctx *ctx, baton_item *item)
+{
+    (void)ctx;
+    ((wk_item *)item)->defer = true;
+}
+
 static uint32_t add_sat(uint32_t a, uint32_t b)
 {
     return a > UINT32_MAX - b ? UINT32_MAX : a + b;
@@ -269,6 +276,7 @@ void wk_ctx_init(baton_ctx *ctx, const wk_ctx_env *env, void *stream)
                        .read = ctx_read,
                        .write = ctx_write,
                        .count_tokens = ctx_count_tokens,
+                       .defer = ctx_defer,
                        .threads = env->threads,
                        .device = env->device,
                        .stream = stream,

@@ -110,6 +110,45 @@ int wk_executor_enqueue(wk_executor *ex, wk_item *it)
     return 0;
 }
 
+/* Puts IT, deferred by its backend, back in its queue in arrival order, so
+ * that it keeps its place among the other deferred items.  [L] */
+static void requeue(wk_executor *ex, wk_item *it)
+{
+    wk_queue *q = it->queue;
+    wk_item *after = q->tail;
+    while (after && after->arrive_ns > it->arrive_ns)
+        after = after->prev;
+    it->state = WK_ITEM_QUEUED;
+    it->prev = after;
+    it->next = after ? after->next : q->head;
+    if (it->next)
+        it->next->prev = it;
+    else
+        q->tail = it;
+    if (after)
+        after->next = it;
+    else
+        q->head = it;
+    q->n++;
+    ex->n_queued++;
+}
+
+/* Whether IT may run in the next batch of its model M: every item that
+ * was not deferred, and a deferred one once M changed.  [L] */
+static bool ready(const wk_model *m, const wk_item *it)
+{
+    return !it->deferred || it->defer_epoch != m->epoch;
+}
+
+/* The first item of Q that may run, or NULL.  [L] */
+static wk_item *first_ready(const wk_model *m, const wk_queue *q)
+{
+    wk_item *it = q->head;
+    while (it && !ready(m, it))
+        it = it->next;
+    return it;
+}
+
 void wk_executor_dequeue(wk_executor *ex, wk_item *it)
 {
     wk_queue *q = it->queue;
@@ -239,6 +278,24 @@ static bool in_results(const wk_item *it, const wk_ref *ref)
     return false;
 }
 
+/* Drops what IT's execution made and nobody took (no output, no chunk),
+ * and unpins what it read.  [L] */
+static void drop_slots(wk_executor *ex, wk_item *it)
+{
+    for (size_t i = 0; i < it->n_slots; i++) {
+        wk_slot *s = it->slots[i];
+        if (s->own) {
+            if (s->created && !s->chunked && !in_results(it, &s->ref))
+                wk_store_tensor_release(ex->opt.store, s->ref.id);
+            wk_store_tensor_unpin(ex->opt.store, s->own);
+        }
+        if (s->map)
+            wk_peers_unpin(ex->opt.peers, s->map);
+        free(s);
+    }
+    it->n_slots = 0;
+}
+
 /* After execute: closes open streams, drops what the item made and nobody
  * took, unpins what it read, and reports its end.  [L] */
 static void finish_item(wk_executor *ex, wk_item *it)
@@ -259,19 +316,55 @@ static void finish_item(wk_executor *ex, wk_item *it)
         it->chunk_next[o]++;
         it->stream_closed[o] = true;
     }
-    for (size_t i = 0; i < it->n_slots; i++) {
-        wk_slot *s = it->slots[i];
-        if (s->own) {
-            if (s->created && !s->chunked && !in_results(it, &s->ref))
-                wk_store_tensor_release(ex->opt.store, s->ref.id);
-            wk_store_tensor_unpin(ex->opt.store, s->own);
-        }
-        if (s->map)
-            wk_peers_unpin(ex->opt.peers, s->map);
-        free(s);
-    }
-    it->n_slots = 0;
+    drop_slots(ex, it);
     ex->hooks.item_ended(ex->hooks.arg, it);
+}
+
+/* Whether IT, which its backend deferred, can go back to the queue of its
+ * model M: it ran without failing and left nothing behind (no output, no
+ * chunk, no finish).  A defer after outputs fails it, and so does one on a
+ * tensor-parallel model, whose ranks run every step together.  [L] */
+static bool can_requeue(wk_model *m, wk_item *it)
+{
+    if (!it->defer || it->status != BATON_STATUS_OK || atomic_load(&it->cancelled))
+        return false;
+    bool left = it->finish;
+    for (uint32_t o = 0; o < it->b.n_outputs && !left; o++)
+        left = (it->results && it->results[o].set) || (it->chunk_next && it->chunk_next[o]);
+    if (left || m->tp_size > 1) {
+        char msg[400];
+        if (left)
+            snprintf(msg, sizeof(msg), "node '%s': the backend deferred an item after setting "
+                     "its outputs", it->b.node_name);
+        else
+            snprintf(msg, sizeof(msg), "node '%s': model %s cannot run the item now, and a "
+                     "tensor-parallel model cannot hold it back", it->b.node_name, m->name);
+        wk_item_fail(it, left ? BATON_STATUS_INTERNAL : BATON_STATUS_RESOURCE_EXHAUSTED, msg);
+        return false;
+    }
+    return true;
+}
+
+/* Undoes what running IT prepared (its inputs resolved, joins made, pins)
+ * and queues it again, deferred, for its model's next change.  [L] */
+static void defer_item(wk_executor *ex, wk_model *m, wk_item *it)
+{
+    drop_slots(ex, it);
+    free(it->inputs);
+    free(it->outputs);
+    free(it->results);
+    free(it->chunk_next);
+    free(it->stream_closed);
+    it->inputs = NULL, it->outputs = NULL, it->results = NULL;
+    it->chunk_next = NULL, it->stream_closed = NULL;
+    it->b.inputs = NULL, it->b.outputs = NULL;
+    it->b.n_inputs = it->b.n_outputs = 0;
+    it->prompt_tokens = it->generated_tokens = 0;
+    it->defer = false;
+    it->deferred = true;
+    it->defer_epoch = m->epoch;
+    it->req->n_running--;
+    requeue(ex, it);
 }
 
 /* Runs the N items of BATCH on model M.  A tensor-parallel leader first
@@ -331,10 +424,19 @@ static void run_batch(wk_executor *ex, baton_ctx *ctx, wk_model *m, wk_item **ba
     }
     uint64_t end = bt_now_ns();
     pthread_mutex_lock(ex->opt.lock);
+    bool ended = false;
     for (size_t i = 0; i < n; i++) {
+        if (!rc && can_requeue(m, batch[i])) {
+            defer_item(ex, m, batch[i]);
+            continue;
+        }
         batch[i]->end_ns = end;
         finish_item(ex, batch[i]);
+        ended = true;
     }
+    /* An item's end may have given back what a deferred one waits for. */
+    if (ended)
+        m->epoch++;
     pthread_mutex_unlock(ex->opt.lock);
 }
 
@@ -350,7 +452,7 @@ static wk_model *pick_model(wk_executor *ex)
             continue;
         bool work = m->closing != NULL || m->jobs != NULL;
         for (wk_queue *q = m->queues; q && !work; q = q->next)
-            work = q->n > 0;
+            work = first_ready(m, q) != NULL;
         if (!work)
             continue;
         if (m->next) {
@@ -410,20 +512,30 @@ static void *lane_main(void *arg)
         m->closing = NULL;
         wk_job *jobs = m->jobs;
         m->jobs = m->jobs_tail = NULL;
-        /* The mode whose head has waited longest goes first. */
+        /* The mode whose first item that may run has waited longest goes
+         * first. */
         wk_queue *q = NULL;
-        for (wk_queue *c = m->queues; c; c = c->next)
-            if (c->head && (!q || c->head->arrive_ns < q->head->arrive_ns))
-                q = c;
+        wk_item *oldest = NULL;
+        for (wk_queue *c = m->queues; c; c = c->next) {
+            wk_item *h = first_ready(m, c);
+            if (h && (!oldest || h->arrive_ns < oldest->arrive_ns))
+                q = c, oldest = h;
+        }
         size_t cap = m->max_batch ? m->max_batch : 1, n = 0;
         wk_item *batch[cap];
-        while (q && q->head && n < cap) {
-            wk_item *it = q->head;
-            wk_executor_dequeue(ex, it);
-            it->state = WK_ITEM_RUNNING;
-            it->req->n_running++;
-            batch[n++] = it;
-        }
+        /* Items never deferred first, in order; then deferred ones that may
+         * run now, in the places left: one waiting for a decoding slot must
+         * not take the place of an item holding one. */
+        for (int pass = 0; q && pass < 2; pass++)
+            for (wk_item *it = q->head, *nx; it && n < cap; it = nx) {
+                nx = it->next;
+                if (it->deferred != (pass == 1) || !ready(m, it))
+                    continue;
+                wk_executor_dequeue(ex, it);
+                it->state = WK_ITEM_RUNNING;
+                it->req->n_running++;
+                batch[n++] = it;
+            }
         pthread_mutex_unlock(ex->opt.lock);
         /* A tensor-parallel leader names the sessions it closes in its
          * next step, so that its followers close theirs at the same point. */
@@ -440,6 +552,10 @@ static void *lane_main(void *arg)
         }
         pthread_mutex_lock(ex->opt.lock);
         ex->n_sessions -= closed;
+        /* A closed session may have given back what a deferred item waits
+         * for. */
+        if (closed)
+            m->epoch++;
         m->busy = false;
         /* Another lane may take this model now, or the I/O thread may wait
          * for it to be idle. */

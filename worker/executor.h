@@ -65,6 +65,8 @@ struct wk_model {
     uint32_t max_batch;           /* 1 .. WK_MAX_BATCH_CAP */
     uint32_t tp_rank, tp_size;    /* tp_size 1: no tensor parallelism */
     bool busy;                    /* [L] a lane runs it */
+    uint64_t epoch;               /* [L] counts batches that ended an item and session
+                                     closes: what may let a deferred item run */
     struct wk_queue *queues;      /* [L] one per mode */
     struct wk_close *closing;     /* [L] sessions to close when idle */
     wk_job *jobs, *jobs_tail;     /* [L] */

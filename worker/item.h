@@ -94,6 +94,10 @@ struct wk_item {
     baton_status status;
     char *message;                /* owned: why it failed */
     bool finish;
+    bool defer;                   /* the backend put it back (ctx defer) in this execution */
+    bool deferred;                /* [L] queued again after a defer: runs only with room to
+                                     spare, once its model changed (defer_epoch) */
+    uint64_t defer_epoch;         /* [L] its model's epoch when it was put back */
     uint32_t batch_size;
     uint32_t prompt_tokens;       /* what the backend counted (count_tokens) */
     uint32_t generated_tokens;

@@ -520,6 +520,13 @@ static void mirror_count_tokens(baton_ctx *ctx, baton_item *item, uint32_t promp
     (void)ctx, (void)item, (void)prompt, (void)generated;
 }
 
+/* The leader fails an item its backend defers (a group cannot hold one
+ * back on one rank): the follower's copy ends with the step. */
+static void mirror_defer(baton_ctx *ctx, baton_item *item)
+{
+    (void)ctx, (void)item;
+}
+
 /* Cancellation is the leader's: a follower that stopped an item early
  * would leave the collectives of the ranks unequal. */
 static baton_status mirror_cancelled(baton_ctx *ctx, const baton_item *item)
@@ -704,6 +711,7 @@ static void step_run(wk_job *job, wk_model *m, void *stream)
                          .read = mirror_read,
                          .write = mirror_write,
                          .count_tokens = mirror_count_tokens,
+                         .defer = mirror_defer,
                          .threads = tp->opt.threads,
                          .device = tp->opt.device,
                          .stream = stream,

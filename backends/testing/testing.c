@@ -29,6 +29,8 @@ typedef enum tb_kind { TB_ECHO, TB_ADD, TB_COUNTER, TB_CHUNKS, TB_SLEEP, TB_FAIL
 struct baton_model {
     tb_kind kind;
     int64_t finish_after; /* counter: -1 when unset */
+    int64_t slots;        /* counter: places; 0 when unset (no limit) */
+    int64_t held;         /* counter: places held by sessions */
     int64_t n;            /* chunks: chunks per stream output */
     int64_t ms;           /* sleep: milliseconds */
     char *message;        /* fail: the error text (owned) */
@@ -66,6 +68,8 @@ static baton_status load_common(tb_kind kind, const baton_load_params *p, baton_
             continue; /* finish_after: never */
         if (strcmp(d->name, "finish_after") == 0) {
             m->finish_after = v.i;
+        } else if (strcmp(d->name, "slots") == 0) {
+            m->slots = v.i;
         } else if (strcmp(d->name, "n") == 0) {
             m->n = v.i;
         } else if (strcmp(d->name, "ms") == 0) {
@@ -311,11 +315,54 @@ static void add_execute(baton_model *m, baton_ctx *ctx, baton_item *const *items
 
 /* --- counter ------------------------------------------------------------- */
 
+/* With option slots: whether a request's loop holds a place.  Execute and
+ * session_close of one model never run at once, so no lock. */
+typedef struct tb_session {
+    bool holds;
+} tb_session;
+
+static baton_status counter_session_open(baton_model *m, uint64_t key, baton_session **out,
+                                         char *err, size_t errlen)
+{
+    (void)key;
+    *out = NULL;
+    if (!m->slots)
+        return BATON_STATUS_OK;
+    if (!(*out = calloc(1, sizeof(tb_session)))) {
+        snprintf(err, errlen, "out of memory");
+        return BATON_STATUS_RESOURCE_EXHAUSTED;
+    }
+    return BATON_STATUS_OK;
+}
+
+static void counter_release(baton_model *m, tb_session *s)
+{
+    if (s && s->holds) {
+        s->holds = false;
+        m->held--;
+    }
+}
+
+static void counter_session_close(baton_model *m, baton_session *bs)
+{
+    counter_release(m, (tb_session *)bs);
+    free(bs);
+}
+
 static void counter_execute(baton_model *m, baton_ctx *ctx, baton_item *const *items, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         baton_item *it = items[i];
         uint32_t iter = baton_item_iteration(it);
+        tb_session *s = (tb_session *)it->session;
+        if (s && !s->holds) {
+            if (m->held == m->slots) {
+                ctx->defer(ctx, it);
+                continue;
+            }
+            s->holds = true;
+            m->held++;
+        }
         if (it->n_outputs) {
             baton_tensor *t = ctx->alloc(ctx, it, BATON_DTYPE_I32, 1, (int64_t[]){1});
             if (!t)
@@ -326,8 +373,10 @@ static void counter_execute(baton_model *m, baton_ctx *ctx, baton_item *const *i
             for (uint32_t o = 0; o < it->n_outputs; o++)
                 ctx->set_output(ctx, it, o, t);
         }
-        if (m->finish_after >= 0 && (int64_t)iter + 1 == m->finish_after)
+        if (m->finish_after >= 0 && (int64_t)iter + 1 == m->finish_after) {
             ctx->finish(ctx, it);
+            counter_release(m, s);
+        }
     }
 }
 
@@ -434,7 +483,15 @@ LOADER(fail_load, TB_FAIL)
 
 BACKEND(echo_backend, "echo", echo_load, echo_execute)
 BACKEND(add_backend, "add", add_load, add_execute)
-BACKEND(counter_backend, "counter", counter_load, counter_execute)
+static const baton_backend counter_backend = {
+    .abi_version = BATON_BACKEND_ABI_VERSION,
+    .name = "counter",
+    .model_load = counter_load,
+    .model_unload = tb_unload,
+    .session_open = counter_session_open,
+    .session_close = counter_session_close,
+    .execute = counter_execute,
+};
 BACKEND(chunks_backend, "chunks", chunks_load, chunks_execute)
 BACKEND(sleep_backend, "sleep", sleep_load, sleep_execute)
 BACKEND(fail_backend, "fail", fail_load, fail_execute)

@@ -45,9 +45,12 @@
  * Whisper into an LLM (a voice chat) transcribe greedily while the
  * request's temperature samples the answer.
  *
- * A request keeps its decoding slot (the KV caches, in the engine) from its
- * first decode to its end; more requests than slots at once are refused
- * with RESOURCE_EXHAUSTED. */
+ * Decoding slots (the KV caches, in the engine; max_batch of them): a
+ * window takes one at its first decode step and gives it back at its last,
+ * so a request holds none while its next window is encoded, nor while an
+ * LLM after it answers.  A window that finds every slot taken is deferred
+ * (baton_ctx.defer): it waits in the worker's queue until a slot is given
+ * back, rather than being refused. */
 #include "backends/whisper/whisper.h"
 
 #include <assert.h>
@@ -262,13 +265,21 @@ static baton_status session_open(baton_model *m, uint64_t key, baton_session **o
     return BATON_STATUS_OK;
 }
 
+/* Gives S's decoding slot back (its window is decoded, or its request ended). */
+static void release_slot(baton_model *m, wh_session *s)
+{
+    if (s->slot < 0)
+        return;
+    m->owner[s->slot] = NULL;
+    s->slot = -1;
+}
+
 static void session_close(baton_model *m, baton_session *bs)
 {
     wh_session *s = (wh_session *)bs;
     if (!s)
         return;
-    if (s->slot >= 0)
-        m->owner[s->slot] = NULL;
+    release_slot(m, s);
     free(s);
 }
 
@@ -650,7 +661,8 @@ static void encode_batch(baton_model *m, baton_ctx *ctx, baton_item *const *item
     }
 }
 
-/* Takes a free decoding slot for S.  0, or -1 after failing IT. */
+/* Takes a free decoding slot for S.  0, or -1 after deferring IT (every
+ * slot is taken: it runs again once one is given back). */
 static int acquire_slot(baton_model *m, baton_ctx *ctx, baton_item *it, wh_session *s)
 {
     if (s->slot >= 0)
@@ -661,8 +673,7 @@ static int acquire_slot(baton_model *m, baton_ctx *ctx, baton_item *it, wh_sessi
             s->slot = k;
             return 0;
         }
-    failf(ctx, it, BATON_STATUS_RESOURCE_EXHAUSTED,
-          "all %d decoding slots are taken (the model's max_batch)", m->slots);
+    ctx->defer(ctx, it);
     return -1;
 }
 
@@ -786,8 +797,10 @@ static void choose(baton_model *m, baton_ctx *ctx, baton_item *it, float *row)
         put(ctx, it, "segments", BATON_DTYPE_U8, 1, &nl, o.lines, o.lines_len) ||
         put_i32(ctx, it, "seek", next))
         goto out;
-    if (end)
+    if (end) {
         ctx->finish(ctx, it);
+        release_slot(m, s);
+    }
 out:
     free(o.text);
     free(o.lines);

@@ -41,8 +41,8 @@ extern "C" {
  * workers: tensor data may be device memory, so baton_ctx gained read,
  * write, device and stream.  Version 4 added conversations
  * (baton_input.chat) and token counts (baton_ctx.count_tokens).  Version 5
- * added raw text (baton_input.raw). */
-#define BATON_BACKEND_ABI_VERSION 5u
+ * added raw text (baton_input.raw).  Version 6 added baton_ctx.defer. */
+#define BATON_BACKEND_ABI_VERSION 6u
 
 /* The symbol every plugin exports. */
 #define BATON_BACKEND_ENTRY_SYMBOL "baton_backend_entry"
@@ -270,6 +270,17 @@ struct baton_ctx {
      * to the client as the response's usage; a backend without tokens never
      * calls it. */
     void (*count_tokens)(baton_ctx *ctx, baton_item *item, uint32_t prompt, uint32_t generated);
+
+    /* Puts ITEM back in the worker's queue instead of running it now: the
+     * backend lacks something only another item's end can give back (a
+     * decoding slot, say).  The item must have no output set and no chunk
+     * emitted.  The worker offers it again in a later execute(), once an
+     * item of the model has ended or a session of it has closed, and only
+     * in a batch with a place no ready item takes; it waits as any queued
+     * item does (its request's deadline, a cancel).  A model split over a
+     * tensor-parallel group cannot defer: the item fails
+     * RESOURCE_EXHAUSTED. */
+    void (*defer)(baton_ctx *ctx, baton_item *item);
 
     uint32_t threads;               /* CPU threads one kernel may use (worker `threads`) */
     const char *device;             /* where tensor data lives: "cpu" or "cuda:N" */

@@ -359,6 +359,36 @@ def test_cancel(d, c):
     assert a.cancel.status.code == pb.NOT_FOUND and rid in a.cancel.status.message, a.cancel
 
 
+def test_deferred_turns(d, c):
+    """count_gate has one place, which a request's loop holds from its first
+    iteration to its finish (four iterations, a 50 ms nap in each).  Four
+    requests at once take turns: the worker holds a loop's first iteration
+    back (the backend defers it) until the place is free, and each ends OK
+    with its own iterations.  One whose deadline passes while it waits ends
+    DEADLINE_EXCEEDED; nothing is left in the pools, and the place is free
+    again after."""
+    rids = [c.request("gated", X(k)) for k in range(4)]
+    late = c.request("gated", X(9), timeout_ms=100)
+    got = {}
+    deadline = time.time() + TIMEOUT
+    while len(got) < 5 and time.time() < deadline:
+        m = c.recv(max(0.01, deadline - time.time()))
+        if m is None:
+            break
+        if m.HasField("response"):
+            got[m.response.request_id] = m.response
+    assert set(got) == set(rids + [late]), sorted(got)
+    for rid in rids:
+        r = got[rid]
+        assert r.status.code == pb.OK, (rid, r.status)
+        assert as_i32({o.name: o for o in r.outputs}["it"]) == [0, 1, 2, 3], r.outputs
+        assert dict(r.loop_ends) == {"gate_loop": pb.LOOP_END_FINISH}, r.loop_ends
+    assert got[late].status.code == pb.DEADLINE_EXCEEDED, got[late].status
+    wait_pool_empty(d)
+    _, r = c.infer("gated", X(0))
+    assert r.status.code == pb.OK, r.status
+
+
 def test_duplicate_id(d, c):
     rid = c.request("slow", X(1), rid="dup-1")
     c.request("slow", X(1), rid="dup-1")
@@ -825,7 +855,7 @@ def test_metrics_text_is_valid(d, c):
 TESTS = [test_echo, test_hop_across_workers, test_large_tensor_fetched, test_fanin_two_workers,
          test_loop_streams_tokens, test_loop_without_stream_joins, test_request_max_iters,
          test_stream_into_consumer, test_nested_loops, test_node_failure, test_deadline,
-         test_cancel, test_duplicate_id, test_hostile_inputs, test_strict_door, test_admission,
+         test_cancel, test_deferred_turns, test_duplicate_id, test_hostile_inputs, test_strict_door, test_admission,
          test_stats_and_metrics, test_metrics_listener_cannot_stall, test_http_health,
          test_terminal_ctrl_c_drains, test_second_batond_refused, test_seed_drawn_and_reported,
          test_metrics_text_is_valid, test_load_many_sockets,

@@ -182,13 +182,14 @@ class Server:
         assert n == 1, "voice.yaml no longer sets max_message_bytes"
         text, n = re.subn(r"(name: whisper\n(?:    .*\n)*?    max_batch: )\d+", r"\g<1>4", text)
         assert n == 1, "voice.yaml no longer sets the whisper model's max_batch"
-        if os.environ.get("BATON_TEST_SAN") == "1":
-            # Under the sanitizers the 8-bit kernels run instrumented, 3x
-            # slower than OpenBLAS's (which is not): f32 activations keep
-            # this test within its limit.  The q8 path is checked under
-            # them by test_whisper_engine, and here by `make test`.
-            text, n = re.subn(r"max_audio_s: 600}", "max_audio_s: 600, activations: f32}", text)
-            assert n == 1, "voice.yaml's whisper options changed"
+        # f32 activations: this test compares ids with faster-whisper's
+        # float32 ones, which only f32 promises to equal.  The 8-bit path
+        # may part from them at a near tie, where the CPU's bf16 products
+        # (AMX or AVX-512, whose sums run in different orders) decide;
+        # test_whisper_engine checks it by that rule, prompts included.
+        # The backend's code is the same in both modes.
+        text, n = re.subn(r"max_audio_s: 600}", "max_audio_s: 600, activations: f32}", text)
+        assert n == 1, "voice.yaml's whisper options changed"
         self.config = os.path.join(self.dir, "baton.yaml")
         with open(self.config, "w") as f:
             f.write(text)
@@ -638,19 +639,23 @@ def main():
         check_http(srv, want, want_segs)
         check_voice_http(srv, wav, want, answer)
 
-        # Four at once: batched windows and steps, each the text alone gives.
-        results = [None] * 4
+        # Seven at once, on four decoding slots (max_batch 4): batched
+        # windows and steps, the three windows that find no slot wait for
+        # one (they were refused before), and each gives the text alone
+        # gives.
+        results = [None] * 7
 
         def one(k):
             with srv.client() as c:
                 results[k] = transcribe(c, wav, options(language="en"), stream=False)
-        threads = [threading.Thread(target=one, args=(k,)) for k in range(4)]
+        threads = [threading.Thread(target=one, args=(k,)) for k in range(len(results))]
         for th in threads:
             th.start()
         for th in threads:
             th.join()
         check(all(r is not None and r.ok and r.text() == want for r in results),
-              "four at once: %r" % [(r.status, r.text()) if r else None for r in results])
+              "seven at once on four slots: %r"
+              % [(r.status, r.message, r.text()) if r else None for r in results])
 
         # Releases reach the worker after the responses, and its report of
         # the pool after that: wait for the count to come down.

@@ -278,6 +278,25 @@ static float gap(const float *row, int n, int32_t t)
     return best - row[t];
 }
 
+/* The near-tie rule: the 8-bit ids GOT (N) and the f32 ids BASE (NB) may
+ * part only at a step where the f32 logits (KEEP, one row of V per step)
+ * had the 8-bit choice within GAP_MAX of their best. */
+static void check_near_tie(const fixture *fx, const int32_t *got, int n, const int32_t *base,
+                           int nb, const float *keep, size_t V, const char *what)
+{
+    int at = 0;
+    while (at < n && at < nb && got[at] == base[at])
+        at++;
+    if (at == n && at == nb)
+        return;
+    int32_t t = at < n ? got[at] : wtok_specials(fx->tok)->eot;
+    float g = gap(keep + (size_t)at * V, (int)V, t);
+    print_message("%s: 8-bit and f32 part at token %d (gap %g)\n", what, at, (double)g);
+    if (!(g < GAP_MAX))
+        fail_msg("%s: the 8-bit engine took %d at token %d, %g below f32's best", what, t, at,
+                 (double)g);
+}
+
 /* Every window of the reference: f32 ids equal faster-whisper's.  With
  * ACT_Q8 the 8-bit engine's ids are compared with the f32 engine's: the
  * first difference must come at a step where the f32 logits had the 8-bit
@@ -302,18 +321,9 @@ static void check_clips(int act_q8)
         if (act_q8) {
             assert_int_equal(weng_encode(ref.eng, win, 1), 0);
             nb = greedy(&ref, 0, 0, base, MAX_NEW, keep);
-            int at = 0;
-            while (at < n && at < nb && got[at] == base[at])
-                at++;
-            if (at < n || at < nb) {
-                int32_t t = at < n ? got[at] : wtok_specials(fx.tok)->eot;
-                float g = gap(keep + (size_t)at * V, (int)V, t);
-                print_message("%s@%d: 8-bit and f32 part at token %d (gap %g)\n", w->clip,
-                              w->seek, at, (double)g);
-                if (!(g < GAP_MAX))
-                    fail_msg("%s@%d: the 8-bit engine took %d at token %d, %g below f32's best",
-                             w->clip, w->seek, t, at, (double)g);
-            }
+            char what[300];
+            snprintf(what, sizeof(what), "%.64s@%d", w->clip, w->seek);
+            check_near_tie(&fx, got, n, base, nb, keep, V, what);
         }
         char *text = NULL;
         size_t len;
@@ -483,6 +493,47 @@ static void test_prompt_f32(void **state)
     assert_int_equal(longs, 2);
     free(win);
     bk_text_encoder_close(enc);
+    teardown(&fx);
+}
+
+/* The prompted windows of test_prompt_f32 on the 8-bit engine: its ids
+ * may part from the f32 engine's only at a near tie. */
+static void test_prompt_q8(void **state)
+{
+    (void)state;
+    need_files();
+    fixture fx, ref;
+    setup(&fx, 1, 1);
+    setup(&ref, 0, 1);
+    size_t V = (size_t)fx.s->vocab;
+    float *keep = malloc((MAX_NEW + 1) * V * sizeof(float));
+    assert_non_null(keep);
+    float *win = window(&fx, "jfk.wav", 0);
+    assert_int_equal(weng_encode(fx.eng, win, 1), 0);
+    assert_int_equal(weng_encode(ref.eng, win, 1), 0);
+    FILE *f = fopen(PROMPTS, "r");
+    assert_non_null(f);
+    char line[8192];
+    int windows = 0;
+    while (fgets(line, sizeof(line), f)) {
+        char *kind = strtok(line, "\t"), *js = strtok(NULL, "\t");
+        if (!js || strcmp(kind, "window") != 0)
+            continue;
+        bool ts = atoi(strtok(NULL, "\t")) != 0;
+        int32_t p[448], got[448], base[448];
+        int np = ids_of(strtok(NULL, "\t"), p, 448);
+        int n = greedy_after(&fx, 0, 0, p, np, got, MAX_NEW, NULL, ts);
+        int nb = greedy_after(&ref, 0, 0, p, np, base, MAX_NEW, keep, ts);
+        char what[300];
+        snprintf(what, sizeof(what), "prompt %.30s, timestamps %d", js, ts);
+        check_near_tie(&fx, got, n, base, nb, keep, V, what);
+        windows++;
+    }
+    fclose(f);
+    assert_int_equal(windows, 6);
+    free(win);
+    free(keep);
+    teardown(&ref);
     teardown(&fx);
 }
 
@@ -678,6 +729,7 @@ int main(void)
         cmocka_unit_test(test_ids_q8),
         cmocka_unit_test(test_segments_f32),
         cmocka_unit_test(test_prompt_f32),
+        cmocka_unit_test(test_prompt_q8),
         cmocka_unit_test(test_slots),
         cmocka_unit_test(test_bad_calls),
     };
