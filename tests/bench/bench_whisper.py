@@ -26,6 +26,12 @@ faster-whisper is installed from PyPI into a venv of its own,
 $BATON_TEST_CACHE/fw-venv (default ~/.cache/baton-test/fw-venv), once.
 
     /usr/bin/python3 tests/bench/bench_whisper.py [--runs N] [--json FILE]
+        [--concurrent N] [--slots S] [--quick]
+
+--concurrent sets how many 30 s clips go at once (default 8); --slots sets
+baton's decoding slots (the whisper model's max_batch; default: as many
+as the clips), so that --concurrent 16 --slots 8 measures windows that
+wait for a slot.  --quick runs baton q8 and faster-whisper int8 only.
 
 Writes build/bench/bench_whisper.json (or --json).  Exits 1 when a request
 fails or a text is empty; never for a time.
@@ -54,6 +60,7 @@ VENV = os.path.join(os.path.expanduser(os.environ.get("BATON_TEST_CACHE", "~/.ca
                     "fw-venv")
 THREADS = 2
 CONCURRENT = 8
+SLOTS = 8
 
 # Run by the venv's python: faster-whisper on the clips given as raw f32
 # files, printing one JSON line per measurement.
@@ -177,7 +184,7 @@ class Baton:
         text = re.sub(r"(?m)^  http_listen: .*\n", "", text)
         text = re.sub(r"(?m)^  log_level: .*$", "  log_level: warning", text)
         text = re.sub(r"(name: whisper\n(?:    .*\n)*?    max_batch: )\d+",
-                      r"\g<1>%d" % CONCURRENT, text)
+                      r"\g<1>%d" % SLOTS, text)
         text = text.replace("models/smollm2", os.path.join(ROOT, "models/smollm2"))
         text = re.sub(r"threads: \d+", "threads: %d" % THREADS, text)
         text = text.replace("max_audio_s: 600}", "max_audio_s: 600, activations: %s}" % activations)
@@ -289,7 +296,13 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--json", default=os.path.join(BUILD, "bench", "bench_whisper.json"))
+    ap.add_argument("--concurrent", type=int, default=8)
+    ap.add_argument("--slots", type=int, default=0)
+    ap.add_argument("--quick", action="store_true")
     a = ap.parse_args()
+    global CONCURRENT, SLOTS
+    CONCURRENT = a.concurrent
+    SLOTS = a.slots or a.concurrent
     if not os.path.exists(os.path.join(MODEL, "model.bin")) or not os.path.exists(JFK):
         sys.exit("bench_whisper: run scripts/fetch-model.sh whisper-base jfk first")
     py = ensure_venv()
@@ -297,14 +310,19 @@ def main():
     clips = {"c10": clip(jfk, 10), "c30": clip(jfk, 30), "c66": clip(jfk, 66)}
     results = {}
     with tempfile.TemporaryDirectory(prefix="bench-whisper-") as tmp:
-        for act in ("q8", "f32"):
+        for act in ("q8",) if a.quick else ("q8", "f32"):
             results["baton " + act] = bench_baton(act, clips, a.runs, tmp)
-        for compute in ("int8", "float32"):
+        for compute in ("int8",) if a.quick else ("int8", "float32"):
             results["faster-whisper " + compute] = bench_fw(py, compute, clips, a.runs, tmp)
     ref = results["faster-whisper int8"]
-    f32 = results["faster-whisper float32"]
-    print("%-24s %8s %8s %10s %9s %9s  %s" % ("", "RTF 30s", "RTF 66s", "RTF 8x30s", "TTFT 10s",
-                                            "peak MiB", "texts = fw float32's (30 s, 66 s)"))
+    # The texts are compared with faster-whisper float32's (int8's with
+    # --quick).
+    f32 = results.get("faster-whisper float32", ref)
+    many = "RTF %dx30s" % CONCURRENT
+    print("baton: %d decoding slots for %d clips at once" % (SLOTS, CONCURRENT))
+    print("%-24s %8s %8s %10s %9s %9s  %s" % ("", "RTF 30s", "RTF 66s", many, "TTFT 10s",
+                                            "peak MiB", "texts = fw %s's (30 s, 66 s)"
+                                            % ("int8" if a.quick else "float32")))
     for name, r in results.items():
         same = [r[c]["text"].strip() == f32[c]["text"].strip() for c in ("c30", "c66")]
         print("%-24s %8.3f %8.3f %10.3f %8.2fs %9.0f  %s" % (
@@ -313,13 +331,14 @@ def main():
             r["peak_rss_kb"] / 1024, "/".join("yes" if s else "no" for s in same)))
     b = results["baton q8"]
     print("\nbaton q8 / faster-whisper int8 (above 1: baton is slower): RTF 30 s %.2f, 66 s %.2f, "
-          "8 at once %.2f, TTFT %.2f, peak memory %.2f" % (
+          "%d at once %.2f, TTFT %.2f, peak memory %.2f" % (
               b["c30"]["seconds"] / ref["c30"]["seconds"], b["c66"]["seconds"] / ref["c66"]["seconds"],
+              CONCURRENT,
               b["concurrent"]["seconds"] / ref["concurrent"]["seconds"],
               b["ttft_c10"] / ref["ttft_c10"], b["peak_rss_kb"] / ref["peak_rss_kb"]))
     os.makedirs(os.path.dirname(a.json), exist_ok=True)
     with open(a.json, "w") as f:
-        json.dump({"threads": THREADS, "concurrent": CONCURRENT, "runs": a.runs,
+        json.dump({"threads": THREADS, "concurrent": CONCURRENT, "slots": SLOTS, "runs": a.runs,
                    "results": results}, f, indent=1)
     print("wrote", a.json)
     bad = [n for n, r in results.items() if not r["c30"]["text"].strip()]
