@@ -521,21 +521,33 @@ static void *lane_main(void *arg)
             if (h && (!oldest || h->arrive_ns < oldest->arrive_ns))
                 q = c, oldest = h;
         }
-        size_t cap = m->max_batch ? m->max_batch : 1, n = 0;
-        wk_item *batch[cap];
-        /* Items never deferred first, in order; then deferred ones that may
-         * run now, in the places left: one waiting for a decoding slot must
-         * not take the place of an item holding one. */
+        size_t cap = m->max_batch ? m->max_batch : 1, n = 0, n_def = 0;
+        wk_item *batch[cap], *waited[cap];
+        /* Places go to items never deferred first, in order; then to
+         * deferred ones that may run now, in the places left: one that
+         * waits for a decoding slot must not take the place of an item
+         * holding one.  The deferred ones then go first in the batch, so
+         * that a backend handing out what was given back in batch order
+         * gives it to the item that has waited longest, not to one that
+         * has just come. */
         for (int pass = 0; q && pass < 2; pass++)
-            for (wk_item *it = q->head, *nx; it && n < cap; it = nx) {
+            for (wk_item *it = q->head, *nx; it && n + n_def < cap; it = nx) {
                 nx = it->next;
                 if (it->deferred != (pass == 1) || !ready(m, it))
                     continue;
                 wk_executor_dequeue(ex, it);
                 it->state = WK_ITEM_RUNNING;
                 it->req->n_running++;
-                batch[n++] = it;
+                if (pass == 1)
+                    waited[n_def++] = it;
+                else
+                    batch[n++] = it;
             }
+        if (n_def) {
+            memmove(batch + n_def, batch, n * sizeof(*batch));
+            memcpy(batch, waited, n_def * sizeof(*batch));
+            n += n_def;
+        }
         pthread_mutex_unlock(ex->opt.lock);
         /* A tensor-parallel leader names the sessions it closes in its
          * next step, so that its followers close theirs at the same point. */
