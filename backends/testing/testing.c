@@ -472,29 +472,25 @@ LOADER(chunks_load, TB_CHUNKS)
 LOADER(sleep_load, TB_SLEEP)
 LOADER(fail_load, TB_FAIL)
 
-#define BACKEND(var, nm, load, exec)                                                           \
+/* Sessions (OPEN, CLOSE): only counter's places need them. */
+#define BACKEND(var, nm, load, exec, open, close)                                              \
     static const baton_backend var = {                                                         \
         .abi_version = BATON_BACKEND_ABI_VERSION,                                              \
         .name = nm,                                                                            \
         .model_load = load,                                                                    \
         .model_unload = tb_unload,                                                             \
+        .session_open = open,                                                                  \
+        .session_close = close,                                                                \
         .execute = exec,                                                                       \
     };
 
-BACKEND(echo_backend, "echo", echo_load, echo_execute)
-BACKEND(add_backend, "add", add_load, add_execute)
-static const baton_backend counter_backend = {
-    .abi_version = BATON_BACKEND_ABI_VERSION,
-    .name = "counter",
-    .model_load = counter_load,
-    .model_unload = tb_unload,
-    .session_open = counter_session_open,
-    .session_close = counter_session_close,
-    .execute = counter_execute,
-};
-BACKEND(chunks_backend, "chunks", chunks_load, chunks_execute)
-BACKEND(sleep_backend, "sleep", sleep_load, sleep_execute)
-BACKEND(fail_backend, "fail", fail_load, fail_execute)
+BACKEND(echo_backend, "echo", echo_load, echo_execute, NULL, NULL)
+BACKEND(add_backend, "add", add_load, add_execute, NULL, NULL)
+BACKEND(counter_backend, "counter", counter_load, counter_execute, counter_session_open,
+        counter_session_close)
+BACKEND(chunks_backend, "chunks", chunks_load, chunks_execute, NULL, NULL)
+BACKEND(sleep_backend, "sleep", sleep_load, sleep_execute, NULL, NULL)
+BACKEND(fail_backend, "fail", fail_load, fail_execute, NULL, NULL)
 
 const baton_backend *bk_testing_backend(const char *name)
 {

@@ -49,9 +49,10 @@
  * window takes one at its first decode step and gives it back at its last,
  * so a request holds none while its next window is encoded, nor while an
  * LLM after it answers (a window cut short by a loop cap, which this step
- * cannot see, keeps its slot for the next window or the request's end).  A window that finds every slot taken is deferred
- * (baton_ctx.defer): it waits in the worker's queue until a slot is given
- * back, rather than being refused. */
+ * cannot see, keeps its slot for the next window or the request's end).
+ * A window that finds every slot taken is deferred (baton_ctx.defer): it
+ * waits in the worker's queue until a slot is given back, rather than
+ * being refused. */
 #include "backends/whisper/whisper.h"
 
 #include <assert.h>

@@ -72,12 +72,6 @@ static void one_fail(baton_ctx *c, baton_item *it, baton_status code, const char
     snprintf(f->message, sizeof(f->message), "%s", msg);
 }
 
-static void one_defer(baton_ctx *c, baton_item *it)
-{
-    (void)it;
-    ((fake_one *)c)->deferred = 1;
-}
-
 static baton_status one_cancelled(baton_ctx *c, const baton_item *it)
 {
     (void)c, (void)it;
@@ -96,7 +90,6 @@ void fake_one_reset(fake_one *f)
     f->ctx.finish = one_finish;
     f->ctx.fail = one_fail;
     f->ctx.cancelled = one_cancelled;
-    f->ctx.defer = one_defer;
     f->ctx.read = fake_ctx_read;
     f->ctx.write = fake_ctx_write;
     f->ctx.device = "cpu";

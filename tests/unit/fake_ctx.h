@@ -21,7 +21,6 @@ typedef struct fake_one {
     baton_status code;             /* OK unless the item failed */
     char message[512];
     int finished;                  /* the finish signal was raised */
-    int deferred;                  /* the item was put back (defer) */
 } fake_one;
 
 /* Frees what F allocated and makes it a fresh context; call it once on a

@@ -40,6 +40,7 @@ typedef struct fake {
     fake_chunk chunks[MAXT];
     size_t n_chunks;
     int finished;
+    int deferred;          /* the backend put the item back (defer) */
     baton_status code;
     char message[256];
     baton_status cancel;   /* what cancelled() and sleep_ms() report */
@@ -99,6 +100,12 @@ static void f_finish(baton_ctx *c, baton_item *it)
     of(c)->finished = 1;
 }
 
+static void f_defer(baton_ctx *c, baton_item *it)
+{
+    (void)it;
+    of(c)->deferred = 1;
+}
+
 static void f_fail(baton_ctx *c, baton_item *it, baton_status code, const char *msg)
 {
     (void)it;
@@ -128,7 +135,8 @@ static fake *fake_new(void)
 {
     fake *f = calloc(1, sizeof(*f));
     f->ctx = (baton_ctx){.alloc = f_alloc, .set_output = f_set_output, .forward = f_forward,
-                         .emit_chunk = f_emit, .finish = f_finish, .fail = f_fail,
+                         .emit_chunk = f_emit, .finish = f_finish, .defer = f_defer,
+                         .fail = f_fail,
                          .cancelled = f_cancelled, .sleep_ms = f_sleep,
                          .read = fake_ctx_read, .write = fake_ctx_write, .threads = 1,
                          .device = "cpu"};
@@ -346,6 +354,71 @@ static void test_counter(void **state)
     assert_int_equal(*(const int32_t *)f->outputs[0]->data, 0);
     assert_false(f->finished);
     fake_free(f);
+    unload("counter", m);
+}
+
+/* counter with slots 1: the loop of a request holds the one place from its
+ * first execution to its finish; another request's item is deferred (no
+ * output, no failure) until the place is given back, by the finish or by
+ * the holder's session closing. */
+static void test_counter_slots(void **state)
+{
+    (void)state;
+    const char *k[] = {"finish_after", "slots"}, *v[] = {"2", "1"};
+    baton_model *m = load("counter", k, v, 2, BATON_STATUS_OK);
+    const baton_backend *b = bk_testing_backend("counter");
+    baton_session *sa = NULL, *sb = NULL, *sc = NULL;
+    char err[128];
+    assert_int_equal(b->session_open(m, 1, &sa, err, sizeof(err)), BATON_STATUS_OK);
+    assert_int_equal(b->session_open(m, 2, &sb, err, sizeof(err)), BATON_STATUS_OK);
+    assert_int_equal(b->session_open(m, 3, &sc, err, sizeof(err)), BATON_STATUS_OK);
+    assert_true(sa && sb && sc);
+    baton_output outs[1] = {{"it", 0, 0}};
+    uint32_t iter[1] = {0};
+    baton_item it = {.node_name = "gate", .iteration = iter, .depth = 1, .outputs = outs,
+                     .n_outputs = 1};
+    /* A takes the place; B waits. */
+    fake *f = fake_new();
+    it.session = sa;
+    run("counter", m, f, &it);
+    assert_false(f->deferred);
+    assert_non_null(f->outputs[0]);
+    fake_free(f);
+    f = fake_new();
+    it.session = sb;
+    run("counter", m, f, &it);
+    assert_true(f->deferred);
+    assert_null(f->outputs[0]);
+    assert_int_equal(f->code, BATON_STATUS_OK);
+    fake_free(f);
+    /* A's finish gives it back: B takes it, and C waits. */
+    iter[0] = 1;
+    f = fake_new();
+    it.session = sa;
+    run("counter", m, f, &it);
+    assert_true(f->finished && !f->deferred);
+    fake_free(f);
+    iter[0] = 0;
+    f = fake_new();
+    it.session = sb;
+    run("counter", m, f, &it);
+    assert_false(f->deferred);
+    assert_int_equal(*(const int32_t *)f->outputs[0]->data, 0);
+    fake_free(f);
+    f = fake_new();
+    it.session = sc;
+    run("counter", m, f, &it);
+    assert_true(f->deferred);
+    fake_free(f);
+    /* B's session closing before its finish gives it back too. */
+    b->session_close(m, sb);
+    f = fake_new();
+    run("counter", m, f, &it);
+    assert_false(f->deferred);
+    assert_non_null(f->outputs[0]);
+    fake_free(f);
+    b->session_close(m, sa);
+    b->session_close(m, sc);
     unload("counter", m);
 }
 
@@ -596,6 +669,7 @@ int main(void)
         cmocka_unit_test(test_echo_by_reference),
         cmocka_unit_test(test_add),
         cmocka_unit_test(test_counter),
+        cmocka_unit_test(test_counter_slots),
         cmocka_unit_test(test_chunks),
         cmocka_unit_test(test_sleep),
         cmocka_unit_test(test_fail),
