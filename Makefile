@@ -27,7 +27,7 @@ NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/de
 CUDA ?= $(if $(NVCC),1,0)
 CUDA_ARCH ?= sm_90
 
-PKGS := libzmq libprotobuf-c yaml-0.1 libsystemd libmicrohttpd jansson libsodium fftw3 sndfile soxr
+PKGS := libzmq libprotobuf-c yaml-0.1 libsystemd libmicrohttpd jansson libsodium fftw3 sndfile soxr zlib
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 CMOCKA_LIBS := $(shell pkg-config --libs cmocka 2>/dev/null || echo -lcmocka)

@@ -780,13 +780,22 @@ static void form_free(gw_form *f)
 
 /* The options JSON of an audio request: the language asked for (not for
  * a translation, whose text is English), the task and the prompt (checked
- * to be UTF-8 before). */
-static char *audio_options(const gw_form *f, bool translate)
+ * to be UTF-8 before).  As Whisper's and faster-whisper's defaults, each
+ * 30-second window is conditioned on the text before it, and a
+ * temperature of 0, as OpenAI's API has it, is greedy decoding that falls
+ * back through higher temperatures when a window fails the model's checks;
+ * FALLBACK says so. */
+static char *audio_options(const gw_form *f, bool translate, bool fallback)
 {
     json_t *o = json_object();
     const char *lang = f->field[F_LANGUAGE], *prompt = f->field[F_PROMPT];
     if (o && lang && *lang && !translate)
         json_object_set_new(o, "language", json_string(lang));
+    if (o)
+        json_object_set_new(o, "condition_on_previous_text", json_true());
+    if (o && fallback)
+        json_object_set_new(o, "temperature", json_pack("[f, f, f, f, f, f]", 0.0, 0.2, 0.4, 0.6,
+                                                        0.8, 1.0));
     if (o && prompt && *prompt && json_object_set_new(o, "prompt", json_string(prompt))) {
         json_decref(o);
         return NULL;
@@ -812,8 +821,12 @@ static enum MHD_Result serve_audio(gateway *g, struct MHD_Connection *conn, gw_c
     const char *fmt = f->field[F_FORMAT], *temp = f->field[F_TEMPERATURE];
     const char *prompt = f->field[F_PROMPT] && *f->field[F_PROMPT] ? f->field[F_PROMPT] : NULL;
     const char *st = f->field[F_STREAM], *gran = f->field[F_GRANULARITY];
-    /* Built once: its length is checked below, then it is sent. */
-    char *options = audio_options(f, translate);
+    /* Built once: its length is checked below, then it is sent.  Only an
+     * absent temperature or one that reads as 0 falls back, and not in a
+     * stream: a window decoded again would hold its text back until its
+     * end, while a stream sends each segment as it is decoded. */
+    bool fallback = (!temp || strtod(temp, NULL) == 0) && !(st && !strcmp(st, "true"));
+    char *options = audio_options(f, translate, fallback);
     err[0] = 0;
     if (!f->pp) {
         snprintf(err, sizeof(err), "the body is not a form: send multipart/form-data with the "

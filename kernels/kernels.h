@@ -198,6 +198,14 @@ int k_rope(float *x, const int32_t *pos, int n_tok, int n_head, int head_dim, fl
 void k_softmax(float *out, const float *x, int rows, int n);
 /* Per row of N: index of the largest value, the lowest index on ties. */
 void k_argmax(int32_t *out, const float *x, int rows, int n);
+/* log(sum_i e^X[i]) over N floats (-inf entries count for nothing; -inf
+ * when all are), the log softmax's denominator.  k_logsumexp_ref sums in
+ * double with libm's exp; k_logsumexp, on an x86-64 CPU with AVX2 (unless
+ * BATON_CPU_ISA=ref), takes e^x from a polynomial 8 lanes at a time and
+ * sums in double: within 1e-6 of the reference, several times faster over
+ * a vocabulary (a row of Whisper's 51865 logits a decoder step). */
+double k_logsumexp(const float *x, int n);
+double k_logsumexp_ref(const float *x, int n);
 
 /* ---- attention ----------------------------------------------------------------- */
 

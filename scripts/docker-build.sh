@@ -31,7 +31,7 @@ cd "$(dirname "$0")/.."
 # Debian 12 names; Ubuntu 22.04 (the CUDA image) has the same ones.
 RUNTIME_PKGS=(
   libzmq5 libprotobuf-c1 libyaml-0-2 libjemalloc2 libopenblas0 libsystemd0
-  libmicrohttpd12 libjansson4 libsodium23 libfftw3-double3 libsndfile1 libsoxr0 libdnnl2 libgomp1
+  libmicrohttpd12 libjansson4 libsodium23 libfftw3-double3 libsndfile1 libsoxr0 zlib1g libdnnl2 libgomp1
   curl                     # HEALTHCHECK
 )
 MODEL=models/smollm2-135m-instruct-q4_1.gguf

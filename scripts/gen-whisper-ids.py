@@ -5,7 +5,12 @@ that faster-whisper (CTranslate2) decodes from audio clips with Whisper
 base, which tests/unit/test_whisper_engine.c compares baton's decoder
 against; and tests/unit/data/whisper-segments.tsv, the same with
 timestamps; and tests/unit/data/whisper-prompt.tsv, the same with a
-prompt (initial_prompt: previous text).
+prompt (initial_prompt: previous text); and
+tests/unit/data/whisper-scores.tsv, the numbers by which faster-whisper
+judges each window (average log probability, compression ratio,
+probability of no speech); and tests/unit/data/whisper-condition.tsv,
+windows decoded after the text of those before them
+(condition_on_previous_text).
 
 Settings, those of the comparison: compute_type float32, beam 1,
 temperature 0 with no fallback, language en, task transcribe, without
@@ -55,6 +60,8 @@ MODEL = "models/whisper-base"
 OUT = "tests/unit/data/whisper-ids.tsv"
 SEGMENTS = "tests/unit/data/whisper-segments.tsv"
 PROMPTS = "tests/unit/data/whisper-prompt.tsv"
+SCORES = "tests/unit/data/whisper-scores.tsv"
+CONDITION = "tests/unit/data/whisper-condition.tsv"
 # Prompts: plain, with spaces, digits, punctuation and letters beyond ASCII
 # to strip and pre-tokenize, and empty (faster-whisper still encodes " ").
 # The last is longer than the 223 tokens a prompt keeps.
@@ -147,6 +154,65 @@ def write_prompts(model):
     print("wrote", PROMPTS)
 
 
+def write_scores(model):
+    """The numbers faster-whisper judges a window by: for each window of
+    the clips, with and without timestamps, its segments' avg_logprob,
+    compression_ratio and no_speech_prob (one window's segments share
+    them).  Temperature 0 without fallback, no skipping of silent windows,
+    so that every window is decoded as the other files decode it."""
+    with open(SCORES, "w") as out:
+        out.write("# scores CLIP TIMESTAMPS SEEK AVG_LOGPROB COMPRESSION_RATIO NO_SPEECH_PROB "
+                  "(scripts/gen-whisper-ids.py)\n")
+        for clip in ["jfk.wav", "jfk.wav*3"]:
+            for ts in (0, 1):
+                segments, _ = model.transcribe(
+                    audio_of(clip), beam_size=1, temperature=0.0, language="en",
+                    task="transcribe", without_timestamps=not ts,
+                    condition_on_previous_text=False, vad_filter=False,
+                    no_speech_threshold=None)
+                seen = set()
+                for s in segments:
+                    if s.seek in seen:
+                        continue
+                    seen.add(s.seek)
+                    out.write("scores\t%s\t%d\t%d\t%.9g\t%.9g\t%.9g\n" % (
+                        clip, ts, s.seek, s.avg_logprob, s.compression_ratio, s.no_speech_prob))
+    print("wrote", SCORES)
+
+
+def write_condition(model):
+    """Conditioning on previous text (faster-whisper's default): the JFK
+    clip three times over, each window after the text of those before it,
+    with and without timestamps, and with an initial prompt.  Lines:
+    "window CLIP TIMESTAMPS PROMPT K PROMPT_IDS IDS" for the K-th window
+    decoded (the whole prompt handed to the decoder, and the ids it chose),
+    and "segment CLIP TIMESTAMPS PROMPT SEEK START END TEXT".  PROMPT is a
+    JSON string ("" for none)."""
+    rec = Recorder(model.model)
+    model.model = rec
+    with open(CONDITION, "w") as out:
+        out.write("# window CLIP TIMESTAMPS PROMPT K PROMPT_IDS IDS | segment CLIP TIMESTAMPS "
+                  "PROMPT SEEK START END TEXT (scripts/gen-whisper-ids.py)\n")
+        for ts in (0, 1):
+            for text in ("", PROMPT_TEXTS[0]):
+                rec.sequences, rec.prompts = [], []
+                segments, _ = model.transcribe(
+                    audio_of("jfk.wav*3"), beam_size=1, temperature=0.0, language="en",
+                    task="transcribe", without_timestamps=not ts,
+                    initial_prompt=text or None, condition_on_previous_text=True,
+                    vad_filter=False, no_speech_threshold=None)
+                segments = list(segments)
+                for k, (pr, ids) in enumerate(zip(rec.prompts, rec.sequences)):
+                    out.write("window\tjfk.wav*3\t%d\t%s\t%d\t%s\t%s\n" % (
+                        ts, json.dumps(text), k, " ".join(str(t) for t in pr),
+                        " ".join(str(t) for t in ids)))
+                for s in segments:
+                    out.write("segment\tjfk.wav*3\t%d\t%s\t%d\t%.2f\t%.2f\t%s\n" % (
+                        ts, json.dumps(text), s.seek, s.start, s.end, s.text))
+    model.model = rec.model
+    print("wrote", CONDITION)
+
+
 def main():
     clips = sys.argv[1:]
     if not clips:
@@ -172,6 +238,8 @@ def main():
     print("wrote", OUT)
     write_segments(model, ["jfk.wav", "jfk.wav*3"])
     write_prompts(model)
+    write_scores(model)
+    write_condition(model)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ PKGS=(
   libsodium-dev            # base64 of the audio in a voice chat's message
   libfftw3-dev             # the FFT of Whisper's log-mel features
   libsndfile1-dev libsoxr-dev  # audio files decoded, resampled to 16 kHz
+  zlib1g-dev               # the compression ratio by which Whisper judges a window
   libdnnl-dev              # oneDNN: bf16 products of Whisper's encoder (AMX, AVX-512 BF16)
   python3 python3-pip python3-zmq python3-protobuf python3-yaml
   curl unzip

@@ -50,10 +50,15 @@ static void put_done(wk_event *ev)
     }
     pthread_mutex_unlock(io->lock);
     if (rc) {
-        char why[512];
+        char why[512], lost[256];
         snprintf(why, sizeof(why), "copy into the pool of worker %s: %s", io->worker,
                  pj->job.err);
-        placed(io, p, NULL, BATON_STATUS_INTERNAL, why);
+        /* A copy that failed because the device's context is gone (a
+         * kernel faulted) is not the request's fault: the worker is about
+         * to exit and be restarted, and the request ends UNAVAILABLE as
+         * every request of a lost worker does. */
+        bool gone = io->dev && wk_device_lost(io->dev, lost, sizeof(lost));
+        placed(io, p, NULL, gone ? BATON_STATUS_UNAVAILABLE : BATON_STATUS_INTERNAL, why);
     } else {
         placed(io, p, &ref, BATON_STATUS_OK, NULL);
     }

@@ -29,21 +29,34 @@
  * a window comes a segment at a time, when the timestamp that closes the
  * segment is decoded: the window's unfinished last segment is decoded again
  * by the next window, which starts at its first timestamp, so nothing of it
- * may be sent before.  `segments` then carries one JSON line per segment:
- * {"id", "seek", "start", "end", "text", "tokens", "temperature"}, times in
- * seconds of the whole audio.  Segments of zero length or blank text are
- * left out of both, as faster-whisper leaves them out.  Without timestamps
- * the text streams a token at a time (whole UTF-8 characters), and each
- * window is one segment.
+ * may be sent before.  Segments of zero length or blank text are left out,
+ * as faster-whisper leaves them out.  Without timestamps the text streams a
+ * token at a time (whole UTF-8 characters), and each window is one
+ * segment.  At a window's end `segments` carries one JSON line for each of
+ * its segments: {"id", "seek", "start", "end", "text", "tokens",
+ * "temperature", "avg_logprob", "compression_ratio", "no_speech_prob"},
+ * times in seconds of the whole audio, the last three the numbers the
+ * window was judged by.
+ *
+ * Judging a window, as faster-whisper does: one whose text compresses too
+ * well (it repeats itself) or whose tokens are improbable fails, and is
+ * decoded again at the next temperature of the options' list while there
+ * is one (the best failed attempt is kept when none is left); one that is
+ * probably silence and not confidently decoded is skipped.  A window that
+ * may be decoded again or skipped holds its text back until its end.
  *
  * The options JSON: {"language": "en" (default: detected from the first
  * step, as Whisper does), "prompt": "text" (previous text for the first
  * window, as faster-whisper's initial_prompt), "task": "transcribe" |
- * "translate",
- * "temperature": 0 (default: the request's), "timestamps": true|false
- * (default true)}.  A temperature of its own lets a graph that chains
- * Whisper into an LLM (a voice chat) transcribe greedily while the
- * request's temperature samples the answer.
+ * "translate", "temperature": 0 or [0, 0.2, ...] (default: the request's;
+ * a list falls back), "timestamps": true|false (default true),
+ * "condition_on_previous_text": true|false (default false: each window
+ * after the tokens of the segments before it, as faster-whisper's option),
+ * "compression_ratio_threshold": 2.4, "log_prob_threshold": -1.0,
+ * "no_speech_threshold": 0.6 (faster-whisper's defaults; null: none)}.  A
+ * temperature of its own lets a graph that chains Whisper into an LLM (a
+ * voice chat) transcribe greedily while the request's temperature samples
+ * the answer.
  *
  * Decoding slots (the KV caches, in the engine; max_batch of them): a
  * window takes one at its first decode step and gives it back at its last,
@@ -84,26 +97,52 @@
  * transcript, language, task, no timestamps. */
 #define WH_PROMPT (1 + WH_PREV_MAX + 4)
 #define WH_MAX_NEW 224  /* tokens per window: half the decoder's positions, as faster-whisper */
+#define WH_TEMPS 8      /* most temperatures of a fallback list */
+#define WH_RESET_TEMP 0.5f /* faster-whisper's prompt_reset_on_temperature */
+
+/* An attempt at a window that failed faster-whisper's checks, kept in case
+ * every temperature fails: the best of them is then the window's. */
+typedef struct wh_attempt {
+    int32_t toks[WH_MAX_NEW];
+    int n;                       /* tokens; -1: none kept */
+    double avg_logprob, compression;
+} wh_attempt;
 
 typedef struct wh_session {
     int slot;                    /* decoding slot, -1: none */
     int32_t lang;                /* language token, -1: detect at the first window */
     int32_t task;                /* <|transcribe|> or <|translate|> */
-    float temperature;           /* options' temperature; < 0: the request's */
+    float temps[WH_TEMPS];       /* options' temperatures: the first, then those a window
+                                    falls back through */
+    int n_temps;                 /* 0: the request's temperature, no fallback */
+    float cr_threshold;          /* a window whose text compresses better fails (NAN: none) */
+    float lp_threshold;          /* one whose average log probability is lower fails, and
+                                    is skipped when it is probably silence (NAN: none) */
+    float ns_threshold;          /* probability of no speech over which a window whose
+                                    log probability fails is skipped (NAN: none) */
     bool timestamps;             /* decode with timestamps (segments, seeking) */
     int content;                 /* feature frames of the audio */
     int seek;                    /* the current window's first frame */
     int n_prompt;                /* tokens of the prompt in the slot */
     int n_sampled;               /* this window's tokens after the prompt */
+    int attempt;                 /* the window's attempt: an index of temps */
+    double sum_logprob;          /* log probabilities of the attempt's tokens, its end of
+                                    text's included */
+    double no_speech;            /* probability of no speech at the window's start */
+    bool hold;                   /* the window's text waits for its end: it may be
+                                    decoded again, or skipped as silent */
+    wh_attempt best;             /* the best failed attempt of the window so far */
     int32_t toks[WH_MAX_NEW];    /* all of them (the timestamp rules read them) */
     int n_closed;                /* this window's segments sent so far */
     int n_segments;              /* segments sent in all windows (their ids) */
     char carry[8];               /* UTF-8 bytes held back: an unfinished character */
     int n_carry;
     uint64_t counter;            /* RNG counter of sampling */
-    int32_t prev[WH_PREV_MAX];   /* the options' prompt, encoded: the first window's
-                                    previous text */
-    int n_prev;                  /* its tokens; 0: no prompt */
+    int32_t prev[WH_PREV_MAX];   /* the next window's previous text: the options' prompt
+                                    (encoded) until a window is decoded, then, when
+                                    conditioning, the last tokens of the windows' segments */
+    int n_prev;                  /* its tokens; 0: none */
+    bool condition;              /* condition each window on the text before it */
 } wh_session;
 
 struct baton_model {
@@ -118,6 +157,7 @@ struct baton_model {
     wh_session **owner;          /* owned; slots of them, NULL: free */
     size_t max_samples;          /* audio limit, at 16 kHz */
     float *logits;               /* owned; slots x vocab, host */
+    float *sot_logits;           /* owned; vocab, host: a prompt's at its start of transcript */
     float *win;                  /* owned; slots windows of n_frames x n_mels, host */
     char device[32];
     char *report;                /* owned */
@@ -145,6 +185,7 @@ static void model_unload(baton_model *m)
     wmel_destroy(m->mel);
     free(m->owner);
     free(m->logits);
+    free(m->sot_logits);
     free(m->win);
     free(m->report);
     free(m);
@@ -215,6 +256,7 @@ static baton_status model_load(const baton_load_params *p, baton_model **out, ch
     }
     m->owner = calloc((size_t)m->slots, sizeof(*m->owner));
     m->logits = malloc((size_t)m->slots * m->s->vocab * sizeof(float));
+    m->sot_logits = malloc((size_t)m->s->vocab * sizeof(float));
     m->win = malloc((size_t)m->slots * m->s->n_frames * m->s->n_mels * sizeof(float));
     char report[1024];
     snprintf(report, sizeof(report),
@@ -227,7 +269,7 @@ static baton_status model_load(const baton_load_params *p, baton_model **out, ch
              (double)weng_weight_bytes(m->eng) / (1024.0 * 1024.0),
              m->enc ? "" : "; prompts refused: ", m->enc ? "" : m->enc_why);
     m->report = strdup(report);
-    if (!m->owner || !m->logits || !m->win || !m->report) {
+    if (!m->owner || !m->logits || !m->sot_logits || !m->win || !m->report) {
         snprintf(err, errlen, "out of memory");
         st = BATON_STATUS_RESOURCE_EXHAUSTED;
         goto err;
@@ -261,8 +303,11 @@ static baton_status session_open(baton_model *m, uint64_t key, baton_session **o
     s->slot = -1;
     s->lang = -1;
     s->task = wtok_specials(m->tok)->transcribe;
-    s->temperature = -1.0f;
     s->timestamps = true;
+    /* faster-whisper's defaults. */
+    s->cr_threshold = 2.4f;
+    s->lp_threshold = -1.0f;
+    s->ns_threshold = 0.6f;
     *out = (baton_session *)s;
     return BATON_STATUS_OK;
 }
@@ -424,14 +469,42 @@ static int read_options(baton_model *m, baton_ctx *ctx, baton_item *it, wh_sessi
                 break;
             }
         } else if (!strcmp(key, "temperature")) {
-            double t = json_number_value(v);
-            if (!json_is_number(v) || !(t >= 0 && t <= 2)) {
+            /* A number, or the list of temperatures to fall back through. */
+            size_t n = json_is_array(v) ? json_array_size(v) : 1;
+            bool ok = json_is_number(v) || (n >= 1 && n <= WH_TEMPS);
+            for (size_t i = 0; ok && i < n; i++) {
+                json_t *e = json_is_array(v) ? json_array_get(v, i) : v;
+                double t = json_number_value(e);
+                ok = json_is_number(e) && t >= 0 && t <= 2;
+                s->temps[i] = (float)t;
+            }
+            if (!ok) {
                 failf(ctx, it, BATON_STATUS_INVALID_ARGUMENT,
-                      "input 'options': temperature is a number from 0 to 2");
+                      "input 'options': temperature is a number from 0 to 2, or a list of 1 to "
+                      "%d of them (the temperatures to fall back through)", WH_TEMPS);
                 rc = -1;
                 break;
             }
-            s->temperature = (float)t;
+            s->n_temps = (int)n;
+        } else if (!strcmp(key, "compression_ratio_threshold") ||
+                   !strcmp(key, "log_prob_threshold") || !strcmp(key, "no_speech_threshold")) {
+            double x = json_number_value(v);
+            bool ns = key[0] == 'n';
+            bool bad = !json_is_number(v) || !isfinite(x) || (ns && !(x >= 0 && x <= 1));
+            if (!json_is_null(v) && bad) {
+                failf(ctx, it, BATON_STATUS_INVALID_ARGUMENT,
+                      "input 'options': %s is %s, or null (none)", key,
+                      ns ? "a probability from 0 to 1" : "a number");
+                rc = -1;
+                break;
+            }
+            float f = json_is_null(v) ? NAN : (float)x;
+            if (key[0] == 'c')
+                s->cr_threshold = f;
+            else if (ns)
+                s->ns_threshold = f;
+            else
+                s->lp_threshold = f;
         } else if (!strcmp(key, "prompt")) {
             int n = !str        ? BT_EINVAL
                     : !m->enc   ? BT_EUNSUPPORTED
@@ -449,18 +522,19 @@ static int read_options(baton_model *m, baton_ctx *ctx, baton_item *it, wh_sessi
                 break;
             }
             s->n_prev = n;
-        } else if (!strcmp(key, "timestamps")) {
+        } else if (!strcmp(key, "condition_on_previous_text") || !strcmp(key, "timestamps")) {
             if (!json_is_boolean(v)) {
                 failf(ctx, it, BATON_STATUS_INVALID_ARGUMENT,
-                      "input 'options': timestamps is true or false");
+                      "input 'options': %s is true or false", key);
                 rc = -1;
                 break;
             }
-            s->timestamps = json_is_true(v);
+            *(key[0] == 'c' ? &s->condition : &s->timestamps) = json_is_true(v);
         } else {
             failf(ctx, it, BATON_STATUS_INVALID_ARGUMENT,
                   "input 'options': unknown key '%s' (language, prompt, task, temperature, "
-                  "timestamps)",
+                  "timestamps, condition_on_previous_text, compression_ratio_threshold, "
+                  "log_prob_threshold, no_speech_threshold)",
                   key);
             rc = -1;
             break;
@@ -564,11 +638,10 @@ static int read_i32(baton_ctx *ctx, baton_item *it, const char *name, int32_t *v
 
 /* The prompt of S into P (WH_PROMPT ids): start of transcript, then
  * language, task and (without timestamps) no timestamps, or the start
- * alone when the language is to be detected.  In the FIRST window the
- * options' prompt goes before them, after start of previous text: as
- * faster-whisper's initial_prompt without conditioning on previous text,
- * later windows have none. */
-static int prompt_of(const baton_model *m, const wh_session *s, bool first, int32_t *p)
+ * alone when the language is to be detected.  The previous text (s->prev:
+ * the options' prompt, then, when conditioning on previous text, the
+ * windows' tokens) goes before them, after start of previous text. */
+static int prompt_of(const baton_model *m, const wh_session *s, int32_t *p)
 {
     const wtok_special *sp = wtok_specials(m->tok);
     int n = 0;
@@ -576,7 +649,7 @@ static int prompt_of(const baton_model *m, const wh_session *s, bool first, int3
         p[0] = sp->sot;
         return 1;
     }
-    if (first && s->n_prev) {
+    if (s->n_prev) {
         p[n++] = sp->sot_prev;
         memcpy(p + n, s->prev, (size_t)s->n_prev * sizeof(*p));
         n += s->n_prev;
@@ -613,7 +686,7 @@ static void encode_batch(baton_model *m, baton_ctx *ctx, baton_item *const *item
             /* Past the end: no more windows.  Empty states tell decode. */
             int64_t dims[2] = {0, m->s->d_model};
             int32_t p[WH_PROMPT];
-            int64_t np = prompt_of(m, s, false, p);
+            int64_t np = prompt_of(m, s, p);
             if (put(ctx, it, "states", BATON_DTYPE_F32, 2, dims, NULL, 0) == 0 &&
                 put(ctx, it, "token", BATON_DTYPE_I32, 1, &np, p, (uint64_t)np * 4) == 0)
                 ctx->finish(ctx, it);
@@ -652,7 +725,7 @@ static void encode_batch(baton_model *m, baton_ctx *ctx, baton_item *const *item
             continue;
         }
         int32_t p[WH_PROMPT];
-        int64_t np = prompt_of(m, s, s->seek == 0, p);
+        int64_t np = prompt_of(m, s, p);
         if (put(ctx, it, "token", BATON_DTYPE_I32, 1, &np, p, (uint64_t)np * 4) != 0)
             continue;
         /* Without timestamps a window always moves on by its whole length:
@@ -713,49 +786,183 @@ typedef struct wh_out {
     size_t len, cap, lines_len, lines_cap;
 } wh_out;
 
-/* Decoding with timestamps: the segments of S's window that its last token
- * closed (at the END of the window, all that are left), their texts and
- * JSON lines appended to O; at the END, *NEXT the frame the next window
- * starts at.  0 or BT_ENOMEM. */
-static int segments_of(baton_model *m, wh_session *s, float temperature, bool end, int size,
+/* How a window's attempt is judged, as faster-whisper judges it. */
+typedef struct wh_verdict {
+    double avg_logprob;          /* the tokens' log probabilities over their count + 1 */
+    double compression;          /* wdec_compression_ratio of the text */
+    float temperature;
+} wh_verdict;
+
+/* The temperature of S's current attempt. */
+static float temp_of(const wh_session *s, const baton_item *it)
+{
+    return s->n_temps ? s->temps[s->attempt] : it->sampling.temperature;
+}
+
+/* Appends the N tokens IDS of a segment to S's previous text, of which the
+ * last WH_PREV_MAX are kept (faster-whisper's all_tokens, sliced). */
+static void context_add(wh_session *s, const int32_t *ids, int n)
+{
+    if (n >= WH_PREV_MAX) {
+        memcpy(s->prev, ids + n - WH_PREV_MAX, WH_PREV_MAX * sizeof(*ids));
+        s->n_prev = WH_PREV_MAX;
+        return;
+    }
+    int keep = s->n_prev + n > WH_PREV_MAX ? WH_PREV_MAX - n : s->n_prev;
+    memmove(s->prev, s->prev + s->n_prev - keep, (size_t)keep * sizeof(*ids));
+    memcpy(s->prev + keep, ids, (size_t)n * sizeof(*ids));
+    s->n_prev = keep + n;
+}
+
+/* Appends the text and the JSON line of segment SEG of S's window, whose
+ * tokens are IDS and text T (TL bytes), to O: the text only with TEXT, the
+ * line only with LINE.  0 or BT_ENOMEM. */
+static int segment_out(wh_session *s, const wdec_segment *seg, const int32_t *ids, const char *t,
+                       size_t tl, const wh_verdict *v, bool text, bool line, wh_out *o)
+{
+    if (text && bt_bytes_add(&o->text, &o->len, &o->cap, t, tl))
+        return BT_ENOMEM;
+    if (!line)
+        return 0;
+    if (s->condition)
+        context_add(s, ids, seg->count);
+    json_t *tokens = json_array();
+    for (int i = 0; tokens && i < seg->count; i++)
+        if (json_array_append_new(tokens, json_integer(ids[i])))
+            json_decref(tokens), tokens = NULL;
+    json_t *js =
+        tokens ? json_pack("{s:i, s:i, s:o, s:o, s:s%, s:o, s:f, s:f, s:f, s:f}", "id",
+                           s->n_segments, "seek", s->seek, "start", seconds_json(seg->start),
+                           "end", seconds_json(seg->end), "text", t, tl, "tokens", tokens,
+                           "temperature", (double)v->temperature, "avg_logprob", v->avg_logprob,
+                           "compression_ratio", v->compression, "no_speech_prob", s->no_speech)
+               : NULL;
+    char *dump = js ? json_dumps(js, JSON_COMPACT | JSON_REAL_PRECISION(10)) : NULL;
+    int rc = !dump || bt_bytes_add(&o->lines, &o->lines_len, &o->lines_cap, dump, strlen(dump)) ||
+                     bt_bytes_add(&o->lines, &o->lines_len, &o->lines_cap, "\n", 1)
+                 ? BT_ENOMEM
+                 : 0;
+    s->n_segments++;
+    free(dump);
+    json_decref(js);
+    return rc;
+}
+
+/* The segments of S's window that its last token closed, decoded with
+ * timestamps: their texts appended to O unless the window is held.  At the
+ * window's END (verdict V), the texts not yet sent and every segment's
+ * JSON line, and *NEXT the frame the next window starts at.  0 or
+ * BT_ENOMEM. */
+static int segments_of(baton_model *m, wh_session *s, const wh_verdict *v, bool end, int size,
                        wh_out *o, int *next)
 {
+    if (s->hold && !end)
+        return 0;
     wdec_segment seg[WH_MAX_NEW + 1];
     int n = wdec_split(&m->rules, s->toks, s->n_sampled, s->seek, size, end, seg, next);
     int rc = 0;
-    for (int k = s->n_closed; k < n && !rc; k++) {
-        char *t = NULL, *line = NULL;
+    for (int k = end ? 0 : s->n_closed; k < n && !rc; k++) {
+        char *t = NULL;
         size_t tl = 0;
         const int32_t *ids = s->toks + seg[k].first;
-        if (wtok_decode(m->tok, ids, (size_t)seg[k].count, &t, &tl) != 0) {
+        if (wtok_decode(m->tok, ids, (size_t)seg[k].count, &t, &tl) != 0)
             rc = BT_ENOMEM;
-            break;
-        }
-        if (!wdec_segment_shown(&seg[k], t, tl)) {
-            free(t);
-            continue;
-        }
-        json_t *tokens = json_array();
-        for (int i = 0; tokens && i < seg[k].count; i++)
-            if (json_array_append_new(tokens, json_integer(ids[i])))
-                json_decref(tokens), tokens = NULL;
-        json_t *js = tokens ? json_pack("{s:i, s:i, s:o, s:o, s:s%, s:o, s:f}", "id", s->n_segments,
-                                       "seek", s->seek, "start", seconds_json(seg[k].start), "end",
-                                       seconds_json(seg[k].end), "text", t, tl, "tokens", tokens,
-                                       "temperature", (double)temperature)
-                            : NULL;
-        if (js)
-            line = json_dumps(js, JSON_COMPACT | JSON_REAL_PRECISION(10));
-        if (!line || bt_bytes_add(&o->text, &o->len, &o->cap, t, tl) ||
-            bt_bytes_add(&o->lines, &o->lines_len, &o->lines_cap, line, strlen(line)) ||
-            bt_bytes_add(&o->lines, &o->lines_len, &o->lines_cap, "\n", 1))
-            rc = BT_ENOMEM;
-        s->n_segments++;
-        free(line);
-        json_decref(js);
+        else if (wdec_segment_shown(&seg[k], t, tl))
+            rc = segment_out(s, &seg[k], ids, t, tl, v, k >= s->n_closed, end, o);
         free(t);
     }
     s->n_closed = n;
+    return rc;
+}
+
+/* The end of a window decoded without timestamps: the window is one
+ * segment (its text too when it was held).  0 or BT_ENOMEM. */
+static int window_segment(baton_model *m, wh_session *s, const wh_verdict *v, int size, wh_out *o)
+{
+    char *t = NULL;
+    size_t tl = 0;
+    if (wtok_decode(m->tok, s->toks, (size_t)s->n_sampled, &t, &tl) != 0)
+        return BT_ENOMEM;
+    wdec_segment seg = {0, s->n_sampled, s->seek * WDEC_FRAME_S, (s->seek + size) * WDEC_FRAME_S};
+    int rc = wdec_segment_shown(&seg, t, tl) ? segment_out(s, &seg, s->toks, t, tl, v, s->hold,
+                                                           true, o)
+                                             : 0;
+    free(t);
+    return rc;
+}
+
+/* Whether attempt A of a window is better than B (both failed): one whose
+ * text passes the compression check first, then the more probable, as
+ * faster-whisper picks when every temperature fails. */
+static bool attempt_better(const wh_session *s, const wh_attempt *a, const wh_attempt *b)
+{
+    bool pa = isnan(s->cr_threshold) || a->compression <= s->cr_threshold;
+    bool pb = isnan(s->cr_threshold) || b->compression <= s->cr_threshold;
+    return pa != pb ? pa : a->avg_logprob > b->avg_logprob;
+}
+
+static void window_start(baton_model *m, baton_ctx *ctx, baton_item *it, const float *states);
+
+/* The end of S's window (its tokens in s->toks): judged as faster-whisper
+ * judges it.  A window that fails the checks while temperatures are left
+ * is decoded again at the next one (returns 1: IT's outputs are set by
+ * that attempt); when none is left, its best attempt is kept.  A window
+ * judged silent is skipped: nothing of it is sent.  Else its text (if it
+ * was held) and its segments' lines go to O, and *NEXT is where the next
+ * window starts.  0, 1, or BT_ENOMEM. */
+static int window_end(baton_model *m, baton_ctx *ctx, baton_item *it, int size, wh_out *o,
+                      int *next)
+{
+    wh_session *s = (wh_session *)it->session;
+    wh_verdict v = {s->sum_logprob / (s->n_sampled + 1), 0, temp_of(s, it)};
+    char *t = NULL;
+    size_t tl = 0;
+    if (wtok_decode(m->tok, s->toks, (size_t)s->n_sampled, &t, &tl) != 0 ||
+        (v.compression = wdec_compression_ratio(t, tl)) < 0) {
+        free(t);
+        return BT_ENOMEM;
+    }
+    free(t);
+    bool lp_low = !isnan(s->lp_threshold) && v.avg_logprob < s->lp_threshold;
+    bool silent = !isnan(s->ns_threshold) && s->no_speech > s->ns_threshold;
+    bool failed = (!isnan(s->cr_threshold) && v.compression > s->cr_threshold) || lp_low;
+    if (failed && !(silent && lp_low) && s->n_temps > 1) {
+        wh_attempt cur = {.n = s->n_sampled, .avg_logprob = v.avg_logprob,
+                          .compression = v.compression};
+        if (s->best.n < 0 || attempt_better(s, &cur, &s->best)) {
+            memcpy(s->best.toks, s->toks, (size_t)s->n_sampled * sizeof(int32_t));
+            s->best.n = s->n_sampled, s->best.avg_logprob = v.avg_logprob;
+            s->best.compression = v.compression;
+        }
+        if (s->attempt + 1 < s->n_temps) {
+            const baton_input *st = need(ctx, it, "states");
+            if (!st)
+                return 1;
+            s->attempt++;
+            window_start(m, ctx, it, st->tensor.data);
+            return 1;
+        }
+        /* Every temperature failed: the best attempt is the window's.  Its
+         * temperature stays the last one, as faster-whisper reports it,
+         * which also starts the previous text again. */
+        memcpy(s->toks, s->best.toks, (size_t)s->best.n * sizeof(int32_t));
+        s->n_sampled = s->best.n;
+        v.avg_logprob = s->best.avg_logprob, v.compression = s->best.compression;
+    }
+    /* Skipped as silence: probably no speech, and not confidently decoded.
+     * Its text is no previous text. */
+    if (silent && !(!isnan(s->lp_threshold) && v.avg_logprob > s->lp_threshold)) {
+        *next = s->seek + size;
+        return 0;
+    }
+    int rc = s->timestamps ? segments_of(m, s, &v, true, size, o, next)
+                           : window_segment(m, s, &v, size, o);
+    /* The segments went to the previous text when conditioning; it starts
+     * again after a window decoded above WH_RESET_TEMP (a sampled window
+     * would lead the next astray), and without conditioning the options'
+     * prompt was the first window's only. */
+    if (!s->condition || v.temperature > WH_RESET_TEMP)
+        s->n_prev = 0;
     return rc;
 }
 
@@ -765,8 +972,10 @@ static void choose(baton_model *m, baton_ctx *ctx, baton_item *it, float *row)
     wh_session *s = (wh_session *)it->session;
     const wtok_special *sp = wtok_specials(m->tok);
     wdec_filter(&m->rules, row, s->toks, s->n_sampled, s->timestamps);
-    float temp = s->temperature >= 0 ? s->temperature : it->sampling.temperature;
+    float temp = temp_of(s, it);
     int32_t t = wdec_pick(&m->rules, row, temp, it->sampling.seed, s->counter++);
+    /* CTranslate2 scores a sequence by the filtered logits' log softmax. */
+    s->sum_logprob += wdec_logprob(&m->rules, row, t);
     /* A window ends at the end of text, or with its WH_MAX_NEW-th token
      * (kept, as CTranslate2's max_length keeps it): this step, not the
      * loop's max_iters, must end it, so that its last segments are cut and
@@ -776,7 +985,7 @@ static void choose(baton_model *m, baton_ctx *ctx, baton_item *it, float *row)
                s->n_prompt + s->n_sampled + 1 >= weng_ctx(m->eng);
     wh_out o = {0};
     int rc = 0;
-    if (!s->timestamps) {
+    if (!s->timestamps && !s->hold) {
         char piece[64];
         size_t n = text_of(m, s, t, end, piece);
         rc = bt_bytes_add(&o.text, &o.len, &o.cap, piece, n);
@@ -787,8 +996,12 @@ static void choose(baton_model *m, baton_ctx *ctx, baton_item *it, float *row)
     }
     int F = m->s->n_frames, size = s->content - s->seek < F ? s->content - s->seek : F;
     int next = s->seek + size;
-    if (!rc && s->timestamps)
-        rc = segments_of(m, s, temp, end, size, &o, &next);
+    if (!rc && end)
+        rc = window_end(m, ctx, it, size, &o, &next);
+    else if (!rc && s->timestamps)
+        rc = segments_of(m, s, NULL, false, size, &o, &next);
+    if (rc == 1)
+        goto out; /* decoded again: that attempt set the outputs */
     if (rc) {
         failf(ctx, it, BATON_STATUS_RESOURCE_EXHAUSTED, "out of memory for the text");
         goto out;
@@ -806,6 +1019,38 @@ static void choose(baton_model *m, baton_ctx *ctx, baton_item *it, float *row)
 out:
     free(o.text);
     free(o.lines);
+}
+
+/* Runs S's window prompt against STATES (the slot is S's) and chooses the
+ * attempt's first token. */
+static void window_start(baton_model *m, baton_ctx *ctx, baton_item *it, const float *states)
+{
+    wh_session *s = (wh_session *)it->session;
+    float *row = m->logits + (size_t)s->slot * m->s->vocab;
+    int32_t p[WH_PROMPT];
+    int np = prompt_of(m, s, p);
+    int sot = 0;
+    while (p[sot] != wtok_specials(m->tok)->sot)
+        sot++;
+    int rc = weng_prompt(m->eng, s->slot, states, p, np, sot, row, m->sot_logits);
+    if (rc) {
+        failf(ctx, it, rc == BT_ENOMEM ? BATON_STATUS_RESOURCE_EXHAUSTED : BATON_STATUS_INTERNAL,
+              "the decoder's prompt failed: %s", bt_strerror(rc));
+        return;
+    }
+    s->no_speech = wdec_no_speech_prob(&m->rules, m->sot_logits);
+    bool can_fail = !isnan(s->cr_threshold) || !isnan(s->lp_threshold);
+    /* Text waits for the window's end only when the window may be decoded
+     * again or skipped: else it streams as it is decoded. */
+    s->hold = (s->n_temps > 1 && can_fail) ||
+              (!isnan(s->ns_threshold) && s->no_speech > s->ns_threshold);
+    s->n_prompt = np;
+    s->n_sampled = 0;
+    s->n_carry = 0;
+    s->n_closed = 0;
+    s->sum_logprob = 0;
+    ctx->count_tokens(ctx, it, (uint32_t)np, 0);
+    choose(m, ctx, it, row);
 }
 
 /* Iteration 0 of decode: the window's prompt, after the language is found
@@ -836,28 +1081,23 @@ static void decode_first(baton_model *m, baton_ctx *ctx, baton_item *it)
     }
     if (acquire_slot(m, ctx, it, s))
         return;
-    float *row = m->logits + (size_t)s->slot * m->s->vocab;
-    int32_t p[WH_PROMPT];
-    int np = prompt_of(m, s, s->seek == 0, p);
-    int rc = weng_prompt(m->eng, s->slot, st->tensor.data, p, np, row);
-    if (!rc && s->lang < 0) {
+    if (s->lang < 0) {
         /* Whisper's language detection: the most probable language token
          * after the start of transcript. */
+        int32_t sot = wtok_specials(m->tok)->sot;
+        float *row = m->logits + (size_t)s->slot * m->s->vocab;
+        int rc = weng_prompt(m->eng, s->slot, st->tensor.data, &sot, 1, 0, row, NULL);
+        if (rc) {
+            failf(ctx, it,
+                  rc == BT_ENOMEM ? BATON_STATUS_RESOURCE_EXHAUSTED : BATON_STATUS_INTERNAL,
+                  "the decoder's prompt failed: %s", bt_strerror(rc));
+            return;
+        }
         s->lang = wdec_language(&m->rules, row, NULL);
-        np = prompt_of(m, s, s->seek == 0, p);
-        rc = weng_prompt(m->eng, s->slot, st->tensor.data, p, np, row);
     }
-    if (rc) {
-        failf(ctx, it, rc == BT_ENOMEM ? BATON_STATUS_RESOURCE_EXHAUSTED : BATON_STATUS_INTERNAL,
-              "the decoder's prompt failed: %s", bt_strerror(rc));
-        return;
-    }
-    s->n_prompt = np;
-    s->n_sampled = 0;
-    s->n_carry = 0;
-    s->n_closed = 0;
-    ctx->count_tokens(ctx, it, (uint32_t)np, 0);
-    choose(m, ctx, it, row);
+    s->attempt = 0;
+    s->best.n = -1;
+    window_start(m, ctx, it, st->tensor.data);
 }
 
 static void decode_batch(baton_model *m, baton_ctx *ctx, baton_item *const *items, size_t n)

@@ -4,12 +4,14 @@
  * window into segments. */
 #include "backends/whisper/wdecode.h"
 
+#include <assert.h>
 #include <ctype.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <zlib.h>
 
 #include "common/status.h"
 #include "kernels/kernels.h"
@@ -88,20 +90,6 @@ void wdec_rules_free(wdec_rules *r)
     r->n_suppress = r->n_begin = 0;
 }
 
-/* log(sum(exp(x))) over N values. */
-static double logsumexp(const float *x, int32_t n)
-{
-    float m = -INFINITY;
-    for (int32_t i = 0; i < n; i++)
-        m = x[i] > m ? x[i] : m;
-    if (m == -INFINITY)
-        return -INFINITY;
-    double s = 0;
-    for (int32_t i = 0; i < n; i++)
-        s += exp((double)x[i] - m);
-    return m + log(s);
-}
-
 static void disable(float *logits, int32_t from, int32_t to)
 {
     for (int32_t i = from; i < to; i++)
@@ -148,7 +136,8 @@ static void timestamp_rules(const wdec_rules *r, float *logits, const int32_t *s
         float best = -INFINITY;
         for (int32_t i = 0; i < tb; i++)
             best = logits[i] > best ? logits[i] : best;
-        if (logsumexp(logits + tb, end - tb) > (double)best)
+        /* The reference sum, whose choices the tests hold to faster-whisper's. */
+        if (k_logsumexp_ref(logits + tb, end - tb) > (double)best)
             disable(logits, 0, tb);
     }
 }
@@ -226,6 +215,40 @@ int32_t wdec_pick(const wdec_rules *r, const float *logits, float temperature, u
     return tok;
 }
 
+double wdec_logprob(const wdec_rules *r, const float *logits, int32_t token)
+{
+    assert(token >= 0 && token < r->vocab);
+    return (double)logits[token] - k_logsumexp(logits, r->vocab);
+}
+
+double wdec_no_speech_prob(const wdec_rules *r, const float *logits)
+{
+    if (r->sp.no_speech < 0 || r->sp.no_speech >= r->vocab)
+        return 0;
+    return exp(wdec_logprob(r, logits, r->sp.no_speech));
+}
+
+double wdec_compression_ratio(const char *text, size_t len)
+{
+    /* Python's str.strip() of the text first, for ASCII whitespace. */
+    while (len && isspace((unsigned char)*text))
+        text++, len--;
+    while (len && isspace((unsigned char)text[len - 1]))
+        len--;
+    if (!len)
+        return 0;
+    /* zlib.compress's level (6) and framing, whose header and checksum
+     * count in the ratio as they do there. */
+    uLongf cap = compressBound((uLong)len);
+    Bytef stack[4096], *buf = cap <= sizeof(stack) ? stack : malloc(cap);
+    if (!buf)
+        return -1;
+    int rc = compress2(buf, &cap, (const Bytef *)text, (uLong)len, Z_DEFAULT_COMPRESSION);
+    if (buf != stack)
+        free(buf);
+    return rc == Z_OK && cap ? (double)len / (double)cap : -1;
+}
+
 int32_t wdec_language(const wdec_rules *r, const float *logits, float *prob)
 {
     int32_t first = r->sp.lang_first, n = r->sp.lang_count, best = first;
@@ -235,7 +258,7 @@ int32_t wdec_language(const wdec_rules *r, const float *logits, float *prob)
         if (logits[i] > logits[best])
             best = i;
     if (prob) {
-        double lse = logsumexp(logits + first, n);
+        double lse = k_logsumexp_ref(logits + first, n);
         *prob = (float)exp((double)logits[best] - lse);
     }
     return best;

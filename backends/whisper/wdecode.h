@@ -93,6 +93,23 @@ bool wdec_segment_shown(const wdec_segment *s, const char *text, size_t len);
 int32_t wdec_pick(const wdec_rules *r, const float *logits, float temperature, uint64_t seed,
                   uint64_t counter);
 
+/* What faster-whisper judges a window by (its temperature fallback and
+ * its skipping of silent windows):
+ *   wdec_logprob          log softmax(LOGITS)[TOKEN], over the logits as
+ *                         filtered (wdec_filter) before the token was picked,
+ *                         as CTranslate2 scores a sequence;
+ *   wdec_no_speech_prob   softmax(LOGITS)[no speech] over the unfiltered
+ *                         logits at the start of transcript (weng_prompt's
+ *                         SOT_LOGITS); 0 when the vocabulary has no such token;
+ *   wdec_compression_ratio  the bytes of TEXT (LEN, stripped of surrounding
+ *                         whitespace) over their zlib-compressed size, as
+ *                         Python's zlib.compress makes it (a repeating text
+ *                         compresses well: the ratio is high); 0 for blank
+ *                         text, -1 when out of memory. */
+double wdec_logprob(const wdec_rules *r, const float *logits, int32_t token);
+double wdec_no_speech_prob(const wdec_rules *r, const float *logits);
+double wdec_compression_ratio(const char *text, size_t len);
+
 /* The most probable language of the first step's LOGITS (after the
  * start-of-transcript token) among the language tokens: its id, and its
  * probability among them in *PROB (may be NULL). */

@@ -470,14 +470,16 @@ size_t weng_weight_bytes(const weng *e)
 
 /* ---- running ------------------------------------------------------------- */
 
-/* Output 0 of X, ROWS rows of the vocabulary, to host memory LOGITS. */
-static int logits_out(weng *e, kx_exec *x, int rows, float *logits)
+/* Output 0 of X, ROWS rows of the vocabulary from row FROM on, to host
+ * memory LOGITS. */
+static int logits_out(weng *e, kx_exec *x, int from, int rows, float *logits)
 {
     size_t bytes = 0;
-    const void *src = kx_output(x, 0, &bytes);
-    size_t want = (size_t)rows * (size_t)e->shape.vocab * sizeof(float);
-    if (!src || bytes < want)
+    const char *src = kx_output(x, 0, &bytes);
+    size_t row = (size_t)e->shape.vocab * sizeof(float), want = (size_t)rows * row;
+    if (!src || bytes < (size_t)from * row + want)
         return BT_EINVAL;
+    src += (size_t)from * row;
     if (e->dev)
         return e->dev->copy(e->dev->dev, logits, src, want, NULL);
     memcpy(logits, src, want);
@@ -517,25 +519,28 @@ int weng_copy(const weng *e, void *dst, const void *src, size_t bytes)
     return 0;
 }
 
-int weng_prompt(weng *e, int slot, const float *audio, const int32_t *tokens, int n_tok,
-                float *logits)
+int weng_prompt(weng *e, int slot, const float *audio, const int32_t *tokens, int n_tok, int sot,
+                float *logits, float *sot_logits)
 {
-    if (slot < 0 || slot >= e->slots || !audio || n_tok < 1 || n_tok > e->max_prompt || !tokens)
+    if (slot < 0 || slot >= e->slots || !audio || n_tok < 1 || n_tok > e->max_prompt || !tokens ||
+        sot < 0 || sot >= n_tok)
         return BT_EINVAL;
     size_t one = (size_t)e->shape.n_audio * e->shape.d_model * sizeof(float);
-    int32_t *pos = e->ibuf, *last = e->ibuf + n_tok;
+    int32_t *pos = e->ibuf, *rows = e->ibuf + n_tok;
     for (int i = 0; i < n_tok; i++)
         pos[i] = i;
-    *last = n_tok - 1;
+    rows[0] = sot, rows[1] = n_tok - 1;
     kx_exec *x = e->x[X_PROMPT];
     int rc;
     if ((rc = bind_slot(e, slot)) || (rc = kx_extent_set(x, n_tok)) ||
         (rc = kx_input_bind(x, 0, tokens, (size_t)n_tok * 4)) ||
         (rc = kx_input_bind(x, 1, pos, (size_t)n_tok * 4)) ||
-        (rc = kx_input_bind(x, 2, last, 4)) ||
+        (rc = kx_input_bind(x, 2, rows, 8)) ||
         (rc = kx_input_bind(x, 3, audio, one)) || (rc = kx_run(x)))
         return rc;
-    return logits ? logits_out(e, x, 1, logits) : 0;
+    if (sot_logits && (rc = logits_out(e, x, 0, 1, sot_logits)))
+        return rc;
+    return logits ? logits_out(e, x, 1, 1, logits) : 0;
 }
 
 int weng_step(weng *e, const int32_t *tokens, const int32_t *lens, int n, float *logits)
@@ -551,5 +556,5 @@ int weng_step(weng *e, const int32_t *tokens, const int32_t *lens, int n, float 
         (rc = kx_input_bind(x, 1, lens, (size_t)n * 4)) ||
         (rc = kx_input_bind(x, 2, lens, (size_t)n * 4)) || (rc = kx_run(x)))
         return rc;
-    return logits ? logits_out(e, x, n, logits) : 0;
+    return logits ? logits_out(e, x, 0, n, logits) : 0;
 }

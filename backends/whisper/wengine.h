@@ -62,9 +62,11 @@ int weng_copy(const weng *e, void *dst, const void *src, size_t bytes);
  * them in the device's memory): computes the slot's cross-attention K and
  * V, then runs the N_TOK prompt TOKENS at positions 0.. into the slot's
  * self cache; the last token's logits (vocab floats) into host memory
- * LOGITS (may be NULL).  BT_EINVAL for a bad slot or token count. */
-int weng_prompt(weng *e, int slot, const float *audio, const int32_t *tokens, int n_tok,
-                float *logits);
+ * LOGITS, and those of token SOT (the start of transcript, where Whisper
+ * reads the probability of no speech) into SOT_LOGITS (either may be
+ * NULL).  BT_EINVAL for a bad slot, token count or SOT. */
+int weng_prompt(weng *e, int slot, const float *audio, const int32_t *tokens, int n_tok, int sot,
+                float *logits, float *sot_logits);
 
 /* One token for each of slots 0..N-1: TOKENS[b] at position LENS[b] (the
  * slot's tokens so far), or LENS[b] < 0 for a slot left out of this step.

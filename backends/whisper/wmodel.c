@@ -247,7 +247,9 @@ static kg_graph *decoder(const wm_shape *s, int batch, int seq, int ctx, bool pr
     int64_t N = (int64_t)batch * seq, D = s->d_model, A = s->n_audio, H = s->heads;
     int64_t hd = D / H;
     char nm[KG_NAME_LEN];
-    int64_t n1[1] = {N}, b1[1] = {batch}, ash[3] = {1, A, D};
+    /* The prompt gathers two rows for the logits: the start of transcript's
+     * (the probability of no speech is read there) and the last token's. */
+    int64_t n1[1] = {N}, b1[1] = {prompt ? 2 : batch}, ash[3] = {1, A, D};
     int tokens = val(&b, "tokens", KG_INPUT, KD_I32, true, 1, n1);
     int pos = val(&b, "positions", KG_INPUT, KD_I32, true, 1, n1);
     int third = val(&b, prompt ? "last_row" : "seq_lens", KG_INPUT, KD_I32, !prompt, 1, b1);
@@ -306,16 +308,18 @@ static kg_graph *decoder(const wm_shape *s, int batch, int seq, int ctx, bool pr
     }
     int last = x;
     if (prompt) {
-        /* Only the last token's logits are wanted: its row, gathered as an
-         * embedding lookup with the states as the table. */
-        last = act(&b, "d.last", false, 2, 1, D, 0);
+        /* Only two rows' logits are wanted (last_row: the start of
+         * transcript's, then the last token's): gathered as an embedding
+         * lookup with the states as the table. */
+        last = act(&b, "d.last", false, 2, 2, D, 0);
         in[0] = x, in[1] = third;
         op(&b, KOP_EMBED, in, 2, last, 0, NULL, 0);
     }
     int y = norm(&b, "d.ln", last);
     int logits = like_kind(&b, "logits", KG_OUTPUT, y, s->vocab);
     in[0] = y, in[1] = emb;
-    op(&b, KOP_MATMUL, in, 2, logits, 2.0 * (double)batch * s->vocab * D, NULL, 0);
+    op(&b, KOP_MATMUL, in, 2, logits, 2.0 * (double)(prompt ? 2 : batch) * s->vocab * D, NULL,
+       0);
     return finish(&b);
 }
 

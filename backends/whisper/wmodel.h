@@ -16,9 +16,10 @@
  *            handles that the step graph reads in place.
  *   step     one token for each of up to B sequences (B dynamic), row b in
  *            cache slot b.
- * Both decoder graphs output the logits of each sequence's last token: the
- * choice of the next token (suppressed tokens, sampling)
- * is the decoder loop's, on the host. */
+ * Both decoder graphs output the logits of each sequence's last token (the
+ * prompt also those of its start of transcript, where Whisper reads the
+ * probability of no speech): the choice of the next token (suppressed
+ * tokens, sampling) is the decoder loop's, on the host. */
 #ifndef BATON_BACKENDS_WHISPER_WMODEL_H
 #define BATON_BACKENDS_WHISPER_WMODEL_H
 

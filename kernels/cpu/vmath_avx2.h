@@ -81,7 +81,10 @@ AVX2 static inline __m256 erf8(__m256 x)
     q = _mm256_fmadd_ps(q, x2, _mm256_set1_ps(-1.68282697438203e-03f));
     q = _mm256_fmadd_ps(q, x2, _mm256_set1_ps(-7.37332916720468e-03f));
     q = _mm256_fmadd_ps(q, x2, _mm256_set1_ps(-1.42647390514189e-02f));
-    return _mm256_div_ps(p, q);
+    /* Near the clamp the quotient passes 1 by a few ulp, which GELU's
+     * 1 + erf(x) turns into a tail of the wrong sign: bound it. */
+    __m256 one = _mm256_set1_ps(1.0f), minus_one = _mm256_set1_ps(-1.0f);
+    return _mm256_min_ps(_mm256_max_ps(_mm256_div_ps(p, q), minus_one), one);
 }
 
 #endif

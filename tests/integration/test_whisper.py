@@ -12,8 +12,16 @@ on another), driven through the Python client
   - the same audio as F32 samples, three times over with a second of
     silence between (35 s): the first window ends inside speech, and the
     second starts at its last timestamp, as faster-whisper's does;
-  - four requests at once (their windows and steps batched) each give the
-    text alone gives;
+  - each segment carries the numbers its window is judged by (avg_logprob,
+    compression_ratio, no_speech_prob: faster-whisper's, whisper-scores.tsv);
+    a list of temperatures decodes the 35 s clip's first window again (it
+    compresses too well), a window at a time, the same twice with one seed;
+    ten seconds of silence are skipped or kept as faster-whisper decides;
+  - conditioned on previous text, each window of the 35 s clip is decoded
+    after faster-whisper's prompt and gives its segments
+    (whisper-condition.tsv), as the HTTP API does by default;
+  - seven requests at once on four decoding slots (their windows and steps
+    batched) each give the text alone gives;
   - bad input (not audio, bad options, too few samples, a wrong dtype) ends
     INVALID_ARGUMENT with a message, and the daemon serves on;
   - the OpenAI-compatible endpoints POST /v1/audio/transcriptions and
@@ -108,6 +116,127 @@ def expected_prompted():
     if len(out) < 4:
         raise RuntimeError("whisper-prompt.tsv has %d windows, not 4" % len(out))
     return out
+
+
+def expected_scores(clip, ts):
+    """faster-whisper's judgement of CLIP's windows (whisper-scores.tsv):
+    {seek: (avg_logprob, compression_ratio, no_speech_prob)}."""
+    out = {}
+    with open(os.path.join(ROOT, "tests/unit/data/whisper-scores.tsv")) as f:
+        for line in f:
+            cols = line.rstrip("\n").split("\t")
+            if cols[0] == "scores" and cols[1] == clip and cols[2] == str(int(ts)):
+                out[int(cols[3])] = tuple(float(x) for x in cols[4:7])
+    if not out:
+        raise RuntimeError("whisper-scores.tsv has no window of %s" % clip)
+    return out
+
+
+def scores_match(lines, want):
+    """Whether every segment (JSON lines) carries its window's numbers as
+    faster-whisper judged it (f32: within 5e-4)."""
+    return bool(lines) and all(
+        x["seek"] in want and
+        abs(x["avg_logprob"] - want[x["seek"]][0]) < 5e-4 and
+        abs(x["compression_ratio"] - want[x["seek"]][1]) < 1e-6 and
+        abs(x["no_speech_prob"] - want[x["seek"]][2]) < 1e-3 for x in lines)
+
+
+def json_lines(data):
+    return [json.loads(ln) for ln in data.decode().splitlines() if ln]
+
+
+def expected_condition(ts, prompt):
+    """faster-whisper's windows of the JFK clip three times over, each
+    conditioned on the text before it (whisper-condition.tsv): ([prompt
+    ids of each window], [(seek, start, end, text) of each segment])."""
+    prompts, segs = [], []
+    with open(os.path.join(ROOT, "tests/unit/data/whisper-condition.tsv")) as f:
+        for line in f:
+            cols = line.rstrip("\n").split("\t")
+            if line.startswith("#") or cols[2] != str(int(ts)) or json.loads(cols[3]) != prompt:
+                continue
+            if cols[0] == "window":
+                prompts.append([int(x) for x in cols[5].split()])
+            else:
+                segs.append((int(cols[4]), float(cols[5]), float(cols[6]), cols[7]))
+    if not prompts or not segs:
+        raise RuntimeError("whisper-condition.tsv has no windows for %r" % ((ts, prompt),))
+    return prompts, segs
+
+
+def check_condition(c, pcm):
+    """Conditioning on previous text: each window of the JFK clip three
+    times over after the text of the windows before it (and first the
+    options' prompt), with and without timestamps, gives faster-whisper's
+    segments after faster-whisper's prompts (their lengths in usage)."""
+    gap = array.array("f", [0.0] * 16000)
+    long = pcm + gap + pcm + gap + pcm
+    text = [x for x in expected_prompted() if not x[1]][0][0]
+    for ts in (False, True):
+        for prompt in ("", text):
+            prompts, want = expected_condition(ts, prompt)
+            kw = dict(language="en", timestamps=ts, condition_on_previous_text=True,
+                      no_speech_threshold=None)
+            if prompt:
+                kw["prompt"] = prompt
+            r = transcribe(c, long, options(**kw))
+            got = segments_of(b"".join(ch.tensor.data for ch in r.chunks
+                                       if ch.tensor.name == "segments"))
+            check(r.ok and same_segments(got, want) and
+                  r.usage.get("prompt_tokens") == sum(len(p) for p in prompts),
+                  "35 s conditioned on previous text, timestamps %s, prompt %r: faster-whisper's "
+                  "segments after its %d prompt tokens: %r %r" % (
+                      ts, prompt[:20], sum(len(p) for p in prompts), r.usage, got))
+
+
+def check_judged(c, pcm):
+    """The windows judged as faster-whisper judges them: a temperature list
+    decodes a window again when it fails (the first window of the JFK clip
+    three times over compresses too well: 2.48 > 2.4); silence is skipped
+    only when it is probably no speech and not confidently decoded."""
+    gap = array.array("f", [0.0] * 16000)
+    long = pcm + gap + pcm + gap + pcm
+    temps = [0, 0.2, 0.4, 0.6, 0.8, 1.0]
+    got = []
+    for _ in range(2):
+        r = c.infer("transcribe", {"audio": bc.Tensor("audio", "f32", [len(long)], long.tobytes()),
+                                   "options": options(language="en", temperature=temps)},
+                    sampling={"seed": 5}, stream=True)
+        lines = json_lines(b"".join(ch.tensor.data for ch in r.chunks
+                                    if ch.tensor.name == "segments"))
+        texts = [ch for ch in r.chunks if ch.tensor.name == "text" and ch.tensor.data]
+        got.append((r.ok, r.text(), [(x["seek"], x["temperature"]) for x in lines],
+                    r.usage.get("prompt_tokens"), len(texts)))
+    ok, text, seeks, prompt_tokens, chunks = got[0]
+    # Window 0 at least twice (3 prompt tokens an attempt), then window 1
+    # or more; the text a window at a time, each window's after its verdict.
+    check(ok and "country" in text and prompt_tokens >= 3 * 3 and seeks and
+          all(t in temps for _, t in seeks) and chunks <= len(set(s for s, _ in seeks)),
+          "35 s, temperatures %r: window 0 decoded again (%r prompt tokens), segments %r, "
+          "text in %d chunks: %r" % (temps, prompt_tokens, seeks, chunks, text))
+    check(got[0] == got[1], "the fallback with one seed, twice: %r" % got)
+    r = transcribe(c, long, options(language="en", temperature=0))
+    lines = json_lines(b"".join(ch.tensor.data for ch in r.chunks if ch.tensor.name == "segments"))
+    check(r.ok and scores_match(lines, expected_scores("jfk.wav*3", True)) and
+          all(x["temperature"] == 0 for x in lines),
+          "35 s at temperature 0 alone: no fallback, faster-whisper's numbers: %r" % lines)
+
+    # Ten seconds of silence: Whisper says " you".  With timestamps the
+    # window is probably no speech (0.76) and improbable (-1.05): skipped,
+    # as faster-whisper skips it.  Without, its log probability (-0.86)
+    # passes, and it is kept, as there.  With no_speech_threshold null,
+    # nothing is skipped.
+    zeros = array.array("f", [0.0] * 160000)
+    for opts, want, what in [
+            (options(language="en"), "", "skipped"),
+            (options(language="en", timestamps=False), " you", "kept: probable enough"),
+            (options(language="en", no_speech_threshold=None), " you", "kept: no threshold")]:
+        r = transcribe(c, zeros, opts, stream=False)
+        lines = json_lines(r.tensors["segments"].data) if "segments" in r.tensors else []
+        check(r.ok and r.text("text") == want and len(lines) == (1 if want else 0) and
+              all(x["no_speech_prob"] > 0.6 for x in lines),
+              "10 s of silence, %s: %r %r" % (what, r.text("text"), lines))
 
 
 def plain_ids():
@@ -297,7 +426,10 @@ def check_http(srv, want, want_segs):
     segs = [(x["seek"], x["start"], x["end"], x["text"]) for x in v.get("segments", [])]
     check(v.get("text") == want and abs(v.get("duration", 0) - 11.0) < 0.01 and
           same_segments(segs, want_segs) and [x["id"] for x in v["segments"]] == [0, 1] and
-          v["segments"][0]["tokens"][0] == 50364, "verbose_json: %s" % body)
+          v["segments"][0]["tokens"][0] == 50364 and
+          scores_match(v["segments"], expected_scores("jfk.wav", True)),
+          "verbose_json, with each segment's avg_logprob, compression_ratio and "
+          "no_speech_prob: %s" % body)
     # A prompt (previous text): faster-whisper's tokens after it; one that
     # is not UTF-8, or too long, is a 400 naming it.
     text, _, _, ids = [x for x in expected_prompted() if x[1]][0]
@@ -329,6 +461,36 @@ def check_http(srv, want, want_segs):
     check(code == 200 and len(events) == len(want_segs) + 1 and deltas == want and
           events[-1]["type"] == "transcript.text.done" and events[-1]["text"] == want,
           "stream: %d events" % len(events))
+    # Temperature 0 (or none) falls back through higher temperatures, as
+    # OpenAI's API says; the 35 s clip's first window fails at 0 (it
+    # compresses too well) and is decoded again.  A stream does not fall
+    # back: it sends each segment as it is decoded.
+    long = os.path.join(evidence.new_dir(), "jfk3.wav")
+    with wave.open(JFK) as w:
+        one = w.readframes(w.getnframes())
+    with wave.open(long, "wb") as w:
+        w.setnchannels(1), w.setsampwidth(2), w.setframerate(16000)
+        w.writeframes(one + bytes(32000) + one + bytes(32000) + one)
+    code, body = curl(srv, t, "file=@" + long, "model=whisper-base", "language=en",
+                      "response_format=verbose_json")
+    v = json.loads(body) if code == 200 else {}
+    first = [x for x in v.get("segments", []) if x["seek"] == 0]
+    check(code == 200 and "country" in v.get("text", "") and first and
+          v["usage"]["input_tokens"] >= 9,
+          "35 s by HTTP at temperature 0: window 0 decoded again (%s input tokens), its "
+          "segments at temperature %s" % (v.get("usage", {}).get("input_tokens"),
+                                          [x["temperature"] for x in first]))
+    # Windows are conditioned on the text before them, as OpenAI's and
+    # faster-whisper's defaults.
+    code, body = curl(srv, t, "file=@" + long, "model=whisper-base", "language=en",
+                      "stream=true")
+    events = [json.loads(ln[6:]) for ln in body.splitlines() if ln.startswith("data: ")]
+    prompts, segs3 = expected_condition(True, "")
+    want3 = "".join(x[3] for x in segs3)
+    check(code == 200 and events and events[-1].get("text") == want3 and
+          events[-1]["usage"]["input_tokens"] == sum(len(p) for p in prompts),
+          "35 s streamed: no fallback, faster-whisper's text at temperature 0, conditioned on "
+          "previous text: %r" % (events[-1] if events else body[:300]))
     code, body = curl(srv, "/v1/audio/translations", f, "model=whisper-base")
     check(code == 200 and json.loads(body)["text"].strip(), "translations: %d %s" % (code, body))
     mp3 = os.path.join(srv.dir, "jfk.mp3")
@@ -559,6 +721,11 @@ def main():
                                         if ch.tensor.name == "segments"))
             check(same_segments(segs, want_segs),
                   "the segments are faster-whisper's: %r" % segs)
+            lines = json_lines(b"".join(ch.tensor.data for ch in r.chunks
+                                        if ch.tensor.name == "segments"))
+            check(scores_match(lines, expected_scores("jfk.wav", True)),
+                  "each segment carries its window's avg_logprob, compression_ratio and "
+                  "no_speech_prob, faster-whisper's: %r" % lines)
             check(len([ch for ch in r.chunks if ch.tensor.name == "text"]) == len(want_segs),
                   "the text streamed a segment at a time: %d chunks" % len(r.chunks))
             check(r.usage.get("completion_tokens") == 28 and r.usage.get("prompt_tokens") == 3,
@@ -568,9 +735,13 @@ def main():
             r = transcribe(c, wav, options(language="en", timestamps=False))
             check(r.ok and r.text() == want_plain,
                   "without timestamps, faster-whisper's text: %r" % r.text())
-            check(len(r.chunks) > 10 and not r.text("segments"),
-                  "without timestamps the text streamed in %d chunks, no segments"
-                  % len(r.chunks))
+            lines = json_lines(b"".join(ch.tensor.data for ch in r.chunks
+                                        if ch.tensor.name == "segments"))
+            check(len(r.chunks) > 10 and len(lines) == 1 and lines[0]["text"] == want_plain and
+                  (lines[0]["start"], lines[0]["end"]) == (0, 11.0) and
+                  scores_match(lines, expected_scores("jfk.wav", False)),
+                  "without timestamps the text streamed in %d chunks, the window one segment "
+                  "at its end: %r" % (len(r.chunks), lines))
             check(r.usage.get("completion_tokens") == 25 and r.usage.get("prompt_tokens") == 4,
                   "usage without timestamps: the prompt and 25 tokens: %r" % r.usage)
             check_prompts(c, wav, want_plain)
@@ -603,6 +774,8 @@ def main():
             runs = [x for x in r.timings if x.node == "encode"]
             check(len(runs) == 3, "the encoder ran for 2 windows and the empty one that ends "
                   "the loop: %d" % len(runs))
+            check_judged(c, pcm)
+            check_condition(c, pcm)
             r = transcribe(c, pcm + pcm + pcm, options(language="en", timestamps=False))
             n = r.text().count("ask not what your country can do for you")
             runs = [x for x in r.timings if x.node == "encode"]
@@ -627,6 +800,16 @@ def main():
                     (wav, options(beam=5), "unknown option", "unknown key 'beam'"),
                     (wav, options(timestamps="yes"), "timestamps not a boolean",
                      "timestamps is true or false"),
+                    (wav, options(condition_on_previous_text=1), "condition not a boolean",
+                     "condition_on_previous_text is true or false"),
+                    (wav, options(temperature=[0, 0.5, 3]), "a temperature of 3 in a list",
+                     "temperature is a number from 0 to 2, or a list"),
+                    (wav, options(temperature=[0.1] * 9), "nine temperatures", "1 to 8"),
+                    (wav, options(temperature=[]), "no temperature", "1 to 8"),
+                    (wav, options(no_speech_threshold=1.5), "no_speech_threshold 1.5",
+                     "no_speech_threshold is a probability from 0 to 1, or null"),
+                    (wav, options(log_prob_threshold="low"), "log_prob_threshold a string",
+                     "log_prob_threshold is a number, or null"),
                     (array.array("f", [0.0] * 10), options(), "ten samples", "frame"),
                     (bc.Tensor("audio", "i32", [4], bytes(16)), options(), "I32 audio",
                      "U8")]:

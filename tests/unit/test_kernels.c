@@ -652,6 +652,32 @@ static void test_rope(void **state)
     free(z);
 }
 
+/* k_logsumexp (the AVX2 path where the CPU has it) against its reference
+ * on random rows of logits: lengths that are and are not multiples of 8,
+ * disabled (-inf) entries, values far below the maximum, all disabled. */
+static void test_logsumexp(void **state)
+{
+    (void)state;
+    int lens[] = {1, 7, 8, 9, 1003, 51865};
+    for (size_t k = 0; k < sizeof(lens) / sizeof(lens[0]); k++) {
+        int n = lens[k];
+        float *x = rnd((size_t)n, 30);
+        for (int i = 0; i < n; i += 5)
+            x[i] = i % 10 ? -INFINITY : x[i] - 200; /* disabled, or past expf's range */
+        x[n - 1] = 12.5f;
+        double want = k_logsumexp_ref(x, n), got = k_logsumexp(x, n);
+        assert_true(isfinite(want));
+        if (!(fabs(got - want) < 1e-6))
+            fail_msg("n %d: k_logsumexp %.9g, the reference %.9g", n, got, want);
+        for (int i = 0; i < n; i++)
+            x[i] = -INFINITY;
+        assert_true(k_logsumexp(x, n) == -INFINITY && k_logsumexp_ref(x, n) == -INFINITY);
+        free(x);
+    }
+    float one = 3.0f;
+    assert_true(fabs(k_logsumexp(&one, 1) - 3.0) < 1e-12);
+}
+
 static void test_softmax_argmax(void **state)
 {
     (void)state;
@@ -1275,6 +1301,7 @@ int main(void)
         cmocka_unit_test(test_norms),
         cmocka_unit_test(test_rope),
         cmocka_unit_test(test_softmax_argmax),
+        cmocka_unit_test(test_logsumexp),
         cmocka_unit_test(test_attention_decode_vs_prefill),
         cmocka_unit_test(test_attention_fast_vs_ref),
         cmocka_unit_test(test_attention_split_decode),

@@ -159,12 +159,48 @@ static void test_segment_shown(void **state)
     assert_false(wdec_segment_shown(&a, "", 0));
 }
 
+/* What a window is judged by.  The compression ratios are those Python's
+ * zlib.compress gives the stripped text (faster-whisper's
+ * get_compression_ratio); a text that repeats compresses well. */
+static void test_judging(void **state)
+{
+    (void)state;
+    char rep[201];
+    for (int i = 0; i < 50; i++)
+        memcpy(rep + 4 * i, "you ", 4);
+    rep[200] = 0;
+    const char *s = "  And so my fellow Americans ask not.  ";
+    assert_true(fabs(wdec_compression_ratio(s, strlen(s)) - 0.813953488372093) < 1e-12);
+    assert_true(fabs(wdec_compression_ratio(rep, 200) - 13.266666666666667) < 1e-12);
+    assert_true(fabs(wdec_compression_ratio("caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac", 12) -
+                     0.5714285714285714) < 1e-12);
+    assert_true(wdec_compression_ratio(" \n ", 3) == 0);
+    assert_true(wdec_compression_ratio("", 0) == 0);
+
+    /* Log softmax: id 2 at 5, the other 29 at 1; a disabled id counts for
+     * nothing. */
+    wdec_rules r = rules();
+    float l[V];
+    logits(l, 2);
+    double lse = log(exp(5.0) + 29 * exp(1.0));
+    assert_true(fabs(wdec_logprob(&r, l, 2) - (5.0 - lse)) < 1e-6);
+    assert_true(fabs(wdec_logprob(&r, l, 0) - (1.0 - lse)) < 1e-6);
+    l[3] = -INFINITY;
+    lse = log(exp(5.0) + 28 * exp(1.0));
+    assert_true(fabs(wdec_logprob(&r, l, 2) - (5.0 - lse)) < 1e-6);
+    /* No speech: its softmax probability; 0 without such a token. */
+    assert_true(wdec_no_speech_prob(&r, l) == 0);
+    r.sp.no_speech = 2;
+    assert_true(fabs(wdec_no_speech_prob(&r, l) - exp(5.0 - lse)) < 1e-6);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_filter_timestamps),
         cmocka_unit_test(test_split),
         cmocka_unit_test(test_segment_shown),
+        cmocka_unit_test(test_judging),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -34,6 +34,7 @@
 #include "backends/whisper/audio.h"
 #include "backends/whisper/mel.h"
 #include "backends/whisper/wdecode.h"
+#include "kernels/kernels.h"
 #include "backends/whisper/wengine.h"
 #include "backends/whisper/wtok.h"
 #include "common/mapfile.h"
@@ -43,6 +44,7 @@
 #define MODEL DIR "/model.bin"
 #define IDS "tests/unit/data/whisper-ids.tsv"
 #define SEGMENTS "tests/unit/data/whisper-segments.tsv"
+#define SCORES "tests/unit/data/whisper-scores.tsv"
 #define PROMPTS "tests/unit/data/whisper-prompt.tsv"
 /* The backend's longest prompt: start of previous text, 223 ids of it, and
  * 4 of the start of transcript. */
@@ -109,6 +111,9 @@ typedef struct fixture {
     wdec_rules rules;
     wmel *mel;
     const wm_shape *s;
+    double sum_logprob;  /* the last greedy_after's: its tokens' log probabilities, the end of
+                            text's included */
+    double no_speech;    /* and the probability of no speech at its start of transcript */
 } fixture;
 
 static void setup(fixture *fx, int act_q8, int slots)
@@ -224,16 +229,23 @@ static int greedy_after(fixture *fx, int slot, int win, const int32_t *p, int np
                         int max, float *keep, bool timestamps)
 {
     int n = 0;
-    float *lg = malloc((size_t)fx->s->vocab * sizeof(float) * (size_t)(slot + 1));
+    float *lg = malloc((size_t)fx->s->vocab * sizeof(float) * (size_t)(slot + 2));
     assert_non_null(lg);
-    float *row = lg + (size_t)slot * fx->s->vocab;
-    assert_int_equal(weng_prompt(fx->eng, slot, weng_audio(fx->eng, win), p, np, row), 0);
+    float *row = lg + (size_t)slot * fx->s->vocab, *sot_row = row + fx->s->vocab;
+    int sot = 0;
+    while (p[sot] != wtok_specials(fx->tok)->sot)
+        sot++;
+    assert_int_equal(
+        weng_prompt(fx->eng, slot, weng_audio(fx->eng, win), p, np, sot, row, sot_row), 0);
+    fx->no_speech = wdec_no_speech_prob(&fx->rules, sot_row);
+    fx->sum_logprob = 0;
     int32_t lens[8], toks[8];
     for (;;) {
         wdec_filter(&fx->rules, row, out, n, timestamps);
         if (keep)
             memcpy(keep + (size_t)n * fx->s->vocab, row, (size_t)fx->s->vocab * sizeof(float));
         int32_t t = wdec_pick(&fx->rules, row, 0, 0, 0);
+        fx->sum_logprob += wdec_logprob(&fx->rules, row, t);
         if (t == wtok_specials(fx->tok)->eot || n == max)
             break;
         out[n++] = t;
@@ -280,7 +292,9 @@ static float gap(const float *row, int n, int32_t t)
 
 /* The near-tie rule: the 8-bit ids GOT (N) and the f32 ids BASE (NB) may
  * part only at a step where the f32 logits (KEEP, one row of V per step)
- * had the 8-bit choice within GAP_MAX of their best. */
+ * had the 8-bit choice within GAP_MAX of their best, or, for a timestamp
+ * the 8-bit side was made to take, had their timestamps together within
+ * GAP_MAX of their best text token (the timestamp rule's own tie). */
 static void check_near_tie(const fixture *fx, const int32_t *got, int n, const int32_t *base,
                            int nb, const float *keep, size_t V, const char *what)
 {
@@ -290,7 +304,23 @@ static void check_near_tie(const fixture *fx, const int32_t *got, int n, const i
     if (at == n && at == nb)
         return;
     int32_t t = at < n ? got[at] : wtok_specials(fx->tok)->eot;
-    float g = gap(keep + (size_t)at * V, (int)V, t);
+    const float *row = keep + (size_t)at * V;
+    float g = gap(row, (int)V, t);
+    int32_t tb = wtok_specials(fx->tok)->timestamp_begin;
+    if (!(g < GAP_MAX) && t >= tb) {
+        /* With timestamps a timestamp is forced when all of them together
+         * outweigh the best text token: the 8-bit logits may tip that
+         * comparison, a tie of its own, where the f32 logits chose text. */
+        float text = -INFINITY;
+        for (int32_t i = 0; i < tb; i++)
+            text = row[i] > text ? row[i] : text;
+        double margin = text - k_logsumexp_ref(row + tb, (int)V - tb);
+        print_message("%s: 8-bit and f32 part at token %d: a timestamp %g below f32's best, "
+                      "whose timestamps together were %g below its best text\n", what, at,
+                      (double)g, margin);
+        if (margin >= 0 && margin < GAP_MAX)
+            return;
+    }
     print_message("%s: 8-bit and f32 part at token %d (gap %g)\n", what, at, (double)g);
     if (!(g < GAP_MAX))
         fail_msg("%s: the 8-bit engine took %d at token %d, %g below f32's best", what, t, at,
@@ -625,6 +655,57 @@ static void test_segments_f32(void **state)
     teardown(&fx);
 }
 
+/* The numbers faster-whisper judges a window by (its temperature fallback,
+ * its skipping of silent windows, and verbose_json's segments), for every
+ * window of tests/unit/data/whisper-scores.tsv, with and without
+ * timestamps: the average log probability of the window's tokens (their
+ * sum, the end of text's included, over their count + 1, from the filtered
+ * logits), the compression ratio of its text, and the probability of no
+ * speech at its start of transcript. */
+static void test_scores_f32(void **state)
+{
+    (void)state;
+    need_files();
+    FILE *f = fopen(SCORES, "r");
+    assert_non_null(f);
+    fixture fx;
+    setup(&fx, 0, 1);
+    char line[512];
+    int lines = 0, failing = 0;
+    while (fgets(line, sizeof(line), f)) {
+        char clip[64];
+        int ts, seek;
+        double avg, cr, ns;
+        if (line[0] == '#')
+            continue;
+        assert_int_equal(sscanf(line, "scores\t%63s\t%d\t%d\t%lf\t%lf\t%lf", clip, &ts, &seek,
+                                &avg, &cr, &ns), 6);
+        float *win = window(&fx, clip, seek);
+        assert_int_equal(weng_encode(fx.eng, win, 1), 0);
+        free(win);
+        int32_t got[448];
+        int n = greedy_ts(&fx, 0, 0, got, MAX_NEW, NULL, ts);
+        char *text = NULL;
+        size_t len = 0;
+        assert_int_equal(wtok_decode(fx.tok, got, (size_t)n, &text, &len), 0);
+        double my_avg = fx.sum_logprob / (n + 1), my_cr = wdec_compression_ratio(text, len);
+        print_message("%s ts %d @%d: avg_logprob %.6f (%.6f), compression %.6f (%.6f), "
+                      "no_speech %.6f (%.6f)\n", clip, ts, seek, my_avg, avg, my_cr, cr,
+                      fx.no_speech, ns);
+        free(text);
+        assert_true(fabs(my_avg - avg) < 5e-4);
+        assert_true(fabs(my_cr - cr) < 1e-6);
+        assert_true(fabs(fx.no_speech - ns) < 1e-3);
+        failing += my_cr > 2.4; /* faster-whisper's threshold */
+        lines++;
+    }
+    fclose(f);
+    assert_int_equal(lines, 6);
+    /* A window that would fall back is among them. */
+    assert_true(failing >= 1);
+    teardown(&fx);
+}
+
 /* Two windows encoded in one run and decoded in slots 0 and 1 stepped
  * together give the ids each gives alone, in slot 0 with one window. */
 static void test_slots(void **state)
@@ -652,8 +733,8 @@ static void test_slots(void **state)
     size_t V = (size_t)fx.s->vocab;
     float *lg = malloc(2 * V * sizeof(float));
     assert_non_null(lg);
-    assert_int_equal(weng_prompt(fx.eng, 0, weng_audio(fx.eng, 0), p, np, lg), 0);
-    assert_int_equal(weng_prompt(fx.eng, 1, weng_audio(fx.eng, 1), p, np, lg + V), 0);
+    assert_int_equal(weng_prompt(fx.eng, 0, weng_audio(fx.eng, 0), p, np, 0, lg, NULL), 0);
+    assert_int_equal(weng_prompt(fx.eng, 1, weng_audio(fx.eng, 1), p, np, 0, lg + V, NULL), 0);
     bool done[2] = {false, false};
     const int32_t eot = wtok_specials(fx.tok)->eot;
     while (!done[0] || !done[1]) {
@@ -698,9 +779,10 @@ static void test_bad_calls(void **state)
     const float *a = weng_audio(fx.eng, 0);
     assert_non_null(a);
     assert_null(weng_audio(fx.eng, 1));                                 /* no window 1 */
-    assert_int_equal(weng_prompt(fx.eng, 1, a, t, 1, NULL), BT_EINVAL); /* no slot 1 */
-    assert_int_equal(weng_prompt(fx.eng, 0, NULL, t, 1, NULL), BT_EINVAL);
-    assert_int_equal(weng_prompt(fx.eng, 0, a, t, MAX_PROMPT + 1, NULL), BT_EINVAL);
+    assert_int_equal(weng_prompt(fx.eng, 1, a, t, 1, 0, NULL, NULL), BT_EINVAL); /* no slot 1 */
+    assert_int_equal(weng_prompt(fx.eng, 0, NULL, t, 1, 0, NULL, NULL), BT_EINVAL);
+    assert_int_equal(weng_prompt(fx.eng, 0, a, t, MAX_PROMPT + 1, 0, NULL, NULL), BT_EINVAL);
+    assert_int_equal(weng_prompt(fx.eng, 0, a, t, 1, 1, NULL, NULL), BT_EINVAL); /* SOT past */
     assert_int_equal(weng_step(fx.eng, t, lens, 2, NULL), BT_EINVAL);
     lens[0] = weng_ctx(fx.eng);
     assert_int_equal(weng_step(fx.eng, t, lens, 1, NULL), BT_ERANGE); /* cache full */
@@ -730,6 +812,7 @@ int main(void)
         cmocka_unit_test(test_segments_f32),
         cmocka_unit_test(test_prompt_f32),
         cmocka_unit_test(test_prompt_q8),
+        cmocka_unit_test(test_scores_f32),
         cmocka_unit_test(test_slots),
         cmocka_unit_test(test_bad_calls),
     };
