@@ -45,7 +45,7 @@ static const char usage_text[] =
     "                      it; --prompt gives previous text (names, spellings) to the\n"
     "                      first window; --segments prints each segment on a line of\n"
     "                      its own with its times instead; --no-timestamps decodes\n"
-    "                      without them (no segments, the text a token at a time)\n"
+    "                      without them (a segment a window, the text a token at a time)\n"
     "  health              liveness and readiness (exit 1 when not ready)\n"
     "  stats               metrics (Prometheus text)\n"
     "  inspect [GRAPH]     graph, partition and schedule\n"

@@ -229,6 +229,9 @@ def transcribe(client, audio, first=None):
         if ev.request_id != rid:
             continue
         if ev.is_chunk:
+            # The text only: `segments` streams each window's JSON line too.
+            if ev.tensor.name != "text" or not ev.tensor.data:
+                continue
             if first is not None and not first:
                 first.append(time.perf_counter() - t0)
             text += ev.tensor.data
