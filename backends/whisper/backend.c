@@ -1021,18 +1021,26 @@ out:
     free(o.lines);
 }
 
-/* Runs S's window prompt against STATES (the slot is S's) and chooses the
- * attempt's first token. */
+/* Runs S's window prompt against STATES (the slot is S's), after finding
+ * the language when it was not given, and chooses the attempt's first
+ * token. */
 static void window_start(baton_model *m, baton_ctx *ctx, baton_item *it, const float *states)
 {
     wh_session *s = (wh_session *)it->session;
     float *row = m->logits + (size_t)s->slot * m->s->vocab;
-    int32_t p[WH_PROMPT];
-    int np = prompt_of(m, s, p);
-    int sot = 0;
-    while (p[sot] != wtok_specials(m->tok)->sot)
+    int32_t p[WH_PROMPT], sot_id = wtok_specials(m->tok)->sot;
+    int rc = 0;
+    if (s->lang < 0) {
+        /* Whisper's language detection: the most probable language token
+         * after the start of transcript. */
+        if (!(rc = weng_prompt(m->eng, s->slot, states, &sot_id, 1, 0, row, NULL)))
+            s->lang = wdec_language(&m->rules, row, NULL);
+    }
+    int np = prompt_of(m, s, p), sot = 0;
+    while (p[sot] != sot_id)
         sot++;
-    int rc = weng_prompt(m->eng, s->slot, states, p, np, sot, row, m->sot_logits);
+    if (!rc)
+        rc = weng_prompt(m->eng, s->slot, states, p, np, sot, row, m->sot_logits);
     if (rc) {
         failf(ctx, it, rc == BT_ENOMEM ? BATON_STATUS_RESOURCE_EXHAUSTED : BATON_STATUS_INTERNAL,
               "the decoder's prompt failed: %s", bt_strerror(rc));
@@ -1053,8 +1061,7 @@ static void window_start(baton_model *m, baton_ctx *ctx, baton_item *it, const f
     choose(m, ctx, it, row);
 }
 
-/* Iteration 0 of decode: the window's prompt, after the language is found
- * when it was not given. */
+/* Iteration 0 of decode: the window's first attempt. */
 static void decode_first(baton_model *m, baton_ctx *ctx, baton_item *it)
 {
     wh_session *s = (wh_session *)it->session;
@@ -1081,20 +1088,6 @@ static void decode_first(baton_model *m, baton_ctx *ctx, baton_item *it)
     }
     if (acquire_slot(m, ctx, it, s))
         return;
-    if (s->lang < 0) {
-        /* Whisper's language detection: the most probable language token
-         * after the start of transcript. */
-        int32_t sot = wtok_specials(m->tok)->sot;
-        float *row = m->logits + (size_t)s->slot * m->s->vocab;
-        int rc = weng_prompt(m->eng, s->slot, st->tensor.data, &sot, 1, 0, row, NULL);
-        if (rc) {
-            failf(ctx, it,
-                  rc == BT_ENOMEM ? BATON_STATUS_RESOURCE_EXHAUSTED : BATON_STATUS_INTERNAL,
-                  "the decoder's prompt failed: %s", bt_strerror(rc));
-            return;
-        }
-        s->lang = wdec_language(&m->rules, row, NULL);
-    }
     s->attempt = 0;
     s->best.n = -1;
     window_start(m, ctx, it, st->tensor.data);

@@ -357,6 +357,27 @@ static void test_counter(void **state)
     unload("counter", m);
 }
 
+/* What one execution of counter's node `gate` at ITERATION of session S
+ * did, in a fresh recording context. */
+typedef struct counter_run {
+    bool deferred, finished, output;
+    int32_t value;               /* the output's, when there is one */
+    baton_status code;
+} counter_run;
+
+static counter_run counter_step(baton_model *m, baton_session *s, uint32_t iteration)
+{
+    baton_output outs[1] = {{"it", 0, 0}};
+    baton_item it = {.node_name = "gate", .iteration = &iteration, .depth = 1, .outputs = outs,
+                     .n_outputs = 1, .session = s};
+    fake *f = fake_new();
+    run("counter", m, f, &it);
+    counter_run r = {f->deferred != 0, f->finished != 0, f->outputs[0] != NULL,
+                     f->outputs[0] ? *(const int32_t *)f->outputs[0]->data : -1, f->code};
+    fake_free(f);
+    return r;
+}
+
 /* counter with slots 1: the loop of a request holds the one place from its
  * first execution to its finish; another request's item is deferred (no
  * output, no failure) until the place is given back, by the finish or by
@@ -373,50 +394,24 @@ static void test_counter_slots(void **state)
     assert_int_equal(b->session_open(m, 2, &sb, err, sizeof(err)), BATON_STATUS_OK);
     assert_int_equal(b->session_open(m, 3, &sc, err, sizeof(err)), BATON_STATUS_OK);
     assert_true(sa && sb && sc);
-    baton_output outs[1] = {{"it", 0, 0}};
-    uint32_t iter[1] = {0};
-    baton_item it = {.node_name = "gate", .iteration = iter, .depth = 1, .outputs = outs,
-                     .n_outputs = 1};
     /* A takes the place; B waits. */
-    fake *f = fake_new();
-    it.session = sa;
-    run("counter", m, f, &it);
-    assert_false(f->deferred);
-    assert_non_null(f->outputs[0]);
-    fake_free(f);
-    f = fake_new();
-    it.session = sb;
-    run("counter", m, f, &it);
-    assert_true(f->deferred);
-    assert_null(f->outputs[0]);
-    assert_int_equal(f->code, BATON_STATUS_OK);
-    fake_free(f);
+    counter_run r = counter_step(m, sa, 0);
+    assert_true(!r.deferred && r.output);
+    r = counter_step(m, sb, 0);
+    assert_true(r.deferred && !r.output);
+    assert_int_equal(r.code, BATON_STATUS_OK);
     /* A's finish gives it back: B takes it, and C waits. */
-    iter[0] = 1;
-    f = fake_new();
-    it.session = sa;
-    run("counter", m, f, &it);
-    assert_true(f->finished && !f->deferred);
-    fake_free(f);
-    iter[0] = 0;
-    f = fake_new();
-    it.session = sb;
-    run("counter", m, f, &it);
-    assert_false(f->deferred);
-    assert_int_equal(*(const int32_t *)f->outputs[0]->data, 0);
-    fake_free(f);
-    f = fake_new();
-    it.session = sc;
-    run("counter", m, f, &it);
-    assert_true(f->deferred);
-    fake_free(f);
+    r = counter_step(m, sa, 1);
+    assert_true(r.finished && !r.deferred);
+    r = counter_step(m, sb, 0);
+    assert_true(!r.deferred && r.output);
+    assert_int_equal(r.value, 0);
+    r = counter_step(m, sc, 0);
+    assert_true(r.deferred);
     /* B's session closing before its finish gives it back too. */
     b->session_close(m, sb);
-    f = fake_new();
-    run("counter", m, f, &it);
-    assert_false(f->deferred);
-    assert_non_null(f->outputs[0]);
-    fake_free(f);
+    r = counter_step(m, sc, 0);
+    assert_true(!r.deferred && r.output);
     b->session_close(m, sa);
     b->session_close(m, sc);
     unload("counter", m);
