@@ -37,7 +37,7 @@ static const char usage_text[] =
     "                      with --raw, TEXT reaches the model without its chat template\n"
     "  transcribe FILE [--language CODE] [--task transcribe|translate] [--graph NAME]\n"
     "                      [--prompt TEXT] [--segments] [--no-timestamps]\n"
-    "                      [REQUEST OPTIONS]\n"
+    "                      [--system TEXT] [REQUEST OPTIONS]\n"
     "                      send an audio file (WAV, FLAC, OGG, MP3) as input 'audio'\n"
     "                      and the options as input 'options' to graph NAME (default:\n"
     "                      transcribe), print the streamed text as it arrives, then a\n"
@@ -45,7 +45,9 @@ static const char usage_text[] =
     "                      it; --prompt gives previous text (names, spellings) to the\n"
     "                      first window; --segments prints each segment on a line of\n"
     "                      its own with its times instead; --no-timestamps decodes\n"
-    "                      without them (a segment a window, the text a token at a time)\n"
+    "                      without them (a segment a window, the text a token at a time);\n"
+    "                      --system sends a system prompt as messages to input 'context'\n"
+    "                      (voice_chat: the LLM reads it before the transcript)\n"
     "  health              liveness and readiness (exit 1 when not ready)\n"
     "  stats               metrics (Prometheus text)\n"
     "  inspect [GRAPH]     graph, partition and schedule\n"
@@ -668,6 +670,12 @@ static int request_from_args(const ctl_opts *o, bool generate, baton_client_requ
             return status;
     if (transcribe && (status = add_audio(r, o)) != 0)
         return status;
+    /* A voice chat's system prompt: the turns before the question, which
+     * voice.yaml's graph takes in its optional input 'context'. */
+    if (transcribe && o->system &&
+        (baton_client_request_add_message(r, "system", o->system) != 0 ||
+         baton_client_request_set_messages_input(r, "context") != 0))
+        return usage_error("%s", "out of memory");
     if (o->have_sampling)
         baton_client_request_set_sampling(r, &o->sampling);
     for (size_t i = 0; i < o->n_stops; i++)
@@ -798,8 +806,10 @@ static void print_chunk(const ctl_opts *o, const baton_client_event *ev, run_out
 }
 
 /* The response's outputs on stdout, from a fresh line; generate prints a
- * text output as its text. */
-static void print_outputs(const baton_client_event *ev, bool generate, run_output *out)
+ * text output as its text.  A transcription's stdout is its text alone:
+ * other outputs (the audio's duration) go to stderr beside the summary. */
+static void print_outputs(const baton_client_event *ev, bool generate, bool transcribe,
+                          run_output *out)
 {
     if (out->midline)
         fputc('\n', stdout);
@@ -809,7 +819,7 @@ static void print_outputs(const baton_client_event *ev, bool generate, run_outpu
             fwrite(ev->outputs[i].data, 1, ev->outputs[i].nbytes, stdout);
             fputc('\n', stdout);
         } else {
-            ctl_print_tensor(stdout, &ev->outputs[i]);
+            ctl_print_tensor(transcribe ? stderr : stdout, &ev->outputs[i]);
         }
     }
     fflush(stdout);
@@ -844,7 +854,7 @@ static int print_response(const ctl_opts *o, bool generate, const baton_client_e
     if (o->json)
         ctl_print_json(stdout, ev);
     else
-        print_outputs(ev, generate, out);
+        print_outputs(ev, generate, !strcmp(o->pos[0], "transcribe"), out);
     if (o->timings)
         ctl_print_timings(ev);
     if (ev->code != BATON_CLIENT_CODE_OK) {
@@ -1040,8 +1050,10 @@ int main(int argc, char **argv)
     } else if (o.segments && o.no_timestamps) {
         status = usage_error("%s", "--segments needs timestamps: it does not go with "
                                    "--no-timestamps");
-    } else if ((o.input_name || o.system || o.raw) && strcmp(cmd, "generate")) {
-        status = usage_error("%s", "--input-name, --system and --raw are for generate");
+    } else if ((o.input_name || o.raw) && strcmp(cmd, "generate")) {
+        status = usage_error("%s", "--input-name and --raw are for generate");
+    } else if (o.system && strcmp(cmd, "generate") && strcmp(cmd, "transcribe")) {
+        status = usage_error("%s", "--system is for generate and transcribe");
     } else if (o.raw && o.system) {
         status = usage_error("%s", "--raw sends TEXT as it is: it does not go with --system");
     } else if (run) {

@@ -399,6 +399,7 @@ void cfg_config_destroy(cfg_config *c)
         free(o->model), free(o->graph), free(o->input), free(o->output), free(o->loop);
         free(o->options);
         free(o->transcript);
+        free(o->context);
         free(o->segments);
     }
     free(c->openai);
@@ -416,6 +417,7 @@ void cfg_config_destroy(cfg_config *c)
         cfg_graph *g = &c->graphs[i];
         free(g->name);
         strs_free(g->inputs, g->n_inputs);
+        strs_free(g->optional, g->n_optional);
         cfg__section_destroy(g->body);
     }
     free(c->graphs);

@@ -177,6 +177,8 @@ typedef struct cfg_graph {
     char *name;
     cfg_str *inputs;       /* owned; values the client must send */
     size_t n_inputs;
+    cfg_str *optional;     /* owned; inputs a request may leave out (each one of INPUTS) */
+    size_t n_optional;
     cfg_section *body;     /* owned */
     cfg_pos pos;
 } cfg_graph;
@@ -205,6 +207,8 @@ typedef struct cfg_openai {
     cfg_openai_api api;
     char *options;         /* api audio, voice: the graph input of the options JSON */
     char *transcript;      /* api voice: the text stream of the transcript */
+    char *context;         /* api voice: the optional graph input that takes the earlier
+                              turns (system prompt, history) as messages; NULL: none */
     char *segments;        /* api audio: the text stream of segment JSON lines;
                               NULL: verbose_json and subtitles get one span */
     cfg_pos pos;

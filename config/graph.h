@@ -137,6 +137,8 @@ typedef struct graph {
     size_t index;          /* in the graph set */
     const char **inputs;   /* owned array of borrowed names */
     size_t n_inputs;
+    uint64_t optional;     /* bit K: a request may leave input K out, which its nodes then
+                              read as an empty U8 tensor */
     graph_entity *entities; /* owned; section (pre-)order */
     size_t n_entities;
     graph_edge *edges;     /* owned; config order */

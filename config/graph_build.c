@@ -814,8 +814,12 @@ static int graph_build_one(const cfg_config *cfg, const cfg_graph *cg, bt_diag *
     if (!g->inputs)
         return BT_ENOMEM;
     g->n_inputs = cg->n_inputs;
-    for (size_t i = 0; i < cg->n_inputs; i++)
+    for (size_t i = 0; i < cg->n_inputs; i++) {
         g->inputs[i] = cg->inputs[i].s;
+        for (size_t k = 0; k < cg->n_optional && i < GRAPH_MAX_INPUTS; k++)
+            if (strcmp(cg->optional[k].s, cg->inputs[i].s) == 0)
+                g->optional |= UINT64_C(1) << i;
+    }
     walk_shape(&b, cg->body, -1, -1);
     b.rejected = calloc(g->n_entities + 1, sizeof(*b.rejected));
     if (!b.rejected)

@@ -121,7 +121,7 @@ void graph_set_print(const graph_set *gs, FILE *out)
         fprintf(out, "graph %s: %zu nodes, %zu loops, %zu edges; inputs:", g->name, nn, nl,
                 g->n_edges);
         for (size_t k = 0; k < g->n_inputs; k++)
-            fprintf(out, " %s", g->inputs[k]);
+            fprintf(out, " %s%s", g->inputs[k], g->optional >> k & 1 ? " (optional)" : "");
         fprintf(out, "\n");
         for (size_t k = 0; k < g->n_top; k++)
             print_entity(gs, g, g->top[k], 2, out);

@@ -533,7 +533,8 @@ static void second_stream(cfg__loader *l, const yt_node *k, const cfg_openai *o,
 static void load_openai_one(cfg__loader *l, const yt_node *v, cfg_openai *o)
 {
     static const char *const keys[] = {"model", "graph", "input",   "output",    "loop",
-                                       "api",   "options", "transcript", "segments"};
+                                       "api",   "options", "transcript", "segments",
+                                       "context"};
     const yt_node *f[N_OF(keys)];
     o->pos = cfg__pos(v);
     yt_fields(v, "an openai entry", keys, N_OF(keys), f, l->diag);
@@ -574,6 +575,8 @@ static void load_openai_one(cfg__loader *l, const yt_node *v, cfg_openai *o)
         cfg__str(l, f[7], "transcript", &o->transcript);
     if (f[8])
         cfg__str(l, f[8], "segments", &o->segments);
+    if (f[9])
+        cfg__str(l, f[9], "context", &o->context);
     const char *api_name = o->api == CFG_OPENAI_AUDIO ? "audio" : "voice";
     if (api_ok && o->api != CFG_OPENAI_CHAT && !o->options) {
         bt_diag_error(l->diag, v->line, v->col,
@@ -602,6 +605,11 @@ static void load_openai_one(cfg__loader *l, const yt_node *v, cfg_openai *o)
                       "openai model '%s': 'segments' is for api audio", o->model ? o->model : "?");
         api_ok = false;
     }
+    if (api_ok && o->api != CFG_OPENAI_VOICE && f[9]) {
+        bt_diag_error(l->diag, f[9]->line, f[9]->col,
+                      "openai model '%s': 'context' is for api voice", o->model ? o->model : "?");
+        api_ok = false;
+    }
     if (f[1] && cfg__str(l, f[1], "graph", &o->graph)) {
         /* A graph whose name was missing or mistyped is already an error
          * of its own; it matches no openai entry. */
@@ -615,21 +623,37 @@ static void load_openai_one(cfg__loader *l, const yt_node *v, cfg_openai *o)
                           o->model ? o->model : "?", o->graph);
         } else if (o->input && api_ok) {
             /* A chat graph takes the text alone; an audio graph the file
-             * and the options. */
-            bool found = false, opts = !o->options;
+             * and the options; a voice graph may take earlier turns too. */
+            bool found = false, opts = !o->options, ctx = !o->context;
             for (size_t i = 0; i < g->n_inputs; i++) {
                 found |= strcmp(g->inputs[i].s, o->input) == 0;
                 opts |= o->options && strcmp(g->inputs[i].s, o->options) == 0;
+                ctx |= o->context && strcmp(g->inputs[i].s, o->context) == 0;
             }
-            size_t want = o->options ? 2 : 1;
-            if (!found || !opts || g->n_inputs != want || (o->options && !strcmp(o->input, o->options)))
+            size_t want = (o->options ? 2 : 1) + (o->context ? 1 : 0);
+            bool same = (o->options && !strcmp(o->input, o->options)) ||
+                        (o->context && (!strcmp(o->input, o->context) ||
+                                        (o->options && !strcmp(o->options, o->context))));
+            if (!found || !opts || !ctx || g->n_inputs != want || same)
                 bt_diag_error(l->diag, f[2]->line, f[2]->col,
-                              o->options ? "openai model '%s': graph '%s' must have exactly two "
-                                           "inputs, '%s' and '%s'"
-                                         : "openai model '%s': graph '%s' must have exactly one "
-                                           "input, '%s'%s",
+                              o->context ? "openai model '%s': graph '%s' must have exactly three "
+                                           "inputs, '%s', '%s' and '%s'"
+                              : o->options ? "openai model '%s': graph '%s' must have exactly two "
+                                             "inputs, '%s' and '%s'%s"
+                                           : "openai model '%s': graph '%s' must have exactly one "
+                                             "input, '%s'%s%s",
                               o->model ? o->model : "?", o->graph, o->input,
-                              o->options ? o->options : "");
+                              o->options ? o->options : "", o->context ? o->context : "");
+            /* The gateway sends the earlier turns only when there are some:
+             * a question alone leaves the input out. */
+            bool optional = false;
+            for (size_t i = 0; o->context && i < g->n_optional; i++)
+                optional |= strcmp(g->optional[i].s, o->context) == 0;
+            if (o->context && ctx && !optional)
+                bt_diag_error(l->diag, f[9]->line, f[9]->col,
+                              "openai model '%s': input '%s' of graph '%s' takes the earlier "
+                              "turns, which a request may not have: list it in the graph's "
+                              "optional_inputs", o->model ? o->model : "?", o->context, o->graph);
         }
         bool has_text = false, has_loop = false;
         if (g && o->output) {

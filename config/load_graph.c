@@ -315,7 +315,7 @@ static cfg_section *load_section(graph_ctx *g, const yt_node *v, const char *key
 
 static void load_graph(cfg__loader *l, const yt_node *v, cfg_graph *gr, cfg__names *seen)
 {
-    static const char *const keys[] = {"name", "inputs", "body"};
+    static const char *const keys[] = {"name", "inputs", "body", "optional_inputs"};
     const yt_node *f[N_OF(keys)];
     const char *peek = cfg__peek_name(v);
     char ctx[96];
@@ -330,6 +330,17 @@ static void load_graph(cfg__loader *l, const yt_node *v, cfg_graph *gr, cfg__nam
         cfg__names_add(l, seen, gr->name, cfg__pos(f[0]), "graph");
     if (f[1])
         load_name_list(l, f[1], "inputs", ctx, &gr->inputs, &gr->n_inputs);
+    if (f[3])
+        load_name_list(l, f[3], "optional_inputs", ctx, &gr->optional, &gr->n_optional);
+    for (size_t i = 0; i < gr->n_optional; i++) {
+        bool found = false;
+        for (size_t k = 0; k < gr->n_inputs && !found; k++)
+            found = strcmp(gr->inputs[k].s, gr->optional[i].s) == 0;
+        if (!found)
+            bt_diag_error(l->diag, gr->optional[i].pos.line, gr->optional[i].pos.col,
+                          "%s: optional input '%s' is not one of its inputs", ctx,
+                          gr->optional[i].s);
+    }
     if (!f[2])
         bt_diag_error(l->diag, v->line, v->col, "%s needs a 'body' (a section)", ctx);
     else

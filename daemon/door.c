@@ -237,7 +237,8 @@ static bt_code check_messages(const Baton__V1__InferRequest *q, door_pass *p, ch
 }
 
 /* Every input: declared, given once, well-formed; then every declared
- * input given (the messages' one by them).  Fills P->by_input. */
+ * input given (the messages' one by them), but an optional input left out
+ * is an empty U8 tensor.  Fills P->by_input. */
 static bt_code check_inputs(const Baton__V1__InferRequest *q, door_pass *p, char *why,
                             size_t len)
 {
@@ -268,12 +269,26 @@ static bt_code check_inputs(const Baton__V1__InferRequest *q, door_pass *p, char
     }
     if (p->chat_input >= 0)
         p->by_input[p->chat_input] = &p->chat;
-    for (size_t k = 0; k < g->n_inputs; k++)
+    for (size_t k = 0; k < g->n_inputs; k++) {
+        if (!p->by_input[k] && g->optional >> k & 1) {
+            if (!p->absent && !(p->absent = calloc(g->n_inputs, sizeof(*p->absent)))) {
+                snprintf(why, len, "out of memory");
+                return BT_CODE_RESOURCE_EXHAUSTED;
+            }
+            Baton__V1__Tensor *t = &p->absent[k];
+            baton__v1__tensor__init(t);
+            t->name = (char *)g->inputs[k];
+            t->dtype = BATON__V1__DTYPE__U8;
+            t->n_dims = 1;
+            t->dims = &p->absent_len;
+            p->by_input[k] = t;
+        }
         if (!p->by_input[k]) {
             snprintf(why, len, "graph '%s' needs input '%s', which the request does not give",
                      g->name, g->inputs[k]);
             return BT_CODE_INVALID_ARGUMENT;
         }
+    }
     return BT_CODE_OK;
 }
 
@@ -462,6 +477,8 @@ void door_pass_free(door_pass *p)
     free(p->caps);
     free(p->chat_bytes);
     free(p->raw);
+    free(p->absent);
+    p->absent = NULL;
     p->raw = NULL;
     p->by_input = NULL;
     p->caps = NULL;

@@ -1,7 +1,8 @@
 /* The checks at the door of an InferRequest that depend only on the
  * request and the graphs: request_id, graph, messages, inputs (declared,
  * given once, a valid dtype, dims that are not negative and do not
- * overflow, a byte length that matches; every declared input given),
+ * overflow, a byte length that matches; every declared input given, but
+ * an optional one left out reads as empty U8),
  * max_iters (loops of the graph, at least 1), raw_inputs (inputs of the
  * graph, not the messages'), and the text limits (stop strings: at most
  * TL_MAX_STOP, each 1 to TL_MAX_STOP_BYTES bytes of UTF-8; text_output: a
@@ -46,6 +47,10 @@ typedef struct door_pass {
                                    * points here) */
     uint8_t *chat_bytes;          /* its data; owned */
     int64_t chat_len;             /* its one dim: the bytes */
+    Baton__V1__Tensor *absent;    /* per graph input: the empty U8 tensor of an optional
+                                   * input the request left out (by_input points here);
+                                   * owned, NULL when none was */
+    int64_t absent_len;           /* their one dim: 0 */
     uint8_t *raw;                 /* per graph input: 1 when its text skips the chat
                                    * template (raw_inputs); owned */
     const char *text_output;      /* the text stream that stop and max_tokens apply to

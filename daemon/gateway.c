@@ -54,6 +54,8 @@ typedef struct gw_model {
     bool voice;                  /* api voice: a chat whose one message is audio */
     char *options;               /* audio, voice: the graph input of the options JSON */
     char *transcript;            /* voice: the text stream of what was heard */
+    char *context;               /* voice: the graph input of the turns before the audio
+                                  * (as messages); NULL: the audio alone is taken */
     char *segments;              /* audio: the text stream of segment JSON lines; NULL */
 } gw_model;
 
@@ -624,16 +626,25 @@ static enum MHD_Result serve_chat(gateway *g, struct MHD_Connection *conn, const
         return reply_oa_error(conn, MHD_HTTP_BAD_REQUEST, "invalid_request_error", err, "model");
     }
     const gw_model *m = ch->model;
+    const oa_msg *last = ch->req.n_msgs ? &ch->req.msgs[ch->req.n_msgs - 1] : NULL;
     err[0] = 0;
     if (m->voice && completion)
         snprintf(err, sizeof(err), "the model '%.200s' answers speech: POST "
                  "/v1/chat/completions with an input_audio part", m->name);
-    else if (m->voice && (ch->req.n_msgs != 1 || strcmp(ch->req.msgs[0].role, "user") != 0 ||
-                          !ch->req.audio || ch->req.msgs[0].content[0]))
+    else if (m->voice && (!ch->req.audio || ch->req.audio_msg != ch->req.n_msgs - 1 ||
+                          strcmp(last->role, "user") != 0 || last->content[0]))
+        /* What was heard is the last user turn: text beside it, or audio
+         * in an earlier turn, has no place in the graph's prompt and would
+         * be dropped without a word, so it is refused. */
+        snprintf(err, sizeof(err), "the model '%.200s' answers a spoken question: the last "
+                 "message is the user's, and its content is one input_audio part alone (text "
+                 "that goes with it belongs in a system message)", m->name);
+    else if (m->voice && !m->context && ch->req.n_msgs != 1)
         /* The graph takes the audio alone: a system prompt or earlier turns
          * would be dropped without a word, so they are refused. */
         snprintf(err, sizeof(err), "the model '%.200s' answers one user message whose content "
-                 "is one input_audio part (graph '%.100s' takes the audio alone)", m->name,
+                 "is one input_audio part (graph '%.100s' takes the audio alone: its openai "
+                 "entry names no context input for a system prompt or earlier turns)", m->name,
                  m->graph);
     else if (!m->voice && ch->req.audio)
         snprintf(err, sizeof(err), "the model '%.200s' takes text: an input_audio part is for "
@@ -666,6 +677,13 @@ static enum MHD_Result serve_chat(gateway *g, struct MHD_Connection *conn, const
                                                 ch->req.audio, ch->req.audio_len);
         if (rc == 0)
             rc = baton_client_request_add_text(r, m->options, "{\"temperature\": 0}");
+        /* The turns before it, which the graph puts before the transcript
+         * in the LLM's chat template; without any, the input is left out. */
+        for (size_t i = 0; rc == 0 && i + 1 < ch->req.n_msgs; i++)
+            rc = baton_client_request_add_message(r, ch->req.msgs[i].role,
+                                                  ch->req.msgs[i].content);
+        if (rc == 0 && ch->req.n_msgs > 1)
+            rc = baton_client_request_set_messages_input(r, m->context);
     } else {
         /* A chat goes as messages, which the model renders with its chat
          * template; a completion's prompt as raw text, which it takes as is. */
@@ -1129,9 +1147,11 @@ int gateway_create(const gateway_options *opts, gateway **out)
         m->voice = o->api == CFG_OPENAI_VOICE;
         m->options = o->options ? strdup(o->options) : NULL;
         m->transcript = o->transcript ? strdup(o->transcript) : NULL;
+        m->context = o->context ? strdup(o->context) : NULL;
         m->segments = o->segments ? strdup(o->segments) : NULL;
         if (!m->name || !m->graph || !m->input || !m->output || (o->loop && !m->loop) ||
             (o->options && !m->options) || (o->transcript && !m->transcript) ||
+            (o->context && !m->context) ||
             (o->segments && !m->segments)) {
             g->n_models++;
             goto err;
@@ -1196,7 +1216,7 @@ void gateway_destroy(gateway *g)
     for (size_t i = 0; i < g->n_models; i++) {
         gw_model *m = &g->models[i];
         free(m->name), free(m->graph), free(m->input), free(m->output), free(m->loop);
-        free(m->options), free(m->transcript), free(m->segments);
+        free(m->options), free(m->transcript), free(m->segments), free(m->context);
     }
     free(g->models);
     free(g->endpoint);

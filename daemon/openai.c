@@ -172,9 +172,12 @@ static int parse_messages(const json_t *msgs, oa_chat *c, char *err, size_t errl
                         "(or developer), user and assistant",
                         json_string_value(role));
         const char *what = "out of memory";
+        bool had_audio = c->audio != NULL;
         char *text = content_of(content, c, &what);
         if (!text)
             return fail(err, errlen, param, paramlen, "messages", "%s", what);
+        if (c->audio && !had_audio)
+            c->audio_msg = i;
         c->msgs[c->n_msgs++] = (oa_msg){r, text};
     }
     return 0;
@@ -632,10 +635,13 @@ static json_t *audio_usage_json(const oa_usage *u)
 /* The segments of SEGS (LEN bytes of JSON lines, as the Whisper backend
  * writes them), each with id, seek, start, end, text, tokens and
  * temperature; without any (no segments stream, or none in it), one span
- * of TEXT over the whole audio.  A line that is not a segment is skipped. */
+ * of TEXT over the whole audio.  A line that is not a segment is skipped.
+ * A segment's "language" (OpenAI's segments have none) goes to LANG (LANG_LEN
+ * bytes; "" when no segment has one): the first segment's. */
 static json_t *segments_json(const char *segs, size_t len, const char *text, size_t text_len,
-                             double end)
+                             double end, char *lang, size_t lang_len)
 {
+    *lang = 0;
     json_t *a = json_array();
     if (!a)
         return NULL;
@@ -647,6 +653,10 @@ static json_t *segments_json(const char *segs, size_t len, const char *text, siz
             json_is_number(json_object_get(o, "end")) &&
             json_is_string(json_object_get(o, "text"))) {
             json_object_set_new(o, "id", json_integer((json_int_t)json_array_size(a)));
+            const json_t *l = json_object_get(o, "language");
+            if (!*lang && json_is_string(l))
+                snprintf(lang, lang_len, "%s", json_string_value(l));
+            json_object_del(o, "language");
             json_array_append_new(a, o);
         } else {
             json_decref(o);
@@ -670,13 +680,16 @@ char *oa_audio_response(oa_audio_format format, const char *text, size_t len, co
         return dump(json_pack("{s:o, s:o}", "text", text_json(text, len), "usage",
                               audio_usage_json(usage)));
     double end = duration > 0 ? duration : 0;
-    json_t *segments = segments_json(segs, segs_len, text, len, end);
+    char detected[16];
+    json_t *segments = segments_json(segs, segs_len, text, len, end, detected, sizeof(detected));
     if (!segments)
         return NULL;
+    /* The language asked for, else the one the model detected. */
     if (format == OA_AUDIO_VERBOSE_JSON)
         return dump(json_pack("{s:s, s:s, s:f, s:o, s:o, s:o}", "task", task, "language",
-                              language, "duration", end, "text", text_json(text, len),
-                              "segments", segments, "usage", audio_usage_json(usage)));
+                              *language ? language : detected, "duration", end, "text",
+                              text_json(text, len), "segments", segments, "usage",
+                              audio_usage_json(usage)));
     char *out = NULL;
     size_t out_len = 0;
     FILE *f = open_memstream(&out, &out_len);

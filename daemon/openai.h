@@ -38,6 +38,7 @@ typedef struct oa_chat {
      * request): its file's bytes, decoded from base64. */
     uint8_t *audio;         /* owned; NULL: none */
     size_t audio_len;       /* bytes */
+    size_t audio_msg;       /* the index in MSGS of the message that holds it */
 } oa_chat;
 
 /* Parses BODY (LEN bytes).  0, or BT_EINVAL with ERR saying what is wrong
@@ -133,7 +134,8 @@ int oa_audio_format_of(const char *name);
  * give verbose_json its segments and srt and vtt their cues (without them,
  * one span over the whole audio), DURATION the audio's seconds (< 0:
  * unknown), TASK "transcribe" or "translate", LANGUAGE the code asked for
- * ("" when the model detected it).  Malloc'd, or NULL. */
+ * ("": the one the first segment's "language" says the model detected).
+ * Malloc'd, or NULL. */
 char *oa_audio_response(oa_audio_format format, const char *text, size_t len, const char *segs,
                         size_t segs_len, double duration, const char *task, const char *language,
                         const oa_usage *usage, const char **ctype);

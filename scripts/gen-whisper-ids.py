@@ -10,7 +10,9 @@ tests/unit/data/whisper-scores.tsv, the numbers by which faster-whisper
 judges each window (average log probability, compression ratio,
 probability of no speech); and tests/unit/data/whisper-condition.tsv,
 windows decoded after the text of those before them
-(condition_on_previous_text).
+(condition_on_previous_text); and tests/unit/data/whisper-languages.tsv,
+a Spanish clip (tests/unit/data/es-weather.flac) with its language
+detected, transcribed and translated.
 
 Settings, those of the comparison: compute_type float32, beam 1,
 temperature 0 with no fallback, language en, task transcribe, without
@@ -45,8 +47,20 @@ whisper-base and scripts/fetch-model.sh jfk):
     /tmp/fwvenv/bin/pip install faster-whisper==1.2.1
     /tmp/fwvenv/bin/python scripts/gen-whisper-ids.py CLIP...
 
+The Spanish clip, when absent, is made here: Debian's espeak-ng (voice es,
+130 words a minute) says SPANISH, which faster-whisper's decode_audio
+(PyAV) resamples to 16 kHz, stored as 16-bit FLAC, so that baton and
+faster-whisper read the same samples.  Lines of whisper-languages.tsv:
+"detect CLIP CODE PROBABILITY" (faster-whisper's detect_language),
+"transcribe CLIP IDS TEXT" (the language detected) and "translate CLIP
+IDS TEXT" (language es, task translate), without timestamps.  And
+tests/unit/data/whisper-mel-es.bin, faster-whisper's log-mel features of
+that clip as decode_audio reads it: the 8 bytes "WMELCLP1", a u32 band
+count, a u32 frame count and the features (f32, band by band), all
+little-endian.
+
 Versions used for the checked-in file: Python 3.11.2, faster-whisper
-1.2.1, ctranslate2 4.8.5.
+1.2.1, ctranslate2 4.8.5, espeak-ng 1.51.
 """
 import json
 import os
@@ -62,6 +76,10 @@ SEGMENTS = "tests/unit/data/whisper-segments.tsv"
 PROMPTS = "tests/unit/data/whisper-prompt.tsv"
 SCORES = "tests/unit/data/whisper-scores.tsv"
 CONDITION = "tests/unit/data/whisper-condition.tsv"
+LANGUAGES = "tests/unit/data/whisper-languages.tsv"
+SPANISH_CLIP = "tests/unit/data/es-weather.flac"
+SPANISH = "Hoy hace muy buen tiempo, así que vamos al parque."
+SPANISH_MEL = "tests/unit/data/whisper-mel-es.bin"
 # Prompts: plain, with spaces, digits, punctuation and letters beyond ASCII
 # to strip and pre-tokenize, and empty (faster-whisper still encodes " ").
 # The last is longer than the 223 tokens a prompt keeps.
@@ -213,6 +231,56 @@ def write_condition(model):
     print("wrote", CONDITION)
 
 
+def make_spanish_clip():
+    import subprocess
+    import tempfile
+    import av
+    import numpy as np
+    from faster_whisper.audio import decode_audio
+    with tempfile.TemporaryDirectory() as d:
+        wav = os.path.join(d, "es.wav")
+        subprocess.run(["espeak-ng", "-v", "es", "-s", "130", "-w", wav, SPANISH], check=True)
+        a = decode_audio(wav, sampling_rate=16000)
+    s16 = np.clip(np.round(a * 32768), -32768, 32767).astype(np.int16)
+    out = av.open(SPANISH_CLIP, "w")
+    st = out.add_stream("flac", rate=16000, layout="mono")
+    st.format = "s16"
+    frame = av.AudioFrame.from_ndarray(s16.reshape(1, -1), format="s16", layout="mono")
+    frame.sample_rate = 16000
+    for packet in list(st.encode(frame)) + list(st.encode(None)):
+        out.mux(packet)
+    out.close()
+    print("wrote", SPANISH_CLIP)
+
+
+def write_languages(model):
+    from faster_whisper.audio import decode_audio
+    if not os.path.exists(SPANISH_CLIP):
+        make_spanish_clip()
+    import struct
+    import numpy as np
+    a = decode_audio(SPANISH_CLIP, sampling_rate=16000)
+    feats = model.feature_extractor(a).astype(np.float32)
+    with open(SPANISH_MEL, "wb") as out:
+        out.write(b"WMELCLP1" + struct.pack("<II", *feats.shape))
+        out.write(np.ascontiguousarray(feats).tobytes())
+    print("wrote", SPANISH_MEL, feats.shape)
+    name = os.path.basename(SPANISH_CLIP)
+    with open(LANGUAGES, "w") as out:
+        out.write("# detect CLIP CODE PROBABILITY | transcribe CLIP IDS TEXT | translate CLIP "
+                  "IDS TEXT (scripts/gen-whisper-ids.py)\n")
+        code, prob, _ = model.detect_language(a)
+        out.write("detect\t%s\t%s\t%.6f\n" % (name, code, prob))
+        for task, lang in (("transcribe", None), ("translate", "es")):
+            segments, info = model.transcribe(
+                a, beam_size=1, temperature=0.0, language=lang, task=task,
+                without_timestamps=True, condition_on_previous_text=False, vad_filter=False)
+            for s in segments:
+                out.write("%s\t%s\t%s\t%s\n" % (task, name, " ".join(str(t) for t in s.tokens),
+                                                s.text))
+    print("wrote", LANGUAGES)
+
+
 def main():
     clips = sys.argv[1:]
     if not clips:
@@ -240,6 +308,7 @@ def main():
     write_prompts(model)
     write_scores(model)
     write_condition(model)
+    write_languages(model)
 
 
 if __name__ == "__main__":

@@ -1355,6 +1355,60 @@ bad:
     return NULL;
 }
 
+/* The token ids of a prefill with two inputs: a conversation (the
+ * request's messages, or empty when it has none) and the text of one more
+ * user turn after it, rendered together with the chat template.  This is
+ * a voice chat's prompt: the system prompt and earlier turns the client
+ * sent, then what was heard, which only the graph knows.  Malloc'd; NULL
+ * after failing the item. */
+static int32_t *read_turn_ids(baton_model *m, baton_ctx *ctx, baton_item *it, size_t *n)
+{
+    const baton_input *conv = &it->inputs[0], *turn = &it->inputs[1];
+    uint64_t a = conv->tensor.nbytes, b = turn->tensor.nbytes;
+    char msg[384];
+    if (!m->vocab) {
+        snprintf(msg, sizeof(msg), "node '%s': a conversation and a turn (two inputs), which "
+                 "a model without a tokenizer cannot take", it->node_name);
+        goto bad;
+    }
+    if (conv->tensor.dtype != BATON_DTYPE_U8 || (!conv->chat && a > 0)) {
+        snprintf(msg, sizeof(msg), "node '%s', input '%s': want the request's messages (or "
+                 "nothing), the turns before the text of input '%s'", it->node_name, conv->name,
+                 turn->name);
+        goto bad;
+    }
+    if (turn->tensor.dtype != BATON_DTYPE_U8 || turn->chat || b > UINT32_MAX) {
+        snprintf(msg, sizeof(msg), "node '%s', input '%s': want UTF-8 text (U8) of at most 4 "
+                 "GiB, the last user turn after the messages of input '%s'", it->node_name,
+                 turn->name, conv->name);
+        goto bad;
+    }
+    /* The turn joins the conversation as baton_chat_next reads it. */
+    uint8_t *bytes = malloc(a + 12 + b);
+    if (!bytes) {
+        ctx->fail(ctx, it, BATON_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        return NULL;
+    }
+    uint8_t *at = bytes + a;
+    const uint32_t lens[2] = {4, (uint32_t)b};
+    for (int k = 0; k < 2; k++) {
+        for (int i = 0; i < 4; i++)
+            at[i] = (uint8_t)(lens[k] >> (8 * i));
+        at += 4;
+        if (k == 0)
+            memcpy(at, "user", 4), at += 4;
+    }
+    int32_t *ids = NULL;
+    if ((a == 0 || ctx->read(ctx, it, &conv->tensor, 0, bytes, a) == 0) &&
+        (b == 0 || ctx->read(ctx, it, &turn->tensor, 0, at, b) == 0))
+        ids = encode_conv(m, ctx, it, bytes, a + 12 + b, n);
+    free(bytes);
+    return ids;
+bad:
+    ctx->fail(ctx, it, BATON_STATUS_INVALID_ARGUMENT, msg);
+    return NULL;
+}
+
 /* Fails IT with the error of X's last run, which returned RC. */
 static void fail_run(const kx_exec *x, int rc, baton_ctx *ctx, baton_item *it)
 {
@@ -1420,7 +1474,8 @@ static void prefill_one(baton_model *m, baton_ctx *ctx, baton_item *it)
 {
     tf_session *s = it->session;
     size_t n;
-    int32_t *ids = read_ids(m, ctx, it, true, &n);
+    int32_t *ids = it->n_inputs == 2 ? read_turn_ids(m, ctx, it, &n)
+                                     : read_ids(m, ctx, it, true, &n);
     if (!ids)
         return;
     char msg[256];

@@ -34,9 +34,10 @@
  * token at a time (whole UTF-8 characters), and each window is one
  * segment.  At a window's end `segments` carries one JSON line for each of
  * its segments: {"id", "seek", "start", "end", "text", "tokens",
- * "temperature", "avg_logprob", "compression_ratio", "no_speech_prob"},
- * times in seconds of the whole audio, the last three the numbers the
- * window was judged by.
+ * "temperature", "avg_logprob", "compression_ratio", "no_speech_prob",
+ * "language"}, times in seconds of the whole audio, avg_logprob,
+ * compression_ratio and no_speech_prob the numbers the window was judged
+ * by, language the code of the one asked for or detected ("en").
  *
  * Judging a window, as faster-whisper does: one whose text compresses too
  * well (it repeats itself) or whose tokens are improbable fails, and is
@@ -817,8 +818,9 @@ static void context_add(wh_session *s, const int32_t *ids, int n)
 /* Appends the text and the JSON line of segment SEG of S's window, whose
  * tokens are IDS and text T (TL bytes), to O: the text only with TEXT, the
  * line only with LINE.  0 or BT_ENOMEM. */
-static int segment_out(wh_session *s, const wdec_segment *seg, const int32_t *ids, const char *t,
-                       size_t tl, const wh_verdict *v, bool text, bool line, wh_out *o)
+static int segment_out(const baton_model *m, wh_session *s, const wdec_segment *seg,
+                       const int32_t *ids, const char *t, size_t tl, const wh_verdict *v,
+                       bool text, bool line, wh_out *o)
 {
     if (text && bt_bytes_add(&o->text, &o->len, &o->cap, t, tl))
         return BT_ENOMEM;
@@ -830,12 +832,14 @@ static int segment_out(wh_session *s, const wdec_segment *seg, const int32_t *id
     for (int i = 0; tokens && i < seg->count; i++)
         if (json_array_append_new(tokens, json_integer(ids[i])))
             json_decref(tokens), tokens = NULL;
+    const char *lang = wtok_lang_code(m->tok, s->lang);
     json_t *js =
-        tokens ? json_pack("{s:i, s:i, s:o, s:o, s:s%, s:o, s:f, s:f, s:f, s:f}", "id",
+        tokens ? json_pack("{s:i, s:i, s:o, s:o, s:s%, s:o, s:f, s:f, s:f, s:f, s:s}", "id",
                            s->n_segments, "seek", s->seek, "start", seconds_json(seg->start),
                            "end", seconds_json(seg->end), "text", t, tl, "tokens", tokens,
                            "temperature", (double)v->temperature, "avg_logprob", v->avg_logprob,
-                           "compression_ratio", v->compression, "no_speech_prob", s->no_speech)
+                           "compression_ratio", v->compression, "no_speech_prob", s->no_speech,
+                           "language", lang ? lang : "")
                : NULL;
     char *dump = js ? json_dumps(js, JSON_COMPACT | JSON_REAL_PRECISION(10)) : NULL;
     int rc = !dump || bt_bytes_add(&o->lines, &o->lines_len, &o->lines_cap, dump, strlen(dump)) ||
@@ -868,7 +872,7 @@ static int segments_of(baton_model *m, wh_session *s, const wh_verdict *v, bool 
         if (wtok_decode(m->tok, ids, (size_t)seg[k].count, &t, &tl) != 0)
             rc = BT_ENOMEM;
         else if (wdec_segment_shown(&seg[k], t, tl))
-            rc = segment_out(s, &seg[k], ids, t, tl, v, k >= s->n_closed, end, o);
+            rc = segment_out(m, s, &seg[k], ids, t, tl, v, k >= s->n_closed, end, o);
         free(t);
     }
     s->n_closed = n;
@@ -884,9 +888,9 @@ static int window_segment(baton_model *m, wh_session *s, const wh_verdict *v, in
     if (wtok_decode(m->tok, s->toks, (size_t)s->n_sampled, &t, &tl) != 0)
         return BT_ENOMEM;
     wdec_segment seg = {0, s->n_sampled, s->seek * WDEC_FRAME_S, (s->seek + size) * WDEC_FRAME_S};
-    int rc = wdec_segment_shown(&seg, t, tl) ? segment_out(s, &seg, s->toks, t, tl, v, s->hold,
-                                                           true, o)
-                                             : 0;
+    int rc = wdec_segment_shown(&seg, t, tl)
+                 ? segment_out(m, s, &seg, s->toks, t, tl, v, s->hold, true, o)
+                 : 0;
     free(t);
     return rc;
 }

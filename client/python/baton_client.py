@@ -535,9 +535,14 @@ class Client:
             return obj
 
     def _wait_for(self, request_id, deadline):
-        """The next event of REQUEST_ID; other requests' events are kept."""
+        """The next event of REQUEST_ID; other requests' events are kept.
+        A refusal without an id answers it too: the daemon could not read
+        the frame (one over max_message_bytes), so it could not name the
+        request, and the caller waits on the one it sent last."""
+        def ours(ev):
+            return ev.request_id == request_id or (not ev.request_id and not ev.is_chunk)
         for i, ev in enumerate(self._pending):
-            if ev.request_id == request_id:
+            if ours(ev):
                 return self._pending.pop(i)
         while True:
             kind, obj = self._recv_one(deadline)
@@ -547,7 +552,7 @@ class Client:
                 continue
             if kind == "cancel":
                 continue  # the answer to a cancel that did not wait for it
-            if obj.request_id == request_id:
+            if ours(obj):
                 return obj
             self._pending.append(obj)
 

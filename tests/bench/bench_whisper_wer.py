@@ -12,21 +12,27 @@ sentences one after another.  Each system gets the same WAV files (baton
 decodes them with libsndfile and resamples with libsoxr; faster-whisper
 with PyAV).  Settings of both: beam 1, temperature 0 without fallback,
 language en, no conditioning on previous text, no skipping of windows
-judged silent (faster-whisper's no_speech_threshold None: baton does not
-judge them); once with timestamps (both systems' default: windows end at
-the last whole segment) and once without.
+judged silent (no_speech_threshold None on both); once with timestamps
+(both systems' default: windows end at the last whole segment) and once
+without.
+
+Token ids: then each clip as faster-whisper's decode_audio reads it (16 kHz
+samples), given to both as those samples, so that both decode the same
+floats: baton with `activations: f32`, faster-whisper with float32, without
+timestamps.  The ids of every window must be equal; the table says for how
+many clips they are, and where the first difference is otherwise.
 
 WER: word-level edit distance over the words of the reference, after
 lower-casing, dropping punctuation and spelling numbers as espeak-ng read
 them (the sentences hold none).  Reported for the short clips together and
 for the long one, and the seconds each system took for all of it.
 
-    /usr/bin/python3 tests/bench/bench_whisper_wer.py [--json FILE]
+    /usr/bin/python3 tests/bench/bench_whisper_wer.py [--json FILE] [--ids-only]
 
 Needs espeak-ng (scripts/install-deps.sh) and faster-whisper (installed
 into a venv as bench_whisper.py does).  Writes
 build/bench/bench_whisper_wer.json (or --json).  Exits 1 when a request
-fails; never for a time or a WER.
+fails or the ids differ; never for a time or a WER.
 """
 import argparse
 import json
@@ -166,6 +172,69 @@ print(json.dumps(out))
 '''
 
 
+# The ids: each clip's samples as decode_audio gives them, written beside it
+# (PATH.f32) for baton, and the ids of each window.
+FW_IDS_SCRIPT = r'''
+import json, sys
+import numpy as np
+from faster_whisper import WhisperModel
+from faster_whisper.audio import decode_audio
+model = WhisperModel(sys.argv[1], device="cpu", compute_type="float32", cpu_threads=2)
+out = {}
+for path in sys.argv[2:]:
+    a = decode_audio(path, sampling_rate=16000).astype(np.float32)
+    a.tofile(path + ".f32")
+    segs, _ = model.transcribe(a, beam_size=1, temperature=0.0, language="en",
+                               without_timestamps=True, condition_on_previous_text=False,
+                               vad_filter=False, no_speech_threshold=None)
+    out[path] = [list(s.tokens) for s in segs]
+print(json.dumps(out))
+'''
+
+
+def fw_ids(py, paths):
+    r = subprocess.run([py, "-c", FW_IDS_SCRIPT, bw.MODEL] + paths, capture_output=True,
+                       text=True)
+    if r.returncode != 0:
+        raise RuntimeError("faster-whisper: %s" % r.stderr[-2000:])
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def baton_ids(paths, tmp):
+    """baton f32's ids of each window of each clip's samples (PATH.f32)."""
+    srv = bw.Baton("f32", tmp)
+    out = {}
+    opts = json.dumps({"language": "en", "timestamps": False,
+                       "no_speech_threshold": None}).encode()
+    try:
+        with bc.Client(srv.endpoint) as c:
+            for path in paths:
+                with open(path + ".f32", "rb") as f:
+                    data = f.read()
+                pcm = bc.Tensor("audio", "f32", [len(data) // 4], data)
+                r = c.infer("transcribe", {"audio": pcm, "options": bc.Tensor(
+                    "options", "u8", [len(opts)], opts)})
+                if not r.ok:
+                    raise RuntimeError("baton %s: %s %s" % (path, r.status, r.message))
+                lines = r.text("segments").splitlines()
+                out[path] = [json.loads(ln)["tokens"] for ln in lines if ln.strip()]
+    finally:
+        srv.stop()
+    return out
+
+
+def first_difference(a, b):
+    """Where window lists A and B first differ: (window, index), or None."""
+    for w in range(max(len(a), len(b))):
+        x = a[w] if w < len(a) else []
+        y = b[w] if w < len(b) else []
+        if x != y:
+            k = next((i for i in range(min(len(x), len(y))) if x[i] != y[i]),
+                     min(len(x), len(y)))
+            return w, k
+    return None
+
+
 def run_fw(py, compute, timestamps, paths):
     r = subprocess.run([py, "-c", FW_SCRIPT, bw.MODEL, compute, "1" if timestamps else "0"] +
                        paths, capture_output=True, text=True)
@@ -177,7 +246,8 @@ def run_fw(py, compute, timestamps, paths):
 def run_baton(activations, timestamps, paths, tmp):
     srv = bw.Baton(activations, tmp)
     out = {}
-    opts = json.dumps({"language": "en", "timestamps": timestamps}).encode()
+    opts = json.dumps({"language": "en", "timestamps": timestamps,
+                       "no_speech_threshold": None}).encode()
     try:
         with bc.Client(srv.endpoint) as c:
             t0 = time.perf_counter()
@@ -197,6 +267,8 @@ def run_baton(activations, timestamps, paths, tmp):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=os.path.join(bw.BUILD, "bench", "bench_whisper_wer.json"))
+    ap.add_argument("--ids-only", action="store_true",
+                    help="only the token ids, not the word error rates")
     a = ap.parse_args()
     if not os.path.exists(os.path.join(bw.MODEL, "model.bin")):
         sys.exit("bench_whisper_wer: run scripts/fetch-model.sh whisper-base smollm2 first")
@@ -207,7 +279,8 @@ def main():
     with tempfile.TemporaryDirectory(prefix="bench-whisper-wer-") as tmp:
         clips, long = make_clips(tmp)
         paths = [c["path"] for c in clips] + [long["path"]]
-        for ts in (True, False):
+        want, got = fw_ids(py, paths), baton_ids(paths, tmp)
+        for ts in () if a.ids_only else (True, False):
             mode = "" if ts else ", no ts"
             for act in ("q8", "f32"):
                 results["baton " + act + mode] = run_baton(act, ts, paths, tmp)
@@ -215,8 +288,9 @@ def main():
                 results["faster-whisper " + compute + mode] = run_fw(py, compute, ts, paths)
     print("%d clips of %d voices and speeds at 8, 22.05, 44.1 and 48 kHz, and one of %.0f s "
           "at 32 kHz" % (len(clips), len(STYLES), long["seconds"]))
-    print("(\"no ts\": without timestamps)")
-    print("%-30s %10s %12s %10s" % ("", "WER short", "WER long", "seconds"))
+    if results:
+        print("(\"no ts\": without timestamps)")
+        print("%-30s %10s %12s %10s" % ("", "WER short", "WER long", "seconds"))
     table = {}
     for name, r in results.items():
         short = wer([(c["text"], r[c["path"]]) for c in clips])
@@ -229,8 +303,28 @@ def main():
         json.dump({"clips": [{k: v for k, v in c.items() if k != "path"} for c in clips],
                    "long": {k: v for k, v in long.items() if k != "path"}, "results": table},
                   f, indent=1)
+    same = 0
+    ids = {}
+    print("token ids, baton f32 against faster-whisper float32, the same 16 kHz samples:")
+    for p in paths:
+        d = first_difference(want[p], got[p])
+        same += d is None
+        ids[os.path.basename(p)] = {"windows": len(want[p]), "first_difference": d}
+        if d is not None:
+            w, k = d
+            print("  %s: window %d differs at token %d: %s against faster-whisper's %s"
+                  % (os.path.basename(p), w, k, got[p][w][k:k + 3] if w < len(got[p]) else [],
+                     want[p][w][k:k + 3] if w < len(want[p]) else []))
+    print("ids equal for %d of %d clips (%d windows)" % (same, len(paths),
+                                                          sum(len(want[p]) for p in paths)))
+    os.makedirs(os.path.dirname(a.json), exist_ok=True)
+    with open(a.json) as f:
+        doc = json.load(f)
+    doc["ids"] = {"equal": same, "clips": len(paths), "per_clip": ids}
+    with open(a.json, "w") as f:
+        json.dump(doc, f, indent=1)
     print("wrote", a.json)
-    return 0
+    return 1 if same != len(paths) else 0
 
 
 if __name__ == "__main__":

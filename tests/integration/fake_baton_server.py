@@ -106,6 +106,10 @@ def main():
                                             if req.timeout_ms else None)
                 elif req.graph == "garbage":
                     sock.send_multipart([peer, b"\xff\xff\xff"])
+                elif req.graph == "unread":
+                    # As batond answers a frame over max_message_bytes: no id.
+                    respond(sock, peer, "", pb.RESOURCE_EXHAUSTED,
+                            "the frame is over max_message_bytes")
                 elif req.graph == "usage":
                     m = pb.ServerMessage()
                     r = m.response

@@ -171,7 +171,9 @@ EOF
   [ "$conv" = "None [('system', 'Be brief.'), ('user', 'Name a colour.')] prompt" ] && ok ||
     bad "generate --system: the request had $conv"
   expect_rc 2 "--system with infer" "$CTL" "${E[@]}" infer g --system x
-  expect_out "--input-name, --system and --raw are for generate" "--system is for generate"
+  expect_out "--system is for generate and transcribe" "--system is for generate"
+  expect_rc 2 "--raw with infer" "$CTL" "${E[@]}" infer g --raw
+  expect_out "--input-name and --raw are for generate" "--raw is for generate"
 
   expect_rc 1 "status not OK" "$CTL" "${E[@]}" infer missing; expect_out "NOT_FOUND: unknown graph 'missing'" "status not OK"
   expect_rc 1 "deadline" "$CTL" "${E[@]}" --timeout-ms 300 infer slow; expect_out "DEADLINE_EXCEEDED" "deadline"
@@ -191,6 +193,13 @@ EOF
   expect_rc 0 "transcribe --graph" "$CTL" "${E[@]}" transcribe "$tmp/clip.wav" --graph voice
   tr_req=$("$PY" -c 'import base64,json,sys; q=json.loads(open(sys.argv[1]).readlines()[-1])["infer"]; print(q["graph"], [base64.b64decode(t.get("data", "")).decode() for t in q["inputs"]][1])' "$tmp/requests.log")
   [ "$tr_req" = "voice {}" ] && ok || bad "transcribe --graph: the request had $tr_req"
+  # --system: a system turn as messages to input 'context' (a voice chat's
+  # turns before the question).
+  expect_rc 0 "transcribe --system" "$CTL" "${E[@]}" transcribe "$tmp/clip.wav" --graph voice \
+    --system "Be brief."
+  tr_req=$("$PY" -c 'import json,sys; q=json.loads(open(sys.argv[1]).readlines()[-1])["infer"]; print([t["name"] for t in q["inputs"]], [(m["role"], m["content"]) for m in q["messages"]], q["messagesInput"])' "$tmp/requests.log")
+  [ "$tr_req" = "['audio', 'options'] [('system', 'Be brief.')] context" ] && ok ||
+    bad "transcribe --system: the request had $tr_req"
   # --no-timestamps goes in the options; --segments prints the segments'
   # JSON lines as timed lines instead of the text, which otherwise prints
   # alone.

@@ -56,6 +56,14 @@ def main():
         r = c.infer("conversation", messages=[{"role": "system", "content": "be brief"},
                                               ("user", "hi")], messages_input="prompt")
         check(r.ok and r.message == "system:be brief|user:hi@prompt", "messages: %r" % r.message)
+        # A refusal without an id (a frame the daemon did not read) ends the
+        # request waited on, streamed or not, rather than leaving it waiting.
+        r = c.infer("unread", wait_ms=5000)
+        check(r.status == "RESOURCE_EXHAUSTED" and "max_message_bytes" in r.message,
+              "a refusal without an id: %r" % r)
+        events = list(c.stream("unread", wait_ms=5000))
+        check(len(events) == 1 and events[0].status == "RESOURCE_EXHAUSTED",
+              "streamed, a refusal without an id: %r" % events)
         r = c.infer("usage")
         check(r.ok and r.usage == {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
               and r.loop_ends == {"decode_loop": "max_iters"}, "usage: %r %r" % (r.usage,

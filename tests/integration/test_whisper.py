@@ -20,6 +20,12 @@ on another), driven through the Python client
   - conditioned on previous text, each window of the 35 s clip is decoded
     after faster-whisper's prompt and gives its segments
     (whisper-condition.tsv), as the HTTP API does by default;
+  - a Spanish clip (FLAC, tests/unit/data/es-weather.flac): its language
+    detected, transcribed and translated into English with faster-whisper's
+    ids (whisper-languages.tsv); audio over the model's max_audio_s, a file
+    and samples, refused naming the option;
+  - batonctl transcribe prints the text, and with --graph voice_chat
+    --system the transcript and the answer;
   - seven requests at once on four decoding slots (their windows and steps
     batched) each give the text alone gives;
   - bad input (not audio, bad options, too few samples, a wrong dtype) ends
@@ -29,12 +35,16 @@ on another), driven through the Python client
     the segments' times in verbose_json, srt and vtt; the stream of
     transcript.text.delta events), an MP3 upload (written here by
     libsndfile, when it writes MP3), the `openai` package (when
-    test_openai.py's venv is there; else SKIP), and the 400/404/413 answers
-    to bad uploads;
+    test_openai.py's venv is there; else SKIP), whisper-base in /v1/models,
+    the language detected in verbose_json, and the 400/404/413 answers to
+    bad uploads and to audio over max_audio_s;
   - the voice chat (graph voice_chat): the transcript streams as
     `transcript`, then the answer as `answer`; the answer is the one the
-    chat graph gives for the transcript as its prompt; without stream both
-    come as outputs of those names;
+    chat graph gives for the transcript as its prompt, and after a system
+    prompt and an earlier turn (messages into the optional input
+    `context`) the one it gives for those turns and the transcript;
+    without stream both come as outputs of those names; over HTTP the
+    same, the earlier messages of a chat completion included;
   - afterwards no tensor is left in the workers' pools.
 
 Exit status: 0 when every check passed, 1 on a failure, 77 when a model or
@@ -45,6 +55,7 @@ import array
 import base64
 import ctypes
 import ctypes.util
+import io
 import json
 import socket
 import os
@@ -59,16 +70,22 @@ import evidence
 import limits
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "client", "python"))
-import baton_client as bc  # noqa: E402
-
 BUILD = os.environ.get("BUILD", "build")
 if not os.path.isabs(BUILD):
     BUILD = os.path.join(ROOT, BUILD)
+# The generated protobuf module of the build under test (an ASan build has
+# its own; a fresh clone may have no plain build beside it).
+os.environ.setdefault("BATON_PROTO_PATH", os.path.join(BUILD, "gen", "python"))
+sys.path.insert(0, os.path.join(ROOT, "client", "python"))
+import baton_client as bc  # noqa: E402
 MODEL = os.path.join(ROOT, "models/whisper-base/model.bin")
 LLM = os.path.join(ROOT, "models/smollm2-135m-instruct-q4_1.gguf")
 README = os.path.join(ROOT, "README.md")
 JFK = os.path.join(ROOT, "models/samples/jfk.wav")
+# A Spanish sentence said by espeak-ng, at 16 kHz (scripts/gen-whisper-ids.py).
+SPANISH = os.path.join(ROOT, "tests/unit/data/es-weather.flac")
+# The model's limit on audio length in this test's config, in seconds.
+MAX_AUDIO_S = 60
 
 failures = []
 
@@ -317,7 +334,10 @@ class Server:
         # (AMX or AVX-512, whose sums run in different orders) decide;
         # test_whisper_engine checks it by that rule, prompts included.
         # The backend's code is the same in both modes.
-        text, n = re.subn(r"max_audio_s: 600}", "max_audio_s: 600, activations: f32}", text)
+        # A shorter limit on audio length, so that audio over it is cheap
+        # to send.
+        text, n = re.subn(r"max_audio_s: 600}", "max_audio_s: %d, activations: f32}"
+                          % MAX_AUDIO_S, text)
         assert n == 1, "voice.yaml's whisper options changed"
         self.config = os.path.join(self.dir, "baton.yaml")
         with open(self.config, "w") as f:
@@ -414,9 +434,94 @@ def curl(srv, path, *fields):
     return int(code or 0), body.decode("utf-8", "replace")
 
 
-def check_http(srv, want, want_segs):
+def expected_languages():
+    """faster-whisper's reading of the Spanish clip: {kind: (ids, text)}
+    for transcribe and translate, and detect: (code, probability)."""
+    rows = {}
+    with open(os.path.join(ROOT, "tests/unit/data/whisper-languages.tsv")) as f:
+        for line in f:
+            if not line.startswith("#"):
+                kind, _, a, b = line.rstrip("\n").split("\t")
+                rows[kind] = (a, b) if kind == "detect" else ([int(x) for x in a.split()], b)
+    return rows
+
+
+def check_languages(c):
+    """The Spanish clip (FLAC): its language detected, transcribed and
+    translated, each as faster-whisper float32 reads it."""
+    want = expected_languages()
+    es = open(SPANISH, "rb").read()
+    r = transcribe(c, es, options(timestamps=False), stream=False)
+    lines = json_lines(r.tensors["segments"].data) if r.ok else []
+    ids, text = want["transcribe"]
+    check(r.ok and r.text("text") == text and [x["tokens"] for x in lines] == [ids] and
+          lines[0]["language"] == want["detect"][0],
+          "Spanish, the language detected (%s): faster-whisper's ids and text: %s %r"
+          % (want["detect"][0], r.status, lines if r.ok else r.message))
+    r = transcribe(c, es, options(language="es", task="translate", timestamps=False),
+                   stream=False)
+    lines = json_lines(r.tensors["segments"].data) if r.ok else []
+    ids, text = want["translate"]
+    check(r.ok and r.text("text") == text and [x["tokens"] for x in lines] == [ids],
+          "Spanish translated into English: faster-whisper's ids and text: %s %r"
+          % (r.status, lines if r.ok else r.message))
+    # Over the model's limit on audio length: a file (8-bit WAV at 8 kHz)
+    # and samples, each refused naming the option.
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(1)
+        w.setframerate(8000)
+        w.writeframes(b"\x80" * (8000 * (MAX_AUDIO_S + 1)))
+    for audio, what in ((buf.getvalue(), "a WAV file"),
+                        (array.array("f", [0.0] * (16000 * (MAX_AUDIO_S + 1))), "samples")):
+        r = transcribe(c, audio, options(language="en"), stream=False)
+        check(r.status == "INVALID_ARGUMENT" and "max_audio_s" in r.message,
+              "%s over max_audio_s: %s %s" % (what, r.status, r.message))
+    return buf.getvalue()
+
+
+def check_cli(srv, want):
+    """batonctl transcribe against the daemon: the text as it streams, and
+    a voice chat with a system prompt (the C client sends the file)."""
+    ctl = [os.path.join(BUILD, "batonctl"), "--endpoint", srv.endpoint, "transcribe", JFK]
+    r = subprocess.run(ctl + ["--language", "en"], capture_output=True, text=True,
+                       timeout=limits.test_limit(300))
+    check(r.returncode == 0 and r.stdout.strip() == want.strip(),
+          "batonctl transcribe: the text (%d %r %s)" % (r.returncode, r.stdout, r.stderr[-300:]))
+    r = subprocess.run(ctl + ["--graph", "voice_chat", "--system", TURNS[0]["content"]],
+                       capture_output=True, text=True, timeout=limits.test_limit(300))
+    lines = r.stdout.splitlines()
+    check(r.returncode == 0 and len(lines) == 2 and lines[0] == "transcript: " + want and
+          lines[1].startswith("answer: ") and len(lines[1]) > 10,
+          "batonctl transcribe --graph voice_chat --system: the transcript, then the answer "
+          "(%d %r %s)" % (r.returncode, r.stdout, r.stderr[-300:]))
+
+
+def check_http(srv, want, want_segs, too_long):
     t = "/v1/audio/transcriptions"
     f = "file=@" + JFK
+    # whisper-base is listed.
+    code, body = curl(srv, "/v1/models")
+    check(code == 200 and "whisper-base" in [m["id"] for m in json.loads(body)["data"]],
+          "GET /v1/models lists whisper-base: %d %s" % (code, body[:300]))
+    # A FLAC upload whose language the model detects, and its translation.
+    code, body = curl(srv, t, "file=@" + SPANISH, "model=whisper-base",
+                      "response_format=verbose_json")
+    v = json.loads(body) if code == 200 else {}
+    check(v.get("language") == expected_languages()["detect"][0] and
+          all("language" not in s for s in v["segments"]),
+          "verbose_json says the language detected: %d %s" % (code, body[:300]))
+    code, body = curl(srv, "/v1/audio/translations", "file=@" + SPANISH, "model=whisper-base")
+    check(code == 200 and "park" in json.loads(body)["text"],
+          "POST /v1/audio/translations of the Spanish clip: %d %s" % (code, body[:300]))
+    path = os.path.join(evidence.new_dir(), "long.wav")
+    with open(path, "wb") as lf:
+        lf.write(too_long)
+    code, body = curl(srv, t, "file=@" + path, "model=whisper-base")
+    e = json.loads(body).get("error", {}) if code == 400 else {}
+    check(e.get("param") == "file" and "max_audio_s" in e.get("message", ""),
+          "audio over max_audio_s: 400 naming the file: %d %s" % (code, body[:300]))
     code, body = curl(srv, t, f, "model=whisper-base", "language=en")
     check(code == 200 and json.loads(body)["text"] == want, "POST %s: %d %s" % (t, code, body))
     code, body = curl(srv, t, f, "model=whisper-base", "response_format=text")
@@ -592,7 +697,30 @@ def check_voice_chat(srv, wav, want):
         r3 = transcribe(c, wav, options(temperature=3), stream=False)
         check(r3.status == "INVALID_ARGUMENT" and "temperature" in r3.message,
               "options temperature 3: %s %s" % (r3.status, r3.message))
+        # A system prompt and earlier turns, as messages into the optional
+        # input `context`: the LLM reads them, then the transcript as the
+        # user's last turn, as the chat graph reads the same turns.
+        r4 = c.infer("voice_chat", {"audio": wav, "options": options(language="en")},
+                     messages=TURNS, messages_input="context")
+        chat4 = c.infer("chat", messages=TURNS + [{"role": "user", "content": want}])
+        check(r4.ok and chat4.ok and r4.text("transcript") == want and
+              r4.text("answer") == chat4.text() and r4.text("answer") != answer,
+              "voice_chat after a system prompt and two turns: the chat graph's answer to "
+              "them and the transcript (%s %r / %r)" % (r4.status, r4.text("answer") if r4.ok
+                                                        else r4.message, chat4.text()))
+        check(r4.usage.get("prompt_tokens", 0) > r2.usage.get("prompt_tokens", 0) + 10,
+              "the earlier turns count in usage: %r against %r" % (r4.usage, r2.usage))
+        r5 = c.infer("voice_chat", {"audio": wav, "options": options(language="en"),
+                                    "context": "You answer in French."}, stream=False)
+        check(r5.status == "INVALID_ARGUMENT" and "want the request's messages" in r5.message,
+              "context as text rather than messages: %s %s" % (r5.status, r5.message))
     return answer
+
+
+# A conversation before a spoken question: a system prompt and a turn.
+TURNS = [{"role": "system", "content": "You are a history teacher. Answer in one sentence."},
+         {"role": "user", "content": "Who was the 35th president of the United States?"},
+         {"role": "assistant", "content": "John F. Kennedy."}]
 
 
 def post_json(srv, body, path="/v1/chat/completions"):
@@ -634,11 +762,29 @@ def check_voice_http(srv, wav, want, answer):
     check(code == 200 and r["choices"][0]["finish_reason"] == "length" and
           r.get("transcript") == want,
           "voice-chat: max_tokens cuts the answer, not the transcript (%d %s)" % (code, body[:300]))
+    # A system prompt and earlier turns before the spoken question: the
+    # answer is smollm2's to those turns and the transcript.
+    code, body = post_json(srv, {"model": "voice-chat", "messages": TURNS + msgs,
+                                 "temperature": 0})
+    code2, body2 = post_json(srv, {"model": "smollm2", "temperature": 0, "messages":
+                                   TURNS + [{"role": "user", "content": want}]})
+    r = json.loads(body) if code == 200 else {}
+    r2 = json.loads(body2) if code2 == 200 else {}
+    content = r.get("choices", [{}])[0].get("message", {}).get("content")
+    check(code == 200 and r.get("transcript") == want and content and content != answer and
+          content == r2.get("choices", [{}])[0].get("message", {}).get("content") and
+          r["usage"]["prompt_tokens"] > r2["usage"]["prompt_tokens"],
+          "voice-chat after a system prompt and a turn: smollm2's answer to them and the "
+          "transcript, usage counting both models (%d %s / %d %s)" % (code, body[:300], code2,
+                                                                       body2[:300]))
     for b, words, what in [
             ({"model": "voice-chat", "messages": [{"role": "user", "content": "hi"}]},
              "one input_audio part", "a text message to voice-chat"),
-            ({"model": "voice-chat", "messages": [{"role": "system", "content": "Be brief."}] +
-              msgs}, "one input_audio part", "a system message beside the audio"),
+            ({"model": "voice-chat", "messages": msgs + [{"role": "user", "content": "Why?"}]},
+             "the last message is the user's", "audio in an earlier turn"),
+            ({"model": "voice-chat", "messages": [{"role": "user", "content": [
+                {"type": "text", "text": "Be brief."}, audio]}]},
+             "belongs in a system message", "text beside the audio"),
             ({"model": "smollm2", "messages": msgs}, "takes text", "audio to a text model"),
             ({"model": "voice-chat", "messages": [{"role": "user", "content": [
                 {"type": "input_audio", "input_audio": {"data": "!!", "format": "wav"}}]}]},
@@ -776,6 +922,7 @@ def main():
                   "the loop: %d" % len(runs))
             check_judged(c, pcm)
             check_condition(c, pcm)
+            too_long = check_languages(c)
             r = transcribe(c, pcm + pcm + pcm, options(language="en", timestamps=False))
             n = r.text().count("ask not what your country can do for you")
             runs = [x for x in r.timings if x.node == "encode"]
@@ -819,7 +966,8 @@ def main():
             check(c.health().ready, "ready after the bad requests")
 
         answer = check_voice_chat(srv, wav, want)
-        check_http(srv, want, want_segs)
+        check_cli(srv, want)
+        check_http(srv, want, want_segs, too_long)
         check_voice_http(srv, wav, want, answer)
 
         # Seven at once, on four decoding slots (max_batch 4): batched

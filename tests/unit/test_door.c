@@ -48,7 +48,11 @@ static const char *yaml =
     "    inputs: [p]\n"
     "    body:\n"
     "      node: {name: n3, model: m, inputs: [p], outputs: [{name: ids, to: client, new_token: "
-    "true}, {name: text, to: client, new_token: true, modality: text}]}\n";
+    "true}, {name: text, to: client, new_token: true, modality: text}]}\n"
+    "  - name: o\n"
+    "    inputs: [a, ctx]\n"
+    "    optional_inputs: [ctx]\n"
+    "    body: {node: {name: n4, model: m, inputs: [a, ctx], outputs: [{name: y, to: client}]}}\n";
 
 typedef struct fixture {
     cfg_config *cfg;
@@ -291,6 +295,44 @@ static void test_messages(void **state)
     f->q.messages_input = "a";
     assert_int_equal(check(f), BT_CODE_INVALID_ARGUMENT);
     assert_string_equal(f->why, "messages_input is 'a' but the request has no messages");
+}
+
+/* An optional input left out reaches the graph as an empty U8 tensor of
+ * its name; given, as a tensor or as the messages, it is what was given. */
+static void test_optional_inputs(void **state)
+{
+    fixture *f = *state;
+    f->q.graph = "o";
+    f->q.n_inputs = 1;
+    assert_int_equal(check(f), BT_CODE_OK);
+    assert_ptr_equal(f->p.by_input[0], &f->ta);
+    const Baton__V1__Tensor *t = f->p.by_input[1];
+    assert_non_null(t);
+    assert_string_equal(t->name, "ctx");
+    assert_int_equal(t->dtype, BATON__V1__DTYPE__U8);
+    assert_int_equal(t->n_dims, 1);
+    assert_int_equal(t->dims[0], 0);
+    assert_int_equal(t->data.len, 0);
+    f->tb.name = "ctx";
+    f->q.n_inputs = 2;
+    assert_int_equal(check(f), BT_CODE_OK);
+    assert_ptr_equal(f->p.by_input[1], &f->tb);
+    Baton__V1__ChatMessage m, *mp = &m;
+    baton__v1__chat_message__init(&m);
+    m.role = "system", m.content = "be brief";
+    f->q.n_messages = 1;
+    f->q.messages = &mp;
+    f->q.messages_input = "ctx";
+    f->q.n_inputs = 1;
+    assert_int_equal(check(f), BT_CODE_OK);
+    assert_ptr_equal(f->p.by_input[1], &f->p.chat);
+    assert_int_equal(f->p.chat_input, 1);
+    /* The other input is not optional. */
+    f->inputs[0] = &f->tb;
+    f->q.n_messages = 0;
+    f->q.messages_input = NULL;
+    assert_int_equal(check(f), BT_CODE_INVALID_ARGUMENT);
+    assert_string_equal(f->why, "graph 'o' needs input 'a', which the request does not give");
 }
 
 /* raw_inputs: inputs of the graph, once each, not the messages'. */
@@ -605,6 +647,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_passes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_request_id, setup, teardown),
         cmocka_unit_test_setup_teardown(test_graph, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_optional_inputs, setup, teardown),
         cmocka_unit_test_setup_teardown(test_inputs, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tensors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_max_iters, setup, teardown),

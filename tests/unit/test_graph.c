@@ -465,7 +465,8 @@ static void test_omni_stream(void **state)
 
 /* voice.yaml's voice_chat: the decoder's text reaches the client as
  * `transcript` and the LLM's as `answer` (`as`), and the transcript enters
- * prefill through the accumulate of both loops; the summary says so. */
+ * prefill through the accumulate of both loops, after the optional input
+ * `context` (the turns before); the summary says so. */
 static void test_voice_chat_names(void **state)
 {
     (void)state;
@@ -493,6 +494,13 @@ static void test_voice_chat_names(void **state)
     assert_int_equal(transcript, 1);
     assert_int_equal(answer, 2);
     assert_int_equal(into_prefill, 1);
+    int ctx = graph_input_index(g, "context");
+    assert_int_equal(ctx, 2);
+    assert_int_equal(g->optional, UINT64_C(1) << ctx);
+    int prefill = graph_entity_find(g, "prefill");
+    const graph_node *n = &g->entities[prefill].u.node;
+    assert_int_equal(n->n_inputs, 2);
+    assert_string_equal(n->inputs[0].name, "context");
     char *text = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&text, &len);
@@ -500,6 +508,7 @@ static void test_voice_chat_names(void **state)
     fclose(f);
     assert_non_null(strstr(text, "decode.text -> client as transcript [client, new_token, text]"));
     assert_non_null(strstr(text, "answer.text -> client as answer"));
+    assert_non_null(strstr(text, "inputs: audio options context (optional)\n"));
     free(text);
     built_free(&b);
 }

@@ -169,6 +169,7 @@ static void test_input_audio(void **state)
     assert_int_equal(c.audio_len, 6);
     assert_memory_equal(c.audio, "RIFF\0\x01", 6);
     assert_string_equal(c.msgs[1].content, "a");
+    assert_int_equal(c.audio_msg, 1);  /* the message that holds it */
     oa_chat_free(&c);
     assert_null(c.audio);
     /* A stray "text" key in an input_audio part is no text of the message
@@ -182,6 +183,7 @@ static void test_input_audio(void **state)
     assert_int_equal(parse(big, &c, param), 0);
     assert_string_equal(c.msgs[0].content, "");
     assert_int_equal(c.audio_len, 3);
+    assert_int_equal(c.audio_msg, 0);
     oa_chat_free(&c);
     static const char *const bad[] = {
         "{\"type\": \"input_audio\", \"input_audio\": {\"data\": \"UklG\", \"format\": \"aiff\"}}",
@@ -436,7 +438,7 @@ static void test_audio_formats(void **state)
     (void)state;
     const char *text = " Hello there. General Kenobi.";
     const char *segs = "{\"id\":3,\"seek\":0,\"start\":0.0,\"end\":1.5,\"text\":\" Hello there.\","
-                       "\"tokens\":[50364,1],\"temperature\":0.0}\n"
+                       "\"tokens\":[50364,1],\"temperature\":0.0,\"language\":\"de\"}\n"
                        "not json\n"
                        "{\"id\":4,\"seek\":300,\"start\":3661.25,\"end\":3662.0,"
                        "\"text\":\" General Kenobi.\",\"tokens\":[],\"temperature\":0.0}\n";
@@ -462,6 +464,16 @@ static void test_audio_formats(void **state)
     assert_int_equal(json_integer_value(json_object_get(json_array_get(a, 1), "seek")), 300);
     assert_true(json_real_value(json_object_get(json_array_get(a, 1), "start")) == 3661.25);
     assert_string_equal(json_string_value(json_object_get(v, "text")), text);
+    /* The language asked for; a segment's is no field of OpenAI's. */
+    assert_string_equal(json_string_value(json_object_get(v, "language")), "en");
+    assert_null(json_object_get(json_array_get(a, 0), "language"));
+    json_decref(v);
+    free(vj);
+    /* Not asked for: the one detected, from the first segment. */
+    vj = oa_audio_response(OA_AUDIO_VERBOSE_JSON, text, strlen(text), segs, strlen(segs),
+                           3662.5, "transcribe", "", &u, &ct);
+    v = json_loads(vj, 0, NULL);
+    assert_string_equal(json_string_value(json_object_get(v, "language")), "de");
     json_decref(v);
     /* No segments: one span over the audio. */
     char *one = oa_audio_response(OA_AUDIO_SRT, text, strlen(text), NULL, 0, 2.0, "transcribe",

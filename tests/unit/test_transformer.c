@@ -993,6 +993,95 @@ static void test_text_prompt(void **state)
     B->model_unload(m);
 }
 
+/* Appends one turn to a conversation in the backend ABI's encoding
+ * (baton_chat_next); returns the new length. */
+static size_t put_turn(uint8_t *at, size_t len, const char *role, const char *content)
+{
+    const char *s[2] = {role, content};
+    for (int k = 0; k < 2; k++) {
+        uint32_t n = (uint32_t)strlen(s[k]);
+        for (int i = 0; i < 4; i++)
+            at[len++] = (uint8_t)(n >> (8 * i));
+        memcpy(at + len, s[k], n);
+        len += n;
+    }
+    return len;
+}
+
+/* The prefill's first token and logits for R's item.  LOGITS: 49152 floats. */
+static int32_t prefill_logits(baton_model *m, req *r, float *logits)
+{
+    fake f = {0};
+    int32_t tok;
+    req *rp = r;
+    run(m, &f, &rp, 1, &tok);
+    memcpy(logits, f.res[0].out[1]->data, 49152 * sizeof(float));
+    fake_reset(&f);
+    return tok;
+}
+
+/* A prefill with two inputs reads a conversation, then the text of one
+ * more user turn (a voice chat: the turns the client sent, then what was
+ * heard): the same prompt as the whole conversation given at once, and
+ * with no turns before it, as the text alone in the chat template. */
+static void test_turn_after_conversation(void **state)
+{
+    (void)state;
+    if (!have_model())
+        skip();
+    baton_model *m = load(1, NULL);
+    static const char q[] = "What is the capital of France?";
+    uint8_t conv[256], whole[256];
+    size_t nc = put_turn(conv, 0, "system", "You are a pirate. Answer briefly.");
+    nc = put_turn(conv, nc, "user", "Hello!");
+    nc = put_turn(conv, nc, "assistant", "Ahoy, matey!");
+    memcpy(whole, conv, nc);
+    size_t nw = put_turn(whole, nc, "user", q);
+    float *a = malloc(49152 * sizeof(float)), *b = malloc(49152 * sizeof(float));
+    assert_non_null(a);
+    assert_non_null(b);
+    req r;
+    req_open(m, &r);
+    baton_input two[2] = {
+        {"context", {BATON_DTYPE_U8, 1, {(int64_t)nc}, conv, nc, 0}, 0, 0, 1, 0},
+        {"text", {BATON_DTYPE_U8, 1, {sizeof(q) - 1}, (void *)q, sizeof(q) - 1, 0}, 0, 0, 0, 0}};
+    req_item(&r, "prefill", REF[0].ids, 1);
+    r.item.inputs = two, r.item.n_inputs = 2;
+    int32_t ta = prefill_logits(m, &r, a);
+    req_item(&r, "prefill", REF[0].ids, 1);
+    r.in = (baton_input){"prompt", {BATON_DTYPE_U8, 1, {(int64_t)nw}, whole, nw, 0}, 0, 0, 1, 0};
+    int32_t tb = prefill_logits(m, &r, b);
+    assert_int_equal(ta, tb);
+    assert_memory_equal(a, b, 49152 * sizeof(float));
+    /* No turns before: the text alone, in the template. */
+    two[0].tensor = (baton_tensor){BATON_DTYPE_U8, 1, {0}, conv, 0, 0};
+    two[0].chat = 0;
+    req_item(&r, "prefill", REF[0].ids, 1);
+    r.item.inputs = two, r.item.n_inputs = 2;
+    ta = prefill_logits(m, &r, a);
+    req_item(&r, "prefill", REF[0].ids, 1);
+    r.in.tensor = (baton_tensor){BATON_DTYPE_U8, 1, {sizeof(q) - 1}, (void *)q, sizeof(q) - 1, 0};
+    tb = prefill_logits(m, &r, b);
+    assert_int_equal(ta, tb);
+    assert_memory_equal(a, b, 49152 * sizeof(float));
+    /* Text where the conversation goes, and a conversation where the text
+     * goes, are refused. */
+    two[0].tensor = two[1].tensor;
+    req_item(&r, "prefill", REF[0].ids, 1);
+    r.item.inputs = two, r.item.n_inputs = 2;
+    expect_item_fails(m, &r, BATON_STATUS_INVALID_ARGUMENT,
+                      "input 'context': want the request's messages (or nothing)");
+    two[0].tensor = (baton_tensor){BATON_DTYPE_U8, 1, {(int64_t)nc}, conv, nc, 0};
+    two[0].chat = 1;
+    two[1] = two[0];
+    two[1].name = "text";
+    expect_item_fails(m, &r, BATON_STATUS_INVALID_ARGUMENT, "input 'text': want UTF-8 text");
+    free(a);
+    free(b);
+    B->session_close(m, r.s);
+    B->model_unload(m);
+}
+
 static void test_bad_loads(void **state)
 {
     (void)state;
@@ -1146,6 +1235,7 @@ int main(void)
         cmocka_unit_test(test_sampling_reproducible),
         cmocka_unit_test(test_bad_inputs),
         cmocka_unit_test(test_text_prompt),
+        cmocka_unit_test(test_turn_after_conversation),
         cmocka_unit_test(test_bad_loads),
         cmocka_unit_test(test_describe),
         cmocka_unit_test(test_options_from_catalog),
