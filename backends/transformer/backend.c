@@ -1214,11 +1214,13 @@ static int32_t *encode_text(baton_model *m, baton_ctx *ctx, baton_item *it, cons
 }
 
 /* The token ids of a conversation (a request's messages: BYTES[0, LEN) as
- * baton_chat_next reads them), rendered with the model's chat template
+ * baton_chat_next reads them), and when LAST is not NULL one more user
+ * turn of LAST_LEN bytes after it, rendered with the model's chat template
  * whatever option chat_template says, a BOS first when the file asks for
  * one.  Malloc'd; NULL after failing the item. */
 static int32_t *encode_conv(baton_model *m, baton_ctx *ctx, baton_item *it,
-                            const uint8_t *bytes, size_t len, size_t *n)
+                            const uint8_t *bytes, size_t len, const char *last,
+                            size_t last_len, size_t *n)
 {
     char msg[256];
     size_t cap = 0, count = 0;
@@ -1232,6 +1234,12 @@ static int32_t *encode_conv(baton_model *m, baton_ctx *ctx, baton_item *it,
         if (BT_RESERVE(turns, count, cap, 8))
             break;
         turns[count++] = (tok_turn){turn.role, turn.role_len, turn.content, turn.content_len};
+    }
+    if (rc == 0 && last) {
+        if (BT_RESERVE(turns, count, cap, 8))
+            rc = 1;
+        else
+            turns[count++] = (tok_turn){"user", 4, last, last_len};
     }
     if (rc == 1) {
         ctx->fail(ctx, it, BATON_STATUS_RESOURCE_EXHAUSTED, "out of memory");
@@ -1295,7 +1303,8 @@ static int32_t *read_ids(baton_model *m, baton_ctx *ctx, baton_item *it, bool te
             return NULL;
         }
         int32_t *ids = it->inputs[0].chat
-                           ? encode_conv(m, ctx, it, (const uint8_t *)text, t->nbytes, n)
+                           ? encode_conv(m, ctx, it, (const uint8_t *)text, t->nbytes, NULL, 0,
+                                         n)
                            : encode_text(m, ctx, it, text, t->nbytes, n);
         free(text);
         if (ids && *n == 0) {
@@ -1383,25 +1392,16 @@ static int32_t *read_turn_ids(baton_model *m, baton_ctx *ctx, baton_item *it, si
                  turn->name, conv->name);
         goto bad;
     }
-    /* The turn joins the conversation as baton_chat_next reads it. */
-    uint8_t *bytes = malloc(a + 12 + b);
+    /* Both come to the host: the tokenizer runs here. */
+    uint8_t *bytes = malloc(a + b + 1);
     if (!bytes) {
         ctx->fail(ctx, it, BATON_STATUS_RESOURCE_EXHAUSTED, "out of memory");
         return NULL;
     }
-    uint8_t *at = bytes + a;
-    const uint32_t lens[2] = {4, (uint32_t)b};
-    for (int k = 0; k < 2; k++) {
-        for (int i = 0; i < 4; i++)
-            at[i] = (uint8_t)(lens[k] >> (8 * i));
-        at += 4;
-        if (k == 0)
-            memcpy(at, "user", 4), at += 4;
-    }
     int32_t *ids = NULL;
     if ((a == 0 || ctx->read(ctx, it, &conv->tensor, 0, bytes, a) == 0) &&
-        (b == 0 || ctx->read(ctx, it, &turn->tensor, 0, at, b) == 0))
-        ids = encode_conv(m, ctx, it, bytes, a + 12 + b, n);
+        (b == 0 || ctx->read(ctx, it, &turn->tensor, 0, bytes + a, b) == 0))
+        ids = encode_conv(m, ctx, it, bytes, a, (const char *)bytes + a, b, n);
     free(bytes);
     return ids;
 bad:
