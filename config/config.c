@@ -45,6 +45,17 @@ const cfg_worker *cfg_worker_find(const cfg_config *c, const char *name)
     return NULL;
 }
 
+bool cfg_model_replicated(const cfg_model *m)
+{
+    return m->n_workers > 1 && m->tp <= 1;
+}
+
+const char *cfg_routing_name(cfg_routing r)
+{
+    static const char *const names[] = {"cache_aware", "least_loaded", "round_robin"};
+    return (size_t)r < sizeof(names) / sizeof(names[0]) ? names[r] : NULL;
+}
+
 const cfg_model *cfg_model_find(const cfg_config *c, const char *name)
 {
     if (!name)

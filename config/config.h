@@ -102,14 +102,22 @@ typedef struct cfg_option {
     cfg_pos pos;
 } cfg_option;
 
+/* How a request picks one replica of a replicated model. */
+typedef enum cfg_routing {
+    CFG_ROUTE_CACHE_AWARE = 0, /* the replica holding the longest prefix, unless overloaded */
+    CFG_ROUTE_LEAST_LOADED = 1,/* the fewest pinned requests per max_batch */
+    CFG_ROUTE_ROUND_ROBIN = 2  /* in turn */
+} cfg_routing;
+
 typedef struct cfg_model {
     char *name;
     char *backend;         /* built-in name or "plugin:/path/lib.so" */
     const bt_backend_desc *desc; /* NULL for plugins (options unchecked) */
     cfg_str *workers;      /* owned array: `worker: x` gives one, `workers: [..]` several */
     size_t n_workers;
-    uint32_t tp;           /* tensor-parallel degree; default 1; == n_workers */
+    uint32_t tp;           /* tensor-parallel degree; default 1; == n_workers when above 1 */
     uint32_t max_batch;    /* default 1 */
+    cfg_routing routing;   /* replicas only; default cache_aware */
     cfg_option *options;   /* owned; every declared option, defaults filled in */
     size_t n_options;
     cfg_pos pos;
@@ -239,6 +247,11 @@ void cfg_config_destroy(cfg_config *c);
 const cfg_worker *cfg_worker_find(const cfg_config *c, const char *name);
 const cfg_model *cfg_model_find(const cfg_config *c, const char *name);
 const cfg_option *cfg_model_option(const cfg_model *m, const char *name);
+/* True when M holds a full copy on each of several workers (no tp): a
+ * request then runs on one replica. */
+bool cfg_model_replicated(const cfg_model *m);
+/* "cache_aware", "least_loaded" or "round_robin"; NULL past the last. */
+const char *cfg_routing_name(cfg_routing r);
 
 /* The profile called NAME: the config's `devices:` entry, else the
  * built-in one (h100, h200, cpu), else NULL. */

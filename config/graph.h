@@ -90,7 +90,8 @@ typedef struct graph_node {
     bool consumes_stream;
     bool async;
     bool speculative;      /* eligible for a speculation window (section 4.4) */
-    int worker;            /* primary worker index (tp rank 0) */
+    int worker;            /* primary worker index (tp rank 0; the first replica) */
+    bool replicated;       /* its model has replicas: each request picks one at run time */
 } graph_node;
 
 typedef struct graph_loop {

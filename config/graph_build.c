@@ -700,6 +700,7 @@ static void make_nodes_meta(builder *b)
             continue;
         }
         const cfg_model *m = &cfg->models[n->model_index];
+        n->replicated = cfg_model_replicated(m);
         for (size_t w = 0; m->n_workers && w < cfg->n_workers; w++)
             if (strcmp(cfg->workers[w].name, m->workers[0].s) == 0)
                 n->worker = (int)w;
@@ -845,18 +846,18 @@ static int graph_build_one(const cfg_config *cfg, const cfg_graph *cg, bt_diag *
     return diag->n_errors > errors_before ? BT_ECONFIG : 0;
 }
 
-/* The worker a loop value physically lives on: that of the node that made
- * the body value it takes. */
-static int value_worker(const graph *g, int value)
+/* The node whose worker a value physically lives on: for a loop value,
+ * the node that made the body value it takes. */
+static const graph_node *value_node(const graph *g, int value)
 {
     for (int guard = 0; value >= 0 && guard < GRAPH_MAX_DEPTH + 2; guard++) {
         const graph_value *v = &g->values[value];
         const graph_entity *p = &g->entities[v->producer];
         if (p->kind == GRAPH_NODE)
-            return p->u.node.worker;
+            return &p->u.node;
         value = v->source;
     }
-    return -1;
+    return NULL;
 }
 
 graph_transfer_kind graph_transfer_kind_of(bool same_host, bool gpu_from, bool gpu_to)
@@ -920,6 +921,49 @@ static void warn_cross_host(const graph_set *gs, bt_diag *diag, const char *loca
     }
 }
 
+/* The workers node N may run on: its own, or each replica of its model. */
+static size_t node_workers(const cfg_config *cfg, const graph_node *n, int *out, size_t cap)
+{
+    if (n->worker < 0)
+        return 0;
+    if (!n->replicated) {
+        out[0] = n->worker;
+        return 1;
+    }
+    const cfg_model *m = &cfg->models[n->model_index];
+    size_t k = 0;
+    for (size_t i = 0; i < m->n_workers && k < cap; i++) {
+        const cfg_worker *w = cfg_worker_find(cfg, m->workers[i].s);
+        if (w)
+            out[k++] = (int)(w - cfg->workers);
+    }
+    return k;
+}
+
+/* Records the transfers from node A's worker to node B's for edge EDGE (or
+ * graph input INPUT when EDGE < 0).  A replicated end may be any of its
+ * replicas, except that two nodes of one replicated model share theirs:
+ * a request stays on the replica it picked. */
+static int add_transfers(graph_set *gs, size_t *cap, const char *local_host, int gi, int edge,
+                         int input, const graph_node *a, const graph_node *b)
+{
+    const cfg_config *cfg = gs->cfg;
+    if (a->replicated && b->replicated && a->model_index == b->model_index)
+        return 0;
+    int from[64], to[64];
+    size_t nf = node_workers(cfg, a, from, 64), nt = node_workers(cfg, b, to, 64);
+    for (size_t i = 0; i < nf; i++)
+        for (size_t j = 0; j < nt; j++) {
+            if (from[i] == to[j])
+                continue;
+            if (BT_RESERVE(gs->transfers, gs->n_transfers, *cap, 8))
+                return BT_ENOMEM;
+            gs->transfers[gs->n_transfers++] = (graph_transfer){
+                gi, edge, input, from[i], to[j], transfer_kind(cfg, local_host, from[i], to[j])};
+        }
+    return 0;
+}
+
 static int partition(graph_set *gs, bt_diag *diag)
 {
     const cfg_config *cfg = gs->cfg;
@@ -939,7 +983,8 @@ static int partition(graph_set *gs, bt_diag *diag)
             const graph_entity *en = &g->entities[i];
             if (en->kind != GRAPH_NODE || en->u.node.model_index < 0)
                 continue;
-            /* A tensor-parallel node runs on every worker of its model. */
+            /* A tensor-parallel node runs on every worker of its model, a
+             * replicated one on any of them. */
             const cfg_model *m = &cfg->models[en->u.node.model_index];
             for (size_t k = 0; k < m->n_workers && !rc; k++) {
                 const cfg_worker *w = cfg_worker_find(cfg, m->workers[k].s);
@@ -951,19 +996,15 @@ static int partition(graph_set *gs, bt_diag *diag)
             const graph_edge *e = &g->edges[ei];
             if (e->consumer < 0)
                 continue;
-            int from = value_worker(g, e->value);
-            int to = g->entities[e->consumer].u.node.worker;
-            if (from < 0 || to < 0 || from == to)
-                continue;
-            if ((rc = BT_RESERVE(gs->transfers, gs->n_transfers, cap, 8)))
-                break;
-            gs->transfers[gs->n_transfers++] = (graph_transfer){
-                (int)gi, (int)ei, -1, from, to, transfer_kind(cfg, local_host, from, to)};
+            const graph_node *from = value_node(g, e->value);
+            if (from)
+                rc = add_transfers(gs, &cap, local_host, (int)gi, (int)ei, -1, from,
+                                   &g->entities[e->consumer].u.node);
         }
         /* A graph input lands on the worker of its first consumer; the
          * others read it from there. */
         for (size_t k = 0; k < g->n_inputs && !rc; k++) {
-            int home = -1;
+            const graph_node *home = NULL;
             for (size_t i = 0; i < g->n_entities && !rc; i++) {
                 const graph_entity *en = &g->entities[i];
                 if (en->kind != GRAPH_NODE)
@@ -971,17 +1012,11 @@ static int partition(graph_set *gs, bt_diag *diag)
                 for (size_t x = 0; x < en->u.node.n_inputs && !rc; x++) {
                     if (en->u.node.inputs[x].graph_input != (int)k || en->u.node.worker < 0)
                         continue;
-                    int w = en->u.node.worker;
-                    if (home < 0) {
-                        home = w;
-                        continue;
-                    }
-                    if (w == home)
-                        continue;
-                    if ((rc = BT_RESERVE(gs->transfers, gs->n_transfers, cap, 8)))
-                        break;
-                    gs->transfers[gs->n_transfers++] = (graph_transfer){
-                        (int)gi, -1, (int)k, home, w, transfer_kind(cfg, local_host, home, w)};
+                    if (!home)
+                        home = &en->u.node;
+                    else
+                        rc = add_transfers(gs, &cap, local_host, (int)gi, -1, (int)k, home,
+                                           &en->u.node);
                 }
             }
         }

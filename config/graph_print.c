@@ -35,8 +35,18 @@ static void print_entity(const graph_set *gs, const graph *g, int idx, int inden
     if (en->kind == GRAPH_NODE) {
         const graph_node *n = &en->u.node;
         const char *wname = n->worker >= 0 ? gs->cfg->workers[n->worker].name : "?";
-        fprintf(out, "%*snode %s: model %s, mode '%s', on %s%s%s%s\n", indent, "", en->name,
-                n->model, n->mode, wname, n->consumes_stream ? ", consumes a stream" : "",
+        fprintf(out, "%*snode %s: model %s, mode '%s', on ", indent, "", en->name, n->model,
+                n->mode);
+        if (n->replicated) {
+            /* Every replica, in the order listed: the request picks one. */
+            const cfg_model *m = &gs->cfg->models[n->model_index];
+            for (size_t k = 0; k < m->n_workers; k++)
+                fprintf(out, "%s%s", k ? " or " : "", m->workers[k].s);
+            fprintf(out, " (one replica per request)");
+        } else {
+            fprintf(out, "%s", wname);
+        }
+        fprintf(out, "%s%s%s\n", n->consumes_stream ? ", consumes a stream" : "",
                 n->async ? ", async" : "", n->speculative ? " (speculation window)" : "");
         for (size_t k = 0; k < n->n_inputs; k++) {
             const graph_input *in = &n->inputs[k];
@@ -111,6 +121,9 @@ void graph_set_print(const graph_set *gs, FILE *out)
             fprintf(out, " %s", md->workers[k].s);
         if (md->tp > 1)
             fprintf(out, " (tensor parallel %u)", md->tp);
+        if (cfg_model_replicated(md))
+            fprintf(out, " (%zu replicas, routing %s)", md->n_workers,
+                    cfg_routing_name(md->routing));
         fprintf(out, "\n");
     }
     for (size_t gi = 0; gi < gs->n_graphs; gi++) {

@@ -55,12 +55,12 @@ static void load_placement(cfg__loader *l, cfg_model *m, const yt_node *mv, cons
     if (one && many) {
         bt_diag_error(l->diag, many->line, many->col,
                       "%s sets both 'worker' and 'workers'; use 'worker' for one, 'workers' "
-                      "with tp for several",
+                      "for several (replicas, or shards with tp)",
                       ctx);
         return;
     }
     if (!one && !many) {
-        bt_diag_error(l->diag, mv->line, mv->col, "%s has no 'worker' (or 'workers' with tp)", ctx);
+        bt_diag_error(l->diag, mv->line, mv->col, "%s has no 'worker' (or 'workers')", ctx);
         return;
     }
     if (one) {
@@ -74,10 +74,10 @@ static void load_placement(cfg__loader *l, cfg_model *m, const yt_node *mv, cons
             return;
         }
         if (many->n_items > 64) {
-            /* tp is at most 64, so a longer list is wrong whatever it holds. */
+            /* tp is at most 64, and a model needs no more copies than that. */
             bt_diag_error(l->diag, many->line, many->col,
-                          "%s lists %zu workers; tensor parallelism spans at most 64", ctx,
-                          many->n_items);
+                          "%s lists %zu workers; a model spans at most 64 (shards or replicas)",
+                          ctx, many->n_items);
             return;
         }
         m->workers = cfg__calloc(l, many->n_items, sizeof(*m->workers));
@@ -123,13 +123,36 @@ static void load_placement(cfg__loader *l, cfg_model *m, const yt_node *mv, cons
                                       "'%s'; a worker may be rank 0 of tensor-parallel models "
                                       "or one of their other ranks, not both",
                                       m->workers[k].s, k, ctx, j, p->name ? p->name : "?");
-    } else if (m->tp == 1 && m->n_workers > 1) {
-        const yt_node *at = tp ? tp : many;
-        bt_diag_error(l->diag, at->line, at->col,
-                      "%s is placed on %zu workers but tp is 1; set tp: %zu to split it over "
-                      "them, or name one worker",
-                      ctx, m->n_workers, m->n_workers);
     }
+    /* Several workers with tp 1 hold a full copy each (replicas): any mix of
+     * CPU and GPU workers will do, since a request stays on one of them. */
+}
+
+static void load_routing(cfg__loader *l, cfg_model *m, const yt_node *v, const char *ctx)
+{
+    const char *names[8];
+    size_t n = 0;
+    while (n < N_OF(names) && (names[n] = cfg_routing_name((cfg_routing)n)))
+        n++;
+    char *s = NULL;
+    if (!cfg__str(l, v, "routing", &s))
+        return;
+    size_t k = 0;
+    while (k < n && strcmp(s, names[k]) != 0)
+        k++;
+    if (k == n) {
+        const char *hint = bt_suggest(s, names, n);
+        bt_diag_error(l->diag, v->line, v->col,
+                      "unknown routing '%s' for %s%s%s%s (cache_aware, least_loaded or "
+                      "round_robin)", s, ctx, hint ? "; did you mean '" : "", hint ? hint : "",
+                      hint ? "'?" : "");
+    } else if (!cfg_model_replicated(m)) {
+        bt_diag_warn(l->diag, v->line, v->col,
+                     "%s sets 'routing' but has no replicas (several workers without tp); "
+                     "it does nothing", ctx);
+    }
+    m->routing = k < n ? (cfg_routing)k : CFG_ROUTE_CACHE_AWARE;
+    free(s);
 }
 
 /* Reads the value V of option D of backend B into O; false (reported at
@@ -306,7 +329,7 @@ static void load_options(cfg__loader *l, cfg_model *m, const yt_node *mv, const 
 static void load_model(cfg__loader *l, const yt_node *v, cfg_model *m, cfg__names *seen)
 {
     static const char *const keys[] = {"name", "backend", "worker",   "workers",
-                                       "tp",   "max_batch", "options"};
+                                       "tp",   "max_batch", "options", "routing"};
     const yt_node *f[N_OF(keys)];
     char ctx[96];
     const char *peek = cfg__peek_name(v);
@@ -358,6 +381,8 @@ static void load_model(cfg__loader *l, const yt_node *v, cfg_model *m, cfg__name
     /* Options of an unknown backend cannot be checked; one error is enough. */
     if (backend_ok)
         load_options(l, m, v, f[6], ctx);
+    if (f[7])
+        load_routing(l, m, f[7], ctx);
 }
 
 void cfg__load_models(cfg__loader *l, const yt_node *v)

@@ -60,6 +60,7 @@ struct conductor {
     /* The modules, created in this order and destroyed in reverse. */
     metrics *m;
     supervisor *sup;
+    replicas *rs;
     tensor_table *tt;
     dispatcher *disp;
     outbound *out;
@@ -210,6 +211,8 @@ static void on_worker_lost(void *arg, int w, const char *why)
     tt_forget_worker(c->tt, w);
     disp_worker_lost(c->disp, w);
     front_fetches_lost(c->front, w);
+    /* Its prefix cache went with it; a new incarnation reports afresh. */
+    replicas_worker_reset(c->rs, w);
 }
 
 static void on_worker_message(void *arg, int w, const Baton__V1__WorkerMessage *m)
@@ -376,6 +379,7 @@ static char *inspect_text(conductor *c, const char *graph_name)
     else
         graph_set_print(c->gs, f);
     print_transfers_now(c, f);
+    replicas_print(c->rs, f);
     bool heading = false;
     for (size_t w = 0; w < sup_n_workers(c->sup); w++) {
         const sup_worker *wk = sup_worker_get(c->sup, (int)w);
@@ -759,6 +763,11 @@ static int bind_sockets(conductor *c)
     return SET_SOCKOPT(c->front_sock, c->cfg->daemon.listen, ZMQ_MAXMSGSIZE, hard);
 }
 
+static bool worker_ready(void *arg, int w)
+{
+    return sup_worker_get(arg, w)->state == SUP_READY;
+}
+
 /* Creates the modules bottom-up and connects their hooks to this file. */
 static int create_modules(conductor *c)
 {
@@ -775,15 +784,17 @@ static int create_modules(conductor *c)
         return rc;
     if ((rc = sup_create(&so, &sh, &c->sup)) < 0)
         return rc;
+    if ((rc = replicas_create(c->cfg, worker_ready, c->sup, &c->rs)) < 0)
+        return rc;
     if (!(c->tt = tt_create(c->sup)))
         return BT_ENOMEM;
-    rc = disp_create(c->gs, c->cfg->daemon.speculation_window, c->sup, c->tt, c->m, &dh,
+    rc = disp_create(c->gs, c->cfg->daemon.speculation_window, c->sup, c->rs, c->tt, c->m, &dh,
                      &c->disp);
     if (rc < 0)
         return rc;
     if (!(c->out = out_create(c->front_sock, c->gs, c->sup, c->tt, c->m)))
         return BT_ENOMEM;
-    front_options fo = {c->gs, c->front_sock, c->out, c->sup, c->tt, c->disp, {0}};
+    front_options fo = {c->gs, c->front_sock, c->out, c->sup, c->tt, c->disp, c->rs, {0}};
     if ((rc = front_create(&fo, &fh, &c->front)) < 0)
         return rc;
     apply_limits(c, c->cfg);
@@ -906,6 +917,7 @@ void conductor_destroy(conductor *c)
     out_destroy(c->out);
     disp_destroy(c->disp);
     tt_destroy(c->tt);
+    replicas_destroy(c->rs);
     sup_destroy(c->sup);
     metrics_destroy(c->m);
     if (c->front_sock)

@@ -14,6 +14,7 @@
 /* What a running request carries besides its graph state. */
 typedef struct disp_request {
     disp_params p;                /* p.request_id owned */
+    uint8_t *sent_to;             /* per worker: a Dispatch went there (its sessions); owned */
     disp_timing *timings;         /* owned, in arrival order */
     size_t n_timings, cap_timings;
 } disp_request;
@@ -29,12 +30,13 @@ typedef struct pending_extend {
  * once the batch's other messages have gone. */
 typedef struct ended_request {
     uint64_t req;
-    int graph;
+    uint8_t *sent_to;             /* the request's, handed over; owned */
 } ended_request;
 
 struct dispatcher {
     const graph_set *gs;          /* borrowed */
     supervisor *sup;              /* borrowed */
+    replicas *rs;                 /* borrowed */
     tensor_table *tt;             /* borrowed */
     metrics *m;                   /* borrowed */
     disp_hooks hooks;
@@ -54,12 +56,14 @@ static void request_free(disp_request *r)
     if (!r)
         return;
     free((char *)r->p.request_id);
+    free(r->sent_to);
     free(r->timings);
     free(r);
 }
 
 int disp_create(const graph_set *gs, uint32_t speculation_window, supervisor *sup,
-                tensor_table *tt, metrics *m, const disp_hooks *hooks, dispatcher **out)
+                replicas *rs, tensor_table *tt, metrics *m, const disp_hooks *hooks,
+                dispatcher **out)
 {
     *out = NULL;
     dispatcher *d = calloc(1, sizeof(*d));
@@ -67,6 +71,7 @@ int disp_create(const graph_set *gs, uint32_t speculation_window, supervisor *su
         return BT_ENOMEM;
     d->gs = gs;
     d->sup = sup;
+    d->rs = rs;
     d->tt = tt;
     d->m = m;
     d->hooks = *hooks;
@@ -93,6 +98,8 @@ void disp_destroy(dispatcher *d)
     u64map_free(&d->requests);
     rt_destroy(d->rt);
     free(d->extends);
+    for (size_t k = 0; k < d->n_ended; k++)
+        free(d->ended[k].sent_to);
     free(d->ended);
     free(d);
 }
@@ -334,15 +341,27 @@ static void fill_loop_backs(dispatch_msg *m, const rt_action *a, const graph *g,
         }
 }
 
+/* The worker node N of request REQ runs on: its own, or the replica of its
+ * model the request is pinned to.  PICK: pin the request to one now if it
+ * has none (a Dispatch); else -1 (an Extend or a Drop follows a Dispatch,
+ * so the pin is there unless the request was ended). */
+static int node_worker(dispatcher *d, uint64_t req, const graph_node *n, bool pick)
+{
+    if (!n->replicated)
+        return n->worker;
+    return pick ? replicas_pick(d->rs, req, n->model_index, NULL)
+                : replicas_pinned(d->rs, req, n->model_index);
+}
+
 /* Sends the Dispatch of action A to its node's worker; a dispatch that
  * cannot go fails its node (UNAVAILABLE), which ends the request. */
 static void send_dispatch(dispatcher *dp, const rt_action *a)
 {
-    const disp_request *r = u64map_get(&dp->requests, a->req);
+    disp_request *r = u64map_get(&dp->requests, a->req);
     const graph *g = &dp->gs->graphs[a->graph];
     const graph_entity *en = &g->entities[a->u.dispatch.node];
     const graph_node *n = &en->u.node;
-    int w = n->worker;
+    int w = node_worker(dp, a->req, n, true);
     dispatch_msg m;
     char why[512] = "";
     int code = BT_CODE_UNAVAILABLE;
@@ -390,9 +409,12 @@ static void send_dispatch(dispatcher *dp, const rt_action *a)
         cm.dispatch = &d;
         if (w < 0 || sup_worker_get(dp->sup, w)->state != SUP_READY ||
             sup_send(dp->sup, w, &cm) < 0) {
-            fail = "its worker is not available";
+            fail = n->replicated && w < 0 ? "no replica of its model is ready"
+                                          : "its worker is not available";
             code = BT_CODE_UNAVAILABLE;
         } else {
+            if (r && r->sent_to)
+                r->sent_to[w] = 1;
             send_nccl_parts(dp, &m, w, d.remaining_ms);
         }
     }
@@ -440,7 +462,8 @@ static void flush_extends(dispatcher *d)
         const pending_extend *p = &d->extends[i];
         if (!u64map_get(&d->requests, p->req))
             continue;
-        int w = d->gs->graphs[p->graph].entities[p->node].u.node.worker;
+        int w = node_worker(d, p->req, &d->gs->graphs[p->graph].entities[p->node].u.node,
+                            false);
         Baton__V1__Extend ex = BATON__V1__EXTEND__INIT;
         ex.request_key = p->req;
         ex.graph = (uint32_t)p->graph;
@@ -459,7 +482,7 @@ static void send_window(dispatcher *d, const rt_action *a)
 {
     const graph *g = &d->gs->graphs[a->graph];
     int node = a->kind == RT_EXTEND ? a->u.extend.node : a->u.drop.node;
-    int w = g->entities[node].u.node.worker;
+    int w = node_worker(d, a->req, &g->entities[node].u.node, false);
     Baton__V1__ConductorMessage m = BATON__V1__CONDUCTOR_MESSAGE__INIT;
     Baton__V1__Extend ex = BATON__V1__EXTEND__INIT;
     Baton__V1__Drop dr = BATON__V1__DROP__INIT;
@@ -486,16 +509,13 @@ static void send_window(dispatcher *d, const rt_action *a)
         sup_send(d->sup, w, &m);
 }
 
-/* The request's sessions (KV caches) and queued work go on every worker its
- * graph uses.  Sent after the response: the client need not wait for it. */
-static void close_sessions(dispatcher *d, uint64_t key, int gi)
+/* The request's sessions (KV caches) and queued work go on every worker it
+ * sent a Dispatch to (SENT_TO).  Sent after the response: the client need
+ * not wait for it. */
+static void close_sessions(dispatcher *d, uint64_t key, const uint8_t *sent_to)
 {
-    const graph *g = &d->gs->graphs[gi];
-    for (size_t w = 0; w < sup_n_workers(d->sup); w++) {
-        bool used = false;
-        for (size_t i = 0; i < g->n_entities && !used; i++)
-            used = g->entities[i].kind == GRAPH_NODE && g->entities[i].u.node.worker == (int)w;
-        if (!used || sup_worker_get(d->sup, (int)w)->state == SUP_DOWN)
+    for (size_t w = 0; sent_to && w < sup_n_workers(d->sup); w++) {
+        if (!sent_to[w] || sup_worker_get(d->sup, (int)w)->state == SUP_DOWN)
             continue;
         Baton__V1__SessionClose sc = BATON__V1__SESSION_CLOSE__INIT;
         sc.request_key = key;
@@ -512,12 +532,19 @@ static void respond(dispatcher *d, const rt_action *a)
 {
     disp_request *r = u64map_del(&d->requests, a->req);
     d->hooks.response(d->hooks.arg, a->req, a, r ? r->timings : NULL, r ? r->n_timings : 0);
-    request_free(r);
+    /* Its replicas take new requests in its place from now on. */
+    replicas_unpin(d->rs, a->req);
     extend_forget(d, a->req, -1);
-    if (BT_RESERVE(d->ended, d->n_ended, d->cap_ended, 16) == 0)
-        d->ended[d->n_ended++] = (ended_request){a->req, a->graph};
-    else
-        close_sessions(d, a->req, a->graph); /* out of memory: at once, still correct */
+    uint8_t *sent_to = r ? r->sent_to : NULL;
+    if (r)
+        r->sent_to = NULL;
+    request_free(r);
+    if (BT_RESERVE(d->ended, d->n_ended, d->cap_ended, 16) == 0) {
+        d->ended[d->n_ended++] = (ended_request){a->req, sent_to};
+    } else {
+        close_sessions(d, a->req, sent_to); /* out of memory: at once, still correct */
+        free(sent_to);
+    }
 }
 
 /* Carries out the runtime's queued actions, in order. */
@@ -560,8 +587,10 @@ static void run_actions(dispatcher *d)
     /* Sessions close after the responses went out: the client need not
      * wait for it, and the Fetches the responses wait on are already out,
      * ahead of any SessionClose or Release of the same tensors. */
-    for (size_t k = 0; k < d->n_ended; k++)
-        close_sessions(d, d->ended[k].req, d->ended[k].graph);
+    for (size_t k = 0; k < d->n_ended; k++) {
+        close_sessions(d, d->ended[k].req, d->ended[k].sent_to);
+        free(d->ended[k].sent_to);
+    }
     d->n_ended = 0;
     /* Inside a burst of worker messages the releases wait for its end: one
      * Release per worker per burst. */
@@ -579,7 +608,8 @@ int disp_start(dispatcher *d, uint64_t req, int gi, const rt_tensor *inputs, boo
         return BT_ENOMEM;
     r->p = *p;
     r->p.request_id = strdup(p->request_id ? p->request_id : "");
-    if (!r->p.request_id || u64map_put(&d->requests, req, r) < 0) {
+    r->sent_to = calloc(sup_n_workers(d->sup) + 1, 1);
+    if (!r->p.request_id || !r->sent_to || u64map_put(&d->requests, req, r) < 0) {
         request_free(r);
         return BT_ENOMEM;
     }
@@ -628,7 +658,15 @@ void disp_end_all(dispatcher *d, bt_code code, const char *message)
 
 void disp_worker_lost(dispatcher *d, int w)
 {
-    rt_worker_lost(d->rt, w);
+    /* Requests pinned to W as their replica of a model end with it; the
+     * rest of its model's requests keep their own replicas. */
+    uint64_t *pinned = NULL;
+    size_t n = 0;
+    if (replicas_pinned_to(d->rs, w, &pinned, &n) < 0)
+        bt_error("out of memory listing the requests on lost worker %s; those not otherwise "
+                 "tied to it end at their deadline", sup_worker_get(d->sup, w)->cfg->name);
+    rt_worker_lost(d->rt, w, pinned, n);
+    free(pinned);
     run_actions(d);
 }
 

@@ -20,6 +20,7 @@
 
 #include "config/graph.h"
 #include "daemon/metrics.h"
+#include "daemon/replicas.h"
 #include "daemon/supervisor.h"
 #include "daemon/tensors.h"
 #include "runtime/runtime.h"
@@ -53,10 +54,13 @@ typedef struct disp_params {
 
 typedef struct dispatcher dispatcher;
 
-/* GS, SUP, TT and M are borrowed and must outlive the dispatcher.
- * 0 or BT_ENOMEM. */
+/* GS, SUP, RS, TT and M are borrowed and must outlive the dispatcher.
+ * A node of a replicated model goes to the replica RS pins its request
+ * to, picked at the request's first need of the model; the pins go when
+ * the request responds.  0 or BT_ENOMEM. */
 int disp_create(const graph_set *gs, uint32_t speculation_window, supervisor *sup,
-                tensor_table *tt, metrics *m, const disp_hooks *hooks, dispatcher **out);
+                replicas *rs, tensor_table *tt, metrics *m, const disp_hooks *hooks,
+                dispatcher **out);
 void disp_destroy(dispatcher *d);
 
 /* Starts request REQ in the runtime (rt_request_start's arguments) and
@@ -75,7 +79,8 @@ void disp_abort(dispatcher *d, uint64_t req, bt_code code, const char *message);
 void disp_stop(dispatcher *d, uint64_t req);
 /* Ends every running request (shutdown). */
 void disp_end_all(dispatcher *d, bt_code code, const char *message);
-/* Worker W was lost: ends the requests that use it. */
+/* Worker W was lost: ends the requests that use it, among them those
+ * pinned to it as a replica. */
 void disp_worker_lost(dispatcher *d, int w);
 
 /* Results of live worker W. */

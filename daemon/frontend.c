@@ -64,9 +64,10 @@ struct frontend {
     dl_heap deadlines;
     uint64_t next_key;
     uint64_t next_put_tensor;     /* ids of early puts, chosen here (top bit set) */
-    int **input_worker;           /* per graph, per input: worker of its first consumer, -1 */
-    uint8_t **input_local;        /* per graph, per input: every consumer is on that worker,
-                                     so the request need not wait for its Placed */
+    replicas *rs;                 /* borrowed: a replicated consumer's pick */
+    int **input_node;             /* per graph, per input: entity of its first consumer, -1 */
+    uint8_t **input_local;        /* per graph, per input: every consumer runs where that one
+                                     does, so the request need not wait for its Placed */
 };
 
 /* ---- the request table ------------------------------------------------- */
@@ -286,9 +287,25 @@ static void release_inputs(frontend *f, front_request *r)
 static void end_placing(frontend *f, front_request *r, bt_code code, const char *message)
 {
     release_inputs(f, r);
+    replicas_unpin(f->rs, r->key);
     if (!r->discard)
         out_reject(f->out, r->identity, r->identity_len, r->request_id, code, "%s", message);
     request_free(f, r);
+}
+
+/* The worker input K of request R goes to: its first consumer's, or the
+ * replica of that consumer's model R is pinned to.  PICK: pin R to one now
+ * if it has none.  -1 for an input nothing reads, or no replica ready. */
+static int input_home(frontend *f, const front_request *r, size_t k, bool pick)
+{
+    int e = f->input_node[r->graph][k];
+    if (e < 0)
+        return -1;
+    const graph_node *n = &f->gs->graphs[r->graph].entities[e].u.node;
+    if (!n->replicated)
+        return n->worker;
+    return pick ? replicas_pick(f->rs, r->key, n->model_index, NULL)
+                : replicas_pinned(f->rs, r->key, n->model_index);
 }
 
 void front_end_placing(frontend *f, int w, bt_code code, const char *message)
@@ -302,7 +319,7 @@ void front_end_placing(frontend *f, int w, bt_code code, const char *message)
         const graph *g = &f->gs->graphs[r->graph];
         bool uses = w < 0;
         for (size_t k = 0; k < g->n_inputs && !uses; k++)
-            uses = f->input_worker[r->graph][k] == w;
+            uses = input_home(f, r, k, false) == w;
         if (!uses)
             continue;
         /* Inputs placed on a dead worker are gone with it. */
@@ -446,8 +463,17 @@ static void place_inputs(frontend *f, front_request *r, const Baton__V1__Tensor 
 {
     const graph *g = &f->gs->graphs[r->graph];
     for (size_t k = 0; k < g->n_inputs; k++) {
-        int w = f->input_worker[r->graph][k];
-        if (w >= 0 && !place_input(f, r, k, w, by_input[k]))
+        if (f->input_node[r->graph][k] < 0)
+            continue;
+        int w = input_home(f, r, k, true);
+        if (w < 0) {
+            const graph_node *n = &g->entities[f->input_node[r->graph][k]].u.node;
+            char msg[160];
+            snprintf(msg, sizeof(msg), "no replica of model '%s' is ready", n->model);
+            end_placing(f, r, BT_CODE_UNAVAILABLE, msg);
+            return;
+        }
+        if (!place_input(f, r, k, w, by_input[k]))
             return;
     }
     if (r->puts_pending == 0)
@@ -899,24 +925,32 @@ void front_set_admission(frontend *f, front_admission a)
 
 /* ---- create / destroy -------------------------------------------------- */
 
-/* Per graph input: the worker of its first consumer, and whether every
- * consumer reads it there (then nobody needs its pool offset: a Dispatch
- * names it by the id the Put gave it). */
-static void input_placement(const graph *g, size_t k, int *worker, uint8_t *local)
+/* Where node N runs, as far as the graph tells: its worker, or for a
+ * replicated node its model (as -2 - model): every node of one replicated
+ * model runs on the replica its request picked. */
+static int placement_of(const graph_node *n)
 {
-    *worker = -1;
+    return n->replicated ? -2 - n->model_index : n->worker;
+}
+
+/* Per graph input: the entity of its first consumer, and whether every
+ * consumer reads it where that one runs (then nobody needs its pool
+ * offset: a Dispatch names it by the id the Put gave it). */
+static void input_placement(const graph *g, size_t k, int *node, uint8_t *local)
+{
+    *node = -1;
     *local = 0;
     for (size_t e = 0; e < g->n_entities; e++) {
         const graph_entity *en = &g->entities[e];
-        if (en->kind != GRAPH_NODE)
+        if (en->kind != GRAPH_NODE || en->u.node.worker < 0)
             continue;
         for (size_t x = 0; x < en->u.node.n_inputs; x++) {
             if (en->u.node.inputs[x].graph_input != (int)k)
                 continue;
-            if (*worker < 0) {
-                *worker = en->u.node.worker;
+            if (*node < 0) {
+                *node = (int)e;
                 *local = 1;
-            } else if (en->u.node.worker != *worker) {
+            } else if (placement_of(&en->u.node) != placement_of(&g->entities[*node].u.node)) {
                 *local = 0;
             }
         }
@@ -935,6 +969,7 @@ int front_create(const front_options *opt, const front_hooks *hooks, frontend **
     f->sup = opt->sup;
     f->tt = opt->tt;
     f->disp = opt->disp;
+    f->rs = opt->rs;
     f->limits = opt->limits;
     f->hooks = *hooks;
     f->clients = out_clients(opt->out);
@@ -942,18 +977,18 @@ int front_create(const front_options *opt, const front_hooks *hooks, frontend **
     u64map_init(&f->by_client);
     dl_init(&f->deadlines);
     size_t ng = f->gs->n_graphs;
-    f->input_worker = calloc(ng + 1, sizeof(*f->input_worker));
+    f->input_node = calloc(ng + 1, sizeof(*f->input_node));
     f->input_local = calloc(ng + 1, sizeof(*f->input_local));
-    if (!f->input_worker || !f->input_local)
+    if (!f->input_node || !f->input_local)
         goto err;
     for (size_t g = 0; g < ng; g++) {
         const graph *gr = &f->gs->graphs[g];
-        f->input_worker[g] = malloc((gr->n_inputs + 1) * sizeof(int));
+        f->input_node[g] = malloc((gr->n_inputs + 1) * sizeof(int));
         f->input_local[g] = calloc(gr->n_inputs + 1, 1);
-        if (!f->input_worker[g] || !f->input_local[g])
+        if (!f->input_node[g] || !f->input_local[g])
             goto err;
         for (size_t k = 0; k < gr->n_inputs; k++)
-            input_placement(gr, k, &f->input_worker[g][k], &f->input_local[g][k]);
+            input_placement(gr, k, &f->input_node[g][k], &f->input_local[g][k]);
     }
     *out = f;
     return 0;
@@ -977,11 +1012,11 @@ void front_destroy(frontend *f)
     u64map_free(&f->requests);
     u64map_free(&f->by_client);
     dl_free(&f->deadlines);
-    for (size_t g = 0; f->input_worker && g < f->gs->n_graphs; g++)
-        free(f->input_worker[g]);
+    for (size_t g = 0; f->input_node && g < f->gs->n_graphs; g++)
+        free(f->input_node[g]);
     for (size_t g = 0; f->input_local && g < f->gs->n_graphs; g++)
         free(f->input_local[g]);
-    free(f->input_worker);
+    free(f->input_node);
     free(f->input_local);
     free(f);
 }

@@ -66,6 +66,7 @@ typedef struct front_options {
     supervisor *sup;
     tensor_table *tt;
     dispatcher *disp;
+    replicas *rs;                 /* an input read by a replicated model goes to its pick */
     front_limits limits;
 } front_options;                  /* everything borrowed; it outlives the frontend */
 

@@ -19,7 +19,7 @@ struct roster {
     tp_groups *groups;            /* borrowed: the ids of tensor-parallel ranks' Loads */
     pair_table *pairs;            /* borrowed: a registration forgets the worker's pairs */
     roster_hooks hooks;
-    bool ready;                   /* every worker READY */
+    bool ready;                   /* every model servable: see roster_update_ready */
 };
 
 int roster_create(const cfg_config *cfg, worker_set *ws, tp_groups *groups, pair_table *pairs,
@@ -52,15 +52,45 @@ bool roster_ready(const roster *r)
     return r->ready;
 }
 
+/* Is W needed for readiness?  Every worker is, but one that holds only
+ * replicas of models with another replica READY: those models still serve
+ * (a lost replica ends its own requests, the others go on). */
+static bool needed(const roster *r, const sup_worker *w)
+{
+    const cfg_config *cfg = r->cfg;
+    bool holds = false;
+    for (size_t m = 0; m < cfg->n_models; m++) {
+        const cfg_model *md = &cfg->models[m];
+        bool here = false, other = false;
+        for (size_t k = 0; k < md->n_workers; k++) {
+            const sup_worker *x = workers_named(r->ws, md->workers[k].s);
+            if (x == w)
+                here = true;
+            else if (x && x->state == SUP_READY)
+                other = true;
+        }
+        if (!here)
+            continue;
+        holds = true;
+        if (!cfg_model_replicated(md) || !other)
+            return true;
+    }
+    return !holds;
+}
+
 void roster_update_ready(roster *r)
 {
-    size_t n = workers_count(r->ws);
+    size_t n = workers_count(r->ws), up = 0;
     bool was = r->ready, now = true;
-    for (size_t w = 0; w < n; w++)
-        now = now && workers_at(r->ws, (int)w)->state == SUP_READY;
+    for (size_t w = 0; w < n; w++) {
+        const sup_worker *wk = workers_at(r->ws, (int)w);
+        up += wk->state == SUP_READY;
+        if (wk->state != SUP_READY && needed(r, wk))
+            now = false;
+    }
     r->ready = now;
     if (now && !was)
-        bt_info("ready: %zu worker%s loaded", n, n == 1 ? "" : "s");
+        bt_info("ready: %zu of %zu worker%s loaded", up, n, n == 1 ? "" : "s");
     else if (!now && was)
         bt_warn("not ready: a worker is down");
     if (now != was)
@@ -151,8 +181,9 @@ int roster_send_load(roster *r, sup_worker *w, size_t m, size_t k)
     ld.backend = md->backend;
     ld.n_options = md->n_options;
     ld.options = ep;
-    ld.tp_rank = (uint32_t)k;
     ld.tp_size = md->tp ? md->tp : 1;
+    /* K is a rank only under tensor parallelism; a replica is a whole copy. */
+    ld.tp_rank = ld.tp_size > 1 ? (uint32_t)k : 0;
     ld.max_batch = md->max_batch;
     if (ld.tp_size > 1 && k > 0)
         ld.comm_id.data = (uint8_t *)tpg_group_id(r->groups, m, &ld.comm_id.len);

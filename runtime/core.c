@@ -436,10 +436,15 @@ int rtc_extra_build(rt_runtime *rt)
             for (size_t k = 0; k < g->values[v].n_loop_uses; k++)
                 if (g->values[g->values[v].loop_uses[k]].role == GRAPH_VALUE_LOOP_LAST)
                     x->joins[v] = 1;
+        /* A replicated node may run on any replica: which one a request
+         * uses is the dispatcher's to say (rt_worker_lost's ALSO). */
         for (size_t w = 0; w < nw; w++)
-            for (size_t k = 0; k < gs->n_worker_nodes[w]; k++)
-                if ((size_t)(gs->worker_nodes[w][k] >> 16) == gi)
+            for (size_t k = 0; k < gs->n_worker_nodes[w]; k++) {
+                int code = gs->worker_nodes[w][k];
+                if ((size_t)(code >> 16) == gi &&
+                    !g->entities[code & 0xffff].u.node.replicated)
                     x->uses_worker[w] = 1;
+            }
         for (size_t i = 0; i < g->n_entities; i++) {
             if (g->entities[i].kind != GRAPH_NODE)
                 continue;

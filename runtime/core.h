@@ -152,7 +152,8 @@ typedef struct graph_extra {
     uint8_t *client_values;    /* per value: has an edge to the client */
     uint8_t *joins;            /* per value: some edge or loop takes it joined, so its
                                   open production must keep its chunks */
-    uint8_t *uses_worker;      /* per worker: some node of the graph runs there */
+    uint8_t *uses_worker;      /* per worker: some node of the graph runs there (replicated
+                                  nodes aside: a request picks one of their workers) */
     uint32_t *edge_pos;        /* per edge to a node: its index in the consumer's slot arrays */
     uint32_t *n_edge_slots;    /* per entity: producer edges over all its inputs */
 } graph_extra;

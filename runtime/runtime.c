@@ -251,12 +251,12 @@ static bool request_uses_worker(rt_runtime *rt, rt_request *r, int worker)
     return false;
 }
 
-int rt_worker_lost(rt_runtime *rt, int worker)
+int rt_worker_lost(rt_runtime *rt, int worker, const uint64_t *also, size_t n_also)
 {
     if (worker < 0 || (size_t)worker >= rt->gs->cfg->n_workers)
         return BT_EINVAL;
     size_t n = rt->requests.n, k = 0, pos = 0;
-    uint64_t *keys = malloc((n + 1) * sizeof(*keys));
+    uint64_t *keys = malloc((n + n_also + 1) * sizeof(*keys));
     if (!keys)
         return BT_ENOMEM;
     uint64_t key;
@@ -264,6 +264,9 @@ int rt_worker_lost(rt_runtime *rt, int worker)
     while (u64map_next(&rt->requests, &pos, &key, &val))
         if (request_uses_worker(rt, val, worker))
             keys[k++] = key;
+    /* A request listed twice is ended once: the second lookup finds it gone. */
+    for (size_t i = 0; i < n_also; i++)
+        keys[k++] = also[i];
     rt->lost_worker = worker;
     for (size_t i = 0; i < k; i++) {
         rt_request *r = u64map_get(&rt->requests, keys[i]);

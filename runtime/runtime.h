@@ -185,9 +185,11 @@ int rt_deadline(rt_runtime *rt, uint64_t req);
  * a stop string or max_tokens).  BT_ENOENT for an unknown key. */
 int rt_stop(rt_runtime *rt, uint64_t req);
 
-/* Ends with UNAVAILABLE every request that uses WORKER.  Tensors owned by
- * that worker are forgotten, not released: its pool is gone. */
-int rt_worker_lost(rt_runtime *rt, int worker);
+/* Ends with UNAVAILABLE every request that uses WORKER: a node placed
+ * there, a tensor it holds there, or its key among the N_ALSO of ALSO (the
+ * requests that picked WORKER as their replica of a model).  Tensors owned
+ * by that worker are forgotten, not released: its pool is gone. */
+int rt_worker_lost(rt_runtime *rt, int worker, const uint64_t *also, size_t n_also);
 
 /* Ends every request with CODE and MESSAGE (daemon shutdown). */
 void rt_end_all(rt_runtime *rt, bt_code code, const char *message);

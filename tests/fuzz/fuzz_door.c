@@ -116,6 +116,7 @@ static struct {
     graph_set *gs;
     metrics *m;
     supervisor *sup;
+    replicas *rs;
     tensor_table *tt;
     dispatcher *disp;
     outbound *out;
@@ -125,6 +126,11 @@ static struct {
 } H;
 
 /* ---- the conductor's hooks, wired as conductor.c wires them ---- */
+
+static bool worker_ready(void *arg, int w)
+{
+    return sup_worker_get(arg, w)->state == SUP_READY;
+}
 
 static void on_ready_changed(void *arg, bool ready)
 {
@@ -448,10 +454,12 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     front_hooks fh = {NULL, on_admin};
     CHECK((H.m = metrics_create(H.gs)));
     CHECK(sup_create(&so, &sh, &H.sup) == 0);
+    CHECK(replicas_create(H.cfg, worker_ready, H.sup, &H.rs) == 0);
     CHECK((H.tt = tt_create(H.sup)));
-    CHECK(disp_create(H.gs, H.cfg->daemon.speculation_window, H.sup, H.tt, H.m, &dh, &H.disp) == 0);
+    CHECK(disp_create(H.gs, H.cfg->daemon.speculation_window, H.sup, H.rs, H.tt, H.m, &dh,
+                      &H.disp) == 0);
     CHECK((H.out = out_create(H.front, H.gs, H.sup, H.tt, H.m)));
-    front_options fo = {H.gs, H.front, H.out, H.sup, H.tt, H.disp, {0, 0, 0}};
+    front_options fo = {H.gs, H.front, H.out, H.sup, H.tt, H.disp, H.rs, {0, 0, 0}};
     CHECK(front_create(&fo, &fh, &H.f) == 0);
     const cfg_daemon *d = &H.cfg->daemon;
     front_limits lim = {d->max_inflight, d->request_timeout_ms, d->max_message_bytes,

@@ -211,6 +211,14 @@ run_script test_batonctl.sh env BUILD="$BUILD" bash tests/integration/test_baton
 # End to end: real batond and baton-worker processes over real sockets.
 run_script test_e2e.py env BUILD="$BUILD" /usr/bin/python3 tests/integration/test_e2e.py
 
+# Replicas: a model on two workers, requests pinned and spread, a replica
+# killed under load and back, a replica that never registers.
+run_script test_replicas.py env BUILD="$BUILD" /usr/bin/python3 tests/integration/test_replicas.py
+
+# Replicas: a model on two workers, requests pinned and spread, a replica
+# killed under load and back, a replica that never registers.
+run_script test_replicas.py env BUILD="$BUILD" /usr/bin/python3 tests/integration/test_replicas.py
+
 # CURVE on tcp:// endpoints, the ZAP handler and its counter, keygen,
 # client and worker keys, the config rules and ipc socket modes.
 run_script test_curve.py env BUILD="$BUILD" /usr/bin/python3 tests/integration/test_curve.py

@@ -971,10 +971,56 @@ static void test_tp_mismatch(void **state)
         "version: 1\n"
         "workers: [{name: g0, device: 'cuda:0'}, {name: g1, device: 'cuda:1'}]\n"
         "models:\n"
-        "  - {name: a, backend: echo, workers: [g0, g1], tp: 3}\n"
-        "  - {name: b, backend: echo, workers: [g0, g1]}\n";
+        "  - {name: a, backend: echo, workers: [g0, g1], tp: 3}\n";
     expect_error(yaml, 4, "model 'a' has tp: 3 but is placed on 2 workers");
-    expect_error(yaml, 5, "model 'b' is placed on 2 workers but tp is 1");
+}
+
+/* Several workers without tp (or with tp 1) hold one copy each: replicas,
+ * CPU and GPU mixed, with a routing policy (default cache_aware). */
+static void test_replicas(void **state)
+{
+    (void)state;
+    cfg_config *c = load_ok("version: 1\n"
+                            "workers: [{name: c0, device: cpu}, {name: g0, device: 'cuda:0'}]\n"
+                            "models:\n"
+                            "  - {name: a, backend: echo, workers: [c0, g0]}\n"
+                            "  - {name: b, backend: echo, workers: [c0, g0], tp: 1,\n"
+                            "     routing: round_robin}\n"
+                            "  - {name: s, backend: echo, worker: c0}\n");
+    assert_true(cfg_model_replicated(&c->models[0]));
+    assert_int_equal(c->models[0].routing, CFG_ROUTE_CACHE_AWARE);
+    assert_true(cfg_model_replicated(&c->models[1]));
+    assert_int_equal(c->models[1].routing, CFG_ROUTE_ROUND_ROBIN);
+    assert_false(cfg_model_replicated(&c->models[2]));
+    assert_string_equal(cfg_routing_name(CFG_ROUTE_LEAST_LOADED), "least_loaded");
+    assert_null(cfg_routing_name((cfg_routing)3));
+    cfg_config_destroy(c);
+    expect_error("version: 1\n"
+                 "workers: [{name: c0, device: cpu}, {name: c1, device: cpu}]\n"
+                 "models:\n"
+                 "  - {name: a, backend: echo, workers: [c0, c1],\n"
+                 "     routing: least_load}\n",
+                 5, "unknown routing 'least_load' for model 'a'; did you mean 'least_loaded'?");
+    /* tp above 1 still means shards: a CPU worker is refused as before. */
+    expect_error("version: 1\n"
+                 "workers: [{name: c0, device: cpu}, {name: c1, device: cpu}]\n"
+                 "models:\n"
+                 "  - {name: a, backend: echo, workers: [c0, c1], tp: 2}\n",
+                 4, "worker 'c0' is on the CPU; tensor parallelism runs over NCCL");
+    /* Routing on a model with one worker does nothing: a warning. */
+    bt_diag *d;
+    c = NULL;
+    assert_int_equal(load("version: 1\n"
+                          "workers: [{name: c0, device: cpu}]\n"
+                          "models:\n"
+                          "  - {name: a, backend: echo, worker: c0, routing: round_robin}\n",
+                          &d, &c), 0);
+    const bt_diag_item *it = bt_diag_find(d, "sets 'routing' but has no replicas");
+    assert_non_null(it);
+    assert_int_equal(it->level, BT_DIAG_WARNING);
+    assert_int_equal(it->line, 4);
+    cfg_config_destroy(c);
+    bt_diag_destroy(d);
 }
 
 static void test_worker_and_workers(void **state)
@@ -1128,6 +1174,7 @@ int main(void)
         cmocka_unit_test(test_hostile_yaml),
         cmocka_unit_test(test_several_errors_all_reported),
         cmocka_unit_test(test_tp_mismatch),
+        cmocka_unit_test(test_replicas),
         cmocka_unit_test(test_worker_and_workers),
         cmocka_unit_test(test_version),
         cmocka_unit_test(test_duplicates_elsewhere),

@@ -443,6 +443,59 @@ static void test_cross_host_kinds(void **state)
     built_free(&b);
 }
 
+/* A replicated model: its nodes list on every replica, no transfer between
+ * two nodes of it (a request stays on its replica), one from each replica
+ * to a node elsewhere, and a graph input read by it and by that node goes
+ * from each replica; the summary names the replicas and the routing. */
+static void test_replicas(void **state)
+{
+    (void)state;
+    static const char yaml[] =
+        "version: 1\n"
+        "workers:\n"
+        "  - {name: a, device: cpu}\n"
+        "  - {name: b, device: cpu}\n"
+        "  - {name: c, device: cpu}\n"
+        "models:\n"
+        "  - {name: r, backend: echo, workers: [a, b], routing: least_loaded}\n"
+        "  - {name: s, backend: echo, worker: c}\n"
+        "graphs:\n"
+        "  - name: g\n"
+        "    inputs: [x]\n"
+        "    body:\n"
+        "      sequential:\n"
+        "        - node: {name: n1, model: r, inputs: [x], outputs: [{name: y, to: n2}]}\n"
+        "        - node: {name: n2, model: r, inputs: [y], outputs: [{name: y, to: n3}]}\n"
+        "        - node: {name: n3, model: s, inputs: [y, x], outputs: [{name: y, to: client}]}\n";
+    built b = build(yaml);
+    assert_int_equal(b.rc, 0);
+    const graph *g = &b.gs->graphs[0];
+    for (int e = 0; e < 2; e++)
+        assert_true(g->entities[graph_entity_find(g, e ? "n2" : "n1")].u.node.replicated);
+    assert_false(g->entities[graph_entity_find(g, "n3")].u.node.replicated);
+    assert_int_equal(b.gs->n_worker_nodes[0], 2);
+    assert_int_equal(b.gs->n_worker_nodes[1], 2);
+    assert_int_equal(b.gs->n_worker_nodes[2], 1);
+    /* n2 -> n3 from a and from b; input x from a and from b to c. */
+    assert_int_equal(b.gs->n_transfers, 4);
+    for (size_t t = 0; t < b.gs->n_transfers; t++) {
+        assert_int_equal(b.gs->transfers[t].to_worker, 2);
+        assert_int_equal(b.gs->transfers[t].from_worker, (int)(t % 2));
+    }
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    graph_set_print(b.gs, f);
+    fclose(f);
+    assert_non_null(strstr(text, "r: backend echo, max_batch 1, on a b (2 replicas, routing "
+                                 "least_loaded)\n"));
+    assert_non_null(strstr(text, "node n1: model r, mode '', on a or b (one replica per "
+                                 "request)\n"));
+    assert_non_null(strstr(text, "node n3: model s, mode '', on c\n"));
+    free(text);
+    built_free(&b);
+}
+
 static void test_omni_stream(void **state)
 {
     (void)state;
@@ -517,6 +570,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_no_producer),
+        cmocka_unit_test(test_replicas),
         cmocka_unit_test(test_loopback_only_input),
         cmocka_unit_test(test_external_without_persist),
         cmocka_unit_test(test_persist_and_loopback),

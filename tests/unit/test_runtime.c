@@ -648,7 +648,7 @@ static void test_worker_lost(void **state)
     for (size_t i = 0; i < h->n_tensors; i++)
         if (h->tensors[i].worker == 1)
             h->tensors[i].lost = true;
-    assert_int_equal(rt_worker_lost(h->rt, 1), 0);
+    assert_int_equal(rt_worker_lost(h->rt, 1, NULL, 0), 0);
     h_pump(h);
     assert_int_equal(h_response_of(h, 1)->code, BT_CODE_UNAVAILABLE);
     assert_int_equal(h_response_of(h, 2)->code, BT_CODE_UNAVAILABLE);

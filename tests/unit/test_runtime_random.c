@@ -352,7 +352,7 @@ static void run_one(uint64_t seed)
             for (size_t i = 0; i < h->n_tensors; i++)
                 if (h->tensors[i].worker == 1 && !h->tensors[i].released)
                     h->tensors[i].lost = true;
-            rt_worker_lost(h->rt, 1);
+            rt_worker_lost(h->rt, 1, NULL, 0);
             h_pump(h);
             /* The dead worker's dispatches never complete. */
             for (size_t i = 0; i < h->n_inflight;)
