@@ -72,6 +72,17 @@ static const bt_opt_desc transformer_options[] = {
      .doc = "token id that raises the finish signal; -1: the GGUF's"},
     {.name = "threads", .type = BT_OPT_INT, .def = "0", .min = 0, .max = 1024,
      .doc = "CPU threads one kernel may use; 0: the worker's `threads`"},
+    {.name = "prefix_cache", .type = BT_OPT_BOOL, .def = "true",
+     .doc = "keep the KV of ended requests (prompt and output) and let a later prompt that "
+            "begins the same way read it instead of computing it (not under tensor "
+            "parallelism)"},
+    {.name = "batch_invariant", .type = BT_OPT_BOOL, .def = "false",
+     .doc = "CPU only: compute every token the same way whatever is computed beside it (a "
+            "prefill of any chunking, a decode step of any batch), so that greedy tokens do "
+            "not depend on the load or on what the prefix cache held; slower"},
+    {.name = "prefix_cache_mb", .type = BT_OPT_INT, .def = "256", .min = 0, .max = 1 << 20,
+     .doc = "MiB of host memory for cached prefixes that lost their decode slot, least "
+            "recently used dropped first; 0: only those still in a free slot"},
 };
 
 static const bt_opt_desc whisper_options[] = {

@@ -835,6 +835,8 @@ static void print_summary(const baton_client_event *ev, size_t chunks)
     if (ev->prompt_tokens || ev->completion_tokens)
         fprintf(stderr, ", tokens %u prompt + %u generated", ev->prompt_tokens,
                 ev->completion_tokens);
+    if (ev->cached_tokens)
+        fprintf(stderr, " (%u prompt tokens cached)", ev->cached_tokens);
     for (size_t i = 0; i < ev->n_loop_ends; i++)
         fprintf(stderr, ", %s ended by %s", ev->loop_ends[i].loop,
                 ev->loop_ends[i].how == BATON_CLIENT_LOOP_MAX_ITERS ? "max_iters"

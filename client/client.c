@@ -659,6 +659,7 @@ static int decode_response(event_box *b, const Baton__V1__InferResponse *r)
     if (r->usage) {
         ev->prompt_tokens = r->usage->prompt_tokens;
         ev->completion_tokens = r->usage->completion_tokens;
+        ev->cached_tokens = r->usage->cached_tokens;
     }
     if (r->n_loop_ends) {
         b->loop_ends = calloc(r->n_loop_ends, sizeof *b->loop_ends);

@@ -269,8 +269,9 @@ void ctl_print_json(FILE *out, const baton_client_event *ev)
                     t->exec_us);
         }
         fprintf(out, "],\"total_us\":%" PRIu64 ",\"seed\":%" PRIu64, ev->total_us, ev->seed);
-        fprintf(out, ",\"usage\":{\"prompt_tokens\":%u,\"completion_tokens\":%u},\"loop_ends\":{",
-                ev->prompt_tokens, ev->completion_tokens);
+        fprintf(out, ",\"usage\":{\"prompt_tokens\":%u,\"completion_tokens\":%u,"
+                "\"cached_tokens\":%u},\"loop_ends\":{",
+                ev->prompt_tokens, ev->completion_tokens, ev->cached_tokens);
         for (size_t i = 0; i < ev->n_loop_ends; i++) {
             fprintf(out, "%s", i ? "," : "");
             json_cstr(out, ev->loop_ends[i].loop);

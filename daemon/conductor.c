@@ -215,6 +215,22 @@ static void on_worker_lost(void *arg, int w, const char *why)
     replicas_worker_reset(c->rs, w);
 }
 
+/* A model's prefix cache on worker W changed: its counters for the
+ * metrics, its routing keys for the replicas' index. */
+static void on_cache_report(conductor *c, int w, const Baton__V1__CacheReport *r)
+{
+    const cfg_model *md = cfg_model_find(c->cfg, r->model ? r->model : "");
+    if (!md)
+        return;
+    metrics_cache mc = {r->hits, r->misses, r->hit_tokens, r->evictions, r->cached_bytes,
+                        r->entries};
+    metrics_cache_report(c->m, w, (int)(md - c->cfg->models), &mc);
+    if (replicas_cache_event(c->rs, w, md->name, false, r->stored, r->n_stored, r->removed,
+                             r->n_removed) < 0)
+        bt_warn("out of memory indexing the prefix cache of worker %s; routing may miss it",
+                sup_worker_get(c->sup, w)->cfg->name);
+}
+
 static void on_worker_message(void *arg, int w, const Baton__V1__WorkerMessage *m)
 {
     conductor *c = arg;
@@ -223,6 +239,7 @@ static void on_worker_message(void *arg, int w, const Baton__V1__WorkerMessage *
     case BATON__V1__WORKER_MESSAGE__MSG_CHUNK: disp_chunk(c->disp, w, m->chunk); break;
     case BATON__V1__WORKER_MESSAGE__MSG_PLACED: front_placed(c->front, w, m->placed); break;
     case BATON__V1__WORKER_MESSAGE__MSG_FETCHED: front_fetched(c->front, w, m->fetched); break;
+    case BATON__V1__WORKER_MESSAGE__MSG_CACHE_REPORT: on_cache_report(c, w, m->cache_report); break;
     default: break;
     }
 }
@@ -310,11 +327,29 @@ static char *stats_text(conductor *c)
                                  wk->pool_used, wk->pool_free, wk->fragmentation, wk->queued,
                                  wk->staged_bytes, wk->sessions, wk->tp_steps};
     }
+    /* Each replica of each replicated model: its picks and pins. */
+    size_t nr = 0;
+    for (size_t m = 0; m < c->cfg->n_models; m++)
+        nr += cfg_model_replicated(&c->cfg->models[m]) ? c->cfg->models[m].n_workers : 0;
+    metrics_route *rt = calloc(nr + 1, sizeof(*rt));
+    if (!rt) {
+        free(ws);
+        return NULL;
+    }
+    nr = 0;
+    replicas_stats st;
+    for (size_t m = 0; m < c->cfg->n_models; m++)
+        for (size_t k = 0; replicas_stats_get(c->rs, (int)m, k, &st); k++)
+            rt[nr++] = (metrics_route){c->cfg->models[m].name,
+                                       st.worker >= 0 ? c->cfg->workers[st.worker].name : "?",
+                                       st.picks[REPLICAS_BY_CACHE], st.picks[REPLICAS_BY_LOAD],
+                                       st.picks[REPLICAS_BY_TURN], st.pinned, st.cached_blocks};
     metrics_gauges g = {front_inflight(c->front), front_placing(c->front),
                         disp_tensors_held(c->disp), out_clients(c->out)->backlog_bytes, ws, nw,
-                        zap_refused(c->zap, ZAP_CLIENT), zap_refused(c->zap, ZAP_WORKER)};
+                        zap_refused(c->zap, ZAP_CLIENT), zap_refused(c->zap, ZAP_WORKER), rt, nr};
     char *text = metrics_text(c->m, &g);
     free(ws);
+    free(rt);
     return text;
 }
 

@@ -763,7 +763,7 @@ void disp_done(dispatcher *d, int w, const Baton__V1__Done *m)
         rt_node_failed(d->rt, m->request_key, (int)m->node, &it, (bt_code)m->status->code,
                        m->status->message ? m->status->message : "");
     } else {
-        rt_usage usage = {m->prompt_tokens, m->generated_tokens};
+        rt_usage usage = {m->prompt_tokens, m->generated_tokens, m->cached_tokens};
         rt_node_done(d->rt, m->request_key, (int)m->node, &it, outs, n, m->finish, &usage);
     }
     if (outs != stack)

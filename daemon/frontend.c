@@ -9,6 +9,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/prefix.h"
 #include "common/u64map.h"
 #include "common/utf8.h"
 #include "common/vec.h"
@@ -293,10 +294,17 @@ static void end_placing(frontend *f, front_request *r, bt_code code, const char 
     request_free(f, r);
 }
 
+/* Most blocks of a prompt a routing key covers (16 MiB of prompt): a
+ * longer one is routed by its first blocks. */
+#define MAX_KEY_BLOCKS 262144
+
 /* The worker input K of request R goes to: its first consumer's, or the
- * replica of that consumer's model R is pinned to.  PICK: pin R to one now
- * if it has none.  -1 for an input nothing reads, or no replica ready. */
-static int input_home(frontend *f, const front_request *r, size_t k, bool pick)
+ * replica of that consumer's model R is pinned to.  With V (the input's
+ * value), pin R to one now if it has none, routed by V's bytes (the
+ * routing key, common/prefix.h) when the model routes by cache.  -1 for an
+ * input nothing reads, or no replica ready. */
+static int input_home(frontend *f, const front_request *r, size_t k,
+                      const Baton__V1__Tensor *v)
 {
     int e = f->input_node[r->graph][k];
     if (e < 0)
@@ -304,8 +312,23 @@ static int input_home(frontend *f, const front_request *r, size_t k, bool pick)
     const graph_node *n = &f->gs->graphs[r->graph].entities[e].u.node;
     if (!n->replicated)
         return n->worker;
-    return pick ? replicas_pick(f->rs, r->key, n->model_index, NULL)
-                : replicas_pinned(f->rs, r->key, n->model_index);
+    int w = replicas_pinned(f->rs, r->key, n->model_index);
+    if (w >= 0 || !v)
+        return w;
+    replicas_key key = {NULL, 0};
+    uint64_t *hashes = NULL;
+    size_t nb = v->data.len / BT_PREFIX_BYTES;
+    if (nb > MAX_KEY_BLOCKS)
+        nb = MAX_KEY_BLOCKS;
+    /* Out of memory, the pick goes by load: slower, not wrong. */
+    if (nb && f->gs->cfg->models[n->model_index].routing == CFG_ROUTE_CACHE_AWARE &&
+        (hashes = malloc(nb * sizeof(*hashes)))) {
+        bt_prefix_hashes(v->data.data, nb * BT_PREFIX_BYTES, BT_PREFIX_BYTES, hashes, nb);
+        key = (replicas_key){hashes, nb};
+    }
+    w = replicas_pick(f->rs, r->key, n->model_index, key.n ? &key : NULL);
+    free(hashes);
+    return w;
 }
 
 void front_end_placing(frontend *f, int w, bt_code code, const char *message)
@@ -319,7 +342,7 @@ void front_end_placing(frontend *f, int w, bt_code code, const char *message)
         const graph *g = &f->gs->graphs[r->graph];
         bool uses = w < 0;
         for (size_t k = 0; k < g->n_inputs && !uses; k++)
-            uses = input_home(f, r, k, false) == w;
+            uses = input_home(f, r, k, NULL) == w;
         if (!uses)
             continue;
         /* Inputs placed on a dead worker are gone with it. */
@@ -465,7 +488,7 @@ static void place_inputs(frontend *f, front_request *r, const Baton__V1__Tensor 
     for (size_t k = 0; k < g->n_inputs; k++) {
         if (f->input_node[r->graph][k] < 0)
             continue;
-        int w = input_home(f, r, k, true);
+        int w = input_home(f, r, k, by_input[k]);
         if (w < 0) {
             const graph_node *n = &g->entities[f->input_node[r->graph][k]].u.node;
             char msg[160];

@@ -261,6 +261,7 @@ typedef struct gw_chat {
     const char *finish;          /* "stop" or "length" once ended OK */
     uint32_t prompt_tokens;      /* the response's usage: the prompt's tokens */
     uint32_t completion_tokens;  /* and the answer's, up to the one that ended it */
+    uint32_t cached_tokens;      /* of the prompt's, those read from a prefix cache */
     bool sent_role, sent_finish, sent_usage, sent_done;
     char *out;                   /* owned: the stream's next bytes, not yet taken by MHD */
     size_t out_len, out_at;      /* bytes in OUT, and how many MHD has taken */
@@ -315,6 +316,7 @@ static int chat_step(gw_chat *ch, int timeout_ms)
         snprintf(ch->message, sizeof(ch->message), "%s", ev->message);
         ch->prompt_tokens = ev->prompt_tokens;
         ch->completion_tokens = ev->completion_tokens;
+        ch->cached_tokens = ev->cached_tokens;
         for (size_t i = 0; i < ev->n_outputs; i++)
             if (strcmp(ev->outputs[i].name, "duration") == 0 &&
                 ev->outputs[i].dtype == BATON_CLIENT_DTYPE_F32 && ev->outputs[i].nbytes == 4) {
@@ -440,7 +442,7 @@ static int next_event(gw_chat *ch)
                 return 1;
             ch->sent_done = true;
             if (ch->code == BATON_CLIENT_CODE_OK) {
-                oa_usage u = {ch->prompt_tokens, ch->completion_tokens};
+                oa_usage u = {ch->prompt_tokens, ch->completion_tokens, ch->cached_tokens};
                 return set_out(ch, oa_audio_done_event(ch->all ? ch->all : "", ch->all_len, &u));
             }
             char *err = oa_error(ch->message, "server_error", NULL);
@@ -483,7 +485,7 @@ static int next_event(gw_chat *ch)
         if (ch->ended && ch->req.include_usage && ch->code == BATON_CLIENT_CODE_OK &&
             !ch->sent_usage) {
             ch->sent_usage = true;
-            oa_usage u = {ch->prompt_tokens, ch->completion_tokens};
+            oa_usage u = {ch->prompt_tokens, ch->completion_tokens, ch->cached_tokens};
             return set_out(ch, ch->completion
                                    ? oa_completion_usage_event(ch->id, ch->created,
                                                                ch->req.model, &u)
@@ -725,7 +727,7 @@ static enum MHD_Result serve_chat(gateway *g, struct MHD_Connection *conn, const
         chat_step(ch, GW_RECV_MS);
     if (ch->code != BATON_CLIENT_CODE_OK)
         return chat_error(conn, ch, bad_param); /* frees CH */
-    oa_usage u = {ch->prompt_tokens, ch->completion_tokens};
+    oa_usage u = {ch->prompt_tokens, ch->completion_tokens, ch->cached_tokens};
     const char *answer = ch->text ? ch->text : "";
     char *body = m->voice ? oa_voice_response(ch->id, ch->created, ch->req.model, answer, ch->len,
                                               ch->finish, &u, ch->all ? ch->all : "",
@@ -933,7 +935,7 @@ static enum MHD_Result serve_audio(gateway *g, struct MHD_Connection *conn, gw_c
         chat_step(ch, GW_RECV_MS);
     if (ch->code != BATON_CLIENT_CODE_OK)
         return chat_error(conn, ch, "file"); /* frees CH */
-    oa_usage u = {ch->prompt_tokens, ch->completion_tokens};
+    oa_usage u = {ch->prompt_tokens, ch->completion_tokens, ch->cached_tokens};
     const char *ctype;
     const char *lang = f->field[F_LANGUAGE] && !translate ? f->field[F_LANGUAGE] : "";
     char *body = oa_audio_response((oa_audio_format)format, ch->all ? ch->all : "",

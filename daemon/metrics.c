@@ -51,6 +51,8 @@ struct metrics {
     size_t n_graphs;
     uint64_t rejected[N_CODES];  /* refusals at the door, by code */
     uint64_t clients_dropped;    /* connections dropped for not reading */
+    metrics_cache *cache;        /* [worker][model]: the last CacheReport; NULL until one */
+    uint8_t *cache_seen;         /* [worker][model]: one came */
 };
 
 metrics *metrics_create(const graph_set *gs)
@@ -81,6 +83,8 @@ void metrics_destroy(metrics *m)
     for (size_t g = 0; m->graphs && g < m->n_graphs; g++)
         free(m->graphs[g].nodes);
     free(m->graphs);
+    free(m->cache);
+    free(m->cache_seen);
     free(m);
 }
 
@@ -110,6 +114,74 @@ void metrics_node_done(metrics *m, int gi, int node, uint64_t queue_us, uint64_t
     n->count++;
     n->exec_us += exec_us;
     n->queue_us += queue_us;
+}
+
+void metrics_cache_report(metrics *m, int w, int model, const metrics_cache *c)
+{
+    const cfg_config *cfg = m->gs->cfg;
+    size_t n = cfg->n_workers * cfg->n_models;
+    if (w < 0 || model < 0 || (size_t)w >= cfg->n_workers || (size_t)model >= cfg->n_models)
+        return;
+    if (!m->cache && (!(m->cache = calloc(n, sizeof(*m->cache))) ||
+                      !(m->cache_seen = calloc(n, 1)))) {
+        free(m->cache);
+        m->cache = NULL;
+        return; /* out of memory: the families stay empty */
+    }
+    size_t k = (size_t)w * cfg->n_models + (size_t)model;
+    m->cache[k] = *c;
+    m->cache_seen[k] = 1;
+}
+
+static void family(FILE *f, const char *name, const char *type, const char *help);
+
+typedef enum cfield { C_HITS, C_MISSES, C_HIT_TOKENS, C_EVICTIONS, C_BYTES, C_ENTRIES } cfield;
+
+static void cache_family(FILE *f, const metrics *m, const char *name, const char *type,
+                         const char *help, cfield which)
+{
+    family(f, name, type, help);
+    const cfg_config *cfg = m->gs->cfg;
+    for (size_t k = 0; m->cache && k < cfg->n_workers * cfg->n_models; k++) {
+        if (!m->cache_seen[k])
+            continue;
+        const metrics_cache *c = &m->cache[k];
+        uint64_t v = which == C_HITS         ? c->hits
+                     : which == C_MISSES     ? c->misses
+                     : which == C_HIT_TOKENS ? c->hit_tokens
+                     : which == C_EVICTIONS  ? c->evictions
+                     : which == C_BYTES      ? c->bytes
+                                             : c->entries;
+        fprintf(f, "%s{worker=\"%s\",model=\"%s\"} %llu\n", name,
+                cfg->workers[k / cfg->n_models].name, cfg->models[k % cfg->n_models].name,
+                (unsigned long long)v);
+    }
+}
+
+static void route_family(FILE *f, const metrics_gauges *gg)
+{
+    family(f, "baton_route_picks_total", "counter",
+           "Requests pinned to a replica of a replicated model, by why it was picked: the "
+           "longest cached prefix (cache), the least load (load), or in turn (round_robin).");
+    for (size_t r = 0; r < gg->n_routes; r++) {
+        const metrics_route *x = &gg->routes[r];
+        const uint64_t v[3] = {x->by_cache, x->by_load, x->by_turn};
+        static const char *const why[3] = {"cache", "load", "round_robin"};
+        for (int k = 0; k < 3; k++)
+            fprintf(f, "baton_route_picks_total{model=\"%s\",worker=\"%s\",reason=\"%s\"} "
+                    "%llu\n", x->model, x->worker, why[k], (unsigned long long)v[k]);
+    }
+    family(f, "baton_route_pinned_requests", "gauge",
+           "Requests pinned to a replica now (its load as routing counts it).");
+    for (size_t r = 0; r < gg->n_routes; r++)
+        fprintf(f, "baton_route_pinned_requests{model=\"%s\",worker=\"%s\"} %u\n",
+                gg->routes[r].model, gg->routes[r].worker, gg->routes[r].pinned);
+    family(f, "baton_route_cached_blocks", "gauge",
+           "Blocks of prompt prefixes a replica's worker reported its prefix cache holds, as "
+           "cache-aware routing matches them.");
+    for (size_t r = 0; r < gg->n_routes; r++)
+        fprintf(f, "baton_route_cached_blocks{model=\"%s\",worker=\"%s\"} %zu\n",
+                gg->routes[r].model, gg->routes[r].worker, gg->routes[r].blocks);
 }
 
 void metrics_client_dropped(metrics *m)
@@ -283,6 +355,22 @@ char *metrics_text(const metrics *m, const metrics_gauges *gg)
     worker_family(f, gg, "baton_worker_tp_steps_total", "counter",
                   "Steps of a tensor-parallel model's rank 0 that a worker ran as one of the "
                   "other ranks.  Starts at 0 with each incarnation of the worker.", W_TP_STEPS);
+    cache_family(f, m, "baton_prefix_cache_hits_total", "counter",
+                 "Prompts that read a cached prefix instead of computing it (per worker and "
+                 "model; from the load on that incarnation of the worker).", C_HITS);
+    cache_family(f, m, "baton_prefix_cache_misses_total", "counter",
+                 "Prompts that found no cached prefix.", C_MISSES);
+    cache_family(f, m, "baton_prefix_cache_hit_tokens_total", "counter",
+                 "Prompt tokens read from the prefix cache.", C_HIT_TOKENS);
+    cache_family(f, m, "baton_prefix_cache_evictions_total", "counter",
+                 "Cached prefixes dropped for room (a slot needed, or the host budget full).",
+                 C_EVICTIONS);
+    cache_family(f, m, "baton_prefix_cache_bytes", "gauge",
+                 "Bytes of KV the prefix cache holds, in decode slots and in host memory.",
+                 C_BYTES);
+    cache_family(f, m, "baton_prefix_cache_entries", "gauge",
+                 "Cached prefixes (one per ended request kept).", C_ENTRIES);
+    route_family(f, gg);
     if (fclose(f) != 0) {
         free(text);
         return NULL;

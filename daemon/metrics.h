@@ -30,6 +30,21 @@ typedef struct metrics_worker {
     uint64_t tp_steps;            /* leader steps run as a tensor-parallel follower */
 } metrics_worker;
 
+/* The picks of one replica of a replicated model, by reason. */
+typedef struct metrics_route {
+    const char *model, *worker;   /* borrowed */
+    uint64_t by_cache, by_load, by_turn;
+    uint32_t pinned;              /* requests pinned to it now */
+    size_t blocks;                /* prefix blocks its worker reported */
+} metrics_route;
+
+/* What a worker's model reported of its prefix cache (CacheReport): counters
+ * since the model loaded on that incarnation of the worker. */
+typedef struct metrics_cache {
+    uint64_t hits, misses, hit_tokens, evictions;
+    uint64_t bytes, entries;      /* held now */
+} metrics_cache;
+
 typedef struct metrics_gauges {
     size_t inflight;              /* requests accepted, not yet answered */
     size_t placing;               /* of which still placing inputs */
@@ -39,6 +54,8 @@ typedef struct metrics_gauges {
     size_t n_workers;
     uint64_t auth_refused_client; /* peers the ZAP handler refused on the client socket */
     uint64_t auth_refused_worker; /* ... and on the worker socket (counters, daemon/zap.h) */
+    const metrics_route *routes;  /* per replica of each replicated model */
+    size_t n_routes;
 } metrics_gauges;
 
 /* Counters for the graphs of GS (borrowed; it must outlive them). */
@@ -55,6 +72,10 @@ void metrics_client_dropped(metrics *m);
  * acceptance: time to first token), else SINCE_US is the time since the
  * previous one (inter-token latency). */
 void metrics_token(metrics *m, int graph, bool first, uint64_t since_us);
+
+/* Worker W's copy of model MODEL (indices into the config) reported its
+ * prefix cache: C replaces what it reported before. */
+void metrics_cache_report(metrics *m, int w, int model, const metrics_cache *c);
 
 /* The Prometheus text (malloc'ed), or NULL when out of memory. */
 char *metrics_text(const metrics *m, const metrics_gauges *g);

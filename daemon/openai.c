@@ -465,9 +465,11 @@ static char *dump(json_t *root)
 
 static json_t *usage_json(const oa_usage *u)
 {
-    return json_pack("{s:I, s:I, s:I}", "prompt_tokens", (json_int_t)u->prompt,
+    /* prompt_tokens_details.cached_tokens as OpenAI and vLLM give it. */
+    return json_pack("{s:I, s:I, s:I, s:{s:I}}", "prompt_tokens", (json_int_t)u->prompt,
                      "completion_tokens", (json_int_t)u->completion, "total_tokens",
-                     (json_int_t)u->prompt + (json_int_t)u->completion);
+                     (json_int_t)u->prompt + (json_int_t)u->completion,
+                     "prompt_tokens_details", "cached_tokens", (json_int_t)u->cached);
 }
 
 static json_t *chat_response(const char *id, int64_t created, const char *model,

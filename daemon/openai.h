@@ -59,6 +59,7 @@ void oa_chat_free(oa_chat *c);
 typedef struct oa_usage {
     uint32_t prompt;        /* the prompt's tokens, as the model counted them */
     uint32_t completion;    /* tokens of the output stream taken (at most max_tokens) */
+    uint32_t cached;        /* of PROMPT, tokens read from a prefix cache */
 } oa_usage;
 
 /* The whole answer: {"id", "object": "chat.completion", "created", "model",

@@ -541,6 +541,7 @@ static void send_response(outbound *ob, const out_queue *q, const out_msg *o,
         usage.completion_tokens = u.generated;
         usage.total_tokens = u.prompt > UINT32_MAX - u.generated ? UINT32_MAX
                                                                   : u.prompt + u.generated;
+        usage.cached_tokens = u.cached;
         resp.usage = &usage;
     }
     const graph *g = to->graph >= 0 ? &ob->gs->graphs[to->graph] : NULL;

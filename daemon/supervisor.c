@@ -198,7 +198,9 @@ static void on_message(supervisor *s, sup_worker *w, const Baton__V1__WorkerMess
     case BATON__V1__WORKER_MESSAGE__MSG_CHUNK:
     case BATON__V1__WORKER_MESSAGE__MSG_PLACED:
     case BATON__V1__WORKER_MESSAGE__MSG_FETCHED:
-        /* Results of a lost incarnation belong to requests already ended. */
+    case BATON__V1__WORKER_MESSAGE__MSG_CACHE_REPORT:
+        /* Results of a lost incarnation belong to requests already ended
+         * (and its cache went with it). */
         if (live)
             s->hooks.message(s->hooks.arg, w->index, wm);
         break;

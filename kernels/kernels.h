@@ -165,12 +165,17 @@ int k_qmatmul_q8(float *y, size_t ldy, const void *w, kdtype t, const k_q8a *a, 
 
 /* Y[M, ROWS] = X[M, COLS] W[ROWS, COLS]^T with W in blocks of T, on the
  * threads of POOL (NULL or held by another thread: the caller's thread
- * alone), each taking a share of W's rows.  ACT_Q8: X is first quantized
- * (k_quantize_act) and the products are integer ones (k_qmatmul_q8); else
- * they are f32 products with the blocks widened on the fly (k_qmatmul),
- * which agree with the f32 reference up to summation order. */
+ * alone), each taking a share of W's rows.  FLAGS: K_QMM_Q8: X is first
+ * quantized (k_quantize_act) and the products are integer ones
+ * (k_qmatmul_q8); else they are f32 products with the blocks widened on the
+ * fly (k_qmatmul), which agree with the f32 reference up to summation order.
+ * K_QMM_INVARIANT (with K_QMM_Q8): each row of X alone, so a row's result
+ * is the same bits whatever the other rows (the tiles of several rows
+ * round differently); slower for many rows. */
+#define K_QMM_Q8 1
+#define K_QMM_INVARIANT 2
 int k_qmatmul_mt(kth_pool *pool, float *y, const void *w, kdtype t, const float *x, int m,
-                 int rows, int cols, int act_q8);
+                 int rows, int cols, int flags);
 
 /* ---- normalization, position, softmax --------------------------------------- */
 
@@ -250,6 +255,18 @@ int k_attn_prefill_mt(kth_pool *pool, float *out, const float *q, const float *k
 int k_attn_decode_mt(kth_pool *pool, float *out, const float *q, const float *k, const float *v,
                      void *const *kc, void *const *vc, kdtype cache_dt, int cap,
                      const int32_t *lens, int batch, int n_head, int n_kv, int hd);
+/* The same two with every query computed alone over its whole context by
+ * one routine (no query tiles, no KV-head groups, no key splits): a
+ * query's output is then the same bits in a prefill of any chunking and in
+ * a decode step of any batch, which batch-invariant runs (and exact prefix
+ * caching) need.  Slower: the tiles and splits are what make the other two
+ * fast on long contexts. */
+int k_attn_prefill_inv_mt(kth_pool *pool, float *out, const float *q, const float *k,
+                          const float *v, void *kc, void *vc, kdtype cache_dt, int cap, int pos0,
+                          int n_tok, int n_head, int n_kv, int hd);
+int k_attn_decode_inv_mt(kth_pool *pool, float *out, const float *q, const float *k,
+                         const float *v, void *const *kc, void *const *vc, kdtype cache_dt,
+                         int cap, const int32_t *lens, int batch, int n_head, int n_kv, int hd);
 
 /* Attention without a mask or a cache (Whisper's encoder, and its
  * decoder's cross-attention): for each of NB sequences, T queries Q [NB, T,

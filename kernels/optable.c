@@ -150,7 +150,7 @@ static int op_embed(const kx_op_ctx *c, int how)
  * path, which beats sgemm at any row count. */
 #define QMATMUL_MAX_ROWS 16
 
-static const kt_cpu_opts NO_OPTS = {NULL, 0};
+static const kt_cpu_opts NO_OPTS = {NULL, 0, 0};
 
 static const kt_cpu_opts *cpu_opts(const kx_op_ctx *c)
 {
@@ -165,13 +165,21 @@ static int matmul_any(const kt_cpu_opts *o, float *y, const float *a, const void
     if (packed)
         return k_matmul_bf16_packed(o->pool, y, a, w, (int)m, (int)n, (int)k);
     if (wt == KD_F32) {
-        k_matmul(y, a, w, 1, (int)m, (int)n, (int)k, 0, 0, 0);
+        /* Invariant: a row at a time, so OpenBLAS takes the same path for
+         * every row whatever their number. */
+        for (int64_t r = 0; o->invariant && r < m; r++)
+            k_matmul(y + r * n, a + r * k, w, 1, 1, (int)n, (int)k, 0, 0, 0);
+        if (!o->invariant)
+            k_matmul(y, a, w, 1, (int)m, (int)n, (int)k, 0, 0, 0);
         return 0;
     }
-    if (wt == KD_BF16 && k_matmul_bf16_native())
+    if (wt == KD_BF16 && k_matmul_bf16_native() && !o->invariant)
         return k_matmul_bf16(o->pool, y, a, w, (int)m, (int)n, (int)k);
-    if (is_block(wt) && (o->act_q8 || m <= QMATMUL_MAX_ROWS))
-        return k_qmatmul_mt(o->pool, y, w, wt, a, (int)m, (int)n, (int)k, o->act_q8);
+    /* The quantized product takes each (row, weight row) alone, in block
+     * order: the same bits for any number of rows. */
+    if (is_block(wt) && (o->act_q8 || o->invariant || m <= QMATMUL_MAX_ROWS))
+        return k_qmatmul_mt(o->pool, y, w, wt, a, (int)m, (int)n, (int)k,
+                            (o->act_q8 ? K_QMM_Q8 : 0) | (o->invariant ? K_QMM_INVARIANT : 0));
     /* Many rows (prefill): widen the weights once and use sgemm. */
     float *wf = malloc((size_t)n * (size_t)k * sizeof(float));
     if (!wf)
@@ -240,8 +248,9 @@ static int op_qmatvec(const kx_op_ctx *c, int how)
             return rc;
 #endif
     ON_GPU(how, 0);
-    return k_qmatmul_mt(cpu_opts(c)->pool, c->out[0], c->in[0], w->dtype, c->in[1], (int)m, (int)n,
-                        (int)k, cpu_opts(c)->act_q8);
+    const kt_cpu_opts *o = cpu_opts(c);
+    return k_qmatmul_mt(o->pool, c->out[0], c->in[0], w->dtype, c->in[1], (int)m, (int)n, (int)k,
+                        (o->act_q8 ? K_QMM_Q8 : 0) | (o->invariant ? K_QMM_INVARIANT : 0));
 }
 
 static int op_elementwise(const kx_op_ctx *c, int how)
@@ -415,7 +424,7 @@ static int op_attn_prefill(const kx_op_ctx *c, int how)
         int64_t p0 = pos[s * t];
         if (p0 < 0 || p0 + t > cap)
             return -ERANGE;  /* the tokens would not fit in the cache */
-        if ((rc = k_attn_prefill_mt(
+        if ((rc = (cpu_opts(c)->invariant ? k_attn_prefill_inv_mt : k_attn_prefill_mt)(
                  cpu_opts(c)->pool, (float *)c->out[0] + s * t * h * hd,
                  (const float *)c->in[0] + s * t * h * hd, (const float *)c->in[1] + s * t * kv * hd,
                  (const float *)c->in[2] + s * t * kv * hd, (uint8_t *)c->out[1] + (size_t)s * cbytes,
@@ -453,7 +462,9 @@ static int op_attn_decode(const kx_op_ctx *c, int how)
             kcs[s] = (uint8_t *)c->out[1] + (size_t)(s0 + s) * cbytes;
             vcs[s] = (uint8_t *)c->out[2] + (size_t)(s0 + s) * cbytes;
         }
-        if ((rc = k_attn_decode_mt(cpu_opts(c)->pool, (float *)c->out[0] + s0 * h * hd,
+        if ((rc = (cpu_opts(c)->invariant ? k_attn_decode_inv_mt
+                                          : k_attn_decode_mt)(cpu_opts(c)->pool,
+                                                              (float *)c->out[0] + s0 * h * hd,
                                    (const float *)c->in[0] + s0 * h * hd,
                                    (const float *)c->in[1] + s0 * kv * hd,
                                    (const float *)c->in[2] + s0 * kv * hd, kcs, vcs, cdt,

@@ -20,6 +20,10 @@ typedef struct kt_cpu_opts {
                                or NULL: each op on its stream's thread; not owned */
     int act_q8;             /* quantized products quantize their activations to
                                8 bits (k_qmatmul_mt); 0: f32 activations */
+    int invariant;          /* batch invariance: every row of a product and every
+                               query of attention computed the same way whatever
+                               the rows beside it (k_attn_*_inv_mt, no sgemm of
+                               widened weights); 0: the fastest path per shape */
 } kt_cpu_opts;
 
 /* Fills T with the CPU kernels: the OpenBLAS matmul, the integer and AVX2

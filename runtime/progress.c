@@ -49,6 +49,7 @@ static void process_done(rt_runtime *rt, rt_request *r, int node, const rt_iter 
     if (usage) {
         r->usage.prompt = add_sat(r->usage.prompt, usage->prompt);
         r->usage.generated = add_sat(r->usage.generated, usage->generated);
+        r->usage.cached = add_sat(r->usage.cached, usage->cached);
     }
 
     /* An output tensor of the last dispatch closes its value at once; the

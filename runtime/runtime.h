@@ -78,6 +78,7 @@ typedef struct rt_output {
 typedef struct rt_usage {
     uint32_t prompt;
     uint32_t generated;
+    uint32_t cached;           /* of PROMPT, tokens read from a prefix cache */
 } rt_usage;
 
 /* How a loop ended. */

@@ -202,6 +202,13 @@ static void ctx_count_tokens(baton_ctx *ctx, baton_item *item, uint32_t prompt,
     it->generated_tokens = add_sat(it->generated_tokens, generated);
 }
 
+static void ctx_count_cached(baton_ctx *ctx, baton_item *item, uint32_t cached)
+{
+    (void)ctx;
+    wk_item *it = (wk_item *)item;
+    it->cached_tokens = add_sat(it->cached_tokens, cached);
+}
+
 static void ctx_fail(baton_ctx *ctx, baton_item *item, baton_status code, const char *message)
 {
     (void)ctx;
@@ -277,6 +284,7 @@ void wk_ctx_init(baton_ctx *ctx, const wk_ctx_env *env, void *stream)
                        .write = ctx_write,
                        .count_tokens = ctx_count_tokens,
                        .defer = ctx_defer,
+                       .count_cached = ctx_count_cached,
                        .threads = env->threads,
                        .device = env->device,
                        .stream = stream,

@@ -359,12 +359,21 @@ static void defer_item(wk_executor *ex, wk_model *m, wk_item *it)
     it->chunk_next = NULL, it->stream_closed = NULL;
     it->b.inputs = NULL, it->b.outputs = NULL;
     it->b.n_inputs = it->b.n_outputs = 0;
-    it->prompt_tokens = it->generated_tokens = 0;
+    it->prompt_tokens = it->generated_tokens = it->cached_tokens = 0;
     it->defer = false;
     it->deferred = true;
     it->defer_epoch = m->epoch;
     it->req->n_running--;
     requeue(ex, it);
+}
+
+/* On the lane that holds M, without the lock: what M's prefix cache did
+ * since the last call goes to the cache hook. */
+static void report_cache(wk_executor *ex, wk_model *m)
+{
+    baton_cache_report r = {0};
+    if (m->backend->cache_report && ex->hooks.cache && m->backend->cache_report(m->handle, &r))
+        ex->hooks.cache(ex->hooks.arg, m, &r);
 }
 
 /* Runs the N items of BATCH on model M.  A tensor-parallel leader first
@@ -398,6 +407,9 @@ static void run_batch(wk_executor *ex, baton_ctx *ctx, wk_model *m, wk_item **ba
         n_run = 0;
     if (n_run)
         m->backend->execute(m->handle, ctx, run, n_run);
+    /* Before the items' Dones: a prompt the cache now holds is known to
+     * the conductor by the time a client hears back. */
+    report_cache(ex, m);
     /* What the backend queued on the lane's stream is part of its outputs:
      * no Done leaves before it is written. */
     char err[384];
@@ -441,6 +453,7 @@ static void run_batch(wk_executor *ex, baton_ctx *ctx, wk_model *m, wk_item **ba
 }
 
 /* --- lanes ---------------------------------------------------------------- */
+
 
 /* An idle model with work (queued items, sessions to close, jobs), moved to
  * the end of the list so the next pick starts after it.  [L] */
@@ -554,6 +567,8 @@ static void *lane_main(void *arg)
         uint64_t *keys;
         bool lead = wk_model_leads(m);
         uint32_t closed = close_sessions(m, closing, lead, &keys);
+        if (closed)
+            report_cache(ex, m);
         size_t n_keys = lead ? closed : 0;
         if (n || n_keys)
             run_batch(ex, &ctx, m, batch, n, keys, n_keys);

@@ -89,6 +89,10 @@ typedef struct wk_executor_hooks {
      * model leads. */
     int (*lead)(void *arg, baton_ctx *ctx, wk_model *m, const uint64_t *closed,
                 size_t n_closed, baton_item *const *run, size_t n);
+    /* On the lane, without the lock, after an execute() or session closes
+     * of M whose prefix cache changed (baton_backend.cache_report): R is
+     * valid for the call only.  NULL: not reported. */
+    void (*cache)(void *arg, wk_model *m, const baton_cache_report *r);
 } wk_executor_hooks;
 
 typedef struct wk_executor_options {

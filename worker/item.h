@@ -101,6 +101,7 @@ struct wk_item {
     uint32_t batch_size;
     uint32_t prompt_tokens;       /* what the backend counted (count_tokens) */
     uint32_t generated_tokens;
+    uint32_t cached_tokens;       /* of the prompt's, read from a prefix cache (count_cached) */
     wk_item *prev, *next;         /* [L] in its queue */
     wk_item *req_prev, *req_next; /* [L] in req->items */
 };

@@ -117,6 +117,7 @@ static void send_done(const wk_report *rp, wk_item *it)
     done.speculative = it->speculative;
     done.prompt_tokens = it->prompt_tokens;
     done.generated_tokens = it->generated_tokens;
+    done.cached_tokens = it->cached_tokens;
     done.batch_size = it->batch_size;
     Baton__V1__WorkerMessage m = BATON__V1__WORKER_MESSAGE__INIT;
     m.msg_case = BATON__V1__WORKER_MESSAGE__MSG_DONE;
@@ -231,6 +232,61 @@ void wk_report_item_ended(const wk_report *rp, wk_item *it)
     }
     *de = (done_event){.ev.run = on_done, .rp = rp, .it = it};
     wk_events_post(rp->events, &de->ev);
+}
+
+/* A CacheReport waiting for the I/O thread; its arrays follow it. */
+typedef struct cache_event {
+    wk_event ev;
+    const wk_report *rp;
+    Baton__V1__CacheReport msg;
+    char model[];
+} cache_event;
+
+static void on_cache(wk_event *ev)
+{
+    cache_event *ce = (cache_event *)ev;
+    Baton__V1__WorkerMessage m = BATON__V1__WORKER_MESSAGE__INIT;
+    m.msg_case = BATON__V1__WORKER_MESSAGE__MSG_CACHE_REPORT;
+    m.cache_report = &ce->msg;
+    wk_wire_send(ce->rp->sock, &m);
+    free(ce->msg.stored);
+    free(ce->msg.removed);
+    free(ce);
+}
+
+void wk_report_cache(const wk_report *rp, const char *model, const baton_cache_report *r)
+{
+    size_t ln = strlen(model) + 1;
+    cache_event *ce = calloc(1, sizeof(*ce) + ln);
+    uint64_t *st = r->n_stored ? malloc(r->n_stored * sizeof(*st)) : NULL;
+    uint64_t *rm = r->n_removed ? malloc(r->n_removed * sizeof(*rm)) : NULL;
+    if (!ce || (r->n_stored && !st) || (r->n_removed && !rm)) {
+        bt_warn("out of memory reporting the prefix cache of model %s", model);
+        free(ce);
+        free(st);
+        free(rm);
+        return;
+    }
+    memcpy(ce->model, model, ln);
+    if (st)
+        memcpy(st, r->stored, r->n_stored * sizeof(*st));
+    if (rm)
+        memcpy(rm, r->removed, r->n_removed * sizeof(*rm));
+    baton__v1__cache_report__init(&ce->msg);
+    ce->msg.model = ce->model;
+    ce->msg.stored = st;
+    ce->msg.n_stored = r->n_stored;
+    ce->msg.removed = rm;
+    ce->msg.n_removed = r->n_removed;
+    ce->msg.hits = r->hits;
+    ce->msg.misses = r->misses;
+    ce->msg.hit_tokens = r->hit_tokens;
+    ce->msg.evictions = r->evictions;
+    ce->msg.cached_bytes = r->cached_bytes;
+    ce->msg.entries = r->entries;
+    ce->ev.run = on_cache;
+    ce->rp = rp;
+    wk_events_post(rp->events, &ce->ev);
 }
 
 void wk_report_finalize(const wk_report *rp, wk_request *req)

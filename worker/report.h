@@ -50,6 +50,11 @@ int wk_report_chunk(const wk_report *rp, wk_item *it, const wk_chunk *c);
  * say: the item's Done goes to the I/O thread.  [L] */
 void wk_report_item_ended(const wk_report *rp, wk_item *it);
 
+/* Model MODEL's prefix cache changed (R, copied): a CacheReport goes to
+ * the I/O thread, after what was posted before it.  Out of memory loses it
+ * (the conductor's routing then misses a prefix, nothing worse). */
+void wk_report_cache(const wk_report *rp, const char *model, const baton_cache_report *r);
+
 /* SessionClose of request KEY.  [L] */
 void wk_report_session_close(const wk_report *rp, uint64_t key);
 /* REQ's last running item ended (or none ran): frees what is left of it

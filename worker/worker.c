@@ -125,6 +125,14 @@ static int hook_chunk(void *arg, wk_item *it, const wk_chunk *c)
     return wk_report_chunk(&w->report, it, c);
 }
 
+/* The executor: a model's prefix cache changed; the report goes out
+ * before the Dones of the batch that changed it. */
+static void hook_cache(void *arg, wk_model *m, const baton_cache_report *r)
+{
+    wk_worker *w = arg;
+    wk_report_cache(&w->report, m->name, r);
+}
+
 /* The executor: an item ended on its lane [L]; a run-ahead chain queues its
  * next iteration before the item's Done is posted. */
 static void hook_item_ended(void *arg, wk_item *it)
@@ -570,7 +578,7 @@ static int modules_create(wk_worker *w, char *err, size_t errlen)
     const wk_options *o = &w->opt;
     wk_executor_options eo = {&w->lock, &w->stopping, w->store, &w->peers, w->dev,
                               o->name, o->device, o->threads, o->streams ? o->streams : 1};
-    wk_executor_hooks eh = {w, hook_item_ended, hook_chunk, hook_lead};
+    wk_executor_hooks eh = {w, hook_item_ended, hook_chunk, hook_lead, hook_cache};
     int rc = wk_executor_create(&eo, &eh, &w->ex);
     wk_tp_options to = {&w->lock, &w->stopping, w->ex, w->store, w->dev, w->events, w->sock,
                         o->device, o->threads};

@@ -43,7 +43,20 @@
  * for prefill `kv` (the cache handed off to a decode on another worker,
  * which takes it as its input `kv`: disaggregated serving).  The
  * finish signal is raised when the token ends generation (EOS, <|im_end|>)
- * or the session's cache is full. */
+ * or the session's cache is full.
+ *
+ * Prefix caching (option prefix_cache; backends/transformer/prefix.h).
+ * A session that ends leaves its KV in its slot as a cached entry, keyed
+ * by its token ids in blocks.  A prefill whose prompt begins with a cached
+ * prefix computes only the rest: when the entry sits in a free slot and
+ * the prompt goes on from nearly all of it (the next turn of a
+ * conversation), the session takes that slot over and reads the prefix in
+ * place; otherwise (a shorter shared part, an entry in host memory) the
+ * prefix is copied into the session's slot, which costs a copy, not a
+ * forward pass.  A slot is taken for a new session from free slots first,
+ * then from the cached entry least recently used (moved to host memory
+ * within prefix_cache_mb, else dropped), then from a live session (as
+ * above). */
 #include <assert.h>
 #include <inttypes.h>
 #include <stdbool.h>
@@ -59,9 +72,11 @@
 #include "kernels/kernels.h"
 #include "kernels/optable.h"
 #include "backends/transformer/model.h"
+#include "backends/transformer/prefix.h"
 #include "backends/transformer/transformer.h"
 #include "backends/transformer/tokenizer.h"
 #include "kernels/cpu/threads.h"
+#include "common/prefix.h"
 #include "common/status.h"
 #include "common/vec.h"
 
@@ -86,6 +101,8 @@ struct baton_model {
     bool add_bos;               /* the file's tokenizer.ggml.add_bos_token */
     kx_exec *prefill, *decode;
     tf_session **owner;         /* per slot: the session resident there, or NULL */
+    pc_cache *pc;               /* the prefix cache; NULL when off (option, tensor parallel) */
+    pc_stats reported;          /* its counters as cache_report last gave them */
     uint64_t clock;             /* decode steps so far: the LRU clock */
     uint64_t batch_id;          /* marks the sessions of the current batch */
     size_t row_floats;          /* elements of one cached position of one layer: K or V */
@@ -124,6 +141,11 @@ struct baton_session {
     int saved_len;
     char carry[8];              /* UTF-8 bytes of a character not yet complete */
     int n_carry;
+    int32_t *ids;               /* prefix cache: the tokens at positions [0, len); owned */
+    int ids_cap;
+    bool ids_ok;                /* ids holds them (not after a handed-in cache) */
+    uint64_t *keys;             /* its prompt's routing key (reported stored); owned */
+    size_t n_keys;
 };
 
 static int bind_prefill_cache(baton_model *m, int slot);
@@ -465,6 +487,7 @@ static void model_unload(baton_model *m)
         m->dev->free(m->dev->dev, m->dsample);
     free(m->hsample);
     free(m->owner);
+    pc_destroy(m->pc);
     free(m->report);
     tok_vocab_destroy(m->vocab);
     gguf_close(m->file);
@@ -490,6 +513,14 @@ static char *make_report(const baton_model *m, const baton_load_params *p)
             p->device ? p->device : "cpu",
             p->profile && p->profile->name ? p->profile->name : "cpu",
             m->dev || !m->cpu.act_q8 ? "f32" : "8-bit", kth_pool_size(m->pool));
+    if (m->cpu.invariant)
+        fprintf(f, "batch invariant: every token computed the same way whatever runs beside "
+                "it\n");
+    if (m->pc)
+        fprintf(f, "prefix cache: on, blocks of %d tokens, %llu MiB of host memory beyond the "
+                "slots\n", BT_PREFIX_TOKENS, (unsigned long long)(pc_budget(m->pc) >> 20));
+    else
+        fprintf(f, "prefix cache: off\n");
     if (m->vocab)
         fprintf(f, "tokenizer: %d tokens; chat template %s\n", tok_vocab_size(m->vocab),
                 m->chat ? "on for text prompts" : "off");
@@ -548,6 +579,9 @@ typedef struct tf_options {
     const char *kv;             /* kv_dtype: auto, f16, q8_0 or f32 (borrowed) */
     bool act_q8;                /* activations: q8 (8-bit activations, integer products) */
     bool chat;                  /* chat_template: wrap text prompts in it */
+    bool prefix_cache;          /* keep ended requests' KV for later prompts */
+    bool invariant;             /* batch_invariant: the same bits whatever runs beside */
+    uint64_t prefix_bytes;      /* prefix_cache_mb in bytes */
 } tf_options;
 
 /* Step 1: the options of P into *O, each read and checked against its
@@ -561,14 +595,17 @@ static baton_status load_options(const baton_load_params *p, tf_options *o, char
         snprintf(err, errlen, "option path is required (a GGUF file or a Hugging Face folder)");
         return BATON_STATUS_INVALID_ARGUMENT;
     }
-    bt_opt_value max_seq, chunk, eos, threads, kv, act, chat;
+    bt_opt_value max_seq, chunk, eos, threads, kv, act, chat, pcache, pmb, inv;
     if (opt_get(p, "max_seq", &max_seq, err, errlen) ||
         opt_get(p, "prefill_chunk", &chunk, err, errlen) ||
         opt_get(p, "eos", &eos, err, errlen) ||
         opt_get(p, "threads", &threads, err, errlen) ||
         opt_get(p, "kv_dtype", &kv, err, errlen) ||
         opt_get(p, "chat_template", &chat, err, errlen) ||
-        opt_get(p, "activations", &act, err, errlen))
+        opt_get(p, "activations", &act, err, errlen) ||
+        opt_get(p, "prefix_cache", &pcache, err, errlen) ||
+        opt_get(p, "prefix_cache_mb", &pmb, err, errlen) ||
+        opt_get(p, "batch_invariant", &inv, err, errlen))
         return BATON_STATUS_INVALID_ARGUMENT;
     /* The catalog's ranges keep each number inside an int. */
     o->max_seq = (int)max_seq.i;
@@ -578,6 +615,9 @@ static baton_status load_options(const baton_load_params *p, tf_options *o, char
     o->kv = kv.s;
     o->act_q8 = strcmp(act.s, "q8") == 0;
     o->chat = chat.b;
+    o->prefix_cache = pcache.b;
+    o->prefix_bytes = (uint64_t)pmb.i << 20;
+    o->invariant = inv.b;
     return BATON_STATUS_OK;
 }
 
@@ -610,6 +650,11 @@ static baton_status load_device(baton_model *m, const baton_load_params *p, cons
                  : !p->comm_id ? "needs the group's communicator id, and none was given"
                                : "rank out of range");
         return BATON_STATUS_FAILED_PRECONDITION;
+    }
+    if (dev && o->invariant) {
+        snprintf(err, errlen, "option batch_invariant: the GPU kernels have no batch-invariant "
+                 "mode (their reductions are fixed per shape, not per row)");
+        return BATON_STATUS_INVALID_ARGUMENT;
     }
     if (dev && (strcmp(o->kv, "f16") == 0 || strcmp(o->kv, "q8_0") == 0)) {
         snprintf(err, errlen, "option kv_dtype = '%s': the GPU kernels keep the KV cache in "
@@ -720,7 +765,7 @@ static baton_status load_compile(baton_model *m, const baton_load_params *p,
             snprintf(err, errlen, "starting %d kernel threads: %s", n_threads, bt_strerror(rc));
             return BATON_STATUS_RESOURCE_EXHAUSTED;
         }
-        m->cpu = (kt_cpu_opts){m->pool, o->act_q8};
+        m->cpu = (kt_cpu_opts){m->pool, o->act_q8, o->invariant};
     }
     char why[400];
     uint64_t wb = 0;
@@ -739,6 +784,13 @@ static baton_status load_compile(baton_model *m, const baton_load_params *p,
         return BATON_STATUS_FAILED_PRECONDITION;
     }
     m->owner = calloc((size_t)m->slots, sizeof(*m->owner));
+    /* The ranks of a group must pick the same prefixes in lockstep; they
+     * recompute instead (documented). */
+    if (o->prefix_cache && m->shape.tp <= 1 &&
+        !(m->pc = pc_create(o->prefix_bytes, m->row_bytes * 2 * (size_t)m->shape.layers))) {
+        snprintf(err, errlen, "out of memory");
+        return BATON_STATUS_RESOURCE_EXHAUSTED;
+    }
     m->report = make_report(m, p);
     if (dev) {
         m->host_logits = malloc((size_t)m->slots * (size_t)m->shape.vocab * sizeof(float));
@@ -805,14 +857,59 @@ static baton_status session_open(baton_model *m, uint64_t key, baton_session **o
     return BATON_STATUS_OK;
 }
 
+/* Bytes of the KV of LEN positions, every layer, K and V. */
+static size_t kv_bytes(const baton_model *m, int len)
+{
+    return (size_t)len * m->row_bytes * 2 * (size_t)m->shape.layers;
+}
+
+/* The session's KV becomes a cached prefix (prefix.h) when it can: left in
+ * its slot, or, evicted before, its host copy; else its routing key is
+ * reported gone. */
 static void session_close(baton_model *m, baton_session *s)
 {
     if (!s)
         return;
+    bool kept = false;
+    if (m->pc && s->ids_ok && s->len >= BT_PREFIX_TOKENS) {
+        if (s->slot >= 0) {
+            kept = pc_add(m->pc, s->ids, s->len, s->keys, s->n_keys, s->slot) != NULL;
+        } else if (s->saved && s->saved_len == s->len) {
+            kept = pc_add_host(m->pc, s->ids, s->len, s->keys, s->n_keys, s->saved,
+                               kv_bytes(m, s->len)) != NULL;
+            if (kept)
+                s->saved = NULL;
+        }
+    }
+    if (m->pc && !kept && s->n_keys)
+        pc_keys_event(m->pc, s->keys, s->n_keys, false);
     if (s->slot >= 0)
         m->owner[s->slot] = NULL;
     free(s->saved);
+    free(s->ids);
+    free(s->keys);
     free(s);
+}
+
+/* Appends token T, whose KV was just written at position s->len, to S's
+ * ids; out of memory only makes S uncacheable. */
+static void ids_push(const baton_model *m, tf_session *s, int32_t t)
+{
+    if (!s->ids_ok)
+        return;
+    if (s->len >= s->ids_cap) {
+        int cap = s->ids_cap ? s->ids_cap * 2 : 256;
+        if (cap > m->max_seq)
+            cap = m->max_seq;
+        int32_t *v = s->len < cap ? realloc(s->ids, (size_t)cap * sizeof(*v)) : NULL;
+        if (!v) {
+            s->ids_ok = false;
+            return;
+        }
+        s->ids = v;
+        s->ids_cap = cap;
+    }
+    s->ids[s->len] = t;
 }
 
 /* Layer L's K (KV 0) or V (KV 1) cache of executable X, [slots, kv_heads,
@@ -914,24 +1011,94 @@ static int copy_slot(baton_model *m, kx_exec *x, int slot, void *host, int len, 
     return rc;
 }
 
-/* Gives S a decode slot, evicting the least recently used session that is
- * not in the current batch when none is free.  Returns 0, or -1 when every
- * slot is held by the current batch (cannot happen: a batch has at most
- * `slots` items) or memory is short. */
+/* Frees the slot of resident cached prefix E: its KV moves to host memory
+ * when the budget takes it, else it is dropped. */
+static void evict_entry(baton_model *m, pc_entry *e)
+{
+    size_t bytes = kv_bytes(m, e->len);
+    void *host = bytes <= pc_budget(m->pc) ? malloc(bytes) : NULL;
+    if (host && copy_slot(m, m->decode, e->slot, host, e->len, true, false) == 0 &&
+        pc_move_to_host(m->pc, e, host, bytes))
+        return;
+    free(host);
+    pc_remove(m->pc, e, true);
+}
+
+/* Copies positions [0, LEN) of cached prefix E into decode slot DST, from
+ * its slot or its host copy (laid out as copy_slot keeps an evicted
+ * session: [layer][K, V][kv_head][e->len][head_dim]).  0 or a status. */
+static int copy_prefix(baton_model *m, int dst, const pc_entry *e, int len)
+{
+    int nkv = m->shape.kv_heads;
+    size_t rb = kdtype_bytes(m->shape.cache, (size_t)m->shape.head_dim);
+    size_t head = (size_t)m->max_seq * rb, slot = (size_t)m->max_seq * m->row_bytes;
+    int rc = 0;
+    for (int l = 0; l < m->shape.layers && !rc; l++)
+        for (int kv = 0; kv < 2 && !rc; kv++) {
+            uint8_t *c = cache(m->decode, l, kv);
+            size_t lk = (size_t)l * 2 + (size_t)kv;
+            for (int g = 0; g < nkv && !rc; g++) {
+                const uint8_t *src =
+                    e->slot >= 0 ? c + (size_t)e->slot * slot + (size_t)g * head
+                                 : (const uint8_t *)e->host +
+                                       (lk * (size_t)nkv + (size_t)g) * (size_t)e->len * rb;
+                rc = mcopy(m, c + (size_t)dst * slot + (size_t)g * head, src, (size_t)len * rb);
+            }
+        }
+    return rc;
+}
+
+/* Moves resident cached prefix E out of its slot, which a session is to
+ * take: into the highest slot nobody uses, else into the slot of the
+ * cached prefix least recently used (which is evicted), else E itself is
+ * evicted. */
+static void clear_slot(baton_model *m, pc_entry *e)
+{
+    int dst = -1;
+    for (int k = m->slots - 1; k >= 0 && dst < 0; k--)
+        if (!m->owner[k] && !pc_in_slot(m->pc, k))
+            dst = k;
+    if (dst < 0) {
+        e->pinned = true;
+        pc_entry *old = pc_oldest_resident(m->pc);
+        e->pinned = false;
+        if (old && old->used < e->used) {
+            dst = old->slot;
+            evict_entry(m, old);
+        }
+    }
+    if (dst >= 0 && copy_prefix(m, dst, e, e->len) == 0)
+        e->slot = dst;
+    else
+        evict_entry(m, e);
+}
+
+/* Gives S a decode slot: the lowest one no session holds (a cached prefix
+ * there moves out of the way, clear_slot); else that of the least recently
+ * used session not in the current batch, whose KV moves to host memory.
+ * Sessions keep to the low slots because a decode step computes every row
+ * up to the highest slot in use.  Returns 0, or -1 when every slot is held
+ * by the current batch (cannot happen: a batch has at most `slots` items)
+ * or memory is short. */
 static int acquire_slot(baton_model *m, tf_session *s)
 {
     if (s->slot >= 0)
         return 0;
     int pick = -1;
-    for (int k = 0; k < m->slots && pick < 0; k++)
-        if (!m->owner[k])
+    for (int k = 0; k < m->slots && pick < 0; k++) {
+        pc_entry *e = !m->owner[k] && m->pc ? pc_in_slot(m->pc, k) : NULL;
+        if (!m->owner[k] && !(e && e->pinned)) /* a pinned one is being read */
             pick = k;
+    }
+    pc_entry *there = pick >= 0 && m->pc ? pc_in_slot(m->pc, pick) : NULL;
+    if (there)
+        clear_slot(m, there);
     bool free_slot = pick >= 0;
     /* None free: the oldest session outside this batch; ties keep the
-     * lower slot. */
+     * lower slot.  (A slot without a session holds a prefix being read.) */
     for (int k = 0; !free_slot && k < m->slots; k++) {
         tf_session *c = m->owner[k];
-        if (c->batch_id != m->batch_id && (pick < 0 || c->used < m->owner[pick]->used))
+        if (c && c->batch_id != m->batch_id && (pick < 0 || c->used < m->owner[pick]->used))
             pick = k;
     }
     if (pick < 0)
@@ -1467,7 +1634,59 @@ static int import_kv(baton_model *m, baton_ctx *ctx, baton_item *it)
         return -1;
     }
     s->len = (int)kv->dims[2];
+    s->ids_ok = false; /* whose tokens these are, the cache does not say */
     return 0;
+}
+
+/* The routing key of IT's prompt (its first input's bytes in blocks,
+ * common/prefix.h) into S, reported stored: the conductor may now send
+ * prompts that begin the same way here.  Nothing on a short input, or when
+ * memory is short (a missed route, nothing worse). */
+static void session_keys(baton_model *m, baton_ctx *ctx, baton_item *it, tf_session *s)
+{
+    const baton_tensor *t = &it->inputs[0].tensor;
+    size_t nb = t->nbytes / BT_PREFIX_BYTES;
+    if (!nb)
+        return;
+    uint8_t *buf = malloc(nb * BT_PREFIX_BYTES);
+    uint64_t *k = malloc(nb * sizeof(*k));
+    if (buf && k && ctx->read(ctx, it, t, 0, buf, nb * BT_PREFIX_BYTES) == 0) {
+        bt_prefix_hashes(buf, nb * BT_PREFIX_BYTES, BT_PREFIX_BYTES, k, nb);
+        s->keys = k;
+        s->n_keys = nb;
+        pc_keys_event(m->pc, k, nb, true);
+        k = NULL;
+    }
+    free(buf);
+    free(k);
+}
+
+/* Places S, about to prefill the N tokens IDS, in a decode slot holding
+ * the longest cached prefix of them there is, and returns how many
+ * positions that prefix fills (0: none, or no prefix cache): a free slot
+ * that holds nearly all of it is taken over (nothing copied); else the
+ * session gets a slot and the prefix is copied in.  -1 when no slot could
+ * be had. */
+static int place_prompt(baton_model *m, tf_session *s, const int32_t *ids, int n)
+{
+    int len = 0;
+    pc_entry *e = m->pc ? pc_match(m->pc, ids, n, &len) : NULL;
+    if (e && e->slot >= 0 && s->slot < 0 && len >= e->len - BT_PREFIX_TOKENS) {
+        m->owner[e->slot] = s;
+        s->slot = e->slot;
+        pc_remove(m->pc, e, false);
+        return len;
+    }
+    if (e)
+        e->pinned = true; /* not the slot acquire_slot frees, nor the host copy it drops */
+    int rc = acquire_slot(m, s);
+    if (e)
+        e->pinned = false;
+    if (rc != 0)
+        return -1;
+    /* A failed copy costs the reuse, not the request: the prompt runs
+     * whole. */
+    return e && copy_prefix(m, s->slot, e, len) == 0 ? len : 0;
 }
 
 static void prefill_one(baton_model *m, baton_ctx *ctx, baton_item *it)
@@ -1492,10 +1711,17 @@ static void prefill_one(baton_model *m, baton_ctx *ctx, baton_item *it)
     s->n_carry = 0;
     free(s->saved);
     s->saved = NULL;
+    s->ids_ok = false;
+    if (m->pc && s->n_keys)
+        pc_keys_event(m->pc, s->keys, s->n_keys, false);
+    free(s->keys);
+    s->keys = NULL;
+    s->n_keys = 0;
     m->batch_id++;
     s->batch_id = m->batch_id;
     s->used = ++m->clock;
-    if (acquire_slot(m, s) != 0) {
+    int start = place_prompt(m, s, ids, (int)n);
+    if (start < 0) {
         ctx->fail(ctx, it, BATON_STATUS_RESOURCE_EXHAUSTED, "out of memory moving a KV cache");
         goto out;
     }
@@ -1508,7 +1734,7 @@ static void prefill_one(baton_model *m, baton_ctx *ctx, baton_item *it)
         ctx->fail(ctx, it, BATON_STATUS_RESOURCE_EXHAUSTED, "out of memory");
         goto out;
     }
-    for (size_t at = 0; at < n; at += (size_t)m->chunk) {
+    for (size_t at = (size_t)start; at < n; at += (size_t)m->chunk) {
         int e = (int)(n - at < (size_t)m->chunk ? n - at : (size_t)m->chunk);
         int32_t last = e - 1;
         for (int i = 0; i < e; i++)
@@ -1551,7 +1777,20 @@ static void prefill_one(baton_model *m, baton_ctx *ctx, baton_item *it)
         }
     } else {
         s->len = (int)n;
+        if (m->pc) {
+            /* The ids, for the prefix this session leaves when it ends. */
+            free(s->ids);
+            s->ids_cap = (int)n;
+            s->ids_ok = (s->ids = malloc(n * sizeof(*ids))) != NULL;
+            if (s->ids_ok)
+                memcpy(s->ids, ids, n * sizeof(*ids));
+            else
+                s->ids_cap = 0;
+            session_keys(m, ctx, it, s);
+        }
     }
+    if (start > 0 && ctx->count_cached)
+        ctx->count_cached(ctx, it, (uint32_t)start);
     const float *logits = kx_output(m->prefill, 0, NULL);
     int32_t t;
     if (m->dev) {
@@ -1686,6 +1925,7 @@ static void decode_batch(baton_model *m, baton_ctx *ctx, baton_item *const *item
             fail_run(m->decode, rc, ctx, it);
             continue;
         }
+        ids_push(m, s, tokens[s->slot]);
         s->len++;
         const float *row = logits ? logits + (size_t)s->slot * (size_t)m->shape.vocab : NULL;
         int32_t t = argmax[s->slot];
@@ -1726,6 +1966,25 @@ static void execute(baton_model *m, baton_ctx *ctx, baton_item *const *items, si
     }
 }
 
+static int cache_report(baton_model *m, baton_cache_report *out)
+{
+    if (!m->pc)
+        return 0;
+    pc_stats st;
+    pc_stats_get(m->pc, &st);
+    bool events = pc_events(m->pc, &out->stored, &out->n_stored, &out->removed,
+                            &out->n_removed);
+    bool changed = events || memcmp(&st, &m->reported, sizeof(st)) != 0;
+    m->reported = st;
+    out->hits = st.hits;
+    out->misses = st.misses;
+    out->hit_tokens = st.hit_tokens;
+    out->evictions = st.evictions;
+    out->cached_bytes = st.bytes;
+    out->entries = st.entries;
+    return changed;
+}
+
 static const baton_backend transformer_backend = {
     .abi_version = BATON_BACKEND_ABI_VERSION,
     .name = TF_NAME,
@@ -1736,6 +1995,7 @@ static const baton_backend transformer_backend = {
     .session_close = session_close,
     .execute = execute,
     .model_describe = model_describe,
+    .cache_report = cache_report,
 };
 
 const baton_backend *bk_transformer_backend(void)

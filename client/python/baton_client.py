@@ -266,7 +266,8 @@ class Response:
         # how each loop ended: "finish" (end of turn) or "max_iters".
         self.usage = ({"prompt_tokens": m.usage.prompt_tokens,
                        "completion_tokens": m.usage.completion_tokens,
-                       "total_tokens": m.usage.total_tokens} if m.HasField("usage") else {})
+                       "total_tokens": m.usage.total_tokens,
+                       "cached_tokens": m.usage.cached_tokens} if m.HasField("usage") else {})
         self.loop_ends = {k: {pb.LOOP_END_FINISH: "finish", pb.LOOP_END_MAX_ITERS: "max_iters"}
                           .get(v, "unknown") for k, v in m.loop_ends.items()}
         # What ended the text early: "stop" (a stop string), "length"

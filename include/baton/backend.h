@@ -41,8 +41,10 @@ extern "C" {
  * workers: tensor data may be device memory, so baton_ctx gained read,
  * write, device and stream.  Version 4 added conversations
  * (baton_input.chat) and token counts (baton_ctx.count_tokens).  Version 5
- * added raw text (baton_input.raw).  Version 6 added baton_ctx.defer. */
-#define BATON_BACKEND_ABI_VERSION 6u
+ * added raw text (baton_input.raw).  Version 6 added baton_ctx.defer.
+ * Version 7 added prefix caches: baton_ctx.count_cached and the
+ * cache_report slot. */
+#define BATON_BACKEND_ABI_VERSION 7u
 
 /* The symbol every plugin exports. */
 #define BATON_BACKEND_ENTRY_SYMBOL "baton_backend_entry"
@@ -282,6 +284,12 @@ struct baton_ctx {
      * RESOURCE_EXHAUSTED. */
     void (*defer)(baton_ctx *ctx, baton_item *item);
 
+    /* Counts CACHED of ITEM's prompt tokens as read from a prefix cache
+     * instead of computed (they are among the prompt tokens count_tokens
+     * counts).  They add up as count_tokens' do, and come back to the
+     * client as the response's usage.cached_tokens. */
+    void (*count_cached)(baton_ctx *ctx, baton_item *item, uint32_t cached);
+
     uint32_t threads;               /* CPU threads one kernel may use (worker `threads`) */
     const char *device;             /* where tensor data lives: "cpu" or "cuda:N" */
     /* On "cuda:N": the cudaStream_t of this call's lane.  Work a backend
@@ -341,6 +349,24 @@ static inline const char *baton_load_option(const baton_load_params *p, const ch
     return 0;
 }
 
+/* What a model's prefix cache did (cache_report): counters since the load,
+ * and the routing keys of cached prompts that came and went since the last
+ * report.  A routing key is the chained hashes of a prompt's first input's
+ * bytes in blocks of 64 (common/prefix.h's bt_prefix_hashes); the
+ * conductor computes the same for a new request and routes it to the
+ * replica that reported the longest match. */
+typedef struct baton_cache_report {
+    uint64_t hits, misses;          /* prompts that reused a cached prefix, that did not */
+    uint64_t hit_tokens;            /* prompt tokens read from the cache */
+    uint64_t evictions;             /* cached prefixes dropped for room */
+    uint64_t cached_bytes;          /* bytes of KV the cache holds now */
+    uint64_t entries;               /* cached prefixes now */
+    const uint64_t *stored;         /* routing keys now held: valid until the next call */
+    size_t n_stored;
+    const uint64_t *removed;        /* routing keys no longer held */
+    size_t n_removed;
+} baton_cache_report;
+
 /* A backend: one per kind of model; the worker loads models through it. */
 typedef struct baton_backend {
     /* BATON_BACKEND_ABI_VERSION of the header the backend was built with. */
@@ -386,6 +412,13 @@ typedef struct baton_backend {
      * Writes at most LEN bytes (NUL-terminated) and returns the length the
      * whole text needs, as snprintf does.  NULL: nothing to report. */
     int (*model_describe)(const baton_model *model, char *buf, size_t len);
+
+    /* Optional: the model's prefix cache, into *OUT.  Called on the thread
+     * that runs the model, after each execute() and after session closes;
+     * returns 1 when something changed since the last call (the worker then
+     * reports it to the conductor), 0 when nothing did or the model keeps
+     * no prefix cache.  NULL: none. */
+    int (*cache_report)(baton_model *model, baton_cache_report *out);
 } baton_backend;
 
 /* The entry point of a plugin. */

@@ -175,6 +175,8 @@ typedef struct baton_client_event {
     size_t n_loop_ends;
     baton_client_finish_reason finish_reason; /* response: a stop string or max_tokens
                                                  ended the text (OK responses only) */
+    uint32_t cached_tokens;              /* response: of prompt_tokens, those read from a
+                                            prefix cache instead of computed */
 } baton_client_event;
 
 typedef struct baton_client baton_client;                 /* a connection (opaque) */

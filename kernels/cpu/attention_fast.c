@@ -857,9 +857,10 @@ static int put_rows(void *cache, kdtype dt, int cap, int pos, const float *src, 
     return 0;
 }
 
-int k_attn_prefill_mt(kth_pool *pool, float *out, const float *q, const float *k, const float *v,
-                      void *kc, void *vc, kdtype cache_dt, int cap, int pos0, int n_tok,
-                      int n_head, int n_kv, int hd)
+/* INV: every query by attn_part's one routine (batch invariance). */
+static int attn_prefill(kth_pool *pool, float *out, const float *q, const float *k,
+                        const float *v, void *kc, void *vc, kdtype cache_dt, int cap, int pos0,
+                        int n_tok, int n_head, int n_kv, int hd, bool inv)
 {
     if (!cache_type_ok(cache_dt, hd) || n_head % n_kv || pos0 < 0 || n_tok < 0 ||
         pos0 > cap - n_tok)
@@ -872,16 +873,16 @@ int k_attn_prefill_mt(kth_pool *pool, float *out, const float *q, const float *k
     void *kcs[1] = {kc}, *vcs[1] = {vc};
     int32_t ctx0[1] = {pos0};
     /* Enough queries per KV head make the tiles pay for their panels. */
-    bool tiled = have_avx2() && hd % 16 == 0 && n_tok >= 8;
+    bool tiled = !inv && have_avx2() && hd % 16 == 0 && n_tok >= 8;
     int per = tiled ? TILED_BLOCK : QUERY_BLOCK;
     attn_job j = {out, q, kcs, vcs, ctx0, 1, n_tok, n_head, n_kv, hd, (size_t)cap * hd,
                   fmt_of(cache_dt), have_avx2() && hd % 8 == 0, (n_tok + per - 1) / per, 0, 0};
     return run_job(pool, &j, tiled ? attn_tiled_part : attn_part);
 }
 
-int k_attn_decode_mt(kth_pool *pool, float *out, const float *q, const float *k, const float *v,
-                     void *const *kc, void *const *vc, kdtype cache_dt, int cap,
-                     const int32_t *lens, int batch, int n_head, int n_kv, int hd)
+static int attn_decode(kth_pool *pool, float *out, const float *q, const float *k,
+                       const float *v, void *const *kc, void *const *vc, kdtype cache_dt, int cap,
+                       const int32_t *lens, int batch, int n_head, int n_kv, int hd, bool inv)
 {
     if (!cache_type_ok(cache_dt, hd) || n_head % n_kv)
         return -EINVAL;
@@ -899,7 +900,7 @@ int k_attn_decode_mt(kth_pool *pool, float *out, const float *q, const float *k,
     }
     attn_job j = {out, q, kc, vc, lens, batch, 1, n_head, n_kv, hd, (size_t)cap * hd,
                   fmt_of(cache_dt), have_avx2() && hd % 8 == 0, 1, 0, 0, 1, NULL};
-    bool grouped = have_avx2() && hd % 32 == 0 && n_head / n_kv <= 64;
+    bool grouped = !inv && have_avx2() && hd % 32 == 0 && n_head / n_kv <= 64;
     if (!grouped)
         return run_job(pool, &j, attn_part);
     /* A long sequence's keys are split into parts of SPLIT_KEYS, each a
@@ -925,4 +926,36 @@ int k_attn_decode_mt(kth_pool *pool, float *out, const float *q, const float *k,
         merge_parts(&j);
     free(j.part);
     return rc;
+}
+
+int k_attn_prefill_mt(kth_pool *pool, float *out, const float *q, const float *k, const float *v,
+                      void *kc, void *vc, kdtype cache_dt, int cap, int pos0, int n_tok,
+                      int n_head, int n_kv, int hd)
+{
+    return attn_prefill(pool, out, q, k, v, kc, vc, cache_dt, cap, pos0, n_tok, n_head, n_kv, hd,
+                        false);
+}
+
+int k_attn_decode_mt(kth_pool *pool, float *out, const float *q, const float *k, const float *v,
+                     void *const *kc, void *const *vc, kdtype cache_dt, int cap,
+                     const int32_t *lens, int batch, int n_head, int n_kv, int hd)
+{
+    return attn_decode(pool, out, q, k, v, kc, vc, cache_dt, cap, lens, batch, n_head, n_kv, hd,
+                       false);
+}
+
+int k_attn_prefill_inv_mt(kth_pool *pool, float *out, const float *q, const float *k,
+                          const float *v, void *kc, void *vc, kdtype cache_dt, int cap, int pos0,
+                          int n_tok, int n_head, int n_kv, int hd)
+{
+    return attn_prefill(pool, out, q, k, v, kc, vc, cache_dt, cap, pos0, n_tok, n_head, n_kv, hd,
+                        true);
+}
+
+int k_attn_decode_inv_mt(kth_pool *pool, float *out, const float *q, const float *k,
+                         const float *v, void *const *kc, void *const *vc, kdtype cache_dt,
+                         int cap, const int32_t *lens, int batch, int n_head, int n_kv, int hd)
+{
+    return attn_decode(pool, out, q, k, v, kc, vc, cache_dt, cap, lens, batch, n_head, n_kv, hd,
+                       true);
 }

@@ -130,6 +130,7 @@ typedef struct qmm_job {
     int m, rows, cols;
     int isa;
     int phase;       /* 0: quantize X; 1: integer products; 2: f32 products */
+    bool invariant;  /* phase 1 a row of X at a time (K_QMM_INVARIANT) */
 } qmm_job;
 
 static void qmm_part(void *arg, int ith, int nth)
@@ -149,7 +150,12 @@ static void qmm_part(void *arg, int ith, int nth)
     if (hi <= lo)
         return;
     if (j->phase == 1) {
-        k_qmatmul_q8(j->y, (size_t)j->rows, j->w, j->t, j->a, j->m, lo, hi, j->cols, j->isa);
+        int nb = j->cols / K_QK;
+        for (int r = 0; j->invariant && r < j->m; r++)
+            k_qmatmul_q8(j->y + (size_t)r * j->rows, (size_t)j->rows, j->w, j->t,
+                         j->a + (size_t)r * nb, 1, lo, hi, j->cols, j->isa);
+        if (!j->invariant)
+            k_qmatmul_q8(j->y, (size_t)j->rows, j->w, j->t, j->a, j->m, lo, hi, j->cols, j->isa);
         return;
     }
     size_t wrow = (size_t)(j->cols / K_QK) * k_block_bytes(j->t);
@@ -164,11 +170,13 @@ static void qmm_part(void *arg, int ith, int nth)
 }
 
 int k_qmatmul_mt(kth_pool *pool, float *y, const void *w, kdtype t, const float *x, int m,
-                 int rows, int cols, int act_q8)
+                 int rows, int cols, int flags)
 {
     if (!k_block_bytes(t) || cols % K_QK || rows < 0 || m < 0)
         return -EINVAL;
-    qmm_job j = {y, w, t, x, NULL, m, rows, cols, k_cpu_isa(), act_q8 ? 0 : 2};
+    bool act_q8 = flags & K_QMM_Q8;
+    qmm_job j = {y, w, t, x, NULL, m, rows, cols, k_cpu_isa(), act_q8 ? 0 : 2,
+                 (flags & K_QMM_INVARIANT) != 0};
     bool held = kth_acquire(pool) == 0;
     kth_pool *use = held ? pool : NULL;
     size_t abytes = (size_t)m * (size_t)(cols / K_QK) * sizeof(k_q8a);

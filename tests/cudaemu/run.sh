@@ -53,7 +53,7 @@ case $part in
 esac
 SEEDS=${CUDAEMU_SEEDS:-"1 2 3"}
 # The transformer's tests on cuda:0 that take a minute or more each.
-TF_SLOW="test_prefill_and_greedy_match_reference test_sampling_reproducible test_tensor_parallel_matches_reference"
+TF_SLOW="test_prefill_and_greedy_match_reference test_sampling_reproducible test_tensor_parallel_matches_reference test_prefix_cache_exact"
 # Four emulated GPUs: the multi-process all-reduce checks run 2 and 3 ranks.
 export CUDAEMU_DEVICES=${CUDAEMU_DEVICES:-4}
 log=$(mktemp)

@@ -65,7 +65,8 @@ def main():
         check(len(events) == 1 and events[0].status == "RESOURCE_EXHAUSTED",
               "streamed, a refusal without an id: %r" % events)
         r = c.infer("usage")
-        check(r.ok and r.usage == {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
+        check(r.ok and r.usage == {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10,
+                                    "cached_tokens": 0}
               and r.loop_ends == {"decode_loop": "max_iters"}, "usage: %r %r" % (r.usage,
                                                                               r.loop_ends))
         check(c.infer("conversation", messages=[("user", "x")]).usage == {}, "no usage")

@@ -481,6 +481,18 @@ static void test_qmatmul_threads(void **state)
                 got = memset(got, 0xff, (size_t)m * rows * sizeof(float));
                 assert_int_equal(k_qmatmul_mt(p, got, w, qtypes[t], x, m, rows, cols, 1), 0);
                 assert_close(got, ref, (size_t)m * rows, 2e-6f * cols, 1e-5f, "8-bit activations");
+                /* Invariant: each row the same bits as that row alone. */
+                got = memset(got, 0xff, (size_t)m * rows * sizeof(float));
+                assert_int_equal(k_qmatmul_mt(p, got, w, qtypes[t], x, m, rows, cols,
+                                              K_QMM_Q8 | K_QMM_INVARIANT), 0);
+                assert_close(got, ref, (size_t)m * rows, 2e-6f * cols, 1e-5f, "invariant");
+                float *one = poisoned((size_t)rows);
+                for (int j = 0; j < m; j++) {
+                    assert_int_equal(k_qmatmul_mt(p, one, w, qtypes[t], x + (size_t)j * cols, 1,
+                                                  rows, cols, K_QMM_Q8), 0);
+                    assert_memory_equal(one, got + (size_t)j * rows, (size_t)rows * sizeof(float));
+                }
+                free(one);
                 if (p) {
                     /* Held by someone else: the caller's thread alone. */
                     assert_int_equal(kth_acquire(p), 0);
@@ -811,6 +823,27 @@ static void test_attention_fast_vs_ref(void **state)
                 snprintf(what, sizeof(what), "prefill %zu %s, %d threads", sh, kdtype_name(dt),
                          nth);
                 assert_close(got, ref, T * qrow, 2e-5f, 2e-5f, what);
+                /* Invariant: close to the reference, and each query the
+                 * same bits as a decode step of it over the same cache. */
+                {
+                    void *ik = malloc(kdtype_bytes(dt, CAP * row));
+                    void *iv = malloc(kdtype_bytes(dt, CAP * row));
+                    cache_put(ik, dt, CAP, 0, hk, P0, NKV, HD);
+                    cache_put(iv, dt, CAP, 0, hv, P0, NKV, HD);
+                    float *inv = poisoned(T * qrow), *one = poisoned(qrow);
+                    assert_int_equal(k_attn_prefill_inv_mt(pool, inv, q, k, v, ik, iv, dt, CAP, P0,
+                                                           T, NH, NKV, HD), 0);
+                    assert_close(inv, ref, T * qrow, 2e-5f, 2e-5f, "invariant prefill");
+                    for (int t = 0; t < T; t++) {
+                        int32_t len[1] = {P0 + t};
+                        void *ikp[1] = {ik}, *ivp[1] = {iv};
+                        assert_int_equal(k_attn_decode_inv_mt(pool, one, q + t * qrow, k + t * row,
+                                                              v + t * row, ikp, ivp, dt, CAP, len,
+                                                              1, NH, NKV, HD), 0);
+                        assert_memory_equal(one, inv + t * qrow, qrow * sizeof(float));
+                    }
+                    free(ik), free(iv), free(inv), free(one);
+                }
                 /* The chunk's K and V are in the cache, in its type. */
                 float *back = malloc(T * row * sizeof(float));
                 cache_get(back, ck, dt, CAP, P0, T, NKV, HD);

@@ -325,7 +325,7 @@ static void test_answers(void **state)
         json_string_value(json_object_get(json_object_get(ch, "delta"), "content")),
         "a\xef\xbf\xbd" "b\xef\xbf\xbd");
     json_decref(j), free(ev);
-    oa_usage u = {12, 5};
+    oa_usage u = {12, 5, 8};
     char *r = oa_chat_response("id2", 7, "m", "Paris", 5, "stop", &u);
     j = json_loads(r, 0, NULL);
     assert_non_null(j);
@@ -339,6 +339,9 @@ static void test_answers(void **state)
     assert_int_equal(json_integer_value(json_object_get(us, "prompt_tokens")), 12);
     assert_int_equal(json_integer_value(json_object_get(us, "completion_tokens")), 5);
     assert_int_equal(json_integer_value(json_object_get(us, "total_tokens")), 17);
+    /* The prompt's tokens read from a prefix cache, where OpenAI puts them. */
+    assert_int_equal(json_integer_value(json_object_get(
+                         json_object_get(us, "prompt_tokens_details"), "cached_tokens")), 8);
     json_decref(j), free(r);
     /* A stream's usage event: no choices. */
     ev = oa_chat_usage_event("id1", 5, "m", &u);

@@ -112,6 +112,7 @@ static void load_fixture(void)
 
 typedef struct item_out {
     baton_tensor *out[4];
+    uint32_t cached;                /* count_cached's sum */
     int finished;
     baton_status code;
     char message[512];
@@ -185,6 +186,11 @@ static baton_status f_cancelled(baton_ctx *c, const baton_item *it)
     return BATON_STATUS_OK;
 }
 
+static void f_count_cached(baton_ctx *c, baton_item *it, uint32_t cached)
+{
+    res_of((fake *)c, it)->cached += cached;
+}
+
 static void fake_reset(fake *f)
 {
     for (size_t i = 0; i < f->n_allocs; i++) {
@@ -197,6 +203,7 @@ static void fake_reset(fake *f)
     f->ctx.finish = f_finish;
     f->ctx.fail = f_fail;
     f->ctx.cancelled = f_cancelled;
+    f->ctx.count_cached = f_count_cached;
     f->ctx.read = fake_ctx_read;
     f->ctx.write = fake_ctx_write;
     f->ctx.device = "cpu";
@@ -859,7 +866,12 @@ static void test_out_of_memory_ends_item(void **state)
         skip();
     if (strcmp(test_device(), "cpu") != 0)
         skip_because("allocation failures are injected on the CPU only");
-    baton_model *m = load(1, NO_EOS);
+    /* Without the prefix cache: its bookkeeping (the session's token ids)
+     * gives up caching on a failed allocation instead of failing the step,
+     * which test_prefix_cache_no_memory checks. */
+    static const char *const opts[] = {"eos", "49151", "max_seq", "96", "prefix_cache", "false",
+                                       NULL};
+    baton_model *m = load(1, opts);
     fake f = {0};
     fake_reset(&f);
     req r, *rp = &r;
@@ -892,6 +904,62 @@ static void test_out_of_memory_ends_item(void **state)
     assert_true(n > 2);
     fake_reset(&f);
     B->session_close(m, r.s);
+    B->model_unload(m);
+}
+
+/* With the prefix cache, each allocation of a prefill, a decode step and a
+ * session's end fails in turn: the item fails RESOURCE_EXHAUSTED or runs
+ * (the cache's own bookkeeping gives up caching instead), the end keeps
+ * the prefix or not, and the model serves the same prompt after each. */
+static void test_prefix_cache_no_memory(void **state)
+{
+    (void)state;
+    if (!have_model())
+        skip();
+    if (strcmp(test_device(), "cpu") != 0)
+        skip_because("allocation failures are injected on the CPU only");
+    baton_model *m = load(1, NO_EOS);
+    fake f = {0};
+    for (long n = 1, done = 0; !done; n++) {
+        req r, *rp = &r;
+        req_open(m, &r);
+        req_item(&r, "prefill", REF[0].ids, REF[0].n);
+        fake_reset(&f);
+        baton_item *items[1] = {&r.item};
+        f.items[0] = &r.item;
+        fa_fail_nth(n);
+        B->execute(m, &f.ctx, items, 1);
+        bool hit = fa_failed();
+        int32_t tok = f.res[0].code == BATON_STATUS_OK ? *(const int32_t *)f.res[0].out[0]->data
+                                                        : -1;
+        if (f.res[0].code != BATON_STATUS_OK && f.res[0].code != BATON_STATUS_RESOURCE_EXHAUSTED)
+            fail_msg("prefill with allocation %ld failing: code %d '%s'", n, f.res[0].code,
+                     f.res[0].message);
+        for (int step = 0; tok >= 0 && step < 2; step++) {
+            int32_t in = tok;
+            req_item(&r, "decode", &in, 1);
+            fake_reset(&f);
+            f.items[0] = &r.item;
+            B->execute(m, &f.ctx, items, 1);
+            hit |= fa_failed();
+            tok = f.res[0].code == BATON_STATUS_OK ? *(const int32_t *)f.res[0].out[0]->data : -1;
+            if (f.res[0].code != BATON_STATUS_OK &&
+                f.res[0].code != BATON_STATUS_RESOURCE_EXHAUSTED)
+                fail_msg("decode with allocation %ld failing: code %d", n, f.res[0].code);
+        }
+        fake_reset(&f);
+        B->session_close(m, r.s);
+        hit |= fa_failed();
+        fa_off();
+        done = !hit;
+        /* The same prompt, nothing failing: served. */
+        req_open(m, &r);
+        req_item(&r, "prefill", REF[0].ids, REF[0].n);
+        run(m, &f, &rp, 1, &tok);
+        assert_int_equal(tok, REF[0].greedy[0]);
+        fake_reset(&f);
+        B->session_close(m, r.s);
+    }
     B->model_unload(m);
 }
 
@@ -1082,6 +1150,262 @@ static void test_turn_after_conversation(void **state)
     B->model_unload(m);
 }
 
+/* ---- prefix caching ------------------------------------------------------------- */
+
+#define PC_STEPS 8 /* decode steps after each prefill */
+
+/* A prefix-cache scenario run the same way on a model with the cache and
+ * one without: every token of every turn, and per turn the prompt tokens
+ * read from the cache. */
+typedef struct pc_run {
+    int32_t tok[8][PC_STEPS + 1];
+    uint32_t cached[8];
+    int turns;
+} pc_run;
+
+/* Prefills the prompts P[0..N) (lengths LEN) in one execute(), decodes
+ * PC_STEPS greedy tokens of all of them together, and closes their
+ * sessions; each turn's tokens and cached count go to the next turns of
+ * OUT. */
+static void pc_turns(baton_model *m, const int32_t *const *p, const int *len, int n, pc_run *out)
+{
+    fake f = {0};
+    req r[2], *rp[2];
+    int32_t tok[2];
+    assert_true(n <= 2);
+    for (int i = 0; i < n; i++) {
+        rp[i] = &r[i];
+        req_open(m, &r[i]);
+        req_item(&r[i], "prefill", p[i], len[i]);
+    }
+    run(m, &f, rp, n, tok);
+    int t0 = out->turns;
+    for (int i = 0; i < n; i++) {
+        out->cached[t0 + i] = f.res[i].cached;
+        out->tok[t0 + i][0] = tok[i];
+    }
+    for (int step = 1; step <= PC_STEPS; step++) {
+        int32_t in[2];
+        for (int i = 0; i < n; i++) {
+            in[i] = tok[i];
+            req_item(&r[i], "decode", &in[i], 1);
+        }
+        run(m, &f, rp, n, tok);
+        for (int i = 0; i < n; i++)
+            out->tok[t0 + i][step] = tok[i];
+    }
+    fake_reset(&f);
+    for (int i = 0; i < n; i++)
+        B->session_close(m, r[i].s);
+    out->turns += n;
+}
+
+/* Writes the N ids A then the M ids B to OUT; returns N + M. */
+static int cat_ids(int32_t *out, const int32_t *a, int n, const int32_t *b, int m)
+{
+    memcpy(out, a, (size_t)n * sizeof(*a));
+    memcpy(out + n, b, (size_t)m * sizeof(*b));
+    return n + m;
+}
+
+/* A conversation and its neighbours, on model M: turn 1 the 37-token chat
+ * prompt; turn 2 that prompt, turn 1's answer as the model wrote it (its
+ * 8 fed tokens) and 5 more: the 45 cached positions end in the middle of a
+ * block, and the session takes the slot over; turn 3 a prompt sharing
+ * only its first 20 tokens (copied out of the entry, which stays); turns 4
+ * and 5 two prompts prefilled and decoded together, both sharing 30 tokens
+ * with the cache. */
+static void pc_conversation(baton_model *m, pc_run *out)
+{
+    const ref_prompt *a = &REF[0], *b = &REF[1];
+    int32_t p[2][64];
+    const int32_t *pp[2] = {p[0], p[1]};
+    int len[2];
+    memset(out, 0, sizeof(*out));
+    len[0] = cat_ids(p[0], a->ids, a->n, NULL, 0);
+    pc_turns(m, pp, len, 1, out);
+    len[0] = cat_ids(p[0], a->ids, a->n, out->tok[0], PC_STEPS);
+    len[0] = cat_ids(p[0], p[0], len[0], b->ids, b->n);
+    pc_turns(m, pp, len, 1, out);
+    len[0] = cat_ids(p[0], a->ids, 20, b->ids, b->n);
+    pc_turns(m, pp, len, 1, out);
+    len[0] = cat_ids(p[0], a->ids, 30, b->ids, b->n);
+    len[1] = cat_ids(p[1], a->ids, 30, b->ids + 2, b->n - 2);
+    pc_turns(m, pp, len, 2, out);
+}
+
+static void pc_expect_same(const pc_run *with, const pc_run *without, const char *what)
+{
+    assert_int_equal(with->turns, without->turns);
+    for (int t = 0; t < with->turns; t++)
+        for (int k = 0; k <= PC_STEPS; k++)
+            if (with->tok[t][k] != without->tok[t][k])
+                fail_msg("%s: turn %d token %d: %d with the prefix cache, %d without", what,
+                         t + 1, k, with->tok[t][k], without->tok[t][k]);
+}
+
+/* The CPU's batch_invariant option, where a run's exactness must not
+ * depend on how its prompt was cut into pieces; NULL on a GPU, which has no
+ * such mode (its f32 arithmetic moves logits by about 1e-5 between
+ * chunkings, far below the gaps of these prompts' greedy tokens). */
+static const char *invariant_opt(void)
+{
+    return strcmp(test_device(), "cpu") == 0 ? "batch_invariant" : NULL;
+}
+
+/* Greedy tokens with the prefix cache equal those without it, in f32 and
+ * 8-bit activations (the CPU's two modes, batch invariant: a prefix read
+ * from the cache and one computed are then the same bits; on a GPU its one
+ * mode), and the prompt tokens read from the cache are those the scenario
+ * shares. */
+static void test_prefix_cache_exact(void **state)
+{
+    (void)state;
+    if (!have_model())
+        skip();
+    bool cpu = strcmp(test_device(), "cpu") == 0;
+    for (int mode = 0; mode < (cpu ? 2 : 1); mode++) {
+        const char *act = mode ? "q8" : "f32", *kv = mode ? "f16" : "f32";
+        const char *const on[] = {"eos", "49151", "max_seq", "96", "activations", act,
+                                  "kv_dtype", kv, invariant_opt(), "true", NULL};
+        const char *const off[] = {"eos", "49151", "max_seq", "96", "activations", act,
+                                   "kv_dtype", kv, "prefix_cache", "false", invariant_opt(),
+                                   "true", NULL};
+        pc_run with, without;
+        baton_model *m = load(2, on);
+        pc_conversation(m, &with);
+        baton_cache_report rep = {0};
+        assert_int_equal(B->cache_report(m, &rep), 1);
+        B->model_unload(m);
+        m = load(2, off);
+        pc_conversation(m, &without);
+        assert_int_equal(B->cache_report(m, &rep), 0);
+        B->model_unload(m);
+        pc_expect_same(&with, &without, act);
+        const uint32_t want[5] = {0, 45, 20, 30, 30};
+        for (int t = 0; t < 5; t++) {
+            assert_int_equal(without.cached[t], 0);
+            if (with.cached[t] != want[t])
+                fail_msg("%s: turn %d read %u cached tokens, want %u", act, t + 1,
+                         with.cached[t], want[t]);
+        }
+    }
+}
+
+/* One slot: a second conversation takes it, so the first's cached prefix
+ * is evicted: with no host budget it is dropped and the first's next turn
+ * computes everything; with one, it moves to host memory and comes back.
+ * Either way the tokens are those of a model without the cache. */
+static void test_prefix_cache_eviction(void **state)
+{
+    (void)state;
+    if (!have_model())
+        skip();
+    const ref_prompt *a = &REF[0], *b = &REF[1];
+    static const char *const budgets[] = {"0", "16"};
+    pc_run base = {0};
+    for (int k = 0; k < 3; k++) {
+        const char *const opts[] = {"eos", "49151", "max_seq", "96", "prefix_cache",
+                                    k < 2 ? "true" : "false", "prefix_cache_mb",
+                                    k < 2 ? budgets[k] : "0", invariant_opt(), "true", NULL};
+        baton_model *m = load(1, opts);
+        pc_run r = {0};
+        int32_t p[2][64], rev[64];
+        const int32_t *pp[2] = {p[0], p[1]};
+        int len[2];
+        for (int i = 0; i < a->n; i++)
+            rev[i] = a->ids[a->n - 1 - i];
+        len[0] = cat_ids(p[0], a->ids, a->n, NULL, 0);
+        pc_turns(m, pp, len, 1, &r);
+        len[0] = cat_ids(p[0], rev, a->n, NULL, 0);
+        pc_turns(m, pp, len, 1, &r);
+        len[0] = cat_ids(p[0], a->ids, a->n, r.tok[0], PC_STEPS);
+        len[0] = cat_ids(p[0], p[0], len[0], b->ids, b->n);
+        pc_turns(m, pp, len, 1, &r);
+        baton_cache_report rep = {0};
+        if (k < 2) {
+            assert_int_equal(B->cache_report(m, &rep), 1);
+            assert_int_equal(rep.evictions, k == 0 ? 2 : 0); /* 0 MiB: both were dropped */
+            assert_int_equal(r.cached[2], k == 0 ? 0 : 45);
+            /* With room in host memory every turn's KV stays: two moved
+             * there, the last one in the slot. */
+            assert_int_equal(rep.entries, k == 0 ? 1 : 3);
+        }
+        B->model_unload(m);
+        if (k == 2)
+            pc_expect_same(&base, &r, "after an eviction");
+        else if (k == 0)
+            base = r;
+        else
+            pc_expect_same(&base, &r, "after a move to host memory");
+    }
+}
+
+/* batch_invariant (CPU): the logits of a prompt's last token are the same
+ * bits whether the prompt ran as one prefill, as a prefill and decode steps
+ * fed its remaining tokens, or so beside another request in every decode
+ * batch, in both activation modes. */
+static void test_batch_invariant(void **state)
+{
+    (void)state;
+    if (!have_model())
+        skip();
+    if (strcmp(test_device(), "cpu") != 0)
+        skip_because("the GPU kernels have no batch-invariant mode");
+    const ref_prompt *a = &REF[0];
+    enum { V = 49152 };
+    float *want = malloc(V * sizeof(float)), *got = malloc(V * sizeof(float));
+    assert_non_null(want);
+    assert_non_null(got);
+    for (int mode = 0; mode < 2; mode++) {
+        const char *const opts[] = {"eos", "49151", "max_seq", "96", "activations",
+                                    mode ? "q8" : "f32", "kv_dtype", mode ? "q8_0" : "f32",
+                                    "batch_invariant", "true", "prefix_cache", "false", NULL};
+        baton_model *m = load(2, opts);
+        fake f = {0};
+        req r[2], *rp[2] = {&r[0], &r[1]};
+        int32_t tok[2];
+        req_open(m, &r[0]);
+        req_item(&r[0], "prefill", a->ids, a->n);
+        run(m, &f, rp, 1, tok);
+        memcpy(want, f.res[0].out[1]->data, V * sizeof(float));
+        fake_reset(&f);
+        B->session_close(m, r[0].s);
+        for (int beside = 0; beside < 2; beside++) {
+            /* The first 30 tokens, then one decode step per remaining one;
+             * BESIDE: another request decodes in the same batches. */
+            req_open(m, &r[0]);
+            req_item(&r[0], "prefill", a->ids, 30);
+            run(m, &f, rp, 1, tok);
+            if (beside) {
+                req_open(m, &r[1]);
+                req_item(&r[1], "prefill", REF[1].ids, REF[1].n);
+                run(m, &f, &rp[1], 1, &tok[1]);
+            }
+            for (int p = 30; p < a->n; p++) {
+                int32_t in[2] = {a->ids[p], tok[1]};
+                req_item(&r[0], "decode", &in[0], 1);
+                if (beside)
+                    req_item(&r[1], "decode", &in[1], 1);
+                run(m, &f, rp, 1 + beside, tok);
+            }
+            memcpy(got, f.res[0].out[1]->data, V * sizeof(float));
+            fake_reset(&f);
+            B->session_close(m, r[0].s);
+            if (beside)
+                B->session_close(m, r[1].s);
+            for (int i = 0; i < V; i++)
+                if (got[i] != want[i])
+                    fail_msg("%s activations%s: logit %d is %.9g after decode steps, %.9g "
+                             "after one prefill", mode ? "8-bit" : "f32",
+                             beside ? ", beside another request" : "", i, got[i], want[i]);
+        }
+        B->model_unload(m);
+    }
+    free(want);
+    free(got);
+}
+
 static void test_bad_loads(void **state)
 {
     (void)state;
@@ -1236,6 +1560,10 @@ int main(void)
         cmocka_unit_test(test_bad_inputs),
         cmocka_unit_test(test_text_prompt),
         cmocka_unit_test(test_turn_after_conversation),
+        cmocka_unit_test(test_prefix_cache_exact),
+        cmocka_unit_test(test_prefix_cache_eviction),
+        cmocka_unit_test(test_prefix_cache_no_memory),
+        cmocka_unit_test(test_batch_invariant),
         cmocka_unit_test(test_bad_loads),
         cmocka_unit_test(test_describe),
         cmocka_unit_test(test_options_from_catalog),
