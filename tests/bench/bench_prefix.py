@@ -25,6 +25,11 @@ part side by side in one run.
    replica was restarted and took requests again.  A conversation whose
    turn failed sends it again.
 
+4. The cost of batch_invariant.  The same model with and without it (no
+   prefix cache, a worker of 2 threads each), taking turns 3 times: the
+   time to the first token of a conversation of about 1,000 tokens (a
+   prefill), and decode tokens per second over 64 tokens after it.
+
     /usr/bin/python3 tests/bench/bench_prefix.py [--json FILE] [--quick]
 
 --quick: 4 turns and 4 conversations (a smoke run).  Writes
@@ -359,11 +364,57 @@ def part3(tmp, n_conv, turns, answer_tokens, kill_after):
     return res, ok
 
 
+def part4(tmp, rounds):
+    opts = "{path: %s, max_seq: 2048, kv_dtype: q8_0, prefix_cache: false%s}"
+    models = ("  - {name: fast, backend: transformer, worker: a, max_batch: 4, options: %s}\n"
+              "  - {name: inv, backend: transformer, worker: b, max_batch: 4, options: %s}"
+              % (opts % (MODEL, ""), opts % (MODEL, ", batch_invariant: true")))
+    workers = ("  - {name: a, device: cpu, pool_mb: 512, threads: 2}\n"
+               "  - {name: b, device: cpu, pool_mb: 512, threads: 2}")
+    graphs = chat_graph("fast", "fast", 64) + chat_graph("inv", "inv", 64)
+    srv = Server(tmp, lambda d: config(d, models, workers, graphs))
+    conv = [("system", SYSTEM)]
+    for t, q in enumerate(QUESTIONS):
+        conv += [("user", q), ("assistant", QUESTIONS[(t + 3) % len(QUESTIONS)] * 6)]
+    conv = conv[:-1]
+    got = {"fast": [], "inv": []}
+    try:
+        with bc.Client(srv.endpoint, wait_ms=600000) as c:
+            for g in got:
+                turn(c, g, [("user", "Hi.")], 4)
+            for _ in range(rounds):
+                for g in got:
+                    t0 = time.perf_counter()
+                    chunks, r, first = turn(c, g, conv, 64)
+                    total = time.perf_counter() - t0
+                    if not r.ok:
+                        raise RuntimeError("%s: %s %s" % (g, r.status, r.message))
+                    got[g].append({"prompt_tokens": r.usage["prompt_tokens"], "ttft_s": first,
+                                   "decode_tok_s": (len(chunks) - 1) / (total - first)})
+    finally:
+        srv.stop()
+    res = {g: {"prompt_tokens": v[0]["prompt_tokens"],
+               "ttft_median_s": statistics.median(x["ttft_s"] for x in v),
+               "decode_tok_s_median": statistics.median(x["decode_tok_s"] for x in v)}
+           for g, v in got.items()}
+    print("\n4. the cost of batch_invariant (2 threads, no prefix cache, %d rounds)" % rounds)
+    print("%18s %8s %12s %12s" % ("", "prompt", "prefill", "decode"))
+    for g, name in (("fast", "default"), ("inv", "batch_invariant")):
+        x = res[g]
+        print("%18s %8d %10.0fms %8.1ftok/s" % (name, x["prompt_tokens"], x["ttft_median_s"] * 1e3,
+                                               x["decode_tok_s_median"]))
+    print("%18s %8s %11.2fx %11.2fx" % ("invariant/default", "",
+                                       res["inv"]["ttft_median_s"] / res["fast"]["ttft_median_s"],
+                                       res["inv"]["decode_tok_s_median"] /
+                                       res["fast"]["decode_tok_s_median"]))
+    return res
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=os.path.join(BUILD, "bench", "bench_prefix.json"))
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--part", type=int, default=0, help="run only this part (1, 2 or 3)")
+    ap.add_argument("--part", type=int, default=0, help="run only this part (1 to 4)")
     a = ap.parse_args()
     if not os.path.exists(MODEL):
         print("SKIP bench_prefix: %s is absent (scripts/fetch-model.sh)" % MODEL)
@@ -381,6 +432,8 @@ def main():
     if a.part in (0, 3):
         report["failure"], k = part3(tmp, n_conv, turns, 32, n_conv * turns // 3)
         ok &= k
+    if a.part in (0, 4):
+        report["invariant_cost"] = part4(tmp, 1 if a.quick else 3)
     os.makedirs(os.path.dirname(a.json), exist_ok=True)
     with open(a.json, "w") as f:
         json.dump(report, f, indent=1)
