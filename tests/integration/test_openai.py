@@ -77,6 +77,12 @@ class Server:
         self.max_iters = 64
         text, n = re.subn(r"(name: decode_loop\s+max_iters: )\d+", r"\g<1>64", text)
         assert n == 1, "chat-cpu.yaml's decode_loop has no max_iters"
+        # Batch invariant: several checks compare the answers of two requests
+        # for one prompt, and the second reads the first's prefix from the
+        # prefix cache; only then is that the same bits as computing it.
+        text, n = re.subn(r"(smollm2-135m-instruct-q4_1.gguf, max_seq: 2048,)",
+                          r"\1 batch_invariant: true,", text)
+        assert n == 1, "chat-cpu.yaml's llm options changed"
         self.config = os.path.join(self.dir, "baton.yaml")
         with open(self.config, "w") as f:
             f.write(text)

@@ -339,6 +339,12 @@ class Server:
         text, n = re.subn(r"max_audio_s: 600}", "max_audio_s: %d, activations: f32}"
                           % MAX_AUDIO_S, text)
         assert n == 1, "voice.yaml's whisper options changed"
+        # Batch invariant LLM: the voice chat's answer is compared with the
+        # chat graph's answer to the same turns, which reads the first's
+        # prefix from the prefix cache; only then is that the same bits.
+        text, n = re.subn(r"(smollm2-135m-instruct-q4_1.gguf, max_seq: 2048,)",
+                          r"\1 batch_invariant: true,", text)
+        assert n == 1, "voice.yaml's llm options changed"
         self.config = os.path.join(self.dir, "baton.yaml")
         with open(self.config, "w") as f:
             f.write(text)

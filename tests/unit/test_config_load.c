@@ -133,7 +133,10 @@ static void test_chat_example_shape(void **state)
     assert_int_equal(cfg_model_option(m, "eos")->v.i, -1);
     assert_int_equal(cfg_model_option(m, "threads")->v.i, 0);
     assert_string_equal(cfg_model_option(m, "activations")->v.s, "q8");
-    assert_int_equal(m->n_options, 8);
+    assert_true(cfg_model_option(m, "prefix_cache")->v.b);
+    assert_int_equal(cfg_model_option(m, "prefix_cache_mb")->v.i, 256);
+    assert_false(cfg_model_option(m, "batch_invariant")->v.b);
+    assert_int_equal(m->n_options, 11);
 
     const cfg_graph *g = &c->graphs[0];
     assert_string_equal(g->name, "chat");
