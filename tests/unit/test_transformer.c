@@ -1203,8 +1203,10 @@ static void pc_turns(baton_model *m, const int32_t *const *p, const int *len, in
 /* Writes the N ids A then the M ids B to OUT; returns N + M. */
 static int cat_ids(int32_t *out, const int32_t *a, int n, const int32_t *b, int m)
 {
-    memcpy(out, a, (size_t)n * sizeof(*a));
-    memcpy(out + n, b, (size_t)m * sizeof(*b));
+    /* A may be OUT itself (a prompt grown in place), B may be NULL (M 0). */
+    memmove(out, a, (size_t)n * sizeof(*a));
+    if (m)
+        memcpy(out + n, b, (size_t)m * sizeof(*b));
     return n + m;
 }
 
