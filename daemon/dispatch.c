@@ -532,8 +532,6 @@ static void respond(dispatcher *d, const rt_action *a)
 {
     disp_request *r = u64map_del(&d->requests, a->req);
     d->hooks.response(d->hooks.arg, a->req, a, r ? r->timings : NULL, r ? r->n_timings : 0);
-    /* Its replicas take new requests in its place from now on. */
-    replicas_unpin(d->rs, a->req);
     extend_forget(d, a->req, -1);
     uint8_t *sent_to = r ? r->sent_to : NULL;
     if (r)
@@ -544,6 +542,7 @@ static void respond(dispatcher *d, const rt_action *a)
     } else {
         close_sessions(d, a->req, sent_to); /* out of memory: at once, still correct */
         free(sent_to);
+        replicas_unpin(d->rs, a->req);
     }
 }
 
@@ -590,6 +589,9 @@ static void run_actions(dispatcher *d)
     for (size_t k = 0; k < d->n_ended; k++) {
         close_sessions(d, d->ended[k].req, d->ended[k].sent_to);
         free(d->ended[k].sent_to);
+        /* Only now: the batch's Drops after the response still found the
+         * replica; from here on its place goes to new requests. */
+        replicas_unpin(d->rs, d->ended[k].req);
     }
     d->n_ended = 0;
     /* Inside a burst of worker messages the releases wait for its end: one

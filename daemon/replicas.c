@@ -172,6 +172,11 @@ static int longest_match(const replicas *rs, const rmodel *rm, const replicas_ke
                 *len = j;
                 break;
             }
+        /* An equal match (a system prompt every replica holds): the less
+         * loaded one. */
+        if (best >= 0 && best != (int)k && u64map_get(&r->blocks, key->hashes[*len - 1]) &&
+            worker_load(rs, r->worker) < worker_load(rs, rm->reps[best].worker))
+            best = (int)k;
     }
     return best;
 }

@@ -185,7 +185,10 @@ static int matmul_any(const kt_cpu_opts *o, float *y, const float *a, const void
     if (!wf)
         return -ENOMEM;
     int rc = k_widen(wf, wt, w, (size_t)n * (size_t)k);
-    if (!rc)
+    /* Invariant: a row at a time, as for f32 weights. */
+    for (int64_t r = 0; !rc && o->invariant && r < m; r++)
+        k_matmul(y + r * n, a + r * k, wf, 1, 1, (int)n, (int)k, 0, 0, 0);
+    if (!rc && !o->invariant)
         k_matmul(y, a, wf, 1, (int)m, (int)n, (int)k, 0, 0, 0);
     free(wf);
     return rc;

@@ -1109,8 +1109,10 @@ static int acquire_slot(baton_model *m, tf_session *s)
                                      (size_t)m->shape.layers) : NULL;
         if (o->len && !save)
             return -1;
-        if (save)
-            copy_slot(m, m->decode, pick, save, o->len, true, false);
+        /* A copy that failed (a device error) must not become a cached
+         * prefix later. */
+        if (save && copy_slot(m, m->decode, pick, save, o->len, true, false) != 0)
+            o->ids_ok = false;
         free(o->saved);
         o->saved = save;
         o->saved_len = o->len;
@@ -1119,7 +1121,8 @@ static int acquire_slot(baton_model *m, tf_session *s)
     m->owner[pick] = s;
     s->slot = pick;
     if (s->saved) {
-        copy_slot(m, m->decode, pick, s->saved, s->saved_len, false, false);
+        if (copy_slot(m, m->decode, pick, s->saved, s->saved_len, false, false) != 0)
+            s->ids_ok = false;
         free(s->saved);
         s->saved = NULL;
     }
@@ -1682,6 +1685,14 @@ static int place_prompt(baton_model *m, tf_session *s, const int32_t *ids, int n
     int rc = acquire_slot(m, s);
     if (e)
         e->pinned = false;
+    if (rc != 0 && e && e->slot >= 0 && s->slot < 0) {
+        /* No other slot (one slot, or all held): the entry's own slot
+         * already holds the shared positions; the rest of it is lost. */
+        m->owner[e->slot] = s;
+        s->slot = e->slot;
+        pc_remove(m->pc, e, true);
+        return len;
+    }
     if (rc != 0)
         return -1;
     /* A failed copy costs the reuse, not the request: the prompt runs

@@ -1343,6 +1343,34 @@ static void test_prefix_cache_eviction(void **state)
     }
 }
 
+/* One slot (max_batch 1): a prompt that shares only part of the cached
+ * prefix in that slot reads that part in place (no other slot to copy it
+ * to) and answers as a model without the cache does. */
+static void test_prefix_cache_one_slot(void **state)
+{
+    (void)state;
+    if (!have_model())
+        skip();
+    const ref_prompt *a = &REF[0], *b = &REF[1];
+    pc_run r[2];
+    memset(r, 0, sizeof(r));
+    for (int k = 0; k < 2; k++) {
+        const char *const opts[] = {"eos", "49151", "max_seq", "96", "prefix_cache",
+                                    k ? "false" : "true", invariant_opt(), "true", NULL};
+        baton_model *m = load(1, opts);
+        int32_t p[2][64];
+        const int32_t *pp[2] = {p[0], p[1]};
+        int len[2];
+        len[0] = cat_ids(p[0], a->ids, a->n, NULL, 0);
+        pc_turns(m, pp, len, 1, &r[k]);
+        len[0] = cat_ids(p[0], a->ids, 20, b->ids, b->n);
+        pc_turns(m, pp, len, 1, &r[k]);
+        B->model_unload(m);
+    }
+    assert_int_equal(r[0].cached[1], 20);
+    pc_expect_same(&r[0], &r[1], "one slot");
+}
+
 /* batch_invariant (CPU): the logits of a prompt's last token are the same
  * bits whether the prompt ran as one prefill, as a prefill and decode steps
  * fed its remaining tokens, or so beside another request in every decode
@@ -1565,6 +1593,7 @@ int main(void)
         cmocka_unit_test(test_prefix_cache_exact),
         cmocka_unit_test(test_prefix_cache_eviction),
         cmocka_unit_test(test_prefix_cache_no_memory),
+        cmocka_unit_test(test_prefix_cache_one_slot),
         cmocka_unit_test(test_batch_invariant),
         cmocka_unit_test(test_bad_loads),
         cmocka_unit_test(test_describe),
