@@ -3,17 +3,13 @@
 
 #include <string.h>
 
-/* A 64-bit mix of H and the 8 bytes X (splitmix64's finalizer after a
- * multiply-add): fast, and every input bit reaches every output bit. */
+#include "common/u64map.h"
+
+/* H with the 8 bytes X folded in (boost's hash_combine, then splitmix64's
+ * finalizer): fast, and every input bit reaches every output bit. */
 static uint64_t mix(uint64_t h, uint64_t x)
 {
-    h ^= x + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
-    h ^= h >> 30;
-    h *= 0xbf58476d1ce4e5b9ULL;
-    h ^= h >> 27;
-    h *= 0x94d049bb133111ebULL;
-    h ^= h >> 31;
-    return h;
+    return u64map_mix(h ^ (x + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2)));
 }
 
 size_t bt_prefix_hashes(const void *data, size_t n, size_t block, uint64_t *out, size_t cap)

@@ -6,9 +6,9 @@
 
 #define TOMB UINT64_MAX
 
-static uint64_t mix(uint64_t x)
+/* Request keys are often sequential: the finalizer spreads them. */
+uint64_t u64map_mix(uint64_t x)
 {
-    /* splitmix64's finalizer: request keys are often sequential. */
     x ^= x >> 30;
     x *= 0xbf58476d1ce4e5b9ULL;
     x ^= x >> 27;
@@ -47,7 +47,7 @@ static int grow(u64map *m)
         uint64_t k = m->keys[i];
         if (k == 0 || k == TOMB)
             continue;
-        size_t j = mix(k) & (cap - 1);
+        size_t j = u64map_mix(k) & (cap - 1);
         while (keys[j])
             j = (j + 1) & (cap - 1);
         keys[j] = k;
@@ -66,7 +66,7 @@ static size_t find(const u64map *m, uint64_t key)
 {
     if (!m->cap)
         return SIZE_MAX;
-    size_t j = mix(key) & (m->cap - 1);
+    size_t j = u64map_mix(key) & (m->cap - 1);
     while (m->keys[j]) {
         if (m->keys[j] == key)
             return j;
@@ -87,7 +87,7 @@ int u64map_put(u64map *m, uint64_t key, void *val)
         if (rc)
             return rc;
     }
-    j = mix(key) & (m->cap - 1);
+    j = u64map_mix(key) & (m->cap - 1);
     while (m->keys[j] && m->keys[j] != TOMB)
         j = (j + 1) & (m->cap - 1);
     if (m->keys[j] == 0)
@@ -128,4 +128,19 @@ int u64map_next(const u64map *m, size_t *pos, uint64_t *key, void **val)
     }
     *pos = m->cap;
     return 0;
+}
+
+int u64map_count_add(u64map *m, uint64_t key)
+{
+    uintptr_t n = (uintptr_t)u64map_get(m, key);
+    return u64map_put(m, key, (void *)(n + 1));
+}
+
+void u64map_count_sub(u64map *m, uint64_t key)
+{
+    uintptr_t n = (uintptr_t)u64map_get(m, key);
+    if (n > 1)
+        u64map_put(m, key, (void *)(n - 1));
+    else if (n == 1)
+        u64map_del(m, key);
 }

@@ -26,4 +26,13 @@ void *u64map_del(u64map *m, uint64_t key);
 /* Iteration: start with *pos = 0; returns 0 when done. */
 int u64map_next(const u64map *m, size_t *pos, uint64_t *key, void **val);
 
+/* A map used as a multiset: the value is a count (in the pointer).  Adds
+ * one to KEY's count (0 or BT_ENOMEM), or takes one away (the key goes at
+ * 0; absent keys are left alone). */
+int u64map_count_add(u64map *m, uint64_t key);
+void u64map_count_sub(u64map *m, uint64_t key);
+
+/* splitmix64's finalizer: every bit of X reaches every bit of the result. */
+uint64_t u64map_mix(uint64_t x);
+
 #endif

@@ -225,7 +225,7 @@ static void on_cache_report(conductor *c, int w, const Baton__V1__CacheReport *r
     metrics_cache mc = {r->hits, r->misses, r->hit_tokens, r->evictions, r->cached_bytes,
                         r->entries};
     metrics_cache_report(c->m, w, (int)(md - c->cfg->models), &mc);
-    if (replicas_cache_event(c->rs, w, md->name, false, r->stored, r->n_stored, r->removed,
+    if (replicas_cache_event(c->rs, w, md->name, r->stored, r->n_stored, r->removed,
                              r->n_removed) < 0)
         bt_warn("out of memory indexing the prefix cache of worker %s; routing may miss it",
                 sup_worker_get(c->sup, w)->cfg->name);

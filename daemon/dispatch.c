@@ -14,7 +14,6 @@
 /* What a running request carries besides its graph state. */
 typedef struct disp_request {
     disp_params p;                /* p.request_id owned */
-    uint8_t *sent_to;             /* per worker: a Dispatch went there (its sessions); owned */
     disp_timing *timings;         /* owned, in arrival order */
     size_t n_timings, cap_timings;
 } disp_request;
@@ -30,7 +29,7 @@ typedef struct pending_extend {
  * once the batch's other messages have gone. */
 typedef struct ended_request {
     uint64_t req;
-    uint8_t *sent_to;             /* the request's, handed over; owned */
+    int graph;
 } ended_request;
 
 struct dispatcher {
@@ -56,7 +55,6 @@ static void request_free(disp_request *r)
     if (!r)
         return;
     free((char *)r->p.request_id);
-    free(r->sent_to);
     free(r->timings);
     free(r);
 }
@@ -98,8 +96,6 @@ void disp_destroy(dispatcher *d)
     u64map_free(&d->requests);
     rt_destroy(d->rt);
     free(d->extends);
-    for (size_t k = 0; k < d->n_ended; k++)
-        free(d->ended[k].sent_to);
     free(d->ended);
     free(d);
 }
@@ -357,7 +353,7 @@ static int node_worker(dispatcher *d, uint64_t req, const graph_node *n, bool pi
  * cannot go fails its node (UNAVAILABLE), which ends the request. */
 static void send_dispatch(dispatcher *dp, const rt_action *a)
 {
-    disp_request *r = u64map_get(&dp->requests, a->req);
+    const disp_request *r = u64map_get(&dp->requests, a->req);
     const graph *g = &dp->gs->graphs[a->graph];
     const graph_entity *en = &g->entities[a->u.dispatch.node];
     const graph_node *n = &en->u.node;
@@ -413,8 +409,6 @@ static void send_dispatch(dispatcher *dp, const rt_action *a)
                                           : "its worker is not available";
             code = BT_CODE_UNAVAILABLE;
         } else {
-            if (r && r->sent_to)
-                r->sent_to[w] = 1;
             send_nccl_parts(dp, &m, w, d.remaining_ms);
         }
     }
@@ -509,13 +503,20 @@ static void send_window(dispatcher *d, const rt_action *a)
         sup_send(d->sup, w, &m);
 }
 
-/* The request's sessions (KV caches) and queued work go on every worker it
- * sent a Dispatch to (SENT_TO).  Sent after the response: the client need
- * not wait for it. */
-static void close_sessions(dispatcher *d, uint64_t key, const uint8_t *sent_to)
+/* The request's sessions (KV caches) and queued work go on every worker its
+ * graph places a node on, and on the replicas it is pinned to (its pins go
+ * after this).  Sent after the response: the client need not wait for it. */
+static void close_sessions(dispatcher *d, uint64_t key, int gi)
 {
-    for (size_t w = 0; sent_to && w < sup_n_workers(d->sup); w++) {
-        if (!sent_to[w] || sup_worker_get(d->sup, (int)w)->state == SUP_DOWN)
+    const graph *g = &d->gs->graphs[gi];
+    for (size_t w = 0; w < sup_n_workers(d->sup); w++) {
+        bool used = false;
+        for (size_t i = 0; i < g->n_entities && !used; i++) {
+            const graph_node *n = &g->entities[i].u.node;
+            used = g->entities[i].kind == GRAPH_NODE &&
+                   node_worker(d, key, n, false) == (int)w;
+        }
+        if (!used || sup_worker_get(d->sup, (int)w)->state == SUP_DOWN)
             continue;
         Baton__V1__SessionClose sc = BATON__V1__SESSION_CLOSE__INIT;
         sc.request_key = key;
@@ -533,15 +534,11 @@ static void respond(dispatcher *d, const rt_action *a)
     disp_request *r = u64map_del(&d->requests, a->req);
     d->hooks.response(d->hooks.arg, a->req, a, r ? r->timings : NULL, r ? r->n_timings : 0);
     extend_forget(d, a->req, -1);
-    uint8_t *sent_to = r ? r->sent_to : NULL;
-    if (r)
-        r->sent_to = NULL;
     request_free(r);
     if (BT_RESERVE(d->ended, d->n_ended, d->cap_ended, 16) == 0) {
-        d->ended[d->n_ended++] = (ended_request){a->req, sent_to};
+        d->ended[d->n_ended++] = (ended_request){a->req, a->graph};
     } else {
-        close_sessions(d, a->req, sent_to); /* out of memory: at once, still correct */
-        free(sent_to);
+        close_sessions(d, a->req, a->graph); /* out of memory: at once, still correct */
         replicas_unpin(d->rs, a->req);
     }
 }
@@ -587,8 +584,7 @@ static void run_actions(dispatcher *d)
      * wait for it, and the Fetches the responses wait on are already out,
      * ahead of any SessionClose or Release of the same tensors. */
     for (size_t k = 0; k < d->n_ended; k++) {
-        close_sessions(d, d->ended[k].req, d->ended[k].sent_to);
-        free(d->ended[k].sent_to);
+        close_sessions(d, d->ended[k].req, d->ended[k].graph);
         /* Only now: the batch's Drops after the response still found the
          * replica; from here on its place goes to new requests. */
         replicas_unpin(d->rs, d->ended[k].req);
@@ -610,8 +606,7 @@ int disp_start(dispatcher *d, uint64_t req, int gi, const rt_tensor *inputs, boo
         return BT_ENOMEM;
     r->p = *p;
     r->p.request_id = strdup(p->request_id ? p->request_id : "");
-    r->sent_to = calloc(sup_n_workers(d->sup) + 1, 1);
-    if (!r->p.request_id || !r->sent_to || u64map_put(&d->requests, req, r) < 0) {
+    if (!r->p.request_id || u64map_put(&d->requests, req, r) < 0) {
         request_free(r);
         return BT_ENOMEM;
     }

@@ -153,7 +153,19 @@ static int least_loaded(const replicas *rs, const rmodel *rm, double *load)
     return best;
 }
 
-/* The ready replica whose index holds the longest prefix of KEY, and that
+/* How many blocks of KEY replica R's index holds: blocks are chained, so
+ * holding block J means holding every one before it, and the search runs
+ * from the longest down. */
+static size_t match_len(const replica *r, const replicas_key *key)
+{
+    size_t j = r->blocks.n ? key->n : 0;
+    while (j > 0 && !u64map_get(&r->blocks, key->hashes[j - 1]))
+        j--;
+    return j;
+}
+
+/* The ready replica whose index holds the longest prefix of KEY (of equal
+ * ones, a system prompt every replica holds, the least loaded), and that
  * length in blocks (*LEN 0: no replica holds even the first block). */
 static int longest_match(const replicas *rs, const rmodel *rm, const replicas_key *key,
                          size_t *len)
@@ -162,54 +174,49 @@ static int longest_match(const replicas *rs, const rmodel *rm, const replicas_ke
     *len = 0;
     for (size_t k = 0; key && k < rm->n_reps; k++) {
         const replica *r = &rm->reps[k];
-        if (!replica_ready(rs, r) || !r->blocks.n)
-            continue;
-        /* Blocks are chained: holding block J means holding every one
-         * before it, so the search runs from the longest down. */
-        for (size_t j = key->n; j > *len; j--)
-            if (u64map_get(&r->blocks, key->hashes[j - 1])) {
-                best = (int)k;
-                *len = j;
-                break;
-            }
-        /* An equal match (a system prompt every replica holds): the less
-         * loaded one. */
-        if (best >= 0 && best != (int)k && u64map_get(&r->blocks, key->hashes[*len - 1]) &&
-            worker_load(rs, r->worker) < worker_load(rs, rm->reps[best].worker))
+        size_t n = replica_ready(rs, r) ? match_len(r, key) : 0;
+        if (n && (n > *len || (n == *len && worker_load(rs, r->worker) <
+                                                 worker_load(rs, rm->reps[best].worker)))) {
             best = (int)k;
+            *len = n;
+        }
     }
     return best;
 }
 
+/* The first ready replica from the model's turn on, or -1. */
+static int next_ready(const replicas *rs, const rmodel *rm)
+{
+    for (size_t j = 0; j < rm->n_reps; j++) {
+        size_t x = (rm->turn + j) % rm->n_reps;
+        if (replica_ready(rs, &rm->reps[x]))
+            return (int)x;
+    }
+    return -1;
+}
+
 static int choose(replicas *rs, rmodel *rm, const replicas_key *key, replicas_reason *why)
 {
-    double least;
-    int k = least_loaded(rs, rm, &least);
+    double least = 0;
+    int k;
     *why = REPLICAS_BY_LOAD;
-    if (k < 0)
-        return -1;
     if (rm->routing == CFG_ROUTE_ROUND_ROBIN) {
-        /* The first ready one from the turn on, whatever its load. */
-        for (size_t j = 0; j < rm->n_reps; j++) {
-            size_t x = (rm->turn + j) % rm->n_reps;
-            if (replica_ready(rs, &rm->reps[x])) {
-                k = (int)x;
-                break;
-            }
-        }
+        k = next_ready(rs, rm); /* whatever its load */
         *why = REPLICAS_BY_TURN;
-    } else if (rm->routing == CFG_ROUTE_CACHE_AWARE) {
-        size_t len;
-        int c = longest_match(rs, rm, key, &len);
-        /* A cached prefix is worth a wait, but not a full batch's: past
-         * that the least loaded replica recomputes sooner than the
-         * cached one gets to the request. */
-        if (c >= 0 && worker_load(rs, rm->reps[c].worker) - least <= 1.0) {
-            k = c;
-            *why = REPLICAS_BY_CACHE;
-        }
+    } else {
+        k = least_loaded(rs, rm, &least);
     }
-    rm->turn = ((size_t)k + 1) % rm->n_reps;
+    size_t len;
+    int c = k >= 0 && rm->routing == CFG_ROUTE_CACHE_AWARE ? longest_match(rs, rm, key, &len) : -1;
+    /* A cached prefix is worth a wait, but not a full batch's: past that
+     * the least loaded replica recomputes sooner than the cached one gets
+     * to the request. */
+    if (c >= 0 && worker_load(rs, rm->reps[c].worker) - least <= 1.0) {
+        k = c;
+        *why = REPLICAS_BY_CACHE;
+    }
+    if (k >= 0)
+        rm->turn = ((size_t)k + 1) % rm->n_reps;
     return k;
 }
 
@@ -292,36 +299,20 @@ static replica *find_replica(replicas *rs, int w, const char *name)
     return NULL;
 }
 
-int replicas_cache_event(replicas *rs, int w, const char *model, bool cleared,
-                         const uint64_t *stored, size_t n_stored, const uint64_t *removed,
-                         size_t n_removed)
+int replicas_cache_event(replicas *rs, int w, const char *model, const uint64_t *stored,
+                         size_t n_stored, const uint64_t *removed, size_t n_removed)
 {
     replica *r = find_replica(rs, w, model ? model : "");
-    if (!r)
-        return 0;
-    if (cleared) {
-        u64map_free(&r->blocks);
-        u64map_init(&r->blocks);
-    }
     int rc = 0;
     /* Each report counts once per entry of the worker's cache that holds
-     * the block; the block leaves the index when the last one goes. */
-    for (size_t i = 0; i < n_removed; i++) {
-        uint64_t h = removed[i];
-        uintptr_t c = h && h != UINT64_MAX ? (uintptr_t)u64map_get(&r->blocks, h) : 0;
-        if (c > 1)
-            u64map_put(&r->blocks, h, (void *)(c - 1));
-        else if (c == 1)
-            u64map_del(&r->blocks, h);
-    }
-    for (size_t i = 0; i < n_stored; i++) {
-        uint64_t h = stored[i];
-        if (!h || h == UINT64_MAX)
-            continue;
-        uintptr_t c = (uintptr_t)u64map_get(&r->blocks, h);
-        if (u64map_put(&r->blocks, h, (void *)(c + 1)) < 0)
+     * the block; the block leaves the index when the last one goes.  0
+     * and UINT64_MAX, which a map cannot hold, come from no hash of ours. */
+    for (size_t i = 0; r && i < n_removed; i++)
+        if (removed[i] && removed[i] != UINT64_MAX)
+            u64map_count_sub(&r->blocks, removed[i]);
+    for (size_t i = 0; r && i < n_stored; i++)
+        if (stored[i] && stored[i] != UINT64_MAX && u64map_count_add(&r->blocks, stored[i]) < 0)
             rc = BT_ENOMEM;
-    }
     return rc;
 }
 

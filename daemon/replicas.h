@@ -71,13 +71,11 @@ void replicas_unpin(replicas *rs, uint64_t req);
 int replicas_pinned_to(const replicas *rs, int w, uint64_t **keys, size_t *n);
 
 /* Worker W reported that its copy of MODEL (a name) now holds the prefix
- * blocks STORED and no longer holds REMOVED; CLEARED: it holds nothing
- * (it started over).  Unknown models and workers that are no replica of
- * them are ignored.  0 or BT_ENOMEM (the index is then incomplete, which
- * only costs cache hits). */
-int replicas_cache_event(replicas *rs, int w, const char *model, bool cleared,
-                         const uint64_t *stored, size_t n_stored, const uint64_t *removed,
-                         size_t n_removed);
+ * blocks STORED and no longer holds REMOVED.  Unknown models and workers
+ * that are no replica of them are ignored.  0 or BT_ENOMEM (the index is
+ * then incomplete, which only costs cache hits). */
+int replicas_cache_event(replicas *rs, int w, const char *model, const uint64_t *stored,
+                         size_t n_stored, const uint64_t *removed, size_t n_removed);
 /* Worker W was lost or registered again: what it reported is gone. */
 void replicas_worker_reset(replicas *rs, int w);
 

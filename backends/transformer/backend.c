@@ -949,61 +949,87 @@ static int mcopy(const baton_model *m, void *dst, const void *src, size_t bytes)
     return m->dev->copy(m->dev->dev, dst, src, bytes, NULL);
 }
 
-/* Copies positions [0, LEN) of every layer between slot SLOT of executable X
- * and the flat buffer HOST; TO_HOST picks the way.  A slot keeps each KV
- * head's rows together ([kv_head][max_seq][head_dim], see k_attn_prefill).
- * Without F32, HOST is an evicted session's copy in the cache's type, laid
- * out as the slot is ([layer][K, V][kv_head][len][head_dim]): one copy per
- * head.  With F32 it is the `kv` tensor of a hand-off, f32 [layer][K, V]
- * [len][kv_head * head_dim] (a documented format, whatever the cache), in
- * the worker's memory (device memory on a GPU): each (layer, K or V) goes
+/* Where a sequence's KV is: decode slot SLOT, or (SLOT < 0) HOST, as an
+ * evicted session or cached prefix keeps it for POSITIONS positions:
+ * [layer][K, V][kv_head][positions][head_dim] in the cache's type, the
+ * slot's own layout ([kv_head][max_seq][head_dim], see k_attn_prefill),
+ * so each head's rows move in one copy. */
+typedef struct kv_place {
+    int slot;
+    uint8_t *host;
+    int positions;
+} kv_place;
+
+static kv_place in_slot(int slot)
+{
+    return (kv_place){slot, NULL, 0};
+}
+
+static kv_place in_host(void *host, int positions)
+{
+    return (kv_place){-1, host, positions};
+}
+
+/* Head G's rows of layer L's K (KV 0) or V (KV 1) at P. */
+static uint8_t *head_rows(baton_model *m, kv_place p, int l, int kv, int g)
+{
+    size_t rb = kdtype_bytes(m->shape.cache, (size_t)m->shape.head_dim); /* a head's row */
+    if (p.slot >= 0)
+        return cache(m->decode, l, kv) + (size_t)p.slot * (size_t)m->max_seq * m->row_bytes +
+               (size_t)g * (size_t)m->max_seq * rb;
+    size_t lk = (size_t)l * 2 + (size_t)kv;
+    return p.host + (lk * (size_t)m->shape.kv_heads + (size_t)g) * (size_t)p.positions * rb;
+}
+
+/* Copies positions [0, LEN) of every layer from SRC to DST (device copies
+ * on a GPU).  0 or a status. */
+static int copy_rows(baton_model *m, kv_place dst, kv_place src, int len)
+{
+    size_t bytes = (size_t)len * kdtype_bytes(m->shape.cache, (size_t)m->shape.head_dim);
+    int rc = 0;
+    for (int l = 0; l < m->shape.layers && !rc; l++)
+        for (int kv = 0; kv < 2 && !rc; kv++)
+            for (int g = 0; g < m->shape.kv_heads && !rc; g++)
+                rc = mcopy(m, head_rows(m, dst, l, kv, g), head_rows(m, src, l, kv, g), bytes);
+    return rc;
+}
+
+/* Copies positions [0, LEN) of every layer between slot SLOT and the `kv`
+ * tensor of a hand-off, KV: f32 [layer][K, V][len][kv_head * head_dim] (a
+ * documented format, whatever the cache), in the worker's memory (device
+ * memory on a GPU); TO_KV picks the way.  Each (layer, K or V) goes
  * through two host buffers, where its heads' rows are widened, rounded or
- * quantized (f16 and q8_0 caches are the CPU's only) and moved into place. */
-static int copy_slot(baton_model *m, kx_exec *x, int slot, void *host, int len, bool to_host,
-                     bool f32)
+ * quantized (f16 and q8_0 caches are the CPU's only) and moved into
+ * place. */
+static int copy_handoff(baton_model *m, int slot, void *kv_data, int len, bool to_kv)
 {
     int nkv = m->shape.kv_heads;
     kdtype cdt = m->shape.cache;
     size_t hd = (size_t)m->shape.head_dim, rb = kdtype_bytes(cdt, hd); /* bytes of a head's row */
-    size_t block = (size_t)len * rb, head = (size_t)m->max_seq * rb;
-    size_t flat = (size_t)len * m->row_floats * sizeof(float);
-    uint8_t *tmp = NULL;
-    float *stage = NULL;
-    if (f32 && (!(tmp = malloc(block ? block : 1)) || !(stage = malloc(flat ? flat : 1)))) {
-        free(tmp);
-        return BT_ENOMEM;
-    }
-    int rc = 0;
+    size_t block = (size_t)len * rb, flat = (size_t)len * m->row_floats * sizeof(float);
+    uint8_t *tmp = malloc(block ? block : 1);
+    float *stage = malloc(flat ? flat : 1);
+    int rc = tmp && stage ? 0 : BT_ENOMEM;
     for (int l = 0; l < m->shape.layers && !rc; l++)
         for (int kv = 0; kv < 2 && !rc; kv++) {
-            uint8_t *c = cache(x, l, kv) + (size_t)slot * (size_t)m->max_seq * m->row_bytes;
-            size_t lk = (size_t)l * 2 + (size_t)kv;
-            if (!f32) {
-                for (int g = 0; g < nkv && !rc; g++) {
-                    uint8_t *h = (uint8_t *)host + (lk * (size_t)nkv + (size_t)g) * block;
-                    uint8_t *cg = c + (size_t)g * head;
-                    rc = mcopy(m, to_host ? h : cg, to_host ? cg : h, block);
-                }
-                continue;
-            }
-            uint8_t *h = (uint8_t *)host + lk * flat;
-            if (!to_host)
+            uint8_t *h = (uint8_t *)kv_data + ((size_t)l * 2 + (size_t)kv) * flat;
+            if (!to_kv)
                 rc = mcopy(m, stage, h, flat);
             for (int g = 0; g < nkv && !rc; g++) {
-                uint8_t *cg = c + (size_t)g * head;
-                if (to_host)
+                uint8_t *cg = head_rows(m, in_slot(slot), l, kv, g);
+                if (to_kv)
                     rc = mcopy(m, tmp, cg, block);
                 for (int t = 0; t < len && !rc; t++) {
                     float *st = stage + (size_t)t * m->row_floats + (size_t)g * hd;
                     uint8_t *tt = tmp + (size_t)t * rb;
-                    rc = to_host        ? k_widen(st, cdt, tt, hd)
+                    rc = to_kv          ? k_widen(st, cdt, tt, hd)
                          : cdt == KD_Q8_0 ? k_quantize(tt, cdt, st, hd)
                                           : k_cast(tt, cdt, st, KD_F32, hd);
                 }
-                if (!to_host && !rc)
+                if (!to_kv && !rc)
                     rc = mcopy(m, cg, tmp, block);
             }
-            if (to_host && !rc)
+            if (to_kv && !rc)
                 rc = mcopy(m, h, stage, flat);
         }
     free(tmp);
@@ -1017,35 +1043,18 @@ static void evict_entry(baton_model *m, pc_entry *e)
 {
     size_t bytes = kv_bytes(m, e->len);
     void *host = bytes <= pc_budget(m->pc) ? malloc(bytes) : NULL;
-    if (host && copy_slot(m, m->decode, e->slot, host, e->len, true, false) == 0 &&
+    if (host && copy_rows(m, in_host(host, e->len), in_slot(e->slot), e->len) == 0 &&
         pc_move_to_host(m->pc, e, host, bytes))
         return;
     free(host);
     pc_remove(m->pc, e, true);
 }
 
-/* Copies positions [0, LEN) of cached prefix E into decode slot DST, from
- * its slot or its host copy (laid out as copy_slot keeps an evicted
- * session: [layer][K, V][kv_head][e->len][head_dim]).  0 or a status. */
+/* Copies positions [0, LEN) of cached prefix E into decode slot DST. */
 static int copy_prefix(baton_model *m, int dst, const pc_entry *e, int len)
 {
-    int nkv = m->shape.kv_heads;
-    size_t rb = kdtype_bytes(m->shape.cache, (size_t)m->shape.head_dim);
-    size_t head = (size_t)m->max_seq * rb, slot = (size_t)m->max_seq * m->row_bytes;
-    int rc = 0;
-    for (int l = 0; l < m->shape.layers && !rc; l++)
-        for (int kv = 0; kv < 2 && !rc; kv++) {
-            uint8_t *c = cache(m->decode, l, kv);
-            size_t lk = (size_t)l * 2 + (size_t)kv;
-            for (int g = 0; g < nkv && !rc; g++) {
-                const uint8_t *src =
-                    e->slot >= 0 ? c + (size_t)e->slot * slot + (size_t)g * head
-                                 : (const uint8_t *)e->host +
-                                       (lk * (size_t)nkv + (size_t)g) * (size_t)e->len * rb;
-                rc = mcopy(m, c + (size_t)dst * slot + (size_t)g * head, src, (size_t)len * rb);
-            }
-        }
-    return rc;
+    return copy_rows(m, in_slot(dst),
+                     e->slot >= 0 ? in_slot(e->slot) : in_host(e->host, e->len), len);
 }
 
 /* Moves resident cached prefix E out of its slot, which a session is to
@@ -1111,7 +1120,7 @@ static int acquire_slot(baton_model *m, tf_session *s)
             return -1;
         /* A copy that failed (a device error) must not become a cached
          * prefix later. */
-        if (save && copy_slot(m, m->decode, pick, save, o->len, true, false) != 0)
+        if (save && copy_rows(m, in_host(save, o->len), in_slot(pick), o->len) != 0)
             o->ids_ok = false;
         free(o->saved);
         o->saved = save;
@@ -1121,7 +1130,7 @@ static int acquire_slot(baton_model *m, tf_session *s)
     m->owner[pick] = s;
     s->slot = pick;
     if (s->saved) {
-        if (copy_slot(m, m->decode, pick, s->saved, s->saved_len, false, false) != 0)
+        if (copy_rows(m, in_slot(pick), in_host(s->saved, s->saved_len), s->saved_len) != 0)
             s->ids_ok = false;
         free(s->saved);
         s->saved = NULL;
@@ -1632,7 +1641,7 @@ static int import_kv(baton_model *m, baton_ctx *ctx, baton_item *it)
         ctx->fail(ctx, it, BATON_STATUS_RESOURCE_EXHAUSTED, "out of memory moving a KV cache");
         return -1;
     }
-    if (copy_slot(m, m->decode, s->slot, kv->data, (int)kv->dims[2], false, true)) {
+    if (copy_handoff(m, s->slot, kv->data, (int)kv->dims[2], false)) {
         ctx->fail(ctx, it, BATON_STATUS_INTERNAL, "cannot copy the handed-off KV cache");
         return -1;
     }
@@ -1778,7 +1787,7 @@ static void prefill_one(baton_model *m, baton_ctx *ctx, baton_item *it)
         int64_t dims[4] = {m->shape.layers, 2, (int64_t)n, (int64_t)m->row_floats};
         if (!(kv = ctx->alloc(ctx, it, BATON_DTYPE_F32, 4, dims)))
             goto out;
-        int rc = copy_slot(m, m->decode, s->slot, kv->data, (int)n, true, true);
+        int rc = copy_handoff(m, s->slot, kv->data, (int)n, true);
         m->owner[s->slot] = NULL;
         s->slot = -1;
         s->len = 0;

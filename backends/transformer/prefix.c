@@ -78,16 +78,6 @@ static void keys_push(u64vec *v, const uint64_t *keys, size_t n)
     }
 }
 
-/* One entry fewer holds block hash H. */
-static void block_unref(pc_cache *c, uint64_t h)
-{
-    uintptr_t n = (uintptr_t)u64map_get(&c->blocks, h);
-    if (n > 1)
-        u64map_put(&c->blocks, h, (void *)(n - 1));
-    else
-        u64map_del(&c->blocks, h);
-}
-
 static pc_entry *entry_make(pc_cache *c, const int32_t *ids, int len, const uint64_t *keys,
                             size_t n_keys)
 {
@@ -109,12 +99,11 @@ static pc_entry *entry_make(pc_cache *c, const int32_t *ids, int len, const uint
         memcpy(e->keys, keys, n_keys * sizeof(*keys));
     e->n_keys = n_keys;
     for (int j = 0; j < e->n_blocks; j++) {
-        uintptr_t k = (uintptr_t)u64map_get(&c->blocks, e->hashes[j]);
-        if (u64map_put(&c->blocks, e->hashes[j], (void *)(k + 1)) < 0) {
+        if (u64map_count_add(&c->blocks, e->hashes[j]) < 0) {
             /* Undo the blocks counted so far: the index must match the
              * entries exactly. */
             for (int x = 0; x < j; x++)
-                block_unref(c, e->hashes[x]);
+                u64map_count_sub(&c->blocks, e->hashes[x]);
             entry_free(e);
             return NULL;
         }
@@ -144,7 +133,7 @@ void pc_remove(pc_cache *c, pc_entry *e, bool evicted)
         return;
     c->entries[i] = c->entries[--c->n_entries];
     for (int j = 0; j < e->n_blocks; j++)
-        block_unref(c, e->hashes[j]);
+        u64map_count_sub(&c->blocks, e->hashes[j]);
     keys_push(&c->removed, e->keys, e->n_keys);
     if (e->slot < 0)
         c->st.host_bytes -= e->host_bytes;

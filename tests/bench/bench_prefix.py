@@ -170,20 +170,26 @@ def turn(client, graph, conv, max_tokens):
     raise RuntimeError("no response")
 
 
+def side_by_side(tmp, common, a, b, max_iters):
+    """A batond with the model twice, each alone on a worker of 2 threads:
+    graph and model A with options COMMON plus A, the same for B."""
+    opts = "{path: %s, max_seq: 2048, kv_dtype: q8_0, %s%s}"
+    models = "\n".join("  - {name: %s, backend: transformer, worker: w%d, max_batch: 4, "
+                       "options: %s}" % (name, i, opts % (MODEL, common, extra))
+                       for i, (name, extra) in enumerate((a, b)))
+    workers = "\n".join("  - {name: w%d, device: cpu, pool_mb: 512, threads: 2}" % i
+                        for i in range(2))
+    graphs = "".join(chat_graph(name, name, max_iters) for name, _ in (a, b))
+    return Server(tmp, lambda d: config(d, models, workers, graphs))
+
+
 # ---- part 1 ------------------------------------------------------------------------
 
 def part1(tmp, turns, answer_tokens):
     # batch_invariant on both: every token is computed the same way whatever
     # ran beside it or was cached, so the answers must be equal bit for bit.
-    opts = "{path: %s, max_seq: 2048, kv_dtype: q8_0, batch_invariant: true%s}"
-    models = ("  - {name: cached, backend: transformer, worker: a, max_batch: 4, options: %s}\n"
-              "  - {name: plain, backend: transformer, worker: b, max_batch: 4, options: %s}"
-              % (opts % (MODEL, ""), opts % (MODEL, ", prefix_cache: false")))
-    workers = ("  - {name: a, device: cpu, pool_mb: 512, threads: 2}\n"
-               "  - {name: b, device: cpu, pool_mb: 512, threads: 2}")
-    graphs = chat_graph("chat", "cached", answer_tokens) + chat_graph("plain", "plain",
-                                                                      answer_tokens)
-    srv = Server(tmp, lambda d: config(d, models, workers, graphs))
+    srv = side_by_side(tmp, "batch_invariant: true", ("chat", ""),
+                       ("plain", ", prefix_cache: false"), answer_tokens)
     rows, ok = [], True
     try:
         with bc.Client(srv.endpoint) as c:
@@ -365,14 +371,8 @@ def part3(tmp, n_conv, turns, answer_tokens, kill_after):
 
 
 def part4(tmp, rounds):
-    opts = "{path: %s, max_seq: 2048, kv_dtype: q8_0, prefix_cache: false%s}"
-    models = ("  - {name: fast, backend: transformer, worker: a, max_batch: 4, options: %s}\n"
-              "  - {name: inv, backend: transformer, worker: b, max_batch: 4, options: %s}"
-              % (opts % (MODEL, ""), opts % (MODEL, ", batch_invariant: true")))
-    workers = ("  - {name: a, device: cpu, pool_mb: 512, threads: 2}\n"
-               "  - {name: b, device: cpu, pool_mb: 512, threads: 2}")
-    graphs = chat_graph("fast", "fast", 64) + chat_graph("inv", "inv", 64)
-    srv = Server(tmp, lambda d: config(d, models, workers, graphs))
+    srv = side_by_side(tmp, "prefix_cache: false", ("fast", ""),
+                       ("inv", ", batch_invariant: true"), 64)
     conv = [("system", SYSTEM)]
     for t, q in enumerate(QUESTIONS):
         conv += [("user", q), ("assistant", QUESTIONS[(t + 3) % len(QUESTIONS)] * 6)]

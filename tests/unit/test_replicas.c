@@ -175,11 +175,11 @@ static void test_cache_aware(void **state)
     /* b reports the first three blocks of a conversation, c one block of
      * another prefix that the request shares only in its first. */
     const uint64_t on_c[2] = {11, 99};
-    assert_int_equal(replicas_cache_event(h->rs, B, "k", false, conv, 3, NULL, 0), 0);
-    assert_int_equal(replicas_cache_event(h->rs, C, "k", false, on_c, 2, NULL, 0), 0);
+    assert_int_equal(replicas_cache_event(h->rs, B, "k", conv, 3, NULL, 0), 0);
+    assert_int_equal(replicas_cache_event(h->rs, C, "k", on_c, 2, NULL, 0), 0);
     /* Unknown models and workers that hold no replica are ignored. */
-    assert_int_equal(replicas_cache_event(h->rs, C, "s", false, conv, 4, NULL, 0), 0);
-    assert_int_equal(replicas_cache_event(h->rs, A, "nope", false, conv, 4, NULL, 0), 0);
+    assert_int_equal(replicas_cache_event(h->rs, C, "s", conv, 4, NULL, 0), 0);
+    assert_int_equal(replicas_cache_event(h->rs, A, "nope", conv, 4, NULL, 0), 0);
     replicas_key key = {conv, 4};
     assert_int_equal(replicas_pick(h->rs, 1, K, &key), B);
     replicas_stats st;
@@ -203,15 +203,15 @@ static void test_cache_aware(void **state)
     for (uint64_t r = 10; r < 14; r++)
         replicas_unpin(h->rs, r);
     /* Evicted on b: c's one shared block is now the longest match. */
-    assert_int_equal(replicas_cache_event(h->rs, B, "k", false, NULL, 0, conv, 3), 0);
+    assert_int_equal(replicas_cache_event(h->rs, B, "k", NULL, 0, conv, 3), 0);
     assert_int_equal(replicas_pick(h->rs, 30, K, &key), C);
     /* A block two entries hold stays until both went. */
-    assert_int_equal(replicas_cache_event(h->rs, A, "k", false, conv, 2, NULL, 0), 0);
-    assert_int_equal(replicas_cache_event(h->rs, A, "k", false, conv, 2, NULL, 0), 0);
-    assert_int_equal(replicas_cache_event(h->rs, A, "k", false, NULL, 0, conv, 2), 0);
+    assert_int_equal(replicas_cache_event(h->rs, A, "k", conv, 2, NULL, 0), 0);
+    assert_int_equal(replicas_cache_event(h->rs, A, "k", conv, 2, NULL, 0), 0);
+    assert_int_equal(replicas_cache_event(h->rs, A, "k", NULL, 0, conv, 2), 0);
     assert_int_equal(replicas_pick(h->rs, 31, K, &key), A);
-    /* Cleared (the worker started over), and reset (lost): nothing left. */
-    assert_int_equal(replicas_cache_event(h->rs, A, "k", true, NULL, 0, NULL, 0), 0);
+    /* Lost or restarted workers: nothing of theirs left. */
+    replicas_worker_reset(h->rs, A);
     replicas_worker_reset(h->rs, C);
     for (size_t k = 0; k < 3; k++) {
         assert_true(replicas_stats_get(h->rs, K, k, &st));
