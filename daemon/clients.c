@@ -18,8 +18,30 @@ void cl_init(cl_table *t)
     u64map_init(&t->by_hash);
 }
 
+static void wait_link(cl_table *t, cl_client *c)
+{
+    c->wait_prev = NULL;
+    c->wait_next = t->waiting;
+    if (t->waiting)
+        t->waiting->wait_prev = c;
+    t->waiting = c;
+}
+
+static void wait_unlink(cl_table *t, cl_client *c)
+{
+    if (c->wait_prev)
+        c->wait_prev->wait_next = c->wait_next;
+    else if (t->waiting == c)
+        t->waiting = c->wait_next;
+    if (c->wait_next)
+        c->wait_next->wait_prev = c->wait_prev;
+    c->wait_prev = c->wait_next = NULL;
+}
+
 static void drop_backlog(cl_table *t, cl_client *c)
 {
+    if (c->head)
+        wait_unlink(t, c);
     for (cl_frame *f = c->head, *next; f; f = next) {
         next = f->next;
         free(f);
@@ -107,10 +129,12 @@ void cl_inflight_sub(cl_table *t, cl_client *c)
 void cl_backlog_push(cl_table *t, cl_client *c, cl_frame *f, uint64_t now_ms)
 {
     f->next = NULL;
-    if (c->tail)
+    if (c->tail) {
         c->tail->next = f;
-    else
+    } else {
         c->head = f;
+        wait_link(t, c);
+    }
     c->tail = f;
     c->n_backlog++;
     c->backlog_bytes += f->len;
@@ -125,8 +149,10 @@ cl_frame *cl_backlog_pop(cl_table *t, cl_client *c, uint64_t now_ms)
     if (!f)
         return NULL;
     c->head = f->next;
-    if (!c->head)
+    if (!c->head) {
         c->tail = NULL;
+        wait_unlink(t, c);
+    }
     c->n_backlog--;
     c->backlog_bytes -= f->len;
     t->backlog_bytes -= f->len;

@@ -38,6 +38,8 @@ typedef struct cl_client {
     size_t identity_len;
     uint32_t inflight;            /* requests accepted and not yet answered */
     cl_frame *head, *tail;        /* the backlog: replies ZeroMQ would not take yet */
+    struct cl_client *wait_prev, *wait_next; /* in cl_table.waiting while the backlog is
+                                               * not empty */
     size_t n_backlog;
     uint64_t backlog_bytes;
     uint64_t stalled_since_ms;    /* monotonic ms since which the backlog made no progress;
@@ -51,6 +53,8 @@ typedef struct cl_table {
     size_t n;                     /* clients */
     size_t busy;                  /* clients with inflight > 0 */
     uint64_t backlog_bytes;       /* over every client */
+    cl_client *waiting;           /* the clients with a backlog, so that it is sent on
+                                   * without a walk over every client */
 } cl_table;
 
 void cl_init(cl_table *t);

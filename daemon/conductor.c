@@ -918,9 +918,15 @@ int conductor_run(conductor *c)
     bt_info("listening on %s, workers on %s", c->cfg->daemon.listen,
             c->cfg->daemon.workers_endpoint);
     sup_start(c->sup);
-    bool notified = false;
+    bool notified = false, backlogged = false;
     while (!c->done) {
-        int rc = evloop_run_once(c->loop, 1000);
+        /* While a reply waits for room in a client's pipe, the loop looks
+         * again within a millisecond rather than at the next tick. */
+        sup_cork(c->sup);
+        int rc = evloop_run_once(c->loop, backlogged ? 1 : 1000);
+        sup_uncork(c->sup);
+        if (rc >= 0)
+            backlogged = out_flush_backlogs(c->out, bt_now_ms());
         if (rc < 0) {
             /* A loop that cannot poll serves nobody: the error must reach
              * the exit status, so that systemd (Restart=on-failure) or

@@ -370,19 +370,13 @@ static void start(frontend *f, front_request *r)
 }
 
 /* An early put: its id is chosen here and the request runs at once (see
- * place_inputs).  The runtime owns the tensor; only a failure matters. */
-static void early_placed(frontend *f, front_request *r, int w, size_t k,
-                         const Baton__V1__Placed *m)
+ * place_inputs).  The runtime owns the tensor; the worker answers only a
+ * failure, and its pool offset is never needed, since only W reads it. */
+static void early_placed(frontend *f, front_request *r, size_t k, const Baton__V1__Placed *m)
 {
     bool ok = !m->status || m->status->code == BATON__V1__CODE__OK;
-    if (ok) {
-        ctensor *ct = m->ref ? tt_find(f->tt, (rt_tensor){m->ref->id, w}) : NULL;
-        if (ct) {
-            ct->pool = m->ref->pool;
-            ct->offset = m->ref->offset;
-        }
+    if (ok)
         return;
-    }
     const char *msg = m->status->message ? m->status->message : "placing failed";
     if (r->phase == PHASE_PLACING) {
         r->inputs[k] = (rt_tensor){0, 0};
@@ -400,7 +394,7 @@ void front_placed(frontend *f, int w, const Baton__V1__Placed *m)
     if (!r && m->ref && m->ref->id >> 63)
         return; /* an early put of a request that ended: the runtime released it */
     if (r && f->input_local[r->graph][k] && r->inputs[k].id >> 63) {
-        early_placed(f, r, w, k, m);
+        early_placed(f, r, k, m);
         return;
     }
     rt_tensor t = {0, 0};

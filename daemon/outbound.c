@@ -110,6 +110,38 @@ static int send_frame(outbound *o, const uint8_t *identity, size_t identity_len,
     return 0;
 }
 
+/* Sends C's backlog on as far as ZeroMQ takes it; a client that went away
+ * loses all of it. */
+static void flush_client(outbound *o, cl_client *c, uint64_t now_ms)
+{
+    int err = 0;
+    while (c->head && (err = send_frame(o, c->identity, c->identity_len, c->head)) == 0)
+        free(cl_backlog_pop(&o->clients, c, now_ms));
+    if (err && err != EAGAIN) {
+        bt_debug("%zu replies to a client dropped: %s", c->n_backlog, zmq_strerror(err));
+        while (c->head)
+            free(cl_backlog_pop(&o->clients, c, now_ms));
+    }
+}
+
+bool out_flush_backlogs(outbound *o, uint64_t now_ms)
+{
+    if (!o->clients.waiting)
+        return false;
+    /* ZeroMQ learns that a reader made room from a command it handles
+     * only inside its own calls (a send checks for commands at most about
+     * once a millisecond): ask for the socket's events so that it reads
+     * them now. */
+    int events = 0;
+    size_t len = sizeof(events);
+    (void)zmq_getsockopt(o->socket, ZMQ_EVENTS, &events, &len);
+    for (cl_client *c = o->clients.waiting, *next; c; c = next) {
+        next = c->wait_next;
+        flush_client(o, c, now_ms);
+    }
+    return o->clients.waiting != NULL;
+}
+
 void out_send(outbound *o, const uint8_t *identity, size_t identity_len,
               const Baton__V1__ServerMessage *m)
 {
@@ -122,8 +154,11 @@ void out_send(outbound *o, const uint8_t *identity, size_t identity_len,
     f->len = n;
     baton__v1__server_message__pack(m, f->data);
     uint64_t now = bt_now_ms();
-    /* Behind what already waits, to keep each client's order. */
+    /* Behind what already waits, to keep each client's order; what waits
+     * goes first if ZeroMQ takes it now. */
     cl_client *c = cl_find(&o->clients, identity, identity_len);
+    if (c && c->n_backlog)
+        flush_client(o, c, now);
     if (c && c->n_backlog) {
         cl_backlog_push(&o->clients, c, f, now);
         return;
@@ -147,16 +182,8 @@ void out_tick(outbound *o, uint64_t now_ms)
     size_t n;
     cl_client **v = cl_list(&o->clients, &n);
     for (size_t i = 0; i < n; i++) {
-        cl_client *c = v[i];
-        int err = 0;
-        while (c->head && (err = send_frame(o, c->identity, c->identity_len, c->head)) == 0)
-            free(cl_backlog_pop(&o->clients, c, now_ms));
-        if (err && err != EAGAIN) {
-            bt_debug("%zu replies to a client dropped: %s", c->n_backlog, zmq_strerror(err));
-            while (c->head)
-                free(cl_backlog_pop(&o->clients, c, now_ms));
-        }
-        cl_release_if_idle(&o->clients, c, now_ms, CL_REFUSED_KEEP_MS);
+        flush_client(o, v[i], now_ms);
+        cl_release_if_idle(&o->clients, v[i], now_ms, CL_REFUSED_KEEP_MS);
     }
     free(v);
 }

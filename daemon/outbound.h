@@ -77,8 +77,16 @@ void out_destroy(outbound *o);
 void out_send(outbound *o, const uint8_t *identity, size_t identity_len,
               const Baton__V1__ServerMessage *m);
 /* Sends what the backlogs hold, as far as ZeroMQ takes it; a client that
- * went away loses its backlog. */
+ * went away loses its backlog.  Then forgets the clients that hold
+ * nothing any more (the 10 ms tick). */
 void out_tick(outbound *o, uint64_t now_ms);
+/* Sends the backlogs on as far as ZeroMQ takes them, walking only the
+ * clients that have one; true when some reply still waits.  The conductor
+ * calls it after every round of its loop and polls with a short timeout
+ * while it returns true: a client that reads as fast as replies come must
+ * not wait for the tick, or a stream bursting past the pipe's high-water
+ * mark would run at one pipe's worth of messages per tick. */
+bool out_flush_backlogs(outbound *o, uint64_t now_ms);
 /* The client table (borrowed; the frontend counts requests in it). */
 cl_table *out_clients(outbound *o);
 /* Drops client C (its backlog with it) and counts it in the metrics. */

@@ -43,6 +43,16 @@ int sup_send(supervisor *s, int worker, const Baton__V1__ConductorMessage *m)
     return workers_send(s->ws, worker, m);
 }
 
+void sup_cork(supervisor *s)
+{
+    workers_cork(s->ws);
+}
+
+void sup_uncork(supervisor *s)
+{
+    workers_uncork(s->ws);
+}
+
 size_t sup_n_workers(const supervisor *s)
 {
     return workers_count(s->ws);
@@ -215,38 +225,39 @@ void sup_on_readable(evloop *l, void *arg)
     supervisor *s = arg;
     s->hooks.burst_begin(s->hooks.arg);
     for (int budget = 0; budget < 1024; budget++) {
-        zmq_msg_t ident, body;
+        zmq_msg_t ident;
         zmq_msg_init(&ident);
         if (zmq_msg_recv(&ident, s->socket, ZMQ_DONTWAIT) < 0) {
             zmq_msg_close(&ident);
             break;
         }
-        zmq_msg_init(&body);
-        bool got = zmq_msg_more(&ident) && zmq_msg_recv(&body, s->socket, 0) >= 0;
-        while (got && zmq_msg_more(&body)) { /* extra frames: not ours, skip */
-            zmq_msg_t x;
-            zmq_msg_init(&x);
-            zmq_msg_recv(&x, s->socket, 0);
-            int more = zmq_msg_more(&x);
-            zmq_msg_close(&x);
-            if (!more)
-                break;
-        }
         size_t idlen = zmq_msg_size(&ident);
         sup_worker *w = workers_by_id(s->ws, zmq_msg_data(&ident), idlen);
-        Baton__V1__WorkerMessage *wm =
-            got && w ? baton__v1__worker_message__unpack(NULL, zmq_msg_size(&body),
-                                                         zmq_msg_data(&body))
-                     : NULL;
         if (!w)
             bt_warn("a peer that is no configured worker (%.*s) sent a message", (int)idlen,
                     (const char *)zmq_msg_data(&ident));
-        else if (!wm)
-            bt_warn("worker %s sent a frame that does not parse", w->cfg->name);
-        else
-            on_message(s, w, wm);
-        baton__v1__worker_message__free_unpacked(wm, NULL);
-        zmq_msg_close(&body);
+        /* A worker may send several WorkerMessages as the frames of one
+         * ZeroMQ message (what one round of its loop had to say); each is
+         * handled in order. */
+        for (bool more = zmq_msg_more(&ident); more;) {
+            zmq_msg_t body;
+            zmq_msg_init(&body);
+            if (zmq_msg_recv(&body, s->socket, 0) < 0) {
+                zmq_msg_close(&body);
+                break;
+            }
+            more = zmq_msg_more(&body);
+            Baton__V1__WorkerMessage *wm =
+                w ? baton__v1__worker_message__unpack(NULL, zmq_msg_size(&body),
+                                                      zmq_msg_data(&body))
+                  : NULL;
+            if (w && !wm)
+                bt_warn("worker %s sent a frame that does not parse", w->cfg->name);
+            else if (wm)
+                on_message(s, w, wm);
+            baton__v1__worker_message__free_unpacked(wm, NULL);
+            zmq_msg_close(&body);
+        }
         zmq_msg_close(&ident);
     }
     s->hooks.burst_end(s->hooks.arg);

@@ -102,6 +102,11 @@ void sup_tick(supervisor *s, uint64_t now_ms);
 
 /* Sends M to worker W.  0, or BT_EIO (logged) when it cannot go. */
 int sup_send(supervisor *s, int w, const Baton__V1__ConductorMessage *m);
+/* Between the two, what sup_send is given for a worker is kept and then
+ * sent as one ZeroMQ message (daemon/workers.h): the conductor corks each
+ * round of its loop. */
+void sup_cork(supervisor *s);
+void sup_uncork(supervisor *s);
 
 size_t sup_n_workers(const supervisor *s);
 const sup_worker *sup_worker_get(const supervisor *s, int w);

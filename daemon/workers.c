@@ -8,11 +8,22 @@
 
 #include "common/log.h"
 #include "common/status.h"
+#include "common/vec.h"
+
+/* A worker's messages packed while corked, in order. */
+typedef struct outbox {
+    zmq_msg_t *msgs;              /* owned; each initialised */
+    size_t n, cap;
+} outbox;
 
 struct worker_set {
     sup_worker *workers;          /* one per configured worker, in config order; owned */
     size_t n;
     void *socket;                 /* the worker ROUTER; borrowed */
+    bool corked;                  /* workers_send keeps messages in the outboxes */
+    outbox *outboxes;             /* one per worker; owned */
+    int *pending;                 /* the workers with a non-empty outbox, in no order */
+    size_t n_pending;
 };
 
 int workers_create(const cfg_config *cfg, void *socket, worker_set **out)
@@ -24,8 +35,10 @@ int workers_create(const cfg_config *cfg, void *socket, worker_set **out)
     ws->n = cfg->n_workers;
     ws->socket = socket;
     ws->workers = calloc(ws->n + 1, sizeof(*ws->workers));
-    if (!ws->workers) {
-        free(ws);
+    ws->outboxes = calloc(ws->n + 1, sizeof(*ws->outboxes));
+    ws->pending = calloc(ws->n + 1, sizeof(*ws->pending));
+    if (!ws->workers || !ws->outboxes || !ws->pending) {
+        workers_destroy(ws);
         return BT_ENOMEM;
     }
     for (size_t w = 0; w < ws->n; w++) {
@@ -41,6 +54,14 @@ void workers_destroy(worker_set *ws)
 {
     if (!ws)
         return;
+    for (size_t w = 0; ws->outboxes && w < ws->n; w++) {
+        outbox *ob = &ws->outboxes[w];
+        for (size_t i = 0; i < ob->n; i++)
+            zmq_msg_close(&ob->msgs[i]);
+        free(ob->msgs);
+    }
+    free(ws->outboxes);
+    free(ws->pending);
     free(ws->workers);
     free(ws);
 }
@@ -77,8 +98,57 @@ bool workers_live(const sup_worker *w)
     return w->state == SUP_LOADING || w->state == SUP_READY;
 }
 
+/* Keeps M, packed, in worker W's outbox. */
+static int keep(worker_set *ws, int w, const Baton__V1__ConductorMessage *m)
+{
+    outbox *ob = &ws->outboxes[w];
+    if (BT_RESERVE(ob->msgs, ob->n, ob->cap, 8) < 0)
+        return BT_ENOMEM;
+    zmq_msg_t *z = &ob->msgs[ob->n];
+    if (zmq_msg_init_size(z, baton__v1__conductor_message__get_packed_size(m)) != 0)
+        return BT_ENOMEM;
+    baton__v1__conductor_message__pack(m, zmq_msg_data(z));
+    if (ob->n++ == 0)
+        ws->pending[ws->n_pending++] = w;
+    return 0;
+}
+
+void workers_cork(worker_set *ws)
+{
+    ws->corked = true;
+}
+
+void workers_uncork(worker_set *ws)
+{
+    ws->corked = false;
+    for (size_t p = 0; p < ws->n_pending; p++) {
+        int w = ws->pending[p];
+        outbox *ob = &ws->outboxes[w];
+        const char *name = ws->workers[w].cfg->name;
+        size_t i = 0;
+        /* The ROUTER takes the frames of one message whole or not at all,
+         * as it does the identity frame and one body. */
+        if (zmq_send(ws->socket, name, strlen(name), ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0) {
+            for (; i < ob->n; i++)
+                if (zmq_msg_send(&ob->msgs[i], ws->socket,
+                                 (i + 1 < ob->n ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) < 0)
+                    break;
+        }
+        if (i < ob->n)
+            bt_warn("cannot send %zu messages to worker %s: %s", ob->n - i, name,
+                    zmq_strerror(errno));
+        /* A sent message is closed by ZeroMQ; the rest are closed here. */
+        for (; i < ob->n; i++)
+            zmq_msg_close(&ob->msgs[i]);
+        ob->n = 0;
+    }
+    ws->n_pending = 0;
+}
+
 int workers_send(worker_set *ws, int worker, const Baton__V1__ConductorMessage *m)
 {
+    if (ws->corked)
+        return keep(ws, worker, m);
     size_t n = baton__v1__conductor_message__get_packed_size(m);
     uint8_t stackbuf[4096];
     uint8_t *buf = n <= sizeof(stackbuf) ? stackbuf : malloc(n);

@@ -92,8 +92,19 @@ sup_worker *workers_by_id(worker_set *ws, const void *id, size_t len);
 bool workers_live(const sup_worker *w);
 
 /* Sends M to worker W.  0, or BT_EIO (logged) when it cannot go, or
- * BT_ENOMEM. */
+ * BT_ENOMEM.  Between workers_cork and workers_uncork M is only packed
+ * and kept (0, or BT_ENOMEM); a failure to send is then logged at the
+ * uncork, and the worker's loss, seen as for any worker that vanished
+ * after a send, ends what it held. */
 int workers_send(worker_set *ws, int w, const Baton__V1__ConductorMessage *m);
+/* From workers_cork to workers_uncork the messages for each worker are
+ * kept, in order, and the uncork sends each worker's as the frames of one
+ * ZeroMQ message: one wake-up of the worker and one send for what a round
+ * of the conductor's loop had for it (a Put and its Dispatch, a request's
+ * Releases and SessionClose, the Extends of a burst of Dones), where
+ * separate messages each cost both processes a system call and a switch. */
+void workers_cork(worker_set *ws);
+void workers_uncork(worker_set *ws);
 /* Tells worker W to exit, saying why (REASON). */
 void workers_send_shutdown(worker_set *ws, int w, const char *reason);
 

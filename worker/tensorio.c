@@ -59,7 +59,10 @@ static void put_done(wk_event *ev)
          * every request of a lost worker does. */
         bool gone = io->dev && wk_device_lost(io->dev, lost, sizeof(lost));
         placed(io, p, NULL, gone ? BATON_STATUS_UNAVAILABLE : BATON_STATUS_INTERNAL, why);
-    } else {
+    } else if (!p->tensor_id) {
+        /* A tensor whose id the conductor chose is not answered when it is
+         * placed: the conductor already runs the request, and only a
+         * failure changes what it does. */
         placed(io, p, &ref, BATON_STATUS_OK, NULL);
     }
     baton__v1__conductor_message__free_unpacked(pj->msg, NULL);

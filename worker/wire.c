@@ -3,13 +3,52 @@
 
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <zmq.h>
 
 #include "common/log.h"
 #include "common/pbwire.h"
 #include "common/status.h"
+#include "common/vec.h"
 #include "worker/join.h"
+
+/* The messages kept while a thread has its socket corked.  Per thread:
+ * only the thread that owns a socket sends on it. */
+static __thread struct {
+    void *sock;                   /* corked socket; NULL: none */
+    zmq_msg_t *msgs;              /* kept, in order; owned */
+    size_t n, cap;
+} cork;
+
+void wk_wire_cork(void *sock)
+{
+    cork.sock = sock;
+}
+
+void wk_wire_uncork(void)
+{
+    void *sock = cork.sock;
+    cork.sock = NULL;
+    size_t i = 0;
+    for (; i < cork.n; i++)
+        if (zmq_msg_send(&cork.msgs[i], sock, i + 1 < cork.n ? ZMQ_SNDMORE : 0) < 0)
+            break;
+    if (i < cork.n) {
+        bt_error("send to the conductor failed: %s (%zu messages lost)", zmq_strerror(zmq_errno()),
+                 cork.n - i);
+        for (; i < cork.n; i++)
+            zmq_msg_close(&cork.msgs[i]);
+    }
+    cork.n = 0;
+    /* A burst that grew the array far leaves it to the next one only up
+     * to a modest size. */
+    if (cork.cap > 256) {
+        free(cork.msgs);
+        cork.msgs = NULL;
+        cork.cap = 0;
+    }
+}
 
 int wk_wire_send(void *sock, const Baton__V1__WorkerMessage *msg)
 {
@@ -20,6 +59,10 @@ int wk_wire_send(void *sock, const Baton__V1__WorkerMessage *msg)
         return BT_ENOMEM;
     }
     baton__v1__worker_message__pack(msg, zmq_msg_data(&m));
+    if (sock == cork.sock && BT_RESERVE(cork.msgs, cork.n, cork.cap, 16) == 0) {
+        cork.msgs[cork.n++] = m;
+        return 0;
+    }
     if (zmq_msg_send(&m, sock, 0) < 0) {
         bt_error("send to the conductor failed: %s", zmq_strerror(zmq_errno()));
         zmq_msg_close(&m);

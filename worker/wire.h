@@ -16,8 +16,16 @@
 #include "proto/baton.pb-c.h"
 #include "worker/store.h"
 
-/* Packs and sends MSG on SOCK.  0, or BT_ENOMEM / BT_EIO (logged). */
+/* Packs and sends MSG on SOCK.  0, or BT_ENOMEM / BT_EIO (logged).  While
+ * the calling thread has SOCK corked, MSG is packed and kept instead. */
 int wk_wire_send(void *sock, const Baton__V1__WorkerMessage *msg);
+/* From wk_wire_cork to wk_wire_uncork, what the calling thread sends on
+ * SOCK is kept, in order, and the uncork sends it as the frames of one
+ * ZeroMQ message (the conductor reads each frame as a message): the I/O
+ * thread corks each round of its loop, so that the Dones and Chunks of a
+ * burst of finished items cost the conductor one wake-up. */
+void wk_wire_cork(void *sock);
+void wk_wire_uncork(void);
 
 /* Answers dispatch D with a Done of status CODE and MESSAGE alone (and
  * logs the refusal). */

@@ -440,7 +440,10 @@ int wk_worker_run(wk_worker *w)
         long xt = wk_pull_tick(w->pull, now);
         if (xt >= 0 && xt < timeout)
             timeout = xt;
-        if (evloop_run_once(w->loop, timeout) < 0) {
+        wk_wire_cork(w->sock);
+        int rc = evloop_run_once(w->loop, timeout);
+        wk_wire_uncork();
+        if (rc < 0) {
             bt_error("zmq_poll: %s", zmq_strerror(zmq_errno()));
             w->exit_code = 1;
             break;
