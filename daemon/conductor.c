@@ -38,7 +38,15 @@
 #include "daemon/tensors.h"
 #include "daemon/zap.h"
 
-#define TICK_MS 10
+/* The tick (deadlines, worker liveness and restarts, held Releases,
+ * backlogs, the drain) runs when something is due, at the latest every
+ * TICK_IDLE_MS; every TICK_HOLD_MS while Releases or deferred messages wait
+ * for it; every TICK_BUSY_MS while draining.  A tick at a fixed 10 ms cost
+ * an idle conductor a wake-up every 10 ms, and a streaming decode loop
+ * about as much CPU as its tokens. */
+#define TICK_IDLE_MS 100
+#define TICK_HOLD_MS 20
+#define TICK_BUSY_MS 10
 #define STOP_GRACE_MS 3000
 /* Replies ZeroMQ queues for one client before they wait in its backlog. */
 #define CLIENT_SNDHWM 64
@@ -81,6 +89,7 @@ struct conductor {
     uint64_t stop_deadline_ms;
     bool done;                    /* the loop should end */
     uint64_t last_watchdog_ms;
+    uint64_t next_tick_ms;        /* when the timer fires next, monotonic ms */
     uint64_t watchdog_usec;       /* from sd_watchdog_enabled; 0: off */
     /* What batond made in the file system for its ipc:// sockets, removed
      * at exit: the socket files it bound (paths inside cfg's endpoints) and
@@ -325,7 +334,8 @@ static char *stats_text(conductor *c)
         const sup_worker *wk = sup_worker_get(c->sup, (int)w);
         ws[w] = (metrics_worker){wk->cfg->name, wk->state == SUP_READY, wk->restarts,
                                  wk->pool_used, wk->pool_free, wk->fragmentation, wk->queued,
-                                 wk->staged_bytes, wk->sessions, wk->tp_steps};
+                                 wk->staged_bytes, wk->sessions, wk->tp_steps,
+                                 wk->msgs_out, wk->msgs_in, wk->zmq_out, wk->zmq_in};
     }
     /* Each replica of each replicated model: its picks and pins. */
     size_t nr = 0;
@@ -526,6 +536,42 @@ static void drain_step(conductor *c, uint64_t now)
     }
 }
 
+/* Sets the one-shot timer to AT_MS (monotonic ms; the clock of
+ * bt_now_ms). */
+static void arm_tick(conductor *c, uint64_t at_ms)
+{
+    struct itimerspec its = {{0, 0}, {(time_t)(at_ms / 1000), (long)(at_ms % 1000) * 1000000L}};
+    if (timerfd_settime(c->timerfd, TFD_TIMER_ABSTIME, &its, NULL) == 0)
+        c->next_tick_ms = at_ms;
+}
+
+/* When the tick must run next, from NOW_MS. */
+static uint64_t tick_due(const conductor *c, uint64_t now_ms)
+{
+    uint64_t at = now_ms + (c->draining || c->stopping ? TICK_BUSY_MS
+                            : tt_holding(c->tt) || sup_deferred(c->sup) ? TICK_HOLD_MS
+                                                                          : TICK_IDLE_MS);
+    uint64_t dl = front_next_deadline_ms(c->front);
+    if (dl < at)
+        at = dl > now_ms ? dl : now_ms + 1;
+    if (c->watchdog_usec) {
+        uint64_t wd = c->last_watchdog_ms + c->watchdog_usec / 2000;
+        if (wd < at)
+            at = wd > now_ms ? wd : now_ms + 1;
+    }
+    return at;
+}
+
+/* After a round of the loop: a new deadline, or something now held for the
+ * tick, may want it sooner than it is set. */
+static void retime_tick(conductor *c)
+{
+    uint64_t now = bt_now_ms();
+    uint64_t at = tick_due(c, now);
+    if (at < c->next_tick_ms)
+        arm_tick(c, at);
+}
+
 static void on_tick(evloop *l, void *arg)
 {
     (void)l;
@@ -534,13 +580,16 @@ static void on_tick(evloop *l, void *arg)
     if (read(c->timerfd, &expirations, sizeof(expirations)) < 0)
         return;
     uint64_t now = bt_now_ms();
+    c->next_tick_ms = UINT64_MAX;
     front_tick(c->front, now);
+    tt_tick(c->tt);
     sup_tick(c->sup, now);
     if (c->watchdog_usec && (now - c->last_watchdog_ms) * 1000 >= c->watchdog_usec / 2) {
         sd_notify(0, "WATCHDOG=1");
         c->last_watchdog_ms = now;
     }
     drain_step(c, now);
+    arm_tick(c, tick_due(c, bt_now_ms()));
 }
 
 /* ---- creation, in named steps ------------------------------------------ */
@@ -838,7 +887,7 @@ static int create_modules(conductor *c)
 }
 
 /* TERM/INT drain, HUP reload, CHLD reaping through a signalfd; SIGPIPE
- * ignored; a TICK_MS timer. */
+ * ignored; the tick's timer. */
 static int setup_signals(conductor *c)
 {
     sigset_t set;
@@ -853,8 +902,7 @@ static int setup_signals(conductor *c)
     c->timerfd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
     if (c->sigfd < 0 || c->timerfd < 0)
         return BT_EIO;
-    struct itimerspec its = {{0, TICK_MS * 1000000L}, {0, TICK_MS * 1000000L}};
-    timerfd_settime(c->timerfd, 0, &its, NULL);
+    arm_tick(c, bt_now_ms() + TICK_BUSY_MS);
     return 0;
 }
 
@@ -927,6 +975,7 @@ int conductor_run(conductor *c)
         sup_uncork(c->sup);
         if (rc >= 0)
             backlogged = out_flush_backlogs(c->out, bt_now_ms());
+        retime_tick(c);
         if (rc < 0) {
             /* A loop that cannot poll serves nobody: the error must reach
              * the exit status, so that systemd (Restart=on-failure) or

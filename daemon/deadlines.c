@@ -16,6 +16,11 @@ void dl_free(dl_heap *h)
     dl_init(h);
 }
 
+uint64_t dl_next(const dl_heap *h)
+{
+    return h->n ? h->v[0].at_ms : UINT64_MAX;
+}
+
 static void swap(dl_heap *h, size_t a, size_t b)
 {
     dl_entry t = h->v[a];

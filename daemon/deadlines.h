@@ -29,6 +29,8 @@ void dl_init(dl_heap *h);
 void dl_free(dl_heap *h);
 /* Adds an entry; 0 or BT_ENOMEM. */
 int dl_push(dl_heap *h, uint64_t at_ms, uint64_t key);
+/* The earliest deadline (maybe of a request that ended), or UINT64_MAX. */
+uint64_t dl_next(const dl_heap *h);
 /* Takes the earliest entry due at NOW_MS into *OUT; false when none is. */
 bool dl_pop_due(dl_heap *h, uint64_t now_ms, dl_entry *out);
 /* Drops stale entries once they outnumber LIVE twice over (plus slack). */

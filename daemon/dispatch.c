@@ -523,7 +523,7 @@ static void close_sessions(dispatcher *d, uint64_t key, int gi)
         Baton__V1__ConductorMessage m = BATON__V1__CONDUCTOR_MESSAGE__INIT;
         m.msg_case = BATON__V1__CONDUCTOR_MESSAGE__MSG_SESSION_CLOSE;
         m.session_close = &sc;
-        sup_send(d->sup, (int)w, &m);
+        sup_send_deferred(d->sup, (int)w, &m);
     }
 }
 

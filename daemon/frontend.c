@@ -371,7 +371,8 @@ static void start(frontend *f, front_request *r)
 
 /* An early put: its id is chosen here and the request runs at once (see
  * place_inputs).  The runtime owns the tensor; the worker answers only a
- * failure, and its pool offset is never needed, since only W reads it. */
+ * failure.  Only W's nodes read it, so its pool offset matters only once
+ * one of them passes it on, and that node's Done carries it (tt_add). */
 static void early_placed(frontend *f, front_request *r, size_t k, const Baton__V1__Placed *m)
 {
     bool ok = !m->status || m->status->code == BATON__V1__CODE__OK;
@@ -919,6 +920,11 @@ void front_tick(frontend *f, uint64_t now_ms)
         else if (r->phase == PHASE_RUNNING)
             disp_deadline(f->disp, r->key);
     }
+}
+
+uint64_t front_next_deadline_ms(const frontend *f)
+{
+    return dl_next(&f->deadlines);
 }
 
 void front_end_all(frontend *f, bt_code code, const char *message)

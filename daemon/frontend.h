@@ -82,6 +82,9 @@ void front_set_limits(frontend *f, const front_limits *limits);
 void front_set_admission(frontend *f, front_admission a);
 /* Ends the requests whose deadline has passed. */
 void front_tick(frontend *f, uint64_t now_ms);
+/* When front_tick must next run for a deadline (monotonic ms; maybe early,
+ * for a request that already ended), or UINT64_MAX. */
+uint64_t front_next_deadline_ms(const frontend *f);
 
 /* Worker W answered a Put, or a Fetch. */
 void front_placed(frontend *f, int w, const Baton__V1__Placed *m);

@@ -355,6 +355,22 @@ char *metrics_text(const metrics *m, const metrics_gauges *gg)
     worker_family(f, gg, "baton_worker_tp_steps_total", "counter",
                   "Steps of a tensor-parallel model's rank 0 that a worker ran as one of the "
                   "other ranks.  Starts at 0 with each incarnation of the worker.", W_TP_STEPS);
+    family(f, "baton_worker_messages_total", "counter",
+           "Protocol messages between the conductor and a worker, by direction.");
+    for (size_t w = 0; w < gg->n_workers; w++)
+        fprintf(f, "baton_worker_messages_total{worker=\"%s\",direction=\"to_worker\"} %llu\n"
+                   "baton_worker_messages_total{worker=\"%s\",direction=\"from_worker\"} %llu\n",
+                gg->workers[w].name, (unsigned long long)gg->workers[w].msgs_out,
+                gg->workers[w].name, (unsigned long long)gg->workers[w].msgs_in);
+    family(f, "baton_worker_zmq_messages_total", "counter",
+           "ZeroMQ messages that carried them: each side sends what one round of its loop had "
+           "for the other as one message of several frames.");
+    for (size_t w = 0; w < gg->n_workers; w++)
+        fprintf(f, "baton_worker_zmq_messages_total{worker=\"%s\",direction=\"to_worker\"} %llu\n"
+                   "baton_worker_zmq_messages_total{worker=\"%s\",direction=\"from_worker\"} "
+                   "%llu\n",
+                gg->workers[w].name, (unsigned long long)gg->workers[w].zmq_out,
+                gg->workers[w].name, (unsigned long long)gg->workers[w].zmq_in);
     cache_family(f, m, "baton_prefix_cache_hits_total", "counter",
                  "Prompts that read a cached prefix instead of computing it (per worker and "
                  "model; from the load on that incarnation of the worker).", C_HITS);

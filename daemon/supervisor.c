@@ -53,6 +53,16 @@ void sup_uncork(supervisor *s)
     workers_uncork(s->ws);
 }
 
+int sup_send_deferred(supervisor *s, int worker, const Baton__V1__ConductorMessage *m)
+{
+    return workers_send_deferred(s->ws, worker, m);
+}
+
+bool sup_deferred(const supervisor *s)
+{
+    return workers_deferred(s->ws);
+}
+
 size_t sup_n_workers(const supervisor *s)
 {
     return workers_count(s->ws);
@@ -84,6 +94,7 @@ static void worker_lost(supervisor *s, sup_worker *w, const char *why)
         return;
     bt_warn("worker %s lost: %s", w->cfg->name, why);
     w->state = SUP_DOWN;
+    workers_drop_deferred(s->ws, w->index);
     spawner_unlink_pool(w);
     spawner_revoke_key(s->spawner, w);
     roster_forget(w);
@@ -239,6 +250,8 @@ void sup_on_readable(evloop *l, void *arg)
         /* A worker may send several WorkerMessages as the frames of one
          * ZeroMQ message (what one round of its loop had to say); each is
          * handled in order. */
+        if (w && zmq_msg_more(&ident))
+            w->zmq_in++;
         for (bool more = zmq_msg_more(&ident); more;) {
             zmq_msg_t body;
             zmq_msg_init(&body);
@@ -253,8 +266,10 @@ void sup_on_readable(evloop *l, void *arg)
                   : NULL;
             if (w && !wm)
                 bt_warn("worker %s sent a frame that does not parse", w->cfg->name);
-            else if (wm)
+            else if (wm) {
+                w->msgs_in++;
                 on_message(s, w, wm);
+            }
             baton__v1__worker_message__free_unpacked(wm, NULL);
             zmq_msg_close(&body);
         }
@@ -285,6 +300,7 @@ void sup_child_exited(supervisor *s, pid_t pid, int status)
 
 void sup_tick(supervisor *s, uint64_t now_ms)
 {
+    workers_flush_deferred(s->ws);
     if (s->stopping)
         return;
     for (size_t i = 0; i < workers_count(s->ws); i++) {

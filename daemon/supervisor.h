@@ -107,6 +107,11 @@ int sup_send(supervisor *s, int w, const Baton__V1__ConductorMessage *m);
  * round of its loop. */
 void sup_cork(supervisor *s);
 void sup_uncork(supervisor *s);
+/* As sup_send, for a message nobody waits for (Release, SessionClose): it
+ * rides with the next message to W, or goes at the next tick. */
+int sup_send_deferred(supervisor *s, int w, const Baton__V1__ConductorMessage *m);
+/* Whether such a message waits for the next tick. */
+bool sup_deferred(const supervisor *s);
 
 size_t sup_n_workers(const supervisor *s);
 const sup_worker *sup_worker_get(const supervisor *s, int w);

@@ -11,7 +11,15 @@
 typedef struct release_batch {
     uint64_t *ids;                /* owned */
     size_t n, cap;
+    uint64_t bytes;               /* the tensors' bytes, summed */
 } release_batch;
+
+/* A worker's Releases are held until this many ids or bytes wait, or the
+ * next tick: a decode loop frees a token's tensors at every iteration, and
+ * a Release each would cost both processes a message per token, for a
+ * few bytes of pool held a few milliseconds longer. */
+#define RELEASE_HOLD_IDS 64
+#define RELEASE_HOLD_BYTES (1u << 20)
 
 struct tensor_table {
     supervisor *sup;              /* borrowed */
@@ -91,6 +99,13 @@ ctensor *tt_add(tensor_table *tt, int sender, const Baton__V1__TensorRef *ref)
     uint64_t key = tt_key(id);
     ctensor *t = u64map_get(&tt->tensors, key);
     if (t) {
+        /* Its owner says where it lies: an input placed early was entered
+         * before its worker knew the offset (it answers only a failure),
+         * and a node that passes it through reports it here. */
+        if ((uint32_t)sender == ref->owner) {
+            t->pool = ref->pool;
+            t->offset = ref->offset;
+        }
         keep_bytes(t, ref);
         return t;
     }
@@ -138,7 +153,9 @@ void tt_fill_ref(const ctensor *t, Baton__V1__TensorRef *r)
 
 void tt_release(tensor_table *tt, rt_tensor t)
 {
-    ctensor_free(u64map_del(&tt->tensors, tt_key(t)));
+    ctensor *ct = u64map_del(&tt->tensors, tt_key(t));
+    uint64_t nbytes = ct ? ct->nbytes : 0;
+    ctensor_free(ct);
     if (t.worker < 0 || (size_t)t.worker >= tt->n_workers ||
         sup_worker_get(tt->sup, t.worker)->state == SUP_DOWN)
         return;
@@ -149,13 +166,17 @@ void tt_release(tensor_table *tt, rt_tensor t)
         return;
     }
     b->ids[b->n++] = t.id;
+    b->bytes += nbytes;
 }
 
-void tt_flush(tensor_table *tt)
+/* Sends the held Releases of each worker, all of them or those past the
+ * hold.  At the tick they are deferred (daemon/workers.h): they ride with
+ * the next message to their worker, or go at a later tick. */
+static void send_releases(tensor_table *tt, bool all)
 {
     for (size_t w = 0; w < tt->n_workers; w++) {
         release_batch *b = &tt->releases[w];
-        if (!b->n)
+        if (!b->n || (!all && b->n < RELEASE_HOLD_IDS && b->bytes < RELEASE_HOLD_BYTES))
             continue;
         Baton__V1__Release rel = BATON__V1__RELEASE__INIT;
         rel.n_tensor_ids = b->n;
@@ -164,9 +185,28 @@ void tt_flush(tensor_table *tt)
         m.msg_case = BATON__V1__CONDUCTOR_MESSAGE__MSG_RELEASE;
         m.release = &rel;
         if (sup_worker_get(tt->sup, (int)w)->state != SUP_DOWN)
-            sup_send(tt->sup, (int)w, &m);
+            (all ? sup_send_deferred : sup_send)(tt->sup, (int)w, &m);
         b->n = 0;
+        b->bytes = 0;
     }
+}
+
+void tt_flush(tensor_table *tt)
+{
+    send_releases(tt, false);
+}
+
+void tt_tick(tensor_table *tt)
+{
+    send_releases(tt, true);
+}
+
+bool tt_holding(const tensor_table *tt)
+{
+    for (size_t w = 0; w < tt->n_workers; w++)
+        if (tt->releases[w].n)
+            return true;
+    return false;
 }
 
 void tt_forget_worker(tensor_table *tt, int worker)
@@ -184,4 +224,5 @@ void tt_forget_worker(tensor_table *tt, int worker)
         free(doomed);
     }
     tt->releases[worker].n = 0;
+    tt->releases[worker].bytes = 0;
 }

@@ -2,8 +2,10 @@
  * must name (pool, offset, dtype, dims) and the inline bytes of a small
  * client-bound value.  An entry is made when a tensor is first reported by
  * its owner (a pass-through output names another worker's tensor) and
- * dropped when it is released.  Releases are batched per worker and sent by
- * tt_flush, one Release message per worker. */
+ * dropped when it is released.  Releases are batched per worker and held
+ * until 64 ids or 1 MiB wait for one worker (tt_flush sends those) or the
+ * conductor's next tick (tt_tick sends the rest), one Release message per
+ * worker. */
 #ifndef BATON_DAEMON_TENSORS_H
 #define BATON_DAEMON_TENSORS_H
 
@@ -49,8 +51,13 @@ void tt_fill_ref(const ctensor *t, Baton__V1__TensorRef *ref);
 
 /* Forgets T and queues its Release to its owner (unless the owner is down). */
 void tt_release(tensor_table *tt, rt_tensor t);
-/* Sends the queued Releases, one message per worker. */
+/* Sends the queued Releases of each worker past the hold, one message per
+ * worker. */
 void tt_flush(tensor_table *tt);
+/* Sends every queued Release (the conductor's tick). */
+void tt_tick(tensor_table *tt);
+/* Whether some Release is held for the next tick. */
+bool tt_holding(const tensor_table *tt);
 /* Forgets every tensor of lost worker W, and its queued Releases. */
 void tt_forget_worker(tensor_table *tt, int w);
 

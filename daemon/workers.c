@@ -10,10 +10,17 @@
 #include "common/status.h"
 #include "common/vec.h"
 
+/* Deferred messages wait for company at most this many to a worker. */
+#define DEFER_MAX 64
+
 /* A worker's messages packed while corked, in order. */
 typedef struct outbox {
     zmq_msg_t *msgs;              /* owned; each initialised */
+    bool *deferred;               /* per message: sent with the next other one */
     size_t n, cap;
+    size_t n_urgent;              /* messages not deferred */
+    bool aged;                    /* deferred ones waited through a tick */
+    bool flush;                   /* ... through two: the next uncork sends them */
 } outbox;
 
 struct worker_set {
@@ -59,6 +66,7 @@ void workers_destroy(worker_set *ws)
         for (size_t i = 0; i < ob->n; i++)
             zmq_msg_close(&ob->msgs[i]);
         free(ob->msgs);
+        free(ob->deferred);
     }
     free(ws->outboxes);
     free(ws->pending);
@@ -99,17 +107,29 @@ bool workers_live(const sup_worker *w)
 }
 
 /* Keeps M, packed, in worker W's outbox. */
-static int keep(worker_set *ws, int w, const Baton__V1__ConductorMessage *m)
+static int keep(worker_set *ws, int w, const Baton__V1__ConductorMessage *m, bool deferred)
 {
     outbox *ob = &ws->outboxes[w];
-    if (BT_RESERVE(ob->msgs, ob->n, ob->cap, 8) < 0)
+    size_t cap = ob->cap;
+    if (BT_RESERVE(ob->msgs, ob->n, cap, 8) < 0)
         return BT_ENOMEM;
+    if (cap != ob->cap) {
+        bool *d = realloc(ob->deferred, cap * sizeof(*d));
+        if (!d)
+            return BT_ENOMEM;
+        ob->deferred = d;
+        ob->cap = cap;
+    }
     zmq_msg_t *z = &ob->msgs[ob->n];
     if (zmq_msg_init_size(z, baton__v1__conductor_message__get_packed_size(m)) != 0)
         return BT_ENOMEM;
     baton__v1__conductor_message__pack(m, zmq_msg_data(z));
-    if (ob->n++ == 0)
+    ob->deferred[ob->n] = deferred;
+    ob->n_urgent += !deferred;
+    if (ob->n++ == 0) {
         ws->pending[ws->n_pending++] = w;
+        ob->aged = ob->flush = false;
+    }
     return 0;
 }
 
@@ -121,9 +141,14 @@ void workers_cork(worker_set *ws)
 void workers_uncork(worker_set *ws)
 {
     ws->corked = false;
+    size_t kept = 0;
     for (size_t p = 0; p < ws->n_pending; p++) {
         int w = ws->pending[p];
         outbox *ob = &ws->outboxes[w];
+        if (!ob->n_urgent && ob->n < DEFER_MAX && !ob->flush) {
+            ws->pending[kept++] = w; /* deferred only: they wait for company */
+            continue;
+        }
         const char *name = ws->workers[w].cfg->name;
         size_t i = 0;
         /* The ROUTER takes the frames of one message whole or not at all,
@@ -133,6 +158,8 @@ void workers_uncork(worker_set *ws)
                 if (zmq_msg_send(&ob->msgs[i], ws->socket,
                                  (i + 1 < ob->n ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) < 0)
                     break;
+            ws->workers[w].msgs_out += i;
+            ws->workers[w].zmq_out++;
         }
         if (i < ob->n)
             bt_warn("cannot send %zu messages to worker %s: %s", ob->n - i, name,
@@ -140,15 +167,56 @@ void workers_uncork(worker_set *ws)
         /* A sent message is closed by ZeroMQ; the rest are closed here. */
         for (; i < ob->n; i++)
             zmq_msg_close(&ob->msgs[i]);
-        ob->n = 0;
+        ob->n = ob->n_urgent = 0;
     }
-    ws->n_pending = 0;
+    ws->n_pending = kept;
+}
+
+int workers_send_deferred(worker_set *ws, int w, const Baton__V1__ConductorMessage *m)
+{
+    return ws->corked ? keep(ws, w, m, true) : workers_send(ws, w, m);
+}
+
+void workers_flush_deferred(worker_set *ws)
+{
+    for (size_t p = 0; p < ws->n_pending; p++) {
+        outbox *ob = &ws->outboxes[ws->pending[p]];
+        ob->flush = ob->aged;
+        ob->aged = true;
+    }
+}
+
+bool workers_deferred(const worker_set *ws)
+{
+    return ws->n_pending > 0;
+}
+
+void workers_drop_deferred(worker_set *ws, int w)
+{
+    outbox *ob = &ws->outboxes[w];
+    size_t k = 0;
+    for (size_t i = 0; i < ob->n; i++) {
+        if (ob->deferred[i]) {
+            zmq_msg_close(&ob->msgs[i]);
+            continue;
+        }
+        /* A zmq_msg_t may be moved only by zmq_msg_move. */
+        if (k != i) {
+            zmq_msg_init(&ob->msgs[k]);
+            zmq_msg_move(&ob->msgs[k], &ob->msgs[i]);
+            zmq_msg_close(&ob->msgs[i]);
+        }
+        ob->deferred[k++] = false;
+    }
+    ob->n = k;
+    /* An emptied outbox stays on the pending list; the uncork finds it
+     * empty and sends nothing. */
 }
 
 int workers_send(worker_set *ws, int worker, const Baton__V1__ConductorMessage *m)
 {
     if (ws->corked)
-        return keep(ws, worker, m);
+        return keep(ws, worker, m, false);
     size_t n = baton__v1__conductor_message__get_packed_size(m);
     uint8_t stackbuf[4096];
     uint8_t *buf = n <= sizeof(stackbuf) ? stackbuf : malloc(n);
@@ -161,6 +229,9 @@ int workers_send(worker_set *ws, int worker, const Baton__V1__ConductorMessage *
         zmq_send(ws->socket, buf, n, ZMQ_DONTWAIT) < 0) {
         bt_warn("cannot send to worker %s: %s", name, zmq_strerror(errno));
         rc = BT_EIO;
+    } else {
+        ws->workers[worker].msgs_out++;
+        ws->workers[worker].zmq_out++;
     }
     if (buf != stackbuf)
         free(buf);

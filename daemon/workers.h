@@ -71,6 +71,11 @@ typedef struct sup_worker {
     char *loads_text;
     /* supervisor.c. */
     bool told_to_restart;         /* external, lost, then heard from: Shutdown sent */
+    uint64_t msgs_in, zmq_in;     /* WorkerMessages read from it, and the ZeroMQ messages
+                                     that carried them (several when it corked); counters */
+    /* workers.c. */
+    uint64_t msgs_out, zmq_out;   /* ConductorMessages sent to it, and the ZeroMQ messages
+                                     that carried them; counters */
 } sup_worker;
 
 typedef struct worker_set worker_set;
@@ -105,6 +110,22 @@ int workers_send(worker_set *ws, int w, const Baton__V1__ConductorMessage *m);
  * separate messages each cost both processes a system call and a switch. */
 void workers_cork(worker_set *ws);
 void workers_uncork(worker_set *ws);
+/* As workers_send, for a message nobody waits for (a Release, a
+ * SessionClose): while corked it waits for the next other message to the
+ * same worker and goes in front of it, or for workers_flush_deferred, or
+ * for DEFER_MAX of its kind; so a request's closing messages, or a decode
+ * loop's Releases, cost no wake-up of their own, riding with the next
+ * Dispatch or Extend. */
+int workers_send_deferred(worker_set *ws, int w, const Baton__V1__ConductorMessage *m);
+/* The conductor's tick: deferred messages that waited through the tick
+ * before go at the next uncork (nothing waits more than two ticks); the
+ * others still get a tick's time to find company. */
+void workers_flush_deferred(worker_set *ws);
+/* Whether some deferred message waits. */
+bool workers_deferred(const worker_set *ws);
+/* Worker W was lost: its deferred messages go unsent, so that a restarted
+ * incarnation never hears of the tensors and sessions of the one before. */
+void workers_drop_deferred(worker_set *ws, int w);
 /* Tells worker W to exit, saying why (REASON). */
 void workers_send_shutdown(worker_set *ws, int w, const char *reason);
 

@@ -56,6 +56,11 @@ typedef struct conductor {
     int n_w;
     int to;   /* the worker c_send addresses */
     int from; /* the worker the last message came from */
+    /* The frames after the first of a worker's last ZeroMQ message (a
+     * worker sends what one round of its loop had as one message), each a
+     * WorkerMessage, handed out in order before the socket is read again. */
+    zmq_msg_t rest[64];
+    int n_rest, next_rest, rest_from;
     arena a;
 } conductor;
 
@@ -152,6 +157,8 @@ static int c_wait_exit(conductor *c, int i, int timeout_ms)
 static void c_stop(conductor *c)
 {
     live = NULL;
+    while (c->next_rest < c->n_rest)
+        zmq_msg_close(&c->rest[c->next_rest++]);
     for (int i = 0; i < c->n_w; i++) {
         if (c->w[i].pid > 0) {
             kill(c->w[i].pid, SIGKILL);
@@ -176,6 +183,15 @@ static void c_stop(conductor *c)
 /* The next message, heartbeats included; NULL after TIMEOUT_MS. */
 static wmsg *c_recv_any(conductor *c, int timeout_ms)
 {
+    if (c->next_rest < c->n_rest) {
+        zmq_msg_t *body = &c->rest[c->next_rest++];
+        c->from = c->rest_from;
+        wmsg *m = baton__v1__worker_message__unpack(NULL, zmq_msg_size(body), zmq_msg_data(body));
+        zmq_msg_close(body);
+        assert_non_null(m);
+        keep(c, m);
+        return m;
+    }
     zmq_pollitem_t it = {c->router, 0, ZMQ_POLLIN, 0};
     if (zmq_poll(&it, 1, timeout_ms) <= 0)
         return NULL;
@@ -185,12 +201,21 @@ static wmsg *c_recv_any(conductor *c, int timeout_ms)
     assert_true(zmq_msg_recv(&id, c->router, 0) >= 0);
     assert_true(zmq_msg_more(&id));
     assert_true(zmq_msg_recv(&body, c->router, 0) >= 0);
+    c->n_rest = c->next_rest = 0;
+    for (bool more = zmq_msg_more(&body); more;) {
+        assert_true(c->n_rest < 64);
+        zmq_msg_t *x = &c->rest[c->n_rest++];
+        zmq_msg_init(x);
+        assert_true(zmq_msg_recv(x, c->router, 0) >= 0);
+        more = zmq_msg_more(x);
+    }
     c->from = -1;
     for (int i = 0; i < c->n_w; i++)
         if (zmq_msg_size(&id) == strlen(c->w[i].name) &&
             memcmp(zmq_msg_data(&id), c->w[i].name, zmq_msg_size(&id)) == 0)
             c->from = i;
     assert_true(c->from >= 0);
+    c->rest_from = c->from;
     wmsg *m = baton__v1__worker_message__unpack(NULL, zmq_msg_size(&body), zmq_msg_data(&body));
     zmq_msg_close(&id);
     zmq_msg_close(&body);
