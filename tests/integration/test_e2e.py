@@ -570,6 +570,39 @@ def test_strict_door(d, c):
     assert r.status.code == pb.OK and as_i32(r.outputs[0]) == [42]
 
 
+def worker_messages(d, worker, direction, zmq=False):
+    name = "baton_worker_zmq_messages_total" if zmq else "baton_worker_messages_total"
+    v = d.metric(name, 'worker="%s",direction="%s"' % (worker, direction))
+    assert v is not None, name
+    return v
+
+
+def test_messages_batched(d, c):
+    """One-node requests one after another: each request's Put and Dispatch
+    leave the conductor as one ZeroMQ message, and its Release and
+    SessionClose ride with a later one; the worker answers a Put whose id
+    the conductor chose only when it fails.  Counts messages, not time: at
+    worst (a slow machine, the closing messages going at the tick) there
+    are two ZeroMQ messages a request for four protocol messages."""
+    n = 40
+    keys = [("to_worker", False), ("to_worker", True), ("from_worker", False)]
+    before = {k: worker_messages(d, "cpu0", *k) for k in keys}
+    t0 = time.time()
+    for i in range(n):
+        _, r = c.infer("echo", X(i, -i))
+        assert r.status.code == pb.OK, r.status
+        assert as_i32(r.outputs[0]) == [i, -i]
+    heartbeats = int(time.time() - t0) + 2
+    after = {k: worker_messages(d, "cpu0", *k) for k in keys}
+    sent = after[("to_worker", False)] - before[("to_worker", False)]
+    zsent = after[("to_worker", True)] - before[("to_worker", True)]
+    got = after[("from_worker", False)] - before[("from_worker", False)]
+    assert sent >= 2 * n, sent  # a Put and a Dispatch each, at least
+    assert 2 * zsent <= sent, (zsent, sent)
+    # A Done each, and the heartbeats of the time it took; no Placed.
+    assert n <= got <= n + heartbeats, (got, n, heartbeats)
+
+
 def test_stats_and_metrics(d, c):
     m = pb.ClientMessage()
     m.stats.SetInParent()
@@ -858,7 +891,7 @@ TESTS = [test_echo, test_hop_across_workers, test_large_tensor_fetched, test_fan
          test_cancel, test_deferred_turns, test_duplicate_id, test_hostile_inputs, test_strict_door, test_admission,
          test_stats_and_metrics, test_metrics_listener_cannot_stall, test_http_health,
          test_terminal_ctrl_c_drains, test_second_batond_refused, test_seed_drawn_and_reported,
-         test_metrics_text_is_valid, test_load_many_sockets,
+         test_metrics_text_is_valid, test_load_many_sockets, test_messages_batched,
          test_worker_killed_under_load]
 
 
