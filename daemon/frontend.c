@@ -65,6 +65,8 @@ struct frontend {
     dl_heap deadlines;
     uint64_t next_key;
     uint64_t next_put_tensor;     /* ids of early puts, chosen here (top bit set) */
+    uint64_t seed_state;          /* drawn once; each request's default seed is mixed from
+                                     it (a getrandom call per request cost a system call) */
     replicas *rs;                 /* borrowed: a replicated consumer's pick */
     int **input_node;             /* per graph, per input: entity of its first consumer, -1 */
     uint8_t **input_local;        /* per graph, per input: every consumer runs where that one
@@ -636,9 +638,8 @@ static front_request *request_create(frame *dr, const graph *g, const Baton__V1_
      * and the response reports the seed drawn so that a run can be
      * repeated. */
     if (r->params.seed == 0) {
-        if (getrandom(&r->params.seed, sizeof(r->params.seed), GRND_NONBLOCK) !=
-            (ssize_t)sizeof(r->params.seed))
-            r->params.seed = bt_now_us() * UINT64_C(0x9E3779B97F4A7C15);
+        f->seed_state += UINT64_C(0x9E3779B97F4A7C15);
+        r->params.seed = u64map_mix(f->seed_state);
         if (r->params.seed == 0)
             r->params.seed = 1;
     }
@@ -984,6 +985,9 @@ int front_create(const front_options *opt, const front_hooks *hooks, frontend **
 {
     *out = NULL;
     frontend *f = calloc(1, sizeof(*f));
+    if (f && getrandom(&f->seed_state, sizeof(f->seed_state), GRND_NONBLOCK) !=
+                 (ssize_t)sizeof(f->seed_state))
+        f->seed_state = bt_now_us() * UINT64_C(0x9E3779B97F4A7C15);
     if (!f)
         return BT_ENOMEM;
     f->gs = opt->gs;
