@@ -110,6 +110,16 @@ static int send_frame(outbound *o, const uint8_t *identity, size_t identity_len,
     return 0;
 }
 
+/* ZeroMQ learns that a reader made room from a command it handles only
+ * inside its own calls (a send checks for commands at most about once a
+ * millisecond): asking for the socket's events makes it read them now. */
+static void process_commands(outbound *o)
+{
+    int events = 0;
+    size_t len = sizeof(events);
+    (void)zmq_getsockopt(o->socket, ZMQ_EVENTS, &events, &len);
+}
+
 /* Sends C's backlog on as far as ZeroMQ takes it; a client that went away
  * loses all of it. */
 static void flush_client(outbound *o, cl_client *c, uint64_t now_ms)
@@ -128,13 +138,7 @@ bool out_flush_backlogs(outbound *o, uint64_t now_ms)
 {
     if (!o->clients.waiting)
         return false;
-    /* ZeroMQ learns that a reader made room from a command it handles
-     * only inside its own calls (a send checks for commands at most about
-     * once a millisecond): ask for the socket's events so that it reads
-     * them now. */
-    int events = 0;
-    size_t len = sizeof(events);
-    (void)zmq_getsockopt(o->socket, ZMQ_EVENTS, &events, &len);
+    process_commands(o);
     for (cl_client *c = o->clients.waiting, *next; c; c = next) {
         next = c->wait_next;
         flush_client(o, c, now_ms);
@@ -157,8 +161,18 @@ void out_send(outbound *o, const uint8_t *identity, size_t identity_len,
     /* Behind what already waits, to keep each client's order; what waits
      * goes first if ZeroMQ takes it now. */
     cl_client *c = cl_find(&o->clients, identity, identity_len);
-    if (c && c->n_backlog)
+    if (c && c->n_backlog) {
         flush_client(o, c, now);
+        /* A burst of worker messages handled in one round can outrun the
+         * pipe many times over, and ZeroMQ learns that the client made
+         * room only from a command it reads in its own calls: every 16
+         * replies kept, have it read them and try again, rather than let
+         * the whole round's replies wait for its end. */
+        if (c->n_backlog && c->n_backlog % 16 == 0) {
+            process_commands(o);
+            flush_client(o, c, now);
+        }
+    }
     if (c && c->n_backlog) {
         cl_backlog_push(&o->clients, c, f, now);
         return;

@@ -17,6 +17,7 @@
  * checks what it measures: the streamed tokens must be exactly 0..N-1, in
  * order, with seq 0..N-1, then one OK response. */
 #include <inttypes.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -57,19 +58,24 @@ static double stat_sum(baton_client *c, const char *name)
         return -1;
     }
     double sum = 0;
+    bool found = false;
     size_t n = strlen(name);
     for (const char *l = ev->text; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
         if (strncmp(l, name, n) != 0 || l[n] != '{')
             continue;
         const char *v = strchr(l, '}');
-        if (v)
+        if (v) {
             sum += strtod(v + 1, NULL);
+            found = true;
+        }
     }
     baton_client_event_free(ev);
-    return sum;
+    /* A daemon without the counters (an older build): no figure. */
+    return found ? sum : -1;
 }
 
-/* Both message counts of D's conductor, into MSGS and ZMQS. */
+/* Both message counts of the conductor C talks to, into MSGS and ZMQS
+ * (-1 each when it has no such counter). */
 static void count_messages(baton_client *c, double *msgs, double *zmqs)
 {
     *msgs = stat_sum(c, "baton_worker_messages_total");
@@ -164,6 +170,15 @@ out:
 static double med(const double *v, int n)
 {
     return bench_median(v, (size_t)n);
+}
+
+/* V with three decimals into BUF, or null when it was not measured. */
+static const char *json_num(char *buf, double v)
+{
+    if (isnan(v))
+        return "null";
+    snprintf(buf, 32, "%.3f", v);
+    return buf;
 }
 
 static void json_runs(FILE *f, const char *name, const double *v, int n)
@@ -272,8 +287,8 @@ static int run_chat(const bench_opts *o, chat_result *res)
         res->tokens[r] = n;
         res->tok_s[r] = n / (us / 1e6);
         res->cpu_us[r] = (double)(c1.cpu_ns - c0.cpu_ns) / 1e3 / n;
-        res->msgs[r] = (m1 - m0) / n;
-        res->zmqs[r] = (z1 - z0) / n;
+        res->msgs[r] = m0 < 0 ? NAN : (m1 - m0) / n;
+        res->zmqs[r] = z0 < 0 ? NAN : (z1 - z0) / n;
     }
     res->ran = true;
     rc = 0;
@@ -333,8 +348,8 @@ int main(int argc, char **argv)
             bench_cpu_read(md[i].d.pid, &c1);
             bench_cpu_read(md[i].worker, &w1);
             count_messages(md[i].client, &m1, &z1);
-            md[i].msgs[r] = (m1 - m0) / ITERS;
-            md[i].zmqs[r] = (z1 - z0) / ITERS;
+            md[i].msgs[r] = m0 < 0 ? NAN : (m1 - m0) / ITERS;
+            md[i].zmqs[r] = z0 < 0 ? NAN : (z1 - z0) / ITERS;
             md[i].single[r] = ITERS / (us / 1e6);
             md[i].first_ms[r] = first / 1e3;
             md[i].cpu_cond[r] = (double)(c1.cpu_ns - c0.cpu_ns) / 1e3 / ITERS;
@@ -402,7 +417,8 @@ int main(int argc, char **argv)
         printf("conductor CPU per token, us   %6.2f  (target <= 10: %s)\n", cpu,
                cpu <= 10 ? "met" : "MISSED");
         printf("messages per token            %6.2f  (conductor<->worker, both ways; target "
-               "<= 2: %s)\n", msgs, msgs <= 2 ? "met" : "MISSED");
+               "<= 2: %s)\n", msgs, isnan(msgs) ? "n/a: the daemon does not count them"
+                                   : msgs <= 2 ? "met" : "MISSED");
         printf("ZeroMQ messages per token     %6.2f\n", med(ch.zmqs, ch.runs));
     }
 
@@ -410,6 +426,7 @@ int main(int argc, char **argv)
     if (f) {
         fprintf(f, "{\n  \"benchmark\": \"decode\",\n  ");
         bench_json_machine(f);
+        char b1[32], b2[32];
         fprintf(f, ",\n  \"params\": {\"iterations\": %d, \"runs\": %d, \"concurrent\": %d, "
                 "\"concurrent_runs\": %d},\n  \"modes\": {\n", ITERS, runs, CONC, conc_runs);
         for (int i = 0; i < N_MODES; i++) {
@@ -417,12 +434,12 @@ int main(int argc, char **argv)
             fprintf(f, "    \"%s\": {\"speculation_window\": %d, \"diagnostic\": %s, "
                     "\"iters_per_s\": %.0f, \"us_per_iter\": %.2f, \"first_token_ms\": %.3f, "
                     "\"iters_per_s_x%d\": %.0f, \"conductor_cpu_us_per_iter\": %.2f, "
-                    "\"worker_cpu_us_per_iter\": %.2f, \"messages_per_iter\": %.3f, "
-                    "\"zmq_messages_per_iter\": %.3f,\n      \"runs\": {",
+                    "\"worker_cpu_us_per_iter\": %.2f, \"messages_per_iter\": %s, "
+                    "\"zmq_messages_per_iter\": %s,\n      \"runs\": {",
                     m->key, m->window, m->diagnostic ? "true" : "false", med(m->single, runs),
                     1e6 / med(m->single, runs), med(m->first_ms, runs), CONC,
                     med(m->conc, conc_runs), med(m->cpu_cond, runs), med(m->cpu_work, runs),
-                    med(m->msgs, runs), med(m->zmqs, runs));
+                    json_num(b1, med(m->msgs, runs)), json_num(b2, med(m->zmqs, runs)));
             json_runs(f, "iters_per_s", m->single, runs);
             fprintf(f, ", ");
             json_runs(f, "iters_per_s_concurrent", m->conc, conc_runs);
@@ -438,10 +455,11 @@ int main(int argc, char **argv)
         if (ch.ran)
             fprintf(f, "  \"chat\": {\"decode_iterations\": %d, \"runs\": %d, "
                     "\"tokens_per_request\": %.0f, \"tokens_per_s\": %.1f, "
-                    "\"conductor_cpu_us_per_token\": %.2f, \"messages_per_token\": %.3f, "
-                    "\"zmq_messages_per_token\": %.3f},\n",
+                    "\"conductor_cpu_us_per_token\": %.2f, \"messages_per_token\": %s, "
+                    "\"zmq_messages_per_token\": %s},\n",
                     CHAT_TOKENS, ch.runs, med(ch.tokens, ch.runs), med(ch.tok_s, ch.runs),
-                    med(ch.cpu_us, ch.runs), med(ch.msgs, ch.runs), med(ch.zmqs, ch.runs));
+                    med(ch.cpu_us, ch.runs), json_num(b1, med(ch.msgs, ch.runs)),
+                    json_num(b2, med(ch.zmqs, ch.runs)));
         else
             fprintf(f, "  \"chat\": {\"skipped\": \"%s\"},\n", ch.why);
         fprintf(f, "  \"tokens_checked\": true\n}\n");
