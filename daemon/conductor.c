@@ -577,8 +577,13 @@ static void on_tick(evloop *l, void *arg)
     (void)l;
     conductor *c = arg;
     uint64_t expirations;
-    if (read(c->timerfd, &expirations, sizeof(expirations)) < 0)
+    if (read(c->timerfd, &expirations, sizeof(expirations)) < 0) {
+        /* Not expired after all (EAGAIN): it is still armed.  Anything
+         * else must not leave the daemon without a tick. */
+        if (errno != EAGAIN)
+            arm_tick(c, bt_now_ms() + TICK_BUSY_MS);
         return;
+    }
     uint64_t now = bt_now_ms();
     c->next_tick_ms = UINT64_MAX;
     front_tick(c->front, now);
@@ -967,14 +972,24 @@ int conductor_run(conductor *c)
             c->cfg->daemon.workers_endpoint);
     sup_start(c->sup);
     bool notified = false, backlogged = false;
+    long backlog_poll_ms = 1;
+    uint64_t last_backlog_bytes = 0;
     while (!c->done) {
         /* While a reply waits for room in a client's pipe, the loop looks
-         * again within a millisecond rather than at the next tick. */
+         * again within a millisecond rather than at the next tick; a
+         * backlog that does not move is looked at less and less often (up
+         * to 16 ms), since a client that stopped reading may take
+         * client_stall_timeout_ms to be dropped. */
         sup_cork(c->sup);
-        int rc = evloop_run_once(c->loop, backlogged ? 1 : 1000);
+        int rc = evloop_run_once(c->loop, backlogged ? backlog_poll_ms : 1000);
         sup_uncork(c->sup);
         if (rc >= 0)
             backlogged = out_flush_backlogs(c->out, bt_now_ms());
+        uint64_t bl = out_clients(c->out)->backlog_bytes;
+        backlog_poll_ms = backlogged && bl == last_backlog_bytes
+                              ? (backlog_poll_ms < 16 ? backlog_poll_ms * 2 : 16)
+                              : 1;
+        last_backlog_bytes = bl;
         retime_tick(c);
         if (rc < 0) {
             /* A loop that cannot poll serves nobody: the error must reach

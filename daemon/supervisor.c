@@ -48,10 +48,6 @@ void sup_cork(supervisor *s)
     workers_cork(s->ws);
 }
 
-void sup_uncork(supervisor *s)
-{
-    workers_uncork(s->ws);
-}
 
 int sup_send_deferred(supervisor *s, int worker, const Baton__V1__ConductorMessage *m)
 {
@@ -118,6 +114,20 @@ static void take_down(supervisor *s, sup_worker *x, const char *why)
         worker_lost(s, x, why);
         x->state = SUP_STARTING;
         x->restarts++;
+    }
+}
+
+void sup_uncork(supervisor *s)
+{
+    const int *failed;
+    size_t n = workers_uncork(s->ws, &failed);
+    /* A corked message that could not go is known only now: the worker
+     * is unreachable (the ROUTER has no route to it), and what it holds
+     * is gone with it, as when a send failed at once. */
+    for (size_t i = 0; i < n; i++) {
+        sup_worker *x = workers_at(s->ws, failed[i]);
+        if (workers_live(x))
+            take_down(s, x, "the conductor could not send to it");
     }
 }
 

@@ -104,7 +104,9 @@ void sup_tick(supervisor *s, uint64_t now_ms);
 int sup_send(supervisor *s, int w, const Baton__V1__ConductorMessage *m);
 /* Between the two, what sup_send is given for a worker is kept and then
  * sent as one ZeroMQ message (daemon/workers.h): the conductor corks each
- * round of its loop. */
+ * round of its loop.  A worker that cannot be sent to at the uncork is
+ * taken down (declared lost; a spawned one is killed and restarted, an
+ * external one told to restart). */
 void sup_cork(supervisor *s);
 void sup_uncork(supervisor *s);
 /* As sup_send, for a message nobody waits for (Release, SessionClose): it

@@ -29,8 +29,10 @@ struct worker_set {
     void *socket;                 /* the worker ROUTER; borrowed */
     bool corked;                  /* workers_send keeps messages in the outboxes */
     outbox *outboxes;             /* one per worker; owned */
-    int *pending;                 /* the workers with a non-empty outbox, in no order */
+    int *pending;                 /* the workers with a non-empty outbox, each once */
     size_t n_pending;
+    int *failed;                  /* workers the last uncork could not send to */
+    size_t n_failed;
 };
 
 int workers_create(const cfg_config *cfg, void *socket, worker_set **out)
@@ -44,7 +46,8 @@ int workers_create(const cfg_config *cfg, void *socket, worker_set **out)
     ws->workers = calloc(ws->n + 1, sizeof(*ws->workers));
     ws->outboxes = calloc(ws->n + 1, sizeof(*ws->outboxes));
     ws->pending = calloc(ws->n + 1, sizeof(*ws->pending));
-    if (!ws->workers || !ws->outboxes || !ws->pending) {
+    ws->failed = calloc(ws->n + 1, sizeof(*ws->failed));
+    if (!ws->workers || !ws->outboxes || !ws->pending || !ws->failed) {
         workers_destroy(ws);
         return BT_ENOMEM;
     }
@@ -70,6 +73,7 @@ void workers_destroy(worker_set *ws)
     }
     free(ws->outboxes);
     free(ws->pending);
+    free(ws->failed);
     free(ws->workers);
     free(ws);
 }
@@ -138,13 +142,16 @@ void workers_cork(worker_set *ws)
     ws->corked = true;
 }
 
-void workers_uncork(worker_set *ws)
+size_t workers_uncork(worker_set *ws, const int **failed)
 {
     ws->corked = false;
+    ws->n_failed = 0;
     size_t kept = 0;
     for (size_t p = 0; p < ws->n_pending; p++) {
         int w = ws->pending[p];
         outbox *ob = &ws->outboxes[w];
+        if (!ob->n)
+            continue; /* emptied by workers_drop_deferred: no identity frame alone */
         if (!ob->n_urgent && ob->n < DEFER_MAX && !ob->flush) {
             ws->pending[kept++] = w; /* deferred only: they wait for company */
             continue;
@@ -161,15 +168,19 @@ void workers_uncork(worker_set *ws)
             ws->workers[w].msgs_out += i;
             ws->workers[w].zmq_out++;
         }
-        if (i < ob->n)
+        if (i < ob->n) {
             bt_warn("cannot send %zu messages to worker %s: %s", ob->n - i, name,
                     zmq_strerror(errno));
+            ws->failed[ws->n_failed++] = w;
+        }
         /* A sent message is closed by ZeroMQ; the rest are closed here. */
         for (; i < ob->n; i++)
             zmq_msg_close(&ob->msgs[i]);
         ob->n = ob->n_urgent = 0;
     }
     ws->n_pending = kept;
+    *failed = ws->failed;
+    return ws->n_failed;
 }
 
 int workers_send_deferred(worker_set *ws, int w, const Baton__V1__ConductorMessage *m)
@@ -209,8 +220,14 @@ void workers_drop_deferred(worker_set *ws, int w)
         ob->deferred[k++] = false;
     }
     ob->n = k;
-    /* An emptied outbox stays on the pending list; the uncork finds it
-     * empty and sends nothing. */
+    /* An emptied outbox leaves the pending list: a worker is on it only
+     * while it has messages, so that a later one puts it there once. */
+    if (k == 0)
+        for (size_t p = 0; p < ws->n_pending; p++)
+            if (ws->pending[p] == w) {
+                ws->pending[p] = ws->pending[--ws->n_pending];
+                break;
+            }
 }
 
 int workers_send(worker_set *ws, int worker, const Baton__V1__ConductorMessage *m)

@@ -109,7 +109,10 @@ int workers_send(worker_set *ws, int w, const Baton__V1__ConductorMessage *m);
  * Releases and SessionClose, the Extends of a burst of Dones), where
  * separate messages each cost both processes a system call and a switch. */
 void workers_cork(worker_set *ws);
-void workers_uncork(worker_set *ws);
+/* Sends what the outboxes hold (see workers_send_deferred) and returns
+ * how many workers it could not send to, their indices in *FAILED
+ * (valid until the next uncork): a worker the ROUTER has no route to. */
+size_t workers_uncork(worker_set *ws, const int **failed);
 /* As workers_send, for a message nobody waits for (a Release, a
  * SessionClose): while corked it waits for the next other message to the
  * same worker and goes in front of it, or for workers_flush_deferred, or

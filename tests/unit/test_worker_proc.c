@@ -59,7 +59,7 @@ typedef struct conductor {
     /* The frames after the first of a worker's last ZeroMQ message (a
      * worker sends what one round of its loop had as one message), each a
      * WorkerMessage, handed out in order before the socket is read again. */
-    zmq_msg_t rest[64];
+    zmq_msg_t rest[1024];
     int n_rest, next_rest, rest_from;
     arena a;
 } conductor;
@@ -203,7 +203,7 @@ static wmsg *c_recv_any(conductor *c, int timeout_ms)
     assert_true(zmq_msg_recv(&body, c->router, 0) >= 0);
     c->n_rest = c->next_rest = 0;
     for (bool more = zmq_msg_more(&body); more;) {
-        assert_true(c->n_rest < 64);
+        assert_true(c->n_rest < 1024);
         zmq_msg_t *x = &c->rest[c->n_rest++];
         zmq_msg_init(x);
         assert_true(zmq_msg_recv(x, c->router, 0) >= 0);
