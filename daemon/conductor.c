@@ -564,10 +564,9 @@ static uint64_t tick_due(const conductor *c, uint64_t now_ms)
 
 /* After a round of the loop: a new deadline, or something now held for the
  * tick, may want it sooner than it is set. */
-static void retime_tick(conductor *c)
+static void retime_tick(conductor *c, uint64_t now_ms)
 {
-    uint64_t now = bt_now_ms();
-    uint64_t at = tick_due(c, now);
+    uint64_t at = tick_due(c, now_ms);
     if (at < c->next_tick_ms)
         arm_tick(c, at);
 }
@@ -971,26 +970,19 @@ int conductor_run(conductor *c)
     bt_info("listening on %s, workers on %s", c->cfg->daemon.listen,
             c->cfg->daemon.workers_endpoint);
     sup_start(c->sup);
-    bool notified = false, backlogged = false;
-    long backlog_poll_ms = 1;
-    uint64_t last_backlog_bytes = 0;
+    bool notified = false;
+    long backlog_poll_ms = -1;
     while (!c->done) {
         /* While a reply waits for room in a client's pipe, the loop looks
-         * again within a millisecond rather than at the next tick; a
-         * backlog that does not move is looked at less and less often (up
-         * to 16 ms), since a client that stopped reading may take
-         * client_stall_timeout_ms to be dropped. */
+         * again soon (out_flush_backlogs says how soon) rather than at the
+         * next tick. */
         sup_cork(c->sup);
-        int rc = evloop_run_once(c->loop, backlogged ? backlog_poll_ms : 1000);
+        int rc = evloop_run_once(c->loop, backlog_poll_ms >= 0 ? backlog_poll_ms : 1000);
         sup_uncork(c->sup);
+        uint64_t now = bt_now_ms();
         if (rc >= 0)
-            backlogged = out_flush_backlogs(c->out, bt_now_ms());
-        uint64_t bl = out_clients(c->out)->backlog_bytes;
-        backlog_poll_ms = backlogged && bl == last_backlog_bytes
-                              ? (backlog_poll_ms < 16 ? backlog_poll_ms * 2 : 16)
-                              : 1;
-        last_backlog_bytes = bl;
-        retime_tick(c);
+            backlog_poll_ms = out_flush_backlogs(c->out, now);
+        retime_tick(c, now);
         if (rc < 0) {
             /* A loop that cannot poll serves nobody: the error must reach
              * the exit status, so that systemd (Restart=on-failure) or

@@ -985,11 +985,11 @@ int front_create(const front_options *opt, const front_hooks *hooks, frontend **
 {
     *out = NULL;
     frontend *f = calloc(1, sizeof(*f));
-    if (f && getrandom(&f->seed_state, sizeof(f->seed_state), GRND_NONBLOCK) !=
-                 (ssize_t)sizeof(f->seed_state))
-        f->seed_state = bt_now_us() * UINT64_C(0x9E3779B97F4A7C15);
     if (!f)
         return BT_ENOMEM;
+    if (getrandom(&f->seed_state, sizeof(f->seed_state), GRND_NONBLOCK) !=
+        (ssize_t)sizeof(f->seed_state))
+        f->seed_state = bt_now_us() * UINT64_C(0x9E3779B97F4A7C15);
     f->gs = opt->gs;
     f->socket = opt->socket;
     f->out = opt->out;

@@ -60,6 +60,9 @@ struct outbound {
     tensor_table *tt;             /* borrowed */
     metrics *m;                   /* borrowed */
     cl_table clients;             /* the backlogs of clients that do not read */
+    long backlog_poll_ms;         /* how soon the loop looks at a backlog again: 1 when
+                                     the backlogs changed, doubling to 16 while not */
+    uint64_t last_backlog_bytes;  /* clients.backlog_bytes at the last look */
 };
 
 outbound *out_create(void *socket, const graph_set *gs, supervisor *sup, tensor_table *tt,
@@ -134,16 +137,30 @@ static void flush_client(outbound *o, cl_client *c, uint64_t now_ms)
     }
 }
 
-bool out_flush_backlogs(outbound *o, uint64_t now_ms)
+long out_flush_backlogs(outbound *o, uint64_t now_ms)
 {
-    if (!o->clients.waiting)
-        return false;
-    process_commands(o);
-    for (cl_client *c = o->clients.waiting, *next; c; c = next) {
-        next = c->wait_next;
-        flush_client(o, c, now_ms);
+    if (o->clients.waiting) {
+        process_commands(o);
+        for (cl_client *c = o->clients.waiting, *next; c; c = next) {
+            next = c->wait_next;
+            flush_client(o, c, now_ms);
+        }
     }
-    return o->clients.waiting != NULL;
+    if (!o->clients.waiting) {
+        o->backlog_poll_ms = 0; /* the next backlog starts afresh */
+        o->last_backlog_bytes = 0;
+        return -1;
+    }
+    /* A client that stopped reading may take client_stall_timeout_ms to
+     * be dropped: a backlog that did not change since the last look (no
+     * reply left it, none joined it) is looked at less and less often. */
+    uint64_t bl = o->clients.backlog_bytes;
+    if (bl != o->last_backlog_bytes || !o->backlog_poll_ms)
+        o->backlog_poll_ms = 1;
+    else if (o->backlog_poll_ms < 16)
+        o->backlog_poll_ms *= 2;
+    o->last_backlog_bytes = bl;
+    return o->backlog_poll_ms;
 }
 
 void out_send(outbound *o, const uint8_t *identity, size_t identity_len,

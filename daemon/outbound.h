@@ -81,12 +81,14 @@ void out_send(outbound *o, const uint8_t *identity, size_t identity_len,
  * nothing any more (the 10 ms tick). */
 void out_tick(outbound *o, uint64_t now_ms);
 /* Sends the backlogs on as far as ZeroMQ takes them, walking only the
- * clients that have one; true when some reply still waits.  The conductor
- * calls it after every round of its loop and polls with a short timeout
- * while it returns true: a client that reads as fast as replies come must
- * not wait for the tick, or a stream bursting past the pipe's high-water
- * mark would run at one pipe's worth of messages per tick. */
-bool out_flush_backlogs(outbound *o, uint64_t now_ms);
+ * clients that have one.  Returns -1 when no reply waits any more, else
+ * the milliseconds within which to look again: 1 after progress, growing
+ * to 16 while none moves.  The conductor calls it after every round of
+ * its loop and polls with that timeout: a client that reads as fast as
+ * replies come must not wait for the tick, or a stream bursting past the
+ * pipe's high-water mark would run at one pipe's worth of messages per
+ * tick. */
+long out_flush_backlogs(outbound *o, uint64_t now_ms);
 /* The client table (borrowed; the frontend counts requests in it). */
 cl_table *out_clients(outbound *o);
 /* Drops client C (its backlog with it) and counts it in the metrics. */

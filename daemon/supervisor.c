@@ -43,12 +43,6 @@ int sup_send(supervisor *s, int worker, const Baton__V1__ConductorMessage *m)
     return workers_send(s->ws, worker, m);
 }
 
-void sup_cork(supervisor *s)
-{
-    workers_cork(s->ws);
-}
-
-
 int sup_send_deferred(supervisor *s, int worker, const Baton__V1__ConductorMessage *m)
 {
     return workers_send_deferred(s->ws, worker, m);
@@ -115,6 +109,11 @@ static void take_down(supervisor *s, sup_worker *x, const char *why)
         x->state = SUP_STARTING;
         x->restarts++;
     }
+}
+
+void sup_cork(supervisor *s)
+{
+    workers_cork(s->ws);
 }
 
 void sup_uncork(supervisor *s)

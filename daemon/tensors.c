@@ -26,6 +26,7 @@ struct tensor_table {
     u64map tensors;               /* tt_key -> ctensor (owned) */
     release_batch *releases;      /* per worker */
     size_t n_workers;
+    size_t n_held;                /* ids held over every worker's batch */
 };
 
 uint64_t tt_key(rt_tensor t)
@@ -167,6 +168,7 @@ void tt_release(tensor_table *tt, rt_tensor t)
     }
     b->ids[b->n++] = t.id;
     b->bytes += nbytes;
+    tt->n_held++;
 }
 
 /* Sends the held Releases of each worker, all of them or those past the
@@ -186,6 +188,7 @@ static void send_releases(tensor_table *tt, bool all)
         m.release = &rel;
         if (sup_worker_get(tt->sup, (int)w)->state != SUP_DOWN)
             (all ? sup_send_deferred : sup_send)(tt->sup, (int)w, &m);
+        tt->n_held -= b->n;
         b->n = 0;
         b->bytes = 0;
     }
@@ -203,10 +206,7 @@ void tt_tick(tensor_table *tt)
 
 bool tt_holding(const tensor_table *tt)
 {
-    for (size_t w = 0; w < tt->n_workers; w++)
-        if (tt->releases[w].n)
-            return true;
-    return false;
+    return tt->n_held > 0;
 }
 
 void tt_forget_worker(tensor_table *tt, int worker)
@@ -223,6 +223,7 @@ void tt_forget_worker(tensor_table *tt, int worker)
             ctensor_free(u64map_del(&tt->tensors, doomed[i]));
         free(doomed);
     }
+    tt->n_held -= tt->releases[worker].n;
     tt->releases[worker].n = 0;
     tt->releases[worker].bytes = 0;
 }

@@ -13,10 +13,15 @@
 /* Deferred messages wait for company at most this many to a worker. */
 #define DEFER_MAX 64
 
+/* One message packed while corked. */
+typedef struct kept_msg {
+    zmq_msg_t msg;                /* initialised; owned until sent */
+    bool deferred;                /* it waits for the next other message */
+} kept_msg;
+
 /* A worker's messages packed while corked, in order. */
 typedef struct outbox {
-    zmq_msg_t *msgs;              /* owned; each initialised */
-    bool *deferred;               /* per message: sent with the next other one */
+    kept_msg *msgs;               /* owned */
     size_t n, cap;
     size_t n_urgent;              /* messages not deferred */
     bool aged;                    /* deferred ones waited through a tick */
@@ -67,9 +72,8 @@ void workers_destroy(worker_set *ws)
     for (size_t w = 0; ws->outboxes && w < ws->n; w++) {
         outbox *ob = &ws->outboxes[w];
         for (size_t i = 0; i < ob->n; i++)
-            zmq_msg_close(&ob->msgs[i]);
+            zmq_msg_close(&ob->msgs[i].msg);
         free(ob->msgs);
-        free(ob->deferred);
     }
     free(ws->outboxes);
     free(ws->pending);
@@ -110,25 +114,48 @@ bool workers_live(const sup_worker *w)
     return w->state == SUP_LOADING || w->state == SUP_READY;
 }
 
+/* M packed into Z (initialised by this); 0 or BT_ENOMEM. */
+static int pack(zmq_msg_t *z, const Baton__V1__ConductorMessage *m)
+{
+    if (zmq_msg_init_size(z, baton__v1__conductor_message__get_packed_size(m)) != 0)
+        return BT_ENOMEM;
+    baton__v1__conductor_message__pack(m, zmq_msg_data(z));
+    return 0;
+}
+
+/* Sends worker W the N messages MSGS[i].msg as the frames of one ZeroMQ
+ * message after its identity; closes those that did not go.  True when
+ * all went. */
+static bool send_frames(worker_set *ws, int w, kept_msg *msgs, size_t n)
+{
+    const char *name = ws->workers[w].cfg->name;
+    size_t i = 0;
+    /* The ROUTER takes the frames of one message whole or not at all, as
+     * it does the identity frame and one body. */
+    if (zmq_send(ws->socket, name, strlen(name), ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0) {
+        for (; i < n; i++)
+            if (zmq_msg_send(&msgs[i].msg, ws->socket,
+                             (i + 1 < n ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) < 0)
+                break;
+        ws->workers[w].msgs_out += i;
+        ws->workers[w].zmq_out++;
+    }
+    if (i == n)
+        return true;
+    bt_warn("cannot send %zu messages to worker %s: %s", n - i, name, zmq_strerror(errno));
+    /* A sent message is closed by ZeroMQ; the rest are closed here. */
+    for (; i < n; i++)
+        zmq_msg_close(&msgs[i].msg);
+    return false;
+}
+
 /* Keeps M, packed, in worker W's outbox. */
 static int keep(worker_set *ws, int w, const Baton__V1__ConductorMessage *m, bool deferred)
 {
     outbox *ob = &ws->outboxes[w];
-    size_t cap = ob->cap;
-    if (BT_RESERVE(ob->msgs, ob->n, cap, 8) < 0)
+    if (BT_RESERVE(ob->msgs, ob->n, ob->cap, 8) < 0 || pack(&ob->msgs[ob->n].msg, m) < 0)
         return BT_ENOMEM;
-    if (cap != ob->cap) {
-        bool *d = realloc(ob->deferred, cap * sizeof(*d));
-        if (!d)
-            return BT_ENOMEM;
-        ob->deferred = d;
-        ob->cap = cap;
-    }
-    zmq_msg_t *z = &ob->msgs[ob->n];
-    if (zmq_msg_init_size(z, baton__v1__conductor_message__get_packed_size(m)) != 0)
-        return BT_ENOMEM;
-    baton__v1__conductor_message__pack(m, zmq_msg_data(z));
-    ob->deferred[ob->n] = deferred;
+    ob->msgs[ob->n].deferred = deferred;
     ob->n_urgent += !deferred;
     if (ob->n++ == 0) {
         ws->pending[ws->n_pending++] = w;
@@ -156,26 +183,8 @@ size_t workers_uncork(worker_set *ws, const int **failed)
             ws->pending[kept++] = w; /* deferred only: they wait for company */
             continue;
         }
-        const char *name = ws->workers[w].cfg->name;
-        size_t i = 0;
-        /* The ROUTER takes the frames of one message whole or not at all,
-         * as it does the identity frame and one body. */
-        if (zmq_send(ws->socket, name, strlen(name), ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0) {
-            for (; i < ob->n; i++)
-                if (zmq_msg_send(&ob->msgs[i], ws->socket,
-                                 (i + 1 < ob->n ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) < 0)
-                    break;
-            ws->workers[w].msgs_out += i;
-            ws->workers[w].zmq_out++;
-        }
-        if (i < ob->n) {
-            bt_warn("cannot send %zu messages to worker %s: %s", ob->n - i, name,
-                    zmq_strerror(errno));
+        if (!send_frames(ws, w, ob->msgs, ob->n))
             ws->failed[ws->n_failed++] = w;
-        }
-        /* A sent message is closed by ZeroMQ; the rest are closed here. */
-        for (; i < ob->n; i++)
-            zmq_msg_close(&ob->msgs[i]);
         ob->n = ob->n_urgent = 0;
     }
     ws->n_pending = kept;
@@ -207,17 +216,10 @@ void workers_drop_deferred(worker_set *ws, int w)
     outbox *ob = &ws->outboxes[w];
     size_t k = 0;
     for (size_t i = 0; i < ob->n; i++) {
-        if (ob->deferred[i]) {
-            zmq_msg_close(&ob->msgs[i]);
-            continue;
-        }
-        /* A zmq_msg_t may be moved only by zmq_msg_move. */
-        if (k != i) {
-            zmq_msg_init(&ob->msgs[k]);
-            zmq_msg_move(&ob->msgs[k], &ob->msgs[i]);
-            zmq_msg_close(&ob->msgs[i]);
-        }
-        ob->deferred[k++] = false;
+        if (ob->msgs[i].deferred)
+            zmq_msg_close(&ob->msgs[i].msg);
+        else
+            ob->msgs[k++] = ob->msgs[i]; /* as the outbox's own growth moves them */
     }
     ob->n = k;
     /* An emptied outbox leaves the pending list: a worker is on it only
@@ -234,25 +236,10 @@ int workers_send(worker_set *ws, int worker, const Baton__V1__ConductorMessage *
 {
     if (ws->corked)
         return keep(ws, worker, m, false);
-    size_t n = baton__v1__conductor_message__get_packed_size(m);
-    uint8_t stackbuf[4096];
-    uint8_t *buf = n <= sizeof(stackbuf) ? stackbuf : malloc(n);
-    if (!buf)
+    kept_msg one = {.deferred = false};
+    if (pack(&one.msg, m) < 0)
         return BT_ENOMEM;
-    baton__v1__conductor_message__pack(m, buf);
-    const char *name = ws->workers[worker].cfg->name;
-    int rc = 0;
-    if (zmq_send(ws->socket, name, strlen(name), ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
-        zmq_send(ws->socket, buf, n, ZMQ_DONTWAIT) < 0) {
-        bt_warn("cannot send to worker %s: %s", name, zmq_strerror(errno));
-        rc = BT_EIO;
-    } else {
-        ws->workers[worker].msgs_out++;
-        ws->workers[worker].zmq_out++;
-    }
-    if (buf != stackbuf)
-        free(buf);
-    return rc;
+    return send_frames(ws, worker, &one, 1) ? 0 : BT_EIO;
 }
 
 void workers_send_shutdown(worker_set *ws, int w, const char *reason)

@@ -26,10 +26,9 @@ void wk_wire_cork(void *sock)
     cork.sock = sock;
 }
 
-void wk_wire_uncork(void)
+/* Sends what is kept on SOCK as one message. */
+static void send_kept(void *sock)
 {
-    void *sock = cork.sock;
-    cork.sock = NULL;
     size_t i = 0;
     for (; i < cork.n; i++)
         if (zmq_msg_send(&cork.msgs[i], sock, i + 1 < cork.n ? ZMQ_SNDMORE : 0) < 0)
@@ -41,6 +40,12 @@ void wk_wire_uncork(void)
             zmq_msg_close(&cork.msgs[i]);
     }
     cork.n = 0;
+}
+
+void wk_wire_uncork(void)
+{
+    send_kept(cork.sock);
+    cork.sock = NULL;
     /* A burst that grew the array far leaves it to the next one only up
      * to a modest size. */
     if (cork.cap > 256) {
@@ -59,9 +64,13 @@ int wk_wire_send(void *sock, const Baton__V1__WorkerMessage *msg)
         return BT_ENOMEM;
     }
     baton__v1__worker_message__pack(msg, zmq_msg_data(&m));
-    if (sock == cork.sock && BT_RESERVE(cork.msgs, cork.n, cork.cap, 16) == 0) {
-        cork.msgs[cork.n++] = m;
-        return 0;
+    if (sock == cork.sock) {
+        if (BT_RESERVE(cork.msgs, cork.n, cork.cap, 16) == 0) {
+            cork.msgs[cork.n++] = m;
+            return 0;
+        }
+        /* No room to keep it: what is kept goes first, in order. */
+        send_kept(sock);
     }
     if (zmq_msg_send(&m, sock, 0) < 0) {
         bt_error("send to the conductor failed: %s", zmq_strerror(zmq_errno()));
