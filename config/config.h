@@ -86,6 +86,7 @@ typedef struct cfg_worker {
     char *peer_listen;     /* "tcp://ADDR:PORT" (PORT may be *) its worker-to-worker
                               ROUTER binds; NULL: none (no peer on another host can
                               read its tensors) */
+    cfg_pos peer_listen_pos;  /* where peer_listen was read */
     cfg_pos pos;
 } cfg_worker;
 

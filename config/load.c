@@ -358,6 +358,93 @@ static bool peer_listen_wildcard(const char *s)
            (n == 4 && strncmp(addr, "[::]", 4) == 0);
 }
 
+/* A TCP endpoint that binds: its address and its port (0: none to clash
+ * with, such as an ephemeral "*"). */
+typedef struct bound_port {
+    char addr[208];
+    long port;
+} bound_port;
+
+/* Reads "tcp://ADDR:PORT" (TCP true) or "ADDR:PORT" (http_listen). */
+static bound_port bound_port_of(const char *ep, bool tcp)
+{
+    bound_port b = {"", 0};
+    if (!ep || (tcp && strncmp(ep, "tcp://", 6) != 0))
+        return b;
+    const char *addr = tcp ? ep + 6 : ep, *colon = strrchr(addr, ':');
+    if (!colon || (size_t)(colon - addr) >= sizeof(b.addr))
+        return b;
+    char *end;
+    long v = strtol(colon + 1, &end, 10);
+    if (!colon[1] || *end || v < 1 || v > 65535)
+        return b;
+    memcpy(b.addr, addr, (size_t)(colon - addr));
+    b.addr[colon - addr] = 0;
+    b.port = v;
+    return b;
+}
+
+static bool addr_wildcard(const char *a)
+{
+    return !strcmp(a, "*") || !strcmp(a, "0.0.0.0") || !strcmp(a, "[::]") || !strcmp(a, "::");
+}
+
+/* Whether binding A and binding B on one host would clash: one port, and
+ * the same address or a wildcard on either side. */
+static bool ports_clash(const bound_port *a, const bound_port *b)
+{
+    return a->port && a->port == b->port &&
+           (!strcmp(a->addr, b->addr) || addr_wildcard(a->addr) || addr_wildcard(b->addr));
+}
+
+/* The host worker W binds on: its host:, batond's ("") for a spawned one
+ * without host:, or NULL when not known (an external one without host:). */
+static const char *worker_host(const cfg_worker *w)
+{
+    return w->host ? w->host : w->spawn == CFG_SPAWN_AUTO ? "" : NULL;
+}
+
+/* A peer_listen port that another endpoint of the same host binds too:
+ * batond's listen, workers_endpoint and http_listen (on batond's host), or
+ * another worker's peer_listen.  One of them would fail to bind at start;
+ * the config says so now, at the peer_listen. */
+static void check_port_clashes(cfg__loader *l)
+{
+    const cfg_config *c = l->c;
+    const cfg_daemon *d = &c->daemon;
+    struct {
+        const char *key, *value;
+        bound_port b;
+    } own[3] = {{"daemon.listen", d->listen, bound_port_of(d->listen, true)},
+                {"daemon.workers_endpoint", d->workers_endpoint,
+                 bound_port_of(d->workers_endpoint, true)},
+                {"daemon.http_listen", d->http_listen, bound_port_of(d->http_listen, false)}};
+    for (size_t i = 0; i < c->n_workers; i++) {
+        const cfg_worker *w = &c->workers[i];
+        const char *host = worker_host(w);
+        if (!w->peer_listen || !host)
+            continue;
+        bound_port b = bound_port_of(w->peer_listen, true);
+        const cfg_pos *p = &w->peer_listen_pos;
+        for (size_t k = 0; !host[0] && k < 3; k++)
+            if (ports_clash(&b, &own[k].b))
+                bt_diag_error(l->diag, p->line, p->col,
+                              "worker '%s': peer_listen '%s' uses the port of %s '%s' on "
+                              "batond's host: one of them cannot bind; give it another port",
+                              w->name, w->peer_listen, own[k].key, own[k].value);
+        for (size_t j = 0; j < i; j++) {
+            const cfg_worker *o = &c->workers[j];
+            bound_port ob = bound_port_of(o->peer_listen, true);
+            if (worker_host(o) && !strcmp(worker_host(o), host) && ports_clash(&b, &ob))
+                bt_diag_error(l->diag, p->line, p->col,
+                              "worker '%s': peer_listen '%s' uses the port of worker '%s' "
+                              "(peer_listen '%s') on the same host%s%s: one of them cannot bind; "
+                              "give it another port", w->name, w->peer_listen, o->name,
+                              o->peer_listen, host[0] ? " " : "", host);
+        }
+    }
+}
+
 static void load_worker(cfg__loader *l, const yt_node *v, cfg_worker *w, cfg__names *seen)
 {
     static const char *const keys[] = {"name",    "device",  "profile", "pool_mb",
@@ -454,6 +541,7 @@ static void load_worker(cfg__loader *l, const yt_node *v, cfg_worker *w, cfg__na
                       "%s: host must be a host name (letters, digits, '.', '-', '_'; at most "
                       "63 characters), got '%s'", ctx, w->host);
     if (f[9] && cfg__str(l, f[9], "peer_listen", &w->peer_listen)) {
+        w->peer_listen_pos = (cfg_pos){f[9]->line, f[9]->col};
         if (!peer_listen_ok(w->peer_listen))
             bt_diag_error(l->diag, f[9]->line, f[9]->col,
                           "%s: peer_listen must be tcp://ADDRESS:PORT with PORT a number from 1 "
@@ -480,6 +568,7 @@ static void load_workers(cfg__loader *l, const yt_node *v)
     for (size_t i = 0; i < v->n_items; i++)
         if (yt_expect(v->items[i], YT_MAP, "workers", l->diag))
             load_worker(l, v->items[i], &c->workers[c->n_workers++], &l->workers);
+    check_port_clashes(l);
 }
 
 /* ---- openai ---- */

@@ -63,6 +63,7 @@ struct conductor {
     void *front_sock;             /* client ROUTER */
     void *back_sock;              /* worker ROUTER */
     int sigfd, timerfd;
+    int room_watch;               /* evloop handle of out_room_fd while a backlog waits; -1 */
     char run_id[32];
     char worker_exe[PATH_MAX];
     /* The modules, created in this order and destroyed in reverse. */
@@ -355,7 +356,8 @@ static char *stats_text(conductor *c)
                                        st.picks[REPLICAS_BY_CACHE], st.picks[REPLICAS_BY_LOAD],
                                        st.picks[REPLICAS_BY_TURN], st.pinned, st.cached_blocks};
     metrics_gauges g = {front_inflight(c->front), front_placing(c->front),
-                        disp_tensors_held(c->disp), out_clients(c->out)->backlog_bytes, ws, nw,
+                        disp_tensors_held(c->disp), tt_count(c->tt),
+                        out_clients(c->out)->backlog_bytes, ws, nw,
                         zap_refused(c->zap, ZAP_CLIENT), zap_refused(c->zap, ZAP_WORKER), rt, nr};
     char *text = metrics_text(c->m, &g);
     free(ws);
@@ -786,6 +788,10 @@ static int bind_router(conductor *c, void **sock, const char *endpoint, bool wor
                      bt_curve_strerror(rc), zmq_strerror(errno));
             return BT_EIO;
         }
+        if (zap_watch(c->zap, *sock, workers ? ZAP_WORKER : ZAP_CLIENT) < 0) {
+            bt_error("cannot watch the handshakes of %s: %s", endpoint, zmq_strerror(errno));
+            return BT_EIO;
+        }
     }
     ensure_ipc_dir(c, endpoint);
     if (zmq_bind(*sock, endpoint) < 0) {
@@ -919,6 +925,11 @@ static int watch(conductor *c)
         return BT_ENOMEM;
     if (c->zap && evloop_add(c->loop, zap_sock(c->zap), -1, zap_on_readable, c->zap) < 0)
         return BT_ENOMEM;
+    for (int i = 0; i < ZAP_N_SOCKETS; i++)
+        if (zap_monitor_sock(c->zap, (zap_socket)i) &&
+            evloop_add(c->loop, zap_monitor_sock(c->zap, (zap_socket)i), -1, zap_on_monitor,
+                       c->zap) < 0)
+            return BT_ENOMEM;
     if (c->cfg->daemon.http_listen) {
         /* The gateway is a client of the client socket like any other: on
          * a CURVE socket it uses the pair made (and authorized) for it. */
@@ -939,7 +950,7 @@ int conductor_create(const char *config_path, conductor **out)
     conductor *c = calloc(1, sizeof(*c));
     if (!c)
         return BT_ENOMEM;
-    c->sigfd = c->timerfd = -1;
+    c->sigfd = c->timerfd = c->room_watch = -1;
     snprintf(c->run_id, sizeof(c->run_id), "%d-%llx", (int)getpid(),
              (unsigned long long)(bt_now_us() & 0xffffffffffULL));
     int rc = load_deployment(c, config_path);
@@ -965,6 +976,31 @@ int conductor_create(const char *config_path, conductor **out)
     return 0;
 }
 
+/* The client socket signalled: the flush after this round of the loop
+ * sends what the room allows. */
+static void on_client_room(evloop *l, void *arg)
+{
+    (void)l;
+    (void)arg;
+}
+
+/* Watches the client socket's signal while a reply waits for room
+ * (out_room_fd).  Without the watch (no fd, no memory) the timed look of
+ * out_flush_backlogs still sends the backlog on, later. */
+static void watch_room(conductor *c, bool want)
+{
+    if (want == (c->room_watch >= 0))
+        return;
+    if (!want) {
+        evloop_remove(c->loop, c->room_watch);
+        c->room_watch = -1;
+        return;
+    }
+    int fd = out_room_fd(c->out);
+    if (fd >= 0)
+        c->room_watch = evloop_add(c->loop, NULL, fd, on_client_room, c);
+}
+
 int conductor_run(conductor *c)
 {
     bt_info("listening on %s, workers on %s", c->cfg->daemon.listen,
@@ -982,6 +1018,7 @@ int conductor_run(conductor *c)
         uint64_t now = bt_now_ms();
         if (rc >= 0)
             backlog_poll_ms = out_flush_backlogs(c->out, now);
+        watch_room(c, backlog_poll_ms >= 0);
         retime_tick(c, now);
         if (rc < 0) {
             /* A loop that cannot poll serves nobody: the error must reach

@@ -244,14 +244,24 @@ static void flush_keys(frontend *f, const uint64_t *keys, size_t n)
 void front_fetched(frontend *f, int w, const Baton__V1__Fetched *m)
 {
     uint64_t key = tt_key((rt_tensor){m->tensor_id, w});
+    bt_code code = m->status ? (bt_code)m->status->code : BT_CODE_OK;
+    const char *why = m->status && m->status->message ? m->status->message : "";
     uint64_t *hits = NULL, rk;
     size_t n = 0, cap = 0, pos = 0;
     void *val;
     while (u64map_next(&f->requests, &pos, &rk, &val)) {
         front_request *r = val;
-        if (r->out.fetches_pending && out_fetched(&r->out, key, m->data.data, m->data.len) &&
+        if (r->out.fetches_pending &&
+            out_fetched(&r->out, key, code, why, m->data.data, m->data.len) &&
             BT_RESERVE(hits, n, cap, 8) == 0)
             hits[n++] = rk;
+    }
+    /* A request still running whose output is gone ends now, with that
+     * error (its queue already says it), rather than streaming on. */
+    for (size_t i = 0; code != BT_CODE_OK && i < n; i++) {
+        front_request *r = u64map_get(&f->requests, hits[i]);
+        if (r && r->phase == PHASE_RUNNING)
+            disp_abort(f->disp, hits[i], code, r->out.fail_message ? r->out.fail_message : why);
     }
     flush_keys(f, hits, n);
     free(hits);
@@ -374,15 +384,17 @@ static void start(frontend *f, front_request *r)
 /* An early put: its id is chosen here and the request runs at once (see
  * place_inputs).  The runtime owns the tensor; the worker answers only a
  * failure.  Only W's nodes read it, so its pool offset matters only once
- * one of them passes it on, and that node's Done carries it (tt_add). */
-static void early_placed(frontend *f, front_request *r, size_t k, const Baton__V1__Placed *m)
+ * one of them passes it on, and that node's Done carries it (tt_add).
+ * A failure while another input is still being placed ends the request
+ * with the input's entry released like the others' (the worker ignores
+ * the Release of an id it never stored). */
+static void early_placed(frontend *f, front_request *r, const Baton__V1__Placed *m)
 {
     bool ok = !m->status || m->status->code == BATON__V1__CODE__OK;
     if (ok)
         return;
     const char *msg = m->status->message ? m->status->message : "placing failed";
     if (r->phase == PHASE_PLACING) {
-        r->inputs[k] = (rt_tensor){0, 0};
         end_placing(f, r, (bt_code)m->status->code, msg);
     } else if (r->phase == PHASE_RUNNING) {
         disp_abort(f->disp, r->key, (bt_code)m->status->code, msg);
@@ -397,7 +409,7 @@ void front_placed(frontend *f, int w, const Baton__V1__Placed *m)
     if (!r && m->ref && m->ref->id >> 63)
         return; /* an early put of a request that ended: the runtime released it */
     if (r && f->input_local[r->graph][k] && r->inputs[k].id >> 63) {
-        early_placed(f, r, k, m);
+        early_placed(f, r, m);
         return;
     }
     rt_tensor t = {0, 0};

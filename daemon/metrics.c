@@ -319,6 +319,10 @@ char *metrics_text(const metrics *m, const metrics_gauges *gg)
                 gg->workers[w].queued);
     family(f, "baton_tensors_held", "gauge", "Tensors the conductor tracks for live requests.");
     fprintf(f, "baton_tensors_held %zu\n", gg->tensors_held);
+    family(f, "baton_tensor_table_entries", "gauge",
+           "Tensors on workers the conductor's table knows of (inputs being placed included); "
+           "0 when no request is in flight.");
+    fprintf(f, "baton_tensor_table_entries %zu\n", gg->tensor_entries);
     family(f, "baton_client_backlog_bytes", "gauge",
            "Reply bytes held for client connections that have not read them yet.");
     fprintf(f, "baton_client_backlog_bytes %llu\n", (unsigned long long)gg->client_backlog_bytes);
@@ -328,8 +332,9 @@ char *metrics_text(const metrics *m, const metrics_gauges *gg)
            "cancelled.");
     fprintf(f, "baton_clients_dropped_total %llu\n", (unsigned long long)m->clients_dropped);
     family(f, "baton_auth_refused_total", "counter",
-           "Peers refused by the ZAP handler after a CURVE handshake: their public key is not "
-           "authorized for that socket (daemon.curve client_keys or worker_keys).");
+           "Peers refused on a CURVE socket: by the ZAP handler (their public key is not "
+           "authorized for that socket: daemon.curve client_keys or worker_keys), or because "
+           "their handshake failed before the key was checked (no CURVE at all).");
     fprintf(f, "baton_auth_refused_total{socket=\"client\"} %llu\n",
             (unsigned long long)gg->auth_refused_client);
     fprintf(f, "baton_auth_refused_total{socket=\"worker\"} %llu\n",

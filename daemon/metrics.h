@@ -51,6 +51,7 @@ typedef struct metrics_gauges {
     size_t inflight;              /* requests accepted, not yet answered */
     size_t placing;               /* of which still placing inputs */
     size_t tensors_held;          /* tensor references the runtime holds */
+    size_t tensor_entries;        /* entries in the conductor's tensor table */
     uint64_t client_backlog_bytes; /* replies held for clients that do not read */
     const metrics_worker *workers;
     size_t n_workers;

@@ -163,6 +163,13 @@ long out_flush_backlogs(outbound *o, uint64_t now_ms)
     return o->backlog_poll_ms;
 }
 
+int out_room_fd(const outbound *o)
+{
+    int fd = -1;
+    size_t len = sizeof(fd);
+    return zmq_getsockopt(o->socket, ZMQ_FD, &fd, &len) == 0 ? fd : -1;
+}
+
 void out_send(outbound *o, const uint8_t *identity, size_t identity_len,
               const Baton__V1__ServerMessage *m)
 {
@@ -282,6 +289,7 @@ void out_queue_free(out_queue *q)
         free(q->kept[i].parts);
     }
     free(q->kept);
+    free(q->fail_message);
     memset(q, 0, sizeof(*q));
 }
 
@@ -393,6 +401,12 @@ void out_queue_response(outbound *ob, out_queue *q, const rt_action *a,
     o->response = true;
     o->code = a->u.response.code;
     o->message = strdup(a->u.response.message ? a->u.response.message : "");
+    if (o->code == BT_CODE_OK && q->fail_code != BT_CODE_OK) {
+        /* An output streamed before went out empty: not an OK. */
+        o->code = q->fail_code;
+        free(o->message);
+        o->message = strdup(q->fail_message ? q->fail_message : "");
+    }
     if (n_timings && (o->timings = malloc(n_timings * sizeof(*timings)))) {
         memcpy(o->timings, timings, n_timings * sizeof(*timings));
         o->n_timings = n_timings;
@@ -748,7 +762,26 @@ bool out_flush(outbound *ob, out_queue *q, const out_client *to)
 
 /* ---- bytes that arrive, or never will ---------------------------------- */
 
-bool out_fetched(out_queue *q, uint64_t key, const uint8_t *data, size_t len)
+/* An output of Q cannot be had: its response, queued or to come, says
+ * CODE and MESSAGE rather than OK (the first failure wins). */
+static void fail_queue(out_queue *q, bt_code code, const char *message)
+{
+    if (q->fail_code == BT_CODE_OK) {
+        q->fail_code = code;
+        q->fail_message = strdup(message);
+    }
+    for (size_t i = 0; i < q->n; i++) {
+        out_msg *o = &q->v[i];
+        if (!o->response || o->code != BT_CODE_OK)
+            continue;
+        o->code = code;
+        free(o->message);
+        o->message = strdup(message);
+    }
+}
+
+bool out_fetched(out_queue *q, uint64_t key, bt_code code, const char *message,
+                 const uint8_t *data, size_t len)
 {
     bool hit = false;
     for (size_t i = 0; i < q->n && q->fetches_pending; i++)
@@ -756,7 +789,7 @@ bool out_fetched(out_queue *q, uint64_t key, const uint8_t *data, size_t len)
             out_bytes *o = &q->v[i].bytes[b];
             if (o->ready || o->tkey != key)
                 continue;
-            o->data = malloc(len ? len : 1);
+            o->data = code == BT_CODE_OK ? malloc(len ? len : 1) : NULL;
             if (o->data && len)
                 memcpy(o->data, data, len);
             o->ndata = o->data ? len : 0;
@@ -764,6 +797,12 @@ bool out_fetched(out_queue *q, uint64_t key, const uint8_t *data, size_t len)
             q->fetches_pending--;
             hit = true;
         }
+    if (hit && code != BT_CODE_OK) {
+        char why[320];
+        snprintf(why, sizeof(why), "an output could not be read from its worker: %s",
+                 message && *message ? message : bt_code_name(code));
+        fail_queue(q, code, why);
+    }
     return hit;
 }
 
@@ -779,13 +818,10 @@ bool out_worker_lost(out_queue *q, int w)
              * an empty value rather than never. */
             o->ready = true;
             o->ndata = 0;
-            if (q->v[i].response && q->v[i].code == BT_CODE_OK) {
-                q->v[i].code = BT_CODE_UNAVAILABLE;
-                free(q->v[i].message);
-                q->v[i].message = strdup("a worker holding an output was lost");
-            }
             q->fetches_pending--;
             hit = true;
         }
+    if (hit)
+        fail_queue(q, BT_CODE_UNAVAILABLE, "a worker holding an output was lost");
     return hit;
 }

@@ -50,6 +50,9 @@ typedef struct out_queue {
     bool keep;                    /* the client asked for no stream: keep the values */
     out_kept *kept;               /* owned: per new_token value name, what came */
     size_t n_kept;
+    bt_code fail_code;            /* an output's bytes could not be had: the response's
+                                     code instead of OK; BT_CODE_OK while none */
+    char *fail_message;           /* owned; why, for that response */
 } out_queue;
 
 /* Whom a queue's messages are for. */
@@ -89,6 +92,14 @@ void out_tick(outbound *o, uint64_t now_ms);
  * pipe's high-water mark would run at one pipe's worth of messages per
  * tick. */
 long out_flush_backlogs(outbound *o, uint64_t now_ms);
+/* The client socket's own signal (ZeroMQ's ZMQ_FD), or -1.  While a backlog
+ * waits, the conductor's loop watches it as a plain fd: ZeroMQ signals it
+ * when a client's reader has made room in its pipe (a command for every
+ * half high-water mark read), which a ROUTER's POLLOUT, always set, never
+ * tells.  Then out_flush_backlogs sends on at once, where the timed look
+ * alone left a stream outrunning the pipe idle for up to a millisecond per
+ * pipe's worth of messages. */
+int out_room_fd(const outbound *o);
 /* The client table (borrowed; the frontend counts requests in it). */
 cl_table *out_clients(outbound *o);
 /* Drops client C (its backlog with it) and counts it in the metrics. */
@@ -117,11 +128,16 @@ void out_queue_response(outbound *o, out_queue *q, const rt_action *a,
  * ended the text, Q->stop_pending is set: the caller stops the request
  * (disp_stop) and clears it. */
 bool out_flush(outbound *o, out_queue *q, const out_client *to);
-/* The bytes of tensor KEY (tt_key) arrived: fills every part waiting for
- * them.  True when Q had one. */
-bool out_fetched(out_queue *q, uint64_t key, const uint8_t *data, size_t len);
-/* Worker W was lost: parts waiting for its bytes go out empty, and a
- * response that was OK says UNAVAILABLE.  True when Q had one. */
+/* The answer to the Fetch of tensor KEY (tt_key) arrived: with CODE OK its
+ * bytes fill every part waiting for them; with another code (the tensor
+ * was gone: NOT_FOUND) those parts go out empty and the request's response,
+ * queued or still to come, says CODE and MESSAGE instead of OK, never an
+ * OK with an empty tensor.  True when Q had one. */
+bool out_fetched(out_queue *q, uint64_t key, bt_code code, const char *message,
+                 const uint8_t *data, size_t len);
+/* Worker W was lost: parts waiting for its bytes go out empty, and the
+ * response, queued or still to come, says UNAVAILABLE instead of OK.  True
+ * when Q had one. */
 bool out_worker_lost(out_queue *q, int w);
 void out_queue_free(out_queue *q);
 

@@ -29,6 +29,11 @@ struct tensor_table {
     size_t n_held;                /* ids held over every worker's batch */
 };
 
+size_t tt_count(const tensor_table *tt)
+{
+    return tt->tensors.n;
+}
+
 uint64_t tt_key(rt_tensor t)
 {
     /* Worker ids keep the top byte free (incarnation < 2^16 << 40). */

@@ -43,6 +43,9 @@ void tt_destroy(tensor_table *tt);
  * worker (logged) or when out of memory. */
 ctensor *tt_add(tensor_table *tt, int sender, const Baton__V1__TensorRef *ref);
 ctensor *tt_find(const tensor_table *tt, rt_tensor t);
+/* Entries in the table: tensors on workers the conductor knows of.  With
+ * no request in flight it is 0; anything else is a leak. */
+size_t tt_count(const tensor_table *tt);
 /* The key of (worker, id), stable while the entry lives. */
 uint64_t tt_key(rt_tensor t);
 ctensor *tt_find_key(const tensor_table *tt, uint64_t key);

@@ -1,9 +1,12 @@
 /* The ZAP handler (daemon/zap.h). */
 #include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <zmq.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "common/zapwire.h"
@@ -14,6 +17,10 @@ struct zap {
     bt_curve_keyset *files[ZAP_N_SOCKETS]; /* keys of client_keys / worker_keys; owned */
     bt_curve_keyset *own[ZAP_N_SOCKETS];   /* batond's own pairs (gateway, spawns); owned */
     uint64_t refused[ZAP_N_SOCKETS];       /* peers refused since start */
+    void *zctx;                            /* borrowed: where the monitors live */
+    void *monitor[ZAP_N_SOCKETS];          /* PAIRs reading zap_watch's events; owned */
+    uint64_t unlogged[ZAP_N_SOCKETS];      /* keyless refusals not logged yet */
+    uint64_t logged_ms[ZAP_N_SOCKETS];     /* when one was last logged, monotonic ms */
 };
 
 static const char *const socket_names[ZAP_N_SOCKETS] = {"client", "worker"};
@@ -46,6 +53,7 @@ int zap_create(void *zctx, zap **out)
     for (int i = 0; i < ZAP_N_SOCKETS; i++)
         if (!(z->own[i] = bt_curve_keyset_create()))
             goto nomem;
+    z->zctx = zctx;
     if (bt_zap_bind(zctx, &z->sock) != 0) {
         bt_error("cannot start the ZAP handler on %s: %s", BT_ZAP_ENDPOINT, zmq_strerror(errno));
         zap_destroy(z);
@@ -64,6 +72,9 @@ void zap_destroy(zap *z)
         return;
     if (z->sock)
         zmq_close(z->sock);
+    for (int i = 0; i < ZAP_N_SOCKETS; i++)
+        if (z->monitor[i])
+            zmq_close(z->monitor[i]);
     for (int i = 0; i < ZAP_N_SOCKETS; i++) {
         bt_curve_keyset_destroy(z->files[i]);
         bt_curve_keyset_destroy(z->own[i]);
@@ -122,6 +133,92 @@ static int decide(void *arg, const bt_zap_request *req, const char **user_id)
                 "authorized", req->mechanism, req->address, socket_names[which], fp);
     }
     return status;
+}
+
+int zap_watch(zap *z, void *sock, zap_socket which)
+{
+    char ep[64];
+    snprintf(ep, sizeof(ep), "inproc://baton-zap-monitor-%s", socket_names[which]);
+    if (z->monitor[which] ||
+        zmq_socket_monitor(sock, ep, ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) != 0)
+        return BT_EIO;
+    void *pair = zmq_socket(z->zctx, ZMQ_PAIR);
+    if (!pair)
+        return BT_EIO;
+    int zero = 0;
+    zmq_setsockopt(pair, ZMQ_LINGER, &zero, sizeof(zero));
+    if (zmq_connect(pair, ep) != 0) {
+        zmq_close(pair);
+        return BT_EIO;
+    }
+    z->monitor[which] = pair;
+    return 0;
+}
+
+void *zap_monitor_sock(const zap *z, zap_socket which)
+{
+    return z ? z->monitor[which] : NULL;
+}
+
+/* One handshake on socket WHICH that failed before ZAP was asked (a peer
+ * without CURVE, MISMATCH when ZeroMQ saw that; or one that broke the
+ * handshake off): counted; logged at most once a second (such a client
+ * reconnects every 100 ms), with how many came since the last line. */
+static void refuse_keyless(zap *z, zap_socket which, const char *endpoint, bool mismatch)
+{
+    z->refused[which]++;
+    z->unlogged[which]++;
+    uint64_t now = bt_now_ms();
+    if (z->logged_ms[which] && now - z->logged_ms[which] < 1000)
+        return;
+    bt_warn("refused %llu peer%s on the %s socket (%s): %s", (unsigned long long)z->unlogged[which],
+            z->unlogged[which] == 1 ? "" : "s", socket_names[which], endpoint,
+            mismatch ? "the handshake offered another security mechanism than CURVE"
+                     : "the handshake failed before its key was checked (no CURVE, or broken "
+                       "off)");
+    z->unlogged[which] = 0;
+    z->logged_ms[which] = now;
+}
+
+void zap_on_monitor(evloop *l, void *arg)
+{
+    (void)l;
+    zap *z = arg;
+    for (int w = 0; w < ZAP_N_SOCKETS; w++) {
+        if (!z->monitor[w])
+            continue;
+        /* An event is two frames: 6 bytes (the event, u16, and its value,
+         * u32, in host order), then the endpoint. */
+        zmq_msg_t ev, addr;
+        zmq_msg_init(&ev);
+        while (zmq_msg_recv(&ev, z->monitor[w], ZMQ_DONTWAIT) >= 0) {
+            uint16_t event = 0;
+            uint32_t value = 0;
+            if (zmq_msg_size(&ev) >= 6) {
+                memcpy(&event, zmq_msg_data(&ev), 2);
+                memcpy(&value, (const uint8_t *)zmq_msg_data(&ev) + 2, 4);
+            }
+            char endpoint[128] = "";
+            zmq_msg_init(&addr);
+            if (zmq_msg_more(&ev) && zmq_msg_recv(&addr, z->monitor[w], 0) >= 0) {
+                size_t n = zmq_msg_size(&addr);
+                n = n < sizeof(endpoint) - 1 ? n : sizeof(endpoint) - 1;
+                memcpy(endpoint, zmq_msg_data(&addr), n);
+                endpoint[n] = 0;
+            }
+            zmq_msg_close(&addr);
+            /* A peer without CURVE fails on the mechanism mismatch when
+             * batond reads its greeting first; when the peer reads
+             * batond's first, it hangs up, and batond's side fails with
+             * no detail (EPIPE, ECONNRESET): which one comes is a race. */
+            if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ||
+                event == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+                refuse_keyless(z, (zap_socket)w, endpoint,
+                               event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL &&
+                                   value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH);
+        }
+        zmq_msg_close(&ev);
+    }
 }
 
 void zap_on_readable(evloop *l, void *arg)

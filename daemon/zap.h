@@ -61,7 +61,19 @@ void zap_set_file_keys(zap *z, zap_socket which, bt_curve_keyset *set);
 int zap_allow(zap *z, zap_socket which, const char *public_z85);
 void zap_disallow(zap *z, zap_socket which, const char *public_z85);
 
-/* Peers refused on socket WHICH since start. */
+/* Watches SOCK, batond's CURVE server for socket WHICH, with a ZeroMQ
+ * socket monitor: a peer without CURVE at all fails the handshake on a
+ * mechanism mismatch before ZAP is asked, and is then refused, logged and
+ * counted like the peers ZAP refuses.  Call once per socket, before it
+ * binds.  0 or a negative bt_err. */
+int zap_watch(zap *z, void *sock, zap_socket which);
+/* The PAIR that reads the events of socket WHICH (NULL when not watched),
+ * for evloop_add with zap_on_monitor (ARG: the zap). */
+void *zap_monitor_sock(const zap *z, zap_socket which);
+void zap_on_monitor(evloop *l, void *arg);
+
+/* Peers refused on socket WHICH since start (by ZAP, or for coming
+ * without CURVE). */
 uint64_t zap_refused(const zap *z, zap_socket which);
 
 #endif

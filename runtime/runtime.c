@@ -103,10 +103,14 @@ int rt_request_start(rt_runtime *rt, uint64_t req, int graph_index, const rt_ten
             return BT_ENOMEM;
         }
     }
+    /* From here the runtime owns the inputs.  An allocation that fails
+     * while the first nodes are dispatched ends this request (and every
+     * other) in after_event, with its one response and its inputs released
+     * there: the start succeeded as far as the caller is concerned, which
+     * must neither answer nor release again. */
     reg_try_dispatch_range(rt, r, 0, (int)g->n_entities - 1);
-    int rc = rt->oom ? BT_ENOMEM : 0;
     after_event(rt);
-    return rc;
+    return 0;
 }
 
 /* Looks up the request and checks that NODE names a node of its graph at

@@ -152,8 +152,12 @@ void rt_destroy(rt_runtime *rt);
  * input, in the graph's input order (already placed on a worker by the
  * caller).  MAX_ITERS, when not NULL, holds per entity of the graph a cap
  * for loops (0: the config's); it can only lower max_iters.  Returns
- * BT_EEXIST for a key in use, BT_EINVAL for a bad graph index; on success
- * dispatches of the ready nodes are queued. */
+ * BT_EEXIST for a key in use, BT_EINVAL for a bad graph index, BT_ENOMEM
+ * when it could not take the request: on any error the inputs stay the
+ * caller's and nothing is answered.  On success the runtime owns them and
+ * the request gets exactly one RESPONSE (RESOURCE_EXHAUSTED at once when
+ * memory ran out while its first nodes were dispatched); dispatches of the
+ * ready nodes are queued. */
 int rt_request_start(rt_runtime *rt, uint64_t req, int graph, const rt_tensor *inputs,
                      bool stream, const uint32_t *max_iters);
 

@@ -93,9 +93,14 @@ void spec_advance(rt_runtime *rt, rt_request *r, int node, const rt_iter *v)
         spec_close(rt, r, node, inner);
         return;
     }
-    /* Keep the worker `speculation_window` iterations ahead. */
+    /* Keep the worker up to `speculation_window` iterations ahead, but
+     * widen the window only once half of it is used (or the loop's last
+     * iteration comes into reach): an Extend per accepted iteration would
+     * cost a message each way per token, where one per half window lets the
+     * worker report its iterations in bursts. */
     uint32_t upto = window_end(rt, inner, ls->max);
-    if (upto <= ns->spec_upto)
+    uint32_t half = (rt->opt.speculation_window + 1) / 2;
+    if (upto <= ns->spec_upto || (upto < ls->max - 1 && upto - ns->spec_upto < half))
         return;
     ns->spec_upto = upto;
     rt_action *a = rtc_push(rt, RT_EXTEND, r);

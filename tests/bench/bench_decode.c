@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "baton/client.h"
+#include "tests/bench/floor.h"
 #include "tests/bench/util.h"
 
 #define ITERS 512        /* the loop's max_iters in the configs */
@@ -203,6 +204,8 @@ typedef struct chat_result {
     double tok_s[CHAT_RUNS];      /* streamed tokens per second */
     double cpu_us[CHAT_RUNS];     /* conductor CPU per streamed token */
     double msgs[CHAT_RUNS], zmqs[CHAT_RUNS]; /* conductor<->worker messages per token */
+    double floor_us[CHAT_RUNS];   /* the floor conductor's CPU per token at the same pace */
+    double sw[CHAT_RUNS], floor_sw[CHAT_RUNS]; /* context switches per token, both */
 } chat_result;
 
 /* One chat request of CHAT_TOKENS decode iterations, streamed; the number
@@ -249,9 +252,48 @@ out:
     return got;
 }
 
+/* The floor of a streamed token (floor.h, graph "stream"): COUNT tokens,
+ * one every INTERVAL_US, relayed by a bare ZeroMQ conductor.  Returns the
+ * number of chunks, or -1 on a wrong answer. */
+static int floor_stream_once(baton_client *c, uint32_t count, uint32_t interval_us)
+{
+    baton_client_request *r = NULL;
+    int got = -1;
+    const uint32_t x[2] = {count, interval_us};
+    int64_t dims[1] = {2};
+    if (baton_client_request_create("stream", "floor", &r) != 0 ||
+        baton_client_request_add_input(r, "x", BATON_CLIENT_DTYPE_I32, dims, 1, x, sizeof(x)) !=
+            0)
+        goto out;
+    baton_client_request_set_stream(r, true);
+    if (baton_client_send(c, r) != 0)
+        goto out;
+    for (int chunks = 0;;) {
+        baton_client_event *ev = NULL;
+        int rc = baton_client_recv(c, 120000, &ev);
+        if (rc == BATON_CLIENT_EINTR)
+            continue;
+        if (rc != 0)
+            goto out;
+        bool end = ev->kind == BATON_CLIENT_EVENT_RESPONSE;
+        if (ev->kind == BATON_CLIENT_EVENT_CHUNK)
+            chunks++;
+        else if (end && ev->code == BATON_CLIENT_CODE_OK && chunks == (int)count)
+            got = chunks;
+        baton_client_event_free(ev);
+        if (end)
+            break;
+    }
+out:
+    baton_client_request_destroy(r);
+    return got;
+}
+
 /* Runs the default chat's decode loop: conductor CPU and messages per
- * streamed token.  Skips (res->ran false, saying why) without the model. */
-static int run_chat(const bench_opts *o, chat_result *res)
+ * streamed token; after each chat request, the floor streams as many
+ * tokens at the same pace.  Skips (res->ran false, saying why) without the
+ * model. */
+static int run_chat(const bench_opts *o, const char *floor_ep, pid_t fcond, chat_result *res)
 {
     memset(res, 0, sizeof(*res));
     if (access(CHAT_MODEL, R_OK) != 0) {
@@ -260,11 +302,12 @@ static int run_chat(const bench_opts *o, chat_result *res)
         return 0;
     }
     bench_daemon d;
-    baton_client *c = NULL;
+    baton_client *c = NULL, *fc = NULL;
     int rc = -1;
     if (bench_daemon_start(&d, o, "decode-chat.yaml", NULL) != 0)
         return -1;
-    if (baton_client_create(d.endpoint, &c) != 0)
+    if (baton_client_create(d.endpoint, &c) != 0 || bench_wait_ready(floor_ep, 10000) != 0 ||
+        baton_client_create(floor_ep, &fc) != 0)
         goto out;
     double us;
     if (chat_once(c, "warm", &us) < 0) /* unmeasured: first-use costs */
@@ -287,12 +330,23 @@ static int run_chat(const bench_opts *o, chat_result *res)
         res->tokens[r] = n;
         res->tok_s[r] = n / (us / 1e6);
         res->cpu_us[r] = (double)(c1.cpu_ns - c0.cpu_ns) / 1e3 / n;
+        res->sw[r] = (double)(c1.ctxsw - c0.ctxsw) / n;
         res->msgs[r] = m0 < 0 ? NAN : (m1 - m0) / n;
         res->zmqs[r] = z0 < 0 ? NAN : (z1 - z0) / n;
+        bench_cpu_read(fcond, &c0);
+        int fn = floor_stream_once(fc, (uint32_t)n, (uint32_t)(us / n));
+        bench_cpu_read(fcond, &c1);
+        if (fn != n) {
+            fprintf(stderr, "decode (chat): the floor streamed %d tokens of %d\n", fn, n);
+            goto out;
+        }
+        res->floor_us[r] = (double)(c1.cpu_ns - c0.cpu_ns) / 1e3 / n;
+        res->floor_sw[r] = (double)(c1.ctxsw - c0.ctxsw) / n;
     }
     res->ran = true;
     rc = 0;
 out:
+    baton_client_destroy(fc);
     baton_client_destroy(c);
     bench_daemon_stop(&d);
     return rc;
@@ -303,6 +357,11 @@ int main(int argc, char **argv)
     bench_opts o;
     bench_opts_parse(&o, "decode", argc, argv);
     int runs = o.quick ? 2 : RUNS, conc_runs = o.quick ? 1 : CONC_RUNS;
+    /* The floor of a streamed token (the chat's rows), forked before any
+     * ZeroMQ context exists here. */
+    bench_floor fl;
+    if (bench_floor_start(&fl) != 0)
+        return 1;
     mode md[N_MODES] = {
         {.label = "speculation_window: 8", .key = "window_8", .config = "decode-spec8.yaml",
          .window = 8},
@@ -403,7 +462,7 @@ int main(int argc, char **argv)
            ratio, ratio >= 8 ? "met" : "MISSED", cratio, CONC, mono1 ? "met" : "MISSED", CONC,
            mono4 ? "met" : "MISSED", CONC, scale4, scale4 >= 3 ? "met" : "MISSED");
     chat_result ch;
-    if (run_chat(&o, &ch) != 0)
+    if (run_chat(&o, fl.a.front, fl.conductor, &ch) != 0)
         goto out;
     if (!ch.ran) {
         printf("\nSKIP: real decode loop: %s\n", ch.why);
@@ -414,8 +473,13 @@ int main(int argc, char **argv)
                "requests\n\n", CHAT_TOKENS, ch.runs);
         printf("streamed tokens per request   %6.0f\n", med(ch.tokens, ch.runs));
         printf("tokens/s                      %6.1f\n", med(ch.tok_s, ch.runs));
+        double fcpu = med(ch.floor_us, ch.runs);
         printf("conductor CPU per token, us   %6.2f  (target <= 10: %s)\n", cpu,
                cpu <= 10 ? "met" : "MISSED");
+        printf("  the floor's at the same pace %6.2f  (bare ZeroMQ relay of one message per "
+               "token; baton %.2fx)\n", fcpu, cpu / fcpu);
+        printf("context switches per token    %6.2f  (the floor's %.2f; all threads)\n",
+               med(ch.sw, ch.runs), med(ch.floor_sw, ch.runs));
         printf("messages per token            %6.2f  (conductor<->worker, both ways; target "
                "<= 2: %s)\n", msgs, isnan(msgs) ? "n/a: the daemon does not count them"
                                    : msgs <= 2 ? "met" : "MISSED");
@@ -455,10 +519,10 @@ int main(int argc, char **argv)
         if (ch.ran)
             fprintf(f, "  \"chat\": {\"decode_iterations\": %d, \"runs\": %d, "
                     "\"tokens_per_request\": %.0f, \"tokens_per_s\": %.1f, "
-                    "\"conductor_cpu_us_per_token\": %.2f, \"messages_per_token\": %s, "
-                    "\"zmq_messages_per_token\": %s},\n",
+                    "\"conductor_cpu_us_per_token\": %.2f, \"floor_cpu_us_per_token\": %.2f, "
+                    "\"messages_per_token\": %s, \"zmq_messages_per_token\": %s},\n",
                     CHAT_TOKENS, ch.runs, med(ch.tokens, ch.runs), med(ch.tok_s, ch.runs),
-                    med(ch.cpu_us, ch.runs), json_num(b1, med(ch.msgs, ch.runs)),
+                    med(ch.cpu_us, ch.runs), med(ch.floor_us, ch.runs), json_num(b1, med(ch.msgs, ch.runs)),
                     json_num(b2, med(ch.zmqs, ch.runs)));
         else
             fprintf(f, "  \"chat\": {\"skipped\": \"%s\"},\n", ch.why);
@@ -472,5 +536,6 @@ out:
         baton_client_destroy(md[i].client);
         bench_daemon_stop(&md[i].d);
     }
+    bench_floor_stop(&fl);
     return rc;
 }

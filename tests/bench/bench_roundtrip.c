@@ -299,20 +299,15 @@ int main(int argc, char **argv)
 
     /* The floor's processes are forked before any ZeroMQ context exists
      * here (forking a process that holds one is undefined). */
-    char fdir[256];
-    if (bench_mkdtemp(fdir, sizeof(fdir)) != 0)
+    bench_floor fl;
+    if (bench_floor_start(&fl) != 0)
         return 1;
-    bench_floor_args fa;
-    snprintf(fa.front, sizeof(fa.front), "ipc://%s/floor.sock", fdir);
-    snprintf(fa.back, sizeof(fa.back), "ipc://%s/floor-workers.sock", fdir);
-    pid_t fcond = bench_spawn(bench_floor_conductor_main, &fa);
-    pid_t fwork = bench_spawn(bench_floor_worker_main, &fa);
+    bench_floor_args fa = fl.a;
+    pid_t fcond = fl.conductor, fwork = fl.worker;
     bench_daemon d;
     int rc = 1;
-    if (fcond < 0 || fwork < 0 || bench_daemon_start(&d, &o, "roundtrip.yaml", NULL) != 0) {
-        bench_reap(fcond);
-        bench_reap(fwork);
-        bench_rmtree(fdir);
+    if (bench_daemon_start(&d, &o, "roundtrip.yaml", NULL) != 0) {
+        bench_floor_stop(&fl);
         return 1;
     }
 
@@ -467,8 +462,6 @@ out:
     for (int i = 0; i < N_TARGETS; i++)
         baton_client_destroy(tg[i].client);
     bench_daemon_stop(&d);
-    bench_reap(fcond);
-    bench_reap(fwork);
-    bench_rmtree(fdir);
+    bench_floor_stop(&fl);
     return rc;
 }

@@ -4,8 +4,10 @@
 #include <errno.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -156,6 +158,51 @@ static void worker_on_dispatch(void *s, const floor_pool *pool, const Baton__V1_
     send_worker_msg(s, &wm);
 }
 
+/* A stream request (graph "stream"): its input is two little-endian u32,
+ * COUNT and INTERVAL_US.  The worker answers COUNT Dones, one every
+ * INTERVAL_US (a model's step time), each with a few bytes of text inline
+ * as baton's decode node streams its token; the last one says finish. */
+static void worker_on_stream(void *s, const Baton__V1__Dispatch *d)
+{
+    uint32_t hdr[2] = {0, 0};
+    const Baton__V1__TensorRef *in = d->inputs[0]->parts[0]->chunks[0];
+    memcpy(hdr, in->data.data, in->data.len < sizeof(hdr) ? in->data.len : sizeof(hdr));
+    int64_t dims[1] = {4};
+    for (uint32_t i = 0; i < hdr[0]; i++) {
+        struct timespec ts = {hdr[1] / 1000000u, (long)(hdr[1] % 1000000u) * 1000};
+        nanosleep(&ts, NULL);
+        Baton__V1__TensorRef ref = BATON__V1__TENSOR_REF__INIT;
+        ref.dtype = BATON__V1__DTYPE__U8;
+        ref.n_dims = 1;
+        ref.dims = dims;
+        ref.nbytes = 4;
+        ref.data.len = 4;
+        ref.data.data = (uint8_t *)" tok";
+        Baton__V1__NamedRef out = BATON__V1__NAMED_REF__INIT;
+        Baton__V1__NamedRef *outs[1] = {&out};
+        out.name = "text";
+        out.ref = &ref;
+        Baton__V1__Status st = BATON__V1__STATUS__INIT;
+        uint32_t iter[1] = {i};
+        Baton__V1__Done done = BATON__V1__DONE__INIT;
+        done.request_key = d->request_key;
+        done.node = d->node;
+        done.graph = d->graph;
+        done.dispatch_id = d->dispatch_id;
+        done.n_iteration = 1;
+        done.iteration = iter;
+        done.n_outputs = 1;
+        done.outputs = outs;
+        done.finish = i + 1 == hdr[0];
+        done.status = &st;
+        done.batch_size = 1;
+        Baton__V1__WorkerMessage wm = BATON__V1__WORKER_MESSAGE__INIT;
+        wm.msg_case = BATON__V1__WORKER_MESSAGE__MSG_DONE;
+        wm.done = &done;
+        send_worker_msg(s, &wm);
+    }
+}
+
 int bench_floor_worker_main(void *arg)
 {
     const bench_floor_args *a = arg;
@@ -189,7 +236,10 @@ int bench_floor_worker_main(void *arg)
         zmq_msg_close(&m);
         if (!cm)
             continue;
-        if (cm->msg_case == BATON__V1__CONDUCTOR_MESSAGE__MSG_DISPATCH)
+        if (cm->msg_case == BATON__V1__CONDUCTOR_MESSAGE__MSG_DISPATCH &&
+            !strcmp(cm->dispatch->node_name, "s") && cm->dispatch->n_inputs)
+            worker_on_stream(s, cm->dispatch);
+        else if (cm->msg_case == BATON__V1__CONDUCTOR_MESSAGE__MSG_DISPATCH)
             worker_on_dispatch(s, pool, cm->dispatch, t0);
         else if (cm->msg_case == BATON__V1__CONDUCTOR_MESSAGE__MSG_PUT)
             worker_on_put(s, pool, cm->put);
@@ -206,6 +256,8 @@ int bench_floor_worker_main(void *arg)
 typedef struct floor_pending {
     bool used;
     bool pattern;        /* baton's message pattern: Put first, SessionClose + Release at the end */
+    bool stream;         /* graph "stream": each Done is forwarded as a chunk */
+    uint64_t seq;        /* stream: chunks sent so far */
     uint8_t id[256];     /* client routing identity */
     size_t idlen;
     char *request_id;    /* owned */
@@ -238,8 +290,8 @@ static void answer_error(floor_conductor *c, const uint8_t *id, size_t idlen, co
 /* Sends the Dispatch of request KEY: input NAME is REF (the plain floor
  * carries the bytes in REF.data; a pattern request's REF points into the
  * worker's pool). */
-static void send_dispatch(floor_conductor *c, uint64_t key, const char *rid, const char *name,
-                          Baton__V1__TensorRef *ref)
+static void send_dispatch(floor_conductor *c, uint64_t key, const char *rid, const char *node,
+                          const char *name, Baton__V1__TensorRef *ref)
 {
     Baton__V1__TensorRef *chunks[1] = {ref};
     Baton__V1__TensorPart part = BATON__V1__TENSOR_PART__INIT;
@@ -260,7 +312,7 @@ static void send_dispatch(floor_conductor *c, uint64_t key, const char *rid, con
     Baton__V1__Dispatch d = BATON__V1__DISPATCH__INIT;
     d.request_key = key;
     d.request_id = (char *)rid;
-    d.node_name = "e";
+    d.node_name = (char *)node;
     d.model = "echo0";
     d.mode = "";
     d.n_inputs = 1;
@@ -288,6 +340,7 @@ static void on_infer(floor_conductor *c, const uint8_t *id, size_t idlen,
     const Baton__V1__Tensor *in = q->inputs[0];
     p->used = true;
     p->pattern = q->graph && !strcmp(q->graph, "pattern");
+    p->stream = q->graph && !strcmp(q->graph, "stream");
     memcpy(p->id, id, idlen);
     p->idlen = idlen;
     p->request_id = strdup(q->request_id);
@@ -311,7 +364,7 @@ static void on_infer(floor_conductor *c, const uint8_t *id, size_t idlen,
     ref.dims = in->dims;
     ref.id = key;
     ref.data = in->data;
-    send_dispatch(c, key, q->request_id, in->name, &ref);
+    send_dispatch(c, key, q->request_id, p->stream ? "s" : "e", in->name, &ref);
 }
 
 /* One client frame: a health probe is answered here, an infer starts. */
@@ -343,8 +396,32 @@ static void on_client(floor_conductor *c, const uint8_t *id, size_t idlen, const
 static void on_done(floor_conductor *c, const Baton__V1__Done *d)
 {
     floor_pending *p = &c->slots[d->request_key % FLOOR_SLOTS];
+    Baton__V1__Done last = BATON__V1__DONE__INIT; /* a stream's end: its status, no output */
     if (!p->used)
         return;
+    if (p->stream && d->n_outputs) {
+        /* What batond sends a client per streamed token: the value inline. */
+        const Baton__V1__TensorRef *ref = d->outputs[0]->ref;
+        Baton__V1__Tensor v = BATON__V1__TENSOR__INIT;
+        v.name = d->outputs[0]->name;
+        v.dtype = ref->dtype;
+        v.n_dims = ref->n_dims;
+        v.dims = ref->dims;
+        v.data = ref->data;
+        v.modality = "text";
+        Baton__V1__InferChunk ch = BATON__V1__INFER_CHUNK__INIT;
+        ch.request_id = p->request_id;
+        ch.seq = p->seq++;
+        ch.value = &v;
+        Baton__V1__ServerMessage sm = BATON__V1__SERVER_MESSAGE__INIT;
+        sm.msg_case = BATON__V1__SERVER_MESSAGE__MSG_CHUNK;
+        sm.chunk = &ch;
+        send_packed(c->front, p->id, p->idlen, &sm.base);
+        if (!d->finish)
+            return;
+        last.status = d->status;
+        d = &last;
+    }
     if (p->pattern) {
         Baton__V1__SessionClose sc = BATON__V1__SESSION_CLOSE__INIT;
         sc.request_key = d->request_key;
@@ -412,7 +489,7 @@ static void on_worker(floor_conductor *c, const void *data, size_t len)
         const Baton__V1__Placed *pl = wm->placed;
         floor_pending *p = &c->slots[pl->request_key % FLOOR_SLOTS];
         if (p->used && pl->ref) {
-            send_dispatch(c, pl->request_key, p->request_id, p->input, pl->ref);
+            send_dispatch(c, pl->request_key, p->request_id, "e", p->input, pl->ref);
         } else if (p->used) {
             answer_error(c, p->id, p->idlen, p->request_id, BATON__V1__CODE__INTERNAL,
                          "floor: the input could not be placed");
@@ -461,4 +538,26 @@ int bench_floor_conductor_main(void *arg)
                 zmq_msg_close(&id);
             }
     }
+}
+
+int bench_floor_start(bench_floor *f)
+{
+    if (bench_mkdtemp(f->dir, sizeof(f->dir)) != 0)
+        return -1;
+    snprintf(f->a.front, sizeof(f->a.front), "ipc://%s/floor.sock", f->dir);
+    snprintf(f->a.back, sizeof(f->a.back), "ipc://%s/floor-workers.sock", f->dir);
+    f->conductor = bench_spawn(bench_floor_conductor_main, &f->a);
+    f->worker = bench_spawn(bench_floor_worker_main, &f->a);
+    if (f->conductor < 0 || f->worker < 0) {
+        bench_floor_stop(f);
+        return -1;
+    }
+    return 0;
+}
+
+void bench_floor_stop(bench_floor *f)
+{
+    bench_reap(f->conductor);
+    bench_reap(f->worker);
+    bench_rmtree(f->dir);
 }

@@ -23,6 +23,8 @@
 #ifndef BATON_BENCH_FLOOR_H
 #define BATON_BENCH_FLOOR_H
 
+#include <sys/types.h>
+
 typedef struct bench_floor_args {
     char front[300]; /* client endpoint (the conductor's ROUTER binds it) */
     char back[300];  /* worker endpoint (the conductor's ROUTER binds it) */
@@ -31,5 +33,20 @@ typedef struct bench_floor_args {
 /* Process bodies for bench_spawn: they run until killed. */
 int bench_floor_conductor_main(void *args);
 int bench_floor_worker_main(void *args);
+
+/* A running floor: its two processes and the private folder of their
+ * ipc:// endpoints. */
+typedef struct bench_floor {
+    char dir[256];
+    bench_floor_args a;     /* a.front: where clients connect */
+    pid_t conductor, worker;
+} bench_floor;
+
+/* Forks the floor's processes.  Call before any ZeroMQ context exists in
+ * this process (forking one that holds a context is undefined).  Returns 0,
+ * or -1 with nothing left behind. */
+int bench_floor_start(bench_floor *f);
+/* Stops both processes and removes the folder. */
+void bench_floor_stop(bench_floor *f);
 
 #endif

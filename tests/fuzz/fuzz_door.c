@@ -3,12 +3,15 @@
  * The conductor's own modules (frontend, door, outbound, dispatcher,
  * runtime, tensor table, supervisor, metrics) run in-process over inproc
  * ZeroMQ sockets: a client DEALER sends the frames to the client ROUTER the
- * frontend reads, and a fake worker, a DEALER named like the config's one
- * external worker, registers, loads its models and answers every Put,
+ * frontend reads, and two fake workers, DEALERs named like the config's
+ * two external workers, register, load their models and answer every Put,
  * Dispatch and Fetch at once (a Done with an inline output per output
- * spec, a final Chunk first for a stream output).  Nothing runs on a
- * timer: after the frames are read the harness passes messages back and
- * forth until both sides are quiet.
+ * spec, a final Chunk first for a stream output).  They also fail, as a
+ * full pool or a failing model does, where the input says so: a Put whose
+ * value's first byte is 0xff is refused (RESOURCE_EXHAUSTED), and a
+ * Dispatch of a request whose id ends in '!' fails (INTERNAL).  Nothing
+ * runs on a timer: after the frames are read the harness passes messages
+ * back and forth until every side is quiet.
  *
  * The input is a sequence of frames, each a 16-bit little-endian length
  * and that many bytes; what remains after the last whole frame is one
@@ -24,7 +27,8 @@
  * under the id the door answers with (the request_id when it is valid,
  * else ""); every CancelRequest got one
  * CancelResponse; every chunk belongs to a request sent; and nothing is
- * left in flight or placing.  With BATON_FUZZ_VERBOSE set in the
+ * left in flight or placing, nor in the runtime's references or the
+ * conductor's tensor table.  With BATON_FUZZ_VERBOSE set in the
  * environment each InferResponse's status is printed. */
 #include <stdbool.h>
 #include <stdint.h>
@@ -66,10 +70,12 @@ static const char CONFIG[] =
     "  log_level: error\n"
     "workers:\n"
     "  - {name: w0, device: cpu, spawn: external}\n"
+    "  - {name: w1, device: cpu, spawn: external}\n"
     "models:\n"
     "  - {name: echo, backend: echo, worker: w0}\n"
     "  - {name: counter, backend: counter, worker: w0}\n"
     "  - {name: chunks, backend: chunks, worker: w0, options: {n: 2}}\n"
+    "  - {name: echo1, backend: echo, worker: w1}\n"
     "graphs:\n"
     "  - name: echo\n"
     "    inputs: [x]\n"
@@ -80,6 +86,14 @@ static const char CONFIG[] =
     "      sequential:\n"
     "        - node: {name: a, model: echo, inputs: [x], outputs: [{name: x, to: b}]}\n"
     "        - node: {name: b, model: echo, inputs: [x, y], outputs: [{name: x, to: client}]}\n"
+    /* x is read on w0 alone (an early Put); y on both workers (a Put
+     * answered by Placed before the request runs). */
+    "  - name: split\n"
+    "    inputs: [x, y]\n"
+    "    body:\n"
+    "      parallel:\n"
+    "        - node: {name: a, model: echo, inputs: [x, y], outputs: [{name: x, to: client}]}\n"
+    "        - node: {name: b, model: echo1, inputs: [y], outputs: [{name: y, to: client}]}\n"
     "  - name: count\n"
     "    inputs: [x]\n"
     "    body:\n"
@@ -111,7 +125,9 @@ static const char CONFIG[] =
     "              - {name: token, to: client, new_token: true, modality: text}\n";
 
 static struct {
-    void *zctx, *front, *back, *client, *worker;
+    void *zctx, *front, *back, *client;
+    void *workers[2];  /* the fake workers w0 and w1 */
+    int cur;           /* the one answering now */
     cfg_config *cfg;
     graph_set *gs;
     metrics *m;
@@ -205,7 +221,7 @@ static void worker_send(const Baton__V1__WorkerMessage *m)
     uint8_t *buf = malloc(n ? n : 1);
     CHECK(buf);
     baton__v1__worker_message__pack(m, buf);
-    CHECK(zmq_send(H.worker, buf, n, 0) == (int)n);
+    CHECK(zmq_send(H.workers[H.cur], buf, n, 0) == (int)n);
     free(buf);
 }
 
@@ -213,7 +229,7 @@ static void worker_send(const Baton__V1__WorkerMessage *m)
 static void fake_ref(Baton__V1__TensorRef *r, int64_t *dim, uint8_t *bytes)
 {
     baton__v1__tensor_ref__init(r);
-    r->owner = 0;
+    r->owner = (uint32_t)H.cur;
     r->pool = 0;
     r->offset = 0;
     r->nbytes = 4;
@@ -270,6 +286,12 @@ static void answer_dispatch(const Baton__V1__Dispatch *d)
     }
     Baton__V1__Status st = BATON__V1__STATUS__INIT;
     st.code = BATON__V1__CODE__OK;
+    size_t idlen = d->request_id ? strlen(d->request_id) : 0;
+    if (idlen && d->request_id[idlen - 1] == '!') {
+        st.code = BATON__V1__CODE__INTERNAL;
+        st.message = "fuzz_door: the model failed";
+        k = 0;
+    }
     Baton__V1__Done done = BATON__V1__DONE__INIT;
     done.request_key = d->request_key;
     done.node = d->node;
@@ -296,7 +318,7 @@ static void answer_dispatch(const Baton__V1__Dispatch *d)
 static void answer_put(const Baton__V1__Put *p)
 {
     Baton__V1__TensorRef r = BATON__V1__TENSOR_REF__INIT;
-    r.owner = 0;
+    r.owner = (uint32_t)H.cur;
     r.pool = 0;
     r.offset = 0;
     r.nbytes = p->value ? p->value->data.len : 0;
@@ -313,6 +335,11 @@ static void answer_put(const Baton__V1__Put *p)
     pl.put_id = p->put_id;
     pl.ref = &r;
     pl.status = &st;
+    if (p->value && p->value->data.len && p->value->data.data[0] == 0xff) {
+        st.code = BATON__V1__CODE__RESOURCE_EXHAUSTED;
+        st.message = "fuzz_door: the pool is full";
+        pl.ref = NULL;
+    }
     Baton__V1__WorkerMessage m = BATON__V1__WORKER_MESSAGE__INIT;
     m.msg_case = BATON__V1__WORKER_MESSAGE__MSG_PLACED;
     m.placed = &pl;
@@ -347,14 +374,15 @@ static void answer_load(const Baton__V1__Load *l)
     worker_send(&m);
 }
 
-/* Answers what the conductor sent the worker; returns how many messages. */
-static size_t worker_pump(void)
+/* Answers what the conductor sent worker W; returns how many messages. */
+static size_t worker_pump(int w)
 {
     size_t n = 0;
+    H.cur = w;
     for (;;) {
         zmq_msg_t msg;
         zmq_msg_init(&msg);
-        if (zmq_msg_recv(&msg, H.worker, ZMQ_DONTWAIT) < 0) {
+        if (zmq_msg_recv(&msg, H.workers[w], ZMQ_DONTWAIT) < 0) {
             zmq_msg_close(&msg);
             return n;
         }
@@ -383,7 +411,7 @@ static size_t worker_pump(void)
 static void settle(void)
 {
     for (int round = 0; round < 100000; round++) {
-        size_t n = worker_pump();
+        size_t n = worker_pump(0) + worker_pump(1);
         zmq_pollitem_t it = {H.back, 0, ZMQ_POLLIN, 0};
         int ready = zmq_poll(&it, 1, 0);
         if (ready > 0)
@@ -443,7 +471,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     CHECK(H.zctx);
     H.back = router("inproc://fuzz-door-workers", true);
     H.front = router("inproc://fuzz-door-front", false);
-    H.worker = dealer("inproc://fuzz-door-workers", "w0");
+    H.workers[0] = dealer("inproc://fuzz-door-workers", "w0");
+    H.workers[1] = dealer("inproc://fuzz-door-workers", "w1");
     H.client = dealer("inproc://fuzz-door-front", NULL);
 
     sup_options so = {H.cfg, "/nonexistent/fuzz_door.yaml", "fuzz", "/nonexistent/baton-worker",
@@ -487,7 +516,10 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     Baton__V1__WorkerMessage m = BATON__V1__WORKER_MESSAGE__INIT;
     m.msg_case = BATON__V1__WORKER_MESSAGE__MSG_REGISTRATION;
     m.registration = &rg;
-    worker_send(&m);
+    for (H.cur = 0; H.cur < 2; H.cur++) {
+        rg.worker = H.cur ? "w1" : "w0";
+        worker_send(&m);
+    }
     settle();
     if (!H.ready) {
         fprintf(stderr, "fuzz_door: the fake worker did not become ready\n");
@@ -664,6 +696,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     collect(&e);
     CHECK(front_inflight(H.f) == 0);
     CHECK(front_placing(H.f) == 0);
+    CHECK(disp_tensors_held(H.disp) == 0);
+    CHECK(tt_count(H.tt) == 0);
     for (size_t i = 0; i < e.n; i++)
         free(e.ids[i]);
     free(e.ids);

@@ -271,6 +271,9 @@ def test_fresh_key_refused(s):
 
 
 def test_keyless_client_refused(s):
+    """A client without CURVE fails the handshake before ZAP is asked; it
+    is still refused, and counted in baton_auth_refused_total."""
+    before = s.refused("client")
     ctx = zmq.Context()
     d = ctx.socket(zmq.DEALER)
     d.setsockopt(zmq.LINGER, 0)
@@ -287,6 +290,7 @@ def test_keyless_client_refused(s):
     d.close()
     ctx.term()
     assert not got, "a NULL-mechanism client got an answer"
+    s.wait_for("the keyless refusal to be counted", lambda: s.refused("client") > before, 5)
 
 
 def test_refused_client_never_blocks(s):

@@ -1453,6 +1453,9 @@ def test_client_that_never_reads(config):
     hog.setsockopt(zmq.LINGER, 0)
     hog.setsockopt(zmq.RCVHWM, 1)
     hog.setsockopt(zmq.RCVBUF, 4096)
+    # A send that finds no pipe (the daemon dropped the connection) gives
+    # up rather than block the test for ever.
+    hog.setsockopt(zmq.SNDTIMEO, SEND_TIMEOUT_MS)
     hog.connect(d.endpoint)
     try:
         big = {"x": (I32, [4096], i32(*range(4096)))}  # 16 KiB each way
@@ -1487,7 +1490,10 @@ def test_client_that_never_reads(config):
                 q.request_id = "hog-%d" % i
                 q.graph = "echo"
                 q.inputs.add(name="x", dtype=I32, dims=[4096], data=big["x"][2])
-                hog.send(m.SerializeToString())
+                try:
+                    hog.send(m.SerializeToString())
+                except zmq.Again:
+                    break  # dropped and not reconnected within the timeout
                 if i % 200 == 0:
                     peak = max(peak, rss_kib(d.proc.pid))
         finally:
@@ -1568,6 +1574,173 @@ def test_timeout_clamped(config):
         d.stop()
 
 
+EARLY_PUT_CONFIG = """
+version: 1
+daemon:
+  listen: ipc:///tmp/baton-e2e/baton.sock
+  workers_endpoint: ipc:///tmp/baton-e2e/workers.sock
+  metrics_listen: 127.0.0.1:19464
+  max_message_bytes: 4194304
+  log_level: warning
+workers:
+  - {name: cpu0, device: cpu, pool_mb: 1}
+  - {name: cpu1, device: cpu, pool_mb: 64}
+models:
+  - {name: add0, backend: add, worker: cpu0}
+  - {name: echo1, backend: echo, worker: cpu1}
+graphs:
+  # x is read only on cpu0: it goes out as an early Put and runs at once.
+  # y is read on both workers: it waits for cpu0's Placed.
+  - name: two
+    inputs: [x, y]
+    body:
+      parallel:
+        - node: {name: a, model: add0, inputs: [x, y], outputs: [{name: out, to: client}]}
+        - node: {name: b, model: echo1, inputs: [y], outputs: [{name: y, to: client}]}
+"""
+
+
+def test_early_put_fails(config):
+    """An early Put refused (RESOURCE_EXHAUSTED: a 2 MiB input for a 1 MiB
+    pool) while the request's other input is still being placed ends the
+    request with that error, and leaves nothing in the conductor's tensor
+    table: its entry once stayed until the worker was lost."""
+    del config
+    d = Daemon(EARLY_PUT_CONFIG)
+    c = d.client()
+    try:
+        n = 512 * 1024
+        big = (I32, [n], struct.pack("<%di" % n, *([1] * n)))
+        for i in range(3):
+            _, r = c.infer("two", {"x": big, "y": (I32, [1], i32(i))})
+            assert r.status.code == pb.RESOURCE_EXHAUSTED, r.status
+        left = wait_metric(d, "baton_tensor_table_entries", lambda v: v == 0)
+        assert left == 0, d.metrics()
+        # Still serving, and a request that fits leaves nothing either.
+        _, r = c.infer("two", {"x": (I32, [2], i32(1, 2)), "y": (I32, [2], i32(10, 20))})
+        assert r.status.code == pb.OK, r.status
+        assert as_i32([o for o in r.outputs if o.name == "out"][0]) == [11, 22], r.outputs
+        assert wait_metric(d, "baton_tensor_table_entries", lambda v: v == 0) == 0, d.metrics()
+    finally:
+        c.close()
+        d.stop()
+
+
+FETCH_GONE_CONFIG = """
+version: 1
+daemon:
+  listen: ipc:///tmp/baton-e2e/baton.sock
+  workers_endpoint: ipc:///tmp/baton-e2e/workers.sock
+  metrics_listen: 127.0.0.1:19464
+  log_level: warning
+workers:
+  - {name: fake0, device: cpu, spawn: external}
+models:
+  - {name: echo0, backend: echo, worker: fake0}
+graphs:
+  - name: echo
+    inputs: [x]
+    body:
+      node: {name: e, model: echo0, inputs: [x], outputs: [{name: x, to: client}]}
+"""
+
+
+def fake_worker(endpoint, stop, fetches):
+    """A worker played in Python: it registers, loads, and answers each
+    Dispatch with an output of 100 000 bytes it does not send inline, then
+    each Fetch of it with NOT_FOUND, as a worker does for a tensor already
+    released.  Puts are placed.  FETCHES counts the Fetches."""
+    ctx = zmq.Context.instance()
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.ROUTING_ID, b"fake0")
+    s.setsockopt(zmq.LINGER, 0)
+    s.setsockopt(zmq.SNDTIMEO, SEND_TIMEOUT_MS)
+    s.connect(endpoint)
+
+    def send(**kw):
+        m = pb.WorkerMessage(**kw)
+        s.send(m.SerializeToString())
+
+    send(registration=pb.Register(
+        protocol_version=pb.PROTOCOL_VERSION_CURRENT, worker="fake0", device="cpu",
+        pools=[pb.PoolHandle(pool=0, kind=pb.POOL_KIND_SHM, shm_name="", pool_bytes=1 << 20,
+                             cuda_device=-1)],
+        pool_bytes=1 << 20, pid=os.getpid(), hostname=socket.gethostname()))
+    next_id = 100
+    last_beat = 0.0
+    try:
+        while not stop.is_set():
+            if time.time() - last_beat > 0.2:
+                send(heartbeat=pb.Heartbeat(pool_free_bytes=1 << 20, largest_free_bytes=1 << 20))
+                last_beat = time.time()
+            if not s.poll(50):
+                continue
+            frames = s.recv_multipart()
+            for f in frames:
+                cm = pb.ConductorMessage()
+                cm.ParseFromString(f)
+                kind = cm.WhichOneof("msg")
+                if kind == "load":
+                    send(loaded=pb.Loaded(model=cm.load.model, status=pb.Status(code=pb.OK)))
+                elif kind == "put":
+                    p = cm.put
+                    next_id += 1
+                    ref = pb.TensorRef(owner=0, id=p.tensor_id or next_id,
+                                       nbytes=len(p.value.data), dtype=p.value.dtype,
+                                       dims=list(p.value.dims))
+                    if not p.tensor_id:  # an early Put is answered only on failure
+                        send(placed=pb.Placed(request_key=p.request_key, put_id=p.put_id,
+                                              ref=ref, status=pb.Status(code=pb.OK)))
+                elif kind == "dispatch":
+                    d = cm.dispatch
+                    next_id += 1
+                    out = pb.TensorRef(owner=0, id=next_id, nbytes=100000, dtype=pb.U8,
+                                       dims=[100000])
+                    send(done=pb.Done(request_key=d.request_key, node=d.node, graph=d.graph,
+                                      iteration=list(d.iteration), dispatch_id=d.dispatch_id,
+                                      status=pb.Status(code=pb.OK), batch_size=1,
+                                      outputs=[pb.NamedRef(name=o.name, ref=out)
+                                               for o in d.outputs]))
+                elif kind == "fetch":
+                    fetches.append(cm.fetch.tensor_id)
+                    send(fetched=pb.Fetched(
+                        tensor_id=cm.fetch.tensor_id,
+                        status=pb.Status(code=pb.NOT_FOUND,
+                                         message="tensor %d is not held by worker fake0"
+                                         % cm.fetch.tensor_id)))
+    finally:
+        s.close()
+
+
+def test_fetch_gone(config):
+    """A Fetch the worker answers NOT_FOUND (the tensor is gone) ends the
+    request with NOT_FOUND and the worker's reason, never OK with an empty
+    tensor; the daemon goes on serving."""
+    del config
+    d = Daemon(FETCH_GONE_CONFIG, wait=False)
+    stop = threading.Event()
+    fetches = []
+    t = threading.Thread(target=fake_worker,
+                         args=("ipc://%s/workers.sock" % d.dir, stop, fetches), daemon=True)
+    t.start()
+    try:
+        d.wait_ready()
+        c = d.client()
+        for i in range(2):
+            _, r = c.infer("echo", X(i))
+            assert r.status.code == pb.NOT_FOUND, r
+            assert "not held by worker fake0" in r.status.message, r.status
+            assert not r.outputs, r.outputs
+        assert len(fetches) == 2, fetches
+        h = c.health(5)
+        assert h is not None and h.ready, h
+        c.close()
+    finally:
+        stop.set()
+        t.join(5)
+        d.stop()
+
+
 def main():
     with open(os.path.join(ROOT, "tests/integration/configs/e2e.yaml")) as f:
         config = f.read()
@@ -1594,7 +1767,8 @@ def main():
         d.stop()
     for t in (test_sigterm_drain, test_sd_notify, test_sighup_reload, test_external_worker,
               test_transformer_serves, test_chat_text_limits, test_client_that_never_reads,
-              test_fair_admission, test_timeout_clamped):
+              test_fair_admission, test_timeout_clamped, test_early_put_fails,
+              test_fetch_gone):
         if only and t.__name__ not in only:
             continue
         try:

@@ -376,7 +376,13 @@ static void test_runtime_walk(void **state)
             if (!failed)
                 assert_int_equal(r->code, BT_CODE_OK);
         } else {
+            /* Refused: the caller still owns the inputs (it releases them
+             * and answers the client), so the runtime released none and
+             * answered nothing.  Once it released them too. */
             assert_true(failed);
+            if (r)
+                fail_msg("allocation %ld failed: a refused start was also answered", n);
+            assert_int_equal(h_tensors_unreleased(h), h->g->n_inputs);
         }
         assert_int_equal(rt_tensors_held(h->rt), 0);
         h_destroy(h);

@@ -14,6 +14,7 @@
 #include <zmq.h>
 
 #include "common/clock.h"
+#include "common/evloop.h"
 #include "daemon/clients.h"
 #include "daemon/outbound.h"
 
@@ -108,6 +109,35 @@ static void test_backlog(void **state)
     cl_free(&t);
 }
 
+/* A client pipe as the conductor's, smaller: a ROUTER_MANDATORY router
+ * (*ROUTER) bound at EP and a dealer (*DEALER) of routing id ID connected
+ * to it, pipes of 24 messages each way (more than 16, as the conductor's
+ * 64: out_send has ZeroMQ read commands every 16 replies it keeps).  The
+ * router has read the dealer's first message, so it knows the client. */
+static void pipe_open(void *ctx, const char *ep, const uint8_t *id, size_t idlen, void **router,
+                      void **dealer)
+{
+    int one = 1, hwm = 24;
+    *router = zmq_socket(ctx, ZMQ_ROUTER);
+    *dealer = zmq_socket(ctx, ZMQ_DEALER);
+    assert_int_equal(zmq_setsockopt(*router, ZMQ_ROUTER_MANDATORY, &one, sizeof(one)), 0);
+    assert_int_equal(zmq_setsockopt(*router, ZMQ_SNDHWM, &hwm, sizeof(hwm)), 0);
+    assert_int_equal(zmq_setsockopt(*dealer, ZMQ_RCVHWM, &hwm, sizeof(hwm)), 0);
+    assert_int_equal(zmq_setsockopt(*dealer, ZMQ_ROUTING_ID, id, idlen), 0);
+    assert_int_equal(zmq_bind(*router, ep), 0);
+    assert_int_equal(zmq_connect(*dealer, ep), 0);
+    assert_int_equal(zmq_send(*dealer, "hi", 2, 0), 2);
+    uint8_t buf[64];
+    assert_int_equal(zmq_recv(*router, buf, sizeof(buf), 0), (int)idlen);
+    assert_int_equal(zmq_recv(*router, buf, sizeof(buf), 0), 2);
+}
+
+static void room_noop(evloop *l, void *arg)
+{
+    (void)l;
+    (void)arg;
+}
+
 /* Sends reply I (its request_id is the number) to the client ID. */
 static void send_numbered(outbound *o, const uint8_t *id, size_t len, int i)
 {
@@ -140,6 +170,50 @@ static int drain(void *dealer, int *next)
     return got;
 }
 
+/* While a backlog waits, the client socket's own signal (out_room_fd)
+ * wakes a loop that watches it as soon as the reader has made room: each
+ * round ends by that signal, never by its timeout (30 s here; a missing
+ * signal fails the test at the first timed-out round).  Streams that
+ * outran the pipe once waited a millisecond per pipe's worth of messages
+ * for the timed look. */
+static void test_backlog_room_signalled(void **state)
+{
+    (void)state;
+    const uint8_t id[] = {'c', '2'};
+    void *ctx = zmq_ctx_new(), *router, *dealer;
+    pipe_open(ctx, "inproc://room", id, sizeof(id), &router, &dealer);
+
+    outbound *o = out_create(router, NULL, NULL, NULL, NULL);
+    assert_non_null(o);
+    int fd = out_room_fd(o);
+    assert_true(fd >= 0);
+    evloop *l = evloop_create();
+    assert_non_null(l);
+    assert_true(evloop_add(l, NULL, fd, room_noop, NULL) >= 0);
+    enum { N = 256 };
+    for (int i = 0; i < N; i++)
+        send_numbered(o, id, sizeof(id), i);
+    cl_table *t = out_clients(o);
+    assert_non_null(t->waiting);
+    out_flush_backlogs(o, bt_now_ms()); /* what the loop does after a round */
+    /* A client that reads nothing raises no signal: the loop sleeps. */
+    assert_int_equal(evloop_run_once(l, 0), 0);
+    int next = 0, rounds = 0;
+    while (t->waiting) {
+        assert_true(drain(dealer, &next) > 0);
+        assert_int_equal(evloop_run_once(l, 30000), 1); /* the signal, not the timeout */
+        out_flush_backlogs(o, bt_now_ms());
+        assert_true(++rounds < N);
+    }
+    drain(dealer, &next);
+    assert_int_equal(next, N);
+    evloop_destroy(l);
+    out_destroy(o);
+    zmq_close(dealer);
+    zmq_close(router);
+    zmq_ctx_term(ctx);
+}
+
 /* A burst of replies past the pipe's high-water mark: what ZeroMQ refuses
  * waits in the backlog, and goes on as soon as the client has read, by
  * out_flush_backlogs or the next out_send, never waiting for out_tick.
@@ -148,23 +222,9 @@ static int drain(void *dealer, int *next)
 static void test_backlog_sent_without_tick(void **state)
 {
     (void)state;
-    void *ctx = zmq_ctx_new();
-    void *router = zmq_socket(ctx, ZMQ_ROUTER), *dealer = zmq_socket(ctx, ZMQ_DEALER);
-    /* A pipe of more than 16 messages, as the conductor's 64: out_send
-     * has ZeroMQ read commands every 16 replies it keeps. */
-    int one = 1, hwm = 24;
     const uint8_t id[] = {'c', '1'};
-    assert_int_equal(zmq_setsockopt(router, ZMQ_ROUTER_MANDATORY, &one, sizeof(one)), 0);
-    assert_int_equal(zmq_setsockopt(router, ZMQ_SNDHWM, &hwm, sizeof(hwm)), 0);
-    assert_int_equal(zmq_setsockopt(dealer, ZMQ_RCVHWM, &hwm, sizeof(hwm)), 0);
-    assert_int_equal(zmq_setsockopt(dealer, ZMQ_ROUTING_ID, id, sizeof(id)), 0);
-    assert_int_equal(zmq_bind(router, "inproc://backlog"), 0);
-    assert_int_equal(zmq_connect(dealer, "inproc://backlog"), 0);
-    /* The router learns the client from its first message. */
-    assert_int_equal(zmq_send(dealer, "hi", 2, 0), 2);
-    uint8_t buf[64];
-    assert_int_equal(zmq_recv(router, buf, sizeof(buf), 0), (int)sizeof(id));
-    assert_int_equal(zmq_recv(router, buf, sizeof(buf), 0), 2);
+    void *ctx = zmq_ctx_new(), *router, *dealer;
+    pipe_open(ctx, "inproc://backlog", id, sizeof(id), &router, &dealer);
 
     outbound *o = out_create(router, NULL, NULL, NULL, NULL);
     assert_non_null(o);
@@ -213,6 +273,7 @@ int main(void)
         cmocka_unit_test(test_lookup_and_counts),
         cmocka_unit_test(test_backlog),
         cmocka_unit_test(test_backlog_sent_without_tick),
+        cmocka_unit_test(test_backlog_room_signalled),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -397,6 +397,45 @@ static void test_tcp_beyond_loopback_needs_curve(void **state)
     assert_false(cfg_endpoint_is_loopback("ipc:///tmp/x"));
 }
 
+/* A peer_listen whose port another endpoint of the same host binds is an
+ * error at the peer_listen: batond's own endpoints for a worker it spawns
+ * (no host:), and another worker's peer_listen on the same host:. */
+static void test_peer_listen_port_clash(void **state)
+{
+    (void)state;
+    expect_error("version: 1\n"
+                 "daemon: {listen: 'tcp://127.0.0.1:7000'}\n"
+                 "workers:\n"
+                 "  - {name: a, device: cpu, peer_listen: 'tcp://127.0.0.1:7000'}\n",
+                 4, "worker 'a': peer_listen 'tcp://127.0.0.1:7000' uses the port of "
+                    "daemon.listen 'tcp://127.0.0.1:7000'");
+    expect_error("version: 1\n"
+                 "daemon: {http_listen: '0.0.0.0:7100'}\n"
+                 "workers:\n"
+                 "  - {name: a, device: cpu, peer_listen: 'tcp://127.0.0.1:7100'}\n",
+                 4, "uses the port of daemon.http_listen '0.0.0.0:7100'");
+    expect_error("version: 1\n"
+                 "workers:\n"
+                 "  - {name: a, device: cpu, host: h1, peer_listen: 'tcp://127.0.0.1:7301'}\n"
+                 "  - {name: b, device: cpu, host: h2, peer_listen: 'tcp://127.0.0.1:7301'}\n"
+                 "  - {name: c, device: cpu, host: h1, peer_listen: 'tcp://127.0.0.1:7301'}\n",
+                 5, "worker 'c': peer_listen 'tcp://127.0.0.1:7301' uses the port of worker "
+                    "'a' (peer_listen 'tcp://127.0.0.1:7301') on the same host h1");
+    /* No clash: other hosts, other ports, ephemeral ports, an external
+     * worker whose host is not known, batond's ipc:// endpoints. */
+    cfg_config *c = load_ok("version: 1\n"
+                            "daemon: {listen: 'tcp://127.0.0.1:7000'}\n"
+                            "workers:\n"
+                            "  - {name: a, device: cpu, host: h1, peer_listen: 'tcp://127.0.0.1:7000'}\n"
+                            "  - {name: b, device: cpu, host: h2, peer_listen: 'tcp://127.0.0.1:7000'}\n"
+                            "  - {name: c, device: cpu, peer_listen: 'tcp://127.0.0.1:7001'}\n"
+                            "  - {name: d, device: cpu, peer_listen: 'tcp://127.0.0.1:*'}\n"
+                            "  - {name: e, device: cpu, peer_listen: 'tcp://127.0.0.1:*'}\n"
+                            "  - {name: f, device: cpu, spawn: external, peer_listen: 'tcp://127.0.0.1:7000'}\n");
+    assert_int_equal(c->n_workers, 6);
+    cfg_config_destroy(c);
+}
+
 /* With curve set, tcp is fine at load; the key files are checked by
  * cfg_check_keys. */
 static void test_curve_keys_parsed(void **state)
@@ -1149,6 +1188,7 @@ int main(void)
         cmocka_unit_test(test_plugin_options_untyped),
         cmocka_unit_test(test_check_paths_warns),
         cmocka_unit_test(test_tcp_beyond_loopback_needs_curve),
+        cmocka_unit_test(test_peer_listen_port_clash),
         cmocka_unit_test(test_curve_keys_parsed),
         cmocka_unit_test(test_check_keys),
         cmocka_unit_test(test_missing_file),

@@ -744,6 +744,40 @@ static void test_stream_consumer_finish(void **state)
     finish_ok(h);
 }
 
+/* A worker that runs ahead is sent an Extend once half of its window is
+ * used, not one per accepted iteration, and never starves: every iteration
+ * up to the loop's last is reachable, and the last Extend reaches it. */
+static void test_extend_per_half_window(void **state)
+{
+    (void)state;
+    harness *h = h_create(HEAD
+        "      sequential:\n"
+        "        - node: {name: s, model: m, inputs: [x], outputs: [{name: t, to: d}]}\n"
+        "        - loop:\n"
+        "            name: L\n"
+        "            max_iters: 40\n"
+        "            body:\n"
+        "              node: {name: d, model: m, async: true, inputs: [t], outputs: [{name: t, to: d}, {name: k, to: client, new_token: true}]}\n",
+        8);
+    h_start(h, 1, true, NULL, 0);
+    h_complete(h, h_find(h, 1, "s", &I0), false);
+    size_t ext = h->n_extends;
+    for (unsigned i = 0; i < 40; i++) {
+        rt_iter it = IT1(i);
+        h_dispatch *d = h_find(h, 1, "d", &it);
+        assert_non_null(d); /* within the window: the worker is never stalled */
+        h_complete(h, d, false);
+        /* The Dispatch opened 0..8; each fourth accepted iteration opens
+         * four more (an Extend after 4, 8, ...), and the one that brings
+         * the last iteration into reach (31) opens what is left. */
+        if (i < 31)
+            assert_int_equal(h->n_extends - ext, i / 4);
+    }
+    assert_int_equal(h->n_extends - ext, 8);
+    assert_int_equal(h_response_of(h, 1)->code, BT_CODE_OK);
+    finish_ok(h);
+}
+
 /* A finish from another body node closes the window of a speculating node
  * without extending it first. */
 static void test_no_extend_after_finish(void **state)
@@ -801,6 +835,7 @@ int main(void)
         cmocka_unit_test(test_duplicate_and_stray),
         cmocka_unit_test(test_stream_consumer_finish),
         cmocka_unit_test(test_no_extend_after_finish),
+        cmocka_unit_test(test_extend_per_half_window),
     };
     return cmocka_run_group_tests_name("runtime", tests, NULL, NULL);
 }

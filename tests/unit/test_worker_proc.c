@@ -725,6 +725,16 @@ static void test_conductor_session(void **state)
     Baton__V1__SessionClose sc = BATON__V1__SESSION_CLOSE__INIT;
     sc.request_key = 1;
     send_simple(&c, BATON__V1__CONDUCTOR_MESSAGE__MSG_SESSION_CLOSE, &sc);
+    /* A Fetch of a tensor already released is NOT_FOUND, naming it: never
+     * OK with no bytes. */
+    fe.tensor_id = j->id;
+    send_simple(&c, BATON__V1__CONDUCTOR_MESSAGE__MSG_FETCH, &fe);
+    fd = c_expect(&c, BATON__V1__WORKER_MESSAGE__MSG_FETCHED, 5000)->fetched;
+    assert_int_equal(fd->status->code, BATON__V1__CODE__NOT_FOUND);
+    assert_int_equal(fd->data.len, 0);
+    char gone[64];
+    snprintf(gone, sizeof(gone), "tensor %llu is not held", (unsigned long long)j->id);
+    assert_non_null(strstr(fd->status->message, gone));
 
     /* A request cancelled while it sleeps: nothing is sent for it, and the
      * single lane is free again at once (the next echo answers quickly). */
