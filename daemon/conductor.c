@@ -335,8 +335,9 @@ static char *stats_text(conductor *c)
         const sup_worker *wk = sup_worker_get(c->sup, (int)w);
         ws[w] = (metrics_worker){wk->cfg->name, wk->state == SUP_READY, wk->restarts,
                                  wk->pool_used, wk->pool_free, wk->fragmentation, wk->queued,
-                                 wk->staged_bytes, wk->sessions, wk->tp_steps,
-                                 wk->msgs_out, wk->msgs_in, wk->zmq_out, wk->zmq_in};
+                                 wk->staged_bytes, wk->sessions, wk->tp_steps, wk->ipc_ahead,
+                                 wk->ipc_on_request, wk->msgs_out, wk->msgs_in, wk->zmq_out,
+                                 wk->zmq_in};
     }
     /* Each replica of each replicated model: its picks and pins. */
     size_t nr = 0;

@@ -360,6 +360,18 @@ char *metrics_text(const metrics *m, const metrics_gauges *gg)
     worker_family(f, gg, "baton_worker_tp_steps_total", "counter",
                   "Steps of a tensor-parallel model's rank 0 that a worker ran as one of the "
                   "other ranks.  Starts at 0 with each incarnation of the worker.", W_TP_STEPS);
+    family(f, "baton_worker_ipc_opens_total", "counter",
+           "Peers' CUDA pools a worker opened by CUDA IPC: when='ahead' as the peers came up "
+           "(a GPU worker, its own GPU's peers), when='request' on a request's path (another "
+           "GPU's pool, first needed by an edge, or one whose opening ahead failed).  Starts at "
+           "0 with each incarnation of the worker.");
+    for (size_t w = 0; w < gg->n_workers; w++) {
+        const metrics_worker *wk = &gg->workers[w];
+        fprintf(f, "baton_worker_ipc_opens_total{worker=\"%s\",when=\"ahead\"} %llu\n",
+                wk->name, (unsigned long long)wk->ipc_ahead);
+        fprintf(f, "baton_worker_ipc_opens_total{worker=\"%s\",when=\"request\"} %llu\n",
+                wk->name, (unsigned long long)wk->ipc_on_request);
+    }
     family(f, "baton_worker_messages_total", "counter",
            "Protocol messages between the conductor and a worker, by direction.");
     for (size_t w = 0; w < gg->n_workers; w++)

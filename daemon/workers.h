@@ -65,6 +65,8 @@ typedef struct sup_worker {
     uint64_t staged_bytes;        /* copied to assemble inputs, this incarnation */
     uint32_t sessions;            /* backend sessions open */
     uint64_t tp_steps;            /* tensor-parallel steps run as a follower, this incarnation */
+    uint64_t ipc_ahead;           /* peers' CUDA pools opened when Peers came, this incarnation */
+    uint64_t ipc_on_request;      /* ... opened on a request's path, this incarnation */
     /* What its Loaded messages of this incarnation said, one paragraph per
      * model (load time, weights, the backend's report), for inspect; owned,
      * NULL when nothing has loaded. */

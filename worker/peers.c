@@ -242,7 +242,10 @@ int wk_peers_update(wk_peers *ps, const Baton__V1__Peers *msg, uint32_t self)
             for (wk_mapping *m = ps->maps; m; m = m->next)
                 have |= !m->stale && m->peer == p->index && m->pool == p->pools[k].pool;
             char err[512];
-            if (!have && !map_new(ps, p, p->pools[k].pool, err, sizeof(err)))
+            wk_mapping *m = have ? NULL : map_new(ps, p, p->pools[k].pool, err, sizeof(err));
+            if (m && m->cuda_device >= 0)
+                ps->ipc_opens_ahead++;
+            else if (!have && !m)
                 bt_info("pool %u of worker %s not mapped yet: %s", p->pools[k].pool, p->name,
                         err);
         }
@@ -271,6 +274,8 @@ wk_mapping *wk_peers_pin(wk_peers *ps, uint32_t peer, uint32_t pool, char *err, 
     wk_mapping *m = map_new(ps, p, pool, err, errlen);
     if (m)
         m->pins++;
+    if (m && m->cuda_device >= 0)
+        ps->ipc_opens_on_request++;
     return m;
 }
 

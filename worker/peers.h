@@ -46,6 +46,8 @@ typedef struct wk_peers {
     wk_mapping *maps;    /* cached mappings */
     char hostname[256];  /* ours: a peer elsewhere cannot be mapped */
     wk_device *dev;      /* opens CUDA pools; borrowed */
+    uint64_t ipc_opens_ahead;      /* CUDA pools opened when a Peers message came */
+    uint64_t ipc_opens_on_request; /* CUDA pools opened by wk_peers_pin, on a request's path */
 } wk_peers;
 
 void wk_peers_init(wk_peers *ps, const char *hostname, wk_device *dev);

@@ -336,6 +336,8 @@ static void send_heartbeat(wk_worker *w)
     hb.live_tensors = wk_store_n_tensors(w->store);
     hb.open_sessions = wk_executor_n_sessions(w->ex);
     hb.queued = wk_executor_n_queued(w->ex);
+    hb.ipc_opens_ahead = w->peers.ipc_opens_ahead;
+    hb.ipc_opens_on_request = w->peers.ipc_opens_on_request;
     pthread_mutex_unlock(&w->lock);
     hb.staged_bytes = wk_device_staged_bytes(w->dev);
     hb.tp_steps = wk_tp_steps(w->tp);

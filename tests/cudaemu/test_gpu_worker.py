@@ -142,6 +142,11 @@ def test_ipc_in_place(d, c):
     # gpu1's backend read gpu0's memory where it lies: the worker copied
     # nothing to assemble the input.
     assert settled(d, "gpu1") == 0, staged(d, "gpu1")
+    # And it opened gpu0's pool when gpu0 came up, never on a request's
+    # path (the heartbeat that settled the counter above carried these).
+    opens = 'worker="gpu1",when="%s"'
+    assert d.metric("baton_worker_ipc_opens_total", opens % "request") == 0, d.metrics()
+    assert d.metric("baton_worker_ipc_opens_total", opens % "ahead") >= 1, d.metrics()
     # Every tensor of the requests was released on both sides.
     wait_pools_empty(d, ("gpu0", "gpu1"))
 
