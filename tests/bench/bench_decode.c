@@ -208,6 +208,35 @@ typedef struct chat_result {
     double sw[CHAT_RUNS], floor_sw[CHAT_RUNS]; /* context switches per token, both */
 } chat_result;
 
+/* Reads the events of the one streamed request in flight on C until its
+ * response; returns the number of chunks when the response is OK after
+ * exactly WANT of them, else -1 (saying why, as WHAT). */
+static int recv_stream(baton_client *c, int want, const char *what)
+{
+    for (int chunks = 0;;) {
+        baton_client_event *ev = NULL;
+        int rc = baton_client_recv(c, 120000, &ev);
+        if (rc == BATON_CLIENT_EINTR)
+            continue;
+        if (rc != 0) {
+            fprintf(stderr, "decode (%s): recv: %s\n", what, baton_client_strerror(rc));
+            return -1;
+        }
+        if (ev->kind == BATON_CLIENT_EVENT_CHUNK) {
+            chunks++;
+        } else if (ev->kind == BATON_CLIENT_EVENT_RESPONSE) {
+            bool ok = ev->code == BATON_CLIENT_CODE_OK && chunks == want;
+            if (!ok)
+                fprintf(stderr, "decode (%s): ended %s (%s) after %d tokens, expected OK "
+                        "after %d\n", what, baton_client_code_name((int)ev->code), ev->message,
+                        chunks, want);
+            baton_client_event_free(ev);
+            return ok ? chunks : -1;
+        }
+        baton_client_event_free(ev);
+    }
+}
+
 /* One chat request of CHAT_TOKENS decode iterations, streamed; the number
  * of streamed tokens, or -1 on a wrong answer. */
 static int chat_once(baton_client *c, const char *id, double *us)
@@ -223,30 +252,8 @@ static int chat_once(baton_client *c, const char *id, double *us)
     double t0 = bench_now_us();
     if (baton_client_send(c, r) != 0)
         goto out;
-    for (int chunks = 0;;) {
-        baton_client_event *ev = NULL;
-        int rc = baton_client_recv(c, 120000, &ev);
-        if (rc == BATON_CLIENT_EINTR)
-            continue;
-        if (rc != 0) {
-            fprintf(stderr, "decode (chat): recv: %s\n", baton_client_strerror(rc));
-            goto out;
-        }
-        if (ev->kind == BATON_CLIENT_EVENT_CHUNK) {
-            chunks++;
-        } else if (ev->kind == BATON_CLIENT_EVENT_RESPONSE) {
-            bool ok = ev->code == BATON_CLIENT_CODE_OK && chunks == CHAT_TOKENS + 1;
-            if (!ok)
-                fprintf(stderr, "decode (chat): ended %s (%s) after %d tokens, expected OK "
-                        "after %d\n", baton_client_code_name((int)ev->code), ev->message,
-                        chunks, CHAT_TOKENS + 1);
-            baton_client_event_free(ev);
-            *us = bench_now_us() - t0;
-            got = ok ? chunks : -1;
-            break;
-        }
-        baton_client_event_free(ev);
-    }
+    got = recv_stream(c, CHAT_TOKENS + 1, "chat");
+    *us = bench_now_us() - t0;
 out:
     baton_client_request_destroy(r);
     return got;
@@ -266,24 +273,8 @@ static int floor_stream_once(baton_client *c, uint32_t count, uint32_t interval_
             0)
         goto out;
     baton_client_request_set_stream(r, true);
-    if (baton_client_send(c, r) != 0)
-        goto out;
-    for (int chunks = 0;;) {
-        baton_client_event *ev = NULL;
-        int rc = baton_client_recv(c, 120000, &ev);
-        if (rc == BATON_CLIENT_EINTR)
-            continue;
-        if (rc != 0)
-            goto out;
-        bool end = ev->kind == BATON_CLIENT_EVENT_RESPONSE;
-        if (ev->kind == BATON_CLIENT_EVENT_CHUNK)
-            chunks++;
-        else if (end && ev->code == BATON_CLIENT_CODE_OK && chunks == (int)count)
-            got = chunks;
-        baton_client_event_free(ev);
-        if (end)
-            break;
-    }
+    if (baton_client_send(c, r) == 0)
+        got = recv_stream(c, (int)count, "floor");
 out:
     baton_client_request_destroy(r);
     return got;
