@@ -383,13 +383,14 @@ asan-test: deps model
 	  bash tests/run-suites.sh $(abspath build/asan)/test-counts \
 	    $(MAKE) --no-print-directory BUILD=build/asan SAN=1 -- unit integration cudaemu
 
-# Mixed requests from many clients, worker SIGKILL/SIGSTOP, a slow reader
-# and connection churn against real processes for MINUTES minutes
-# (tests/soak/soak.py); not part of `make test`.
-MINUTES ?= 10
+# Mixed requests from many clients, 5 worker SIGKILLs, a cut of the link
+# to an external worker in a network namespace (as root), a slow reader and
+# connection churn against real processes for MINUTES minutes
+# (tests/soak/soak.py; figures in $(BUILD)/soak.json); not part of `make test`.
+MINUTES ?= 30
 .PHONY: soak
 soak: $(PROGRAMS) $(PY_PB2)
-	@BUILD=$(BUILD) /usr/bin/python3 tests/soak/soak.py --minutes $(MINUTES)
+	@BUILD=$(BUILD) /usr/bin/python3 tests/soak/soak.py --minutes $(MINUTES) --json $(BUILD)/soak.json
 
 run: deps all
 	@bash scripts/run.sh $(BATOND)

@@ -1,7 +1,9 @@
 /* CURVE keys and the socket options around them (common/curve.h). */
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,8 +19,12 @@
 /* An authorized-keys file of this size holds some 20000 keys. */
 #define KEYSET_FILE_MAX (1u << 20)
 
+/* The longest name a key may carry, and its string's size. */
+#define KEY_NAME_MAX 63
+
 struct bt_curve_keyset {
     uint8_t (*keys)[32]; /* owned; n used of cap */
+    char (*names)[KEY_NAME_MAX + 1]; /* owned; the name keys[i] carries, "" for none */
     size_t n, cap;
 };
 
@@ -362,16 +368,47 @@ void bt_curve_keyset_destroy(bt_curve_keyset *s)
     if (!s)
         return;
     free(s->keys);
+    free(s->names);
     free(s);
 }
 
-static int keyset_add_raw(bt_curve_keyset *s, const uint8_t key[32])
+/* The index of KEY in S, or -1. */
+static ptrdiff_t keyset_find(const bt_curve_keyset *s, const uint8_t key[32])
 {
-    if (bt_curve_keyset_contains(s, key))
+    /* A few dozen keys at most: a scan is as fast as anything sorted. */
+    for (size_t i = 0; s && i < s->n; i++)
+        if (memcmp(s->keys[i], key, 32) == 0)
+            return (ptrdiff_t)i;
+    return -1;
+}
+
+/* Adds KEY carrying NAME ("" none) unless it is there: a name then joins
+ * an unnamed key.  BT_CURVE_EFORMAT when the key carries another name. */
+static int keyset_add_raw(bt_curve_keyset *s, const uint8_t key[32], const char *name)
+{
+    ptrdiff_t at = keyset_find(s, key);
+    if (at >= 0) {
+        if (!*name)
+            return 0;
+        if (s->names[at][0] && strcmp(s->names[at], name) != 0)
+            return BT_CURVE_EFORMAT;
+        snprintf(s->names[at], sizeof(s->names[at]), "%s", name);
         return 0;
-    if (BT_RESERVE(s->keys, s->n, s->cap, 8))
+    }
+    /* Both arrays grow to the same capacity: the names follow the keys. */
+    size_t cap = s->cap;
+    if (BT_RESERVE(s->keys, s->n, cap, 8))
         return BT_CURVE_ENOMEM;
-    memcpy(s->keys[s->n++], key, 32);
+    if (cap != s->cap) {
+        void *names = realloc(s->names, cap * sizeof(*s->names));
+        if (!names)
+            return BT_CURVE_ENOMEM;
+        s->names = names;
+        s->cap = cap;
+    }
+    memcpy(s->keys[s->n], key, 32);
+    snprintf(s->names[s->n], sizeof(s->names[s->n]), "%s", name);
+    s->n++;
     return 0;
 }
 
@@ -380,7 +417,26 @@ int bt_curve_keyset_add(bt_curve_keyset *s, const char *public_z85)
     uint8_t key[32];
     if (!bt_curve_z85_valid(public_z85, key))
         return BT_CURVE_EFORMAT;
-    return keyset_add_raw(s, key);
+    return keyset_add_raw(s, key, "");
+}
+
+const char *bt_curve_keyset_name_of(const bt_curve_keyset *s, const uint8_t key[32])
+{
+    ptrdiff_t at = keyset_find(s, key);
+    return at >= 0 && s->names[at][0] ? s->names[at] : NULL;
+}
+
+const char *bt_curve_keyset_name_at(const bt_curve_keyset *s, size_t i)
+{
+    return s->names[i];
+}
+
+bool bt_curve_keyset_names(const bt_curve_keyset *s, const char *name)
+{
+    for (size_t i = 0; s && i < s->n; i++)
+        if (strcmp(s->names[i], name) == 0)
+            return true;
+    return false;
 }
 
 void bt_curve_keyset_remove(bt_curve_keyset *s, const char *public_z85)
@@ -388,28 +444,34 @@ void bt_curve_keyset_remove(bt_curve_keyset *s, const char *public_z85)
     uint8_t key[32];
     if (!s || !bt_curve_z85_valid(public_z85, key))
         return;
-    for (size_t i = 0; i < s->n; i++)
-        if (memcmp(s->keys[i], key, 32) == 0) {
-            memmove(s->keys[i], s->keys[i + 1], (s->n - i - 1) * sizeof(*s->keys));
-            s->n--;
-            return;
-        }
+    ptrdiff_t i = keyset_find(s, key);
+    if (i < 0)
+        return;
+    memmove(s->keys[i], s->keys[i + 1], (s->n - (size_t)i - 1) * sizeof(*s->keys));
+    memmove(s->names[i], s->names[i + 1], (s->n - (size_t)i - 1) * sizeof(*s->names));
+    s->n--;
 }
 
 bool bt_curve_keyset_contains(const bt_curve_keyset *s, const uint8_t key[32])
 {
-    if (!s)
-        return false;
-    /* A few dozen keys at most: a scan is as fast as anything sorted. */
-    for (size_t i = 0; i < s->n; i++)
-        if (memcmp(s->keys[i], key, 32) == 0)
-            return true;
-    return false;
+    return keyset_find(s, key) >= 0;
 }
 
 size_t bt_curve_keyset_count(const bt_curve_keyset *s)
 {
     return s ? s->n : 0;
+}
+
+/* Whether NAME ("" for none) may follow a key on its line. */
+static bool key_name_ok(const char *name)
+{
+    size_t len = strlen(name);
+    if (len > KEY_NAME_MAX)
+        return false;
+    for (const char *c = name; *c; c++)
+        if (!isalnum((unsigned char)*c) && !strchr("_.-", *c))
+            return false;
+    return true;
 }
 
 int bt_curve_keyset_load(bt_curve_keyset *s, const char *path, int *line, char *err,
@@ -448,20 +510,35 @@ int bt_curve_keyset_load(bt_curve_keyset *s, const char *path, int *line, char *
         *end = 0;
         uint8_t key[32];
         if (*b && *b != '#') {
+            /* The key, then after blanks the name it carries, if any. */
+            char *name = b + strcspn(b, " \t");
+            if (*name) {
+                *name++ = 0;
+                name += strspn(name, " \t");
+            }
             if (!bt_curve_z85_valid(b, key)) {
                 *line = n;
                 say(err, errlen,
                     "%s:%d:%d: not a public key (expected 40 Z85 characters, got %zu "
                     "characters)", path, n, (int)(b - p) + 1, strlen(b));
                 rc = BT_CURVE_EFORMAT;
-            } else {
-                rc = keyset_add_raw(add, key);
+            } else if (!key_name_ok(name)) {
+                *line = n;
+                say(err, errlen,
+                    "%s:%d:%d: after the key, one name of a worker (letters, digits, '_', "
+                    "'.', '-'; at most %d characters) is allowed, nothing else", path, n,
+                    (int)(name - p) + 1, KEY_NAME_MAX);
+                rc = BT_CURVE_EFORMAT;
+            } else if ((rc = keyset_add_raw(add, key, name)) == BT_CURVE_EFORMAT) {
+                *line = n;
+                say(err, errlen, "%s:%d:%d: this key was given another name on an earlier "
+                    "line (a key belongs to one worker)", path, n, (int)(name - p) + 1);
             }
         }
         p = eol ? eol + 1 : NULL;
     }
     for (size_t i = 0; rc == 0 && i < add->n; i++)
-        rc = keyset_add_raw(s, add->keys[i]);
+        rc = keyset_add_raw(s, add->keys[i], add->names[i]);
     bt_curve_keyset_destroy(add);
     free(text);
     return rc;

@@ -10,6 +10,10 @@
  * is always derived from the secret one; a .pub twin that does not match
  * is an error rather than trusted.  An authorized-keys file lists public
  * keys, one per line; blank lines and lines starting with '#' are skipped.
+ * A key may be followed, after blanks, by one name (letters, digits, and
+ * "_.-", at most 63): the worker it belongs to, for batond's worker_keys
+ * (a name may carry several keys, so that a key can be rolled over; a key
+ * carries at most one name).
  *
  * No function here logs or prints a key.  Error messages name the file and
  * the line, never the key's characters; bt_curve_fingerprint gives the
@@ -107,14 +111,22 @@ bt_curve_keyset *bt_curve_keyset_create(void);
 void bt_curve_keyset_destroy(bt_curve_keyset *s);
 /* Adds the Z85 public key (a key already there is not added twice). */
 int bt_curve_keyset_add(bt_curve_keyset *s, const char *public_z85);
+/* The name the 32-byte KEY carries in S, or NULL when it carries none or
+ * is not in S. */
+const char *bt_curve_keyset_name_of(const bt_curve_keyset *s, const uint8_t key[32]);
+/* The name key I of S carries ("" for none); I < bt_curve_keyset_count. */
+const char *bt_curve_keyset_name_at(const bt_curve_keyset *s, size_t i);
+/* Whether some key of S carries NAME (S NULL: none does). */
+bool bt_curve_keyset_names(const bt_curve_keyset *s, const char *name);
 /* Removes it; nothing happens when it is not there. */
 void bt_curve_keyset_remove(bt_curve_keyset *s, const char *public_z85);
 /* Whether the 32-byte KEY is in S (S NULL: never). */
 bool bt_curve_keyset_contains(const bt_curve_keyset *s, const uint8_t key[32]);
 size_t bt_curve_keyset_count(const bt_curve_keyset *s);
-/* Adds every key of the authorized-keys file PATH.  A line that is not a
- * key is BT_CURVE_EFORMAT, with its number in *LINE (and in ERR); on any
- * error S is left as it was. */
+/* Adds every key of the authorized-keys file PATH, with its name when the
+ * line gives one.  A line that is not a key (and a name), or a key named
+ * twice with different names, is BT_CURVE_EFORMAT, with its number in
+ * *LINE (and in ERR); on any error S is left as it was. */
 int bt_curve_keyset_load(bt_curve_keyset *s, const char *path, int *line, char *err,
                          size_t errlen);
 

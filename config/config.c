@@ -225,7 +225,11 @@ static int check_secret(bt_diag *diag, const cfg_str *path, const char *key)
     return rc ? 1 : 0;
 }
 
-static int check_keyset(bt_diag *diag, const cfg_str *path, const char *key)
+/* Reads the authorized-keys file PATH (the value of KEY) as batond will.
+ * C non-NULL: the file is worker_keys, whose names must be `spawn:
+ * external` workers of C: a key named for another name lets nobody in,
+ * which is worth a warning. */
+static int check_keyset(bt_diag *diag, const cfg_str *path, const char *key, const cfg_config *c)
 {
     if (!path->s)
         return 0;
@@ -237,6 +241,14 @@ static int check_keyset(bt_diag *diag, const cfg_str *path, const char *key)
         snprintf(err, sizeof(err), "out of memory");
     if (rc)
         key_error(diag, path->pos, key, err);
+    for (size_t i = 0; rc == 0 && c && i < bt_curve_keyset_count(set); i++) {
+        const char *name = bt_curve_keyset_name_at(set, i);
+        const cfg_worker *w = *name ? cfg_worker_find(c, name) : NULL;
+        if (*name && (!w || w->spawn != CFG_SPAWN_EXTERNAL))
+            bt_diag_warn(diag, path->pos.line, path->pos.col,
+                         "%s: %s names '%s', which is no `spawn: external` worker of this "
+                         "config: that key can register as no worker", key, path->s, name);
+    }
     bt_curve_keyset_destroy(set);
     return rc ? 1 : 0;
 }
@@ -295,8 +307,8 @@ int cfg_check_keys(const cfg_config *c, const char *worker, bt_diag *diag)
                 n++;
             }
         }
-        n += check_keyset(diag, &d->curve_client_keys, "client_keys");
-        n += check_keyset(diag, &d->curve_worker_keys, "worker_keys");
+        n += check_keyset(diag, &d->curve_client_keys, "client_keys", NULL);
+        n += check_keyset(diag, &d->curve_worker_keys, "worker_keys", c);
         return n;
     }
     const cfg_worker *w = cfg_worker_find(c, worker);

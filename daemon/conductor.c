@@ -32,6 +32,7 @@
 #include "common/evloop.h"
 #include "daemon/frontend.h"
 #include "daemon/gateway.h"
+#include "daemon/identity.h"
 #include "daemon/metrics.h"
 #include "daemon/outbound.h"
 #include "daemon/supervisor.h"
@@ -262,6 +263,11 @@ static int on_authorize(void *arg, const char *old_public, const char *new_publi
     return new_public ? zap_allow(c->zap, ZAP_WORKER, new_public) : 0;
 }
 
+static const bt_curve_keyset *on_worker_keys(void *arg)
+{
+    return zap_file_keys(((conductor *)arg)->zap, ZAP_WORKER);
+}
+
 static void on_burst_begin(void *arg)
 {
     disp_burst_begin(((conductor *)arg)->disp);
@@ -356,10 +362,14 @@ static char *stats_text(conductor *c)
                                        st.worker >= 0 ? c->cfg->workers[st.worker].name : "?",
                                        st.picks[REPLICAS_BY_CACHE], st.picks[REPLICAS_BY_LOAD],
                                        st.picks[REPLICAS_BY_TURN], st.pinned, st.cached_blocks};
+    metrics_count refused[IDENT_N - 1];
+    for (int v = IDENT_OK + 1; v < IDENT_N; v++)
+        refused[v - 1] = (metrics_count){ident_label(v), sup_registrations_refused(c->sup, v)};
     metrics_gauges g = {front_inflight(c->front), front_placing(c->front),
                         disp_tensors_held(c->disp), tt_count(c->tt),
                         out_clients(c->out)->backlog_bytes, ws, nw,
-                        zap_refused(c->zap, ZAP_CLIENT), zap_refused(c->zap, ZAP_WORKER), rt, nr};
+                        zap_refused(c->zap, ZAP_CLIENT), zap_refused(c->zap, ZAP_WORKER), refused,
+                        IDENT_N - 1, rt, nr};
     char *text = metrics_text(c->m, &g);
     free(ws);
     free(rt);
@@ -773,11 +783,11 @@ static int bind_router(conductor *c, void **sock, const char *endpoint, bool wor
         SET_SOCKOPT(*sock, endpoint, ZMQ_LINGER, zero) < 0 ||
         SET_SOCKOPT(*sock, endpoint, ZMQ_ROUTER_MANDATORY, one) < 0)
         return BT_EIO;
-    /* A restarted worker reconnects under its old routing id, possibly
-     * before the dead connection is noticed: HANDOVER lets the new one take
-     * over rather than be refused. */
-    if (workers && SET_SOCKOPT(*sock, endpoint, ZMQ_ROUTER_HANDOVER, one) < 0)
-        return BT_EIO;
+    /* No ROUTER_HANDOVER: a peer that gave a routing id in use would take
+     * that connection's pipe.  Workers give none; the ROUTER names each
+     * connection, and a worker's messages go to the connection its last
+     * accepted Register came on (daemon/supervisor.c), so a restarted
+     * worker is reached on its new connection at once. */
     /* Every tcp socket is a CURVE server when keys are set; its ZAP domain
      * tells the handler which authorized keys apply.  ipc:// sockets stay
      * NULL mechanism: the file's mode and group guard them. */
@@ -869,9 +879,10 @@ static int create_modules(conductor *c)
     /* With curve, every spawned worker gets a key pair: towards a tcp
      * workers endpoint, and for its worker-to-worker socket either way. */
     sup_options so = {c->cfg, c->config_path, c->run_id, c->worker_exe, c->back_sock,
-                      c->curve ? c->keys.public_z85 : NULL};
+                      c->curve ? c->keys.public_z85 : NULL,
+                      c->curve && cfg_endpoint_is_tcp(c->cfg->daemon.workers_endpoint)};
     sup_hooks sh = {c, on_ready_changed, on_worker_lost, on_worker_message, on_burst_begin,
-                    on_burst_end, on_authorize};
+                    on_burst_end, on_authorize, on_worker_keys};
     disp_hooks dh = {c, on_chunk, on_response};
     front_hooks fh = {c, on_admin};
     int rc = BT_ENOMEM;

@@ -339,6 +339,13 @@ char *metrics_text(const metrics *m, const metrics_gauges *gg)
             (unsigned long long)gg->auth_refused_client);
     fprintf(f, "baton_auth_refused_total{socket=\"worker\"} %llu\n",
             (unsigned long long)gg->auth_refused_worker);
+    family(f, "baton_worker_registrations_refused_total", "counter",
+           "Registers refused because the peer may not speak for the worker it names: an "
+           "unknown name, or under CURVE a key that is not that worker's (reason says which).");
+    for (size_t i = 0; i < gg->n_registrations_refused; i++)
+        fprintf(f, "baton_worker_registrations_refused_total{reason=\"%s\"} %llu\n",
+                gg->registrations_refused[i].label,
+                (unsigned long long)gg->registrations_refused[i].n);
     worker_family(f, gg, "baton_pool_bytes_used", "gauge", "Bytes allocated in a worker's pool.",
                   W_POOL_USED);
     worker_family(f, gg, "baton_pool_bytes_free", "gauge", "Bytes free in a worker's pool.",

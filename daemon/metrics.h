@@ -49,6 +49,12 @@ typedef struct metrics_cache {
     uint64_t bytes, entries;      /* held now */
 } metrics_cache;
 
+/* A counter of one label value. */
+typedef struct metrics_count {
+    const char *label;            /* borrowed */
+    uint64_t n;
+} metrics_count;
+
 typedef struct metrics_gauges {
     size_t inflight;              /* requests accepted, not yet answered */
     size_t placing;               /* of which still placing inputs */
@@ -59,6 +65,9 @@ typedef struct metrics_gauges {
     size_t n_workers;
     uint64_t auth_refused_client; /* peers the ZAP handler refused on the client socket */
     uint64_t auth_refused_worker; /* ... and on the worker socket (counters, daemon/zap.h) */
+    const metrics_count *registrations_refused; /* Registers refused, by reason
+                                     (counters, daemon/identity.h) */
+    size_t n_registrations_refused;
     const metrics_route *routes;  /* per replica of each replicated model */
     size_t n_routes;
 } metrics_gauges;

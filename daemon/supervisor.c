@@ -9,6 +9,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/status.h"
+#include "daemon/identity.h"
 #include "daemon/pairs.h"
 #include "daemon/roster.h"
 #include "daemon/spawner.h"
@@ -26,6 +27,12 @@ struct supervisor {
     spawner *spawner;             /* the processes of `spawn: auto` workers */
     tp_groups *groups;            /* the groups of tensor-parallel models */
     roster *roster;               /* registrations, loads, readiness */
+    bool curve_socket;            /* the worker socket is a CURVE server: Registers are
+                                     checked against their key (daemon/identity.h) */
+    uint64_t refused[IDENT_N];    /* Registers refused, by verdict; counters */
+    uint64_t unrouted;            /* messages from connections that never registered */
+    uint64_t refused_logged_ms, unrouted_logged_ms; /* last warnings, monotonic ms */
+    uint64_t refused_unlogged, unrouted_unlogged;   /* warnings held back since */
 };
 
 int sup_worker_exe(char *buf, size_t len)
@@ -239,6 +246,92 @@ static void on_message(supervisor *s, sup_worker *w, const Baton__V1__WorkerMess
     }
 }
 
+/* Whether to warn now, at most once a second (*LAST_MS, *HELD: warnings
+ * held back since, told with the next: HELD_TEXT says how many, or is ""). */
+static bool warn_now(uint64_t *last_ms, uint64_t *held, char *held_text, size_t len)
+{
+    uint64_t now = bt_now_ms();
+    if (*last_ms && now - *last_ms < 1000) {
+        ++*held;
+        return false;
+    }
+    *last_ms = now;
+    held_text[0] = 0;
+    if (*held)
+        snprintf(held_text, len, " (and %llu more since the last such warning)",
+                 (unsigned long long)*held);
+    *held = 0;
+    return true;
+}
+
+/* A message other than a Register came on a connection no worker
+ * registered on (a worker's old connection after it registered on a new
+ * one, or a peer that never registered): nobody it could speak for. */
+static void unrouted(supervisor *s)
+{
+    char held[64];
+    s->unrouted++;
+    if (warn_now(&s->unrouted_logged_ms, &s->unrouted_unlogged, held, sizeof(held)))
+        bt_warn("dropped a message from a connection no worker registered on%s", held);
+}
+
+/* A Register RG (in BODY) came on the connection IDENT, where BY_ROUTE
+ * registered before (NULL: none).  Accepted, the worker it names is
+ * routed to this connection and takes it as before (on_message); refused,
+ * the worker is left as it is, the refusal is counted and logged, and the
+ * connection is told to shut down, saying why.  Returns the worker now
+ * routed to IDENT, if any. */
+static sup_worker *on_register(supervisor *s, sup_worker *by_route, zmq_msg_t *ident,
+                               zmq_msg_t *body, const Baton__V1__WorkerMessage *wm)
+{
+    const Baton__V1__Register *rg = wm->registration;
+    sup_worker *w = rg->worker ? workers_named(s->ws, rg->worker) : NULL;
+    const char *key = NULL;
+    ident_verdict v = IDENT_OK;
+    if (!w) {
+        v = IDENT_UNKNOWN_WORKER;
+    } else if (by_route && by_route != w) {
+        v = IDENT_CONNECTION_TAKEN;
+    } else if (s->curve_socket) {
+        key = zmq_msg_gets(body, "User-Id");
+        v = ident_check(s->ws, w, key, rg->curve_public_key,
+                        s->hooks.worker_keys ? s->hooks.worker_keys(s->hooks.arg) : NULL);
+    }
+    if (v != IDENT_OK) {
+        char held[64];
+        s->refused[v]++;
+        if (warn_now(&s->refused_logged_ms, &s->refused_unlogged, held, sizeof(held))) {
+            char fp[BT_CURVE_FINGERPRINT_LEN + 1] = "";
+            if (key && bt_curve_z85_valid(key, NULL))
+                bt_curve_fingerprint(key, fp);
+            /* An unknown name is the peer's text: it is not logged. */
+            bt_warn("refused a registration as %s%s from a peer %s%s%s: %s%s",
+                    w ? "worker " : "a worker this config lacks", w ? w->cfg->name : "",
+                    fp[0] ? "with key " : "without a CURVE key", fp, fp[0] ? "..." : "",
+                    ident_strerror(v), held);
+        }
+        Baton__V1__Shutdown sd = BATON__V1__SHUTDOWN__INIT;
+        char why[256];
+        snprintf(why, sizeof(why), "registration refused: %s", ident_strerror(v));
+        sd.reason = why;
+        Baton__V1__ConductorMessage m = BATON__V1__CONDUCTOR_MESSAGE__INIT;
+        m.msg_case = BATON__V1__CONDUCTOR_MESSAGE__MSG_SHUTDOWN;
+        m.shutdown = &sd;
+        workers_send_to(s->ws, zmq_msg_data(ident), zmq_msg_size(ident), &m);
+        return by_route;
+    }
+    workers_set_route(s->ws, w->index, zmq_msg_data(ident), zmq_msg_size(ident));
+    snprintf(w->auth_key, sizeof(w->auth_key), "%s", key ? key : "");
+    w->msgs_in++;
+    on_message(s, w, wm);
+    return w;
+}
+
+uint64_t sup_registrations_refused(const supervisor *s, int verdict)
+{
+    return s->refused[verdict];
+}
+
 void sup_on_readable(evloop *l, void *arg)
 {
     (void)l;
@@ -251,11 +344,7 @@ void sup_on_readable(evloop *l, void *arg)
             zmq_msg_close(&ident);
             break;
         }
-        size_t idlen = zmq_msg_size(&ident);
-        sup_worker *w = workers_by_id(s->ws, zmq_msg_data(&ident), idlen);
-        if (!w)
-            bt_warn("a peer that is no configured worker (%.*s) sent a message", (int)idlen,
-                    (const char *)zmq_msg_data(&ident));
+        sup_worker *w = workers_by_id(s->ws, zmq_msg_data(&ident), zmq_msg_size(&ident));
         /* A worker may send several WorkerMessages as the frames of one
          * ZeroMQ message (what one round of its loop had to say); each is
          * handled in order. */
@@ -269,15 +358,18 @@ void sup_on_readable(evloop *l, void *arg)
                 break;
             }
             more = zmq_msg_more(&body);
-            Baton__V1__WorkerMessage *wm =
-                w ? baton__v1__worker_message__unpack(NULL, zmq_msg_size(&body),
-                                                      zmq_msg_data(&body))
-                  : NULL;
-            if (w && !wm)
-                bt_warn("worker %s sent a frame that does not parse", w->cfg->name);
-            else if (wm) {
+            Baton__V1__WorkerMessage *wm = baton__v1__worker_message__unpack(
+                NULL, zmq_msg_size(&body), zmq_msg_data(&body));
+            if (!wm)
+                bt_warn("%s%s sent a frame that does not parse", w ? "worker " : "a peer",
+                        w ? w->cfg->name : " that has not registered");
+            else if (wm->msg_case == BATON__V1__WORKER_MESSAGE__MSG_REGISTRATION)
+                w = on_register(s, w, &ident, &body, wm);
+            else if (w) {
                 w->msgs_in++;
                 on_message(s, w, wm);
+            } else {
+                unrouted(s);
             }
             baton__v1__worker_message__free_unpacked(wm, NULL);
             zmq_msg_close(&body);
@@ -380,6 +472,7 @@ int sup_create(const sup_options *opt, const sup_hooks *hooks, supervisor **out)
         return BT_ENOMEM;
     s->socket = opt->socket;
     s->hooks = *hooks;
+    s->curve_socket = opt->curve_socket;
     spawner_options so = {opt->config_path, opt->run_id, opt->worker_exe,
                           opt->curve_server_public};
     spawner_hooks sh = {hooks->arg, hooks->authorize};

@@ -1,7 +1,10 @@
 /* Worker supervision.  The supervisor owns the workers: it spawns the
  * `spawn: auto` ones as children running the baton-worker beside batond,
  * reads every message on the worker socket, takes Register (pools, host),
- * sends Peers and one Load per model, tracks readiness and heartbeats, and
+ * checks that a Register's key may speak for the worker it names
+ * (identity.c), routes each worker's messages to the connection it
+ * registered on, sends Peers and one Load per model, tracks readiness and
+ * heartbeats, and
  * when a worker is lost (exit, kill, silence) unlinks its pool segment and
  * restarts it within a second, then with back-off.
  *
@@ -11,6 +14,7 @@
  *
  *   pairs.c     the pair communicators of cross-host GPU transfers
  *   workers.c   the worker records (sup_worker) and sending to a worker
+ *   identity.c  which key may register as which worker
  *   spawner.c   the processes: posix_spawn, key pairs, exits, restart back-off
  *   tpgroups.c  the groups of tensor-parallel models: ids, their ranks' Loads,
  *               relayed steps, a group taken down when a member is lost
@@ -36,6 +40,7 @@
 #include <sys/types.h>
 
 #include "config/config.h"
+#include "common/curve.h"
 #include "common/evloop.h"
 #include "daemon/workers.h"
 #include "proto/baton.pb-c.h"
@@ -59,6 +64,10 @@ typedef struct sup_hooks {
      * NEW_PUBLIC NULL: the worker was lost, OLD_PUBLIC only goes.  May be
      * NULL without CURVE. */
     int (*authorize)(void *arg, const char *old_public, const char *new_public);
+    /* With CURVE on the worker socket: the keys of its authorized-keys
+     * file (worker_keys), whose names bind keys to workers
+     * (daemon/identity.h).  May be NULL: no file. */
+    const bt_curve_keyset *(*worker_keys)(void *arg);
 } sup_hooks;
 
 typedef struct sup_options {
@@ -71,6 +80,9 @@ typedef struct sup_options {
                                       * a CURVE server: each spawn then gets a fresh key
                                       * pair through an inherited pipe (see spawner.c);
                                       * NULL: none */
+    bool curve_socket;            /* the worker socket itself is a CURVE server (a tcp://
+                                     endpoint with daemon.curve): each Register is checked
+                                     against the key its connection authenticated with */
 } sup_options;
 
 typedef struct supervisor supervisor;
@@ -122,6 +134,8 @@ const sup_worker *sup_worker_get(const supervisor *s, int w);
  * epoch in *EPOCH.  False when the pair has none (yet). */
 bool sup_pair_reserve(supervisor *s, int a, int b, uint32_t n, uint32_t *epoch, uint64_t *seq);
 bool sup_ready(const supervisor *s);
+/* Registers refused for VERDICT (an ident_verdict) since start. */
+uint64_t sup_registrations_refused(const supervisor *s, int verdict);
 
 /* Shutdown: tells every worker to stop (REASON in the message) and stops
  * restarting them. */

@@ -1,6 +1,7 @@
 /* The worker records and the worker socket (daemon/workers.h). */
 #include "daemon/workers.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -103,10 +104,18 @@ sup_worker *workers_named(worker_set *ws, const char *name)
 sup_worker *workers_by_id(worker_set *ws, const void *id, size_t len)
 {
     for (size_t i = 0; i < ws->n; i++)
-        if (strlen(ws->workers[i].cfg->name) == len &&
-            memcmp(ws->workers[i].cfg->name, id, len) == 0)
+        if (len && ws->workers[i].route_len == len &&
+            memcmp(ws->workers[i].route, id, len) == 0)
             return &ws->workers[i];
     return NULL;
+}
+
+void workers_set_route(worker_set *ws, int w, const void *id, size_t len)
+{
+    assert(len <= WORKERS_ROUTE_MAX);
+    sup_worker *wk = &ws->workers[w];
+    memcpy(wk->route, id, len);
+    wk->route_len = len;
 }
 
 bool workers_live(const sup_worker *w)
@@ -128,11 +137,15 @@ static int pack(zmq_msg_t *z, const Baton__V1__ConductorMessage *m)
  * all went. */
 static bool send_frames(worker_set *ws, int w, kept_msg *msgs, size_t n)
 {
-    const char *name = ws->workers[w].cfg->name;
+    const sup_worker *wk = &ws->workers[w];
+    const char *name = wk->cfg->name;
     size_t i = 0;
     /* The ROUTER takes the frames of one message whole or not at all, as
-     * it does the identity frame and one body. */
-    if (zmq_send(ws->socket, name, strlen(name), ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0) {
+     * it does the identity frame and one body.  A worker not registered
+     * yet has no route: nothing can reach it. */
+    errno = EHOSTUNREACH;
+    if (wk->route_len &&
+        zmq_send(ws->socket, wk->route, wk->route_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0) {
         for (; i < n; i++)
             if (zmq_msg_send(&msgs[i].msg, ws->socket,
                              (i + 1 < n ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) < 0)
@@ -240,6 +253,20 @@ int workers_send(worker_set *ws, int worker, const Baton__V1__ConductorMessage *
     if (pack(&one.msg, m) < 0)
         return BT_ENOMEM;
     return send_frames(ws, worker, &one, 1) ? 0 : BT_EIO;
+}
+
+int workers_send_to(worker_set *ws, const void *id, size_t len,
+                    const Baton__V1__ConductorMessage *m)
+{
+    zmq_msg_t z;
+    if (pack(&z, m) < 0)
+        return BT_ENOMEM;
+    if (zmq_send(ws->socket, id, len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+        zmq_msg_send(&z, ws->socket, ZMQ_DONTWAIT) < 0) {
+        zmq_msg_close(&z);
+        return BT_EIO;
+    }
+    return 0;
 }
 
 void workers_send_shutdown(worker_set *ws, int w, const char *reason)

@@ -24,6 +24,9 @@
 #include "config/config.h"
 #include "proto/baton.pb-c.h"
 
+/* The longest routing id a ZeroMQ ROUTER gives or takes. */
+#define WORKERS_ROUTE_MAX 255
+
 typedef enum sup_state {
     SUP_DOWN = 0,      /* not running; maybe waiting for a restart */
     SUP_STARTING = 1,  /* spawned (or expected), no Register yet */
@@ -73,11 +76,16 @@ typedef struct sup_worker {
     char *loads_text;
     /* supervisor.c. */
     bool told_to_restart;         /* external, lost, then heard from: Shutdown sent */
+    char auth_key[41];            /* the CURVE public key (Z85) its last accepted Register
+                                     authenticated with; "" without CURVE or before one */
     uint64_t msgs_in, zmq_in;     /* WorkerMessages read from it, and the ZeroMQ messages
                                      that carried them (several when it corked); counters */
     /* workers.c. */
     uint64_t msgs_out, zmq_out;   /* ConductorMessages sent to it, and the ZeroMQ messages
                                      that carried them; counters */
+    uint8_t route[WORKERS_ROUTE_MAX]; /* the worker ROUTER's routing id of the connection its
+                                     last accepted Register came on; route_len 0: none yet */
+    size_t route_len;
 } sup_worker;
 
 typedef struct worker_set worker_set;
@@ -93,8 +101,18 @@ size_t workers_count(const worker_set *ws);
 sup_worker *workers_at(worker_set *ws, int w);
 /* The worker named NAME, or NULL. */
 sup_worker *workers_named(worker_set *ws, const char *name);
-/* The worker whose routing id (its name, unterminated) is ID, or NULL. */
+/* The worker whose route (the routing id of the connection it registered
+ * on) is ID, or NULL. */
 sup_worker *workers_by_id(worker_set *ws, const void *id, size_t len);
+/* Routes what goes to worker W to the connection whose routing id is ID
+ * (LEN at most WORKERS_ROUTE_MAX: ZeroMQ's own limit): set when a Register
+ * from that connection is accepted.  The routing ids are the worker
+ * ROUTER's own, one per connection, never the worker's choice. */
+void workers_set_route(worker_set *ws, int w, const void *id, size_t len);
+/* Sends M to the connection whose routing id is ID, registered or not (a
+ * refusal's Shutdown).  0, or BT_EIO or BT_ENOMEM. */
+int workers_send_to(worker_set *ws, const void *id, size_t len,
+                    const Baton__V1__ConductorMessage *m);
 /* Registered and not lost since: LOADING or READY. */
 bool workers_live(const sup_worker *w);
 

@@ -21,6 +21,7 @@ struct zap {
     void *monitor[ZAP_N_SOCKETS];          /* PAIRs reading zap_watch's events; owned */
     uint64_t unlogged[ZAP_N_SOCKETS];      /* keyless refusals not logged yet */
     uint64_t logged_ms[ZAP_N_SOCKETS];     /* when one was last logged, monotonic ms */
+    char user_id[BT_CURVE_Z85_SIZE];       /* the User-Id of the answer being sent */
 };
 
 static const char *const socket_names[ZAP_N_SOCKETS] = {"client", "worker"};
@@ -104,6 +105,11 @@ void zap_disallow(zap *z, zap_socket which, const char *public_z85)
     bt_curve_keyset_remove(z->own[which], public_z85);
 }
 
+const bt_curve_keyset *zap_file_keys(const zap *z, zap_socket which)
+{
+    return z ? z->files[which] : NULL;
+}
+
 uint64_t zap_refused(const zap *z, zap_socket which)
 {
     return z ? z->refused[which] : 0;
@@ -119,8 +125,13 @@ static int decide(void *arg, const bt_zap_request *req, const char **user_id)
     const bt_curve_keyset *own[ZAP_N_SOCKETS] = {z->own[0], z->own[1]};
     int status = zap_decide(req->domain, req->mechanism, req->cred, req->cred_len, files, own,
                             &which);
-    if (which >= 0)
-        *user_id = socket_names[which];
+    /* The User-Id is the peer's public key: libzmq puts it in the metadata
+     * of every message from that connection, where the supervisor reads
+     * which key a worker authenticated with (daemon/identity.h).  ZAP's
+     * properties go in before the peer's own, so a peer cannot name one. */
+    if (status == 200 && which >= 0 && req->cred_len == 32 &&
+        zmq_z85_encode(z->user_id, req->cred, 32))
+        *user_id = z->user_id;
     if (status != 200 && which >= 0) {
         z->refused[which]++;
         char fp[BT_CURVE_FINGERPRINT_LEN + 1] = "?";

@@ -6,7 +6,8 @@
  * domains, each with its own keys (daemon.curve client_keys and
  * worker_keys, plus the key pairs batond makes itself for its HTTP gateway
  * and for the workers it spawns).  Refusals are counted per socket for
- * baton_auth_refused_total.
+ * baton_auth_refused_total.  A peer let in gets its public key (Z85) as
+ * its User-Id, which libzmq attaches to each of its messages.
  *
  * The REP socket is one more socket of the conductor's loop
  * (daemon/evloop.c) rather than a thread of its own: the key sets change
@@ -53,6 +54,9 @@ void *zap_sock(const zap *z);
 /* Answers every request waiting (an evloop callback; ARG is the zap). */
 void zap_on_readable(evloop *l, void *arg);
 
+/* The keys read from the file for socket WHICH (NULL: none); valid until
+ * the next zap_set_file_keys. */
+const bt_curve_keyset *zap_file_keys(const zap *z, zap_socket which);
 /* Replaces the keys read from a file for socket WHICH with SET (taken;
  * NULL: none). */
 void zap_set_file_keys(zap *z, zap_socket which, bt_curve_keyset *set);

@@ -30,7 +30,7 @@ cudaemu:  cudaemu
 # Inside these components the files are layered too, lowest first: a file
 # includes the headers of the files before it, its own, and the header that
 # carries the component's name (its public types), never one after it.
-order_daemon='zap deadlines clients replicas metrics textlimit door openai gateway pairs workers spawner tpgroups roster supervisor tensors dispatch outbound frontend conductor main_batond'
+order_daemon='zap deadlines clients replicas metrics textlimit door openai gateway pairs workers identity spawner tpgroups roster supervisor tensors dispatch outbound frontend conductor main_batond'
 order_runtime='core speculation registry progress runtime'
 order_worker='pool join segment device peers plugin xfer events copier store wire item inputs ctx executor runahead tp pull nccl report load accept tensorio worker main_worker'
 

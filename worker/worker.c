@@ -497,14 +497,15 @@ static int socket_open(wk_worker *w, char *err, size_t errlen)
         return bt_errorf(err, errlen, BT_EIO, "zmq_ctx_new: %s", zmq_strerror(zmq_errno()));
     if (!(w->sock = zmq_socket(w->zctx, ZMQ_DEALER)))
         return bt_errorf(err, errlen, BT_EIO, "zmq_socket: %s", zmq_strerror(zmq_errno()));
-    /* The routing id is the worker's name: the conductor's ROUTER knows
-     * which worker a frame came from without any field in it.  Linger 0:
+    /* No routing id: the conductor's ROUTER names each connection itself,
+     * and knows which worker it is from the Register that comes first
+     * (under CURVE, checked against the key it authenticated with).  A
+     * chosen id could only collide with another connection.  Linger 0:
      * a worker that stops drops what the conductor can no longer use.
      * High-water marks off: Done and Chunk must never be dropped or block
      * the I/O thread; the conductor's own limits bound the traffic. */
     int zero = 0;
-    if (zmq_setsockopt(w->sock, ZMQ_ROUTING_ID, w->opt.name, strlen(w->opt.name)) != 0 ||
-        zmq_setsockopt(w->sock, ZMQ_LINGER, &zero, sizeof(zero)) != 0 ||
+    if (zmq_setsockopt(w->sock, ZMQ_LINGER, &zero, sizeof(zero)) != 0 ||
         zmq_setsockopt(w->sock, ZMQ_SNDHWM, &zero, sizeof(zero)) != 0 ||
         zmq_setsockopt(w->sock, ZMQ_RCVHWM, &zero, sizeof(zero)) != 0)
         return bt_errorf(err, errlen, BT_EIO, "zmq_setsockopt: %s", zmq_strerror(zmq_errno()));

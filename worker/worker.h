@@ -19,7 +19,7 @@
 #include "worker/pool.h"
 
 typedef struct wk_options {
-    const char *name;         /* worker name: ZMQ routing id, shm name, logs */
+    const char *name;         /* worker name: its Register, shm name, logs */
     const char *run_id;       /* the conductor's run id, part of the shm name */
     uint64_t incarnation;     /* high bits of every tensor id (restarts never reuse ids) */
     const char *endpoint;     /* conductor's workers endpoint */

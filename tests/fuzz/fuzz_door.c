@@ -433,7 +433,6 @@ static void *router(const char *endpoint, bool mandatory)
     zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof(zero));
     if (mandatory) {
         zmq_setsockopt(s, ZMQ_ROUTER_MANDATORY, &one, sizeof(one));
-        zmq_setsockopt(s, ZMQ_ROUTER_HANDOVER, &one, sizeof(one));
     }
     CHECK(zmq_bind(s, endpoint) == 0);
     return s;

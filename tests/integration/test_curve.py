@@ -7,7 +7,9 @@ tcp://127.0.0.1:P2` with daemon.curve set; it spawns cpu0 itself (a key pair
 through a pipe) and waits for ext0, a `spawn: external` worker this script
 starts with its `key:`.  Checked: the spawned worker registers over CURVE;
 an external worker with an unauthorized key is refused and counted under
-socket="worker", the authorized one registers; a client with an authorized
+socket="worker", the authorized one registers; a peer holding an authorized
+worker key that registers as ext0 or as cpu0 is refused and counted, and
+ext0 serves on; a client with an authorized
 key is served (Python client and batonctl), one with an unknown key, one
 with a fresh key and a keyless (NULL mechanism) one get no answer and the
 refusals are counted under socket="client"; a refused client's sends time
@@ -111,11 +113,14 @@ class Setup:
     def __init__(self):
         self.dir = evidence.new_dir()
         self.keys = {n: keygen(self.dir, n) for n in
-                     ("server", "alice", "mallory", "ext", "rogue")}
+                     ("server", "alice", "mallory", "ext", "rogue", "forger")}
         with open(os.path.join(self.dir, "clients.txt"), "w") as f:
             f.write("# clients batond serves\n%s\n" % self.keys["alice"])
         with open(os.path.join(self.dir, "workers.txt"), "w") as f:
-            f.write("# external workers\n%s\n" % self.keys["ext"])
+            # ext0's key carries its name; the forger's key is authorized but
+            # speaks for no worker in particular.
+            f.write("# external workers\n%s ext0\n%s\n" % (self.keys["ext"],
+                                                          self.keys["forger"]))
         self.p_client, self.p_workers, self.p_http = free_port(), free_port(), free_port()
         self.endpoint = "tcp://127.0.0.1:%d" % self.p_client
         self.config = self.write_config("baton.yaml", "ext")
@@ -245,6 +250,56 @@ def test_external_worker_registers(s):
     s.start_worker(s.config, "ext.log")
     s.wait_for("ext0 to register", lambda: bool((s.health() or None) and s.health().ready))
     assert served(s, s.key("alice"), "echo_ext")
+
+
+def registrations_refused(s, reason):
+    m = re.search(r'^baton_worker_registrations_refused_total\{reason="%s"\} (\d+)$' % reason,
+                  s.metrics(), re.M)
+    assert m, "no baton_worker_registrations_refused_total{reason=%s} in /metrics" % reason
+    return int(m.group(1))
+
+
+def test_forged_registration_refused(s):
+    """A peer holding an authorized worker key, connected with the routing
+    id "ext0" (which the ROUTER's handover would once have given it),
+    registers as ext0 with its own key, as ext0 offering ext0's key to its
+    peers, and as the spawned cpu0: each is refused, counted and told to
+    shut down, and the real ext0 keeps serving, never lost."""
+    before = {r: registrations_refused(s, r) for r in ("not_its_key", "claimed_key")}
+    ctx = zmq.Context.instance()
+    d = ctx.socket(zmq.DEALER)
+    d.setsockopt(zmq.LINGER, 0)
+    d.setsockopt(zmq.SNDTIMEO, e2e.SEND_TIMEOUT_MS)
+    d.setsockopt(zmq.ROUTING_ID, b"ext0")
+    d.curve_secretkey = read(s.key("forger")).encode()
+    d.curve_publickey = s.keys["forger"].encode()
+    d.curve_serverkey = s.keys["server"].encode()
+    d.connect("tcp://127.0.0.1:%d" % s.p_workers)
+    pb = e2e.pb
+    try:
+        for name, offered in (("ext0", s.keys["forger"]), ("ext0", s.keys["ext"]),
+                              ("cpu0", s.keys["forger"])):
+            reg = pb.Register(protocol_version=pb.PROTOCOL_VERSION_CURRENT, worker=name,
+                              device="cpu", pool_bytes=1 << 20, pid=os.getpid(),
+                              hostname=socket.gethostname(), curve_public_key=offered)
+            d.send(pb.WorkerMessage(registration=reg).SerializeToString())
+            assert d.poll(10000), "no answer to the forged registration as %s" % name
+            shut = [m for m in (pb.ConductorMessage.FromString(f) for f in d.recv_multipart())
+                    if m.WhichOneof("msg") == "shutdown"]
+            assert shut and "registration refused" in shut[0].shutdown.reason, shut
+            # What it would send as that worker is heard by nobody.
+            d.send(pb.WorkerMessage(heartbeat=pb.Heartbeat()).SerializeToString())
+    finally:
+        d.close()
+    after = {r: registrations_refused(s, r) for r in ("not_its_key", "claimed_key")}
+    assert after["not_its_key"] == before["not_its_key"] + 2, (before, after)
+    assert after["claimed_key"] == before["claimed_key"] + 1, (before, after)
+    log = s.tail()
+    assert "refused a registration as worker ext0" in log, log
+    assert "worker ext0 lost" not in log and "worker cpu0 lost" not in log, log
+    assert served(s, s.key("alice"), "echo_ext")
+    assert served(s, s.key("alice"), "echo")
+    assert s.health().ready
 
 
 def test_authorized_client_served(s):
@@ -386,7 +441,8 @@ def test_no_key_in_logs(s):
 
 
 SHARED = [test_spawned_worker_registers, test_external_worker_unauthorized_refused,
-          test_external_worker_registers, test_authorized_client_served,
+          test_external_worker_registers, test_forged_registration_refused,
+          test_authorized_client_served,
           test_unknown_key_refused_and_counted, test_fresh_key_refused,
           test_keyless_client_refused, test_refused_client_never_blocks, test_batonctl_with_keys, test_sighup_rereads_client_keys,
           test_gateway_uses_curve, test_spawned_worker_restarts, test_no_key_in_logs]

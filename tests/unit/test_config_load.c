@@ -530,6 +530,8 @@ static void test_check_keys(void **state)
     write_file("clients", list, 0644, path, sizeof(path));
     snprintf(list, sizeof(list), "# workers\n%s\nnot-a-key\n", pub);
     write_file("bad-list", list, 0644, path, sizeof(path));
+    snprintf(list, sizeof(list), "%s gpu1\n%s gpu9\n", pub, other_pub);
+    write_file("named", list, 0644, path, sizeof(path));
 
     int n;
     bt_diag *d = check_keys("version: 1\ndaemon:\n  curve:\n    secret_key: %s/s.key\n"
@@ -574,6 +576,20 @@ static void test_check_keys(void **state)
     assert_int_equal(it->line, 5);
     bt_diag_destroy(d);
 
+    /* Names in worker_keys: an external worker's is fine; one the config
+     * lacks, or a spawned worker's, is a warning at the key's line. */
+    d = check_keys("version: 1\ndaemon:\n  curve:\n    secret_key: %s/s.key\n"
+                   "    worker_keys: %s/named\n"
+                   "workers:\n  - {name: gpu1, device: cpu, spawn: external, key: %s/s.key}\n"
+                   "  - {name: cpu0, device: cpu}\n", NULL, &n);
+    assert_int_equal(n, 0);
+    it = bt_diag_find(d, "names 'gpu9', which is no `spawn: external` worker");
+    assert_non_null(it);
+    assert_int_equal(it->line, 5);
+    assert_int_equal(it->level, BT_DIAG_WARNING);
+    assert_null(bt_diag_find(d, "names 'gpu1'"));
+    bt_diag_destroy(d);
+
     /* A public_key that is not the secret key's. */
     d = check_keys("version: 1\ndaemon:\n  curve:\n    secret_key: %s/s.key\n"
                    "    public_key: %s/m.pub\n", NULL, &n);
@@ -593,8 +609,8 @@ static void test_check_keys(void **state)
     bt_diag_destroy(d);
 
     static const char *const files[] = {"s.key", "s.pub", "open.key", "short.key", "m.key",
-                                        "m.pub", "clients", "bad-list"};
-    for (size_t i = 0; i < 8; i++) {
+                                        "m.pub", "clients", "bad-list", "named"};
+    for (size_t i = 0; i < 9; i++) {
         snprintf(path, sizeof(path), "%s/%s", key_dir, files[i]);
         unlink(path);
     }

@@ -185,6 +185,40 @@ static void test_keyset(void **state)
     assert_false(bt_curve_keyset_contains(NULL, ka));
     bt_curve_keyset_destroy(s);
     bt_curve_keyset_destroy(NULL);
+
+    /* Names after keys: a worker's keys (two while one is rolled over),
+     * an unnamed key, and a key named again with its own name. */
+    snprintf(text, sizeof(text), "%s gpu1\n%s\tgpu1  \n%s\n%s gpu1\n", a.public_z85,
+             b.public_z85, c.public_z85, a.public_z85);
+    put("named", text, 0644);
+    s = bt_curve_keyset_create();
+    assert_int_equal(bt_curve_keyset_load(s, path_of("named"), &line, err, sizeof(err)), 0);
+    assert_int_equal(bt_curve_keyset_count(s), 3);
+    assert_string_equal(bt_curve_keyset_name_of(s, ka), "gpu1");
+    assert_string_equal(bt_curve_keyset_name_of(s, kb), "gpu1");
+    assert_null(bt_curve_keyset_name_of(s, kc));
+    assert_true(bt_curve_keyset_names(s, "gpu1"));
+    assert_false(bt_curve_keyset_names(s, "gpu2"));
+    assert_false(bt_curve_keyset_names(NULL, "gpu1"));
+    /* Removing a key keeps the names of the others beside their keys. */
+    bt_curve_keyset_remove(s, a.public_z85);
+    assert_string_equal(bt_curve_keyset_name_of(s, kb), "gpu1");
+    assert_null(bt_curve_keyset_name_of(s, kc));
+    assert_null(bt_curve_keyset_name_of(s, ka));
+    /* A key given two names, two words after a key, a name with a character
+     * names do not have: errors at their line and column. */
+    const char *bad[] = {"%s gpu1\n%s gpu2\n", "%s gpu1 gpu2\n", "%s gpu/1\n"};
+    const int bad_line[] = {2, 1, 1};
+    for (int i = 0; i < 3; i++) {
+        snprintf(text, sizeof(text), bad[i], c.public_z85, c.public_z85);
+        put("badname", text, 0644);
+        assert_int_equal(bt_curve_keyset_load(s, path_of("badname"), &line, err, sizeof(err)),
+                         BT_CURVE_EFORMAT);
+        assert_int_equal(line, bad_line[i]);
+        assert_non_null(strstr(err, ":42: "));
+        assert_null(bt_curve_keyset_name_of(s, kc));
+    }
+    bt_curve_keyset_destroy(s);
 }
 
 /* The decision alone: per domain, per mechanism, per key. */
@@ -230,6 +264,9 @@ static void test_zap_decide(void **state)
     bt_curve_keyset_destroy(own_workers);
 }
 
+/* The User-Id of the last message serve_for got ("" when it had none). */
+static char last_user_id[64];
+
 /* Polls the server socket and the ZAP handler for up to MS; returns
  * whether the server got a message. */
 static bool serve_for(void *server, zap *z, int ms)
@@ -242,7 +279,12 @@ static bool serve_for(void *server, zap *z, int ms)
         if (it[0].revents & ZMQ_POLLIN) {
             zmq_msg_t m;
             zmq_msg_init(&m);
-            while (zmq_msg_recv(&m, server, ZMQ_DONTWAIT) >= 0 && zmq_msg_more(&m)) {
+            last_user_id[0] = 0;
+            while (zmq_msg_recv(&m, server, ZMQ_DONTWAIT) >= 0) {
+                const char *uid = zmq_msg_gets(&m, "User-Id");
+                snprintf(last_user_id, sizeof(last_user_id), "%s", uid ? uid : "");
+                if (!zmq_msg_more(&m))
+                    break;
             }
             zmq_msg_close(&m);
             return true;
@@ -296,6 +338,8 @@ static void test_zap_handshake(void **state)
     void *cctx = zmq_ctx_new(); /* clients in a context without a handler */
     assert_true(try_client(cctx, ep, server, z, &good, srv.public_z85));
     assert_int_equal(zap_refused(z, ZAP_CLIENT), 0);
+    /* Its messages carry its public key as their User-Id. */
+    assert_string_equal(last_user_id, good.public_z85);
     assert_false(try_client(cctx, ep, server, z, &bad, srv.public_z85));
     assert_int_equal(zap_refused(z, ZAP_CLIENT), 1);
     assert_false(try_client(cctx, ep, server, z, NULL, NULL));

@@ -41,6 +41,9 @@ typedef struct arena {
 /* One worker process. */
 typedef struct wproc {
     char name[16];
+    uint8_t route[256];  /* the router's routing id of its connection, learnt from its
+                            Register (a worker gives none of its own) */
+    size_t route_len;
     pid_t pid;
     char shm_name[128];
     const uint8_t *pool; /* its pool, mapped read-only like a peer does */
@@ -209,17 +212,26 @@ static wmsg *c_recv_any(conductor *c, int timeout_ms)
         assert_true(zmq_msg_recv(x, c->router, 0) >= 0);
         more = zmq_msg_more(x);
     }
+    wmsg *m = baton__v1__worker_message__unpack(NULL, zmq_msg_size(&body), zmq_msg_data(&body));
+    assert_non_null(m);
+    /* A Register names its worker: its connection is that worker's from
+     * then on, as in batond. */
+    if (m->msg_case == BATON__V1__WORKER_MESSAGE__MSG_REGISTRATION)
+        for (int i = 0; i < c->n_w; i++)
+            if (strcmp(m->registration->worker, c->w[i].name) == 0) {
+                assert_true(zmq_msg_size(&id) <= sizeof(c->w[i].route));
+                memcpy(c->w[i].route, zmq_msg_data(&id), zmq_msg_size(&id));
+                c->w[i].route_len = zmq_msg_size(&id);
+            }
     c->from = -1;
     for (int i = 0; i < c->n_w; i++)
-        if (zmq_msg_size(&id) == strlen(c->w[i].name) &&
-            memcmp(zmq_msg_data(&id), c->w[i].name, zmq_msg_size(&id)) == 0)
+        if (zmq_msg_size(&id) == c->w[i].route_len &&
+            memcmp(zmq_msg_data(&id), c->w[i].route, zmq_msg_size(&id)) == 0)
             c->from = i;
     assert_true(c->from >= 0);
     c->rest_from = c->from;
-    wmsg *m = baton__v1__worker_message__unpack(NULL, zmq_msg_size(&body), zmq_msg_data(&body));
     zmq_msg_close(&id);
     zmq_msg_close(&body);
-    assert_non_null(m);
     keep(c, m);
     return m;
 }
@@ -260,8 +272,10 @@ static void c_send(conductor *c, Baton__V1__ConductorMessage *m)
     size_t n = baton__v1__conductor_message__get_packed_size(m);
     uint8_t *buf = malloc(n ? n : 1);
     baton__v1__conductor_message__pack(m, buf);
-    const char *to = c->w[c->to].name;
-    assert_int_equal(zmq_send(c->router, to, strlen(to), ZMQ_SNDMORE), (int)strlen(to));
+    const wproc *to = &c->w[c->to];
+    assert_true(to->route_len > 0);
+    assert_int_equal(zmq_send(c->router, to->route, to->route_len, ZMQ_SNDMORE),
+                     (int)to->route_len);
     assert_int_equal(zmq_send(c->router, buf, n, 0), (int)n);
     free(buf);
 }
@@ -269,8 +283,10 @@ static void c_send(conductor *c, Baton__V1__ConductorMessage *m)
 /* Sends bytes as they are: a frame the worker's parser refuses. */
 static void c_send_raw(conductor *c, const uint8_t *buf, size_t n)
 {
-    const char *to = c->w[c->to].name;
-    assert_int_equal(zmq_send(c->router, to, strlen(to), ZMQ_SNDMORE), (int)strlen(to));
+    const wproc *to = &c->w[c->to];
+    assert_true(to->route_len > 0);
+    assert_int_equal(zmq_send(c->router, to->route, to->route_len, ZMQ_SNDMORE),
+                     (int)to->route_len);
     assert_int_equal(zmq_send(c->router, buf, n, 0), (int)n);
 }
 

@@ -51,6 +51,9 @@ static int setup(void **state)
         assert_int_equal(zmq_recv(fx.router, buf, sizeof(buf), 0), 2);
     }
     assert_int_equal(workers_create(&fx.cfg, fx.router, &fx.ws), 0);
+    /* As a Register from each would (w2 never registers: no route). */
+    for (int i = 0; i < 2; i++)
+        workers_set_route(fx.ws, i, names[i], 2);
     *state = &fx;
     return 0;
 }
