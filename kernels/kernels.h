@@ -355,14 +355,16 @@ int k_cuda_attn_prefill(float *out, const float *q, const float *k, const float 
 /* The forms an executable uses (kernels/optable.h), whose positions and
  * lengths live in device memory and may change between replays of a
  * captured graph.  Decode: the caches of the batch are one allocation, STRIDE
- * floats between sequences, CAP rows each; a length L with L + 1 > CAP
- * writes nothing, outputs zeros and sets *FLAG = ERANGE (FLAG may be NULL);
- * a negative length is an unused slot (zeros).  Prefill: the first position
+ * floats between sequences, CAP rows each, N_CACHE of them; row b uses
+ * cache SLOTS[b] (a device array; NULL: cache b).  A length L with L + 1 >
+ * CAP, or a slot outside [0, N_CACHE), writes nothing, outputs zeros and
+ * sets *FLAG = ERANGE (FLAG may be NULL); a negative length is an unused
+ * row (zeros).  Prefill: the first position
  * is POS[0] (device), checked against CAP the same way. */
 int k_cuda_attn_decode_strided(float *out, const float *q, const float *k, const float *v,
                                float *kc, float *vc, size_t stride, const int32_t *lens,
-                               int batch, int n_head, int n_kv, int hd, int cap, int32_t *flag,
-                               void *stream);
+                               const int32_t *slots, int n_cache, int batch, int n_head,
+                               int n_kv, int hd, int cap, int32_t *flag, void *stream);
 int k_cuda_attn_prefill_at(float *out, const float *q, const float *k, const float *v, float *kc,
                            float *vc, const int32_t *pos, int cap, int32_t *flag, int n_tok,
                            int n_head, int n_kv, int hd, void *stream);

@@ -55,10 +55,14 @@ const char *kdtype_name(kdtype t);
  *                vc, pos [N] i32} out {o [N, H*HD], kc, vc}; attr {H, KV,
  *                HD}.  N/B tokens per sequence, sequence b starting at
  *                position pos[b * N/B].
- *   ATTN_DECODE  in {q [B, H*HD], k [B, KV*HD], v, kc, vc, lens [B] i32}
- *                out {o, kc, vc}; attr {H, KV, HD}.  Sequence b appends at
- *                row lens[b] and attends over rows 0..lens[b]; a negative
- *                length marks an unused slot (its output is zeros).
+ *   ATTN_DECODE  in {q [B, H*HD], k [B, KV*HD], v, kc, vc, lens [B] i32,
+ *                slots [B] i32 (optional)} out {o, kc, vc}; attr {H, KV,
+ *                HD}.  Row b's sequence appends at row lens[b] of its
+ *                cache and attends over rows 0..lens[b]; a negative
+ *                length marks an unused row (its output is zeros).  Row
+ *                b's cache is kc[b], or kc[slots[b]] with slots: the rows
+ *                of a step need not be the caches' order, so a step
+ *                computes only the sequences that take part.
  *   SOFTMAX      in {x [R, N]} out {[R, N]}.
  *   ARGMAX       in {x [R, N]} out {[R] i32}.
  *   SAMPLE       in {logits [R, N], params [R, 3] f32 (temperature, top_k,

@@ -371,7 +371,7 @@ static int op_rope(const kx_op_ctx *c, int how)
  * q8_0). */
 static int attn_check(const kx_op_ctx *c, int how, int64_t *h, int64_t *kv, int64_t *hd, int64_t *n)
 {
-    int rc = io(c, 6, 6, 3);
+    int rc = io(c, 6, c->op->op == KOP_ATTN_DECODE ? 7 : 6, 3);
     if (rc)
         return rc;
     NEED(c->op->n_attr >= 3);
@@ -445,25 +445,33 @@ static int op_attn_decode(const kx_op_ctx *c, int how)
     if (rc)
         return rc;
     const kg_value *kcv = in_val(c, 3);
-    int64_t cap = kcv->shape[2];
-    NEED(cap <= INT_MAX && kcv->shape[0] >= n && elems_now(c, in_val(c, 5)) == n);
+    int64_t cap = kcv->shape[2], n_cache = kcv->shape[0];
+    bool slotted = c->op->n_in == 7;
+    NEED(cap <= INT_MAX && n_cache <= INT_MAX && elems_now(c, in_val(c, 5)) == n);
+    /* Without slots row b uses cache b; with them, cache slots[b]. */
+    NEED(slotted ? in_val(c, 6)->dtype == KD_I32 && elems_now(c, in_val(c, 6)) == n
+                 : n_cache >= n);
     if (!(how & RUN))
         return 0;
-    const int32_t *lens = c->in[5];
+    const int32_t *lens = c->in[5], *slots = slotted ? c->in[6] : NULL;
     size_t cache = (size_t)(cap * kv * hd);
     ON_GPU(how, k_cuda_attn_decode_strided(c->out[0], c->in[0], c->in[1], c->in[2], c->out[1],
-                                           c->out[2], cache, lens, (int)n, (int)h, (int)kv, (int)hd,
-                                           (int)cap, c->flag, c->queue));
+                                           c->out[2], cache, lens, slots, (int)n_cache, (int)n,
+                                           (int)h, (int)kv, (int)hd, (int)cap, c->flag,
+                                           c->queue));
     kdtype cdt = kcv->dtype;
     size_t cbytes = kdtype_bytes(cdt, cache);
     void *kcs[64], *vcs[64];
     for (int64_t s0 = 0; s0 < n; s0 += 64) {
         int64_t ns = n - s0 < 64 ? n - s0 : 64;
         for (int64_t s = 0; s < ns; s++) {
-            if (lens[s0 + s] >= cap)
-                return -ERANGE;  /* no row left in this sequence's cache */
-            kcs[s] = (uint8_t *)c->out[1] + (size_t)(s0 + s) * cbytes;
-            vcs[s] = (uint8_t *)c->out[2] + (size_t)(s0 + s) * cbytes;
+            int64_t at = slots ? slots[s0 + s] : s0 + s;
+            if (lens[s0 + s] >= cap || (lens[s0 + s] >= 0 && (at < 0 || at >= n_cache)))
+                return -ERANGE;  /* no row left in this sequence's cache, or no such cache */
+            /* An unused row (a negative length) touches no cache. */
+            at = at >= 0 && at < n_cache ? at : 0;
+            kcs[s] = (uint8_t *)c->out[1] + (size_t)at * cbytes;
+            vcs[s] = (uint8_t *)c->out[2] + (size_t)at * cbytes;
         }
         if ((rc = (cpu_opts(c)->invariant ? k_attn_decode_inv_mt
                                           : k_attn_decode_mt)(cpu_opts(c)->pool,

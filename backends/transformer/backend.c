@@ -1085,8 +1085,8 @@ static void clear_slot(baton_model *m, pc_entry *e)
 /* Gives S a decode slot: the lowest one no session holds (a cached prefix
  * there moves out of the way, clear_slot); else that of the least recently
  * used session not in the current batch, whose KV moves to host memory.
- * Sessions keep to the low slots because a decode step computes every row
- * up to the highest slot in use.  Returns 0, or -1 when every slot is held
+ * (A decode step computes only the rows of its items, whichever slots they
+ * hold.)  Returns 0, or -1 when every slot is held
  * by the current batch (cannot happen: a batch has at most `slots` items)
  * or memory is short. */
 static int acquire_slot(baton_model *m, tf_session *s)
@@ -1839,20 +1839,24 @@ out:
 static void decode_batch(baton_model *m, baton_ctx *ctx, baton_item *const *items, size_t n)
 {
     int B = m->slots;
-    int32_t *in = calloc((size_t)B * 3, sizeof(*in));
-    bool *live = calloc(n, sizeof(*live));
-    if (!in || !live) {
+    /* Row r of the step is the r-th item that takes part, in the cache
+     * slot slots[r]: only those rows are computed, whichever slots their
+     * sessions hold. */
+    int32_t *in = calloc((size_t)B * 4, sizeof(*in));
+    int *row = calloc(n + 1, sizeof(*row));
+    bool *taken = calloc((size_t)B, sizeof(*taken));
+    if (!in || !row || !taken) {
         for (size_t i = 0; i < n; i++)
             ctx->fail(ctx, items[i], BATON_STATUS_RESOURCE_EXHAUSTED, "out of memory");
         goto out;
     }
-    int32_t *tokens = in, *positions = in + B, *lens = in + 2 * B;
-    for (int b = 0; b < B; b++)
-        lens[b] = -1;  /* an unused slot */
+    int32_t *tokens = in, *positions = in + B, *lens = in + 2 * B, *slots = in + 3 * B;
+    int rows = 0;
+    for (size_t i = 0; i < n; i++)
+        row[i] = -1;  /* not in the step */
     m->batch_id++;
     for (size_t i = 0; i < n; i++)
         ((tf_session *)items[i]->session)->batch_id = m->batch_id;
-    bool any = false;
     for (size_t i = 0; i < n; i++) {
         baton_item *it = items[i];
         tf_session *s = it->session;
@@ -1884,7 +1888,7 @@ static void decode_batch(baton_model *m, baton_ctx *ctx, baton_item *const *item
             ctx->fail(ctx, it, BATON_STATUS_RESOURCE_EXHAUSTED, msg);
             continue;
         }
-        if (s->slot >= 0 && lens[s->slot] >= 0) {
+        if (s->slot >= 0 && taken[s->slot]) {
             snprintf(msg, sizeof(msg), "node '%s': two decode steps of one request in one batch",
                      it->node_name);
             ctx->fail(ctx, it, BATON_STATUS_INTERNAL, msg);
@@ -1895,24 +1899,20 @@ static void decode_batch(baton_model *m, baton_ctx *ctx, baton_item *const *item
             continue;
         }
         s->used = ++m->clock;
-        tokens[s->slot] = tok;
-        positions[s->slot] = s->len;
-        lens[s->slot] = s->len;
-        live[i] = true;
-        any = true;
+        taken[s->slot] = true;
+        tokens[rows] = tok;
+        positions[rows] = s->len;
+        lens[rows] = s->len;
+        slots[rows] = s->slot;
+        row[i] = rows++;
     }
-    if (!any)
+    if (!rows)
         goto out;
-    /* Rows past the highest slot in use are not computed: slots are
-     * handed out lowest first, so a light load runs a short step. */
-    int rows = 0;
-    for (int b = 0; b < B; b++)
-        if (lens[b] >= 0)
-            rows = b + 1;
     kx_extent_set(m->decode, rows);
     kx_input_bind(m->decode, 0, tokens, (size_t)B * 4);
     kx_input_bind(m->decode, 1, positions, (size_t)B * 4);
     kx_input_bind(m->decode, 2, lens, (size_t)B * 4);
+    kx_input_bind(m->decode, 3, slots, (size_t)B * 4);
     int rc = kx_run(m->decode);
     const float *logits = kx_output(m->decode, 0, NULL);
     const int32_t *argmax = kx_output(m->decode, 1, NULL);
@@ -1922,10 +1922,10 @@ static void decode_batch(baton_model *m, baton_ctx *ctx, baton_item *const *item
         int *row_pos = calloc((size_t)B, sizeof(*row_pos));
         bool host = false;
         for (size_t i = 0; row_item && row_pos && i < n; i++)
-            if (live[i]) {
+            if (row[i] >= 0) {
                 tf_session *s = items[i]->session;
-                row_item[s->slot] = items[i];
-                row_pos[s->slot] = s->len + 1;
+                row_item[row[i]] = items[i];
+                row_pos[row[i]] = s->len + 1;
             }
         if (!row_item || !row_pos)
             rc = BT_ENOMEM;
@@ -1937,24 +1937,25 @@ static void decode_batch(baton_model *m, baton_ctx *ctx, baton_item *const *item
         argmax = m->host_argmax;
     }
     for (size_t i = 0; i < n; i++) {
-        if (!live[i])
+        if (row[i] < 0)
             continue;
         baton_item *it = items[i];
         tf_session *s = it->session;
+        int r = row[i];
         if (rc) {
             fail_run(m->decode, rc, ctx, it);
             continue;
         }
-        ids_push(m, s, tokens[s->slot]);
+        ids_push(m, s, tokens[r]);
         s->len++;
-        const float *row = logits ? logits + (size_t)s->slot * (size_t)m->shape.vocab : NULL;
-        int32_t t = argmax[s->slot];
-        int prc = m->dev ? 0 : pick_token(m, it, row, argmax[s->slot], s->len, &t);
+        const float *lrow = logits ? logits + (size_t)r * (size_t)m->shape.vocab : NULL;
+        int32_t t = argmax[r];
+        int prc = m->dev ? 0 : pick_token(m, it, lrow, argmax[r], s->len, &t);
         if (prc) {
             fail_run(m->decode, prc, ctx, it);
             continue;
         }
-        if (emit(m, ctx, it, t, row, NULL) != 0)
+        if (emit(m, ctx, it, t, lrow, NULL) != 0)
             continue;
         count_tokens(ctx, it, 0, 1);
         if (is_end(m, t) || s->len >= m->max_seq)
@@ -1962,7 +1963,8 @@ static void decode_batch(baton_model *m, baton_ctx *ctx, baton_item *const *item
     }
 out:
     free(in);
-    free(live);
+    free(row);
+    free(taken);
 }
 
 static void execute(baton_model *m, baton_ctx *ctx, baton_item *const *items, size_t n)

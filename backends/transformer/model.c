@@ -80,7 +80,8 @@ static kg_graph *build(const ktf_shape *s, int batch, int seq, int ctx, bool pre
         return NULL;
     /* The dynamic dim is the token rows: the tokens of a batch-1 prefill,
      * or the sequences of a decode step (a step of fewer sequences than
-     * compiled runs on the first cache slots only). */
+     * compiled runs only those rows, each on the cache slot its input
+     * names). */
     builder b = {kg_create(), s, 0, !prefill || batch == 1};
     if (!b.g)
         return NULL;
@@ -97,6 +98,11 @@ static kg_graph *build(const ktf_shape *s, int batch, int seq, int ctx, bool pre
     int64_t heads[3] = {s->heads, s->kv_heads, s->head_dim};
     int third = val(&b, prefill ? "last_rows" : "seq_lens", KG_INPUT, KD_I32, 1, batch, 0, 0, 0);
     if (!prefill && !b.fail && kg_value_set_dynamic(b.g, third))
+        b.fail = 1;
+    /* Decode: the cache slot of each row, so that a step runs only the
+     * sequences that take part, in any slots. */
+    int slots = prefill ? -1 : val(&b, "slots", KG_INPUT, KD_I32, 1, batch, 0, 0, 0);
+    if (!prefill && !b.fail && kg_value_set_dynamic(b.g, slots))
         b.fail = 1;
     int embd = wval(&b, "token_embd.weight", V, H);
     int x = act(&b, "x.embed", N, H);
@@ -132,7 +138,7 @@ static kg_graph *build(const ktf_shape *s, int batch, int seq, int ctx, bool pre
         int at = act(&b, NAME("blk.%d.attn"), N, Q);
         /* Attention writes this step's K and V into the caches and reads the
          * cached positions: the caches are both inputs and outputs. */
-        int ain[6] = {qr, kr, v, kc, vc, prefill ? pos : third};
+        int ain[7] = {qr, kr, v, kc, vc, prefill ? pos : third, slots};
         int aout[3] = {at, kc, vc};
         double span = prefill ? (seq + 1) / 2.0 : (double)ctx;  /* keys per query, causal mean */
         double aflops = 4.0 * (double)N * s->heads * span * s->head_dim;
@@ -140,8 +146,8 @@ static kg_graph *build(const ktf_shape *s, int batch, int seq, int ctx, bool pre
                           (double)kdtype_bytes(s->cache, (size_t)KV);
         double abytes = (double)(b.g->values[qr].bytes + b.g->values[kr].bytes +
                                  b.g->values[v].bytes + b.g->values[at].bytes) + cache_rw;
-        if (!b.fail && kg_op_add(b.g, prefill ? KOP_ATTN_PREFILL : KOP_ATTN_DECODE, ain, 6, aout,
-                                 3, heads, 3, aflops, abytes) < 0)
+        if (!b.fail && kg_op_add(b.g, prefill ? KOP_ATTN_PREFILL : KOP_ATTN_DECODE, ain,
+                                 prefill ? 6 : 7, aout, 3, heads, 3, aflops, abytes) < 0)
             b.fail = 1;
         int o = matmul(&b, NAME("blk.%d.o"), at, wo, N, H, Q);
         int x2 = act(&b, NAME("blk.%d.x_attn"), N, H);

@@ -50,10 +50,12 @@ kg_graph *ktf_build_prefill(const ktf_shape *s, int batch, int seq, int ctx);
 /* One decode step of up to BATCH sequences against KV caches of CTX
  * positions (costed as reading all CTX positions: the upper extent).  The
  * sequence dim is dynamic: compiled for BATCH, run at any 1..BATCH
- * (kx_extent_set), row b using cache slot b, so a step of few sequences
- * does not pay for the others.  Inputs: 0 tokens [B] i32, 1 positions [B]
- * i32, 2 sequence lengths [B] i32 (negative: an unused row).  Outputs as
- * prefill; handles [BATCH, kv_heads, CTX, head_dim] whatever the extent. */
+ * (kx_extent_set), row b using the cache slot slots[b], so a step of few
+ * sequences does not pay for the others, whichever slots they hold.
+ * Inputs: 0 tokens [B] i32, 1 positions [B] i32, 2 sequence lengths [B]
+ * i32 (negative: an unused row), 3 slots [B] i32 (each row's cache slot,
+ * < BATCH; distinct among the rows in use).  Outputs as prefill; handles
+ * [BATCH, kv_heads, CTX, head_dim] whatever the extent. */
 kg_graph *ktf_build_decode(const ktf_shape *s, int batch, int ctx);
 
 #endif

@@ -14,31 +14,37 @@
 
 #define ATT_THREADS 128
 
-/* Where sequence B's cache starts: from an array of pointers, or at B
+/* Where row B's cache starts: from an array of pointers, or at some
  * strides from one base (one allocation for the batch, as an executable's
- * cache handle is; no pointer array to keep on the device). */
+ * cache handle is; no pointer array to keep on the device): B strides, or
+ * SLOTS[B] when the step's rows are not the caches' order. */
 typedef struct kv_at {
-    float *const *ptrs; /* device array of BATCH pointers, or NULL */
+    float *const *ptrs;   /* device array of BATCH pointers, or NULL */
     float *base;
-    size_t stride;      /* floats between sequences */
+    size_t stride;        /* floats between sequences */
+    const int32_t *slots; /* device array: row b's cache; NULL: cache b */
+    int n_cache;          /* caches at BASE (with SLOTS) */
 } kv_at;
 
 __device__ __forceinline__ float *seq_cache(kv_at c, int b)
 {
-    return c.ptrs ? c.ptrs[b] : c.base + (size_t)b * c.stride;
+    return c.ptrs ? c.ptrs[b] : c.base + (size_t)(c.slots ? c.slots[b] : b) * c.stride;
 }
 
-/* A length the cache cannot take (LEN + 1 > CAP) is bad data: the kernels
- * then write no cache row, output zeros, and raise FLAG (when given) for the
- * executor to fail the run.  A negative length is an unused batch slot. */
-__device__ __forceinline__ bool len_ok(int len, int cap, int32_t *flag)
+/* A length the cache cannot take (LEN + 1 > CAP), or a row whose slot names
+ * no cache, is bad data: the kernels then write no cache row, output zeros,
+ * and raise FLAG (when given) for the executor to fail the run.  A negative
+ * length is an unused row. */
+__device__ __forceinline__ bool len_ok(int len, int cap, kv_at c, int b, int32_t *flag)
 {
-    if (len >= cap) {
+    if (len < 0)
+        return false;
+    if (len >= cap || (c.slots && (c.slots[b] < 0 || c.slots[b] >= c.n_cache))) {
         if (flag)
             atomicExch(flag, ERANGE);
         return false;
     }
-    return len >= 0;
+    return true;
 }
 
 /* Caches are [N_KV][CAP][HD] per sequence (kernels.h): element I of the
@@ -48,7 +54,7 @@ __global__ static void append_kernel(const float *k, const float *v, kv_at kc, k
                                      int32_t *flag)
 {
     int b = blockIdx.x, row = n_kv * hd;
-    if (!len_ok(lens[b], cap, flag))
+    if (!len_ok(lens[b], cap, kc, b, flag))
         return;
     float *kd = seq_cache(kc, b), *vd = seq_cache(vc, b);
     for (int i = threadIdx.x; i < row; i += blockDim.x) {
@@ -69,7 +75,7 @@ __global__ static void decode_kernel(float *out, const float *q, kv_at kc, kv_at
     extern __shared__ float s[]; /* [ctx] scores, then [hd] the query */
     __shared__ float red[DEC_RED];
     int b = blockIdx.x / n_head, h = blockIdx.x % n_head;
-    if (!len_ok(lens[b], cap, NULL)) {
+    if (!len_ok(lens[b], cap, kc, b, NULL)) {
         float *o = out + ((size_t)b * n_head + h) * hd;
         for (int i = threadIdx.x; i < hd; i += blockDim.x)
             o[i] = 0;
@@ -144,17 +150,18 @@ extern "C" int k_cuda_attn_decode(float *out, const float *q, const float *k, co
                                   int batch, int n_head, int n_kv, int hd, int max_ctx,
                                   void *stream)
 {
-    kv_at kca = {kc, NULL, 0}, vca = {vc, NULL, 0};
+    kv_at kca = {kc, NULL, 0, NULL, 0}, vca = {vc, NULL, 0, NULL, 0};
     return decode_launch(out, q, k, v, kca, vca, lens, batch, n_head, n_kv, hd, max_ctx, NULL,
                          stream);
 }
 
 extern "C" int k_cuda_attn_decode_strided(float *out, const float *q, const float *k,
                                           const float *v, float *kc, float *vc, size_t stride,
-                                          const int32_t *lens, int batch, int n_head, int n_kv,
-                                          int hd, int cap, int32_t *flag, void *stream)
+                                          const int32_t *lens, const int32_t *slots, int n_cache,
+                                          int batch, int n_head, int n_kv, int hd, int cap,
+                                          int32_t *flag, void *stream)
 {
-    kv_at kca = {NULL, kc, stride}, vca = {NULL, vc, stride};
+    kv_at kca = {NULL, kc, stride, slots, n_cache}, vca = {NULL, vc, stride, slots, n_cache};
     return decode_launch(out, q, k, v, kca, vca, lens, batch, n_head, n_kv, hd, cap, flag, stream);
 }
 

@@ -51,6 +51,13 @@
  *     same requests, each side with its own KV layout (llama.cpp: f16,
  *     allocated and cleared in full at start; baton: q8_0, pages touched as
  *     positions are written).  batond's own memory is printed beside it.
+ *  6. Decode tok/s of one request alone in cache slot 3 (t2, baton only):
+ *     four requests go together, the first three taking slots 0-2 and
+ *     stopping after 8 tokens, the fourth decoding 8 + 64 tokens; its
+ *     steps after the others' last token, over the time they took.  Beside
+ *     row 1's 2-thread figure it shows what a request's slot costs: a
+ *     decode step computes only the rows of the sequences in it, so the
+ *     ratio (printed under the table) should be near 1.
  *
  * Every row runs 3 rounds; in each, baton and llama.cpp take turns, the
  * order flipping every round, so that both see the same machine; the table
@@ -112,8 +119,10 @@ enum {
     R_DEC_SHORT16,            /* row 4 with an f16 KV cache (baton only) */
     R_DEC_LONG16,
     R_MEM,
+    R_DEC_SLOT3,              /* row 6 (baton only) */
     N_ROWS
 };
+#define SLOT_SHORT_ITERS 8  /* row 6: the decode steps of the requests in slots 0-2 */
 
 typedef struct row {
     char label[64];
@@ -342,6 +351,7 @@ typedef struct gen_req {
     char id[32];
     const int32_t *prompt;
     int n_prompt;
+    int iters;               /* decode steps; 0: baton_gen's ITERS */
     int expect;              /* chunks: the prefill's token + one per decode step */
     int got;
     double *arrive;          /* arrival time of each chunk, us [expect] */
@@ -374,7 +384,8 @@ static int baton_gen(baton_side *b, const char *graph, gen_req *r, int n, int it
     int rc = -1;
     for (int i = 0; i < n; i++) {
         snprintf(r[i].id, sizeof(r[i].id), "m%d", b->seq++);
-        r[i].expect = 1 + iters;
+        int it = r[i].iters ? r[i].iters : iters;
+        r[i].expect = 1 + it;
         r[i].got = 0;
         r[i].done = false;
         r[i].prefill_exec_us = 0;
@@ -383,7 +394,7 @@ static int baton_gen(baton_side *b, const char *graph, gen_req *r, int n, int it
         if (!r[i].arrive || baton_client_request_create(graph, r[i].id, &reqs[i]) != 0 ||
             baton_client_request_add_input(reqs[i], "prompt", BATON_CLIENT_DTYPE_I32, dims, 1,
                                            r[i].prompt, (size_t)r[i].n_prompt * 4) != 0 ||
-            baton_client_request_set_max_iters(reqs[i], LOOP, (uint32_t)iters) != 0) {
+            baton_client_request_set_max_iters(reqs[i], LOOP, (uint32_t)it) != 0) {
             fprintf(stderr, "bench_model: cannot build a request\n");
             goto out;
         }
@@ -611,6 +622,40 @@ static int baton_row1(bench *B)
             return -1;
     }
     return 0;
+}
+
+/* Row 6: the fourth request's decode steps after the first three's last
+ * token, alone in cache slot 3 (slots are taken lowest first, in the order
+ * the prefills run, which is the order sent). */
+static int baton_row6(bench *B)
+{
+    gen_req g[4];
+    memset(g, 0, sizeof(g));
+    for (int i = 0; i < 4; i++) {
+        g[i].prompt = B->short_prompts + (size_t)i * SHORT_PROMPT;
+        g[i].n_prompt = SHORT_PROMPT;
+        g[i].iters = SLOT_SHORT_ITERS + (i == 3 ? B->p.n_gen : 0);
+    }
+    int rc = baton_gen(&B->b, "gen_t2", g, 4, 0);
+    if (rc == 0) {
+        double from = 0;
+        for (int i = 0; i < 3; i++)
+            if (g[i].arrive[g[i].got - 1] > from)
+                from = g[i].arrive[g[i].got - 1];
+        const gen_req *l = &g[3];
+        int first = 1;
+        while (first < l->got && l->arrive[first] <= from)
+            first++;
+        /* At least half its steps alone, or the row says nothing. */
+        if (l->got - 1 - first >= B->p.n_gen / 2)
+            add_baton(B, R_DEC_SLOT3, (l->got - 1 - first) /
+                                          ((l->arrive[l->got - 1] - l->arrive[first]) / 1e6));
+        else
+            fprintf(stderr, "bench_model: row 6: only %d steps alone; no sample\n",
+                    l->got - 1 - first);
+    }
+    gen_free(g, 4);
+    return rc;
 }
 
 static void add_prefill(bench *B, int i, const gen_req *g)
@@ -877,7 +922,7 @@ static int round_turn(bench *B, int round, int group)
         for (int side = 0; side < 2; side++) {
             bool baton_turn = (side == 0) == (round % 2 == 0);
             if (baton_turn) {
-                int rc = group == 0   ? baton_row1(B)
+                int rc = group == 0   ? (baton_row1(B) || baton_row6(B) ? -1 : 0)
                          : group == 1 ? baton_row2(B)
                          : group == 2 ? baton_row3(B)
                                       : baton_row45(B);
@@ -1041,6 +1086,8 @@ static void print_table(const bench *B)
         printf(", llama.cpp skipped\n");
     printf("decode after %d / after %d tokens of context, f16 KV cache: baton %.2fx\n",
            B->p.depth, SHORT_PROMPT, rows_ratio(B, R_DEC_LONG16, R_DEC_SHORT16, false));
+    printf("decode alone in cache slot 3 / in slot 0 (row 6 / row 1, 2 threads): baton %.2fx\n",
+           rows_ratio(B, R_DEC_SLOT3, R_DEC_T2, false));
     printf("decode scaling, 2 threads / 1 thread: baton %.2fx", rows_ratio(B, R_DEC_T2, R_DEC_T1,
                                                                           false));
     if (B->L.ok)
@@ -1127,12 +1174,14 @@ static void write_json(const bench *B, const bench_opts *o)
     fprintf(f, "},\n  \"ratios\": {\"baton_prefill_%d_over_%d\": %.3f, "
             "\"llama_cpp_prefill_%d_over_%d\": %.3f, \"baton_decode_long_over_short\": %.3f, "
             "\"llama_cpp_decode_long_over_short\": %.3f, "
-            "\"baton_decode_long_over_short_f16_cache\": %.3f},\n",
+            "\"baton_decode_long_over_short_f16_cache\": %.3f, "
+            "\"baton_decode_slot3_over_slot0\": %.3f},\n",
             B->p.pp[2], B->p.pp[1], rows_ratio(B, R_PP0 + 2, R_PP0 + 1, false), B->p.pp[2],
             B->p.pp[1], rows_ratio(B, R_PP0 + 2, R_PP0 + 1, true),
             rows_ratio(B, R_DEC_LONG, R_DEC_SHORT, false),
             rows_ratio(B, R_DEC_LONG, R_DEC_SHORT, true),
-            rows_ratio(B, R_DEC_LONG16, R_DEC_SHORT16, false));
+            rows_ratio(B, R_DEC_LONG16, R_DEC_SHORT16, false),
+            rows_ratio(B, R_DEC_SLOT3, R_DEC_T2, false));
     fprintf(f, "  \"memory_kib\": {\"baton_worker_rss\": %ld, \"baton_worker_anon\": %ld, "
             "\"baton_worker_file\": %ld, \"baton_conductor_hwm\": %ld, "
             "\"llama_bench_at_depth_maxrss\": %ld},\n",
@@ -1189,6 +1238,8 @@ int main(int argc, char **argv)
     set_row(&B.rows[R_DEC_LONG16], "decode_long_context_f16_cache", "tok/s",
             "4. ...after %d tokens, f16 KV cache", B.p.depth);
     set_row(&B.rows[R_MEM], "peak_rss_mib", "MiB", "5. peak resident MiB, context %d", CTX_SIZE);
+    set_row(&B.rows[R_DEC_SLOT3], "decode_alone_in_slot3", "tok/s",
+            "6. decode tok/s, 1 request alone in slot %d", 3);
 
     if (access(MODEL_PATH, R_OK) != 0) {
         /* Like the tests that need the model: a missing file is a skip, not

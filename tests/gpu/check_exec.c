@@ -185,6 +185,19 @@ static void bind3(kx_exec *x, const int32_t *a, const int32_t *b, const int32_t 
         die("kx_input_bind", -1);
 }
 
+/* A decode step's inputs: BIND3's, and row b on cache slot b. */
+static void bind_decode(kx_exec *x, const int32_t *a, const int32_t *b, const int32_t *c, int n)
+{
+    static int32_t identity[64];
+    if (n > 64)
+        die("bind_decode: more than 64 rows", -1);
+    for (int i = 0; i < n; i++)
+        identity[i] = i;
+    bind3(x, a, b, c, n, n);
+    if (kx_input_bind(x, 3, identity, (size_t)n * 4))
+        die("kx_input_bind", -1);
+}
+
 /* Prefill then three decode steps on the CPU and on the GPU (GRAPHS,
  * N_COMPUTE streams), comparing the logits at every step. */
 static void check_model(const char *name, const ktf_shape *s, int seq, int ctx, bool graphs,
@@ -217,8 +230,8 @@ static void check_model(const char *name, const ktf_shape *s, int seq, int ctx, 
     copy_caches(dd, 0, pd, s, ctx);
     for (int step = 0; step < 3; step++) {
         int32_t t1 = tok[n + step < seq ? n + step : 0], p1 = n + step, l1 = n + step;
-        bind3(dc, &t1, &p1, &l1, 1, 1);
-        bind3(dd, &t1, &p1, &l1, 1, 1);
+        bind_decode(dc, &t1, &p1, &l1, 1);
+        bind_decode(dd, &t1, &p1, &l1, 1);
         run(dc, "decode cpu");
         run(dd, "decode gpu");
         logits_of(dc, false, a, V);
@@ -236,7 +249,7 @@ static void check_model(const char *name, const ktf_shape *s, int seq, int ctx, 
     }
     /* A position past the cache: the run fails through the device flag. */
     int32_t t1 = 1, p1 = ctx, l1 = ctx;
-    bind3(dd, &t1, &p1, &l1, 1, 1);
+    bind_decode(dd, &t1, &p1, &l1, 1);
     int rc = kx_run(dd), st = 0;
     kx_op_error(dd, &st);
     l1 = p1 = 0;
@@ -330,7 +343,7 @@ static void check_shared_weights(const ktf_shape *s, int seq, int ctx)
         die("output_norm", -1);
     run(pd, "prefill");
     int32_t t1 = 3, p1 = 0, l1 = 0;
-    bind3(dd, &t1, &p1, &l1, 1, 1);
+    bind_decode(dd, &t1, &p1, &l1, 1);
     run(dd, "decode");
     int nonzero = 0;
     logits_of(pd, true, b, V);
@@ -381,8 +394,8 @@ static void bench(FILE *json, const char *devname)
             tok[i] = i * 11, pos[i] = lens[i] = 100 + 20 * i;
         for (int nc = 1; nc <= 2; nc++) {
             kx_exec *e = build(g, gpu, nc, false, 3), *r = build(g, gpu, nc, true, 3);
-            bind3(e, tok, pos, lens, B, B);
-            bind3(r, tok, pos, lens, B, B);
+            bind_decode(e, tok, pos, lens, B);
+            bind_decode(r, tok, pos, lens, B);
             double te = time_steps(e, 50), tr = time_steps(r, 200);
             const ks_schedule *sc = kx_schedule(r);
             double pred = (sc->multi ? sc->multi_s : sc->serial_s) * 1e6;

@@ -446,39 +446,56 @@ static void case_op(kop o, int trial, const kx_device *gpu)
     case KOP_ATTN_DECODE: {
         int KV = irand(1, 3), H = KV * irand(1, 3), HD = irand(1, 40) * 2, B = irand(1, 5);
         int C = irand(2, 30);
+        /* Odd trials name each row's cache (slots): NC caches, more than
+         * the B rows, these on distinct ones in a random order (row 0 never
+         * on cache 0), the others untouched. */
+        bool slotted = trial % 2;
+        int NC = slotted ? B + irand(1, 2) : B;
+        int32_t *slots = own(c, xmalloc(NC * 4));
+        for (int i = 0; i < NC; i++)
+            slots[i] = i;
+        for (int i = NC - 1; slotted && i > 0; i--) {
+            int j = irand(0, i), t = slots[i];
+            slots[i] = slots[j], slots[j] = t;
+        }
+        if (slotted && slots[0] == 0)
+            slots[0] = slots[NC - 1], slots[NC - 1] = 0;
         size_t row = (size_t)KV * HD, cache = (size_t)C * row;
         float *q = own(c, frand((size_t)B * H * HD, 1)), *k = own(c, frand(B * row, 1));
         float *v = own(c, frand(B * row, 1));
-        float *kc0 = own(c, frand(B * cache, 1)), *vc0 = own(c, frand(B * cache, 1));
-        float *kc = own(c, xmalloc(B * cache * 4)), *vc = own(c, xmalloc(B * cache * 4));
-        memcpy(kc, kc0, B * cache * 4), memcpy(vc, vc0, B * cache * 4);
+        float *kc0 = own(c, frand(NC * cache, 1)), *vc0 = own(c, frand(NC * cache, 1));
+        float *kc = own(c, xmalloc(NC * cache * 4)), *vc = own(c, xmalloc(NC * cache * 4));
+        memcpy(kc, kc0, NC * cache * 4), memcpy(vc, vc0, NC * cache * 4);
         int32_t *lens = own(c, xmalloc(B * 4));
         float *want = own(c, xmalloc((size_t)B * H * HD * 4));
         for (int b = 0; b < B; b++) {
-            /* The last slot of a batch over one is unused (-1): zeros. */
+            /* The last row of a batch over one is unused (-1): zeros. */
             lens[b] = b == B - 1 && B > 1 ? -1 : irand(0, C - 1);
             float *o_b = want + (size_t)b * H * HD;
             if (lens[b] < 0) {
                 memset(o_b, 0, (size_t)H * HD * 4);
                 continue;
             }
-            float *kb = kc + b * cache, *vb = vc + b * cache;
+            float *kb = kc + slots[b] * cache, *vb = vc + slots[b] * cache;
             k_attn_decode(o_b, q + (size_t)b * H * HD, k + b * row, v + b * row, &kb, &vb, C,
                           &lens[b], 1, H, KV, HD);
         }
         int vq = val(c, "q", KG_INPUT, KD_F32, 2, B, (int64_t)H * HD, 0, 0);
         int vk = val(c, "k", KG_INPUT, KD_F32, 2, B, (int64_t)row, 0, 0);
         int vv = val(c, "v", KG_INPUT, KD_F32, 2, B, (int64_t)row, 0, 0);
-        int vkc = val(c, "kc", KG_HANDLE, KD_F32, 4, B, KV, C, HD);
-        int vvc = val(c, "vc", KG_HANDLE, KD_F32, 4, B, KV, C, HD);
+        int vkc = val(c, "kc", KG_HANDLE, KD_F32, 4, NC, KV, C, HD);
+        int vvc = val(c, "vc", KG_HANDLE, KD_F32, 4, NC, KV, C, HD);
         int vl = val(c, "lens", KG_INPUT, KD_I32, 1, B, 0, 0, 0);
+        int vs = slotted ? val(c, "slots", KG_INPUT, KD_I32, 1, B, 0, 0, 0) : -1;
         int vo = val(c, "o", KG_OUTPUT, KD_F32, 2, B, (int64_t)H * HD, 0, 0);
-        int in[6] = {vq, vk, vv, vkc, vvc, vl}, out[3] = {vo, vkc, vvc};
+        int in[7] = {vq, vk, vv, vkc, vvc, vl, vs}, out[3] = {vo, vkc, vvc};
         int64_t attr[3] = {H, KV, HD};
-        op(c, o, in, 6, out, 3, attr, 3);
+        op(c, o, in, slotted ? 7 : 6, out, 3, attr, 3);
         input(c, q, (size_t)B * H * HD * 4), input(c, k, B * row * 4), input(c, v, B * row * 4);
         input(c, lens, B * 4);
-        handle(c, "kc", kc0, kc, B * cache * 4), handle(c, "vc", vc0, vc, B * cache * 4);
+        if (slotted)
+            input(c, slots, B * 4);
+        handle(c, "kc", kc0, kc, NC * cache * 4), handle(c, "vc", vc0, vc, NC * cache * 4);
         output(c, want, (size_t)B * H * HD * 4, KD_F32);
         c->tol = 1e-4f;
         break;

@@ -520,10 +520,11 @@ static void test_bad_data_and_refused_launch(void **state)
     kx_op_table t = deferred_table(&s, &cpu);
     kx_options o = {.device = &dev, .graphs = true};
     kx_exec *x = tiny_exec(g, &o, &t);
-    int32_t tok = 1, pos = 8, len = 8;  /* one past the cache */
+    int32_t tok = 1, pos = 8, len = 8, slot = 0;  /* one past the cache */
     assert_int_equal(kx_input_bind(x, 0, &tok, 4), 0);
     assert_int_equal(kx_input_bind(x, 1, &pos, 4), 0);
     assert_int_equal(kx_input_bind(x, 2, &len, 4), 0);
+    assert_int_equal(kx_input_bind(x, 3, &slot, 4), 0);
     assert_int_equal(kx_run(x), BT_EOP);
     int st;
     assert_int_equal(kx_op_error(x, &st), -1);
@@ -539,6 +540,7 @@ static void test_bad_data_and_refused_launch(void **state)
     assert_int_equal(kx_input_bind(y, 0, &tok, 4), 0);
     assert_int_equal(kx_input_bind(y, 1, &pos, 4), 0);
     assert_int_equal(kx_input_bind(y, 2, &len, 4), 0);
+    assert_int_equal(kx_input_bind(y, 3, &slot, 4), 0);
     assert_int_equal(kx_run(y), BT_EOP);
     int op = kx_op_error(y, &st);
     assert_true(op >= 0);

@@ -307,10 +307,11 @@ static void test_decode_continues_prefill(void **state)
     float want[50];
     /* Three decode steps in a row, each against a prefill of one more. */
     for (int step = 0; step < 3; step++) {
-        int32_t tok = SEQ[7 + step], pos = 7 + step, len = 7 + step;
+        int32_t tok = SEQ[7 + step], pos = 7 + step, len = 7 + step, slot = 0;
         assert_int_equal(kx_input_bind(d, 0, &tok, 4), 0);
         assert_int_equal(kx_input_bind(d, 1, &pos, 4), 0);
         assert_int_equal(kx_input_bind(d, 2, &len, 4), 0);
+        assert_int_equal(kx_input_bind(d, 3, &slot, 4), 0);
         run_ok(d);
         naive_logits(&s, SEQ, 8 + step, 0, want);
         close_to(kx_output(d, 0, NULL), want, 50, 2e-4f);
@@ -342,9 +343,11 @@ static void test_decode_batch_mixed_lengths(void **state)
         pos[b] = lens[b];
     }
     tok[3] = 0, pos[3] = 0;
+    int32_t slots[4] = {0, 1, 2, 3};
     assert_int_equal(kx_input_bind(d, 0, tok, 16), 0);
     assert_int_equal(kx_input_bind(d, 1, pos, 16), 0);
     assert_int_equal(kx_input_bind(d, 2, lens, 16), 0);
+    assert_int_equal(kx_input_bind(d, 3, slots, 16), 0);
     run_ok(d);
     const float *lg = kx_output(d, 0, NULL);
     float want[50];
@@ -352,6 +355,52 @@ static void test_decode_batch_mixed_lengths(void **state)
         naive_logits(&s, seqs[b], lens[b] + 1, 0, want);
         close_to(lg + b * 50, want, 50, 2e-4f);
     }
+    kx_destroy(p);
+    kx_destroy(d);
+}
+
+/* A step of fewer rows than caches, each row naming its cache: two
+ * sequences in slots 3 and 1 of four run as rows 0 and 1 of a step of two
+ * rows, give their own logits, and leave the caches of slots 0 and 2 as
+ * they were. */
+static void test_decode_rows_in_any_slot(void **state)
+{
+    (void)state;
+    ktf_shape s = tiny(KD_F32);
+    kx_exec *p = compile(ktf_build_prefill(&s, 1, 12, CTX), 1);
+    kx_exec *d = compile(ktf_build_decode(&s, 4, CTX), 1);
+    int32_t seqs[2][12], lens[2] = {4, 2}, slots[2] = {3, 1}, tok[2], pos[2];
+    for (int r = 0; r < 2; r++) {
+        for (int i = 0; i < 12; i++)
+            seqs[r][i] = SEQ[(i + 5 * r + 1) % 12];
+        free(prefill(p, seqs[r], lens[r]));
+        copy_caches(d, slots[r], p, &s);
+        tok[r] = seqs[r][lens[r]];
+        pos[r] = lens[r];
+    }
+    /* Slots 0 and 2 hold a marker that must survive the step. */
+    size_t bytes;
+    float *kc = kx_handle(d, "k_cache.0", &bytes);
+    size_t per = bytes / 4 / sizeof(float);
+    for (size_t i = 0; i < per; i++)
+        kc[i] = kc[2 * per + i] = 7.0f;
+    assert_int_equal(kx_extent_set(d, 2), 0);
+    assert_int_equal(kx_input_bind(d, 0, tok, 8), 0);
+    assert_int_equal(kx_input_bind(d, 1, pos, 8), 0);
+    assert_int_equal(kx_input_bind(d, 2, lens, 8), 0);
+    assert_int_equal(kx_input_bind(d, 3, slots, 8), 0);
+    run_ok(d);
+    const float *lg = kx_output(d, 0, NULL);
+    float want[50];
+    for (int r = 0; r < 2; r++) {
+        naive_logits(&s, seqs[r], lens[r] + 1, 0, want);
+        close_to(lg + r * 50, want, 50, 2e-4f);
+    }
+    for (size_t i = 0; i < per; i++)
+        assert_true(kc[i] == 7.0f && kc[2 * per + i] == 7.0f);
+    /* A slot past the caches fails the step. */
+    slots[1] = 4;
+    assert_int_equal(kx_run(d), BT_EOP);
     kx_destroy(p);
     kx_destroy(d);
 }
@@ -396,10 +445,11 @@ static void test_position_past_cache_fails(void **state)
     kx_exec *d = compile(ktf_build_decode(&s, 1, CTX), 1);
     size_t bytes;
     float *kc = kx_handle(d, "k_cache.0", &bytes);
-    int32_t tok = 1, pos = CTX, len = CTX;
+    int32_t tok = 1, pos = CTX, len = CTX, slot = 0;
     assert_int_equal(kx_input_bind(d, 0, &tok, 4), 0);
     assert_int_equal(kx_input_bind(d, 1, &pos, 4), 0);
     assert_int_equal(kx_input_bind(d, 2, &len, 4), 0);
+    assert_int_equal(kx_input_bind(d, 3, &slot, 4), 0);
     assert_int_equal(kx_run(d), BT_EOP);
     for (size_t i = 0; i < bytes / 4; i++)
         assert_true(kc[i] == 0.0f);  /* nothing written */
@@ -477,6 +527,7 @@ int main(void)
         cmocka_unit_test(test_prefill_matches_naive),
         cmocka_unit_test(test_decode_continues_prefill),
         cmocka_unit_test(test_decode_batch_mixed_lengths),
+        cmocka_unit_test(test_decode_rows_in_any_slot),
         cmocka_unit_test(test_q8_weights_match_dequantized),
         cmocka_unit_test(test_two_streams_same_bytes),
         cmocka_unit_test(test_position_past_cache_fails),
