@@ -22,9 +22,14 @@
 /* The longest name a key may carry, and its string's size. */
 #define KEY_NAME_MAX 63
 
+/* One authorized key and the worker name it carries ("" for none). */
+typedef struct keyset_entry {
+    uint8_t key[32];
+    char name[KEY_NAME_MAX + 1];
+} keyset_entry;
+
 struct bt_curve_keyset {
-    uint8_t (*keys)[32]; /* owned; n used of cap */
-    char (*names)[KEY_NAME_MAX + 1]; /* owned; the name keys[i] carries, "" for none */
+    keyset_entry *e;     /* owned; n used of cap */
     size_t n, cap;
 };
 
@@ -367,8 +372,7 @@ void bt_curve_keyset_destroy(bt_curve_keyset *s)
 {
     if (!s)
         return;
-    free(s->keys);
-    free(s->names);
+    free(s->e);
     free(s);
 }
 
@@ -377,7 +381,7 @@ static ptrdiff_t keyset_find(const bt_curve_keyset *s, const uint8_t key[32])
 {
     /* A few dozen keys at most: a scan is as fast as anything sorted. */
     for (size_t i = 0; s && i < s->n; i++)
-        if (memcmp(s->keys[i], key, 32) == 0)
+        if (memcmp(s->e[i].key, key, 32) == 0)
             return (ptrdiff_t)i;
     return -1;
 }
@@ -388,27 +392,18 @@ static int keyset_add_raw(bt_curve_keyset *s, const uint8_t key[32], const char 
 {
     ptrdiff_t at = keyset_find(s, key);
     if (at >= 0) {
-        if (!*name)
-            return 0;
-        if (s->names[at][0] && strcmp(s->names[at], name) != 0)
+        keyset_entry *e = &s->e[at];
+        if (e->name[0] && *name && strcmp(e->name, name) != 0)
             return BT_CURVE_EFORMAT;
-        snprintf(s->names[at], sizeof(s->names[at]), "%s", name);
+        if (*name)
+            snprintf(e->name, sizeof(e->name), "%s", name);
         return 0;
     }
-    /* Both arrays grow to the same capacity: the names follow the keys. */
-    size_t cap = s->cap;
-    if (BT_RESERVE(s->keys, s->n, cap, 8))
+    if (BT_RESERVE(s->e, s->n, s->cap, 8))
         return BT_CURVE_ENOMEM;
-    if (cap != s->cap) {
-        void *names = realloc(s->names, cap * sizeof(*s->names));
-        if (!names)
-            return BT_CURVE_ENOMEM;
-        s->names = names;
-        s->cap = cap;
-    }
-    memcpy(s->keys[s->n], key, 32);
-    snprintf(s->names[s->n], sizeof(s->names[s->n]), "%s", name);
-    s->n++;
+    keyset_entry *e = &s->e[s->n++];
+    memcpy(e->key, key, 32);
+    snprintf(e->name, sizeof(e->name), "%s", name);
     return 0;
 }
 
@@ -423,18 +418,18 @@ int bt_curve_keyset_add(bt_curve_keyset *s, const char *public_z85)
 const char *bt_curve_keyset_name_of(const bt_curve_keyset *s, const uint8_t key[32])
 {
     ptrdiff_t at = keyset_find(s, key);
-    return at >= 0 && s->names[at][0] ? s->names[at] : NULL;
+    return at >= 0 && s->e[at].name[0] ? s->e[at].name : NULL;
 }
 
 const char *bt_curve_keyset_name_at(const bt_curve_keyset *s, size_t i)
 {
-    return s->names[i];
+    return s->e[i].name;
 }
 
 bool bt_curve_keyset_names(const bt_curve_keyset *s, const char *name)
 {
     for (size_t i = 0; s && i < s->n; i++)
-        if (strcmp(s->names[i], name) == 0)
+        if (strcmp(s->e[i].name, name) == 0)
             return true;
     return false;
 }
@@ -447,8 +442,7 @@ void bt_curve_keyset_remove(bt_curve_keyset *s, const char *public_z85)
     ptrdiff_t i = keyset_find(s, key);
     if (i < 0)
         return;
-    memmove(s->keys[i], s->keys[i + 1], (s->n - (size_t)i - 1) * sizeof(*s->keys));
-    memmove(s->names[i], s->names[i + 1], (s->n - (size_t)i - 1) * sizeof(*s->names));
+    memmove(&s->e[i], &s->e[i + 1], (s->n - (size_t)i - 1) * sizeof(*s->e));
     s->n--;
 }
 
@@ -538,7 +532,7 @@ int bt_curve_keyset_load(bt_curve_keyset *s, const char *path, int *line, char *
         p = eol ? eol + 1 : NULL;
     }
     for (size_t i = 0; rc == 0 && i < add->n; i++)
-        rc = keyset_add_raw(s, add->keys[i], add->names[i]);
+        rc = keyset_add_raw(s, add->e[i].key, add->e[i].name);
     bt_curve_keyset_destroy(add);
     free(text);
     return rc;

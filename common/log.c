@@ -61,6 +61,17 @@ bt_log_level bt_log_level_parse(const char *name)
     return l;
 }
 
+bool bt_log_gate_pass(bt_log_gate *g, uint64_t now_ms, uint64_t *count)
+{
+    g->count++;
+    if (g->last_ms && now_ms - g->last_ms < 1000)
+        return false;
+    *count = g->count;
+    g->count = 0;
+    g->last_ms = now_ms;
+    return true;
+}
+
 void bt_log(bt_log_level level, const char *fmt, ...)
 {
     if (!bt_log_enabled(level))

@@ -8,6 +8,7 @@
 #define BATON_COMMON_LOG_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 typedef enum bt_log_level {
     BT_LOG_ERROR = 3,   /* syslog LOG_ERR */
@@ -33,6 +34,18 @@ void bt_log(bt_log_level level, const char *fmt, ...) __attribute__((format(prin
 #define bt_error(...) bt_log(BT_LOG_ERROR, __VA_ARGS__)
 #define bt_warn(...) bt_log(BT_LOG_WARNING, __VA_ARGS__)
 #define bt_info(...) bt_log(BT_LOG_INFO, __VA_ARGS__)
+/* A warning a peer can provoke again and again (a client retrying every
+ * 100 ms, a forged registration) is printed at most once a second, saying
+ * how many came meanwhile.  Zero-initialised; one per kind of warning. */
+typedef struct bt_log_gate {
+    uint64_t last_ms;             /* when one was last let through, monotonic ms; 0: never */
+    uint64_t count;               /* occurrences since then, this one included */
+} bt_log_gate;
+/* Counts one occurrence at NOW_MS (monotonic ms); true when it is to be
+ * printed now, with *COUNT the occurrences it stands for (itself and those
+ * held back since the last one printed). */
+bool bt_log_gate_pass(bt_log_gate *g, uint64_t now_ms, uint64_t *count);
+
 /* Debug lines are many and off by default: their arguments are not even
  * formatted unless debug is on. */
 #define bt_debug(...)                                                                          \

@@ -30,9 +30,8 @@ struct supervisor {
     bool curve_socket;            /* the worker socket is a CURVE server: Registers are
                                      checked against their key (daemon/identity.h) */
     uint64_t refused[IDENT_N];    /* Registers refused, by verdict; counters */
-    uint64_t unrouted;            /* messages from connections that never registered */
-    uint64_t refused_logged_ms, unrouted_logged_ms; /* last warnings, monotonic ms */
-    uint64_t refused_unlogged, unrouted_unlogged;   /* warnings held back since */
+    bt_log_gate refused_gate, unrouted_gate; /* their warnings, and those of messages
+                                     from connections no worker registered on */
 };
 
 int sup_worker_exe(char *buf, size_t len)
@@ -246,33 +245,15 @@ static void on_message(supervisor *s, sup_worker *w, const Baton__V1__WorkerMess
     }
 }
 
-/* Whether to warn now, at most once a second (*LAST_MS, *HELD: warnings
- * held back since, told with the next: HELD_TEXT says how many, or is ""). */
-static bool warn_now(uint64_t *last_ms, uint64_t *held, char *held_text, size_t len)
-{
-    uint64_t now = bt_now_ms();
-    if (*last_ms && now - *last_ms < 1000) {
-        ++*held;
-        return false;
-    }
-    *last_ms = now;
-    held_text[0] = 0;
-    if (*held)
-        snprintf(held_text, len, " (and %llu more since the last such warning)",
-                 (unsigned long long)*held);
-    *held = 0;
-    return true;
-}
-
 /* A message other than a Register came on a connection no worker
  * registered on (a worker's old connection after it registered on a new
  * one, or a peer that never registered): nobody it could speak for. */
 static void unrouted(supervisor *s)
 {
-    char held[64];
-    s->unrouted++;
-    if (warn_now(&s->unrouted_logged_ms, &s->unrouted_unlogged, held, sizeof(held)))
-        bt_warn("dropped a message from a connection no worker registered on%s", held);
+    uint64_t n;
+    if (bt_log_gate_pass(&s->unrouted_gate, bt_now_ms(), &n))
+        bt_warn("dropped %llu message%s from connections no worker registered on",
+                (unsigned long long)n, n == 1 ? "" : "s");
 }
 
 /* A Register RG (in BODY) came on the connection IDENT, where BY_ROUTE
@@ -298,26 +279,21 @@ static sup_worker *on_register(supervisor *s, sup_worker *by_route, zmq_msg_t *i
                         s->hooks.worker_keys ? s->hooks.worker_keys(s->hooks.arg) : NULL);
     }
     if (v != IDENT_OK) {
-        char held[64];
         s->refused[v]++;
-        if (warn_now(&s->refused_logged_ms, &s->refused_unlogged, held, sizeof(held))) {
+        uint64_t n;
+        if (bt_log_gate_pass(&s->refused_gate, bt_now_ms(), &n)) {
             char fp[BT_CURVE_FINGERPRINT_LEN + 1] = "";
             if (key && bt_curve_z85_valid(key, NULL))
                 bt_curve_fingerprint(key, fp);
             /* An unknown name is the peer's text: it is not logged. */
-            bt_warn("refused a registration as %s%s from a peer %s%s%s: %s%s",
-                    w ? "worker " : "a worker this config lacks", w ? w->cfg->name : "",
-                    fp[0] ? "with key " : "without a CURVE key", fp, fp[0] ? "..." : "",
-                    ident_strerror(v), held);
+            bt_warn("refused a registration as %s%s from a peer %s%s%s: %s (%llu refused since "
+                    "the last such warning)", w ? "worker " : "a worker this config lacks",
+                    w ? w->cfg->name : "", fp[0] ? "with key " : "without a CURVE key", fp,
+                    fp[0] ? "..." : "", ident_strerror(v), (unsigned long long)n);
         }
-        Baton__V1__Shutdown sd = BATON__V1__SHUTDOWN__INIT;
         char why[256];
         snprintf(why, sizeof(why), "registration refused: %s", ident_strerror(v));
-        sd.reason = why;
-        Baton__V1__ConductorMessage m = BATON__V1__CONDUCTOR_MESSAGE__INIT;
-        m.msg_case = BATON__V1__CONDUCTOR_MESSAGE__MSG_SHUTDOWN;
-        m.shutdown = &sd;
-        workers_send_to(s->ws, zmq_msg_data(ident), zmq_msg_size(ident), &m);
+        workers_refuse(s->ws, zmq_msg_data(ident), zmq_msg_size(ident), why);
         return by_route;
     }
     workers_set_route(s->ws, w->index, zmq_msg_data(ident), zmq_msg_size(ident));

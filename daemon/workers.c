@@ -3,6 +3,7 @@
 
 #include <assert.h>
 #include <errno.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <zmq.h>
@@ -132,33 +133,45 @@ static int pack(zmq_msg_t *z, const Baton__V1__ConductorMessage *m)
     return 0;
 }
 
-/* Sends worker W the N messages MSGS[i].msg as the frames of one ZeroMQ
- * message after its identity; closes those that did not go.  True when
- * all went. */
-static bool send_frames(worker_set *ws, int w, kept_msg *msgs, size_t n)
+/* Sends the N messages MSGS[i].msg to the connection whose routing id is
+ * ID as the frames of one ZeroMQ message; closes those that did not go.
+ * Returns how many went (N: all; -1: not even the routing id, errno set).
+ * The ROUTER takes the frames of one message whole or not at all, as it
+ * does the identity frame and one body. */
+static ptrdiff_t send_to(worker_set *ws, const void *id, size_t len, kept_msg *msgs, size_t n)
 {
-    const sup_worker *wk = &ws->workers[w];
-    const char *name = wk->cfg->name;
     size_t i = 0;
-    /* The ROUTER takes the frames of one message whole or not at all, as
-     * it does the identity frame and one body.  A worker not registered
-     * yet has no route: nothing can reach it. */
-    errno = EHOSTUNREACH;
-    if (wk->route_len &&
-        zmq_send(ws->socket, wk->route, wk->route_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0) {
+    ptrdiff_t sent = -1;
+    if (len && zmq_send(ws->socket, id, len, ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0) {
         for (; i < n; i++)
             if (zmq_msg_send(&msgs[i].msg, ws->socket,
                              (i + 1 < n ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) < 0)
                 break;
-        ws->workers[w].msgs_out += i;
-        ws->workers[w].zmq_out++;
+        sent = (ptrdiff_t)i;
+    } else if (!len) {
+        errno = EHOSTUNREACH; /* nothing routes there */
     }
-    if (i == n)
-        return true;
-    bt_warn("cannot send %zu messages to worker %s: %s", n - i, name, zmq_strerror(errno));
     /* A sent message is closed by ZeroMQ; the rest are closed here. */
-    for (; i < n; i++)
-        zmq_msg_close(&msgs[i].msg);
+    for (size_t k = i; k < n; k++)
+        zmq_msg_close(&msgs[k].msg);
+    return sent;
+}
+
+/* Sends worker W the N messages MSGS as one ZeroMQ message on the
+ * connection it registered on (a worker not registered yet has none:
+ * nothing reaches it).  True when all went. */
+static bool send_frames(worker_set *ws, int w, kept_msg *msgs, size_t n)
+{
+    sup_worker *wk = &ws->workers[w];
+    ptrdiff_t sent = send_to(ws, wk->route, wk->route_len, msgs, n);
+    if (sent >= 0) {
+        wk->msgs_out += (uint64_t)sent;
+        wk->zmq_out++;
+    }
+    if (sent == (ptrdiff_t)n)
+        return true;
+    bt_warn("cannot send %zu messages to worker %s: %s", n - (size_t)(sent < 0 ? 0 : sent),
+            wk->cfg->name, zmq_strerror(errno));
     return false;
 }
 
@@ -255,26 +268,31 @@ int workers_send(worker_set *ws, int worker, const Baton__V1__ConductorMessage *
     return send_frames(ws, worker, &one, 1) ? 0 : BT_EIO;
 }
 
-int workers_send_to(worker_set *ws, const void *id, size_t len,
-                    const Baton__V1__ConductorMessage *m)
+/* M, holding SD: a Shutdown saying REASON (borrowed). */
+static void shutdown_message(Baton__V1__ConductorMessage *m, Baton__V1__Shutdown *sd,
+                             const char *reason)
 {
-    zmq_msg_t z;
-    if (pack(&z, m) < 0)
-        return BT_ENOMEM;
-    if (zmq_send(ws->socket, id, len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
-        zmq_msg_send(&z, ws->socket, ZMQ_DONTWAIT) < 0) {
-        zmq_msg_close(&z);
-        return BT_EIO;
-    }
-    return 0;
+    baton__v1__shutdown__init(sd);
+    sd->reason = (char *)reason;
+    baton__v1__conductor_message__init(m);
+    m->msg_case = BATON__V1__CONDUCTOR_MESSAGE__MSG_SHUTDOWN;
+    m->shutdown = sd;
 }
 
 void workers_send_shutdown(worker_set *ws, int w, const char *reason)
 {
-    Baton__V1__Shutdown sd = BATON__V1__SHUTDOWN__INIT;
-    sd.reason = (char *)reason;
-    Baton__V1__ConductorMessage m = BATON__V1__CONDUCTOR_MESSAGE__INIT;
-    m.msg_case = BATON__V1__CONDUCTOR_MESSAGE__MSG_SHUTDOWN;
-    m.shutdown = &sd;
+    Baton__V1__Shutdown sd;
+    Baton__V1__ConductorMessage m;
+    shutdown_message(&m, &sd, reason);
     workers_send(ws, w, &m);
+}
+
+void workers_refuse(worker_set *ws, const void *id, size_t len, const char *reason)
+{
+    Baton__V1__Shutdown sd;
+    Baton__V1__ConductorMessage m;
+    shutdown_message(&m, &sd, reason);
+    kept_msg one = {.deferred = false};
+    if (pack(&one.msg, &m) == 0)
+        send_to(ws, id, len, &one, 1);
 }

@@ -109,10 +109,9 @@ sup_worker *workers_by_id(worker_set *ws, const void *id, size_t len);
  * from that connection is accepted.  The routing ids are the worker
  * ROUTER's own, one per connection, never the worker's choice. */
 void workers_set_route(worker_set *ws, int w, const void *id, size_t len);
-/* Sends M to the connection whose routing id is ID, registered or not (a
- * refusal's Shutdown).  0, or BT_EIO or BT_ENOMEM. */
-int workers_send_to(worker_set *ws, const void *id, size_t len,
-                    const Baton__V1__ConductorMessage *m);
+/* Tells the connection whose routing id is ID, which no worker may
+ * register on, to shut down, saying REASON (best effort). */
+void workers_refuse(worker_set *ws, const void *id, size_t len, const char *reason);
 /* Registered and not lost since: LOADING or READY. */
 bool workers_live(const sup_worker *w);
 

@@ -19,8 +19,7 @@ struct zap {
     uint64_t refused[ZAP_N_SOCKETS];       /* peers refused since start */
     void *zctx;                            /* borrowed: where the monitors live */
     void *monitor[ZAP_N_SOCKETS];          /* PAIRs reading zap_watch's events; owned */
-    uint64_t unlogged[ZAP_N_SOCKETS];      /* keyless refusals not logged yet */
-    uint64_t logged_ms[ZAP_N_SOCKETS];     /* when one was last logged, monotonic ms */
+    bt_log_gate keyless[ZAP_N_SOCKETS];    /* the warnings of keyless refusals */
     char user_id[BT_CURVE_Z85_SIZE];       /* the User-Id of the answer being sent */
 };
 
@@ -129,8 +128,7 @@ static int decide(void *arg, const bt_zap_request *req, const char **user_id)
      * of every message from that connection, where the supervisor reads
      * which key a worker authenticated with (daemon/identity.h).  ZAP's
      * properties go in before the peer's own, so a peer cannot name one. */
-    if (status == 200 && which >= 0 && req->cred_len == 32 &&
-        zmq_z85_encode(z->user_id, req->cred, 32))
+    if (status == 200 && which >= 0 && zmq_z85_encode(z->user_id, req->cred, 32))
         *user_id = z->user_id;
     if (status != 200 && which >= 0) {
         z->refused[which]++;
@@ -178,17 +176,14 @@ void *zap_monitor_sock(const zap *z, zap_socket which)
 static void refuse_keyless(zap *z, zap_socket which, const char *endpoint, bool mismatch)
 {
     z->refused[which]++;
-    z->unlogged[which]++;
-    uint64_t now = bt_now_ms();
-    if (z->logged_ms[which] && now - z->logged_ms[which] < 1000)
+    uint64_t n;
+    if (!bt_log_gate_pass(&z->keyless[which], bt_now_ms(), &n))
         return;
-    bt_warn("refused %llu peer%s on the %s socket (%s): %s", (unsigned long long)z->unlogged[which],
-            z->unlogged[which] == 1 ? "" : "s", socket_names[which], endpoint,
+    bt_warn("refused %llu peer%s on the %s socket (%s): %s", (unsigned long long)n,
+            n == 1 ? "" : "s", socket_names[which], endpoint,
             mismatch ? "the handshake offered another security mechanism than CURVE"
                      : "the handshake failed before its key was checked (no CURVE, or broken "
                        "off)");
-    z->unlogged[which] = 0;
-    z->logged_ms[which] = now;
 }
 
 void zap_on_monitor(evloop *l, void *arg)

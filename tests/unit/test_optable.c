@@ -274,6 +274,15 @@ static void copy_caches(kx_exec *x, int b, kx_exec *from, const ktf_shape *s)
         }
 }
 
+/* Binds a decode step's four inputs, N rows each. */
+static void bind_step(kx_exec *d, const int32_t *tok, const int32_t *pos, const int32_t *lens,
+                      const int32_t *slots, int n)
+{
+    const int32_t *in[4] = {tok, pos, lens, slots};
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(kx_input_bind(d, i, in[i], (size_t)n * 4), 0);
+}
+
 /* ---- tests ------------------------------------------------------------------- */
 
 static void test_prefill_matches_naive(void **state)
@@ -308,10 +317,7 @@ static void test_decode_continues_prefill(void **state)
     /* Three decode steps in a row, each against a prefill of one more. */
     for (int step = 0; step < 3; step++) {
         int32_t tok = SEQ[7 + step], pos = 7 + step, len = 7 + step, slot = 0;
-        assert_int_equal(kx_input_bind(d, 0, &tok, 4), 0);
-        assert_int_equal(kx_input_bind(d, 1, &pos, 4), 0);
-        assert_int_equal(kx_input_bind(d, 2, &len, 4), 0);
-        assert_int_equal(kx_input_bind(d, 3, &slot, 4), 0);
+        bind_step(d, &tok, &pos, &len, &slot, 1);
         run_ok(d);
         naive_logits(&s, SEQ, 8 + step, 0, want);
         close_to(kx_output(d, 0, NULL), want, 50, 2e-4f);
@@ -344,10 +350,7 @@ static void test_decode_batch_mixed_lengths(void **state)
     }
     tok[3] = 0, pos[3] = 0;
     int32_t slots[4] = {0, 1, 2, 3};
-    assert_int_equal(kx_input_bind(d, 0, tok, 16), 0);
-    assert_int_equal(kx_input_bind(d, 1, pos, 16), 0);
-    assert_int_equal(kx_input_bind(d, 2, lens, 16), 0);
-    assert_int_equal(kx_input_bind(d, 3, slots, 16), 0);
+    bind_step(d, tok, pos, lens, slots, 4);
     run_ok(d);
     const float *lg = kx_output(d, 0, NULL);
     float want[50];
@@ -385,10 +388,7 @@ static void test_decode_rows_in_any_slot(void **state)
     for (size_t i = 0; i < per; i++)
         kc[i] = kc[2 * per + i] = 7.0f;
     assert_int_equal(kx_extent_set(d, 2), 0);
-    assert_int_equal(kx_input_bind(d, 0, tok, 8), 0);
-    assert_int_equal(kx_input_bind(d, 1, pos, 8), 0);
-    assert_int_equal(kx_input_bind(d, 2, lens, 8), 0);
-    assert_int_equal(kx_input_bind(d, 3, slots, 8), 0);
+    bind_step(d, tok, pos, lens, slots, 2);
     run_ok(d);
     const float *lg = kx_output(d, 0, NULL);
     float want[50];
@@ -446,10 +446,7 @@ static void test_position_past_cache_fails(void **state)
     size_t bytes;
     float *kc = kx_handle(d, "k_cache.0", &bytes);
     int32_t tok = 1, pos = CTX, len = CTX, slot = 0;
-    assert_int_equal(kx_input_bind(d, 0, &tok, 4), 0);
-    assert_int_equal(kx_input_bind(d, 1, &pos, 4), 0);
-    assert_int_equal(kx_input_bind(d, 2, &len, 4), 0);
-    assert_int_equal(kx_input_bind(d, 3, &slot, 4), 0);
+    bind_step(d, &tok, &pos, &len, &slot, 1);
     assert_int_equal(kx_run(d), BT_EOP);
     for (size_t i = 0; i < bytes / 4; i++)
         assert_true(kc[i] == 0.0f);  /* nothing written */
