@@ -1,4 +1,5 @@
 /* The client connections (daemon/clients.h). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -172,6 +173,69 @@ cl_client **cl_list(const cl_table *t, size_t *n)
         for (cl_client *c = val; c && *n < t->n; c = c->next)
             v[(*n)++] = c;
     return v;
+}
+
+/* One client's own sums: its backlog's frames, bytes, tail and stall. */
+static int check_client(const cl_client *c, uint64_t *bytes, char *why, size_t len)
+{
+    size_t frames = 0;
+    const cl_frame *last = NULL;
+    *bytes = 0;
+    for (const cl_frame *f = c->head; f; f = f->next) {
+        frames++;
+        *bytes += f->len;
+        last = f;
+    }
+    if (c->hkey != hash_identity(c->identity, c->identity_len))
+        snprintf(why, len, "a client is filed under another identity's hash");
+    else if (frames != c->n_backlog || *bytes != c->backlog_bytes)
+        snprintf(why, len, "a client holds %zu replies of %llu bytes and counts %zu of %llu",
+                 frames, (unsigned long long)*bytes, c->n_backlog,
+                 (unsigned long long)c->backlog_bytes);
+    else if (last != c->tail)
+        snprintf(why, len, "a client's backlog tail is not its last reply");
+    else if ((c->stalled_since_ms != 0) != (c->head != NULL))
+        snprintf(why, len, "a client %s a backlog and %s a stall time",
+                 c->head ? "has" : "has no", c->stalled_since_ms ? "has" : "has no");
+    else
+        return 0;
+    return -1;
+}
+
+int cl_check(const cl_table *t, char *why, size_t len)
+{
+    size_t n = 0, busy = 0, backlogged = 0, waiting = 0;
+    uint64_t bytes = 0, key;
+    size_t pos = 0;
+    void *val;
+    while (u64map_next(&t->by_hash, &pos, &key, &val))
+        for (const cl_client *c = val; c; c = c->next) {
+            uint64_t b;
+            if (c->hkey != key) {
+                snprintf(why, len, "a client is chained under another hash");
+                return -1;
+            }
+            if (check_client(c, &b, why, len) < 0)
+                return -1;
+            n++;
+            busy += c->inflight > 0;
+            backlogged += c->head != NULL;
+            bytes += b;
+        }
+    for (const cl_client *c = t->waiting, *prev = NULL; c; prev = c, c = c->wait_next) {
+        if (!c->head || c->wait_prev != prev || ++waiting > n) {
+            snprintf(why, len, "the list of clients with held replies is broken");
+            return -1;
+        }
+    }
+    if (n != t->n || busy != t->busy || bytes != t->backlog_bytes || waiting != backlogged) {
+        snprintf(why, len, "the table counts %zu clients, %zu busy, %llu held bytes, and its "
+                 "entries %zu, %zu busy, %llu bytes (%zu waiting of %zu with replies held)",
+                 t->n, t->busy, (unsigned long long)t->backlog_bytes, n, busy,
+                 (unsigned long long)bytes, waiting, backlogged);
+        return -1;
+    }
+    return 0;
 }
 
 void cl_free(cl_table *t)

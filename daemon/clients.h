@@ -82,5 +82,9 @@ cl_frame *cl_backlog_pop(cl_table *t, cl_client *c, uint64_t now_ms);
 /* Every client, for a walk that may remove some: a malloc'ed array of N
  * pointers (NULL when there are none or out of memory). */
 cl_client **cl_list(const cl_table *t, size_t *n);
+/* Checks T's sums and lists against its entries (the fuzzer's and the
+ * tests' audit; nothing calls it on the request path): 0, or -1 with the
+ * first disagreement in WHY. */
+int cl_check(const cl_table *t, char *why, size_t len);
 
 #endif

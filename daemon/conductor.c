@@ -61,6 +61,7 @@ struct conductor {
     graph_set *gs;                /* owned */
     evloop *loop;
     void *zctx;
+    bool own_zctx;                /* zctx was made here (else the caller's) */
     void *front_sock;             /* client ROUTER */
     void *back_sock;              /* worker ROUTER */
     int sigfd, timerfd;
@@ -83,10 +84,14 @@ struct conductor {
     bt_curve_keypair gw_keys;     /* the gateway's pair, made at start */
     zap *zap;                     /* NULL without curve */
     /* Life cycle. */
+    bool started;                 /* the workers were spawned (the loop's first round) */
     bool ready;                   /* every worker loaded */
     bool draining;
     uint64_t drain_deadline_ms;   /* monotonic ms */
     uint32_t drain_timeout_ms;    /* from the config; SIGHUP may change it */
+    bool notified;                /* systemd was told READY=1 */
+    long backlog_poll_ms;         /* how soon the loop looks at held replies again; -1: none
+                                   * held (out_flush_backlogs) */
     bool stopping;                /* workers told to shut down */
     uint64_t stop_deadline_ms;
     bool done;                    /* the loop should end */
@@ -584,6 +589,23 @@ static void retime_tick(conductor *c, uint64_t now_ms)
         arm_tick(c, at);
 }
 
+/* The tick's work as of NOW (the clock, or a time ahead of it from
+ * conductor_tick_at); the watchdog goes by the clock alone. */
+static void tick(conductor *c, uint64_t now)
+{
+    uint64_t clock = bt_now_ms();
+    c->next_tick_ms = UINT64_MAX;
+    front_tick(c->front, now);
+    tt_tick(c->tt);
+    sup_tick(c->sup, now);
+    if (c->watchdog_usec && (clock - c->last_watchdog_ms) * 1000 >= c->watchdog_usec / 2) {
+        sd_notify(0, "WATCHDOG=1");
+        c->last_watchdog_ms = clock;
+    }
+    drain_step(c, now);
+    arm_tick(c, tick_due(c, bt_now_ms()));
+}
+
 static void on_tick(evloop *l, void *arg)
 {
     (void)l;
@@ -596,20 +618,23 @@ static void on_tick(evloop *l, void *arg)
             arm_tick(c, bt_now_ms() + TICK_BUSY_MS);
         return;
     }
-    uint64_t now = bt_now_ms();
-    c->next_tick_ms = UINT64_MAX;
-    front_tick(c->front, now);
-    tt_tick(c->tt);
-    sup_tick(c->sup, now);
-    if (c->watchdog_usec && (now - c->last_watchdog_ms) * 1000 >= c->watchdog_usec / 2) {
-        sd_notify(0, "WATCHDOG=1");
-        c->last_watchdog_ms = now;
-    }
-    drain_step(c, now);
-    arm_tick(c, tick_due(c, bt_now_ms()));
+    tick(c, bt_now_ms());
 }
 
 /* ---- creation, in named steps ------------------------------------------ */
+
+/* Replaces the endpoint *SLOT of the loaded config with EP, when set. */
+static int override_endpoint(char **slot, const char *ep)
+{
+    if (!ep)
+        return 0;
+    char *copy = strdup(ep);
+    if (!copy)
+        return BT_ENOMEM;
+    free(*slot);
+    *slot = copy;
+    return 0;
+}
 
 /* Reads and builds the deployment; its diagnostics go to stderr. */
 static int load_deployment(conductor *c, const char *config_path)
@@ -848,9 +873,10 @@ static int setup_curve(conductor *c)
     return 0;
 }
 
-static int bind_sockets(conductor *c)
+static int bind_sockets(conductor *c, void *zctx)
 {
-    c->zctx = zmq_ctx_new();
+    c->own_zctx = !zctx;
+    c->zctx = zctx ? zctx : zmq_ctx_new();
     if (!c->zctx)
         return BT_EIO;
     int rc = setup_curve(c);
@@ -958,20 +984,31 @@ static int watch(conductor *c)
 
 int conductor_create(const char *config_path, conductor **out)
 {
+    conductor_options o = {config_path, NULL, NULL, NULL};
+    return conductor_create_with(&o, out);
+}
+
+int conductor_create_with(const conductor_options *o, conductor **out)
+{
     *out = NULL;
     conductor *c = calloc(1, sizeof(*c));
     if (!c)
         return BT_ENOMEM;
     c->sigfd = c->timerfd = c->room_watch = -1;
+    c->backlog_poll_ms = -1;
     snprintf(c->run_id, sizeof(c->run_id), "%d-%llx", (int)getpid(),
              (unsigned long long)(bt_now_us() & 0xffffffffffULL));
-    int rc = load_deployment(c, config_path);
+    int rc = load_deployment(c, o->config_path);
+    if (rc == 0)
+        rc = override_endpoint(&c->cfg->daemon.listen, o->listen);
+    if (rc == 0)
+        rc = override_endpoint(&c->cfg->daemon.workers_endpoint, o->workers_endpoint);
     if (rc == 0 && !(c->loop = evloop_create()))
         rc = BT_ENOMEM;
     if (rc == 0)
         rc = find_worker_exe(c);
     if (rc == 0)
-        rc = bind_sockets(c);
+        rc = bind_sockets(c, o->zctx);
     if (rc == 0)
         rc = create_modules(c);
     if (rc == 0)
@@ -1013,25 +1050,41 @@ static void watch_room(conductor *c, bool want)
         c->room_watch = evloop_add(c->loop, NULL, fd, on_client_room, c);
 }
 
+/* One round of the loop: the workers spawned on the first, then what is
+ * ready handled, what waits sent on, the tick retimed.  While a reply waits
+ * for room in a client's pipe, the round waits no longer than
+ * out_flush_backlogs said (not until the next tick). */
+static int run_round(conductor *c, long timeout_ms)
+{
+    if (!c->started) {
+        bt_info("listening on %s, workers on %s", c->cfg->daemon.listen,
+                c->cfg->daemon.workers_endpoint);
+        sup_start(c->sup);
+        c->started = true;
+    }
+    if (c->backlog_poll_ms >= 0 && c->backlog_poll_ms < timeout_ms)
+        timeout_ms = c->backlog_poll_ms;
+    sup_cork(c->sup);
+    int rc = evloop_run_once(c->loop, timeout_ms);
+    sup_uncork(c->sup);
+    uint64_t now = bt_now_ms();
+    if (rc >= 0)
+        c->backlog_poll_ms = out_flush_backlogs(c->out, now);
+    watch_room(c, c->backlog_poll_ms >= 0);
+    retime_tick(c, now);
+    if (rc < 0)
+        return rc;
+    if (c->ready && !c->notified) {
+        sd_notify(0, "READY=1\nSTATUS=serving");
+        c->notified = true;
+    }
+    return rc;
+}
+
 int conductor_run(conductor *c)
 {
-    bt_info("listening on %s, workers on %s", c->cfg->daemon.listen,
-            c->cfg->daemon.workers_endpoint);
-    sup_start(c->sup);
-    bool notified = false;
-    long backlog_poll_ms = -1;
     while (!c->done) {
-        /* While a reply waits for room in a client's pipe, the loop looks
-         * again soon (out_flush_backlogs says how soon) rather than at the
-         * next tick. */
-        sup_cork(c->sup);
-        int rc = evloop_run_once(c->loop, backlog_poll_ms >= 0 ? backlog_poll_ms : 1000);
-        sup_uncork(c->sup);
-        uint64_t now = bt_now_ms();
-        if (rc >= 0)
-            backlog_poll_ms = out_flush_backlogs(c->out, now);
-        watch_room(c, backlog_poll_ms >= 0);
-        retime_tick(c, now);
+        int rc = run_round(c, 1000);
         if (rc < 0) {
             /* A loop that cannot poll serves nobody: the error must reach
              * the exit status, so that systemd (Restart=on-failure) or
@@ -1039,13 +1092,32 @@ int conductor_run(conductor *c)
             bt_error("the event loop failed (%s): stopping", zmq_strerror(errno));
             return rc;
         }
-        if (c->ready && !notified) {
-            sd_notify(0, "READY=1\nSTATUS=serving");
-            notified = true;
-        }
     }
     bt_info("stopped");
     return 0;
+}
+
+int conductor_step(conductor *c, long timeout_ms)
+{
+    return run_round(c, timeout_ms);
+}
+
+void conductor_tick_at(conductor *c, uint64_t now_ms)
+{
+    tick(c, now_ms);
+}
+
+void conductor_counts_get(const conductor *c, conductor_counts *out)
+{
+    const cl_table *cl = out_clients(c->out);
+    *out = (conductor_counts){c->ready, front_inflight(c->front), front_placing(c->front),
+                              disp_tensors_held(c->disp), tt_count(c->tt), cl->n,
+                              cl->backlog_bytes, out_dropped(c->out)};
+}
+
+int conductor_check_clients(const conductor *c, char *why, size_t len)
+{
+    return cl_check(out_clients(c->out), why, len);
 }
 
 void conductor_destroy(conductor *c)
@@ -1073,7 +1145,7 @@ void conductor_destroy(conductor *c)
     zap_destroy(c->zap);
     bt_curve_keypair_wipe(&c->keys);
     bt_curve_keypair_wipe(&c->gw_keys);
-    if (c->zctx)
+    if (c->zctx && c->own_zctx)
         zmq_ctx_term(c->zctx);
     remove_ipc_files(c);
     if (c->sigfd >= 0)

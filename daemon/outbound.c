@@ -63,6 +63,7 @@ struct outbound {
     long backlog_poll_ms;         /* how soon the loop looks at a backlog again: 1 when
                                      the backlogs changed, doubling to 16 while not */
     uint64_t last_backlog_bytes;  /* clients.backlog_bytes at the last look */
+    uint64_t dropped;             /* clients dropped since start */
 };
 
 outbound *out_create(void *socket, const graph_set *gs, supervisor *sup, tensor_table *tt,
@@ -96,7 +97,13 @@ cl_table *out_clients(outbound *o)
 void out_drop_client(outbound *o, cl_client *c)
 {
     metrics_client_dropped(o->m);
+    o->dropped++;
     cl_remove(&o->clients, c);
+}
+
+uint64_t out_dropped(const outbound *o)
+{
+    return o->dropped;
 }
 
 /* Hands F to ZeroMQ for the client IDENTITY: 0, or the errno: EAGAIN when

@@ -104,6 +104,8 @@ int out_room_fd(const outbound *o);
 cl_table *out_clients(outbound *o);
 /* Drops client C (its backlog with it) and counts it in the metrics. */
 void out_drop_client(outbound *o, cl_client *c);
+/* How many clients out_drop_client dropped since start. */
+uint64_t out_dropped(const outbound *o);
 /* Refuses a request: sends a terminal InferResponse with CODE and a
  * message (at most 511 bytes) that says what was wrong, and counts it. */
 void out_reject(outbound *o, const uint8_t *identity, size_t identity_len,

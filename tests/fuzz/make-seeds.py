@@ -202,12 +202,20 @@ def encode(message, text):
                           input=text.encode(), capture_output=True, check=True).stdout
 
 
+# fuzz_door's commands (tests/fuzz/fuzz_door.c): CLIENT n (the frames that
+# follow come from client n), DIE n (worker n dies), SILENCE (both workers
+# fall silent), SETTLE (the conductor and workers settle now), TICK (every
+# deadline and stall timeout passes).
+COMMANDS = {"CLIENT": 0xfff0, "DIE": 0xfff8, "SILENCE": 0xfffa, "SETTLE": 0xfffb,
+            "TICK": 0xfffe}
+
+
 def frame_seeds():
     """tests/fuzz/frames.txt: "=== TARGET FILE" starts a seed, "--- MESSAGE"
-    one frame of it (protobuf text until the next marker), "--- TICK" a
-    tick of fuzz_door.  Each frame is
-    written as a 16-bit little-endian length and its bytes, the framing
-    fuzz_door and fuzz_worker read."""
+    one frame of it (protobuf text until the next marker), "--- COMMAND" one
+    of fuzz_door's commands (COMMANDS).  Each frame is written as a 16-bit
+    little-endian length and its bytes, the framing fuzz_door and
+    fuzz_worker read; a command as its length."""
     path = os.path.join(ROOT, "tests", "fuzz", "frames.txt")
     seeds = []
     with open(path) as f:
@@ -223,8 +231,9 @@ def frame_seeds():
     for target, name, frames in seeds:
         out = b""
         for message, body in frames:
-            if message == "TICK":  # fuzz_door: every deadline passes here
-                out += struct.pack("<H", 0xfffe)
+            word = message.split()
+            if word[0] in COMMANDS:
+                out += struct.pack("<H", COMMANDS[word[0]] + (int(word[1]) if len(word) > 1 else 0))
                 continue
             b = encode(message, "\n".join(body))
             out += struct.pack("<H", len(b)) + b

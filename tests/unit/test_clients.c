@@ -109,6 +109,55 @@ static void test_backlog(void **state)
     cl_free(&t);
 }
 
+/* cl_check agrees with a table kept by its own calls, and names each sum
+ * that was bent behind their back. */
+static void test_check(void **state)
+{
+    (void)state;
+    cl_table t;
+    cl_init(&t);
+    char why[256];
+    assert_int_equal(cl_check(&t, why, sizeof(why)), 0);
+    const uint8_t a[] = {1}, b[] = {2}, c[] = {3};
+    cl_client *ca = cl_get(&t, a, 1), *cb = cl_get(&t, b, 1);
+    assert_non_null(cl_get(&t, c, 1));
+    cl_inflight_add(&t, ca);
+    cl_backlog_push(&t, cb, frame_of("four"), 5);
+    cl_backlog_push(&t, cb, frame_of("xy"), 6);
+    assert_int_equal(cl_check(&t, why, sizeof(why)), 0);
+
+    t.busy++;
+    assert_int_equal(cl_check(&t, why, sizeof(why)), -1);
+    assert_non_null(strstr(why, "busy"));
+    t.busy--;
+    cb->backlog_bytes++;
+    assert_int_equal(cl_check(&t, why, sizeof(why)), -1);
+    assert_non_null(strstr(why, "counts 2 of 7"));
+    cb->backlog_bytes--;
+    cb->stalled_since_ms = 0;
+    assert_int_equal(cl_check(&t, why, sizeof(why)), -1);
+    assert_non_null(strstr(why, "stall"));
+    cb->stalled_since_ms = 5;
+    t.waiting = NULL; /* cb holds replies but is on no list */
+    assert_int_equal(cl_check(&t, why, sizeof(why)), -1);
+    assert_non_null(strstr(why, "waiting"));
+    t.waiting = cb;
+    t.backlog_bytes += 3;
+    assert_int_equal(cl_check(&t, why, sizeof(why)), -1);
+    t.backlog_bytes -= 3;
+    cb->tail = cb->head;
+    assert_int_equal(cl_check(&t, why, sizeof(why)), -1);
+    assert_non_null(strstr(why, "tail"));
+    cb->tail = cb->head->next;
+    assert_int_equal(cl_check(&t, why, sizeof(why)), 0);
+
+    free(cl_backlog_pop(&t, cb, 7));
+    free(cl_backlog_pop(&t, cb, 8));
+    cl_inflight_sub(&t, ca);
+    assert_int_equal(cl_check(&t, why, sizeof(why)), 0);
+    cl_free(&t);
+}
+
 /* A client pipe as the conductor's, smaller: a ROUTER_MANDATORY router
  * (*ROUTER) bound at EP and a dealer (*DEALER) of routing id ID connected
  * to it, pipes of 24 messages each way (more than 16, as the conductor's
@@ -272,6 +321,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lookup_and_counts),
         cmocka_unit_test(test_backlog),
+        cmocka_unit_test(test_check),
         cmocka_unit_test(test_backlog_sent_without_tick),
         cmocka_unit_test(test_backlog_room_signalled),
     };
