@@ -84,6 +84,11 @@ void k_matmul_ref(float *c, const float *a, const float *b, int batch, int m, in
                   size_t sa, size_t sb, size_t sc);
 void k_matmul(float *c, const float *a, const float *b, int batch, int m, int n, int k,
               size_t sa, size_t sb, size_t sc);
+/* Y[M, N] = A[M, K] x W[N, K]^T with each output summed in one fixed order
+ * that depends on K alone (32 interleaved fused multiply-add chains, then a
+ * butterfly): the reference of k_cuda_matmul_rows, bit for bit, and so of
+ * its batch invariance. */
+void k_matmul_rows_ref(float *y, const float *a, const float *w, int m, int n, int k);
 
 /* Y[M, N] = A[M, K] x W[N, K]^T with W in bf16 and A rounded to bf16 (to
  * nearest even), sums in f32, by oneDNN on the threads of POOL (NULL or
@@ -360,14 +365,18 @@ int k_cuda_attn_prefill(float *out, const float *q, const float *k, const float 
  * CAP, or a slot outside [0, N_CACHE), writes nothing, outputs zeros and
  * sets *FLAG = ERANGE (FLAG may be NULL); a negative length is an unused
  * row (zeros).  Prefill: the first position
- * is POS[0] (device), checked against CAP the same way. */
+ * is POS[0] (device), checked against CAP the same way; with INVARIANT each
+ * query is attended by the decode kernel's own routine, as a decode step at
+ * its position would (the same bits, whatever the chunking: the
+ * batch-invariant mode), its CAP scores held in shared memory (-EINVAL when
+ * the device has not that much). */
 int k_cuda_attn_decode_strided(float *out, const float *q, const float *k, const float *v,
                                float *kc, float *vc, size_t stride, const int32_t *lens,
                                const int32_t *slots, int n_cache, int batch, int n_head,
                                int n_kv, int hd, int cap, int32_t *flag, void *stream);
 int k_cuda_attn_prefill_at(float *out, const float *q, const float *k, const float *v, float *kc,
                            float *vc, const int32_t *pos, int cap, int32_t *flag, int n_tok,
-                           int n_head, int n_kv, int hd, void *stream);
+                           int n_head, int n_kv, int hd, int invariant, void *stream);
 /* An asynchronous device-to-device copy on STREAM. */
 int k_cuda_copy(void *dst, const void *src, size_t bytes, void *stream);
 int k_cuda_qmatvec(float *y, const void *w, kdtype t, const float *x, int rows, int cols,
@@ -384,6 +393,10 @@ int k_cuda_sample_rows(int32_t *out, const float *logits, const float *params,
 /* Philox uniforms for counters COUNTER..COUNTER+N-1 (the CPU/GPU RNG check). */
 int k_cuda_philox_uniform(float *out, uint64_t seed, uint64_t counter, size_t n, void *stream);
 
+/* k_matmul_rows_ref on the device, the same bits: one row's outputs do not
+ * depend on M or on the rows beside it (the batch-invariant product). */
+int k_cuda_matmul_rows(float *y, const float *a, const float *w, int m, int n, int k,
+                       void *stream);
 /* Matrix products through cuBLAS (the current device's handle, bound to
  * STREAM for each call). */
 int k_cuda_matmul(float *c, const float *a, const float *b, int batch, int m, int n, int k,

@@ -157,6 +157,15 @@ static const kt_cpu_opts *cpu_opts(const kx_op_ctx *c)
     return c->user ? (const kt_cpu_opts *)c->user : &NO_OPTS;
 }
 
+#ifdef BATON_CUDA
+static const kt_cuda_opts NO_CUDA_OPTS = {NULL, 0};
+
+static const kt_cuda_opts *cuda_opts(const kx_op_ctx *c)
+{
+    return c->user ? (const kt_cuda_opts *)c->user : &NO_CUDA_OPTS;
+}
+#endif
+
 /* Y[M, N] = A[M, K] W[N, K]^T for a W of any weight type, or packed bf16
  * (PACKED). */
 static int matmul_any(const kt_cpu_opts *o, float *y, const float *a, const void *w, kdtype wt,
@@ -214,6 +223,11 @@ static int op_matmul(const kx_op_ctx *c, int how)
         return 0;
 #ifdef BATON_CUDA
     if (how & CUDA) {
+        /* cuBLAS picks its algorithm by the shape; the invariant mode
+         * sums every row in one order, whatever the rows beside it. */
+        if (w->dtype == KD_F32 && cuda_opts(c)->invariant)
+            return k_cuda_matmul_rows(c->out[0], c->in[0], c->in[1], (int)m, (int)n, (int)k,
+                                      c->queue);
         if (w->dtype == KD_F32)
             return k_cuda_matmul(c->out[0], c->in[0], c->in[1], 1, (int)m, (int)n, (int)k, 0, 0,
                                  0, c->queue);
@@ -417,7 +431,8 @@ static int op_attn_prefill(const kx_op_ctx *c, int how)
                  (float *)c->out[0] + s * t * h * hd, (const float *)c->in[0] + s * t * h * hd,
                  (const float *)c->in[1] + s * t * kv * hd, (const float *)c->in[2] + s * t * kv * hd,
                  (float *)c->out[1] + (size_t)s * cache, (float *)c->out[2] + (size_t)s * cache,
-                 pos + s * t, (int)cap, c->flag, (int)t, (int)h, (int)kv, (int)hd, c->queue)))
+                 pos + s * t, (int)cap, c->flag, (int)t, (int)h, (int)kv, (int)hd,
+                 cuda_opts(c)->invariant, c->queue)))
             return rc;
 #endif
     ON_GPU(how, 0);
@@ -567,12 +582,13 @@ static int op_allreduce(const kx_op_ctx *c, int how)
         NEED(how & CUDA);
         if (!(how & RUN))
             return 0;
-        NEED(c->user != NULL);
 #ifdef BATON_CUDA
+        NEED(cuda_opts(c)->comm != NULL);
         if (c->out[0] != c->in[0] && (rc = k_cuda_copy(c->out[0], c->in[0], bytes, c->queue)))
             return rc;
+        ON_GPU(how, k_cuda_allreduce(c->out[0], bytes / sizeof(float), cuda_opts(c)->comm,
+                                     c->queue));
 #endif
-        ON_GPU(how, k_cuda_allreduce(c->out[0], bytes / sizeof(float), c->user, c->queue));
         return -ENOSYS;
     }
     /* One rank: the sum over ranks is the input itself. */

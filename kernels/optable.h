@@ -37,6 +37,19 @@ void kt_cpu_ops(kx_op_table *t);
  * with a message naming the op in ERR. */
 int kt_cpu_check(const kg_graph *g, char *err, size_t errlen);
 
+/* How the CUDA table runs, pointed at by kx_op_table.user (which must then
+ * outlive the executables); a NULL user means one rank and the fastest
+ * kernels per shape. */
+typedef struct kt_cuda_opts {
+    void *comm;             /* the group's communicator for ALLREDUCE over ranks
+                               (k_cuda_comm_init_rank); NULL on one rank; not owned */
+    int invariant;          /* batch invariance: f32 products a row at a time in one
+                               fixed order (k_cuda_matmul_rows, not cuBLAS) and each
+                               prefill query attended as a decode step would be; the
+                               quantized products and the decode kernel are per row
+                               already.  0: the fastest path per shape */
+} kt_cuda_opts;
+
 /* Fills T with the CUDA launchers (for an executable on kx_device_cuda);
  * -ENOSYS, T empty, in a build without CUDA.  Every op launches on the
  * stream the executor hands it (kx_op_ctx.queue) and never synchronizes,

@@ -112,6 +112,8 @@ struct baton_model {
     const kx_device *dev;       /* NULL: the CPU; else the GPU the executables run on */
     kth_pool *pool;             /* CPU: the kernels' threads (option threads), owned */
     kt_cpu_opts cpu;            /* CPU: the op table's user: pool, activations */
+    kt_cuda_opts cuda;          /* GPU: the op table's user: communicator, invariance */
+    bool invariant;             /* batch_invariant, on either device */
     int ordinal;                /* that GPU's number; -1 on the CPU */
     int tp_rank;                /* this rank's shard of the FFN (shape.tp ranks) */
     void *comm;                 /* shape.tp > 1: the group's NCCL communicator (owned) */
@@ -438,7 +440,9 @@ static int compile(baton_model *m, kg_graph *g, const char *what, const baton_lo
     kx_op_table ops;
     if (m->dev) {
         kt_cuda_ops(&ops);
-        ops.user = m->comm; /* the ALLREDUCE of a sharded model */
+        /* The communicator: the ALLREDUCE of a sharded model. */
+        m->cuda = (kt_cuda_opts){m->comm, m->invariant};
+        ops.user = &m->cuda;
     } else {
         kt_cpu_ops(&ops);
         ops.user = &m->cpu;
@@ -513,7 +517,7 @@ static char *make_report(const baton_model *m, const baton_load_params *p)
             p->device ? p->device : "cpu",
             p->profile && p->profile->name ? p->profile->name : "cpu",
             m->dev || !m->cpu.act_q8 ? "f32" : "8-bit", kth_pool_size(m->pool));
-    if (m->cpu.invariant)
+    if (m->invariant)
         fprintf(f, "batch invariant: every token computed the same way whatever runs beside "
                 "it\n");
     if (m->pc)
@@ -651,11 +655,6 @@ static baton_status load_device(baton_model *m, const baton_load_params *p, cons
                                : "rank out of range");
         return BATON_STATUS_FAILED_PRECONDITION;
     }
-    if (dev && o->invariant) {
-        snprintf(err, errlen, "option batch_invariant: the GPU kernels have no batch-invariant "
-                 "mode (their reductions are fixed per shape, not per row)");
-        return BATON_STATUS_INVALID_ARGUMENT;
-    }
     if (dev && (strcmp(o->kv, "f16") == 0 || strcmp(o->kv, "q8_0") == 0)) {
         snprintf(err, errlen, "option kv_dtype = '%s': the GPU kernels keep the KV cache in "
                  "f32 (use f32 or auto)", o->kv);
@@ -767,6 +766,7 @@ static baton_status load_compile(baton_model *m, const baton_load_params *p,
         }
         m->cpu = (kt_cpu_opts){m->pool, o->act_q8, o->invariant};
     }
+    m->invariant = o->invariant;
     char why[400];
     uint64_t wb = 0;
     if (compile(m, ktf_build_prefill(&m->shape, 1, m->chunk, m->max_seq), "prefill", p,

@@ -2,6 +2,8 @@
  * OpenBLAS sgemm is the path the worker runs: matrix products go through
  * a well-kept BLAS rather than hand-written loops. */
 #include <cblas.h>
+#include <math.h>
+#include <string.h>
 
 #include "kernels/kernels.h"
 
@@ -19,6 +21,28 @@ void k_matmul_ref(float *c, const float *a, const float *b, int batch, int m, in
                 cp[(size_t)i * n + j] = (float)acc;
             }
     }
+}
+
+void k_matmul_rows_ref(float *y, const float *a, const float *w, int m, int n, int k)
+{
+    for (int r = 0; r < m; r++)
+        for (int j = 0; j < n; j++) {
+            /* Lane l's fused multiply-adds over columns l, l + 32, ...;
+             * then the warp's butterfly as lane 0 ends it (each lane adds
+             * the value of the lane LANE ^ O, for O = 16, 8, 4, 2, 1). */
+            float lane[32], next[32];
+            for (int l = 0; l < 32; l++) {
+                lane[l] = 0;
+                for (int i = l; i < k; i += 32)
+                    lane[l] = fmaf(w[(size_t)j * k + i], a[(size_t)r * k + i], lane[l]);
+            }
+            for (int o = 16; o > 0; o >>= 1) {
+                for (int l = 0; l < 32; l++)
+                    next[l] = lane[l] + lane[l ^ o];
+                memcpy(lane, next, sizeof(lane));
+            }
+            y[(size_t)r * n + j] = lane[0];
+        }
 }
 
 void k_matmul(float *c, const float *a, const float *b, int batch, int m, int n, int k,

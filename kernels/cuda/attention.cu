@@ -69,33 +69,26 @@ __global__ static void append_kernel(const float *k, const float *v, kv_at kc, k
 #define DEC_RED 32
 #define DEC_STATIC_SMEM (DEC_RED * sizeof(float))
 
-__global__ static void decode_kernel(float *out, const float *q, kv_at kc, kv_at vc,
-                                     const int32_t *lens, int n_head, int n_kv, int hd, int cap)
+/* O[HD] = softmax(QH . K[j] / sqrt(HD), j < CTX) . V[j] for one query
+ * head, keys and values HD floats apart, by the whole block of ATT_THREADS:
+ * the CTX scores in S (one thread per key), then [HD] the query; RED the
+ * reductions.  The decode kernel and the batch-invariant prefill both call
+ * it, so a query gives the same bits in either; its products are explicit
+ * fused multiply-adds, so that no compiler choice of contraction can make
+ * the two differ. */
+__device__ static void attend_all(float *o, const float *qh, const float *kb, const float *vb,
+                                  int ctx, int hd, float *s, float *red)
 {
-    extern __shared__ float s[]; /* [ctx] scores, then [hd] the query */
-    __shared__ float red[DEC_RED];
-    int b = blockIdx.x / n_head, h = blockIdx.x % n_head;
-    if (!len_ok(lens[b], cap, kc, b, NULL)) {
-        float *o = out + ((size_t)b * n_head + h) * hd;
-        for (int i = threadIdx.x; i < hd; i += blockDim.x)
-            o[i] = 0;
-        return;
-    }
-    int ctx = lens[b] + 1;
-    int row = hd;
-    const float *kb = seq_cache(kc, b) + (size_t)(h / (n_head / n_kv)) * cap * hd;
-    const float *vb = seq_cache(vc, b) + (size_t)(h / (n_head / n_kv)) * cap * hd;
-    const float *qh = q + ((size_t)b * n_head + h) * hd;
     float *qs = s + ctx;
     for (int i = threadIdx.x; i < hd; i += blockDim.x)
         qs[i] = qh[i];
     __syncthreads();
     float scale = rsqrtf((float)hd), m = -INFINITY;
     for (int j = threadIdx.x; j < ctx; j += blockDim.x) {
-        const float *kj = kb + (size_t)j * row;
+        const float *kj = kb + (size_t)j * hd;
         float d = 0;
         for (int i = 0; i < hd; i++)
-            d += qs[i] * kj[i];
+            d = fmaf(qs[i], kj[i], d);
         s[j] = d * scale;
         m = fmaxf(m, s[j]);
     }
@@ -106,14 +99,35 @@ __global__ static void decode_kernel(float *out, const float *q, kv_at kc, kv_at
         sum += s[j];
     }
     float inv = 1.0f / k_block_sum(sum, red); /* also orders the s[] writes before reads */
-    float *o = out + ((size_t)b * n_head + h) * hd;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
         float acc = 0;
         for (int j = 0; j < ctx; j++)
-            acc += s[j] * vb[(size_t)j * row + i];
+            acc = fmaf(s[j], vb[(size_t)j * hd + i], acc);
         o[i] = acc * inv;
     }
 }
+
+__global__ static void decode_kernel(float *out, const float *q, kv_at kc, kv_at vc,
+                                     const int32_t *lens, int n_head, int n_kv, int hd, int cap)
+{
+    extern __shared__ float s[]; /* [ctx] scores, then [hd] the query */
+    __shared__ float red[DEC_RED];
+    int b = blockIdx.x / n_head, h = blockIdx.x % n_head;
+    float *o = out + ((size_t)b * n_head + h) * hd;
+    if (!len_ok(lens[b], cap, kc, b, NULL)) {
+        for (int i = threadIdx.x; i < hd; i += blockDim.x)
+            o[i] = 0;
+        return;
+    }
+    const float *kb = seq_cache(kc, b) + (size_t)(h / (n_head / n_kv)) * cap * hd;
+    const float *vb = seq_cache(vc, b) + (size_t)(h / (n_head / n_kv)) * cap * hd;
+    attend_all(o, q + ((size_t)b * n_head + h) * hd, kb, vb, lens[b] + 1, hd, s, red);
+}
+
+/* Lets a block of KERNEL (the decode kernel, or the batch-invariant
+ * prefill: both hold a context's scores) have SHMEM bytes of dynamic shared
+ * memory: 0, or -EINVAL when the device has not that much. */
+static int attend_all_smem(bool prefill, size_t shmem);
 
 static int decode_launch(float *out, const float *q, const float *k, const float *v, kv_at kc,
                          kv_at vc, const int32_t *lens, int batch, int n_head, int n_kv, int hd,
@@ -125,17 +139,9 @@ static int decode_launch(float *out, const float *q, const float *k, const float
     if (!batch)
         return 0;
     size_t shmem = ((size_t)max_ctx + hd) * sizeof(float);
-    /* Static and dynamic shared memory share the limits: 48 KiB without
-     * the opt-in, the device's opt-in maximum with it. */
-    if (shmem + DEC_STATIC_SMEM > 48 * 1024) {
-        int dev, maxopt;
-        K_CUDA_CHECK(cudaGetDevice(&dev));
-        K_CUDA_CHECK(cudaDeviceGetAttribute(&maxopt, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-        if (shmem + DEC_STATIC_SMEM > (size_t)maxopt)
-            return -EINVAL; /* context too long for this kernel */
-        K_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          (int)shmem));
-    }
+    int rc = attend_all_smem(false, shmem);
+    if (rc)
+        return rc; /* context too long for this kernel */
     append_kernel<<<batch, ATT_THREADS, 0, K_STREAM(stream)>>>(k, v, kc, vc, lens, n_kv, hd,
                                                                max_ctx, flag);
     K_CUDA_LAUNCHED();
@@ -291,9 +297,53 @@ __global__ static void prefill_kernel(float *out, const float *q, const float *k
                  (size_t)hd, pos0 + t + 1, hd, s, qs, red);
 }
 
+/* The batch-invariant prefill: one block per (token, query head), each
+ * query attended by attend_all over its context as a decode step at its
+ * position would, so a token gives the same bits in a prefill of any
+ * chunking and in a decode step.  Block 0 takes the last token, as in
+ * prefill_kernel. */
+__global__ static void prefill_inv_kernel(float *out, const float *q, const float *kc,
+                                          const float *vc, int pos0, const int32_t *pos, int cap,
+                                          int n_tok, int n_head, int n_kv, int hd)
+{
+    extern __shared__ float s[]; /* [ctx] scores, then [hd] the query */
+    __shared__ float red[DEC_RED];
+    int t = n_tok - 1 - (int)blockIdx.x / n_head, h = (int)blockIdx.x % n_head;
+    float *o = out + ((size_t)t * n_head + h) * hd;
+    pos0 = first_pos(pos0, pos);
+    if (pos0 < 0 || pos0 > cap - n_tok) {
+        for (int i = threadIdx.x; i < hd; i += blockDim.x)
+            o[i] = 0;
+        return;
+    }
+    const float *kb = kc + (size_t)(h / (n_head / n_kv)) * cap * hd;
+    const float *vb = vc + (size_t)(h / (n_head / n_kv)) * cap * hd;
+    attend_all(o, q + ((size_t)t * n_head + h) * hd, kb, vb, pos0 + t + 1, hd, s, red);
+}
+
+static int attend_all_smem(bool prefill, size_t shmem)
+{
+    /* Static and dynamic shared memory share the limits: 48 KiB without
+     * the opt-in, the device's opt-in maximum with it. */
+    if (shmem + DEC_STATIC_SMEM <= 48 * 1024)
+        return 0;
+    int dev, maxopt;
+    K_CUDA_CHECK(cudaGetDevice(&dev));
+    K_CUDA_CHECK(cudaDeviceGetAttribute(&maxopt, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    if (shmem + DEC_STATIC_SMEM > (size_t)maxopt)
+        return -EINVAL;
+    if (prefill)
+        K_CUDA_CHECK(cudaFuncSetAttribute(prefill_inv_kernel,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shmem));
+    else
+        K_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shmem));
+    return 0;
+}
+
 static int prefill_launch(float *out, const float *q, const float *k, const float *v, float *kc,
                           float *vc, int pos0, const int32_t *pos, int cap, int32_t *flag,
-                          int n_tok, int n_head, int n_kv, int hd, void *stream)
+                          int n_tok, int n_head, int n_kv, int hd, bool inv, void *stream)
 {
     if (n_kv <= 0 || n_head <= 0 || n_head % n_kv || hd <= 0 || hd > PRE_MAX_HD || pos0 < 0 ||
         n_tok < 0 || cap < 0)
@@ -307,8 +357,18 @@ static int prefill_launch(float *out, const float *q, const float *k, const floa
     prefill_append_kernel<<<k_grid(n, ATT_THREADS), ATT_THREADS, 0, K_STREAM(stream)>>>(
         k, v, kc, vc, n, pos0, pos, n_tok, cap, n_kv, hd, flag);
     K_CUDA_LAUNCHED();
-    prefill_kernel<<<n_tok * n_head, PRE_THREADS, 0, K_STREAM(stream)>>>(
-        out, q, kc, vc, pos0, pos, cap, n_tok, n_head, n_kv, hd);
+    if (inv) {
+        /* The scores of the longest context the cache holds. */
+        size_t shmem = ((size_t)cap + hd) * sizeof(float);
+        int rc = attend_all_smem(true, shmem);
+        if (rc)
+            return rc;
+        prefill_inv_kernel<<<n_tok * n_head, ATT_THREADS, shmem, K_STREAM(stream)>>>(
+            out, q, kc, vc, pos0, pos, cap, n_tok, n_head, n_kv, hd);
+    } else {
+        prefill_kernel<<<n_tok * n_head, PRE_THREADS, 0, K_STREAM(stream)>>>(
+            out, q, kc, vc, pos0, pos, cap, n_tok, n_head, n_kv, hd);
+    }
     K_CUDA_LAUNCHED();
     return 0;
 }
@@ -320,16 +380,16 @@ extern "C" int k_cuda_attn_prefill(float *out, const float *q, const float *k, c
     if (pos0 > cap - n_tok)
         return -EINVAL;
     return prefill_launch(out, q, k, v, kc, vc, pos0, NULL, cap, NULL, n_tok, n_head, n_kv, hd,
-                          stream);
+                          false, stream);
 }
 
 extern "C" int k_cuda_attn_prefill_at(float *out, const float *q, const float *k, const float *v,
                                       float *kc, float *vc, const int32_t *pos, int cap,
                                       int32_t *flag, int n_tok, int n_head, int n_kv, int hd,
-                                      void *stream)
+                                      int invariant, void *stream)
 {
     return prefill_launch(out, q, k, v, kc, vc, 0, pos, cap, flag, n_tok, n_head, n_kv, hd,
-                          stream);
+                          invariant != 0, stream);
 }
 
 /* k_attn_full: one block per (sequence, query, head), over all S keys of

@@ -58,6 +58,11 @@
  *     row 1's 2-thread figure it shows what a request's slot costs: a
  *     decode step computes only the rows of the sequences in it, so the
  *     ratio (printed under the table) should be near 1.
+ *  7. The cost of batch_invariant (baton only): rows 1 (2 threads) and 3 (16
+ *     requests) again on inv, the worker t2 with `batch_invariant: true`
+ *     (every product row and attention query computed alone, so a token's
+ *     bits do not depend on what runs beside it), right after row 3 in the
+ *     same turn; the ratios to rows 1 and 3 are printed under the table.
  *
  * Every row runs 3 rounds; in each, baton and llama.cpp take turns, the
  * order flipping every round, so that both see the same machine; the table
@@ -120,6 +125,8 @@ enum {
     R_DEC_LONG16,
     R_MEM,
     R_DEC_SLOT3,              /* row 6 (baton only) */
+    R_DEC_INV,                /* row 7: row 1 (2 threads) with batch_invariant */
+    R_AGG_INV,                /* row 7: row 3's 16 requests with batch_invariant */
     N_ROWS
 };
 #define SLOT_SHORT_ITERS 8  /* row 6: the decode steps of the requests in slots 0-2 */
@@ -363,7 +370,7 @@ typedef struct gen_req {
 typedef struct baton_side {
     bench_daemon d;
     baton_client *client;
-    pid_t t1, t2, mem, mem16; /* the workers */
+    pid_t t1, t2, mem, mem16, inv; /* the workers */
     int seq;                 /* request ids */
 } baton_side;
 
@@ -537,9 +544,9 @@ static long status_kb(pid_t pid, const char *key)
  * spend while llama.cpp runs should be nothing. */
 static uint64_t baton_cpu_ns(const baton_side *b)
 {
-    pid_t p[5] = {b->d.pid, b->t1, b->t2, b->mem, b->mem16};
+    pid_t p[6] = {b->d.pid, b->t1, b->t2, b->mem, b->mem16, b->inv};
     uint64_t s = 0;
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < 6; i++) {
         bench_cpu c;
         bench_cpu_read(p[i], &c);
         s += c.cpu_ns;
@@ -680,24 +687,42 @@ static int baton_row2(bench *B)
     return 0;
 }
 
+/* N concurrent requests on GRAPH, their aggregate decode rate into ROW. */
+static int aggregate(bench *B, const char *graph, int n, int row_index)
+{
+    gen_req g[MAX_CONC];
+    memset(g, 0, sizeof(g));
+    for (int i = 0; i < n; i++) {
+        g[i].prompt = B->short_prompts + (size_t)i * SHORT_PROMPT;
+        g[i].n_prompt = SHORT_PROMPT;
+    }
+    int rc = baton_gen(&B->b, graph, g, n, B->p.n_gen);
+    if (rc == 0)
+        add_baton(B, row_index, aggregate_rate(g, n));
+    gen_free(g, n);
+    return rc ? -1 : 0;
+}
+
 static int baton_row3(bench *B)
 {
-    for (int c = 0; c < N_CONC; c++) {
-        gen_req g[MAX_CONC];
-        int n = B->p.conc[c];
-        memset(g, 0, sizeof(g));
-        for (int i = 0; i < n; i++) {
-            g[i].prompt = B->short_prompts + (size_t)i * SHORT_PROMPT;
-            g[i].n_prompt = SHORT_PROMPT;
-        }
-        int rc = baton_gen(&B->b, "gen_t2", g, n, B->p.n_gen);
-        if (rc == 0)
-            add_baton(B, R_AGG0 + c, aggregate_rate(g, n));
-        gen_free(g, n);
-        if (rc)
+    for (int c = 0; c < N_CONC; c++)
+        if (aggregate(B, "gen_t2", B->p.conc[c], R_AGG0 + c) != 0)
             return -1;
-    }
     return 0;
+}
+
+/* Row 7: rows 1 (2 threads) and 3 (the most requests) on the worker that
+ * computes every token alone. */
+static int baton_row7(bench *B)
+{
+    gen_req g;
+    int rc = one_request(B, "gen_inv", B->short_prompts, SHORT_PROMPT, B->p.n_gen, &g);
+    if (rc == 0)
+        add_baton(B, R_DEC_INV, decode_rate(&g));
+    gen_free(&g, 1);
+    if (rc)
+        return -1;
+    return aggregate(B, "gen_inv", B->p.conc[N_CONC - 1], R_AGG_INV);
 }
 
 /* Rows 4 and 5 on the one-slot worker: a short and a long context, then
@@ -924,7 +949,7 @@ static int round_turn(bench *B, int round, int group)
             if (baton_turn) {
                 int rc = group == 0   ? (baton_row1(B) || baton_row6(B) ? -1 : 0)
                          : group == 1 ? baton_row2(B)
-                         : group == 2 ? baton_row3(B)
+                         : group == 2 ? (baton_row3(B) || baton_row7(B) ? -1 : 0)
                                       : baton_row45(B);
                 if (rc)
                     return -1;
@@ -988,6 +1013,10 @@ static int baton_warmup(bench *B)
         }
         rc = baton_gen(&B->b, "gen_t2", g, n, 4);
         gen_free(g, n);
+    }
+    if (rc == 0) {
+        rc = one_request(B, "gen_inv", B->short_prompts, SHORT_PROMPT, 4, &g[0]);
+        gen_free(g, 1);
     }
     if (rc == 0) {
         /* Not the longest prompt: that would cost as much as a round, and
@@ -1088,6 +1117,9 @@ static void print_table(const bench *B)
            B->p.depth, SHORT_PROMPT, rows_ratio(B, R_DEC_LONG16, R_DEC_SHORT16, false));
     printf("decode alone in cache slot 3 / in slot 0 (row 6 / row 1, 2 threads): baton %.2fx\n",
            rows_ratio(B, R_DEC_SLOT3, R_DEC_T2, false));
+    printf("batch_invariant / default (row 7 / rows 1 and 3): decode of 1 request %.2fx, "
+           "aggregate of %d %.2fx\n", rows_ratio(B, R_DEC_INV, R_DEC_T2, false),
+           B->p.conc[N_CONC - 1], rows_ratio(B, R_AGG_INV, R_AGG0 + N_CONC - 1, false));
     printf("decode scaling, 2 threads / 1 thread: baton %.2fx", rows_ratio(B, R_DEC_T2, R_DEC_T1,
                                                                           false));
     if (B->L.ok)
@@ -1175,13 +1207,16 @@ static void write_json(const bench *B, const bench_opts *o)
             "\"llama_cpp_prefill_%d_over_%d\": %.3f, \"baton_decode_long_over_short\": %.3f, "
             "\"llama_cpp_decode_long_over_short\": %.3f, "
             "\"baton_decode_long_over_short_f16_cache\": %.3f, "
-            "\"baton_decode_slot3_over_slot0\": %.3f},\n",
+            "\"baton_decode_slot3_over_slot0\": %.3f, \"baton_invariant_decode_over_default\": "
+            "%.3f, \"baton_invariant_aggregate_over_default\": %.3f},\n",
             B->p.pp[2], B->p.pp[1], rows_ratio(B, R_PP0 + 2, R_PP0 + 1, false), B->p.pp[2],
             B->p.pp[1], rows_ratio(B, R_PP0 + 2, R_PP0 + 1, true),
             rows_ratio(B, R_DEC_LONG, R_DEC_SHORT, false),
             rows_ratio(B, R_DEC_LONG, R_DEC_SHORT, true),
             rows_ratio(B, R_DEC_LONG16, R_DEC_SHORT16, false),
-            rows_ratio(B, R_DEC_SLOT3, R_DEC_T2, false));
+            rows_ratio(B, R_DEC_SLOT3, R_DEC_T2, false),
+            rows_ratio(B, R_DEC_INV, R_DEC_T2, false),
+            rows_ratio(B, R_AGG_INV, R_AGG0 + N_CONC - 1, false));
     fprintf(f, "  \"memory_kib\": {\"baton_worker_rss\": %ld, \"baton_worker_anon\": %ld, "
             "\"baton_worker_file\": %ld, \"baton_conductor_hwm\": %ld, "
             "\"llama_bench_at_depth_maxrss\": %ld},\n",
@@ -1240,6 +1275,10 @@ int main(int argc, char **argv)
     set_row(&B.rows[R_MEM], "peak_rss_mib", "MiB", "5. peak resident MiB, context %d", CTX_SIZE);
     set_row(&B.rows[R_DEC_SLOT3], "decode_alone_in_slot3", "tok/s",
             "6. decode tok/s, 1 request alone in slot %d", 3);
+    set_row(&B.rows[R_DEC_INV], "decode_2threads_invariant", "tok/s",
+            "7. decode tok/s, 1 req, %d threads, invariant", 2);
+    set_row(&B.rows[R_AGG_INV], "aggregate_decode_16_invariant", "tok/s",
+            "7. aggregate decode tok/s, %d req, invariant", B.p.conc[N_CONC - 1]);
 
     if (access(MODEL_PATH, R_OK) != 0) {
         /* Like the tests that need the model: a missing file is a skip, not
@@ -1274,8 +1313,9 @@ int main(int argc, char **argv)
     B.b.t2 = bench_child_named(B.b.d.pid, "t2");
     B.b.mem = bench_child_named(B.b.d.pid, "mem");
     B.b.mem16 = bench_child_named(B.b.d.pid, "mem16");
-    if (!B.b.t1 || !B.b.t2 || !B.b.mem || !B.b.mem16) {
-        fprintf(stderr, "bench_model: cannot find batond's workers t1, t2, mem, mem16\n");
+    B.b.inv = bench_child_named(B.b.d.pid, "inv");
+    if (!B.b.t1 || !B.b.t2 || !B.b.mem || !B.b.mem16 || !B.b.inv) {
+        fprintf(stderr, "bench_model: cannot find batond's workers t1, t2, mem, mem16, inv\n");
         goto out;
     }
     fprintf(stderr, "bench_model: warming baton up...\n");

@@ -53,7 +53,7 @@ case $part in
 esac
 SEEDS=${CUDAEMU_SEEDS:-"1 2 3"}
 # The transformer's tests on cuda:0 that take a minute or more each.
-TF_SLOW="test_prefill_and_greedy_match_reference test_sampling_reproducible test_tensor_parallel_matches_reference test_prefix_cache_exact"
+TF_SLOW="test_prefill_and_greedy_match_reference test_sampling_reproducible test_tensor_parallel_matches_reference test_prefix_cache_exact test_batch_invariant test_same_ids_under_load"
 # Four emulated GPUs: the multi-process all-reduce checks run 2 and 3 ranks.
 export CUDAEMU_DEVICES=${CUDAEMU_DEVICES:-4}
 log=$(mktemp)
@@ -91,11 +91,13 @@ if [ "$part" != slow ]; then
 fi
 # The transformer backend on an emulated GPU (TF_TEST_DEVICE=cuda:0), against
 # the same independent reference as on the CPU, its sampling on the device
-# against the CPU's, and its FFN split over two emulated GPUs (tp 2, NCCL
-# between two processes) against the reference.  The emulator is slow on a
-# whole model, so four of its tests run: the load report in the fast part,
-# the three of $TF_SLOW in the slow part (CUDAEMU_TF_TESTS names others;
-# "*" runs them all).
+# against the CPU's, its FFN split over two emulated GPUs (tp 2, NCCL
+# between two processes) against the reference, the prefix cache's exact
+# tokens, and batch invariance (a prompt's logits in any chunking, and
+# beside fifteen other requests).  The emulator is slow on a whole model,
+# so seven of its tests run: the load report in the fast part, the six of
+# $TF_SLOW in the slow part (CUDAEMU_TF_TESTS names others; "*" runs them
+# all).
 case $part in
   fast) TF_TESTS=${CUDAEMU_TF_TESTS:-test_describe} ;;
   slow) TF_TESTS=${CUDAEMU_TF_TESTS:-$TF_SLOW} ;;

@@ -14,6 +14,7 @@
  * "SKIP: no CUDA device" and exits 77 (a skip, not a pass).  Exit 1 when a check fails. */
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -428,6 +429,105 @@ static void check_matmul(int batch, int m, int n, int k, int shared)
     cudaFree(da);
     cudaFree(db);
     cudaFree(dc);
+}
+
+/* Frees N host (free_all) or device (cuda_free_all) buffers. */
+static void free_all(int n, ...)
+{
+    va_list ap;
+    va_start(ap, n);
+    for (int i = 0; i < n; i++)
+        free(va_arg(ap, void *));
+    va_end(ap);
+}
+
+static void cuda_free_all(int n, ...)
+{
+    va_list ap;
+    va_start(ap, n);
+    for (int i = 0; i < n; i++)
+        cudaFree(va_arg(ap, void *));
+    va_end(ap);
+}
+
+/* The batch-invariant product: the same bits as its C reference, close to
+ * the exact product, and each row's outputs the same bits when that row is
+ * multiplied alone (from another address). */
+static void check_matmul_rows(int m, int n, int k)
+{
+    char name[64];
+    float *a = hrand((size_t)m * k, 1), *w = hrand((size_t)n * k, 1);
+    float *ref = malloc((size_t)m * n * 4), *exact = malloc((size_t)m * n * 4);
+    k_matmul_rows_ref(ref, a, w, m, n, k);
+    k_matmul_ref(exact, a, w, 1, m, n, k, 0, 0, 0);
+    float *da = dup_dev(a, (size_t)m * k * 4), *dw = dup_dev(w, (size_t)n * k * 4);
+    float *dy = dev_poison((size_t)m * n * 4);
+    OK(k_cuda_matmul_rows(dy, da, dw, m, n, k, NULL));
+    float *got = back(dy, (size_t)m * n * 4);
+    snprintf(name, sizeof(name), "matmul_rows %dx%dx%d", m, n, k);
+    cmp_exact(name, got, ref, (size_t)m * n * 4);
+    snprintf(name, sizeof(name), "matmul_rows %dx%dx%d ~ exact", m, n, k);
+    cmp(name, got, exact, (size_t)m * n, 2e-6f * k + 1e-6f, 1e-5f);
+    int r = m / 2 + (m > 2); /* a row in the middle of a tile of eight when m > 8 */
+    float *d1 = dup_dev(a + (size_t)r * k, (size_t)k * 4), *dy1 = dev_poison((size_t)n * 4);
+    OK(k_cuda_matmul_rows(dy1, d1, dw, 1, n, k, NULL));
+    float *alone = back(dy1, (size_t)n * 4);
+    snprintf(name, sizeof(name), "matmul_rows row %d of %d alone", r, m);
+    cmp_exact(name, alone, got + (size_t)r * n, (size_t)n * 4);
+    free_all(6, alone, got, a, w, ref, exact);
+    cuda_free_all(5, da, dw, dy, d1, dy1);
+}
+
+/* The batch-invariant prefill: close to the reference, and each token's
+ * output the same bits as a decode step at its position over the same
+ * cache (each step on its own copy of the cache the prefill left). */
+static void check_attn_prefill_inv(int pos0, int n_tok, int n_head, int n_kv, int hd)
+{
+    char name[80];
+    size_t row = (size_t)n_kv * hd, qrow = (size_t)n_head * hd;
+    size_t cap = (size_t)pos0 + n_tok + 3, cache = cap * row;
+    float *kc = hrand(cache, 1), *vc = hrand(cache, 1);
+    float *dkc = dup_dev(kc, cache * 4), *dvc = dup_dev(vc, cache * 4);
+    float *q = hrand(n_tok * qrow, 1), *k = hrand(n_tok * row, 1), *v = hrand(n_tok * row, 1);
+    float *ref = malloc(n_tok * qrow * 4);
+    k_attn_prefill(ref, q, k, v, kc, vc, (int)cap, pos0, n_tok, n_head, n_kv, hd);
+    float *dq = dup_dev(q, n_tok * qrow * 4), *dk = dup_dev(k, n_tok * row * 4);
+    float *dv = dup_dev(v, n_tok * row * 4), *dout = dev_poison(n_tok * qrow * 4);
+    int32_t *pos = malloc((size_t)n_tok * 4);
+    for (int t = 0; t < n_tok; t++)
+        pos[t] = pos0 + t;
+    int32_t *dpos = dup_dev(pos, (size_t)n_tok * 4), *dflag = dev_poison(4);
+    CK(cudaMemset(dflag, 0, 4));
+    OK(k_cuda_attn_prefill_at(dout, dq, dk, dv, dkc, dvc, dpos, (int)cap, dflag, n_tok, n_head,
+                              n_kv, hd, 1, NULL));
+    float *got = back(dout, n_tok * qrow * 4);
+    snprintf(name, sizeof(name), "attn_prefill_inv %d+%d %d/%d hd=%d", pos0, n_tok, n_head, n_kv,
+             hd);
+    cmp(name, got, ref, n_tok * qrow, 1e-5f, 1e-4f);
+    /* The decode steps: N_TOK caches, each the prefill's, token t at
+     * length pos0 + t (its append writes the row the prefill wrote). */
+    float *after_k = back(dkc, cache * 4), *after_v = back(dvc, cache * 4);
+    float *sk = dev_poison(cache * 4 * n_tok), *sv = dev_poison(cache * 4 * n_tok);
+    for (int t = 0; t < n_tok; t++) {
+        CK(cudaMemcpy(sk + t * cache, after_k, cache * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(sv + t * cache, after_v, cache * 4, cudaMemcpyHostToDevice));
+    }
+    int32_t *dlens = dup_dev(pos, (size_t)n_tok * 4);
+    float *dstep = dev_poison(n_tok * qrow * 4);
+    OK(k_cuda_attn_decode_strided(dstep, dq, dk, dv, sk, sv, cache, dlens, NULL, n_tok, n_tok,
+                                  n_head, n_kv, hd, (int)cap, dflag, NULL));
+    float *step = back(dstep, n_tok * qrow * 4);
+    snprintf(name, sizeof(name), "attn_prefill_inv %d+%d = decode steps", pos0, n_tok);
+    cmp_exact(name, got, step, n_tok * qrow * 4);
+    int32_t flag = -1;
+    CK(cudaMemcpy(&flag, dflag, 4, cudaMemcpyDeviceToHost));
+    checks++;
+    if (flag != 0) {
+        printf("FAIL %-28s raised flag %d\n", "attn_prefill_inv flag", flag);
+        failures++;
+    }
+    free_all(11, step, after_k, after_v, got, kc, vc, q, k, v, ref, pos);
+    cuda_free_all(12, dkc, dvc, dq, dk, dv, dout, dpos, dflag, sk, sv, dlens, dstep);
 }
 
 /* A batch of sequences of different lengths, as in k_attn_decode's test. */
@@ -864,6 +964,10 @@ int main(int argc, char **argv)
     check_matmul(3, 17, 33, 65, 0);
     check_matmul(4, 16, 1536, 576, 1);
     check_matmul(1, 128, 576, 576, 0);
+    check_matmul_rows(1, 1, 1);
+    check_matmul_rows(13, 37, 65);
+    check_matmul_rows(16, 576, 576);
+    check_matmul_rows(5, 1000, 1536);
     check_decode(1, 1, 1, 16, 0);
     check_decode(5, 9, 3, 64, 40);
     check_decode(16, 9, 3, 64, 700);
@@ -894,6 +998,9 @@ int main(int argc, char **argv)
     check_attn_prefill(17, 7, 6, 2, 80);     /* a head dimension that is no power of two */
     check_attn_prefill(40, 33, 8, 2, 256);   /* the largest head dimension: two per thread */
     check_attn_prefill(20000, 7, 8, 2, 128); /* a context no shared memory could hold */
+    check_attn_prefill_inv(0, 1, 4, 4, 32);
+    check_attn_prefill_inv(5, 9, 9, 3, 64);
+    check_attn_prefill_inv(300, 7, 6, 2, 80);
     OK(k_cuda_attn_prefill(NULL, NULL, NULL, NULL, NULL, NULL, 0, 0, 0, 9, 3, 64, NULL));
     checks++;
     if (k_cuda_attn_prefill(NULL, NULL, NULL, NULL, NULL, NULL, 1, 0, 1, 9, 3, 512, NULL) != -EINVAL ||

@@ -141,8 +141,9 @@ static bool close_enough(const float *got, const float *want, size_t n, float to
     return true;
 }
 
-/* Runs C on one flavour; false (after printing why) on any difference. */
-static bool run_flavour(tcase *c, const char *flavour, const kx_device *dev)
+/* Runs C on one flavour (the op table of DEV, with USER as its options);
+ * false (after printing why) on any difference. */
+static bool run_flavour(tcase *c, const char *flavour, const kx_device *dev, void *user)
 {
     char err[256];
     kx_op_table t;
@@ -156,6 +157,7 @@ static bool run_flavour(tcase *c, const char *flavour, const kx_device *dev)
         kt_cuda_ops(&t);
     else
         kt_cpu_ops(&t);
+    t.user = user;
     kx_options o = {.n_compute = 1, .device = dev};
     kx_exec *x = NULL;
     if ((rc = kx_compile(c->g, &t, &o, &x))) {
@@ -223,10 +225,16 @@ static bool run_flavour(tcase *c, const char *flavour, const kx_device *dev)
 static void finish(tcase *c, const kx_device *gpu)
 {
     checks++;
-    bool ok = run_flavour(c, "cpu", NULL);
-    ok = run_flavour(c, "cuda", gpu) && ok;
+    /* Each table as it runs by default, and in its batch-invariant mode
+     * (its own kernels for the products and attention). */
+    static kt_cpu_opts cpu_inv = {NULL, 0, 1};
+    static kt_cuda_opts cuda_inv = {NULL, 1};
+    bool ok = run_flavour(c, "cpu", NULL, NULL);
+    ok = run_flavour(c, "cpu invariant", NULL, &cpu_inv) && ok;
+    ok = run_flavour(c, "cuda", gpu, NULL) && ok;
+    ok = run_flavour(c, "cuda invariant", gpu, &cuda_inv) && ok;
     if (ok)
-        printf("ok   %-40s cpu and cuda equal the reference\n", c->name);
+        printf("ok   %-40s cpu and cuda, each also invariant, equal the reference\n", c->name);
     failures += !ok;
     kg_destroy(c->g);
     for (int i = 0; i < c->n_owned; i++)

@@ -460,10 +460,9 @@ def wait_idle(s, timeout=20):
 def test_slow_reader(s):
     """A client that reads a long stream slowly through a small socket
     buffer gets it whole: events larger than what the server may write at a
-    time are split, never dropped.  Both requests start on an idle worker:
-    a decode step batched with another request's may round differently, and a
-    greedy answer may then part from the solo one after a few dozen tokens."""
-    wait_idle(s)
+    time are split, never dropped.  The whole answer it is compared with
+    may share decode steps with what earlier checks left running: the model
+    is batch invariant, so that cannot change a token."""
     c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=300)
     c.connect()
     c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
@@ -482,12 +481,45 @@ def test_slow_reader(s):
     c.close()
     events, done = sse_events(data)
     text = "".join(e["choices"][0]["delta"].get("content", "") for e in events)
-    wait_idle(s)
     whole = json.loads(s.post("/v1/chat/completions", chat_body(
         "Write a long story about a river and a town.", max_tokens=48, temperature=0))[2])
     check(r.status == 200 and done and text == whole["choices"][0]["message"]["content"],
           "a slow reader gets the whole stream (%d bytes), equal to the whole answer (%r / %r)"
           % (len(data), text, whole["choices"][0]["message"]["content"]))
+
+
+def test_same_answer_under_load(s):
+    """batch_invariant (on in this deployment): a greedy answer is the same
+    alone and beside fifteen concurrent requests with other prompts and
+    lengths, whose decode steps it shares as they join and leave."""
+    prompt = "Name three rivers of Europe and say one thing about each."
+    wait_idle(s)
+    st, _, data = s.post("/v1/chat/completions", chat_body(prompt, max_tokens=32, temperature=0))
+    alone = json.loads(data)["choices"][0]["message"]["content"] if st == 200 else None
+    results = [None] * 16
+    wait = limits.test_limit(300)
+
+    def one(i):
+        try:
+            body = (chat_body(prompt, max_tokens=32, temperature=0) if i == 7 else
+                    chat_body("Tell me about the number %d.%s" % (i, " Go on." * (i % 5)),
+                              max_tokens=4 + 3 * i, temperature=0))
+            st, _, data = s.post("/v1/chat/completions", body, timeout=wait)
+            results[i] = (st, json.loads(data)["choices"][0]["message"]["content"]
+                          if st == 200 else data)
+        except Exception as e:  # reported below
+            results[i] = repr(e)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(wait)
+    bad = [r for r in results if not (isinstance(r, tuple) and r[0] == 200)]
+    check(alone is not None and not bad and results[7][1] == alone,
+          "a greedy answer alone equals the same request's beside 15 others (%r / %r%s)"
+          % (alone, results[7][1] if isinstance(results[7], tuple) else results[7],
+             ", failed: %r" % bad[:3] if bad else ""))
 
 
 def test_stop_strings(s):
@@ -658,7 +690,8 @@ def main():
     s = Server()
     try:
         for t in (test_openai_package, test_curl_stream, test_curl_completions,
-                  test_disconnect_cancels, test_many_streams, test_slow_reader, test_stop_strings,
+                  test_disconnect_cancels, test_many_streams, test_slow_reader,
+                  test_same_answer_under_load, test_stop_strings,
                   test_bad_requests):
             try:
                 t(s)

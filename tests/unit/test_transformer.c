@@ -38,7 +38,7 @@
 #define MODEL "models/smollm2-135m-instruct-q4_1.gguf"
 #define FIXTURE "tests/unit/data/smollm2_reference.txt"
 #define MAXP 3
-#define MAXI 8
+#define MAXI 16
 
 /* ---- the reference fixture ----------------------------------------------------- */
 
@@ -1246,13 +1246,11 @@ static void pc_expect_same(const pc_run *with, const pc_run *without, const char
                          t + 1, k, with->tok[t][k], without->tok[t][k]);
 }
 
-/* The CPU's batch_invariant option, where a run's exactness must not
- * depend on how its prompt was cut into pieces; NULL on a GPU, which has no
- * such mode (its f32 arithmetic moves logits by about 1e-5 between
- * chunkings, far below the gaps of these prompts' greedy tokens). */
+/* The batch_invariant option, where a run's exactness must not depend on
+ * how its prompt was cut into pieces (on the CPU and on a GPU). */
 static const char *invariant_opt(void)
 {
-    return strcmp(test_device(), "cpu") == 0 ? "batch_invariant" : NULL;
+    return "batch_invariant";
 }
 
 /* Greedy tokens with the prefix cache equal those without it, in f32 and
@@ -1371,23 +1369,22 @@ static void test_prefix_cache_one_slot(void **state)
     pc_expect_same(&r[0], &r[1], "one slot");
 }
 
-/* batch_invariant (CPU): the logits of a prompt's last token are the same
- * bits whether the prompt ran as one prefill, as a prefill and decode steps
- * fed its remaining tokens, or so beside another request in every decode
- * batch, in both activation modes. */
+/* batch_invariant: the logits of a prompt's last token are the same bits
+ * whether the prompt ran as one prefill, as a prefill and decode steps fed
+ * its remaining tokens, or so beside another request in every decode batch,
+ * in each activation mode of the device (the CPU's f32 and 8-bit; a GPU's
+ * f32). */
 static void test_batch_invariant(void **state)
 {
     (void)state;
     if (!have_model())
         skip();
-    if (strcmp(test_device(), "cpu") != 0)
-        skip_because("the GPU kernels have no batch-invariant mode");
     const ref_prompt *a = &REF[0];
     enum { V = 49152 };
     float *want = malloc(V * sizeof(float)), *got = malloc(V * sizeof(float));
     assert_non_null(want);
     assert_non_null(got);
-    for (int mode = 0; mode < 2; mode++) {
+    for (int mode = 0; mode < (strcmp(test_device(), "cpu") == 0 ? 2 : 1); mode++) {
         const char *const opts[] = {"eos", "49151", "max_seq", "96", "activations",
                                     mode ? "q8" : "f32", "kv_dtype", mode ? "q8_0" : "f32",
                                     "batch_invariant", "true", "prefix_cache", "false", NULL};
@@ -1434,6 +1431,123 @@ static void test_batch_invariant(void **state)
     }
     free(want);
     free(got);
+}
+
+/* Fails unless GOT, the logits of token S beside other requests, are the
+ * bits WANT it had alone. */
+static void same_logits(const float *got, const float *want, const char *act, int s)
+{
+    for (int i = 0; i < 49152; i++)
+        if (memcmp(&got[i], &want[i], sizeof(float)) != 0)
+            fail_msg("%s activations: token %d's logit %d is %.9g beside fifteen requests, "
+                     "%.9g alone", act, s, i, (double)got[i], (double)want[i]);
+}
+
+/* The same ids under any load (batch_invariant): a prompt's greedy tokens
+ * alone equal its tokens beside fifteen requests with prompts of other
+ * lengths, which join over the first steps and leave after other numbers
+ * of tokens, so that the batch's size and the prompt's row in it change
+ * from step to step and its slot is not the first; in each activation mode
+ * of the device.  The logits behind each token are the same bits too:
+ * twelve greedy tokens of these prompts come out the same without the
+ * option as well (no near tie among them), but not their logits. */
+static void test_same_ids_under_load(void **state)
+{
+    (void)state;
+    if (!have_model())
+        skip();
+    enum { N = 16, A = 6, V = 49152 };
+    /* Fewer steps on a GPU: the emulator takes minutes for each. */
+    const int STEPS = strcmp(test_device(), "cpu") == 0 ? 12 : 6;
+    const ref_prompt *a = &REF[0];
+    float *want = malloc((size_t)13 * V * sizeof(float));
+    assert_non_null(want);
+    for (int mode = 0; mode < (strcmp(test_device(), "cpu") == 0 ? 2 : 1); mode++) {
+        const char *act = mode ? "q8" : "f32";
+        const char *const opts[] = {"eos", "49151", "max_seq", "96", "activations", act,
+                                    "batch_invariant", "true", "prefix_cache", "false", NULL};
+        baton_model *m = load(N, opts);
+        fake f = {0};
+        static req r[N];
+        req *rp[N];
+        int32_t alone[13], loaded[13], last[N], tok[N];
+        /* Alone. */
+        rp[0] = &r[0];
+        req_open(m, &r[0]);
+        req_item(&r[0], "prefill", a->ids, a->n);
+        run(m, &f, rp, 1, &alone[0]);
+        memcpy(want, f.res[0].out[1]->data, V * sizeof(float));
+        for (int s = 1; s <= STEPS; s++) {
+            req_item(&r[0], "decode", &alone[s - 1], 1);
+            run(m, &f, rp, 1, &alone[s]);
+            memcpy(want + (size_t)s * V, f.res[0].out[1]->data, V * sizeof(float));
+        }
+        B->session_close(m, r[0].s);
+        fake_reset(&f);
+        /* Beside fifteen others: request I opens I-th (A's slot is not the
+         * first), joins at step I % 3 (A at step 1), and the others leave
+         * after 2 + 5I % 13 tokens. */
+        int produced[N] = {0}, quota[N];
+        bool active[N] = {false};
+        for (int i = 0; i < N; i++) {
+            req_open(m, &r[i]);
+            quota[i] = i == A ? STEPS + 1 : 2 + (5 * i) % 13;
+        }
+        for (int s = 0; produced[A] <= STEPS; s++) {
+            assert_true(s < 64);
+            for (int i = 0; i < N; i++) {
+                if ((i == A ? 1 : i % 3) != s)
+                    continue;
+                const ref_prompt *p = &REF[1 + i % 2];
+                int n = 4 + 3 * (i % 8) < p->n ? 4 + 3 * (i % 8) : p->n;
+                req *one = &r[i];
+                req_item(one, "prefill", i == A ? a->ids : p->ids, i == A ? a->n : n);
+                run(m, &f, &one, 1, &last[i]);
+                active[i] = true;
+                if (i == A) {
+                    loaded[0] = last[i];
+                    same_logits(f.res[0].out[1]->data, want, act, 0);
+                }
+                produced[i] = 1;
+            }
+            /* The step's rows in an order that turns with S. */
+            int n = 0, order[N];
+            for (int k = 0; k < N; k++) {
+                int i = s % 2 ? (k + s) % N : N - 1 - (k + 3 * s) % N;
+                if (active[i] && produced[i] < quota[i]) {
+                    req_item(&r[i], "decode", &last[i], 1);
+                    order[n] = i;
+                    rp[n++] = &r[i];
+                }
+            }
+            if (!n)
+                continue;
+            run(m, &f, rp, n, tok);
+            for (int k = 0; k < n; k++) {
+                int i = order[k];
+                last[i] = tok[k];
+                if (i == A) {
+                    loaded[produced[i]] = tok[k];
+                    same_logits(f.res[k].out[1]->data, want + (size_t)produced[i] * V, act,
+                                produced[i]);
+                }
+                if (++produced[i] == quota[i] && i != A) {
+                    B->session_close(m, r[i].s);
+                    active[i] = false;
+                }
+            }
+        }
+        for (int i = 0; i < N; i++)
+            if (active[i] || i == A)
+                B->session_close(m, r[i].s);
+        fake_reset(&f);
+        B->model_unload(m);
+        for (int s = 0; s <= STEPS; s++)
+            if (loaded[s] != alone[s])
+                fail_msg("%s activations: token %d is %d beside fifteen requests, %d alone", act,
+                         s, loaded[s], alone[s]);
+    }
+    free(want);
 }
 
 static void test_bad_loads(void **state)
@@ -1595,6 +1709,7 @@ int main(void)
         cmocka_unit_test(test_prefix_cache_no_memory),
         cmocka_unit_test(test_prefix_cache_one_slot),
         cmocka_unit_test(test_batch_invariant),
+        cmocka_unit_test(test_same_ids_under_load),
         cmocka_unit_test(test_bad_loads),
         cmocka_unit_test(test_describe),
         cmocka_unit_test(test_options_from_catalog),
