@@ -5,12 +5,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "backends/builtin.h"
 #include "backends/testing/testing.h"
 #include "backends/transformer/transformer.h"
 #include "backends/whisper/whisper.h"
+#include "common/clock.h"
 #include "common/status.h"
 #include "kernels/kernels.h"
 
@@ -79,6 +81,83 @@ int bk_comm_unique_id(void *id, size_t *len, char *err, size_t errlen)
     snprintf(err, errlen, "this baton-worker was built without CUDA, and tensor parallelism "
              "runs over NCCL");
     return BT_EINVAL;
+#endif
+}
+
+int bk_comm_group_join(void **comm, int device, const baton_load_params *p, char *err,
+                       size_t errlen)
+{
+    *comm = NULL;
+#ifdef BATON_CUDA
+    int rc = k_cuda_comm_join(comm, device, p->comm_id, p->comm_id_len, (int)p->tp_size,
+                              (int)p->tp_rank);
+    if (rc) {
+        snprintf(err, errlen, "joining the tensor-parallel group as rank %u of %u: %s",
+                 p->tp_rank, p->tp_size, bt_strerror(rc));
+        return rc;
+    }
+    /* Polled, not blocking in ncclCommInitRank: a rank that never comes
+     * (its load failed, its worker died) must not keep this one waiting
+     * until it is killed, and an abort here ends the others' wait too. */
+    uint64_t t0 = bt_now_ms();
+    const char *why = NULL;
+    while ((rc = k_cuda_comm_ready(*comm)) == 0) {
+        if (p->cancelled && p->cancelled(p->cancel_arg)) {
+            why = "the worker is stopping";
+            break;
+        }
+        if (p->group_ms && bt_now_ms() - t0 >= p->group_ms) {
+            why = "not every rank joined in time";
+            break;
+        }
+        struct timespec ts = {0, 1000000}; /* 1 ms */
+        nanosleep(&ts, NULL);
+    }
+    if (rc == 1)
+        return 0;
+    k_cuda_comm_abort(*comm);
+    *comm = NULL;
+    if (why)
+        snprintf(err, errlen, "the tensor-parallel group did not form (rank %u of %u, after %llu "
+                 "ms): %s", p->tp_rank, p->tp_size, (unsigned long long)(bt_now_ms() - t0), why);
+    else
+        snprintf(err, errlen, "joining the tensor-parallel group as rank %u of %u: NCCL failed "
+                 "(a rank aborted, or its connection closed)", p->tp_rank, p->tp_size);
+    return BT_EIO;
+#else
+    (void)device, (void)p;
+    snprintf(err, errlen, "this baton-worker was built without CUDA, and tensor parallelism "
+             "runs over NCCL");
+    return BT_EINVAL;
+#endif
+}
+
+void bk_comm_group_abort(void *comm)
+{
+#ifdef BATON_CUDA
+    if (comm)
+        k_cuda_comm_abort(comm);
+#else
+    (void)comm;
+#endif
+}
+
+int bk_comm_group_failed(void *comm)
+{
+#ifdef BATON_CUDA
+    return comm && k_cuda_comm_failed(comm);
+#else
+    (void)comm;
+    return 0;
+#endif
+}
+
+void bk_comm_group_close(void *comm)
+{
+#ifdef BATON_CUDA
+    k_cuda_comm_destroy(comm);
+#else
+    (void)comm;
 #endif
 }
 

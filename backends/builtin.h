@@ -30,6 +30,22 @@ const char *bk_blas_better_core(void);
  * negative bt_err with the reason in ERR (a build without CUDA or NCCL). */
 #define BK_COMM_ID_MAX 128
 int bk_comm_unique_id(void *id, size_t *len, char *err, size_t errlen);
+/* Joins the tensor-parallel group of P (its comm_id, tp_rank of tp_size) on
+ * GPU DEVICE: *COMM once every rank has joined.  While it waits it polls
+ * P->cancelled and P->group_ms (baton/backend.h); on either the half-made
+ * communicator is aborted, which ends the wait of every other rank too.
+ * Returns 0, or a negative bt_err with the reason in ERR: BT_EIO (the
+ * worker is stopping, the group did not form in time, or NCCL failed),
+ * BT_EINVAL (a build without CUDA). */
+int bk_comm_group_join(void **comm, int device, const baton_load_params *p, char *err,
+                       size_t errlen);
+void bk_comm_group_close(void *comm);
+/* Aborts a group's communicator (ncclCommAbort) from any thread: the
+ * collectives of every rank end; COMM is gone.  NULL is a no-op. */
+void bk_comm_group_abort(void *comm);
+/* Nonzero once a group's communicator failed (a rank aborted it, or NCCL
+ * lost a connection): what its collectives produced since is undefined. */
+int bk_comm_group_failed(void *comm);
 
 /* The two-rank communicators of cross-host GPU transfers (worker/nccl.c),
  * the same NCCL the groups use, reached here so that the worker links no

@@ -49,6 +49,17 @@ static const bt_opt_desc fail_options[] = {
             "context becomes unusable and the worker must exit and be restarted (tests that)"},
 };
 
+static const bt_opt_desc group_options[] = {
+    {.name = "fail_rank", .type = BT_OPT_INT, .def = "-1", .min = -1, .max = 1023,
+     .doc = "the tensor-parallel rank whose load fails at once, before it joins the group "
+            "(tests what the other ranks do then); -1: none"},
+    {.name = "hang_rank", .type = BT_OPT_INT, .def = "-1", .min = -1, .max = 1023,
+     .doc = "the rank that stops in its step hang_at, alive but never reaching that step's "
+            "all-reduce (tests the step deadline); -1: none"},
+    {.name = "hang_at", .type = BT_OPT_INT, .def = "1", .min = 1, .max = INT64_MAX,
+     .doc = "the step (1: its first) in which hang_rank stops"},
+};
+
 /* In the order the refusal lists them. */
 static const char *const kv_dtypes[] = {"auto", "f16", "q8_0", "f32", NULL};
 static const char *const activation_kinds[] = {"q8", "f32", NULL};
@@ -116,6 +127,10 @@ static const bt_backend_desc sleep_backend = {
 static const bt_backend_desc fail_backend = {
     "fail", "every execution fails with message; the request ends INTERNAL",
     fail_options, N_OPTS(fail_options)};
+static const bt_backend_desc group_backend = {
+    "group", "echo that joins its tensor-parallel group at load (tp > 1, GPU workers) and "
+    "all-reduces across it in every step; fail_rank fails one rank's load, hang_rank stops one "
+    "rank in a step", group_options, N_OPTS(group_options)};
 static const bt_backend_desc transformer_backend = {
     "transformer", "Llama-family decoder with prefill and decode modes, from GGUF or safetensors",
     transformer_options, N_OPTS(transformer_options)};
@@ -128,6 +143,7 @@ static const bt_backend_desc whisper_backend = {
 static const bt_backend_desc *const all_backends[] = {
     &transformer_backend, &whisper_backend, &echo_backend, &add_backend,
     &counter_backend,     &chunks_backend,  &sleep_backend, &fail_backend,
+    &group_backend,
 };
 
 const bt_backend_desc *bt_backend_find(const char *name)

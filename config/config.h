@@ -110,6 +110,11 @@ typedef enum cfg_routing {
     CFG_ROUTE_ROUND_ROBIN = 2  /* in turn */
 } cfg_routing;
 
+/* The longest a step of a tensor-parallel model may run on a rank by
+ * default (tp_step_timeout_ms): far above any step of a model a group can
+ * hold, far below forever. */
+#define CFG_TP_STEP_TIMEOUT_MS 120000u
+
 typedef struct cfg_model {
     char *name;
     char *backend;         /* built-in name or "plugin:/path/lib.so" */
@@ -118,6 +123,8 @@ typedef struct cfg_model {
     size_t n_workers;
     uint32_t tp;           /* tensor-parallel degree; default 1; == n_workers when above 1 */
     uint32_t max_batch;    /* default 1 */
+    uint32_t tp_step_timeout_ms; /* tp > 1: the longest a step may run on a rank before the
+                                    group is aborted and made again; default 120000 */
     cfg_routing routing;   /* replicas only; default cache_aware */
     cfg_option *options;   /* owned; every declared option, defaults filled in */
     size_t n_options;

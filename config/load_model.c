@@ -328,8 +328,9 @@ static void load_options(cfg__loader *l, cfg_model *m, const yt_node *mv, const 
 
 static void load_model(cfg__loader *l, const yt_node *v, cfg_model *m, cfg__names *seen)
 {
-    static const char *const keys[] = {"name", "backend", "worker",   "workers",
-                                       "tp",   "max_batch", "options", "routing"};
+    static const char *const keys[] = {"name",      "backend", "worker",  "workers",
+                                       "tp",        "max_batch", "options", "routing",
+                                       "tp_step_timeout_ms"};
     const yt_node *f[N_OF(keys)];
     char ctx[96];
     const char *peek = cfg__peek_name(v);
@@ -337,6 +338,7 @@ static void load_model(cfg__loader *l, const yt_node *v, cfg_model *m, cfg__name
     m->pos = cfg__pos(v);
     m->tp = 1;
     m->max_batch = 1;
+    m->tp_step_timeout_ms = CFG_TP_STEP_TIMEOUT_MS;
     snprintf(ctx, sizeof(ctx), peek ? "model '%.64s'" : "a model", peek);
     yt_fields(v, ctx, keys, N_OF(keys), f, l->diag);
 
@@ -383,6 +385,8 @@ static void load_model(cfg__loader *l, const yt_node *v, cfg_model *m, cfg__name
         load_options(l, m, v, f[6], ctx);
     if (f[7])
         load_routing(l, m, f[7], ctx);
+    if (f[8])
+        yt_u32(f[8], "tp_step_timeout_ms", 1, UINT32_MAX, &m->tp_step_timeout_ms, l->diag);
 }
 
 void cfg__load_models(cfg__loader *l, const yt_node *v)

@@ -25,6 +25,7 @@
 #include "common/curve.h"
 #include "common/ipcfile.h"
 #include "common/log.h"
+#include "common/utf8.h"
 #include "config/config.h"
 #include "config/graph.h"
 #include "daemon/conductor.h"
@@ -324,6 +325,13 @@ static void answer_health(conductor *c, const uint8_t *id, size_t idlen)
             off += (size_t)snprintf(msg + off, sizeof(msg) - off, "%sworker %s is %s",
                                     off ? "; " : "", wk->cfg->name, state_name(wk->state));
     }
+    for (size_t m = 0; m < c->cfg->n_models && off < sizeof(msg); m++) {
+        const char *held = sup_group_held(c->sup, m);
+        if (held)
+            off += (size_t)snprintf(msg + off, sizeof(msg) - off, "%smodel %s: %s",
+                                    off ? "; " : "", c->cfg->models[m].name, held);
+    }
+    msg[bt_utf8_cut(msg, strlen(msg))] = 0; /* a cut at the buffer's end */
     if (c->draining)
         snprintf(msg, sizeof(msg), "draining: shutting down");
     h.workers_ready = names;

@@ -185,6 +185,7 @@ int roster_send_load(roster *r, sup_worker *w, size_t m, size_t k)
     /* K is a rank only under tensor parallelism; a replica is a whole copy. */
     ld.tp_rank = ld.tp_size > 1 ? (uint32_t)k : 0;
     ld.max_batch = md->max_batch;
+    ld.tp_step_ms = ld.tp_size > 1 ? md->tp_step_timeout_ms : 0;
     if (ld.tp_size > 1 && k > 0)
         ld.comm_id.data = (uint8_t *)tpg_group_id(r->groups, m, &ld.comm_id.len);
     Baton__V1__ConductorMessage msg = BATON__V1__CONDUCTOR_MESSAGE__INIT;
@@ -286,6 +287,7 @@ void roster_on_register(roster *r, sup_worker *w, const Baton__V1__Register *rg)
     bt_info("worker %s registered: %zu pool%s, %llu MiB", w->cfg->name, w->n_pools,
             w->n_pools == 1 ? "" : "s", (unsigned long long)(w->pool_bytes >> 20));
     roster_send_peers(r);
+    tpg_registered(r->groups, w);
     send_loads(r, w);
 }
 
@@ -323,6 +325,14 @@ void roster_on_loaded(roster *r, sup_worker *w, const Baton__V1__Loaded *ld)
     if (ld->status && ld->status->code != BATON__V1__CODE__OK) {
         bt_error("worker %s cannot load model %s: %s", w->cfg->name, ld->model ? ld->model : "?",
                  ld->status->message ? ld->status->message : "");
+        /* UNAVAILABLE from a rank of a group: the group did not form (a
+         * rank never joined, NCCL failed), which another try may mend: it
+         * starts over.  Any other failure is the rank's own, and the other
+         * ranks would wait for it to join: the group is held. */
+        if (ld->status->code == BATON__V1__CODE__UNAVAILABLE && tpg_in_group(r->groups, w))
+            r->hooks.take_down(r->hooks.arg, w, "its tensor-parallel group did not form");
+        else
+            tpg_load_failed(r->groups, w, ld->model, ld->status->message);
         return; /* it stays LOADING: health says why the daemon is not ready */
     }
     bt_info("worker %s loaded model %s in %.1f ms", w->cfg->name, ld->model ? ld->model : "?",

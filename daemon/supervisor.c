@@ -59,6 +59,11 @@ bool sup_deferred(const supervisor *s)
     return workers_deferred(s->ws);
 }
 
+const char *sup_group_held(const supervisor *s, size_t m)
+{
+    return tpg_held(s->groups, m);
+}
+
 size_t sup_n_workers(const supervisor *s)
 {
     return workers_count(s->ws);

@@ -129,6 +129,9 @@ bool sup_deferred(const supervisor *s);
 
 size_t sup_n_workers(const supervisor *s);
 const sup_worker *sup_worker_get(const supervisor *s, int w);
+/* Why the tensor-parallel group of config model M is held back (a rank's
+ * load failed), or NULL. */
+const char *sup_group_held(const supervisor *s, size_t m);
 /* Reserves N consecutive transfer numbers on the NCCL communicator of
  * workers A and B (daemon/pairs.h): the first in *SEQ, the communicator's
  * epoch in *EPOCH.  False when the pair has none (yet). */

@@ -40,9 +40,10 @@ bool tpg_in_group(const tp_groups *t, const sup_worker *w);
 /* The communicator id of model M's group, *LEN bytes: 0 while rank 0 has
  * not sent it. */
 const uint8_t *tpg_group_id(const tp_groups *t, size_t m, size_t *len);
-/* Must rank K of model M wait for its group's id before its Load?  True
- * for a rank above 0 of a tensor-parallel model whose rank 0 has not sent
- * the id yet. */
+/* Must rank K of model M wait before its Load?  True for a rank above 0
+ * of a tensor-parallel model whose rank 0 has not sent the group's id yet,
+ * and for every rank of a group one of whose ranks failed to load
+ * (tpg_load_failed) until that worker registers again. */
 bool tpg_waits(const tp_groups *t, size_t m, size_t k);
 /* The Load of rank K of tensor-parallel model M went to the registration
  * REGISTRATION of its worker, so that the group's id does not send it
@@ -54,9 +55,21 @@ void tpg_load_sent(tp_groups *t, size_t m, size_t k, uint32_t registration);
 void tpg_on_group(tp_groups *t, sup_worker *w, const Baton__V1__TpGroup *tg);
 /* Live worker W ran a step as rank 0 (TpStep): relayed to the other ranks. */
 void tpg_on_step(tp_groups *t, sup_worker *w, const Baton__V1__TpStep *st);
+/* Live worker W could not load MODEL (WHY): when it is a rank of that
+ * model's tensor-parallel group, the other ranks would wait for it in the
+ * group's forming until killed.  The group is held: its other live ranks
+ * are taken down (their wait is cancelled as they stop), and no rank gets
+ * a Load until W registers again (tpg_registered). */
+void tpg_load_failed(tp_groups *t, sup_worker *w, const char *model, const char *why);
+/* W registered (again): a group it had held by a failed load is released,
+ * and its rank 0, registered and waiting, gets its Load. */
+void tpg_registered(tp_groups *t, sup_worker *w);
+/* Why model M's group is held, or NULL when it is not. */
+const char *tpg_held(const tp_groups *t, size_t m);
 /* W was lost: every group it belonged to is broken (the others wait in
  * collectives that will never complete), so its other members are taken
- * down too and the group starts over with a new id. */
+ * down too (but the one whose failed load holds the group, which waits in
+ * none) and the group starts over with a new id. */
 void tpg_break(tp_groups *t, sup_worker *w);
 
 #endif

@@ -67,6 +67,25 @@ void wk_executor_model_add(wk_executor *ex, wk_model *m)
         pthread_cond_broadcast(&ex->work);
 }
 
+void wk_model_exit_if_broken(const wk_model *m, const char *role)
+{
+    if (m->tp_size <= 1 || !m->backend->model_broken || !m->backend->model_broken(m->handle))
+        return;
+    bt_error("model %s (%s): its tensor-parallel group failed during a step (a rank aborted "
+             "it); the step's outputs are undefined: exiting so that the group is made again",
+             m->name, role);
+    _exit(WK_EXIT_GROUP_BROKEN);
+}
+
+wk_model *wk_executor_stuck(wk_executor *ex, uint64_t now_ns)
+{
+    for (wk_model *m = ex->models; m; m = m->next)
+        if (m->tp_size > 1 && m->step_ms && m->busy && !m->aborted &&
+            now_ns - m->busy_since_ns > (uint64_t)m->step_ms * 1000000u)
+            return m;
+    return NULL;
+}
+
 wk_model *wk_executor_model_find(wk_executor *ex, const char *name)
 {
     for (wk_model *m = ex->models; m; m = m->next)
@@ -415,6 +434,8 @@ static void run_batch(wk_executor *ex, baton_ctx *ctx, wk_model *m, wk_item **ba
     char err[384];
     int rc = wk_device_sync(ex->opt.dev, ctx->stream, err, sizeof(err));
     wk_device_exit_if_lost(ex->opt.dev, m->name);
+    if (n_run)
+        wk_model_exit_if_broken(m, "leader");
     for (size_t i = 0; rc && i < n; i++) {
         char msg[512];
         snprintf(msg, sizeof(msg), "node '%s': %s", batch[i]->b.node_name, err);
@@ -521,6 +542,7 @@ static void *lane_main(void *arg)
         if (!m)
             break;
         m->busy = true;
+        m->busy_since_ns = bt_now_ns();
         wk_close *closing = m->closing;
         m->closing = NULL;
         wk_job *jobs = m->jobs;

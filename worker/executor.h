@@ -43,6 +43,8 @@
 
 typedef struct wk_model wk_model;
 
+#define WK_EXIT_GROUP_BROKEN 4        /* exit status when a rank cannot follow its group */
+
 /* Work for a model's lane besides its items, run in the order posted,
  * after the batch the lane took with it. */
 typedef struct wk_job wk_job;
@@ -64,7 +66,11 @@ struct wk_model {
     baton_model *handle;          /* unloaded by the executor */
     uint32_t max_batch;           /* 1 .. WK_MAX_BATCH_CAP */
     uint32_t tp_rank, tp_size;    /* tp_size 1: no tensor parallelism */
+    uint32_t step_ms;             /* tp_size > 1: the longest a lane may run it at once
+                                     (Load.tp_step_ms); 0: no limit */
     bool busy;                    /* [L] a lane runs it */
+    uint64_t busy_since_ns;       /* [L] when that lane took it (bt_now_ns) */
+    bool aborted;                 /* [L] its step outlived step_ms (the worker is exiting) */
     uint64_t epoch;               /* [L] counts batches that ended an item and session
                                      closes: what may let a deferred item run */
     struct wk_queue *queues;      /* [L] one per mode */
@@ -131,6 +137,15 @@ wk_model *wk_executor_model_find(wk_executor *ex, const char *name);
 /* Whether M leads, or follows, a tensor-parallel group. */
 bool wk_model_leads(const wk_model *m);
 bool wk_model_follows(const wk_model *m);
+/* After an execute() of M: when M's tensor-parallel group failed during it
+ * (the backend's model_broken), its outputs are undefined: the process
+ * exits (WK_EXIT_GROUP_BROKEN) before any of them is sent.  ROLE names the
+ * rank's part ("leader", "follower") for the log. */
+void wk_model_exit_if_broken(const wk_model *m, const char *role);
+/* A model of a tensor-parallel group whose lane has run it longer than its
+ * step_ms at NOW_NS, not yet aborted: a rank of its group is stuck in a
+ * collective (or never reached it).  NULL: none.  [L] */
+wk_model *wk_executor_stuck(wk_executor *ex, uint64_t now_ns);
 
 /* Queues IT on its model's queue for its mode and wakes a lane.  0 or
  * BT_ENOMEM.  [L] */

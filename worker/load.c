@@ -84,6 +84,19 @@ static void send_loaded(wk_load *ld, const char *model, baton_status code, const
 
 static void on_loaded(wk_event *ev);
 
+/* The longest a rank's load waits for the rest of its tensor-parallel
+ * group to join: ranks read their shards at the same time, and a shard of
+ * a large model may take minutes; past this the load fails rather than
+ * wait for a rank that will never come.  The conductor ends the wait
+ * sooner when it knows (a rank's load failed: the others are told to
+ * stop, which cancels their wait). */
+#define GROUP_MS 600000u
+
+static int load_cancelled(void *arg)
+{
+    return atomic_load((const atomic_bool *)arg);
+}
+
 /* Runs model_load off the I/O thread. */
 static void *load_main(void *arg)
 {
@@ -106,7 +119,8 @@ static void *load_main(void *arg)
                                l->tp_size ? l->tp_size : 1, o->device,
                                mb > WK_MAX_BATCH_CAP ? WK_MAX_BATCH_CAP : mb, o->threads,
                                o->profile, o->streams, o->comm_streams,
-                               j->comm_id_len ? j->comm_id : NULL, j->comm_id_len};
+                               j->comm_id_len ? j->comm_id : NULL, j->comm_id_len,
+                               load_cancelled, (void *)o->stopping, GROUP_MS};
         j->status = j->backend->model_load(&p, &j->handle, j->err, sizeof(j->err));
     }
     j->load_us = (bt_now_ns() - t0) / 1000u;
@@ -252,6 +266,7 @@ static wk_model *model_new(load_job *j)
         l->max_batch ? (l->max_batch > WK_MAX_BATCH_CAP ? WK_MAX_BATCH_CAP : l->max_batch) : 1;
     m->tp_rank = l->tp_rank;
     m->tp_size = l->tp_size;
+    m->step_ms = l->tp_size > 1 ? l->tp_step_ms : 0;
     return m;
 }
 

@@ -688,6 +688,7 @@ static void follow_one(wk_tp *tp, wk_model *m, tp_mirror *mr, const Baton__V1__T
     if (wk_device_sync(tp->opt.dev, mr->ctx.stream, err, sizeof(err)) != 0)
         bt_error("model %s (follower): %s", m->name, err);
     wk_device_exit_if_lost(tp->opt.dev, m->name);
+    wk_model_exit_if_broken(m, "follower");
     for (size_t i = 0; i < n; i++)
         item_free(tp, &items[i]);
     free(items);

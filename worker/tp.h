@@ -39,8 +39,6 @@
 #include "worker/executor.h"
 #include "worker/store.h"
 
-#define WK_EXIT_GROUP_BROKEN 4        /* exit status when a rank cannot follow its group */
-
 typedef struct wk_tp_options {
     pthread_mutex_t *lock;        /* the worker's */
     const atomic_bool *stopping;

@@ -427,6 +427,34 @@ static void on_monitor(evloop *l, void *arg)
     }
 }
 
+/* Heartbeats come from this thread whatever the lanes do, so they alone
+ * cannot tell a group stuck in a collective (a rank that never reaches
+ * it, or one that died in a way NCCL does not notice) from a healthy one,
+ * and a long healthy step does not silence them.  A step of a
+ * tensor-parallel model that outlives its limit ends here: its
+ * communicator is aborted (model_abort), which ends the wait of the other
+ * ranks too, and this worker exits at once, without waiting for the stuck
+ * lane (which may still touch the aborted communicator): the conductor
+ * makes the group again, as after a crash, and the group's requests end
+ * UNAVAILABLE. */
+static void check_steps(wk_worker *w, uint64_t now)
+{
+    pthread_mutex_lock(&w->lock);
+    wk_model *m = wk_executor_stuck(w->ex, now);
+    uint64_t ran_ms = m ? (now - m->busy_since_ns) / 1000000u : 0;
+    if (m)
+        m->aborted = true;
+    pthread_mutex_unlock(&w->lock);
+    if (!m)
+        return;
+    bt_error("a step of tensor-parallel model %s has run for %llu ms, past its limit of %u ms "
+             "(tp_step_timeout_ms): a rank of its group is stuck; aborting the group and "
+             "exiting so that it starts over", m->name, (unsigned long long)ran_ms, m->step_ms);
+    if (m->backend->model_abort)
+        m->backend->model_abort(m->handle);
+    _exit(WK_EXIT_GROUP_BROKEN);
+}
+
 int wk_worker_run(wk_worker *w)
 {
     send_register(w);
@@ -452,6 +480,7 @@ int wk_worker_run(wk_worker *w)
         }
         now = bt_now_ns();
         if (now >= next_hb && !w->quit) {
+            check_steps(w, now);
             send_heartbeat(w);
             next_hb = next_hb + HEARTBEAT_NS > now ? next_hb + HEARTBEAT_NS : now + HEARTBEAT_NS;
         }
@@ -706,7 +735,9 @@ static void quiesce(wk_worker *w)
         }
     pthread_mutex_unlock(&w->lock);
     wk_executor_stop(w->ex);
-    /* Loads cannot be interrupted: wait for them.  Their ends, every
+    /* A load that waits for its tensor-parallel group gives up now (it
+     * polls the stopping flag); others run to their end: wait for them.
+     * Their ends, every
      * completion the lanes posted and the transfers the comm thread fails
      * as it stops are then taken in, the worker stopping: nothing is
      * answered and what was made is freed. */

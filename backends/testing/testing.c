@@ -17,6 +17,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "backends/builtin.h"
 #include "backends/catalog.h"
 #include "backends/testing/testing.h"
 #include "common/clock.h"
@@ -24,7 +25,9 @@
 #include "kernels/kernels.h"
 #endif
 
-typedef enum tb_kind { TB_ECHO, TB_ADD, TB_COUNTER, TB_CHUNKS, TB_SLEEP, TB_FAIL } tb_kind;
+typedef enum tb_kind {
+    TB_ECHO, TB_ADD, TB_COUNTER, TB_CHUNKS, TB_SLEEP, TB_FAIL, TB_GROUP
+} tb_kind;
 
 struct baton_model {
     tb_kind kind;
@@ -35,6 +38,12 @@ struct baton_model {
     int64_t ms;           /* sleep: milliseconds */
     char *message;        /* fail: the error text (owned) */
     bool device_fault;    /* fail: break the CUDA context first (GPU workers) */
+    int64_t fail_rank;    /* group: the rank whose load fails; -1: none */
+    int64_t hang_rank;    /* group: the rank that stops in step hang_at; -1: none */
+    int64_t hang_at;      /* group: that step, from 1 */
+    uint32_t rank, ranks; /* group: this rank of the group's */
+    uint64_t steps;       /* group: steps run */
+    void *comm;           /* group: the communicator of its tensor-parallel group, owned */
 };
 
 /* Reads P's options into a new model of KIND: each option the catalog
@@ -43,7 +52,8 @@ struct baton_model {
 static baton_status load_common(tb_kind kind, const baton_load_params *p, baton_model **out,
                                 char *err, size_t errlen)
 {
-    static const char *const names[] = {"echo", "add", "counter", "chunks", "sleep", "fail"};
+    static const char *const names[] = {"echo",  "add",  "counter", "chunks",
+                                        "sleep", "fail", "group"};
     const bt_backend_desc *b = bt_backend_find(names[kind]);
     assert(b); /* every test backend is declared */
     *out = NULL;
@@ -59,6 +69,7 @@ static baton_status load_common(tb_kind kind, const baton_load_params *p, baton_
     }
     m->kind = kind;
     m->finish_after = -1;
+    m->fail_rank = m->hang_rank = -1;
     for (size_t k = 0; k < b->n_options; k++) {
         const bt_opt_desc *d = &b->options[k];
         bt_opt_value v;
@@ -76,6 +87,12 @@ static baton_status load_common(tb_kind kind, const baton_load_params *p, baton_
             m->ms = v.i;
         } else if (strcmp(d->name, "device_fault") == 0) {
             m->device_fault = v.b;
+        } else if (strcmp(d->name, "fail_rank") == 0) {
+            m->fail_rank = v.i;
+        } else if (strcmp(d->name, "hang_rank") == 0) {
+            m->hang_rank = v.i;
+        } else if (strcmp(d->name, "hang_at") == 0) {
+            m->hang_at = v.i;
         } else if (strcmp(d->name, "message") == 0 && !(m->message = strdup(v.s))) {
             snprintf(err, errlen, "out of memory");
             goto err;
@@ -93,6 +110,7 @@ static void tb_unload(baton_model *m)
 {
     if (!m)
         return;
+    bk_comm_group_close(m->comm);
     free(m->message);
     free(m);
 }
@@ -456,6 +474,84 @@ static void fail_execute(baton_model *m, baton_ctx *ctx, baton_item *const *item
         ctx->fail(ctx, items[i], BATON_STATUS_INTERNAL, m->message);
 }
 
+/* group: echo, after an all-reduce of 1.0 from every rank, whose sum must
+ * be the group's size; rank hang_rank never reaches the all-reduce of its
+ * step hang_at (it stops there, alive, until the worker ends it). */
+static void group_execute(baton_model *m, baton_ctx *ctx, baton_item *const *items, size_t n)
+{
+    if (m->comm && n) {
+        if (++m->steps == (uint64_t)m->hang_at && (int64_t)m->rank == m->hang_rank)
+            for (;;) {
+                struct timespec ts = {0, 10000000}; /* 10 ms */
+                nanosleep(&ts, NULL);
+            }
+        const int64_t one = 1;
+        float v = 1.0f;
+        baton_tensor *t = ctx->alloc(ctx, items[0], BATON_DTYPE_F32, 1, &one);
+        int rc = !t || ctx->write(ctx, items[0], t, 0, &v, sizeof(v)) != 0 ? -1 : 0;
+#ifdef BATON_CUDA
+        if (rc == 0)
+            rc = k_cuda_allreduce(t->data, 1, m->comm, ctx->stream);
+#endif
+        if (rc == 0)
+            rc = ctx->read(ctx, items[0], t, 0, &v, sizeof(v));
+        /* A group a rank aborted gave whatever it gave: the worker sees
+         * that (group_broken) and sends nothing. */
+        if (!bk_comm_group_failed(m->comm) && (rc != 0 || v != (float)m->ranks)) {
+            char msg[128];
+            snprintf(msg, sizeof(msg), "group: the all-reduce of rank %u %s (%g)", m->rank,
+                     rc ? "failed" : "gave a wrong sum", (double)v);
+            for (size_t i = 0; i < n; i++)
+                ctx->fail(ctx, items[i], BATON_STATUS_INTERNAL, msg);
+            return;
+        }
+    }
+    echo_execute(m, ctx, items, n);
+}
+
+static int group_broken(baton_model *m)
+{
+    return bk_comm_group_failed(m->comm);
+}
+
+/* group: the step cannot end (a rank is stuck): the communicator is
+ * aborted, which ends the other ranks' all-reduce. */
+static void group_abort(baton_model *m)
+{
+    bk_comm_group_abort(m->comm);
+}
+
+/* group: echo, loaded as a rank of its tensor-parallel group.  The rank
+ * fail_rank fails at once; the others join the group as the transformer
+ * does (bk_comm_group_join), so that a test can see what a rank that never
+ * joins does to them. */
+static baton_status group_load(const baton_load_params *p, baton_model **out, char *err,
+                               size_t errlen)
+{
+    baton_status st = load_common(TB_GROUP, p, out, err, errlen);
+    if (st != BATON_STATUS_OK || p->tp_size <= 1)
+        return st;
+    baton_model *m = *out;
+    m->rank = p->tp_rank;
+    m->ranks = p->tp_size;
+    int device = -1;
+    if ((int64_t)p->tp_rank == m->fail_rank) {
+        snprintf(err, errlen, "group: rank %u fails its load (fail_rank)", p->tp_rank);
+        st = BATON_STATUS_FAILED_PRECONDITION;
+    } else if (!p->device || sscanf(p->device, "cuda:%d", &device) != 1) {
+        snprintf(err, errlen, "group: tensor parallelism needs a GPU worker, not %s",
+                 p->device ? p->device : "cpu");
+        st = BATON_STATUS_FAILED_PRECONDITION;
+    } else if (bk_comm_group_join(&m->comm, device, p, err, errlen) != 0) {
+        st = BATON_STATUS_UNAVAILABLE; /* the group's failure, as the transformer says */
+    }
+    if (st != BATON_STATUS_OK) {
+        tb_unload(m);
+        *out = NULL;
+    }
+    return st;
+}
+
 /* --- tables -------------------------------------------------------------- */
 
 #define LOADER(fn, kind)                                                                       \
@@ -491,11 +587,21 @@ BACKEND(counter_backend, "counter", counter_load, counter_execute, counter_sessi
 BACKEND(chunks_backend, "chunks", chunks_load, chunks_execute, NULL, NULL)
 BACKEND(sleep_backend, "sleep", sleep_load, sleep_execute, NULL, NULL)
 BACKEND(fail_backend, "fail", fail_load, fail_execute, NULL, NULL)
+static const baton_backend group_backend = {
+    .abi_version = BATON_BACKEND_ABI_VERSION,
+    .name = "group",
+    .model_load = group_load,
+    .model_unload = tb_unload,
+    .execute = group_execute,
+    .model_abort = group_abort,
+    .model_broken = group_broken,
+};
 
 const baton_backend *bk_testing_backend(const char *name)
 {
     static const baton_backend *const all[] = {&echo_backend,   &add_backend,   &counter_backend,
-                                               &chunks_backend, &sleep_backend, &fail_backend};
+                                               &chunks_backend, &sleep_backend, &fail_backend,
+                                               &group_backend};
     for (size_t i = 0; name && i < sizeof(all) / sizeof(all[0]); i++)
         if (strcmp(all[i]->name, name) == 0)
             return all[i];

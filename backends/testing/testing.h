@@ -1,4 +1,4 @@
-/* The test backends (echo, add, counter, chunks, sleep, fail): small,
+/* The test backends (echo, add, counter, chunks, sleep, fail, group): small,
  * exactly specified behaviours that integration tests and outside users
  * are written against.  config/README.md states each one. */
 #ifndef BATON_BACKENDS_TESTING_H

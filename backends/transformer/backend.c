@@ -64,6 +64,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backends/builtin.h"
 #include "backends/catalog.h"
 #include "backends/device.h"
 #include "kernels/exec.h"
@@ -745,14 +746,13 @@ static baton_status load_compile(baton_model *m, const baton_load_params *p,
     const kx_device *dev = m->dev;
 #ifdef BATON_CUDA
     if (p->tp_size > 1) {
-        /* Joins the group: returns once every rank has called it. */
-        int rc = k_cuda_comm_init_rank(&m->comm, m->ordinal, p->comm_id, p->comm_id_len,
-                                       (int)p->tp_size, (int)p->tp_rank);
-        if (rc) {
-            snprintf(err, errlen, "joining the tensor-parallel group as rank %u of %u: %s",
-                     p->tp_rank, p->tp_size, bt_strerror(rc));
-            return BATON_STATUS_FAILED_PRECONDITION;
-        }
+        /* Joins the group: returns once every rank has joined, or fails
+         * when the worker stops or the group does not form in time: the
+         * group's failure, not this rank's (UNAVAILABLE: it may form
+         * when tried again). */
+        int rc = bk_comm_group_join(&m->comm, m->ordinal, p, err, errlen);
+        if (rc)
+            return rc == BT_EINVAL ? BATON_STATUS_FAILED_PRECONDITION : BATON_STATUS_UNAVAILABLE;
     }
 #endif
     int n_threads = o->threads > 0 ? o->threads : p->threads > 0 ? (int)p->threads : 1;
@@ -1988,6 +1988,18 @@ static void execute(baton_model *m, baton_ctx *ctx, baton_item *const *items, si
     }
 }
 
+/* A step outlived its limit: the group's communicator is aborted, which
+ * ends every rank's collective; the worker exits next. */
+static void model_abort(baton_model *m)
+{
+    bk_comm_group_abort(m->comm);
+}
+
+static int model_broken(baton_model *m)
+{
+    return bk_comm_group_failed(m->comm);
+}
+
 static int cache_report(baton_model *m, baton_cache_report *out)
 {
     if (!m->pc)
@@ -2018,6 +2030,8 @@ static const baton_backend transformer_backend = {
     .execute = execute,
     .model_describe = model_describe,
     .cache_report = cache_report,
+    .model_abort = model_abort,
+    .model_broken = model_broken,
 };
 
 const baton_backend *bk_transformer_backend(void)

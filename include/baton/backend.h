@@ -43,8 +43,12 @@ extern "C" {
  * (baton_input.chat) and token counts (baton_ctx.count_tokens).  Version 5
  * added raw text (baton_input.raw).  Version 6 added baton_ctx.defer.
  * Version 7 added prefix caches: baton_ctx.count_cached and the
- * cache_report slot. */
-#define BATON_BACKEND_ABI_VERSION 7u
+ * cache_report slot.  Version 8 added baton_load_params.cancelled,
+ * cancel_arg and group_ms (a model_load that waits for its tensor-parallel
+ * group gives up when the worker stops or the group does not form in
+ * time), and the model_abort and model_broken slots (a step stuck in a
+ * collective ends; a step whose group failed sends nothing). */
+#define BATON_BACKEND_ABI_VERSION 8u
 
 /* The symbol every plugin exports. */
 #define BATON_BACKEND_ENTRY_SYMBOL "baton_backend_entry"
@@ -334,6 +338,19 @@ typedef struct baton_load_params {
      * model_load joins the group with it, so the ranks load together. */
     const void *comm_id;
     size_t comm_id_len;
+    /* A model_load that waits on others (a tensor-parallel group forming:
+     * every rank must join before any returns) polls cancelled(cancel_arg)
+     * and gives up when it returns nonzero (the worker is stopping: the
+     * group broke, or batond stops), or once group_ms milliseconds have
+     * passed (0: no limit).  A rank that never joins would otherwise keep
+     * the others waiting until they are killed.  cancelled may be NULL.
+     * A load that fails because its group did not form returns
+     * BATON_STATUS_UNAVAILABLE (the rank is then restarted and tries
+     * again); any other failure is taken as the rank's own, and its group
+     * waits for that worker to register again. */
+    int (*cancelled)(void *cancel_arg);
+    void *cancel_arg;
+    uint32_t group_ms;
 } baton_load_params;
 
 /* Value of option KEY in P, or NULL. */
@@ -419,6 +436,24 @@ typedef struct baton_backend {
      * reports it to the conductor), 0 when nothing did or the model keeps
      * no prefix cache.  NULL: none. */
     int (*cache_report)(baton_model *model, baton_cache_report *out);
+
+    /* Optional (a backend whose models join tensor-parallel groups): called
+     * from another thread while an execute() of MODEL may wait in a
+     * collective that will never complete, a rank of its group being stuck
+     * (the step outlived Load.tp_step_ms).  Aborts what the other ranks
+     * wait on with it (the group's communicator: ncclCommAbort), so that
+     * their collectives end too.  Must not block.  The worker process
+     * exits right after, without waiting for the execute() or unloading:
+     * the group is made again.  NULL: the worker just exits. */
+    void (*model_abort)(baton_model *model);
+
+    /* Optional (the same backends): called after each execute() of a model
+     * loaded with tp_size > 1; nonzero when its group failed during it (a
+     * rank aborted the communicator, or NCCL lost one): its collectives may
+     * have ended early, so its outputs are undefined.  The worker then
+     * exits without sending them, and the group is made again.  NULL:
+     * never. */
+    int (*model_broken)(baton_model *model);
 } baton_backend;
 
 /* The entry point of a plugin. */

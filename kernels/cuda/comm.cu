@@ -116,16 +116,13 @@ extern "C" int k_cuda_comm_failed(void *comm)
     return r != ncclSuccess && r != ncclInProgress;
 }
 
-extern "C" int k_cuda_comm_p2p(void *comm, int send, void *buf, size_t n, int peer, void *stream)
+/* R, what an operation's call on C returned, once the operation is on
+ * its stream: a non-blocking communicator (k_cuda_comm_join: a pair's, or a
+ * group's, so that its forming can be given up) may still be queueing it,
+ * and what the caller queues next (an event, a kernel) must come after it.
+ * 0, or -EIO. */
+static int queued(ncclComm_t c, ncclResult_t r)
 {
-    if (!comm || (!buf && n))
-        return -EINVAL;
-    ncclComm_t c = (ncclComm_t)comm;
-    ncclResult_t r = send ? ncclSend(buf, n, ncclUint8, peer, c, K_STREAM(stream))
-                          : ncclRecv(buf, n, ncclUint8, peer, c, K_STREAM(stream));
-    /* A non-blocking communicator may still be queueing the operation:
-     * wait until it is on the stream, so that what the caller queues next
-     * (an event) comes after it. */
     while (r == ncclInProgress) {
         ncclResult_t st = ncclSuccess;
         if (ncclCommGetAsyncError(c, &st) != ncclSuccess)
@@ -139,13 +136,21 @@ extern "C" int k_cuda_comm_p2p(void *comm, int send, void *buf, size_t n, int pe
     return 0;
 }
 
+extern "C" int k_cuda_comm_p2p(void *comm, int send, void *buf, size_t n, int peer, void *stream)
+{
+    if (!comm || (!buf && n))
+        return -EINVAL;
+    ncclComm_t c = (ncclComm_t)comm;
+    return queued(c, send ? ncclSend(buf, n, ncclUint8, peer, c, K_STREAM(stream))
+                          : ncclRecv(buf, n, ncclUint8, peer, c, K_STREAM(stream)));
+}
+
 extern "C" int k_cuda_allreduce(float *buf, size_t n, void *comm, void *stream)
 {
     if (!comm || !n)
         return 0; /* one rank: the identity */
-    K_NCCL_CHECK(ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, (ncclComm_t)comm,
-                               K_STREAM(stream)));
-    return 0;
+    ncclComm_t c = (ncclComm_t)comm;
+    return queued(c, ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, c, K_STREAM(stream)));
 }
 
 #else

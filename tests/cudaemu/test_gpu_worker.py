@@ -20,7 +20,10 @@ What it shows:
     (prefill on one, decode on the other) and tensor parallel over two;
   - a tp: 2 model's group: rank 0 makes its id and rank 1 loads with it,
     rank 1 runs every step rank 0 runs, and when one rank dies both are
-    restarted;
+    restarted; a rank whose load fails stops the rank waiting for it in the
+    group's forming, and the group waits for that worker to register
+    again; a rank waiting for a group that never forms leaves the wait when
+    batond stops, and exits by itself;
   - GPU workers registered under different host names (`host:` in the deployment)
     hand tensors over NCCL, on a communicator per pair that the conductor
     relays: the same results as on one host, a 16 MiB tensor intact, pools
@@ -374,6 +377,141 @@ def test_tp_group():
         assert r.status.code == pb.OK and E.as_i32(r.outputs[0]) == [7], r
         assert "of its tensor-parallel group (model echo_tp) was lost" in d.tail() or \
             "of its tensor-parallel group (model slow_tp) was lost" in d.tail(), d.tail()
+    finally:
+        c.close()
+        found = problems(d)
+        d.stop()
+    assert not found, "the emulator reported problems:\n" + "".join(found[:20])
+
+
+GROUP_CONFIG = daemon_yaml(30000).replace("log_level: warning", "log_level: info") + """workers:
+  - {name: gpu0, device: 'cuda:0', pool_mb: 16}
+  - {name: gpu1, device: 'cuda:1', pool_mb: 16%s}
+models:
+  - {name: group_tp, backend: group, workers: [gpu0, gpu1], tp: 2%s}
+graphs:
+  - name: echo
+    inputs: [x]
+    body:
+      node: {name: e, model: group_tp, inputs: [x], outputs: [{name: x, to: client}]}
+"""
+
+
+def wait_log(d, text, timeout=30.0):
+    """The daemon's log once TEXT is in it."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if text in d.tail():
+            return
+        time.sleep(0.1)
+    raise AssertionError("%r not in the log:\n%s" % (text, d.tail()))
+
+
+def stop_and_read(d):
+    """Stops batond (SIGTERM, as systemd does) and returns how long that
+    took and its log, read before the log's folder goes."""
+    t0 = time.time()
+    d.proc.send_signal(signal.SIGTERM)
+    try:
+        d.proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        pass
+    took = time.time() - t0
+    with open(os.path.join(d.dir, "batond.log")) as f:
+        log = f.read()
+    return took, log
+
+
+def stopped_cleanly(took, log, found):
+    """batond stopped at once, and gpu0 exited by itself, nothing killed,
+    nothing the emulator saw amiss."""
+    assert "killed by signal" not in log, log[-3000:]
+    assert "worker gpu0 stopped (exited with status 0)" in log, log[-3000:]
+    assert took < 10, "batond took %.1f s to stop" % took
+    assert not found, "the emulator reported problems:\n" + "".join(found[:20])
+
+
+def test_tp_rank_load_fails():
+    """A rank whose load fails does not leave its group waiting for it:
+    rank 1 (gpu1) fails its load (fail_rank: 1), and rank 0 (gpu0), which
+    waits in the group's forming, is stopped at once and comes back without
+    a Load until gpu1 registers again; health says why the daemon is not
+    ready, a request is refused, and at the end batond stops without
+    killing anything.  Before, gpu0 waited in NCCL's init until batond
+    killed it at its stop."""
+    d = E.Daemon(GROUP_CONFIG % ("", ", options: {fail_rank: 1}"), wait=False)
+    c = d.client()
+    try:
+        wait_log(d, "its tensor-parallel group is held until worker gpu1 registers again")
+        wait_log(d, "worker gpu0 lost: its tensor-parallel group (model group_tp) cannot form")
+        # Its next incarnation registers, and is given nothing to load.
+        deadline = time.time() + 30
+        while d.tail().count("worker gpu0 registered") < 2 and time.time() < deadline:
+            time.sleep(0.1)
+        assert d.tail().count("worker gpu0 registered") == 2, d.tail()
+        h = c.health(10)
+        assert h is not None and not h.ready, h
+        assert "model group_tp: rank 1 (worker gpu1) failed to load: group: rank 1 fails" in \
+            h.message, h.message
+        _, r = c.infer("echo", E.X(1), timeout=30)
+        assert r.status.code == pb.UNAVAILABLE, r
+        # Held: the new gpu0 got no Load (it waits for nothing), and gpu1,
+        # not taken down, did not fail again.
+        time.sleep(1)
+        log = d.tail()
+        assert log.count("cannot load model group_tp") == 1, log
+        assert log.count("worker gpu0 lost") == 1 and "worker gpu1 lost" not in log, log
+    finally:
+        c.close()
+        found = problems(d)
+        took, log = stop_and_read(d)
+        d.stop()
+    stopped_cleanly(took, log, found)
+
+
+def test_tp_wait_ends_at_stop():
+    """A rank waiting for a group that never forms (gpu1 is an external
+    worker nobody starts) leaves that wait when it is told to stop: batond
+    stops at once and gpu0 exits by itself.  Before, its load could not be
+    interrupted, and batond killed it after its grace period."""
+    d = E.Daemon(GROUP_CONFIG % (", spawn: external", ""), wait=False)
+    try:
+        wait_log(d, "worker gpu0 registered")
+        time.sleep(2)  # its load is in the group's forming by now
+        assert "worker gpu0 loaded" not in d.tail(), d.tail()
+    finally:
+        found = problems(d)
+        took, log = stop_and_read(d)
+        d.stop()
+    stopped_cleanly(took, log, found)
+
+
+def test_tp_step_deadline():
+    """A group stuck in a step ends at its deadline: rank 1 stops in its
+    second step, alive and sending heartbeats but never reaching the step's
+    all-reduce, in which rank 0 waits.  Past tp_step_timeout_ms (2 s) the
+    ranks abort the group's communicator and exit, the request ends
+    UNAVAILABLE, the group is made again and serves.  Before, heartbeats
+    kept both ranks alive, and the request waited for its own deadline,
+    and every later one with it."""
+    d = E.Daemon(GROUP_CONFIG % ("", ", tp_step_timeout_ms: 2000, "
+                                 "options: {hang_rank: 1, hang_at: 2}"), wait=False)
+    c = d.client()
+    try:
+        d.wait_ready()
+        _, r = c.infer("echo", E.X(1, 2), timeout=30)
+        assert r.status.code == pb.OK and E.as_i32(r.outputs[0]) == [1, 2], r
+        pid0, pid1 = d.worker_pid("gpu0"), d.worker_pid("gpu1")
+        t0 = time.time()
+        _, r = c.infer("echo", E.X(3), timeout=25)
+        took = time.time() - t0
+        assert r.status.code == pb.UNAVAILABLE, r
+        assert took < 15, "the stuck step ended after %.1f s" % took
+        wait_log(d, "a step of tensor-parallel model group_tp has run for")
+        E.wait_restarted(d, c, "gpu0", pid0, timeout=30)
+        assert d.worker_pid("gpu1") not in (None, pid1), "rank 1 was not made again"
+        _, r = c.infer("echo", E.X(4), timeout=30)
+        assert r.status.code == pb.OK and E.as_i32(r.outputs[0]) == [4], r
     finally:
         c.close()
         found = problems(d)
@@ -751,7 +889,8 @@ def main():
     """Arguments: test names to run (default all), or --fast (all but
     SLOW_TESTS) or --slow (SLOW_TESTS)."""
     args = sys.argv[1:]
-    own_daemon = (test_check_config, test_device_lost, test_tp_group, test_nccl_between_hosts,
+    own_daemon = (test_check_config, test_device_lost, test_tp_group, test_tp_rank_load_fails,
+                  test_tp_wait_ends_at_stop, test_tp_step_deadline, test_nccl_between_hosts,
                   test_chat_cuda_equals_cpu, test_whisper_cuda_equals_cpu)
     everything = [t.__name__ for t in GPU_TESTS + list(own_daemon)]
     if args == ["--fast"]:

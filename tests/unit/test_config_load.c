@@ -170,6 +170,7 @@ static void test_tp_example(void **state)
     const cfg_model *m = cfg_model_find(c, "llm");
     assert_int_equal(m->tp, 2);
     assert_int_equal(m->n_workers, 2);
+    assert_int_equal(m->tp_step_timeout_ms, CFG_TP_STEP_TIMEOUT_MS);
     const cfg_worker *w = cfg_worker_find(c, "gpu1");
     assert_non_null(w);
     assert_int_equal(w->cuda_index, 1);
@@ -670,6 +671,25 @@ static void test_string_for_int(void **state)
                  "    worker: cpu0\n"
                  "    max_batch: abc\n",
                  7, "expected an integer for 'max_batch', got 'abc'");
+}
+
+/* tp_step_timeout_ms: read, and at least 1 (0 would be no limit). */
+static void test_tp_step_timeout(void **state)
+{
+    (void)state;
+    static const char head[] = "version: 1\n"
+                               "workers:\n"
+                               "  - {name: g0, device: 'cuda:0'}\n"
+                               "  - {name: g1, device: 'cuda:1'}\n"
+                               "models:\n"
+                               "  - {name: m, backend: echo, workers: [g0, g1], tp: 2,\n";
+    char yaml[512];
+    snprintf(yaml, sizeof(yaml), "%s     tp_step_timeout_ms: 2500}\n", head);
+    cfg_config *c = load_ok(yaml);
+    assert_int_equal(c->models[0].tp_step_timeout_ms, 2500);
+    cfg_config_destroy(c);
+    snprintf(yaml, sizeof(yaml), "%s     tp_step_timeout_ms: 0}\n", head);
+    expect_error(yaml, 7, "tp_step_timeout_ms");
 }
 
 static void test_int_trailing_junk_and_range(void **state)
@@ -1211,6 +1231,7 @@ int main(void)
         cmocka_unit_test(test_unknown_top_level_key),
         cmocka_unit_test(test_unknown_worker_key),
         cmocka_unit_test(test_unknown_key_without_suggestion),
+        cmocka_unit_test(test_tp_step_timeout),
         cmocka_unit_test(test_string_for_int),
         cmocka_unit_test(test_int_trailing_junk_and_range),
         cmocka_unit_test(test_wrong_bool),
