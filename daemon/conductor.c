@@ -599,7 +599,7 @@ static void retime_tick(conductor *c, uint64_t now_ms)
 
 /* The tick's work as of NOW (the clock, or a time ahead of it from
  * conductor_tick_at); the watchdog goes by the clock alone. */
-static void tick(conductor *c, uint64_t now)
+void conductor_tick_at(conductor *c, uint64_t now)
 {
     uint64_t clock = bt_now_ms();
     c->next_tick_ms = UINT64_MAX;
@@ -626,7 +626,7 @@ static void on_tick(evloop *l, void *arg)
             arm_tick(c, bt_now_ms() + TICK_BUSY_MS);
         return;
     }
-    tick(c, bt_now_ms());
+    conductor_tick_at(c, bt_now_ms());
 }
 
 /* ---- creation, in named steps ------------------------------------------ */
@@ -1062,7 +1062,7 @@ static void watch_room(conductor *c, bool want)
  * ready handled, what waits sent on, the tick retimed.  While a reply waits
  * for room in a client's pipe, the round waits no longer than
  * out_flush_backlogs said (not until the next tick). */
-static int run_round(conductor *c, long timeout_ms)
+int conductor_step(conductor *c, long timeout_ms)
 {
     if (!c->started) {
         bt_info("listening on %s, workers on %s", c->cfg->daemon.listen,
@@ -1092,7 +1092,7 @@ static int run_round(conductor *c, long timeout_ms)
 int conductor_run(conductor *c)
 {
     while (!c->done) {
-        int rc = run_round(c, 1000);
+        int rc = conductor_step(c, 1000);
         if (rc < 0) {
             /* A loop that cannot poll serves nobody: the error must reach
              * the exit status, so that systemd (Restart=on-failure) or
@@ -1103,16 +1103,6 @@ int conductor_run(conductor *c)
     }
     bt_info("stopped");
     return 0;
-}
-
-int conductor_step(conductor *c, long timeout_ms)
-{
-    return run_round(c, timeout_ms);
-}
-
-void conductor_tick_at(conductor *c, uint64_t now_ms)
-{
-    tick(c, now_ms);
 }
 
 void conductor_counts_get(const conductor *c, conductor_counts *out)

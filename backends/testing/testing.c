@@ -19,6 +19,7 @@
 
 #include "backends/builtin.h"
 #include "backends/catalog.h"
+#include "backends/device.h"
 #include "backends/testing/testing.h"
 #include "common/clock.h"
 #ifdef BATON_CUDA
@@ -534,13 +535,16 @@ static baton_status group_load(const baton_load_params *p, baton_model **out, ch
     baton_model *m = *out;
     m->rank = p->tp_rank;
     m->ranks = p->tp_size;
+    const kx_device *dev = NULL;
     int device = -1;
     if ((int64_t)p->tp_rank == m->fail_rank) {
         snprintf(err, errlen, "group: rank %u fails its load (fail_rank)", p->tp_rank);
         st = BATON_STATUS_FAILED_PRECONDITION;
-    } else if (!p->device || sscanf(p->device, "cuda:%d", &device) != 1) {
-        snprintf(err, errlen, "group: tensor parallelism needs a GPU worker, not %s",
-                 p->device ? p->device : "cpu");
+    } else if ((st = bk_device_open(p->device, "group", &dev, &device, err, errlen)) !=
+               BATON_STATUS_OK) {
+        /* the message names the device */
+    } else if (!dev) {
+        snprintf(err, errlen, "group: tensor parallelism needs a GPU worker, not cpu");
         st = BATON_STATUS_FAILED_PRECONDITION;
     } else if (bk_comm_group_join(&m->comm, device, p, err, errlen) != 0) {
         st = BATON_STATUS_UNAVAILABLE; /* the group's failure, as the transformer says */
