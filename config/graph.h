@@ -193,6 +193,10 @@ typedef struct graph_set {
     size_t *n_worker_nodes;
     graph_transfer *transfers; /* owned */
     size_t n_transfers;
+    bool *reaches;         /* owned; n_workers x n_workers: reaches[to * n_workers + from]
+                              when a tensor in worker FROM's pool can come to worker TO,
+                              by a transfer or a chain of them in one graph (a node may pass a tensor
+                              on by reference, so its owner stays upstream) */
 } graph_set;
 
 /* Builds and validates every graph of CFG, and partitions them.  Errors go
@@ -202,6 +206,9 @@ int graph_set_build(const cfg_config *cfg, bt_diag *diag, graph_set **out);
 void graph_set_destroy(graph_set *gs);
 
 const graph *graph_set_find(const graph_set *gs, const char *name);
+/* Can a tensor in worker FROM's pool come to worker TO (graph_set.reaches)?
+ * False for FROM == TO unless a chain leads back. */
+bool graph_set_reaches(const graph_set *gs, int from, int to);
 int graph_entity_find(const graph *g, const char *name);
 int graph_input_index(const graph *g, const char *name);
 

@@ -964,6 +964,40 @@ static int add_transfers(graph_set *gs, size_t *cap, const char *local_host, int
     return 0;
 }
 
+/* Fills gs->reaches: each graph's transfers, closed transitively, then
+ * joined.  A backend may return an input as its output without a copy
+ * (echo does), so a tensor can travel several edges of its graph while it
+ * stays in its first owner's pool; the closure names every pool a worker
+ * may be asked to read.  Tensors never pass from one graph to another, so
+ * the closure is taken per graph. */
+static int reach(graph_set *gs)
+{
+    size_t n = gs->cfg->n_workers;
+    gs->reaches = calloc(n ? n * n : 1, sizeof(*gs->reaches));
+    bool *r = calloc(n ? n * n : 1, sizeof(*r));
+    if (!gs->reaches || !r) {
+        free(r);
+        return BT_ENOMEM;
+    }
+    for (size_t gi = 0; gi < gs->n_graphs; gi++) {
+        memset(r, 0, n * n * sizeof(*r));
+        for (size_t t = 0; t < gs->n_transfers; t++) {
+            const graph_transfer *x = &gs->transfers[t];
+            if (x->graph == (int)gi)
+                r[(size_t)x->to_worker * n + (size_t)x->from_worker] = true;
+        }
+        for (size_t k = 0; k < n; k++)
+            for (size_t to = 0; to < n; to++)
+                if (r[to * n + k])
+                    for (size_t from = 0; from < n; from++)
+                        r[to * n + from] |= r[k * n + from];
+        for (size_t i = 0; i < n * n; i++)
+            gs->reaches[i] |= r[i];
+    }
+    free(r);
+    return 0;
+}
+
 static int partition(graph_set *gs, bt_diag *diag)
 {
     const cfg_config *cfg = gs->cfg;
@@ -1033,6 +1067,8 @@ static int partition(graph_set *gs, bt_diag *diag)
     }
     for (size_t w = 0; w < nw; w++)
         ivec_take(&per[w], &gs->worker_nodes[w], &gs->n_worker_nodes[w]);
+    if ((rc = reach(gs)) != 0)
+        goto out;
     if (diag)
         warn_cross_host(gs, diag, local_host);
 out:
@@ -1089,7 +1125,15 @@ void graph_set_destroy(graph_set *gs)
     free(gs->worker_nodes);
     free(gs->n_worker_nodes);
     free(gs->transfers);
+    free(gs->reaches);
     free(gs);
+}
+
+bool graph_set_reaches(const graph_set *gs, int from, int to)
+{
+    size_t n = gs->cfg->n_workers;
+    assert(from >= 0 && to >= 0 && (size_t)from < n && (size_t)to < n);
+    return gs->reaches[(size_t)to * n + (size_t)from];
 }
 
 const graph *graph_set_find(const graph_set *gs, const char *name)

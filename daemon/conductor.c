@@ -914,7 +914,7 @@ static int create_modules(conductor *c)
      * workers endpoint, and for its worker-to-worker socket either way. */
     sup_options so = {c->cfg, c->config_path, c->run_id, c->worker_exe, c->back_sock,
                       c->curve ? c->keys.public_z85 : NULL,
-                      c->curve && cfg_endpoint_is_tcp(c->cfg->daemon.workers_endpoint)};
+                      c->curve && cfg_endpoint_is_tcp(c->cfg->daemon.workers_endpoint), c->gs};
     sup_hooks sh = {c, on_ready_changed, on_worker_lost, on_worker_message, on_burst_begin,
                     on_burst_end, on_authorize, on_worker_keys};
     disp_hooks dh = {c, on_chunk, on_response};

@@ -369,9 +369,9 @@ char *metrics_text(const metrics *m, const metrics_gauges *gg)
                   "other ranks.  Starts at 0 with each incarnation of the worker.", W_TP_STEPS);
     family(f, "baton_worker_ipc_opens_total", "counter",
            "Peers' CUDA pools a worker opened by CUDA IPC: when='ahead' as the peers came up "
-           "(a GPU worker, its own GPU's peers), when='request' on a request's path (another "
-           "GPU's pool, first needed by an edge, or one whose opening ahead failed).  Starts at "
-           "0 with each incarnation of the worker.");
+           "(those on its own GPU, and those the graphs can bring it tensors from), "
+           "when='request' on a request's path (a read the graphs did not foresee, or a pool "
+           "whose opening ahead failed).  Starts at 0 with each incarnation of the worker.");
     for (size_t w = 0; w < gg->n_workers; w++) {
         const metrics_worker *wk = &gg->workers[w];
         fprintf(f, "baton_worker_ipc_opens_total{worker=\"%s\",when=\"ahead\"} %llu\n",

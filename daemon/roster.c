@@ -15,6 +15,7 @@
 
 struct roster {
     const cfg_config *cfg;        /* borrowed */
+    const graph_set *gs;          /* borrowed; NULL: no peer is named in reads_from */
     worker_set *ws;               /* borrowed */
     tp_groups *groups;            /* borrowed: the ids of tensor-parallel ranks' Loads */
     pair_table *pairs;            /* borrowed: a registration forgets the worker's pairs */
@@ -22,14 +23,15 @@ struct roster {
     bool ready;                   /* every model servable: see roster_update_ready */
 };
 
-int roster_create(const cfg_config *cfg, worker_set *ws, tp_groups *groups, pair_table *pairs,
-                  const roster_hooks *hooks, roster **out)
+int roster_create(const cfg_config *cfg, const graph_set *gs, worker_set *ws, tp_groups *groups,
+                  pair_table *pairs, const roster_hooks *hooks, roster **out)
 {
     *out = NULL;
     roster *r = calloc(1, sizeof(*r));
     if (!r)
         return BT_ENOMEM;
     r->cfg = cfg;
+    r->gs = gs;
     r->ws = ws;
     r->groups = groups;
     r->pairs = pairs;
@@ -102,7 +104,8 @@ void roster_send_peers(roster *r)
     size_t n = workers_count(r->ws);
     Baton__V1__PeerInfo *infos = calloc(n + 1, sizeof(*infos));
     Baton__V1__PeerInfo **ip = calloc(n + 1, sizeof(*ip));
-    if (!infos || !ip)
+    uint32_t *reads = calloc(n + 1, sizeof(*reads));
+    if (!infos || !ip || !reads)
         goto out;
     for (size_t w = 0; w < n; w++) {
         sup_worker *wk = workers_at(r->ws, (int)w);
@@ -129,6 +132,12 @@ void roster_send_peers(roster *r)
         p.n_peers = n;
         p.peers = ip;
         p.speculation_window = r->cfg->daemon.speculation_window;
+        /* The pools this worker will be asked to read, so that it opens
+         * them now rather than on a request's path. */
+        p.reads_from = reads;
+        for (size_t f = 0; r->gs && f < n; f++)
+            if (f != w && graph_set_reaches(r->gs, (int)f, (int)w))
+                reads[p.n_reads_from++] = (uint32_t)f;
         Baton__V1__ConductorMessage m = BATON__V1__CONDUCTOR_MESSAGE__INIT;
         m.msg_case = BATON__V1__CONDUCTOR_MESSAGE__MSG_PEERS;
         m.peers = &p;
@@ -139,6 +148,7 @@ out:
         free(infos[w].pools);
     free(infos);
     free(ip);
+    free(reads);
 }
 
 void roster_forget(sup_worker *w)

@@ -17,6 +17,7 @@
 #include <stdint.h>
 
 #include "config/config.h"
+#include "config/graph.h"
 #include "daemon/pairs.h"
 #include "daemon/tpgroups.h"
 #include "daemon/workers.h"
@@ -36,9 +37,10 @@ typedef struct roster_hooks {
 
 typedef struct roster roster;
 
-/* CFG, WS, GROUPS and PAIRS are borrowed.  0 or BT_ENOMEM. */
-int roster_create(const cfg_config *cfg, worker_set *ws, tp_groups *groups, pair_table *pairs,
-                  const roster_hooks *hooks, roster **out);
+/* CFG, GS, WS, GROUPS and PAIRS are borrowed; GS (the graphs, for which
+ * peers' pools each worker reads) may be NULL.  0 or BT_ENOMEM. */
+int roster_create(const cfg_config *cfg, const graph_set *gs, worker_set *ws, tp_groups *groups,
+                  pair_table *pairs, const roster_hooks *hooks, roster **out);
 /* Frees what every worker registered, and the roster. */
 void roster_destroy(roster *r);
 
@@ -54,7 +56,8 @@ void roster_on_heartbeat(sup_worker *w, const Baton__V1__Heartbeat *h);
 /* Sends rank K of model M (an index into the config's models), worker W,
  * its Load.  0, or a negative bt_err. */
 int roster_send_load(roster *r, sup_worker *w, size_t m, size_t k);
-/* Sends every live worker the list of workers (Peers). */
+/* Sends every live worker the list of workers (Peers), with the peers
+ * whose tensors the graphs can bring to it (Peers.reads_from). */
 void roster_send_peers(roster *r);
 /* Forgets what W's last incarnation registered and loaded. */
 void roster_forget(sup_worker *w);

@@ -467,7 +467,7 @@ int sup_create(const sup_options *opt, const sup_hooks *hooks, supervisor **out)
     if (rc == 0)
         rc = tpg_create(opt->cfg, s->ws, &th, &s->groups);
     if (rc == 0)
-        rc = roster_create(opt->cfg, s->ws, s->groups, s->pairs, &rh, &s->roster);
+        rc = roster_create(opt->cfg, opt->gs, s->ws, s->groups, s->pairs, &rh, &s->roster);
     if (rc != 0) {
         sup_destroy(s);
         return rc;

@@ -40,6 +40,7 @@
 #include <sys/types.h>
 
 #include "config/config.h"
+#include "config/graph.h"
 #include "common/curve.h"
 #include "common/evloop.h"
 #include "daemon/workers.h"
@@ -83,6 +84,8 @@ typedef struct sup_options {
     bool curve_socket;            /* the worker socket itself is a CURVE server (a tcp://
                                      endpoint with daemon.curve): each Register is checked
                                      against the key its connection authenticated with */
+    const graph_set *gs;          /* borrowed; outlives the supervisor: which peers' pools
+                                     each worker reads (Peers.reads_from); NULL: none named */
 } sup_options;
 
 typedef struct supervisor supervisor;

@@ -228,13 +228,19 @@ int wk_peers_update(wk_peers *ps, const Baton__V1__Peers *msg, uint32_t self)
         const wk_peer *p = &ps->peers[i];
         if (p->index == self || !p->up)
             continue;
+        bool read = false;
+        for (size_t j = 0; j < msg->n_reads_from && !read; j++)
+            read = msg->reads_from[j] == p->index;
         for (size_t k = 0; k < p->n_pools; k++) {
-            /* CUDA pools are opened ahead only by a GPU worker, and only
-             * those on its own GPU (see shm.h). */
+            /* A CUDA pool on this worker's own GPU is opened whatever the
+             * graphs say (it costs no context); one on another GPU, or
+             * any for a CPU worker, only when the graphs can bring this
+             * worker a tensor from it (see peers.h). */
             bool cuda_here = p->pools[k].ipc && ps->dev &&
                              wk_device_space(ps->dev) == WK_SPACE_CUDA &&
                              p->pools[k].cuda_device == wk_device_ordinal(ps->dev);
-            if (!p->pools[k].shm_name && !cuda_here)
+            bool cuda_read = p->pools[k].ipc && ps->dev && read;
+            if (!p->pools[k].shm_name && !cuda_here && !cuda_read)
                 continue;
             if (p->hostname && *p->hostname && strcmp(p->hostname, ps->hostname) != 0)
                 continue;

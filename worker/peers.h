@@ -9,12 +9,16 @@
  * unmaps memory under a running kernel; the unmap happens at the last
  * unpin.
  *
- * A GPU worker opens the CUDA pools of its local peers on the same GPU
- * when the Peers message arrives, never on the request path.  A pool on
- * another GPU, and any GPU pool a CPU worker reads, is opened when an edge
- * first needs it: opening it creates a CUDA context on that GPU (hundreds
- * of megabytes per process on a real one), which a deployment that never
- * crosses GPUs should not pay.
+ * Every pool is opened when the Peers message arrives, never on the
+ * request path: a GPU worker opens the CUDA pools of its local peers on
+ * the same GPU, and any worker the CUDA pools (on another GPU, or any for
+ * a CPU worker) of the peers named in Peers.reads_from, those whose
+ * tensors the deployment's graphs can bring to it.  The others stay
+ * closed: opening a pool of another GPU creates a CUDA context there
+ * (hundreds of megabytes per process on a real one), which a worker that
+ * never reads that GPU should not pay.  A read the graphs did not foresee
+ * still works, by an open on its request's path, counted apart
+ * (ipc_opens_on_request).
  *
  * Not thread-safe: the worker's lock serializes every call. */
 #ifndef BATON_WORKER_PEERS_H
@@ -56,9 +60,10 @@ void wk_peers_destroy(wk_peers *ps);
 
 /* Takes in a Peers message: remembers every peer's pools, marks stale the
  * mappings of peers that are down or have a new incarnation, and maps the
- * pools of peers that are up on this host (all but SELF; CUDA pools only
- * on a GPU worker).  A failure to
- * map is logged and retried on first use.  Returns 0 or BT_ENOMEM. */
+ * pools of peers that are up on this host (all but SELF; CUDA pools on
+ * this worker's GPU, and those of the peers in MSG->reads_from).  A
+ * failure to map is logged and retried on first use.  Returns 0 or
+ * BT_ENOMEM. */
 int wk_peers_update(wk_peers *ps, const Baton__V1__Peers *msg, uint32_t self);
 
 /* Returns the mapping of pool POOL of peer PEER, pinned, mapping it when

@@ -31,6 +31,9 @@ What it shows:
   - SIGKILL of a GPU worker under load: its requests end UNAVAILABLE, it
     comes back, and the surviving worker closed its IPC mapping of the dead
     one's memory;
+  - no worker opens a peer's CUDA pool on a request's path: those of its
+    own GPU, of another GPU, and a CPU worker's reads of GPU pools are all
+    opened when the peer comes up (baton_worker_ipc_opens_total);
   - batond --check-config refuses cuda:N when the worker binary cannot
     serve it, at the worker's line;
   - a kernel fault that leaves the CUDA context unusable ends the worker,
@@ -119,6 +122,12 @@ def memfd_inodes(pid):
     return out
 
 
+def ipc_opens(d, worker, when):
+    """baton_worker_ipc_opens_total of WORKER: peers' CUDA pools it opened
+    ahead (when a Peers message came) or on a request's path."""
+    return d.metric("baton_worker_ipc_opens_total", 'worker="%s",when="%s"' % (worker, when))
+
+
 def wait_pools_empty(d, workers, timeout=5.0):
     deadline = time.time() + timeout
     used = None
@@ -147,9 +156,8 @@ def test_ipc_in_place(d, c):
     assert settled(d, "gpu1") == 0, staged(d, "gpu1")
     # And it opened gpu0's pool when gpu0 came up, never on a request's
     # path (the heartbeat that settled the counter above carried these).
-    opens = 'worker="gpu1",when="%s"'
-    assert d.metric("baton_worker_ipc_opens_total", opens % "request") == 0, d.metrics()
-    assert d.metric("baton_worker_ipc_opens_total", opens % "ahead") >= 1, d.metrics()
+    assert ipc_opens(d, "gpu1", "request") == 0, d.metrics()
+    assert ipc_opens(d, "gpu1", "ahead") >= 1, d.metrics()
     # Every tensor of the requests was released on both sides.
     wait_pools_empty(d, ("gpu0", "gpu1"))
 
@@ -162,6 +170,11 @@ def test_across_gpus(d, c):
     assert r.outputs[0].data == data
     # cuda:0 -> cuda:1 is one device-to-device copy of the value.
     assert settled(d, "gpu2", before + 4096) == before + 4096, staged(d, "gpu2")
+    # gpu2 opened gpu0's pool, on another GPU, when gpu0 came up: the
+    # graphs name gpu0 among the peers whose tensors come to gpu2.  It has
+    # no reason to open gpu1's (nothing of gpu1 reaches it).
+    assert ipc_opens(d, "gpu2", "request") == 0, d.metrics()
+    assert ipc_opens(d, "gpu2", "ahead") == 1, d.metrics()
 
 
 def test_mixed_cpu_gpu(d, c):
@@ -174,6 +187,10 @@ def test_mixed_cpu_gpu(d, c):
     # `dev` reads, and host.x); cpu0 copied y once out of gpu0's pool.
     assert settled(d, "gpu0", g0 + 8192) == g0 + 8192, staged(d, "gpu0")
     assert settled(d, "cpu0", c0 + 4096) == c0 + 4096, staged(d, "cpu0")
+    # cpu0 opened gpu0's pool ahead too (and gpu1's: gpu1's chunks pass
+    # into cpu0 in the stream graph), not on this request.
+    assert ipc_opens(d, "cpu0", "request") == 0, d.metrics()
+    assert ipc_opens(d, "cpu0", "ahead") == 2, d.metrics()
 
 
 def test_loop_and_streams(d, c):
@@ -221,8 +238,45 @@ def test_gpu_worker_killed(d, c):
     assert d.metric("baton_worker_restarts_total", 'worker="gpu0"') >= 1
 
 
+def heard_again(d, workers, timeout=10.0):
+    """Waits until each of WORKERS sent two more messages: with no request
+    running, heartbeats (one a second), so the counters they carry are
+    those of everything done before the call."""
+    label = 'worker="%s",direction="from_worker"'
+    start = {w: d.metric("baton_worker_messages_total", label % w) for w in workers}
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        now = {w: d.metric("baton_worker_messages_total", label % w) for w in workers}
+        if all(now[w] >= start[w] + 2 for w in workers):
+            return
+        time.sleep(0.2)
+    raise AssertionError("no heartbeat from %s in %.0f s" % (workers, timeout))
+
+
+def test_no_ipc_open_on_requests(d, c):
+    """Every graph once more, after a worker came back as a new incarnation:
+    no worker opened a peer's CUDA pool on a request's path, whether the
+    pool was on its GPU, on another GPU, or read by a CPU worker."""
+    data = pattern(4096)
+    for graph in ("ipc", "xgpu", "mixed"):
+        _, r = c.infer(graph, {"x": (pb.I32, [1024], data)}, timeout=60)
+        assert r.status.code == pb.OK, (graph, r.status)
+    for graph in ("count", "stream", "persist"):
+        _, r = c.infer(graph, E.X(7), stream=True, timeout=60)
+        assert r.status.code == pb.OK, (graph, r.status)
+    workers = ("gpu0", "gpu1", "gpu2", "cpu0")
+    heard_again(d, workers)
+    on_request = {w: ipc_opens(d, w, "request") for w in workers}
+    assert on_request == dict.fromkeys(workers, 0), on_request
+    # What was opened ahead: gpu1 and gpu2 gpu0's pool, cpu0 gpu0's and
+    # gpu1's; gpu0's three again after its restart (test_gpu_worker_killed),
+    # when that ran before.
+    ahead = sum(ipc_opens(d, w, "ahead") for w in workers)
+    assert ahead >= 4, d.metrics()
+
+
 GPU_TESTS = [test_ipc_in_place, test_across_gpus, test_mixed_cpu_gpu, test_loop_and_streams,
-             test_loop_reads_staged_once, test_gpu_worker_killed]
+             test_loop_reads_staged_once, test_gpu_worker_killed, test_no_ipc_open_on_requests]
 
 
 # ---- tests with a daemon of their own -------------------------------------------

@@ -443,6 +443,70 @@ static void test_cross_host_kinds(void **state)
     built_free(&b);
 }
 
+/* Which pools each worker may be asked to read (graph_set_reaches): a
+ * chain a -> b -> c in one graph makes c read a's pool too (b may pass a's
+ * tensor on by reference), while a chain that needs two graphs (c -> d in
+ * g, d -> e in h) does not make e read c's; replicas feed their consumer
+ * each; nothing reaches a worker no edge goes to. */
+static void test_reaches(void **state)
+{
+    (void)state;
+    static const char yaml[] =
+        "version: 1\n"
+        "workers:\n"
+        "  - {name: a, device: cpu}\n"
+        "  - {name: b, device: cpu}\n"
+        "  - {name: c, device: cpu}\n"
+        "  - {name: d, device: cpu}\n"
+        "  - {name: e, device: cpu}\n"
+        "  - {name: r1, device: cpu}\n"
+        "  - {name: r2, device: cpu}\n"
+        "models:\n"
+        "  - {name: ma, backend: echo, worker: a}\n"
+        "  - {name: mb, backend: echo, worker: b}\n"
+        "  - {name: mc, backend: echo, worker: c}\n"
+        "  - {name: md, backend: echo, worker: d}\n"
+        "  - {name: me, backend: echo, worker: e}\n"
+        "  - {name: mr, backend: echo, workers: [r1, r2]}\n"
+        "graphs:\n"
+        "  - name: g\n"
+        "    inputs: [x]\n"
+        "    body:\n"
+        "      sequential:\n"
+        "        - node: {name: n1, model: ma, inputs: [x], outputs: [{name: x, to: n2}]}\n"
+        "        - node: {name: n2, model: mb, inputs: [x], outputs: [{name: x, to: n3}]}\n"
+        "        - node: {name: n3, model: mc, inputs: [x], outputs: [{name: x, to: n4}]}\n"
+        "        - node: {name: n4, model: md, inputs: [x], outputs: [{name: x, to: client}]}\n"
+        "  - name: h\n"
+        "    inputs: [x]\n"
+        "    body:\n"
+        "      sequential:\n"
+        "        - node: {name: n1, model: md, inputs: [x], outputs: [{name: x, to: n2}]}\n"
+        "        - node: {name: n2, model: me, inputs: [x], outputs: [{name: x, to: client}]}\n"
+        "  - name: k\n"
+        "    inputs: [x]\n"
+        "    body:\n"
+        "      sequential:\n"
+        "        - node: {name: n1, model: mr, inputs: [x], outputs: [{name: x, to: n2}]}\n"
+        "        - node: {name: n2, model: me, inputs: [x], outputs: [{name: x, to: client}]}\n";
+    enum { A, B, C, D, E, R1, R2, N };
+    /* want[to] lists the workers whose pools TO may read. */
+    static const int want[N][N] = {
+        [B] = {[A] = 1},
+        [C] = {[A] = 1, [B] = 1},
+        [D] = {[A] = 1, [B] = 1, [C] = 1},
+        [E] = {[D] = 1, [R1] = 1, [R2] = 1},
+    };
+    built b = build(yaml);
+    assert_int_equal(b.rc, 0);
+    for (int to = 0; to < N; to++)
+        for (int from = 0; from < N; from++)
+            if (graph_set_reaches(b.gs, from, to) != (want[to][from] != 0))
+                fail_msg("reaches(%d -> %d) is %d, want %d", from, to,
+                         graph_set_reaches(b.gs, from, to), want[to][from]);
+    built_free(&b);
+}
+
 /* A replicated model: its nodes list on every replica, no transfer between
  * two nodes of it (a request stays on its replica), one from each replica
  * to a node elsewhere, and a graph input read by it and by that node goes
@@ -571,6 +635,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_no_producer),
         cmocka_unit_test(test_replicas),
+        cmocka_unit_test(test_reaches),
         cmocka_unit_test(test_loopback_only_input),
         cmocka_unit_test(test_external_without_persist),
         cmocka_unit_test(test_persist_and_loopback),
