@@ -14,7 +14,8 @@
  * Devices.  On `cpu` the executables run the CPU op table.  On `cuda:N`
  * (a build with CUDA, or the emulated one) they run the CUDA op table on
  * that GPU: each weight is uploaded to device memory once, widened to f32
- * where the GPU kernels need it (the token embedding), and both
+ * where the GPU kernels need it (the token embedding, and f16 or bf16
+ * matrices: the GPU's products take f32 or GGUF blocks), and both
  * executables borrow the upload; KV caches live in device memory and move
  * between executables and to host memory (eviction) by device copies; the
  * step's logits and greedy tokens are copied back to the host for the
@@ -199,15 +200,18 @@ static const gguf_tensor *tensor_of(const gguf_file *f, const char *name)
     return gguf_tensor_find(f, full);
 }
 
-/* ktf_shape.weight_dtype: the file's type of each matrix; on a GPU the
- * embedding table is widened to f32 (the GPU's EMBED reads f32 rows). */
+/* ktf_shape.weight_dtype: the file's type of each matrix.  On a GPU the
+ * embedding table is widened to f32 (the GPU's EMBED reads f32 rows), and
+ * so is an f16 or bf16 matrix (a Hugging Face folder's): the GPU's
+ * products take f32 or GGUF blocks. */
 static kdtype file_dtype(void *user, const char *name)
 {
     const struct wd_ctx *w = user;
     if (w->gpu && !strcmp(name, "token_embd.weight"))
         return KD_F32;
     const gguf_tensor *t = tensor_of(w->f, name);
-    return t ? kd_of_gguf(t->type) : KD_F32;
+    kdtype dt = t ? kd_of_gguf(t->type) : KD_F32;
+    return w->gpu && (dt == KD_F16 || dt == KD_BF16) ? KD_F32 : dt;
 }
 
 /* An unsigned metadata value of the architecture: "llama.KEY". */
@@ -329,21 +333,22 @@ static int shard_dim(const baton_model *m, const char *name)
     return strstr(name, ".ffn_down") ? 1 : -1;
 }
 
-/* This rank's shard of T along DIM (VAL's shape, VAL->bytes of it), in a
- * malloc'd buffer; NULL when memory is short.  Rows are contiguous; a
- * column shard takes the same span of every row, whole quantization
- * blocks (the load checked the FFN splits into them). */
-static void *shard_of(const baton_model *m, const gguf_tensor *t, const kg_value *val, int dim)
+/* This rank's shard of T along DIM (VAL's shape; BYTES of it in the
+ * file's type), in a malloc'd buffer; NULL when memory is short.  Rows are
+ * contiguous; a column shard takes the same span of every row, whole
+ * quantization blocks (the load checked the FFN splits into them). */
+static void *shard_of(const baton_model *m, const gguf_tensor *t, const kg_value *val, int dim,
+                      size_t bytes)
 {
-    uint8_t *out = malloc(val->bytes);
+    uint8_t *out = malloc(bytes);
     if (!out)
         return NULL;
     const uint8_t *src = t->data;
     if (dim == 0) {
-        memcpy(out, src + (size_t)m->tp_rank * val->bytes, val->bytes);
+        memcpy(out, src + (size_t)m->tp_rank * bytes, bytes);
         return out;
     }
-    size_t rows = (size_t)val->shape[0], part = val->bytes / rows, whole = part * (size_t)m->shape.tp;
+    size_t rows = (size_t)val->shape[0], part = bytes / rows, whole = part * (size_t)m->shape.tp;
     for (size_t r = 0; r < rows; r++)
         memcpy(out + r * part, src + r * whole + (size_t)m->tp_rank * part, part);
     return out;
@@ -380,9 +385,10 @@ static int bind_weights(baton_model *m, kx_exec *x, const kg_graph *g, uint64_t 
         bool same = (int)t->n_dims == val->ndim;
         for (int d = 0; same && d < val->ndim; d++)
             same = t->ne[val->ndim - 1 - d] == val->shape[d] * (d == shard ? m->shape.tp : 1);
-        /* A GPU reads the embedding widened to f32: the graph says so. */
+        /* A GPU reads the embedding, and f16 or bf16 matrices, widened to
+         * f32: the graph says so. */
         bool widened = m->dev && val->dtype == KD_F32 && dt != KD_F32 && val->ndim == 2 &&
-                       val->bytes == (size_t)t->ne[0] * (size_t)t->ne[1] * sizeof(float);
+                       full == (size_t)t->ne[0] * (size_t)t->ne[1] * sizeof(float);
         if (!same || (!widened && (dt != val->dtype || t->nbytes != full))) {
             snprintf(err, errlen, "tensor %s is %s with %u dims [%" PRId64 ", %" PRId64 "]; the "
                      "model's shape wants %s [%" PRId64 ", %" PRId64 "]", t->name,
@@ -393,7 +399,9 @@ static int bind_weights(baton_model *m, kx_exec *x, const kg_graph *g, uint64_t 
         }
         int rc;
         if (m->dev) {
-            void *part = shard >= 0 ? shard_of(m, t, val, shard) : NULL;
+            /* A shard is cut in the file's type, then widened. */
+            void *part = shard >= 0 ? shard_of(m, t, val, shard, t->nbytes / (size_t)m->shape.tp)
+                                    : NULL;
             void *d = shard < 0 || part ? upload(m, val->name, val->dtype, t,
                                                  part ? part : t->data, val->bytes)
                                         : NULL;

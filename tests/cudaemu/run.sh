@@ -151,6 +151,13 @@ case $part in
 esac
 # shellcheck disable=SC2086
 run "GPU workers end to end" any 3600 --stream env BUILD="$BUILD" /usr/bin/python3 tests/cudaemu/test_gpu_worker.py $gw
+# The GPU check a GPU machine runs (scripts/gpu-check.sh), dry: the same pack
+# and the same steps from this build, a tiny model, on the emulator.  Its
+# steps fail on an emulator problem themselves.
+if [ "$part" != slow ]; then
+  run "scripts/gpu-check.sh --emulated" any 1800 env BUILD="$BUILD" OUT="$BUILD/gpu-check-emulated" \
+    bash scripts/gpu-check.sh --emulated
+fi
 echo "$suite: ${pass} passed, ${fail} failed, ${skip} skipped"
 [ -n "${TEST_COUNTS:-}" ] && echo "$suite $pass $fail $skip" >> "$TEST_COUNTS"
 [ "$fail" -eq 0 ]

@@ -24,6 +24,8 @@ What it shows:
     group's forming, and the group waits for that worker to register
     again; a rank waiting for a group that never forms leaves the wait when
     batond stops, and exits by itself;
+  - a Hugging Face folder of f16 weights on a GPU worker and tensor parallel
+    over two gives the CPU worker's greedy ids (the GPU widens the weights);
   - GPU workers registered under different host names (`host:` in the deployment)
     hand tensors over NCCL, on a communicator per pair that the conductor
     relays: the same results as on one host, a 16 MiB tensor intact, pools
@@ -46,6 +48,7 @@ worker: N passed, N failed".
 """
 import json
 import os
+import shutil
 import signal
 import struct
 import subprocess
@@ -899,6 +902,67 @@ for dev in ("cpu", "gpu"):
 """ % {"d": dev}
 
 
+HF_CONFIG = daemon_yaml(120000) + """workers:
+  - {name: cpu0, device: cpu, pool_mb: 64}
+  - {name: gpu0, device: 'cuda:0', pool_mb: 64}
+  - {name: gpu1, device: 'cuda:1', pool_mb: 64}
+  - {name: gpu2, device: 'cuda:2', pool_mb: 64}
+models:
+  - {name: llm_cpu, backend: transformer, worker: cpu0,
+     options: {path: HF, max_seq: 64, activations: f32, kv_dtype: f32}}
+  - {name: llm_gpu, backend: transformer, worker: gpu0, max_batch: 2, options: {path: HF, max_seq: 64}}
+  - {name: llm_tp, backend: transformer, workers: [gpu1, gpu2], tp: 2, options: {path: HF, max_seq: 64}}
+graphs:
+"""
+for dev in ("cpu", "gpu", "tp"):
+    HF_CONFIG += """
+  - name: chat_%(d)s
+    inputs: [prompt]
+    body:
+      sequential:
+        - node: {name: prefill, model: llm_%(d)s, mode: prefill, inputs: [prompt],
+                 outputs: [{name: token, to: decode}, {name: token, to: client, new_token: true}]}
+        - loop:
+            name: decode_loop
+            max_iters: 9
+            body:
+              node: {name: decode, model: llm_%(d)s, mode: decode, inputs: [token],
+                     outputs: [{name: token, to: decode},
+                               {name: token, to: client, new_token: true}]}
+""" % {"d": dev}
+
+
+def test_hf_f16_on_gpu():
+    """A Hugging Face folder of f16 weights (tests/gpu/make_hf_model.py, a
+    tiny Llama) on a GPU worker and tensor parallel over two: the GPU's
+    products take f32, so the worker widens each f16 matrix as it uploads it
+    (a rank its shard, cut in f16 first); greedy ids equal the CPU's."""
+    folder = tempfile.mkdtemp(prefix="baton-hf-f16-")
+    try:
+        subprocess.check_call([sys.executable, os.path.join(ROOT, "tests/gpu/make_hf_model.py"),
+                               folder, "--size", "tiny"], stdout=subprocess.DEVNULL)
+        d = E.Daemon(HF_CONFIG.replace("HF", folder), wait=False)
+        c = d.client()
+        try:
+            d.wait_ready(timeout=120)
+            for ids in ([168, 488, 80, 205, 336, 27, 40], [423, 277, 51, 190, 301, 32, 468, 262]):
+                x = {"prompt": (pb.I32, [len(ids)], struct.pack("<%di" % len(ids), *ids))}
+                got = {}
+                for g in ("chat_cpu", "chat_gpu", "chat_tp"):
+                    chunks, r = c.infer(g, x, stream=True, timeout=120)
+                    assert r.status.code == pb.OK, (g, r.status)
+                    got[g] = [t for ch in chunks for t in E.as_i32(ch.value)]
+                assert len(got["chat_cpu"]) == 10, got
+                assert got["chat_gpu"] == got["chat_cpu"] == got["chat_tp"], got
+        finally:
+            c.close()
+            found = problems(d)
+            d.stop()
+        assert not found, "the emulator reported problems:\n" + "".join(found[:20])
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def test_whisper_cuda_equals_cpu():
     """Whisper's encoder and decoder on a GPU worker: the JFK clip's
     segments, every token of them (timestamps included) and their text,
@@ -945,7 +1009,7 @@ def main():
     args = sys.argv[1:]
     own_daemon = (test_check_config, test_device_lost, test_tp_group, test_tp_rank_load_fails,
                   test_tp_wait_ends_at_stop, test_tp_step_deadline, test_nccl_between_hosts,
-                  test_chat_cuda_equals_cpu, test_whisper_cuda_equals_cpu)
+                  test_hf_f16_on_gpu, test_chat_cuda_equals_cpu, test_whisper_cuda_equals_cpu)
     everything = [t.__name__ for t in GPU_TESTS + list(own_daemon)]
     if args == ["--fast"]:
         only = [n for n in everything if n not in SLOW_TESTS]

@@ -930,6 +930,13 @@ int main(int argc, char **argv)
 {
     if (argc == 5 && !strcmp(argv[1], "--allreduce-rank"))
         return allreduce_rank(atoi(argv[2]), atoi(argv[3]), argv[4]);
+    /* --no-timing: the checks alone (under compute-sanitizer, whose
+     * instrumentation would make the timings meaningless and slow). */
+    bool timing = !(argc == 2 && !strcmp(argv[1], "--no-timing"));
+    if (argc > 1 && timing) {
+        fprintf(stderr, "usage: check_kernels [--no-timing]\n");
+        return 2;
+    }
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
         printf("SKIP: no CUDA device\n");
@@ -1039,6 +1046,10 @@ int main(int argc, char **argv)
     printf("\n%d checks, %d failed\n", checks, failures);
     if (failures)
         return 1;
+    if (!timing) {
+        printf("timings skipped: --no-timing\n");
+        return 0;
+    }
 #ifdef CUDAEMU
     /* The CUDA emulator's timings mean nothing: check only. */
     printf("timings skipped: the device is emulated (cudaemu)\n");
