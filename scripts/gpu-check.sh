@@ -30,20 +30,32 @@ cd "$(dirname "$0")/.."
 mode=${1:---pack}
 PACK_DIR=${PACK_DIR:-gpu-pack}
 LIMIT=$((64 << 20))
+# Temporary folders, removed however the script ends.
+cleanup=()
+trap 'rm -rf "${cleanup[@]}"' EXIT
 
 # pack BUILD DEST WHEELS: the programs of BUILD and what they need, as
 # DEST/pack.tar.xz and DEST/manifest.json.
 pack() {
   local build=$1 dest=$2 wheels=$3 stage
   stage=$(mktemp -d)
+  cleanup+=("$stage")
   mkdir -p "$stage/bin" "$stage/lib" "$stage/py" "$dest"
   for p in batond baton-worker; do cp "$build/$p" "$stage/bin/"; done
   for p in check_kernels check_ops check_exec; do cp "$build/gpu/$p" "$stage/bin/"; done
   # Every library the programs resolve here, but glibc's (the loader's own
-  # family) and CUDA's and NCCL's (the GPU machine's own must be used).
+  # family), the C++ runtime's (a GPU machine's is newer, and its own tools
+  # need that one) and CUDA's and NCCL's (the GPU machine's own must be
+  # used).
+  if ldd "$stage"/bin/* | grep -q "not found"; then
+    echo "gpu-check: a library of the programs is not found here:" >&2
+    ldd "$stage"/bin/* | grep "not found" >&2
+    return 1
+  fi
   ldd "$stage"/bin/* | awk '/=> \// {print $1, $3}' | sort -u | while read -r name path; do
     case $name in
       ld-linux*|libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|libresolv.so*|libutil.so*) ;;
+      libstdc++.so*|libgcc_s.so*) ;;
       libcuda.so*|libcudart.so*|libcublas*|libnccl*|libnvidia*|libnvrtc*|libnvJitLink*|libcufft*) ;;
       *) cp -L "$path" "$stage/lib/$name" ;;
     esac
@@ -72,12 +84,23 @@ def git(*a):
         return subprocess.check_output(["git"] + list(a), text=True).strip()
     except Exception:
         return "unknown"
+# The newest glibc symbol version anything packed needs: the GPU machine's
+# glibc must be at least that.
+need = "GLIBC_2.2.5"
+def key(v):
+    return [int(x) for x in v.split("_")[1].split(".")]
+for sub in ("bin", "lib"):
+    for f in sorted(os.listdir(os.path.join(stage, sub))):
+        out = subprocess.run(["objdump", "-T", os.path.join(stage, sub, f)],
+                             capture_output=True, text=True).stdout
+        for tok in out.replace("(", " ").replace(")", " ").split():
+            if tok.startswith("GLIBC_2.") and key(tok) > key(need):
+                need = tok
 print(json.dumps({"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain")),
-                  "build": build, "files": files}, indent=1))
+                  "build": build, "glibc_needed": need, "files": files}, indent=1))
 EOF
   cp "$stage/manifest.json" "$dest/manifest.json"
   tar -C "$stage" -cJf "$dest/pack.tar.xz" .
-  rm -rf "$stage"
   local size
   size=$(stat -c %s "$dest/pack.tar.xz")
   echo "packed $dest/pack.tar.xz: $((size >> 20)) MiB ($size bytes)"
@@ -96,6 +119,10 @@ unpack() {
 
 case $mode in
   --pack)
+    if ! command -v nvcc >/dev/null 2>&1 && [ ! -x /usr/local/cuda/bin/nvcc ]; then
+      echo "gpu-check: no nvcc here (nor /usr/local/cuda/bin/nvcc): the CUDA build cannot be made" >&2
+      exit 2
+    fi
     make --no-print-directory CUDA=1 BUILD=build/cuda -j"$(nproc)" \
       build/cuda/batond build/cuda/baton-worker gpu-check build/cuda/gen/python/baton_pb2.py
     pack build/cuda "$PACK_DIR" yes
@@ -118,7 +145,7 @@ case $mode in
     make --no-print-directory EMU=1 BUILD="$BUILD" emu-programs "$BUILD/gen/python/baton_pb2.py"
     OUT=${OUT:-$BUILD/gpu-check-emulated}
     work=$(mktemp -d /tmp/baton-gpu-check-emu-XXXXXX)
-    trap 'rm -rf "$work"' EXIT
+    cleanup+=("$work")
     PACK_DIR=$work/pack
     pack "$BUILD" "$PACK_DIR" no
     unpack "$work/unpacked"

@@ -13,6 +13,15 @@
 #include "common/log.h"
 #include "common/status.h"
 
+/* Whether this build can open a CUDA pool at all: a worker built without
+ * CUDA leaves them closed instead of failing at every Peers message (a read
+ * of one fails on its request, saying why). */
+#ifdef BATON_CUDA
+#define CAN_OPEN_CUDA true
+#else
+#define CAN_OPEN_CUDA false
+#endif
+
 struct wk_peer {
     uint32_t index;
     char *name;
@@ -239,7 +248,7 @@ int wk_peers_update(wk_peers *ps, const Baton__V1__Peers *msg, uint32_t self)
             bool cuda_here = p->pools[k].ipc && ps->dev &&
                              wk_device_space(ps->dev) == WK_SPACE_CUDA &&
                              p->pools[k].cuda_device == wk_device_ordinal(ps->dev);
-            bool cuda_read = p->pools[k].ipc && ps->dev && read;
+            bool cuda_read = p->pools[k].ipc && ps->dev && read && CAN_OPEN_CUDA;
             if (!p->pools[k].shm_name && !cuda_here && !cuda_read)
                 continue;
             if (p->hostname && *p->hostname && strcmp(p->hostname, ps->hostname) != 0)

@@ -16,9 +16,12 @@
  * tensors the deployment's graphs can bring to it.  The others stay
  * closed: opening a pool of another GPU creates a CUDA context there
  * (hundreds of megabytes per process on a real one), which a worker that
- * never reads that GPU should not pay.  A read the graphs did not foresee
- * still works, by an open on its request's path, counted apart
- * (ipc_opens_on_request).
+ * never reads that GPU should not pay.  The opens run under the worker's
+ * lock when the Peers message comes (once per peer incarnation, before any
+ * request can point at that peer's pool), so a first open of another GPU,
+ * which creates a context there, holds the lanes up once.  A read the
+ * graphs did not foresee still works, by an open on its request's path,
+ * counted apart (ipc_opens_on_request).
  *
  * Not thread-safe: the worker's lock serializes every call. */
 #ifndef BATON_WORKER_PEERS_H
