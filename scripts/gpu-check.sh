@@ -144,7 +144,9 @@ case $mode in
     BUILD=${BUILD:-build/emu}
     make --no-print-directory EMU=1 BUILD="$BUILD" emu-programs "$BUILD/gen/python/baton_pb2.py"
     OUT=${OUT:-$BUILD/gpu-check-emulated}
-    work=$(mktemp -d /tmp/baton-gpu-check-emu-XXXXXX)
+    work=/tmp/baton-gpu-check-emu-$$
+    rm -rf "$work"
+    mkdir -m 700 "$work"
     cleanup+=("$work")
     PACK_DIR=$work/pack
     pack "$BUILD" "$PACK_DIR" no

@@ -80,7 +80,7 @@ void wk_model_exit_if_broken(const wk_model *m, const char *role)
 wk_model *wk_executor_stuck(wk_executor *ex, uint64_t now_ns)
 {
     for (wk_model *m = ex->models; m; m = m->next)
-        if (m->tp_size > 1 && m->step_ms && m->busy && !m->aborted &&
+        if (m->tp_size > 1 && m->step_ms && m->busy &&
             now_ns - m->busy_since_ns > (uint64_t)m->step_ms * 1000000u)
             return m;
     return NULL;

@@ -70,7 +70,6 @@ struct wk_model {
                                      (Load.tp_step_ms); 0: no limit */
     bool busy;                    /* [L] a lane runs it */
     uint64_t busy_since_ns;       /* [L] when that lane took it (bt_now_ns) */
-    bool aborted;                 /* [L] its step outlived step_ms (the worker is exiting) */
     uint64_t epoch;               /* [L] counts batches that ended an item and session
                                      closes: what may let a deferred item run */
     struct wk_queue *queues;      /* [L] one per mode */
@@ -143,7 +142,7 @@ bool wk_model_follows(const wk_model *m);
  * rank's part ("leader", "follower") for the log. */
 void wk_model_exit_if_broken(const wk_model *m, const char *role);
 /* A model of a tensor-parallel group whose lane has run it longer than its
- * step_ms at NOW_NS, not yet aborted: a rank of its group is stuck in a
+ * step_ms at NOW_NS: a rank of its group is stuck in a
  * collective (or never reached it).  NULL: none.  [L] */
 wk_model *wk_executor_stuck(wk_executor *ex, uint64_t now_ns);
 

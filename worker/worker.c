@@ -442,8 +442,6 @@ static void check_steps(wk_worker *w, uint64_t now)
     pthread_mutex_lock(&w->lock);
     wk_model *m = wk_executor_stuck(w->ex, now);
     uint64_t ran_ms = m ? (now - m->busy_since_ns) / 1000000u : 0;
-    if (m)
-        m->aborted = true;
     pthread_mutex_unlock(&w->lock);
     if (!m)
         return;

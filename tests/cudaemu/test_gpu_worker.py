@@ -763,8 +763,12 @@ graphs:
                      outputs: [{name: token, to: decode},
                                {name: token, to: client, new_token: true}]}
 """
-for dev in ("cpu", "gpu", "tp"):
-    CHAT_CONFIG += """
+
+
+def chat_graph(model, max_iters, run_ahead):
+    """The graph chat_MODEL: a prefill of llm_MODEL, then a decode loop of
+    it (run ahead when RUN_AHEAD), streaming each token."""
+    return """
   - name: chat_%(d)s
     inputs: [prompt]
     body:
@@ -773,12 +777,16 @@ for dev in ("cpu", "gpu", "tp"):
                  outputs: [{name: token, to: decode}, {name: token, to: client, new_token: true}]}
         - loop:
             name: decode_loop
-            max_iters: 2
+            max_iters: %(n)d
             body:
-              node: {name: decode, model: llm_%(d)s, mode: decode, async: true, inputs: [token],
+              node: {name: decode, model: llm_%(d)s, mode: decode, async: %(a)s, inputs: [token],
                      outputs: [{name: token, to: decode},
                                {name: token, to: client, new_token: true}]}
-""" % {"d": dev}
+""" % {"d": model, "n": max_iters, "a": "true" if run_ahead else "false"}
+
+
+for dev in ("cpu", "gpu", "tp"):
+    CHAT_CONFIG += chat_graph(dev, 2, True)
 
 PROMPTS = [b"What is the capital of France?", b"Write a haiku about rain."]
 
@@ -915,21 +923,7 @@ models:
 graphs:
 """
 for dev in ("cpu", "gpu", "tp"):
-    HF_CONFIG += """
-  - name: chat_%(d)s
-    inputs: [prompt]
-    body:
-      sequential:
-        - node: {name: prefill, model: llm_%(d)s, mode: prefill, inputs: [prompt],
-                 outputs: [{name: token, to: decode}, {name: token, to: client, new_token: true}]}
-        - loop:
-            name: decode_loop
-            max_iters: 9
-            body:
-              node: {name: decode, model: llm_%(d)s, mode: decode, inputs: [token],
-                     outputs: [{name: token, to: decode},
-                               {name: token, to: client, new_token: true}]}
-""" % {"d": dev}
+    HF_CONFIG += chat_graph(dev, 9, False)
 
 
 def test_hf_f16_on_gpu():

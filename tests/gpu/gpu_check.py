@@ -78,7 +78,6 @@ class Ctx:
         self.pack = os.path.abspath(args.pack)
         self.out = os.path.abspath(args.out)
         self.emulated = args.emulated
-        self.budget = args.budget
         self.bin = os.path.join(self.pack, "bin")
         self.work = tempfile.mkdtemp(prefix="baton-gpu-check-")
         self.env = dict(os.environ)
@@ -632,7 +631,7 @@ def step_sanitizer(ctx, res):
     info = res.setdefault("info", {})
     failed = []
     for tool in ("memcheck", "racecheck", "synccheck"):
-        if time.time() - T0 > ctx.budget - 60:
+        if left(60) < 60:
             info[tool] = "skipped: out of time"
             continue
         rc, text = run(ctx, ["compute-sanitizer", "--tool", tool, "--error-exitcode", "99",
@@ -644,7 +643,7 @@ def step_sanitizer(ctx, res):
             info["check_kernels_" + tool]["note"] = "did not finish in 150 s"
         elif rc != 0:
             failed.append("check_kernels under " + tool)
-    if time.time() - T0 < ctx.budget - 60:
+    if left(60) >= 60:
         wrapper, logs = sanitizer_wrapper(ctx, "memcheck")
         sub = {}
         try:
