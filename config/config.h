@@ -69,6 +69,8 @@ typedef baton_device_profile cfg_profile;
 
 typedef enum cfg_spawn { CFG_SPAWN_AUTO = 0, CFG_SPAWN_EXTERNAL = 1 } cfg_spawn;
 
+#define CFG_INLINE_US_DEFAULT 50u
+
 typedef struct cfg_worker {
     char *name;
     char *device;          /* "cpu" or "cuda:N" */
@@ -78,6 +80,8 @@ typedef struct cfg_worker {
     uint32_t streams_compute; /* default 1 */
     uint32_t streams_comm;    /* default 1 */
     uint32_t threads;      /* CPU threads one kernel may use; default 1 */
+    uint32_t inline_us;    /* a CPU worker's I/O thread runs a model whose batches take at
+                              most this long, µs, itself; 0: never; default 50 */
     cfg_spawn spawn;
     cfg_str key;           /* its own CURVE secret key file, for a spawn: external worker
                             * on a tcp workers_endpoint; s NULL when not given */

@@ -449,7 +449,7 @@ static void load_worker(cfg__loader *l, const yt_node *v, cfg_worker *w, cfg__na
 {
     static const char *const keys[] = {"name",    "device",  "profile", "pool_mb",
                                        "streams", "threads", "spawn",   "key",
-                                       "host",    "peer_listen"};
+                                       "host",    "peer_listen", "inline_us"};
     static const char *const spawns[] = {"auto", "external"};
     const yt_node *f[N_OF(keys)];
     char ctx[96];
@@ -461,6 +461,7 @@ static void load_worker(cfg__loader *l, const yt_node *v, cfg_worker *w, cfg__na
     w->streams_compute = 1;
     w->streams_comm = 1;
     w->threads = 1;
+    w->inline_us = CFG_INLINE_US_DEFAULT;
     w->spawn = CFG_SPAWN_AUTO;
     snprintf(ctx, sizeof(ctx), peek ? "worker '%.64s'" : "a worker", peek);
     yt_fields(v, ctx, keys, N_OF(keys), f, l->diag);
@@ -554,6 +555,8 @@ static void load_worker(cfg__loader *l, const yt_node *v, cfg_worker *w, cfg__na
         else
             check_transport(l, f[9], "peer_listen", w->peer_listen);
     }
+    if (f[10])
+        yt_u32(f[10], "inline_us", 0, 1000000, &w->inline_us, l->diag);
 }
 
 static void load_workers(cfg__loader *l, const yt_node *v)

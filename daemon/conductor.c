@@ -354,7 +354,8 @@ static char *stats_text(conductor *c)
         const sup_worker *wk = sup_worker_get(c->sup, (int)w);
         ws[w] = (metrics_worker){wk->cfg->name, wk->state == SUP_READY, wk->restarts,
                                  wk->pool_used, wk->pool_free, wk->fragmentation, wk->queued,
-                                 wk->staged_bytes, wk->sessions, wk->tp_steps, wk->ipc_ahead,
+                                 wk->staged_bytes, wk->sessions, wk->tp_steps,
+                                 wk->inline_batches, wk->ipc_ahead,
                                  wk->ipc_on_request, wk->msgs_out, wk->msgs_in, wk->zmq_out,
                                  wk->zmq_in};
     }

@@ -249,7 +249,8 @@ static void node_family(FILE *f, const metrics *m, const char *name, const char 
 
 /* What one worker field is, for worker_family. */
 typedef enum wfield {
-    W_POOL_USED, W_POOL_FREE, W_FRAG, W_UP, W_RESTARTS, W_STAGED, W_SESSIONS, W_TP_STEPS
+    W_POOL_USED, W_POOL_FREE, W_FRAG, W_UP, W_RESTARTS, W_STAGED, W_SESSIONS, W_TP_STEPS,
+    W_INLINE
 } wfield;
 
 static void worker_family(FILE *f, const metrics_gauges *gg, const char *name, const char *type,
@@ -268,6 +269,7 @@ static void worker_family(FILE *f, const metrics_gauges *gg, const char *name, c
         case W_STAGED: fprintf(f, "%llu\n", (unsigned long long)wk->staged_bytes); break;
         case W_SESSIONS: fprintf(f, "%u\n", wk->sessions); break;
         case W_TP_STEPS: fprintf(f, "%llu\n", (unsigned long long)wk->tp_steps); break;
+        case W_INLINE: fprintf(f, "%llu\n", (unsigned long long)wk->inline_batches); break;
         }
     }
 }
@@ -367,6 +369,10 @@ char *metrics_text(const metrics *m, const metrics_gauges *gg)
     worker_family(f, gg, "baton_worker_tp_steps_total", "counter",
                   "Steps of a tensor-parallel model's rank 0 that a worker ran as one of the "
                   "other ranks.  Starts at 0 with each incarnation of the worker.", W_TP_STEPS);
+    worker_family(f, gg, "baton_worker_inline_batches_total", "counter",
+                  "Batches a CPU worker's I/O thread ran itself, without handing them to a "
+                  "lane: those of models whose last batches each ran within the worker's "
+                  "inline_us.  Starts at 0 with each incarnation of the worker.", W_INLINE);
     family(f, "baton_worker_ipc_opens_total", "counter",
            "Peers' CUDA pools a worker opened by CUDA IPC: when='ahead' as the peers came up "
            "(those on its own GPU, and those the graphs can bring it tensors from), "

@@ -28,6 +28,7 @@ typedef struct metrics_worker {
     uint64_t staged_bytes;        /* bytes it copied to assemble inputs (this incarnation) */
     uint32_t sessions;            /* backend sessions open (KV caches) */
     uint64_t tp_steps;            /* leader steps run as a tensor-parallel follower */
+    uint64_t inline_batches;      /* batches its I/O thread ran itself (this incarnation) */
     uint64_t ipc_ahead, ipc_on_request; /* peers' CUDA pools it opened, by when (this
                                            incarnation) */
     uint64_t msgs_out, msgs_in;   /* protocol messages to it and from it */

@@ -367,6 +367,7 @@ void roster_on_heartbeat(sup_worker *w, const Baton__V1__Heartbeat *h)
     w->tp_steps = h->tp_steps;
     w->ipc_ahead = h->ipc_opens_ahead;
     w->ipc_on_request = h->ipc_opens_on_request;
+    w->inline_batches = h->inline_batches;
 }
 
 

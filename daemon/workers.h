@@ -70,6 +70,7 @@ typedef struct sup_worker {
     uint64_t tp_steps;            /* tensor-parallel steps run as a follower, this incarnation */
     uint64_t ipc_ahead;           /* peers' CUDA pools opened when Peers came, this incarnation */
     uint64_t ipc_on_request;      /* ... opened on a request's path, this incarnation */
+    uint64_t inline_batches;      /* batches its I/O thread ran, this incarnation */
     /* What its Loaded messages of this incarnation said, one paragraph per
      * model (load time, weights, the backend's report), for inspect; owned,
      * NULL when nothing has loaded. */

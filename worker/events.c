@@ -17,6 +17,8 @@ struct wk_events {
     pthread_mutex_t mu;
     wk_event *head, *tail;        /* [mu] posted, not yet run */
     int fd;                       /* eventfd; owned */
+    pthread_t owner;              /* [mu] wk_events_own's caller */
+    bool has_owner;               /* [mu] */
 };
 
 int wk_events_create(wk_events **out)
@@ -63,6 +65,7 @@ void wk_events_post(wk_events *q, wk_event *ev)
     ev->next = NULL;
     pthread_mutex_lock(&q->mu);
     bool was_empty = !q->head;
+    bool own = q->has_owner && pthread_equal(pthread_self(), q->owner);
     if (q->tail)
         q->tail->next = ev;
     else
@@ -73,8 +76,23 @@ void wk_events_post(wk_events *q, wk_event *ev)
      * reads the eventfd before it takes the list, so an event that found
      * the list not empty is taken by that same run.  A lane finishing a
      * batch of 32 items makes one system call, not 32. */
-    if (was_empty)
+    if (was_empty && !own)
         wk_events_wake(q);
+}
+
+bool wk_events_run_posted(wk_events *q)
+{
+    pthread_mutex_lock(&q->mu);
+    wk_event *ev = q->head;
+    q->head = q->tail = NULL;
+    pthread_mutex_unlock(&q->mu);
+    bool any = ev != NULL;
+    while (ev) {
+        wk_event *nx = ev->next;
+        ev->run(ev);
+        ev = nx;
+    }
+    return any;
 }
 
 void wk_events_run(wk_events *q)
@@ -82,13 +100,21 @@ void wk_events_run(wk_events *q)
     uint64_t n;
     if (read(q->fd, &n, sizeof(n)) < 0 && errno != EAGAIN)
         bt_error("eventfd read: %s", strerror(errno));
+    wk_events_run_posted(q);
+}
+
+bool wk_events_pending(wk_events *q)
+{
     pthread_mutex_lock(&q->mu);
-    wk_event *ev = q->head;
-    q->head = q->tail = NULL;
+    bool any = q->head != NULL;
     pthread_mutex_unlock(&q->mu);
-    while (ev) {
-        wk_event *nx = ev->next;
-        ev->run(ev);
-        ev = nx;
-    }
+    return any;
+}
+
+void wk_events_own(wk_events *q)
+{
+    pthread_mutex_lock(&q->mu);
+    q->owner = pthread_self();
+    q->has_owner = true;
+    pthread_mutex_unlock(&q->mu);
 }

@@ -13,6 +13,8 @@
 #ifndef BATON_WORKER_EVENTS_H
 #define BATON_WORKER_EVENTS_H
 
+#include <stdbool.h>
+
 typedef struct wk_event wk_event;
 
 struct wk_event {
@@ -30,12 +32,22 @@ void wk_events_destroy(wk_events *q);
 /* An eventfd that is readable while events wait (close-on-exec,
  * non-blocking); others may signal it too (wk_events_wake). */
 int wk_events_fd(const wk_events *q);
-/* Appends EV and signals the fd. */
+/* Appends EV and signals the fd, unless the caller is the owner. */
 void wk_events_post(wk_events *q, wk_event *ev);
 /* Signals the fd without an event: the I/O thread wakes and looks. */
 void wk_events_wake(wk_events *q);
 /* Clears the fd and runs every event posted so far, in order.  Events
  * their handlers post wait for the next call (the fd is readable again). */
 void wk_events_run(wk_events *q);
+/* Makes the calling thread (the I/O thread) the owner: an event it posts
+ * itself does not signal the fd, a system call and a spurious wake-up
+ * spared, so it must run what waits (wk_events_run_posted) before it next
+ * sleeps. */
+void wk_events_own(wk_events *q);
+/* Whether events wait to be run. */
+bool wk_events_pending(wk_events *q);
+/* Runs the events posted so far without clearing the fd: for the owner,
+ * before it sleeps.  False when none waited. */
+bool wk_events_run_posted(wk_events *q);
 
 #endif

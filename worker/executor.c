@@ -45,6 +45,12 @@ struct wk_executor {
     uint32_t n_sessions;          /* [L] */
     pthread_t *lanes;
     uint32_t n_lanes;             /* running */
+    pthread_t inline_thread;      /* runs quick models (wk_executor_inline_thread) */
+    bool has_inline;              /* inline_thread is set */
+    bool inline_due;              /* [L] work was left to the inline thread */
+    uint64_t inline_batches;      /* [L] batches the inline thread ran */
+    uint64_t inline_round;        /* [L] counts wk_executor_run_inline calls */
+    baton_ctx inline_ctx;         /* its context: the host's streams are NULL */
 };
 
 /* --- models and queues ---------------------------------------------------- */
@@ -94,6 +100,34 @@ wk_model *wk_executor_model_find(wk_executor *ex, const char *name)
     return NULL;
 }
 
+/* Whether M's batches run on the inline thread: its last WK_INLINE_AFTER
+ * batches were quick (never true of a tensor-parallel model, whose ranks
+ * step together on their lanes).  [L] */
+static bool runs_inline(const wk_executor *ex, const wk_model *m)
+{
+    return ex->has_inline && m->quick >= WK_INLINE_AFTER;
+}
+
+/* Work for M was queued: true when it is left to the inline thread, which
+ * is the caller and runs it itself before it sleeps.  That spares two
+ * thread hand-offs, the lane's wake-up and the I/O thread's for the Done.
+ * A lane that holds M when the work comes finds it when it looks for work
+ * again, so skipping its wake-up loses none.  [L] */
+static bool left_inline(wk_executor *ex, const wk_model *m)
+{
+    if (!runs_inline(ex, m) || !pthread_equal(pthread_self(), ex->inline_thread))
+        return false;
+    ex->inline_due = true;
+    return true;
+}
+
+/* Work for M was queued: wakes a lane unless it is left inline.  [L] */
+static void wake_for(wk_executor *ex, const wk_model *m)
+{
+    if (!left_inline(ex, m))
+        pthread_cond_signal(&ex->work);
+}
+
 static wk_queue *queue_for(wk_model *m, const char *mode)
 {
     for (wk_queue *q = m->queues; q; q = q->next)
@@ -125,7 +159,7 @@ int wk_executor_enqueue(wk_executor *ex, wk_item *it)
     q->tail = it;
     q->n++;
     ex->n_queued++;
-    pthread_cond_signal(&ex->work);
+    wake_for(ex, it->model);
     return 0;
 }
 
@@ -192,6 +226,8 @@ void wk_executor_cancel(wk_executor *ex, wk_item *it)
 
 void wk_executor_close_sessions(wk_executor *ex, wk_request *req)
 {
+    /* A request without sessions here (most) wakes no lane. */
+    bool lanes = false;
     while (req->sessions) {
         wk_session *s = req->sessions;
         req->sessions = s->next;
@@ -201,12 +237,14 @@ void wk_executor_close_sessions(wk_executor *ex, wk_request *req)
             c->key = req->key;
             c->next = s->model->closing;
             s->model->closing = c;
+            lanes |= !left_inline(ex, s->model);
         } else {
             bt_error("out of memory: a session of model %s is leaked", s->model->name);
         }
         free(s);
     }
-    pthread_cond_broadcast(&ex->work);
+    if (lanes)
+        pthread_cond_broadcast(&ex->work);
 }
 
 void wk_executor_post_job(wk_executor *ex, wk_model *m, wk_job *job)
@@ -397,9 +435,9 @@ static void report_cache(wk_executor *ex, wk_model *m)
 
 /* Runs the N items of BATCH on model M.  A tensor-parallel leader first
  * hands the step to its followers: CLOSED (N_CLOSED request keys) are the
- * sessions it closed just before. */
-static void run_batch(wk_executor *ex, baton_ctx *ctx, wk_model *m, wk_item **batch, size_t n,
-                      const uint64_t *closed, size_t n_closed)
+ * sessions it closed just before.  Returns the batch's wall time, ns. */
+static uint64_t run_batch(wk_executor *ex, baton_ctx *ctx, wk_model *m, wk_item **batch,
+                          size_t n, const uint64_t *closed, size_t n_closed)
 {
     uint64_t start = bt_now_ns();
     wk_join_job *jobs = NULL;
@@ -471,23 +509,30 @@ static void run_batch(wk_executor *ex, baton_ctx *ctx, wk_model *m, wk_item **ba
     if (ended)
         m->epoch++;
     pthread_mutex_unlock(ex->opt.lock);
+    return end - start;
 }
 
 /* --- lanes ---------------------------------------------------------------- */
 
 
-/* An idle model with work (queued items, sessions to close, jobs), moved to
- * the end of the list so the next pick starts after it.  [L] */
+/* Whether M has work: queued items that may run, sessions to close, jobs.
+ * [L] */
+static bool has_work(const wk_model *m)
+{
+    bool work = m->closing != NULL || m->jobs != NULL;
+    for (wk_queue *q = m->queues; q && !work; q = q->next)
+        work = first_ready(m, q) != NULL;
+    return work;
+}
+
+/* An idle model with work, moved to the end of the list so the next pick
+ * starts after it.  A lane that is awake anyway may take a model that runs
+ * inline too: whoever holds a model runs it.  [L] */
 static wk_model *pick_model(wk_executor *ex)
 {
     wk_model **pp = &ex->models;
     for (wk_model *m = ex->models; m; pp = &m->next, m = m->next) {
-        if (m->busy)
-            continue;
-        bool work = m->closing != NULL || m->jobs != NULL;
-        for (wk_queue *q = m->queues; q && !work; q = q->next)
-            work = first_ready(m, q) != NULL;
-        if (!work)
+        if (m->busy || !has_work(m))
             continue;
         if (m->next) {
             *pp = m->next;
@@ -523,6 +568,87 @@ static uint32_t close_sessions(wk_model *m, wk_close *closing, bool lead, uint64
     return n;
 }
 
+/* Runs one step of M, which the caller has just picked, on CTX and STREAM:
+ * the sessions due to close, a batch of one mode's items, then its jobs.
+ * Entered and left with the lock held, which it drops meanwhile.  Returns
+ * the items the batch took.  [L] */
+static size_t lane_step(wk_executor *ex, baton_ctx *ctx, void *stream, wk_model *m)
+{
+    m->busy = true;
+    m->busy_since_ns = bt_now_ns();
+    wk_close *closing = m->closing;
+    m->closing = NULL;
+    wk_job *jobs = m->jobs;
+    m->jobs = m->jobs_tail = NULL;
+    /* The mode whose first item that may run has waited longest goes
+     * first. */
+    wk_queue *q = NULL;
+    wk_item *oldest = NULL;
+    for (wk_queue *c = m->queues; c; c = c->next) {
+        wk_item *h = first_ready(m, c);
+        if (h && (!oldest || h->arrive_ns < oldest->arrive_ns))
+            q = c, oldest = h;
+    }
+    size_t cap = m->max_batch ? m->max_batch : 1, n = 0, n_def = 0;
+    wk_item *batch[cap], *waited[cap];
+    /* Places go to items never deferred first, in order; then to
+     * deferred ones that may run now, in the places left: one that
+     * waits for a decoding slot must not take the place of an item
+     * holding one.  The deferred ones then go first in the batch, so
+     * that a backend handing out what was given back in batch order
+     * gives it to the item that has waited longest, not to one that
+     * has just come. */
+    for (int pass = 0; q && pass < 2; pass++)
+        for (wk_item *it = q->head, *nx; it && n + n_def < cap; it = nx) {
+            nx = it->next;
+            if (it->deferred != (pass == 1) || !ready(m, it))
+                continue;
+            wk_executor_dequeue(ex, it);
+            it->state = WK_ITEM_RUNNING;
+            it->req->n_running++;
+            if (pass == 1)
+                waited[n_def++] = it;
+            else
+                batch[n++] = it;
+        }
+    if (n_def) {
+        memmove(batch + n_def, batch, n * sizeof(*batch));
+        memcpy(batch, waited, n_def * sizeof(*batch));
+        n += n_def;
+    }
+    pthread_mutex_unlock(ex->opt.lock);
+    /* A tensor-parallel leader names the sessions it closes in its
+     * next step, so that its followers close theirs at the same point. */
+    uint64_t *keys;
+    bool lead = wk_model_leads(m);
+    uint32_t closed = close_sessions(m, closing, lead, &keys);
+    if (closed)
+        report_cache(ex, m);
+    size_t n_keys = lead ? closed : 0;
+    uint64_t wall = 0;
+    if (n || n_keys)
+        wall = run_batch(ex, ctx, m, batch, n, keys, n_keys);
+    free(keys);
+    for (wk_job *j = jobs, *nx; j; j = nx) {
+        nx = j->next;
+        j->run(j, m, stream);
+    }
+    pthread_mutex_lock(ex->opt.lock);
+    ex->n_sessions -= closed;
+    /* A closed session may have given back what a deferred item waits
+     * for. */
+    if (closed)
+        m->epoch++;
+    if (n && ex->opt.inline_ns && m->tp_size <= 1) {
+        if (wall > ex->opt.inline_ns)
+            m->quick = 0;
+        else if (m->quick < WK_INLINE_AFTER)
+            m->quick++;
+    }
+    m->busy = false;
+    return n;
+}
+
 static void *lane_main(void *arg)
 {
     wk_executor *ex = arg;
@@ -541,78 +667,79 @@ static void *lane_main(void *arg)
             pthread_cond_wait(&ex->work, ex->opt.lock);
         if (!m)
             break;
-        m->busy = true;
-        m->busy_since_ns = bt_now_ns();
-        wk_close *closing = m->closing;
-        m->closing = NULL;
-        wk_job *jobs = m->jobs;
-        m->jobs = m->jobs_tail = NULL;
-        /* The mode whose first item that may run has waited longest goes
-         * first. */
-        wk_queue *q = NULL;
-        wk_item *oldest = NULL;
-        for (wk_queue *c = m->queues; c; c = c->next) {
-            wk_item *h = first_ready(m, c);
-            if (h && (!oldest || h->arrive_ns < oldest->arrive_ns))
-                q = c, oldest = h;
-        }
-        size_t cap = m->max_batch ? m->max_batch : 1, n = 0, n_def = 0;
-        wk_item *batch[cap], *waited[cap];
-        /* Places go to items never deferred first, in order; then to
-         * deferred ones that may run now, in the places left: one that
-         * waits for a decoding slot must not take the place of an item
-         * holding one.  The deferred ones then go first in the batch, so
-         * that a backend handing out what was given back in batch order
-         * gives it to the item that has waited longest, not to one that
-         * has just come. */
-        for (int pass = 0; q && pass < 2; pass++)
-            for (wk_item *it = q->head, *nx; it && n + n_def < cap; it = nx) {
-                nx = it->next;
-                if (it->deferred != (pass == 1) || !ready(m, it))
-                    continue;
-                wk_executor_dequeue(ex, it);
-                it->state = WK_ITEM_RUNNING;
-                it->req->n_running++;
-                if (pass == 1)
-                    waited[n_def++] = it;
-                else
-                    batch[n++] = it;
-            }
-        if (n_def) {
-            memmove(batch + n_def, batch, n * sizeof(*batch));
-            memcpy(batch, waited, n_def * sizeof(*batch));
-            n += n_def;
-        }
-        pthread_mutex_unlock(ex->opt.lock);
-        /* A tensor-parallel leader names the sessions it closes in its
-         * next step, so that its followers close theirs at the same point. */
-        uint64_t *keys;
-        bool lead = wk_model_leads(m);
-        uint32_t closed = close_sessions(m, closing, lead, &keys);
-        if (closed)
-            report_cache(ex, m);
-        size_t n_keys = lead ? closed : 0;
-        if (n || n_keys)
-            run_batch(ex, &ctx, m, batch, n, keys, n_keys);
-        free(keys);
-        for (wk_job *j = jobs, *nx; j; j = nx) {
-            nx = j->next;
-            j->run(j, m, stream);
-        }
-        pthread_mutex_lock(ex->opt.lock);
-        ex->n_sessions -= closed;
-        /* A closed session may have given back what a deferred item waits
-         * for. */
-        if (closed)
-            m->epoch++;
-        m->busy = false;
-        /* Another lane may take this model now, or the I/O thread may wait
-         * for it to be idle. */
+        lane_step(ex, &ctx, stream, m);
+        /* Another lane may take this model now. */
         pthread_cond_broadcast(&ex->work);
     }
     pthread_mutex_unlock(ex->opt.lock);
     wk_device_stream_destroy(ex->opt.dev, stream);
     return NULL;
+}
+
+/* --- the inline thread ------------------------------------------------------ */
+
+void wk_executor_inline_thread(wk_executor *ex)
+{
+    pthread_mutex_lock(ex->opt.lock);
+    ex->inline_thread = pthread_self();
+    ex->has_inline = ex->opt.inline_ns > 0;
+    /* The inline thread runs host models only: their stream is NULL. */
+    wk_ctx_init(&ex->inline_ctx, &ex->ctx_env, NULL);
+    pthread_mutex_unlock(ex->opt.lock);
+}
+
+bool wk_executor_run_inline(wk_executor *ex)
+{
+    pthread_mutex_lock(ex->opt.lock);
+    uint64_t t0 = bt_now_ns();
+    /* Passes of one step per model, so that models take turns, until no
+     * work is left to this thread or the passes have run for inline_ns:
+     * then the caller reads its socket and sends the steps' Dones (in one
+     * message) before it comes back.  A run-ahead chain thus advances
+     * several iterations per message, as on a lane, without keeping the
+     * socket waiting long. */
+    do {
+        ex->inline_due = false;
+        uint64_t round = ++ex->inline_round;
+        while (!atomic_load(ex->opt.stopping)) {
+            wk_model *m = ex->models;
+            while (m && (m->inline_round == round || m->busy || !runs_inline(ex, m) ||
+                         !has_work(m)))
+                m = m->next;
+            if (!m)
+                break;
+            m->inline_round = round;
+            if (lane_step(ex, &ex->inline_ctx, NULL, m))
+                ex->inline_batches++;
+            /* Work its step left for M (a successor it queued, a deferred
+             * item its ended items or closed sessions made ready) is this
+             * thread's while M runs inline.  A slow batch has just sent M
+             * back to the lanes: then a lane must take it, or it would
+             * wait for work that may never come. */
+            if (has_work(m)) {
+                if (runs_inline(ex, m))
+                    ex->inline_due = true;
+                else
+                    pthread_cond_signal(&ex->work);
+            }
+        }
+    } while (ex->inline_due && bt_now_ns() - t0 < ex->opt.inline_ns);
+    bool due = ex->inline_due;
+    pthread_mutex_unlock(ex->opt.lock);
+    return due;
+}
+
+bool wk_executor_inline_due(wk_executor *ex)
+{
+    pthread_mutex_lock(ex->opt.lock);
+    bool due = ex->inline_due;
+    pthread_mutex_unlock(ex->opt.lock);
+    return due;
+}
+
+uint64_t wk_executor_inline_batches(const wk_executor *ex)
+{
+    return ex->inline_batches;
 }
 
 /* --- life ------------------------------------------------------------------- */

@@ -68,7 +68,11 @@ struct wk_model {
     uint32_t tp_rank, tp_size;    /* tp_size 1: no tensor parallelism */
     uint32_t step_ms;             /* tp_size > 1: the longest a lane may run it at once
                                      (Load.tp_step_ms); 0: no limit */
-    bool busy;                    /* [L] a lane runs it */
+    bool busy;                    /* [L] a lane (or the I/O thread) runs it */
+    uint64_t inline_round;        /* [L] the inline thread's call that last ran it */
+    uint32_t quick;               /* [L] its last batches in a row that ran within
+                                     wk_executor_options.inline_ns, at most
+                                     WK_INLINE_AFTER */
     uint64_t busy_since_ns;       /* [L] when that lane took it (bt_now_ns) */
     uint64_t epoch;               /* [L] counts batches that ended an item and session
                                      closes: what may let a deferred item run */
@@ -110,7 +114,17 @@ typedef struct wk_executor_options {
     const char *device;           /* "cpu", "cuda:N": ctx->device */
     uint32_t threads;             /* ctx->threads */
     uint32_t lanes;               /* compute lanes, >= 1 */
+    /* Wall time, ns: a model whose last WK_INLINE_AFTER batches each ran
+     * within it is run by the I/O thread itself (wk_executor_run_inline)
+     * instead of being handed to a lane; 0: every batch runs on a lane.
+     * Only a worker whose streams are the host's sets it. */
+    uint64_t inline_ns;
 } wk_executor_options;
+
+/* Batches in a row that must run within inline_ns before a model runs on
+ * the I/O thread: one slow batch sends it back to the lanes at once, and
+ * it comes back only after this many quick ones there. */
+#define WK_INLINE_AFTER 8u
 
 typedef struct wk_executor wk_executor;
 
@@ -146,8 +160,9 @@ void wk_model_exit_if_broken(const wk_model *m, const char *role);
  * collective (or never reached it).  NULL: none.  [L] */
 wk_model *wk_executor_stuck(wk_executor *ex, uint64_t now_ns);
 
-/* Queues IT on its model's queue for its mode and wakes a lane.  0 or
- * BT_ENOMEM.  [L] */
+/* Queues IT on its model's queue for its mode and wakes a lane (or, for a
+ * quick model queued from the inline thread, leaves it to that thread).
+ * 0 or BT_ENOMEM.  [L] */
 int wk_executor_enqueue(wk_executor *ex, wk_item *it);
 /* Takes a queued IT out of its queue.  [L] */
 void wk_executor_dequeue(wk_executor *ex, wk_item *it);
@@ -157,6 +172,24 @@ void wk_executor_cancel(wk_executor *ex, wk_item *it);
 void wk_executor_close_sessions(wk_executor *ex, wk_request *req);
 /* Appends JOB to M's jobs and wakes a lane.  [L] */
 void wk_executor_post_job(wk_executor *ex, wk_model *m, wk_job *job);
+
+/* Makes the calling thread (the worker's I/O thread) the one that runs
+ * quick models: work it queues for one no longer wakes a lane, and it must
+ * call wk_executor_run_inline before it next sleeps.  Without the lock,
+ * before the worker's loop starts. */
+void wk_executor_inline_thread(wk_executor *ex);
+/* On the inline thread, without the lock: runs one batch (and the session
+ * closes due) of each idle quick model that has work, as a lane would, and
+ * wakes a lane for work of other models left waiting.  Returns true when
+ * work for this thread was queued meanwhile (a run-ahead successor, a
+ * deferred item that may run): the caller must not sleep before calling it
+ * again. */
+bool wk_executor_run_inline(wk_executor *ex);
+/* Whether work was left to the inline thread since its last
+ * wk_executor_run_inline.  Takes the lock. */
+bool wk_executor_inline_due(wk_executor *ex);
+/* Batches the inline thread has run.  [L] */
+uint64_t wk_executor_inline_batches(const wk_executor *ex);
 
 /* Items queued, sessions open (including those counted by
  * wk_executor_count_session).  [L] */

@@ -182,6 +182,7 @@ static wk_options worker_options(const cmdline *cl, const cfg_config *cfg, const
         .pool_bytes = cw->pool_mb << 20,
         .streams = cw->streams_compute ? cw->streams_compute : 1,
         .threads = cw->threads ? cw->threads : 1,
+        .inline_us = cw->inline_us,
         .index = (uint32_t)(cw - cfg->workers),
         .comm_streams = cw->streams_comm > 0 ? 1 : 0,
         .host = cw->host,

@@ -338,6 +338,7 @@ static void send_heartbeat(wk_worker *w)
     hb.queued = wk_executor_n_queued(w->ex);
     hb.ipc_opens_ahead = w->peers.ipc_opens_ahead;
     hb.ipc_opens_on_request = w->peers.ipc_opens_on_request;
+    hb.inline_batches = wk_executor_inline_batches(w->ex);
     pthread_mutex_unlock(&w->lock);
     hb.staged_bytes = wk_device_staged_bytes(w->dev);
     hb.tp_steps = wk_tp_steps(w->tp);
@@ -453,6 +454,17 @@ static void check_steps(wk_worker *w, uint64_t now)
     _exit(WK_EXIT_GROUP_BROKEN);
 }
 
+/* After a round of the loop: the quick models' batches, then what this
+ * thread posted to its own inbox (their Dones).  True when more work is
+ * due at once: the next poll must not sleep. */
+static bool run_own_work(wk_worker *w)
+{
+    bool due = wk_executor_run_inline(w->ex);
+    if (wk_events_run_posted(w->events))
+        due = due || wk_executor_inline_due(w->ex) || wk_events_pending(w->events);
+    return due;
+}
+
 int wk_worker_run(wk_worker *w)
 {
     send_register(w);
@@ -460,6 +472,11 @@ int wk_worker_run(wk_worker *w)
             wk_device_pool_describe(w->dev), wk_device_pool_size(w->dev),
             wk_executor_lanes(w->ex));
     uint64_t next_hb = bt_now_ns() + HEARTBEAT_NS;
+    /* This thread runs the quick models' batches itself and takes in what
+     * it posts to its own inbox before it polls again. */
+    wk_executor_inline_thread(w->ex);
+    wk_events_own(w->events);
+    bool due = false;
     while (!w->quit) {
         /* The transfers' tick first: a producer it finds silent loses its
          * socket before the next poll. */
@@ -468,8 +485,13 @@ int wk_worker_run(wk_worker *w)
         long xt = wk_pull_tick(w->pull, now);
         if (xt >= 0 && xt < timeout)
             timeout = xt;
+        if (due)
+            timeout = 0;
         wk_wire_cork(w->sock);
         int rc = evloop_run_once(w->loop, timeout);
+        /* Within the cork: the Dones of what ran inline leave in the
+         * round's one message. */
+        due = rc >= 0 && run_own_work(w);
         wk_wire_uncork();
         if (rc < 0) {
             bt_error("zmq_poll: %s", zmq_strerror(zmq_errno()));
@@ -609,8 +631,12 @@ static void signals_close(wk_worker *w)
 static int modules_create(wk_worker *w, char *err, size_t errlen)
 {
     const wk_options *o = &w->opt;
+    /* Only the host's models run on the I/O thread: a GPU's would need a
+     * stream, and the thread bound to the device, of its own. */
+    bool host = wk_device_space(w->dev) == WK_SPACE_HOST;
     wk_executor_options eo = {&w->lock, &w->stopping, w->store, &w->peers, w->dev,
-                              o->name, o->device, o->threads, o->streams ? o->streams : 1};
+                              o->name, o->device, o->threads, o->streams ? o->streams : 1,
+                              host ? (uint64_t)o->inline_us * 1000u : 0};
     wk_executor_hooks eh = {w, hook_item_ended, hook_chunk, hook_lead, hook_cache};
     int rc = wk_executor_create(&eo, &eh, &w->ex);
     wk_tp_options to = {&w->lock, &w->stopping, w->ex, w->store, w->dev, w->events, w->sock,

@@ -27,6 +27,7 @@ typedef struct wk_options {
     uint64_t pool_bytes;      /* pool size */
     uint32_t streams;         /* compute lanes (threads), >= 1 */
     uint32_t threads;         /* CPU threads one kernel may use */
+    uint32_t inline_us;       /* wk_executor_options.inline_ns, µs; used on a CPU only */
     uint32_t index;           /* worker index until Peers says otherwise */
     uint32_t comm_streams;    /* the config's streams.comm, handed to model_load */
     baton_device_profile profile; /* the device's cost model (strings borrowed) */

@@ -603,6 +603,30 @@ def test_messages_batched(d, c):
     assert n <= got <= n + heartbeats, (got, n, heartbeats)
 
 
+def test_quick_models_inline(d, c):
+    """The echo models' batches take microseconds, under the workers'
+    default inline_us (50 us): after a few on a lane, each worker's I/O
+    thread runs them itself, which the heartbeats report.  Hop requests
+    (echo on cpu0, then echo on cpu1) go on until both counters moved;
+    what is asserted is that they did, and that every answer is right."""
+    name = "baton_worker_inline_batches_total"
+    workers = ("cpu0", "cpu1")
+    before = {w: d.metric(name, 'worker="%s"' % w) for w in workers}
+    assert None not in before.values(), before
+    moved = {}
+    for i in range(400):
+        _, r = c.infer("hop", X(i))
+        assert r.status.code == pb.OK and as_i32(r.outputs[0]) == [i], r.status
+        if i % 20 == 19:
+            deadline = time.time() + 3  # a heartbeat a second carries the counter
+            while time.time() < deadline:
+                moved = {w: d.metric(name, 'worker="%s"' % w) - before[w] for w in workers}
+                if all(v > 0 for v in moved.values()):
+                    return
+                time.sleep(0.2)
+    assert False, "the I/O threads ran no batch: %s" % moved
+
+
 def test_stats_and_metrics(d, c):
     m = pb.ClientMessage()
     m.stats.SetInParent()
@@ -892,6 +916,7 @@ TESTS = [test_echo, test_hop_across_workers, test_large_tensor_fetched, test_fan
          test_stats_and_metrics, test_metrics_listener_cannot_stall, test_http_health,
          test_terminal_ctrl_c_drains, test_second_batond_refused, test_seed_drawn_and_reported,
          test_metrics_text_is_valid, test_load_many_sockets, test_messages_batched,
+         test_quick_models_inline,
          test_worker_killed_under_load]
 
 

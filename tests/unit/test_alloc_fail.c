@@ -27,6 +27,7 @@
 #include "proto/baton.pb-c.h"
 #include "tests/unit/failalloc.h"
 #include "tests/unit/rt_harness.h"
+#include "tests/unit/wk_dispatch_msg.h"
 #include "worker/device.h"
 #include "worker/executor.h"
 #include "worker/item.h"
@@ -60,34 +61,6 @@ static void noop_unload(baton_model *m)
 
 static const baton_backend noop_backend = {.model_unload = noop_unload};
 
-static wk_dispatch *make_dispatch(wk_store *store, uint32_t upto)
-{
-    uint32_t iter[1] = {3};
-    Baton__V1__Dispatch d = BATON__V1__DISPATCH__INIT;
-    d.request_key = 7;
-    d.request_id = "r7";
-    d.node_name = "step";
-    d.model = "m";
-    d.mode = "decode";
-    d.n_iteration = 1;
-    d.iteration = iter;
-    d.speculate_upto = upto;
-    d.dispatch_id = 11;
-    Baton__V1__ConductorMessage m = BATON__V1__CONDUCTOR_MESSAGE__INIT;
-    m.msg_case = BATON__V1__CONDUCTOR_MESSAGE__MSG_DISPATCH;
-    m.dispatch = &d;
-    size_t n = baton__v1__conductor_message__get_packed_size(&m);
-    uint8_t *buf = malloc(n);
-    assert_non_null(buf);
-    baton__v1__conductor_message__pack(&m, buf);
-    Baton__V1__ConductorMessage *msg = baton__v1__conductor_message__unpack(NULL, n, buf);
-    assert_non_null(msg);
-    free(buf);
-    wk_dispatch *disp = wk_item_dispatch_new(msg, store);
-    assert_non_null(disp);
-    return disp;
-}
-
 static void chain_setup(chain_fixture *f)
 {
     memset(f, 0, sizeof(*f));
@@ -111,7 +84,7 @@ static void chain_setup(chain_fixture *f)
     assert_int_equal(wk_runahead_create(f->ex, f->store, &f->stopping, &f->ra), 0);
     f->req = wk_store_request(f->store, 7, true);
     assert_non_null(f->req);
-    f->disp = make_dispatch(f->store, 3);
+    f->disp = tu_dispatch_new(f->store, 7, "r7", 3, 3, 11);
     f->chain = wk_runahead_open(f->ra, f->req, f->disp);
     assert_non_null(f->chain);
     /* The dispatch is the chain's now. */

@@ -217,6 +217,7 @@ static void test_defaults(void **state)
     assert_int_equal(w->streams_compute, 1);
     assert_int_equal(w->streams_comm, 1);
     assert_int_equal(w->threads, 1);
+    assert_int_equal(w->inline_us, CFG_INLINE_US_DEFAULT);
     assert_int_equal(w->spawn, CFG_SPAWN_AUTO);
     assert_string_equal(cfg_worker_profile(c, w)->name, "cpu");
 
@@ -1042,6 +1043,35 @@ static void test_several_errors_all_reported(void **state)
     bt_diag_destroy(d);
 }
 
+/* A worker's inline_us: 0 turns it off, and more than a second is refused
+ * where it is written. */
+static void test_worker_inline_us(void **state)
+{
+    (void)state;
+    const char *ok = "version: 1\n"
+                     "workers:\n"
+                     "  - {name: cpu0, device: cpu, inline_us: 0}\n"
+                     "  - {name: cpu1, device: cpu, inline_us: 1000000}\n"
+                     "models: [{name: m, backend: echo, worker: cpu0}]\n"
+                     "graphs: [{name: g, body: {node: {name: a, model: m}}}]\n";
+    cfg_config *c = load_ok(ok);
+    assert_int_equal(cfg_worker_find(c, "cpu0")->inline_us, 0);
+    assert_int_equal(cfg_worker_find(c, "cpu1")->inline_us, 1000000);
+    cfg_config_destroy(c);
+    bt_diag *d;
+    c = NULL;
+    const char *bad = "version: 1\n"
+                      "workers:\n"
+                      "  - {name: cpu0, device: cpu, inline_us: 1000001}\n"
+                      "models: [{name: m, backend: echo, worker: cpu0}]\n"
+                      "graphs: [{name: g, body: {node: {name: a, model: m}}}]\n";
+    assert_int_equal(load(bad, &d, &c), BT_ECONFIG);
+    assert_int_equal(d->n_errors, 1);
+    assert_int_equal(d->items[0].line, 3);
+    assert_non_null(bt_diag_find(d, "inline_us must be at most 1000000"));
+    bt_diag_destroy(d);
+}
+
 static void test_tp_mismatch(void **state)
 {
     (void)state;
@@ -1219,6 +1249,7 @@ int main(void)
         cmocka_unit_test(test_chat_example_shape),
         cmocka_unit_test(test_tp_example),
         cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_worker_inline_us),
         cmocka_unit_test(test_test_backend_defaults),
         cmocka_unit_test(test_positions),
         cmocka_unit_test(test_plugin_options_untyped),
