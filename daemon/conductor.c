@@ -1074,8 +1074,10 @@ int conductor_step(conductor *c, long timeout_ms)
     if (c->backlog_poll_ms >= 0 && c->backlog_poll_ms < timeout_ms)
         timeout_ms = c->backlog_poll_ms;
     sup_cork(c->sup);
+    out_cork(c->out);
     int rc = evloop_run_once(c->loop, timeout_ms);
     sup_uncork(c->sup);
+    out_uncork(c->out);
     uint64_t now = bt_now_ms();
     if (rc >= 0)
         c->backlog_poll_ms = out_flush_backlogs(c->out, now);

@@ -53,8 +53,21 @@ struct out_kept {
     size_t n, cap;
 };
 
+/* A streamed chunk held while the socket is corked (out_cork). */
+typedef struct out_held {
+    uint8_t identity[256];        /* the client's routing id (ZeroMQ's are at most 255 bytes) */
+    size_t identity_len;
+    cl_frame *f;                  /* owned */
+} out_held;
+
+/* Chunks held at most: past it they go at once. */
+#define OUT_HELD_MAX 64
+
 struct outbound {
     void *socket;                 /* the client ROUTER; borrowed */
+    bool corked;                  /* out_send holds chunks until out_uncork */
+    out_held *held;               /* owned; the first n_held in use, in order */
+    size_t n_held;
     const graph_set *gs;          /* borrowed */
     supervisor *sup;              /* borrowed: Fetches go through it */
     tensor_table *tt;             /* borrowed */
@@ -85,6 +98,9 @@ void out_destroy(outbound *o)
 {
     if (!o)
         return;
+    for (size_t i = 0; i < o->n_held; i++)
+        free(o->held[i].f);
+    free(o->held);
     cl_free(&o->clients);
     free(o);
 }
@@ -177,18 +193,12 @@ int out_room_fd(const outbound *o)
     return zmq_getsockopt(o->socket, ZMQ_FD, &fd, &len) == 0 ? fd : -1;
 }
 
-void out_send(outbound *o, const uint8_t *identity, size_t identity_len,
-              const Baton__V1__ServerMessage *m)
+/* Hands F (owned) to ZeroMQ for the client IDENTITY, behind the client's
+ * backlog if it has one; a client whose pipe is full gets it in its
+ * backlog, one that went away loses it. */
+static void deliver(outbound *o, const uint8_t *identity, size_t identity_len, cl_frame *f,
+                    uint64_t now)
 {
-    size_t n = baton__v1__server_message__get_packed_size(m);
-    cl_frame *f = malloc(sizeof(*f) + (n ? n : 1));
-    if (!f) {
-        bt_error("out of memory sending a %zu-byte reply", n);
-        return;
-    }
-    f->len = n;
-    baton__v1__server_message__pack(m, f->data);
-    uint64_t now = bt_now_ms();
     /* Behind what already waits, to keep each client's order; what waits
      * goes first if ZeroMQ takes it now. */
     cl_client *c = cl_find(&o->clients, identity, identity_len);
@@ -217,6 +227,56 @@ void out_send(outbound *o, const uint8_t *identity, size_t identity_len,
     if (err)
         bt_debug("reply to a client dropped: %s", zmq_strerror(err));
     free(f);
+}
+
+void out_cork(outbound *o)
+{
+    o->corked = true;
+}
+
+/* Sends the chunks held, in order. */
+static void send_held(outbound *o)
+{
+    uint64_t now = bt_now_ms();
+    for (size_t i = 0; i < o->n_held; i++)
+        deliver(o, o->held[i].identity, o->held[i].identity_len, o->held[i].f, now);
+    o->n_held = 0;
+}
+
+void out_uncork(outbound *o)
+{
+    o->corked = false;
+    if (o->n_held)
+        send_held(o);
+}
+
+void out_send(outbound *o, const uint8_t *identity, size_t identity_len,
+              const Baton__V1__ServerMessage *m)
+{
+    size_t n = baton__v1__server_message__get_packed_size(m);
+    cl_frame *f = malloc(sizeof(*f) + (n ? n : 1));
+    if (!f) {
+        bt_error("out of memory sending a %zu-byte reply", n);
+        return;
+    }
+    f->len = n;
+    baton__v1__server_message__pack(m, f->data);
+    bool hold = o->corked && m->msg_case == BATON__V1__SERVER_MESSAGE__MSG_CHUNK &&
+                identity_len <= sizeof(o->held[0].identity);
+    if (hold && !o->held && !(o->held = malloc(OUT_HELD_MAX * sizeof(*o->held))))
+        hold = false;
+    if (hold) {
+        if (o->n_held == OUT_HELD_MAX)
+            send_held(o);
+        out_held *h = &o->held[o->n_held++];
+        memcpy(h->identity, identity, identity_len);
+        h->identity_len = identity_len;
+        h->f = f;
+        return;
+    }
+    if (o->n_held)
+        send_held(o); /* what is held goes first */
+    deliver(o, identity, identity_len, f, bt_now_ms());
 }
 
 void out_tick(outbound *o, uint64_t now_ms)

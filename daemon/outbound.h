@@ -79,6 +79,17 @@ void out_destroy(outbound *o);
  * one. */
 void out_send(outbound *o, const uint8_t *identity, size_t identity_len,
               const Baton__V1__ServerMessage *m);
+/* Between the two, out_send holds streamed chunks (up to 64; then it
+ * sends those first) and out_uncork sends them in order; any other message
+ * sends what is held before it, so that each client's order holds.  The
+ * conductor corks each round of its loop: a burst of Dones from a worker
+ * that ran ahead becomes a burst of chunks that leave back to back, after
+ * the round's messages to the workers (the Extend that lets the worker go
+ * on), and ZeroMQ's I/O thread is woken about once for them rather than
+ * once each.  Responses are not held: a client that keeps requests in
+ * flight would wait for the end of every round. */
+void out_cork(outbound *o);
+void out_uncork(outbound *o);
 /* Sends what the backlogs hold, as far as ZeroMQ takes it; a client that
  * went away loses its backlog.  Then forgets the clients that hold
  * nothing any more (the 10 ms tick). */

@@ -316,6 +316,85 @@ static void test_backlog_sent_without_tick(void **state)
     zmq_ctx_term(ctx);
 }
 
+/* Sends chunk I (its seq is the number) to the client ID. */
+static void send_chunk(outbound *o, const uint8_t *id, size_t len, int i)
+{
+    Baton__V1__InferChunk ch = BATON__V1__INFER_CHUNK__INIT;
+    ch.request_id = "r";
+    ch.seq = (uint64_t)i;
+    Baton__V1__ServerMessage m = BATON__V1__SERVER_MESSAGE__INIT;
+    m.msg_case = BATON__V1__SERVER_MESSAGE__MSG_CHUNK;
+    m.chunk = &ch;
+    out_send(o, id, len, &m);
+}
+
+/* Reads every message the client can read now, chunks and responses; each
+ * must carry the next number.  Returns how many it read. */
+static int drain_any(void *dealer, int *next)
+{
+    int got = 0;
+    uint8_t buf[256];
+    int n;
+    while ((n = zmq_recv(dealer, buf, sizeof(buf), ZMQ_DONTWAIT)) >= 0) {
+        Baton__V1__ServerMessage *m = baton__v1__server_message__unpack(NULL, (size_t)n, buf);
+        assert_non_null(m);
+        int k = m->msg_case == BATON__V1__SERVER_MESSAGE__MSG_CHUNK
+                    ? (int)m->chunk->seq
+                    : atoi(m->response->request_id);
+        assert_int_equal(k, *next);
+        (*next)++;
+        got++;
+        baton__v1__server_message__free_unpacked(m, NULL);
+    }
+    return got;
+}
+
+/* While the loop is corked, streamed chunks wait for the end of the round
+ * (so that a round's chunks leave back to back); any other message sends
+ * them first, so that each client's order holds; the uncork sends the
+ * rest; past 64 held, the held ones go.  inproc delivers what is sent at
+ * once, so "nothing to read" means "nothing sent". */
+static void test_chunks_held_while_corked(void **state)
+{
+    (void)state;
+    const uint8_t id[] = {'c', '3'};
+    void *ctx = zmq_ctx_new(), *router, *dealer;
+    pipe_open(ctx, "inproc://cork", id, sizeof(id), &router, &dealer);
+    outbound *o = out_create(router, NULL, NULL, NULL, NULL);
+    assert_non_null(o);
+    int next = 0;
+    out_cork(o);
+    send_chunk(o, id, sizeof(id), 0);
+    send_chunk(o, id, sizeof(id), 1);
+    assert_int_equal(drain_any(dealer, &next), 0);
+    send_numbered(o, id, sizeof(id), 2); /* a response: the chunks go first */
+    assert_int_equal(drain_any(dealer, &next), 3);
+    send_chunk(o, id, sizeof(id), 3);
+    send_chunk(o, id, sizeof(id), 4);
+    assert_int_equal(drain_any(dealer, &next), 0);
+    out_uncork(o);
+    assert_int_equal(drain_any(dealer, &next), 2);
+    /* Uncorked, a chunk goes at once. */
+    send_chunk(o, id, sizeof(id), 5);
+    assert_int_equal(drain_any(dealer, &next), 1);
+    /* 70 held: the 65th sends the first 64 (most into the backlog, the
+     * pipe taking 24); all arrive, in order. */
+    out_cork(o);
+    for (int i = 6; i < 76; i++)
+        send_chunk(o, id, sizeof(id), i);
+    assert_true(drain_any(dealer, &next) > 0);
+    out_uncork(o);
+    for (int round = 0; round < 1000 && next < 76; round++) {
+        out_flush_backlogs(o, bt_now_ms());
+        drain_any(dealer, &next);
+    }
+    assert_int_equal(next, 76);
+    out_destroy(o);
+    zmq_close(dealer);
+    zmq_close(router);
+    zmq_ctx_term(ctx);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -324,6 +403,7 @@ int main(void)
         cmocka_unit_test(test_check),
         cmocka_unit_test(test_backlog_sent_without_tick),
         cmocka_unit_test(test_backlog_room_signalled),
+        cmocka_unit_test(test_chunks_held_while_corked),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
