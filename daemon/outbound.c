@@ -112,6 +112,18 @@ cl_table *out_clients(outbound *o)
 
 void out_drop_client(outbound *o, cl_client *c)
 {
+    /* Chunks held for it in this round go with it: delivered at the
+     * uncork, a full pipe would make it a client again, with a backlog. */
+    size_t k = 0;
+    for (size_t i = 0; i < o->n_held; i++) {
+        out_held *h = &o->held[i];
+        if (h->identity_len == c->identity_len &&
+            memcmp(h->identity, c->identity, c->identity_len) == 0)
+            free(h->f);
+        else
+            o->held[k++] = *h;
+    }
+    o->n_held = k;
     metrics_client_dropped(o->m);
     o->dropped++;
     cl_remove(&o->clients, c);

@@ -37,7 +37,8 @@ void wk_events_post(wk_events *q, wk_event *ev);
 /* Signals the fd without an event: the I/O thread wakes and looks. */
 void wk_events_wake(wk_events *q);
 /* Clears the fd and runs every event posted so far, in order.  Events
- * their handlers post wait for the next call (the fd is readable again). */
+ * their handlers post wait for the next call (the fd is readable again,
+ * unless the handler runs on the owner: see wk_events_own). */
 void wk_events_run(wk_events *q);
 /* Makes the calling thread (the I/O thread) the owner: an event it posts
  * itself does not signal the fd, a system call and a spurious wake-up
@@ -47,7 +48,9 @@ void wk_events_own(wk_events *q);
 /* Whether events wait to be run. */
 bool wk_events_pending(wk_events *q);
 /* Runs the events posted so far without clearing the fd: for the owner,
- * before it sleeps.  False when none waited. */
+ * before it sleeps.  False when none waited.  The fd another thread
+ * signalled stays readable, so the next poll returns at once and finds an
+ * empty inbox: a wasted round, nothing lost. */
 bool wk_events_run_posted(wk_events *q);
 
 #endif

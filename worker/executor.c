@@ -435,9 +435,11 @@ static void report_cache(wk_executor *ex, wk_model *m)
 
 /* Runs the N items of BATCH on model M.  A tensor-parallel leader first
  * hands the step to its followers: CLOSED (N_CLOSED request keys) are the
- * sessions it closed just before.  Returns the batch's wall time, ns. */
-static uint64_t run_batch(wk_executor *ex, baton_ctx *ctx, wk_model *m, wk_item **batch,
-                          size_t n, const uint64_t *closed, size_t n_closed)
+ * sessions it closed just before.  Returns whether the batch shows what
+ * the model costs: execute() ran on items and deferred none (a batch that
+ * only failed or deferred items was quick whatever the model is). */
+static bool run_batch(wk_executor *ex, baton_ctx *ctx, wk_model *m, wk_item **batch, size_t n,
+                      const uint64_t *closed, size_t n_closed)
 {
     uint64_t start = bt_now_ns();
     wk_join_job *jobs = NULL;
@@ -495,10 +497,11 @@ static uint64_t run_batch(wk_executor *ex, baton_ctx *ctx, wk_model *m, wk_item 
     }
     uint64_t end = bt_now_ns();
     pthread_mutex_lock(ex->opt.lock);
-    bool ended = false;
+    bool ended = false, deferred = false;
     for (size_t i = 0; i < n; i++) {
         if (!rc && can_requeue(m, batch[i])) {
             defer_item(ex, m, batch[i]);
+            deferred = true;
             continue;
         }
         batch[i]->end_ns = end;
@@ -509,7 +512,7 @@ static uint64_t run_batch(wk_executor *ex, baton_ctx *ctx, wk_model *m, wk_item 
     if (ended)
         m->epoch++;
     pthread_mutex_unlock(ex->opt.lock);
-    return end - start;
+    return n_run > 0 && !deferred;
 }
 
 /* --- lanes ---------------------------------------------------------------- */
@@ -617,6 +620,9 @@ static size_t lane_step(wk_executor *ex, baton_ctx *ctx, void *stream, wk_model 
         n += n_def;
     }
     pthread_mutex_unlock(ex->opt.lock);
+    /* The step is timed whole, session closes included: all of it runs on
+     * the I/O thread when the model runs inline. */
+    uint64_t t0 = bt_now_ns();
     /* A tensor-parallel leader names the sessions it closes in its
      * next step, so that its followers close theirs at the same point. */
     uint64_t *keys;
@@ -625,9 +631,10 @@ static size_t lane_step(wk_executor *ex, baton_ctx *ctx, void *stream, wk_model 
     if (closed)
         report_cache(ex, m);
     size_t n_keys = lead ? closed : 0;
-    uint64_t wall = 0;
+    bool shows = false;
     if (n || n_keys)
-        wall = run_batch(ex, ctx, m, batch, n, keys, n_keys);
+        shows = run_batch(ex, ctx, m, batch, n, keys, n_keys);
+    uint64_t wall = bt_now_ns() - t0;
     free(keys);
     for (wk_job *j = jobs, *nx; j; j = nx) {
         nx = j->next;
@@ -639,10 +646,12 @@ static size_t lane_step(wk_executor *ex, baton_ctx *ctx, void *stream, wk_model 
      * for. */
     if (closed)
         m->epoch++;
-    if (n && ex->opt.inline_ns && m->tp_size <= 1) {
+    /* Any slow step sends the model back to the lanes; only a batch that
+     * shows what the model costs counts towards running it inline. */
+    if (ex->opt.inline_ns && m->tp_size <= 1) {
         if (wall > ex->opt.inline_ns)
             m->quick = 0;
-        else if (m->quick < WK_INLINE_AFTER)
+        else if (shows && m->quick < WK_INLINE_AFTER)
             m->quick++;
     }
     m->busy = false;

@@ -71,7 +71,8 @@ struct wk_model {
     bool busy;                    /* [L] a lane (or the I/O thread) runs it */
     uint64_t inline_round;        /* [L] the inline thread's call that last ran it */
     uint32_t quick;               /* [L] its last batches in a row that ran within
-                                     wk_executor_options.inline_ns, at most
+                                     wk_executor_options.inline_ns (those where
+                                     execute() ran and deferred nothing), at most
                                      WK_INLINE_AFTER */
     uint64_t busy_since_ns;       /* [L] when that lane took it (bt_now_ns) */
     uint64_t epoch;               /* [L] counts batches that ended an item and session
@@ -178,12 +179,13 @@ void wk_executor_post_job(wk_executor *ex, wk_model *m, wk_job *job);
  * call wk_executor_run_inline before it next sleeps.  Without the lock,
  * before the worker's loop starts. */
 void wk_executor_inline_thread(wk_executor *ex);
-/* On the inline thread, without the lock: runs one batch (and the session
- * closes due) of each idle quick model that has work, as a lane would, and
- * wakes a lane for work of other models left waiting.  Returns true when
- * work for this thread was queued meanwhile (a run-ahead successor, a
- * deferred item that may run): the caller must not sleep before calling it
- * again. */
+/* On the inline thread, without the lock: runs one step (the session
+ * closes due, then a batch) of each idle quick model that has work, as a
+ * lane would, and passes again while such work remains, until a pass ends
+ * past inline_ns from the start; work of a model whose step was slow is
+ * handed to a lane.  Returns true when work for this thread remains (a
+ * run-ahead successor, a deferred item that may run): the caller must not
+ * sleep before calling it again. */
 bool wk_executor_run_inline(wk_executor *ex);
 /* Whether work was left to the inline thread since its last
  * wk_executor_run_inline.  Takes the lock. */

@@ -491,7 +491,8 @@ int wk_worker_run(wk_worker *w)
         int rc = evloop_run_once(w->loop, timeout);
         /* Within the cork: the Dones of what ran inline leave in the
          * round's one message. */
-        due = rc >= 0 && run_own_work(w);
+        /* A stop (a signal, Shutdown) ends the work of the round. */
+        due = rc >= 0 && !w->quit && run_own_work(w);
         wk_wire_uncork();
         if (rc < 0) {
             bt_error("zmq_poll: %s", zmq_strerror(zmq_errno()));

@@ -389,6 +389,17 @@ static void test_chunks_held_while_corked(void **state)
         drain_any(dealer, &next);
     }
     assert_int_equal(next, 76);
+    /* A client dropped while chunks are held for it loses them: the
+     * uncork must not make it a client again. */
+    cl_table *t = out_clients(o);
+    cl_client *c = cl_get(t, id, sizeof(id));
+    assert_non_null(c);
+    out_cork(o);
+    send_chunk(o, id, sizeof(id), 76);
+    out_drop_client(o, c);
+    out_uncork(o);
+    assert_null(cl_find(t, id, sizeof(id)));
+    assert_int_equal(drain_any(dealer, &next), 0);
     out_destroy(o);
     zmq_close(dealer);
     zmq_close(router);

@@ -187,6 +187,9 @@ static void test_quick_model_runs_inline(void **state)
         pthread_mutex_lock(&f.lock);
         queue_item(&f);
         pthread_mutex_unlock(&f.lock);
+        /* Time for a lane to take the item, were it woken: once the model
+         * runs inline, none is, and the item is still there. */
+        usleep(20000);
         wait_ended(&f, i + 1);
     }
     pthread_mutex_lock(&f.lock);
@@ -205,16 +208,16 @@ static void test_slow_batch_goes_back_to_lanes(void **state)
 {
     (void)state;
     fixture f;
-    setup(&f, 50000000u); /* 50 ms */
+    setup(&f, 200000000u); /* 200 ms: far above a batch that only returns */
     for (unsigned i = 0; i < WK_INLINE_AFTER; i++) {
         pthread_mutex_lock(&f.lock);
         queue_item(&f);
         pthread_mutex_unlock(&f.lock);
         wait_ended(&f, i + 1);
     }
-    /* Inline now.  One slow step (150 ms), queueing two successors in
+    /* Inline now.  One slow step (600 ms), queueing two successors in
      * turn: the first is queued during the slow step. */
-    atomic_store(&f.sleep_us, 150000u);
+    atomic_store(&f.sleep_us, 600000u);
     pthread_mutex_lock(&f.lock);
     f.successors = 2;
     queue_item(&f);
