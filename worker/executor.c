@@ -722,15 +722,11 @@ bool wk_executor_run_inline(wk_executor *ex)
                 ex->inline_batches++;
             /* Work its step left for M (a successor it queued, a deferred
              * item its ended items or closed sessions made ready) is this
-             * thread's while M runs inline.  A slow batch has just sent M
-             * back to the lanes: then a lane must take it, or it would
+             * thread's while M runs inline; a slow step has just sent M
+             * back to the lanes, and then a lane must take it, or it would
              * wait for work that may never come. */
-            if (has_work(m)) {
-                if (runs_inline(ex, m))
-                    ex->inline_due = true;
-                else
-                    pthread_cond_signal(&ex->work);
-            }
+            if (has_work(m))
+                wake_for(ex, m);
         }
     } while (ex->inline_due && bt_now_ns() - t0 < ex->opt.inline_ns);
     bool due = ex->inline_due;

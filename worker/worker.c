@@ -489,9 +489,9 @@ int wk_worker_run(wk_worker *w)
             timeout = 0;
         wk_wire_cork(w->sock);
         int rc = evloop_run_once(w->loop, timeout);
-        /* Within the cork: the Dones of what ran inline leave in the
-         * round's one message. */
-        /* A stop (a signal, Shutdown) ends the work of the round. */
+        /* Within the cork, so that the Dones of what ran inline leave in
+         * the round's one message; a stop (a signal, Shutdown) ends the
+         * round's work. */
         due = rc >= 0 && !w->quit && run_own_work(w);
         wk_wire_uncork();
         if (rc < 0) {

@@ -200,9 +200,10 @@ static void send_numbered(outbound *o, const uint8_t *id, size_t len, int i)
     out_send(o, id, len, &m);
 }
 
-/* Reads every reply the client can read now; each must be the next
- * number.  Returns how many it read. */
-static int drain(void *dealer, int *next)
+/* Reads every message the client can read now; each must carry the next
+ * number: a response's request_id or, where CHUNKS, a chunk's seq.
+ * Returns how many it read. */
+static int drain(void *dealer, int *next, bool chunks)
 {
     int got = 0;
     uint8_t buf[256];
@@ -210,8 +211,14 @@ static int drain(void *dealer, int *next)
     while ((n = zmq_recv(dealer, buf, sizeof(buf), ZMQ_DONTWAIT)) >= 0) {
         Baton__V1__ServerMessage *m = baton__v1__server_message__unpack(NULL, (size_t)n, buf);
         assert_non_null(m);
-        assert_int_equal(m->msg_case, BATON__V1__SERVER_MESSAGE__MSG_RESPONSE);
-        assert_int_equal(atoi(m->response->request_id), *next);
+        int k;
+        if (chunks && m->msg_case == BATON__V1__SERVER_MESSAGE__MSG_CHUNK) {
+            k = (int)m->chunk->seq;
+        } else {
+            assert_int_equal(m->msg_case, BATON__V1__SERVER_MESSAGE__MSG_RESPONSE);
+            k = atoi(m->response->request_id);
+        }
+        assert_int_equal(k, *next);
         (*next)++;
         got++;
         baton__v1__server_message__free_unpacked(m, NULL);
@@ -249,12 +256,12 @@ static void test_backlog_room_signalled(void **state)
     assert_int_equal(evloop_run_once(l, 0), 0);
     int next = 0, rounds = 0;
     while (t->waiting) {
-        assert_true(drain(dealer, &next) > 0);
+        assert_true(drain(dealer, &next, false) > 0);
         assert_int_equal(evloop_run_once(l, 30000), 1); /* the signal, not the timeout */
         out_flush_backlogs(o, bt_now_ms());
         assert_true(++rounds < N);
     }
-    drain(dealer, &next);
+    drain(dealer, &next, false);
     assert_int_equal(next, N);
     evloop_destroy(l);
     out_destroy(o);
@@ -282,12 +289,12 @@ static void test_backlog_sent_without_tick(void **state)
         send_numbered(o, id, sizeof(id), i);
     cl_table *t = out_clients(o);
     assert_non_null(t->waiting); /* the pipe took only a few */
-    int next = 0, got = drain(dealer, &next);
+    int next = 0, got = drain(dealer, &next, false);
     assert_true(got > 0 && got < N);
     /* Reading made room: each flush sends more, in order. */
     for (int round = 0; round < 1000 && next < N; round++) {
         out_flush_backlogs(o, bt_now_ms());
-        drain(dealer, &next);
+        drain(dealer, &next, false);
     }
     assert_int_equal(next, N);
     assert_int_equal(out_flush_backlogs(o, bt_now_ms()), -1); /* nothing waits */
@@ -304,11 +311,11 @@ static void test_backlog_sent_without_tick(void **state)
     assert_non_null(t->waiting);
     int sent = 2 * N;
     for (int round = 0; round < 1000 && t->waiting; round++) {
-        drain(dealer, &next);
+        drain(dealer, &next, false);
         send_numbered(o, id, sizeof(id), sent++);
     }
     assert_null(t->waiting);
-    drain(dealer, &next);
+    drain(dealer, &next, false);
     assert_int_equal(next, sent);
     out_destroy(o);
     zmq_close(dealer);
@@ -328,27 +335,6 @@ static void send_chunk(outbound *o, const uint8_t *id, size_t len, int i)
     out_send(o, id, len, &m);
 }
 
-/* Reads every message the client can read now, chunks and responses; each
- * must carry the next number.  Returns how many it read. */
-static int drain_any(void *dealer, int *next)
-{
-    int got = 0;
-    uint8_t buf[256];
-    int n;
-    while ((n = zmq_recv(dealer, buf, sizeof(buf), ZMQ_DONTWAIT)) >= 0) {
-        Baton__V1__ServerMessage *m = baton__v1__server_message__unpack(NULL, (size_t)n, buf);
-        assert_non_null(m);
-        int k = m->msg_case == BATON__V1__SERVER_MESSAGE__MSG_CHUNK
-                    ? (int)m->chunk->seq
-                    : atoi(m->response->request_id);
-        assert_int_equal(k, *next);
-        (*next)++;
-        got++;
-        baton__v1__server_message__free_unpacked(m, NULL);
-    }
-    return got;
-}
-
 /* While the loop is corked, streamed chunks wait for the end of the round
  * (so that a round's chunks leave back to back); any other message sends
  * them first, so that each client's order holds; the uncork sends the
@@ -366,27 +352,27 @@ static void test_chunks_held_while_corked(void **state)
     out_cork(o);
     send_chunk(o, id, sizeof(id), 0);
     send_chunk(o, id, sizeof(id), 1);
-    assert_int_equal(drain_any(dealer, &next), 0);
+    assert_int_equal(drain(dealer, &next, true), 0);
     send_numbered(o, id, sizeof(id), 2); /* a response: the chunks go first */
-    assert_int_equal(drain_any(dealer, &next), 3);
+    assert_int_equal(drain(dealer, &next, true), 3);
     send_chunk(o, id, sizeof(id), 3);
     send_chunk(o, id, sizeof(id), 4);
-    assert_int_equal(drain_any(dealer, &next), 0);
+    assert_int_equal(drain(dealer, &next, true), 0);
     out_uncork(o);
-    assert_int_equal(drain_any(dealer, &next), 2);
+    assert_int_equal(drain(dealer, &next, true), 2);
     /* Uncorked, a chunk goes at once. */
     send_chunk(o, id, sizeof(id), 5);
-    assert_int_equal(drain_any(dealer, &next), 1);
+    assert_int_equal(drain(dealer, &next, true), 1);
     /* 70 held: the 65th sends the first 64 (most into the backlog, the
      * pipe taking 24); all arrive, in order. */
     out_cork(o);
     for (int i = 6; i < 76; i++)
         send_chunk(o, id, sizeof(id), i);
-    assert_true(drain_any(dealer, &next) > 0);
+    assert_true(drain(dealer, &next, true) > 0);
     out_uncork(o);
     for (int round = 0; round < 1000 && next < 76; round++) {
         out_flush_backlogs(o, bt_now_ms());
-        drain_any(dealer, &next);
+        drain(dealer, &next, true);
     }
     assert_int_equal(next, 76);
     /* A client dropped while chunks are held for it loses them: the
@@ -399,7 +385,7 @@ static void test_chunks_held_while_corked(void **state)
     out_drop_client(o, c);
     out_uncork(o);
     assert_null(cl_find(t, id, sizeof(id)));
-    assert_int_equal(drain_any(dealer, &next), 0);
+    assert_int_equal(drain(dealer, &next, true), 0);
     out_destroy(o);
     zmq_close(dealer);
     zmq_close(router);
